@@ -1,0 +1,133 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// DefaultMaxKeyLength is the default limit of a message key, in bytes. It
+// keeps the primary key's btree entries far below PostgreSQL's ~2.7 kB limit.
+const DefaultMaxKeyLength = 1024
+
+// Config configures a Store. The zero value is valid.
+type Config struct {
+	// Tables names the schema and tables. Defaults to sqlschema's defaults
+	// (public.watermill_inbox).
+	Tables sqlschema.Config
+
+	// MaxKeyLength is the longest accepted message key, in bytes; longer
+	// keys are rejected with ErrKeyTooLong. Consider a SHA-256 key strategy
+	// for long natural keys. Defaults to 1024; at most 2048.
+	MaxKeyLength int
+}
+
+// WithDefaults returns a copy of c with empty fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	c.Tables = c.Tables.WithDefaults()
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = DefaultMaxKeyLength
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return fmt.Errorf("inbox: Config.Tables: %w", err)
+	}
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > 2048 {
+		return fmt.Errorf("inbox: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
+	}
+	return nil
+}
+
+// Store reads and writes the inbox table. It holds no connection: every
+// method takes the database handle or transaction to work on. A Store is
+// safe for concurrent use.
+type Store struct {
+	cfg   Config
+	table string
+}
+
+// NewStore returns a Store for cfg's inbox table. The table must exist: run
+// sqlschema.Migrate first.
+func NewStore(cfg Config) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{cfg: cfg, table: cfg.Tables.Inbox()}, nil
+}
+
+// Table returns the quoted, schema-qualified inbox table name.
+func (s *Store) Table() string { return s.table }
+
+// ValidateKey reports whether consumer and key can be stored: both
+// non-empty, valid UTF-8 without NUL bytes, and key at most MaxKeyLength
+// bytes. Errors wrap ErrEmptyConsumer, ErrEmptyKey, ErrKeyTooLong or
+// ErrInvalidKey.
+func (s *Store) ValidateKey(consumer, key string) error {
+	if consumer == "" {
+		return ErrEmptyConsumer
+	}
+	if err := validText(consumer); err != nil {
+		return fmt.Errorf("consumer name: %w", err)
+	}
+	if key == "" {
+		return ErrEmptyKey
+	}
+	if len(key) > s.cfg.MaxKeyLength {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrKeyTooLong, len(key), s.cfg.MaxKeyLength)
+	}
+	return validText(key)
+}
+
+func validText(s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
+		}
+	}
+	return nil
+}
+
+// Status is the state of an inbox record.
+type Status string
+
+// The statuses of a record. Transactional mode writes only StatusDone.
+const (
+	StatusProcessing Status = "processing"
+	StatusDone       Status = "done"
+	StatusFailed     Status = "failed"
+	StatusParked     Status = "parked"
+)
+
+// Record is one row of the inbox.
+type Record struct {
+	Consumer string
+	Key      string
+	Status   Status
+	// Attempts counts the runs of the handler that claimed the key.
+	Attempts int
+	// Duplicates counts the deliveries recognised as duplicates.
+	Duplicates  int64
+	LeaseUntil  *time.Time
+	FirstSeenAt time.Time
+	ProcessedAt *time.Time
+	LastError   string
+}
+
+const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, '')`
+
+func (r *Record) scanDest() []any {
+	return []any{&r.Consumer, &r.Key, (*string)(&r.Status), &r.Attempts, &r.Duplicates,
+		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError}
+}
+
+func notFound(err error) bool { return errors.Is(err, errNoRows) }

@@ -1,0 +1,300 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// TopicMetadataKey, set on a message the handler returns, overrides its
+// destination topic. The middleware removes it before writing the message
+// to the outbox. See SetDestination.
+const TopicMetadataKey = "_exactlyonce_topic"
+
+// SetDestination sets the topic the outbox relay publishes msg to, instead
+// of the handler's publish topic.
+func SetDestination(msg *message.Message, topic string) {
+	msg.Metadata.Set(TopicMetadataKey, topic)
+}
+
+// Errors returned to the router (wrapped). The key errors are inbox's own
+// sentinels, so errors.Is works with either name.
+var (
+	ErrEmptyKey   = inbox.ErrEmptyKey
+	ErrKeyTooLong = inbox.ErrKeyTooLong
+	ErrInvalidKey = inbox.ErrInvalidKey
+
+	// ErrDBUnavailable wraps a database failure before the handler ran
+	// (begin or claim). The message was not processed; it is nacked.
+	ErrDBUnavailable = errors.New("exactlyonce: database unavailable")
+
+	// ErrHandlerPanic wraps a recovered handler panic.
+	ErrHandlerPanic = errors.New("exactlyonce: handler panicked")
+
+	// ErrNoDestination means the handler returned messages but neither
+	// the handler's publish topic, Config.PublishTopic nor SetDestination
+	// gave them a topic.
+	ErrNoDestination = errors.New("exactlyonce: output message has no destination topic")
+)
+
+// Config configures the transactional middleware. DB is required.
+type Config struct {
+	// DB begins the per-message transaction: sql.BeginnerFromPgx(pool) or
+	// sql.BeginnerFromStdSQL(db) from
+	// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. Required.
+	DB wsql.Beginner
+
+	// Tables names the inbox and outbox tables. Defaults to sqlschema's
+	// defaults. Create them with sqlschema.Migrate.
+	Tables sqlschema.Config
+
+	// Consumer is the name keys are recorded under. Two handlers that must
+	// each process every message need different names. Defaults to the
+	// router handler's name (message.HandlerNameFromCtx); a message seen
+	// outside a router with no Consumer set is rejected.
+	Consumer string
+
+	// Key derives the deduplication key of a message. Defaults to
+	// KeyFromUUID.
+	Key KeyFunc
+
+	// MaxKeyLength is the longest accepted key in bytes. Defaults to 1024.
+	MaxKeyLength int
+
+	// PublishTopic is the outbox destination of the messages the handler
+	// returns. Defaults to the router handler's publish topic
+	// (message.PublishTopicFromCtx). SetDestination overrides it per message.
+	PublishTopic string
+
+	// FailOpen, when true, runs the handler without deduplication and
+	// without a transaction if the database cannot begin or claim, and
+	// returns its messages to the router. Duplicates become possible;
+	// each such run is reported as EventFailOpen. Defaults to false: fail
+	// closed (nack and retry later).
+	FailOpen bool
+
+	// OnEvent is called after every delivery with its outcome, for metrics.
+	// It must be fast and safe for concurrent use. Defaults to nothing.
+	OnEvent func(Event)
+
+	// Logger logs duplicates (debug), failures and fail-open runs.
+	// Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Middleware is the transactional exactly-once middleware. Create it with
+// New and attach its Middleware method to a router or handler.
+type Middleware struct {
+	cfg   Config
+	store *inbox.Store
+}
+
+// New validates cfg and returns the middleware. It does not touch the
+// database; the tables must exist before messages arrive.
+func New(cfg Config) (*Middleware, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("exactlyonce: Config.DB is required (sql.BeginnerFromPgx(pool) or sql.BeginnerFromStdSQL(db))")
+	}
+	cfg.Tables = cfg.Tables.WithDefaults()
+	if cfg.Key == nil {
+		cfg.Key = KeyFromUUID()
+	}
+	if cfg.OnEvent == nil {
+		cfg.OnEvent = func(Event) {}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if err := cfg.Tables.Validate(); err != nil {
+		return nil, fmt.Errorf("exactlyonce: Config.Tables: %w", err)
+	}
+	store, err := inbox.NewStore(inbox.Config{Tables: cfg.Tables, MaxKeyLength: cfg.MaxKeyLength})
+	if err != nil {
+		return nil, fmt.Errorf("exactlyonce: %w", err)
+	}
+	return &Middleware{cfg: cfg, store: store}, nil
+}
+
+// Store returns the inbox store the middleware writes to.
+func (m *Middleware) Store() *inbox.Store { return m.store }
+
+// Middleware wraps h. It has the signature of message.HandlerMiddleware.
+func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		ev := Event{MessageUUID: msg.UUID}
+		defer func() {
+			ev.Duration = time.Since(start)
+			m.cfg.OnEvent(ev)
+		}()
+		out, err := m.handle(msg, h, &ev)
+		ev.Err = err
+		return out, err
+	}
+}
+
+func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Event) ([]*message.Message, error) {
+	origCtx := msg.Context()
+	consumer := m.cfg.Consumer
+	if consumer == "" {
+		consumer = message.HandlerNameFromCtx(origCtx)
+	}
+	ev.Consumer = consumer
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer}
+
+	key, err := m.cfg.Key(msg)
+	if err == nil {
+		err = m.store.ValidateKey(consumer, key)
+	}
+	if err != nil {
+		ev.Kind = EventRejected
+		return nil, keyError(msg, consumer, err)
+	}
+	ev.Key = key
+	fields["key"] = key
+
+	tx, err := m.cfg.DB.BeginTx(origCtx, nil)
+	if err != nil {
+		return m.dbFailure(msg, h, ev, fmt.Errorf("begin: %w", err), fields)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+
+	claim, err := m.store.ClaimTx(origCtx, tx, consumer, key)
+	if errors.Is(err, inbox.ErrNotDone) {
+		ev.Kind = EventFailed
+		return nil, fmt.Errorf("exactlyonce: %w", err)
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		done = true
+		return m.dbFailure(msg, h, ev, err, fields)
+	}
+	if !claim.Claimed {
+		ev.Kind = EventDuplicate
+		ev.FirstSeenAt = claim.Existing.FirstSeenAt
+		// The counter update may fail to commit; the key is recorded as
+		// done either way, so the delivery is acked.
+		done = true
+		if err := tx.Commit(); err != nil {
+			m.cfg.Logger.Info("exactlyonce: duplicate counter not committed", watermill.LogFields{"err": err.Error(), "key": key})
+		}
+		fields["first_seen_at"] = claim.Existing.FirstSeenAt
+		fields["duplicates"] = claim.Existing.Duplicates
+		m.cfg.Logger.Debug("exactlyonce: duplicate message acked without running the handler", fields)
+		return nil, nil
+	}
+
+	ob, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: m.cfg.Tables})
+	if err != nil {
+		ev.Kind = EventFailed
+		return nil, err
+	}
+	msg.SetContext(withHandlerContext(origCtx, tx, ob, consumer, key))
+	produced, err := callHandler(h, msg)
+	msg.SetContext(origCtx)
+	if err != nil {
+		ev.Kind = EventFailed
+		return nil, err
+	}
+	if err := m.writeOutputs(msg, ob, produced); err != nil {
+		ev.Kind = EventFailed
+		return nil, err
+	}
+	done = true
+	if err := tx.Commit(); err != nil {
+		ev.Kind = EventFailed
+		return nil, fmt.Errorf("exactlyonce: commit of %q for %q failed, the message will be redelivered: %w", key, consumer, err)
+	}
+	ev.Kind = EventProcessed
+	return nil, nil
+}
+
+func keyError(msg *message.Message, consumer string, err error) error {
+	hint := ""
+	if errors.Is(err, inbox.ErrEmptyKey) {
+		hint = ": set a UUID on the message (for a non-Watermill AMQP producer: its message_id property, read by the subscriber's unmarshaler) or configure Config.Key"
+	}
+	if errors.Is(err, inbox.ErrEmptyConsumer) {
+		hint = ": set Config.Consumer, or run the handler in a Watermill router"
+	}
+	return fmt.Errorf("exactlyonce: message %q for handler %q cannot be deduplicated: %w%s", msg.UUID, consumer, err, hint)
+}
+
+// dbFailure handles a database error before the handler ran.
+func (m *Middleware) dbFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error, fields watermill.LogFields) ([]*message.Message, error) {
+	err := fmt.Errorf("%w: %w", ErrDBUnavailable, cause)
+	if !m.cfg.FailOpen || msg.Context().Err() != nil {
+		ev.Kind = EventDBUnavailable
+		return nil, err
+	}
+	ev.Kind = EventFailOpen
+	m.cfg.Logger.Error("exactlyonce: FAIL-OPEN: running handler without deduplication", err, fields)
+	produced, herr := callHandler(h, msg)
+	if herr != nil {
+		return nil, herr
+	}
+	return produced, nil
+}
+
+// callHandler runs h and turns a panic into an error.
+func callHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanic, r, debug.Stack())
+		}
+	}()
+	return h(msg)
+}
+
+// writeOutputs writes the handler's messages to the outbox, consecutive
+// messages with the same destination in one INSERT.
+func (m *Middleware) writeOutputs(msg *message.Message, ob *outbox.Publisher, produced []*message.Message) error {
+	if len(produced) == 0 {
+		return nil
+	}
+	defaultTopic := m.cfg.PublishTopic
+	if defaultTopic == "" {
+		defaultTopic = message.PublishTopicFromCtx(msg.Context())
+	}
+	topics := make([]string, len(produced))
+	for i, p := range produced {
+		if p == nil {
+			return fmt.Errorf("exactlyonce: handler returned a nil message at index %d", i)
+		}
+		topic := defaultTopic
+		if t := p.Metadata.Get(TopicMetadataKey); t != "" {
+			topic = t
+			delete(p.Metadata, TopicMetadataKey)
+		}
+		if topic == "" {
+			return fmt.Errorf("%w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
+		}
+		topics[i] = topic
+		p.SetContext(msg.Context())
+	}
+	for start := 0; start < len(produced); {
+		end := start + 1
+		for end < len(produced) && topics[end] == topics[start] {
+			end++
+		}
+		if err := ob.Publish(topics[start], produced[start:end]...); err != nil {
+			return fmt.Errorf("exactlyonce: writing output to the outbox: %w", err)
+		}
+		start = end
+	}
+	return nil
+}

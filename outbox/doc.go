@@ -1,0 +1,24 @@
+// Package outbox is the transactional outbox: a Watermill message.Publisher
+// bound to a database transaction, and the Relay that moves what it wrote to
+// a real publisher (RabbitMQ, Kafka, anything Watermill speaks).
+//
+// A handler's output messages are written to the outbox table in the same
+// transaction as its other writes, through watermill-sql's publisher with
+// this package's schema adapter: each row keeps the message's UUID, metadata
+// and destination topic. Either everything commits or nothing does.
+//
+// The Relay is at-least-once towards the broker: it locks a batch of rows
+// (FOR UPDATE SKIP LOCKED, so several relays share the work without sending a
+// row twice in the normal case), publishes them, and deletes them in the same
+// transaction only after the publisher returned without error. With RabbitMQ,
+// configure publisher confirms (watermill-amqp's ConfirmDelivery) so that
+// "returned without error" means "the broker has it". A crash between publish
+// and commit sends the batch again; every relayed message keeps its original
+// UUID, so the next consumer's inbox drops the repeat.
+//
+// Rows are picked in id order through the primary key, so the cost of a poll
+// does not grow with the backlog, and no transaction-id ordering is used: a
+// long transaction elsewhere in the database does not stall the relay.
+// Ordering is by insertion, not by commit; per-topic order is kept within a
+// batch but not guaranteed across concurrent writers or relay workers.
+package outbox

@@ -1,0 +1,331 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// RelayConfig configures a Relay. DB and Publisher are required.
+type RelayConfig struct {
+	// DB starts the relay's transactions: sql.BeginnerFromPgx(pool) or
+	// sql.BeginnerFromStdSQL(db) from watermill-sql. Required.
+	DB wsql.Beginner
+
+	// Publisher receives the messages, with each row's topic. It must return
+	// only once the broker has the messages (for watermill-amqp: set
+	// ConfirmDelivery). Required.
+	Publisher message.Publisher
+
+	// Tables names the outbox table. Defaults to sqlschema's defaults.
+	Tables sqlschema.Config
+
+	// BatchSize is the most rows one transaction locks, publishes and
+	// deletes. Defaults to 100.
+	BatchSize int
+
+	// Workers is the number of batches relayed concurrently by this Relay,
+	// each in its own transaction. Defaults to 1.
+	Workers int
+
+	// PollInterval is the wait after a poll that found less than a full
+	// batch. A full batch is followed at once by the next. Defaults to 100ms.
+	PollInterval time.Duration
+
+	// ErrorBackoff is the first wait after a failed batch; it doubles with
+	// each consecutive failure up to MaxErrorBackoff. Defaults to 500ms.
+	ErrorBackoff time.Duration
+
+	// MaxErrorBackoff caps ErrorBackoff. Defaults to 15s.
+	MaxErrorBackoff time.Duration
+
+	// Logger logs failed batches. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// WithDefaults returns a copy of c with empty fields set to their defaults.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	c.Tables = c.Tables.WithDefaults()
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 100 * time.Millisecond
+	}
+	if c.ErrorBackoff == 0 {
+		c.ErrorBackoff = 500 * time.Millisecond
+	}
+	if c.MaxErrorBackoff == 0 {
+		c.MaxErrorBackoff = 15 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+func (c RelayConfig) validate() error {
+	switch {
+	case c.DB == nil:
+		return errors.New("outbox: RelayConfig.DB is required")
+	case c.Publisher == nil:
+		return errors.New("outbox: RelayConfig.Publisher is required")
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("outbox: RelayConfig.BatchSize is %d, it must be between 1 and 10000", c.BatchSize)
+	case c.Workers < 1:
+		return fmt.Errorf("outbox: RelayConfig.Workers is %d, it must be >= 1", c.Workers)
+	case c.PollInterval < 0 || c.ErrorBackoff < 0 || c.MaxErrorBackoff < c.ErrorBackoff:
+		return errors.New("outbox: RelayConfig: PollInterval and ErrorBackoff must be >= 0 and MaxErrorBackoff >= ErrorBackoff")
+	}
+	if err := c.Tables.Validate(); err != nil {
+		return fmt.Errorf("outbox: RelayConfig.Tables: %w", err)
+	}
+	return nil
+}
+
+// Relay moves outbox rows to a publisher. Several Relays (in one process or
+// many) may run against one table: each batch is locked with SKIP LOCKED.
+type Relay struct {
+	cfg        RelayConfig
+	selectSQL  string
+	deleteSQL  string
+	relayed    atomic.Int64
+	batches    atomic.Int64
+	failures   atomic.Int64
+	lastErrMu  sync.Mutex
+	lastErr    error
+	runningMux sync.Mutex
+}
+
+// NewRelay validates cfg and returns a Relay. The outbox table must exist.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	table := cfg.Tables.Outbox()
+	return &Relay{
+		cfg: cfg,
+		selectSQL: `SELECT id, topic, uuid, payload, metadata::text FROM ` + table +
+			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
+		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+	}, nil
+}
+
+// RelayStats are counters since the Relay was created.
+type RelayStats struct {
+	// Relayed is the number of messages published and deleted.
+	Relayed int64
+	// Batches is the number of committed batches.
+	Batches int64
+	// Failures is the number of batches that failed and were rolled back.
+	Failures int64
+	// LastError is the error of the latest failed batch, nil if none.
+	LastError error
+}
+
+// Stats returns the Relay's counters.
+func (r *Relay) Stats() RelayStats {
+	r.lastErrMu.Lock()
+	defer r.lastErrMu.Unlock()
+	return RelayStats{
+		Relayed:   r.relayed.Load(),
+		Batches:   r.batches.Load(),
+		Failures:  r.failures.Load(),
+		LastError: r.lastErr,
+	}
+}
+
+// Run relays until ctx is done, then returns nil after the batches in
+// flight finished (each either committed or rolled back). Failed batches
+// are rolled back, logged and retried after a backoff; Run does not return
+// on them. Run may be called once at a time per Relay.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.runningMux.TryLock() {
+		return errors.New("outbox: Relay.Run is already running")
+	}
+	defer r.runningMux.Unlock()
+
+	var wg sync.WaitGroup
+	for range r.cfg.Workers {
+		wg.Go(func() { r.work(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+func (r *Relay) work(ctx context.Context) {
+	backoff := r.cfg.ErrorBackoff
+	for ctx.Err() == nil {
+		n, err := r.RelayOnce(ctx)
+		var wait time.Duration
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil:
+			r.cfg.Logger.Error("outbox relay: batch failed, will retry", err, watermill.LogFields{"backoff": backoff.String()})
+			wait = backoff
+			backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
+		case n < r.cfg.BatchSize:
+			backoff = r.cfg.ErrorBackoff
+			wait = r.cfg.PollInterval
+		default:
+			backoff = r.cfg.ErrorBackoff
+			continue
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// RelayOnce relays at most one batch in one transaction and returns how many
+// messages it published and deleted. On error the transaction is rolled back
+// and the rows stay for a later attempt; messages already handed to the
+// publisher may then be sent again (at-least-once).
+func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
+	defer func() {
+		if err != nil {
+			r.failures.Add(1)
+			r.lastErrMu.Lock()
+			r.lastErr = err
+			r.lastErrMu.Unlock()
+		}
+	}()
+	tx, err := r.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("outbox relay: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	batch, err := r.lockBatch(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	if len(batch.ids) == 0 {
+		if err := tx.Commit(); err != nil {
+			return 0, fmt.Errorf("outbox relay: commit: %w", err)
+		}
+		committed = true
+		return 0, nil
+	}
+	// Consecutive rows of one topic go out in one Publish call, in id order.
+	for start := 0; start < len(batch.msgs); {
+		end := start + 1
+		for end < len(batch.msgs) && batch.topics[end] == batch.topics[start] {
+			end++
+		}
+		if err := r.cfg.Publisher.Publish(batch.topics[start], batch.msgs[start:end]...); err != nil {
+			return 0, fmt.Errorf("outbox relay: publishing %d message(s) to %q: %w", end-start, batch.topics[start], err)
+		}
+		start = end
+	}
+	if _, err := tx.ExecContext(ctx, r.deleteSQL, batch.ids); err != nil {
+		return 0, fmt.Errorf("outbox relay: deleting relayed rows: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("outbox relay: commit: %w", err)
+	}
+	committed = true
+	r.relayed.Add(int64(len(batch.ids)))
+	r.batches.Add(1)
+	return len(batch.ids), nil
+}
+
+type batch struct {
+	ids    []int64
+	topics []string
+	msgs   []*message.Message
+}
+
+func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
+	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize)
+	if err != nil {
+		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
+	}
+	var b batch
+	for rows.Next() {
+		var (
+			id      int64
+			topic   string
+			uuid    string
+			payload []byte
+			meta    string
+		)
+		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta); err != nil {
+			_ = rows.Close()
+			return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
+		}
+		msg := message.NewMessage(uuid, payload)
+		if err := json.Unmarshal([]byte(meta), &msg.Metadata); err != nil {
+			_ = rows.Close()
+			return batch{}, fmt.Errorf("outbox relay: row %d has unreadable metadata: %w", id, err)
+		}
+		if msg.Metadata == nil {
+			msg.Metadata = message.Metadata{}
+		}
+		msg.SetContext(ctx)
+		b.ids = append(b.ids, id)
+		b.topics = append(b.topics, topic)
+		b.msgs = append(b.msgs, msg)
+	}
+	if err := seam.Close(rows); err != nil {
+		return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
+	}
+	return b, nil
+}
+
+// Pending describes the outbox backlog.
+type Pending struct {
+	// Count is the number of rows not relayed yet.
+	Count int64
+	// OldestCreatedAt is the creation time of the oldest pending row; nil
+	// when there is none.
+	OldestCreatedAt *time.Time
+	// OldestAge is now() - OldestCreatedAt as the database sees it; zero
+	// when there is no pending row. Alert on it.
+	OldestAge time.Duration
+}
+
+// PendingStats reports the backlog of the outbox table named by tables. The
+// count scans the table, which holds only unrelayed rows.
+func PendingStats(ctx context.Context, db wsql.ContextExecutor, tables sqlschema.Config) (Pending, error) {
+	if err := tables.Validate(); err != nil {
+		return Pending{}, err
+	}
+	var p Pending
+	var ageSeconds *float64
+	err := seam.QueryRow(ctx, db,
+		`SELECT count(*), min(created_at), extract(epoch FROM now() - min(created_at))::float8 FROM `+tables.Outbox(),
+		nil, &p.Count, &p.OldestCreatedAt, &ageSeconds)
+	if err != nil {
+		return Pending{}, fmt.Errorf("outbox: pending stats: %w", err)
+	}
+	if ageSeconds != nil {
+		p.OldestAge = time.Duration(*ageSeconds * float64(time.Second))
+	}
+	return p, nil
+}

@@ -1,0 +1,75 @@
+package outbox
+
+import (
+	stdsql "database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+)
+
+// errNotForSubscribing is returned by the schema adapter's read side: outbox
+// rows are read by Relay, not by watermill-sql's subscriber.
+var errNotForSubscribing = errors.New("outbox: this schema adapter only writes; read the outbox with outbox.Relay")
+
+// schemaAdapter makes watermill-sql's publisher write every topic into one
+// outbox table, with the topic as a column.
+type schemaAdapter struct {
+	table string
+}
+
+var _ wsql.SchemaAdapter = schemaAdapter{}
+
+func (s schemaAdapter) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, error) {
+	if len(params.Msgs) == 0 {
+		return wsql.Query{}, errors.New("outbox: no messages to insert")
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + s.table + " (topic, uuid, payload, metadata) VALUES ")
+	args := make([]any, 0, 4*len(params.Msgs))
+	for i, msg := range params.Msgs {
+		if msg == nil {
+			return wsql.Query{}, fmt.Errorf("outbox: message %d is nil", i)
+		}
+		if msg.UUID == "" {
+			return wsql.Query{}, fmt.Errorf("outbox: message %d has an empty UUID; the next consumer's inbox needs it", i)
+		}
+		meta, err := json.Marshal(msg.Metadata)
+		if err != nil {
+			return wsql.Query{}, fmt.Errorf("outbox: marshaling metadata of message %s: %w", msg.UUID, err)
+		}
+		if msg.Metadata == nil {
+			meta = []byte("{}")
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		n := 4 * i
+		b.WriteString("($" + strconv.Itoa(n+1) + ",$" + strconv.Itoa(n+2) + ",$" + strconv.Itoa(n+3) + ",$" + strconv.Itoa(n+4) + "::jsonb)")
+		payload := []byte(msg.Payload)
+		if payload == nil {
+			payload = []byte{}
+		}
+		args = append(args, params.Topic, msg.UUID, payload, string(meta))
+	}
+	return wsql.Query{Query: b.String(), Args: args}, nil
+}
+
+func (s schemaAdapter) SelectQuery(wsql.SelectQueryParams) (wsql.Query, error) {
+	return wsql.Query{}, errNotForSubscribing
+}
+
+func (s schemaAdapter) UnmarshalMessage(wsql.UnmarshalMessageParams) (wsql.Row, error) {
+	return wsql.Row{}, errNotForSubscribing
+}
+
+func (s schemaAdapter) SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams) ([]wsql.Query, error) {
+	return nil, errors.New("outbox: tables are created by sqlschema.Migrate, never implicitly")
+}
+
+func (s schemaAdapter) SubscribeIsolationLevel() stdsql.IsolationLevel {
+	return stdsql.LevelReadCommitted
+}

@@ -1,0 +1,218 @@
+package sqlschema
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.up.sql
+var migrationFiles embed.FS
+
+// advisoryLockKey serialises concurrent Migrate calls in one database. It is
+// a fixed, arbitrary 64-bit number ("eo-migr" in ASCII).
+const advisoryLockKey int64 = 0x656f2d6d696772
+
+// Migration is one numbered, embedded up-migration with its SQL rendered for
+// a Config.
+type Migration struct {
+	// Target is "inbox" or "outbox": each table has its own version line.
+	Target string
+	// Version starts at 1 and increases by one per migration of a target.
+	Version int
+	// Name is the file name it was embedded from.
+	Name string
+	// SQL is the rendered statement text, with quoted schema-qualified names.
+	SQL string
+}
+
+// Migrations returns every migration rendered for cfg, inbox first, each
+// target in version order.
+func Migrations(cfg Config) ([]Migration, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("sqlschema: reading embedded migrations: %w", err)
+	}
+	data := templateData{cfg: cfg}
+	var out []Migration
+	for _, e := range entries {
+		target, version, err := parseMigrationName(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		text, err := migrationFiles.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("sqlschema: reading %s: %w", e.Name(), err)
+		}
+		tmpl, err := template.New(e.Name()).Option("missingkey=error").Parse(string(text))
+		if err != nil {
+			return nil, fmt.Errorf("sqlschema: parsing %s: %w", e.Name(), err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("sqlschema: rendering %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Target: target, Version: version, Name: e.Name(), SQL: buf.String()})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Target != out[j].Target {
+			return out[i].Target == "inbox"
+		}
+		return out[i].Version < out[j].Version
+	})
+	return out, nil
+}
+
+// SQL returns the whole schema for cfg as one script: CREATE SCHEMA followed
+// by every migration. Use it with migration tools other than Migrate; it is
+// idempotent (IF NOT EXISTS everywhere) but does not record versions.
+func SQL(cfg Config) (string, error) {
+	migs, err := Migrations(cfg)
+	if err != nil {
+		return "", err
+	}
+	cfg = cfg.WithDefaults()
+	var b strings.Builder
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{cfg.Schema}.Sanitize())
+	for _, m := range migs {
+		fmt.Fprintf(&b, "\n-- %s (target %s, version %d)\n%s", m.Name, m.Target, m.Version, m.SQL)
+	}
+	return b.String(), nil
+}
+
+// Migrate brings the schema of cfg up to date: it creates the schema if
+// missing and applies, in one transaction, every migration not yet recorded
+// in the migrations table. It is idempotent, and safe when several processes
+// run it at once: a transaction-scoped advisory lock serialises them, and the
+// later ones find the work done.
+//
+// db must be able to begin a transaction: use
+// sql.BeginnerFromPgx(pool) or sql.BeginnerFromStdSQL(db) from
+// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. Migrate never runs
+// inside a caller's transaction.
+func Migrate(ctx context.Context, db wsql.Beginner, cfg Config) (err error) {
+	if db == nil {
+		return errors.New("sqlschema: Migrate: db is nil")
+	}
+	migs, err := Migrations(cfg)
+	if err != nil {
+		return err
+	}
+	cfg = cfg.WithDefaults()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlschema: Migrate: begin transaction: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+
+	if _, err = tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryLockKey); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: advisory lock: %w", err)
+	}
+	ddl := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %s;
+CREATE TABLE IF NOT EXISTS %s (
+    target     text        NOT NULL,
+    version    integer     NOT NULL,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (target, version)
+)`, pgx.Identifier{cfg.Schema}.Sanitize(), cfg.migrations())
+	if _, err = tx.ExecContext(ctx, ddl); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: creating %s: %w", cfg.migrations(), err)
+	}
+
+	applied := map[string]bool{}
+	rows, err := tx.QueryContext(ctx, "SELECT target, version FROM "+cfg.migrations())
+	if err != nil {
+		return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
+	}
+	for rows.Next() {
+		var target string
+		var version int
+		if err = rows.Scan(&target, &version); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
+		}
+		applied[target+":"+strconv.Itoa(version)] = true
+	}
+	if err = rows.Close(); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
+	}
+
+	for _, m := range migs {
+		target := cfg.targetName(m.Target)
+		if applied[target+":"+strconv.Itoa(m.Version)] {
+			continue
+		}
+		if _, err = tx.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("sqlschema: Migrate: applying %s to %s: %w", m.Name, target, err)
+		}
+		if _, err = tx.ExecContext(ctx,
+			"INSERT INTO "+cfg.migrations()+" (target, version, name) VALUES ($1, $2, $3)",
+			target, m.Version, m.Name); err != nil {
+			return fmt.Errorf("sqlschema: Migrate: recording %s: %w", m.Name, err)
+		}
+	}
+	if err = tx.Commit(); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// targetName keys the migrations table by table, so that several inbox or
+// outbox tables can live in one schema with their own version lines.
+func (c Config) targetName(target string) string {
+	if target == "inbox" {
+		return "inbox:" + c.InboxTable
+	}
+	return "outbox:" + c.OutboxTable
+}
+
+func parseMigrationName(name string) (target string, version int, err error) {
+	// <target>_<version>_<description>.up.sql
+	parts := strings.SplitN(strings.TrimSuffix(name, ".up.sql"), "_", 3)
+	if len(parts) < 2 || (parts[0] != "inbox" && parts[0] != "outbox") {
+		return "", 0, fmt.Errorf("sqlschema: bad embedded migration name %q", name)
+	}
+	version, err = strconv.Atoi(parts[1])
+	if err != nil || version < 1 {
+		return "", 0, fmt.Errorf("sqlschema: bad version in embedded migration name %q", name)
+	}
+	return parts[0], version, nil
+}
+
+// templateData is what migration templates see.
+type templateData struct{ cfg Config }
+
+func (d templateData) Inbox() string  { return d.cfg.Inbox() }
+func (d templateData) Outbox() string { return d.cfg.Outbox() }
+
+// InboxIndex names an index of the inbox table (unqualified: PostgreSQL
+// creates an index in its table's schema).
+func (d templateData) InboxIndex(suffix string) string {
+	return pgx.Identifier{d.cfg.InboxTable + "_" + suffix}.Sanitize()
+}
+
+// OutboxIndex names an index of the outbox table.
+func (d templateData) OutboxIndex(suffix string) string {
+	return pgx.Identifier{d.cfg.OutboxTable + "_" + suffix}.Sanitize()
+}

@@ -1,0 +1,22 @@
+-- Inbox: one row per (consumer, message key) that a handler has claimed.
+-- In transactional mode the row is inserted with status 'done' in the same
+-- transaction as the handler's writes; lease mode uses the other statuses.
+CREATE TABLE IF NOT EXISTS {{.Inbox}} (
+    consumer      text        NOT NULL,
+    message_key   text        NOT NULL,
+    status        text        NOT NULL DEFAULT 'done'
+                  CHECK (status IN ('processing', 'done', 'failed', 'parked')),
+    attempts      integer     NOT NULL DEFAULT 1,
+    duplicates    bigint      NOT NULL DEFAULT 0,
+    lease_until   timestamptz,
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    processed_at  timestamptz,
+    last_error    text,
+    PRIMARY KEY (consumer, message_key)
+);
+
+-- Retention purges by age. A BRIN index is a few pages for millions of rows
+-- (first_seen_at grows with insertion order) and costs the hot insert path
+-- almost nothing, unlike a second btree.
+CREATE INDEX IF NOT EXISTS {{.InboxIndex "first_seen_brin"}}
+    ON {{.Inbox}} USING brin (first_seen_at);
