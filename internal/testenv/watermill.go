@@ -66,7 +66,10 @@ func StartRouter(t testing.TB, r *message.Router) {
 		cancel()
 		_ = r.Close()
 		select {
-		case <-done:
+		case err := <-done:
+			if err != nil {
+				t.Errorf("router stopped with an error: %v", err)
+			}
 		case <-time.After(30 * time.Second):
 			t.Error("router did not stop within 30s")
 		}

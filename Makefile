@@ -1,0 +1,50 @@
+# watermill-exactlyonce — build, test and lint.
+# `make` (or `make help`) lists the targets.
+
+GO    ?= go
+GOFMT ?= gofmt
+
+# Servers the tests talk to; override from the environment or the command line.
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+AMQP_URL     ?= amqp://guest:guest@127.0.0.1:5672/
+export DATABASE_URL AMQP_URL
+
+# Benchmarks: `make bench BENCH=Outbox BENCHTIME=10s`
+BENCH     ?= .
+BENCHTIME ?= 3s
+
+# golangci-lint: the one on PATH if any, else this pinned v2 release via `go run`.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
+	echo "$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)")
+
+.DEFAULT_GOAL := help
+.PHONY: help services test test-race bench lint fmt demo
+
+help: ## Show this help
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+services: ## Make sure PostgreSQL and RabbitMQ are reachable (starts/installs local ones)
+	@bash scripts/services.sh
+
+test: services ## go vet, then all tests with the race detector
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+test-race: services ## Run the tests 3 times with -race (flake hunting)
+	$(GO) test -race -count=3 -timeout 20m ./...
+
+bench: services ## Benchmarks (BENCH=regexp, BENCHTIME=3s)
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) ./...
+
+lint: ## gofmt check, go vet and golangci-lint
+	@files="$$($(GOFMT) -l .)"; \
+	if [ -n "$$files" ]; then echo "gofmt: these files need formatting (run 'make fmt'):"; echo "$$files"; exit 1; fi
+	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+fmt: ## Format all Go files with gofmt
+	$(GOFMT) -w .
+
+demo: services ## Run the quickstart example (examples/quickstart)
+	$(GO) run ./examples/quickstart

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Make sure the PostgreSQL and RabbitMQ servers the tests need are reachable.
+#
+#   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+#   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
+#   SERVICES_WAIT seconds to wait for a server we started (default 60)
+#
+# For each URL: if its TCP port answers, fine. Otherwise, when the host is
+# loopback, start the locally installed server (installing it first with
+# apt-get on Debian when we are root or have sudo). Anything else exits
+# non-zero with a message saying what to run.
+set -euo pipefail
+
+DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
+WAIT="${SERVICES_WAIT:-60}"
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+apt_ran=0
+
+say() { printf '%s\n' "$*"; }
+die() {
+	printf 'services: %s\n' "$1" >&2
+	shift
+	local line
+	for line in "$@"; do printf '    %s\n' "$line" >&2; done
+	exit 1
+}
+
+urldecode() { printf '%b' "${1//%/\\x}"; }
+
+# parse_url URL DEFAULT_PORT -> sets U_USER U_PASS U_HOST U_PORT U_PATH
+parse_url() {
+	local url="$1" rest auth hostport
+	rest="${url#*://}"
+	if [[ "$rest" == "$url" ]]; then die "cannot parse URL (no scheme): $url"; fi
+	rest="${rest%%\?*}"
+	rest="${rest%%#*}"
+	hostport="${rest%%/*}"
+	if [[ "$rest" == */* ]]; then U_PATH="${rest#*/}"; else U_PATH=""; fi
+	U_USER="" U_PASS=""
+	if [[ "$hostport" == *@* ]]; then
+		auth="${hostport%@*}"
+		hostport="${hostport##*@}"
+		U_USER="${auth%%:*}"
+		if [[ "$auth" == *:* ]]; then U_PASS="${auth#*:}"; fi
+		U_USER="$(urldecode "$U_USER")" U_PASS="$(urldecode "$U_PASS")"
+	fi
+	if [[ "$hostport" == \[* ]]; then # [ipv6]:port
+		U_HOST="${hostport#[}"
+		U_HOST="${U_HOST%%]*}"
+		U_PORT="${hostport##*]}"
+		U_PORT="${U_PORT#:}"
+	elif [[ "$hostport" == *:* ]]; then
+		U_HOST="${hostport%%:*}"
+		U_PORT="${hostport##*:}"
+	else
+		U_HOST="$hostport" U_PORT=""
+	fi
+	U_HOST="${U_HOST:-localhost}"
+	U_PORT="${U_PORT:-$2}"
+	[[ "$U_PORT" =~ ^[0-9]+$ ]] || die "bad port '$U_PORT' in URL: $url"
+}
+
+is_loopback() {
+	case "$1" in
+	localhost | 127.* | ::1 | 0:0:0:0:0:0:0:1) return 0 ;;
+	*) return 1 ;;
+	esac
+}
+
+port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
+
+# wait_port HOST PORT SECONDS
+wait_port() {
+	local deadline=$((SECONDS + $3))
+	while ((SECONDS < deadline)); do
+		port_open "$1" "$2" && return 0
+		sleep 1
+	done
+	return 1
+}
+
+# Run a command as root: directly, through sudo, or fail.
+as_root() {
+	if ((EUID == 0)); then
+		"$@"
+	elif command -v sudo >/dev/null 2>&1; then
+		sudo "$@"
+	else
+		return 1
+	fi
+}
+
+can_apt_install() {
+	[[ -f /etc/debian_version ]] && command -v apt-get >/dev/null 2>&1 &&
+		{ ((EUID == 0)) || command -v sudo >/dev/null 2>&1; }
+}
+
+apt_install() {
+	if ((apt_ran == 0)); then
+		say "$1: installing with apt-get (this takes a while)"
+		as_root apt-get update -qq
+		apt_ran=1
+	fi
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+unreachable_help() { # NAME HOST PORT PKG VAR
+	die "$1 is not reachable at $2:$3 and cannot be started here." \
+		"Start one of these and re-run:" \
+		"  docker compose -f $repo_root/compose.yaml up -d" \
+		"  sudo apt-get install -y $4   (Debian/Ubuntu, local servers)" \
+		"or point $5 at a running server."
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+pg_version() { # newest cluster version under /etc/postgresql
+	# shellcheck disable=SC2012 # entries are version numbers
+	ls /etc/postgresql 2>/dev/null | sort -V | tail -n1
+}
+
+pg_installed() { command -v pg_ctlcluster >/dev/null 2>&1 && [[ -n "$(pg_version)" ]]; }
+
+pg_start() {
+	local ver
+	ver="$(pg_version)"
+	if pg_lsclusters -h 2>/dev/null | awk -v v="$ver" '$1 == v && $2 == "main" { print $4 }' | grep -q online; then
+		return 0 # running (maybe on another port: the wait below tells)
+	fi
+	as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start
+}
+
+# Trust loopback TCP connections in a cluster we just installed.
+pg_trust_loopback() {
+	local ver hba
+	ver="$(pg_version)"
+	hba="/etc/postgresql/$ver/main/pg_hba.conf"
+	if ! as_root grep -Eq '^host[[:space:]]+all[[:space:]]+all[[:space:]]+127\.0\.0\.1/32[[:space:]]+trust' "$hba"; then
+		as_root sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+		as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main reload
+	fi
+}
+
+pg_ensure_db() {
+	local db="${U_PATH%%/*}"
+	[[ "$db" == "test" ]] || return 0
+	command -v psql >/dev/null 2>&1 || return 0
+	local -a psql=(psql -w -X -q -h "$U_HOST" -p "$U_PORT" -U "${U_USER:-postgres}" -d postgres -v ON_ERROR_STOP=1)
+	local found
+	if ! found="$(PGPASSWORD="$U_PASS" PGCONNECT_TIMEOUT=5 "${psql[@]}" -tAc "select 1 from pg_database where datname='test'" 2>&1)"; then
+		say "postgres: warning: could not check for database 'test': ${found//$'\n'/ }"
+		return 0
+	fi
+	if [[ "$found" != 1 ]]; then
+		PGPASSWORD="$U_PASS" "${psql[@]}" -c 'create database test'
+		say "postgres: created database test"
+	fi
+}
+
+ensure_postgres() {
+	parse_url "$DATABASE_URL" 5432
+	local how="reachable"
+	if ! port_open "$U_HOST" "$U_PORT"; then
+		is_loopback "$U_HOST" || unreachable_help postgres "$U_HOST" "$U_PORT" postgresql DATABASE_URL
+		if pg_installed; then
+			say "postgres: not answering on $U_HOST:$U_PORT, starting the local cluster"
+			how="started"
+		elif can_apt_install; then
+			apt_install postgresql
+			how="installed"
+		else
+			unreachable_help postgres "$U_HOST" "$U_PORT" postgresql DATABASE_URL
+		fi
+		pg_start || die "postgres: could not start the local cluster (pg_ctlcluster failed; see /var/log/postgresql/)"
+		wait_port "$U_HOST" "$U_PORT" "$WAIT" ||
+			die "postgres: local cluster started but $U_HOST:$U_PORT did not answer within ${WAIT}s (is it on another port? see pg_lsclusters)"
+		if [[ "$how" == installed ]]; then pg_trust_loopback; fi
+	fi
+	if is_loopback "$U_HOST"; then pg_ensure_db; fi
+	say "postgres: $how at $U_HOST:$U_PORT"
+}
+
+# ------------------------------------------------------------------ RabbitMQ
+
+rabbit_installed() { command -v rabbitmq-server >/dev/null 2>&1; }
+
+rabbit_start() {
+	# An Erlang VM running the rabbit node may just be booting: only wait then.
+	if pgrep -f 'beam.*rabbit' >/dev/null 2>&1; then
+		return 0
+	fi
+	as_root rabbitmq-server -detached
+}
+
+ensure_rabbitmq() {
+	parse_url "$AMQP_URL" 5672
+	local how="reachable"
+	if ! port_open "$U_HOST" "$U_PORT"; then
+		is_loopback "$U_HOST" || unreachable_help rabbitmq "$U_HOST" "$U_PORT" rabbitmq-server AMQP_URL
+		if rabbit_installed; then
+			say "rabbitmq: not answering on $U_HOST:$U_PORT, starting the local server"
+			how="started"
+		elif can_apt_install; then
+			apt_install rabbitmq-server
+			how="installed"
+		else
+			unreachable_help rabbitmq "$U_HOST" "$U_PORT" rabbitmq-server AMQP_URL
+		fi
+		rabbit_start || die "rabbitmq: could not start the local server (see /var/log/rabbitmq/)"
+		wait_port "$U_HOST" "$U_PORT" "$WAIT" ||
+			die "rabbitmq: local server started but $U_HOST:$U_PORT did not answer within ${WAIT}s (see /var/log/rabbitmq/)"
+		# The listener opens late in boot; let the node confirm it is fully up.
+		if command -v rabbitmqctl >/dev/null 2>&1; then
+			as_root timeout "$WAIT" rabbitmqctl await_startup >/dev/null 2>&1 || true
+		fi
+	fi
+	say "rabbitmq: $how at $U_HOST:$U_PORT"
+}
+
+ensure_postgres
+ensure_rabbitmq
