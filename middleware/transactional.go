@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -82,6 +83,15 @@ type Config struct {
 	// closed (nack and retry later).
 	FailOpen bool
 
+	// NackDelay is how long the middleware waits before returning the
+	// error for a delivery that failed for a transient reason the handler
+	// did not cause (ErrDBUnavailable), so that a database outage does not
+	// make the broker redeliver in a tight loop. The wait ends early when
+	// the message's context ends. Handler errors are returned at once: put
+	// Watermill's Retry middleware outside this one for those. Defaults to
+	// 1s; a negative value disables the wait.
+	NackDelay time.Duration
+
 	// OnEvent is called after every delivery with its outcome, for metrics.
 	// It must be fast and safe for concurrent use. Defaults to nothing.
 	OnEvent func(Event)
@@ -110,6 +120,9 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	if cfg.OnEvent == nil {
 		cfg.OnEvent = func(Event) {}
+	}
+	if cfg.NackDelay == 0 {
+		cfg.NackDelay = time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
@@ -226,7 +239,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 func keyError(msg *message.Message, consumer string, err error) error {
 	hint := ""
 	if errors.Is(err, inbox.ErrEmptyKey) {
-		hint = ": set a UUID on the message (for a non-Watermill AMQP producer: its message_id property, read by the subscriber's unmarshaler) or configure Config.Key"
+		hint = ": set a UUID on the message (for a non-Watermill AMQP producer: use a subscriber unmarshaler that takes the message_id property as the UUID; watermill-amqp's DefaultMarshaler does not) or configure Config.Key"
 	}
 	if errors.Is(err, inbox.ErrEmptyConsumer) {
 		hint = ": set Config.Consumer, or run the handler in a Watermill router"
@@ -239,6 +252,8 @@ func (m *Middleware) dbFailure(msg *message.Message, h message.HandlerFunc, ev *
 	err := fmt.Errorf("%w: %w", ErrDBUnavailable, cause)
 	if !m.cfg.FailOpen || msg.Context().Err() != nil {
 		ev.Kind = EventDBUnavailable
+		m.cfg.Logger.Error("exactlyonce: database unavailable, message will be redelivered", err, fields)
+		sleep(msg.Context(), m.cfg.NackDelay)
 		return nil, err
 	}
 	ev.Kind = EventFailOpen
@@ -297,4 +312,17 @@ func (m *Middleware) writeOutputs(msg *message.Message, ob *outbox.Publisher, pr
 		start = end
 	}
 	return nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
