@@ -62,6 +62,16 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if topic == "" {
 		return errors.New("outbox: Publish: empty destination topic")
 	}
+	// Check every message before writing any chunk, so that a bad message
+	// does not leave the chunks before it written.
+	for i, msg := range messages {
+		if msg == nil {
+			return fmt.Errorf("outbox: Publish: message %d is nil", i)
+		}
+		if msg.UUID == "" {
+			return fmt.Errorf("outbox: Publish: message %d has an empty UUID; the next consumer's inbox needs it", i)
+		}
+	}
 	for len(messages) > 0 {
 		n := min(len(messages), maxMessagesPerInsert)
 		if err := p.pub.Publish(topic, messages[:n]...); err != nil {

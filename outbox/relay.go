@@ -197,20 +197,33 @@ func (r *Relay) work(ctx context.Context) {
 	}
 }
 
+// finishTimeout bounds the DELETE that follows a publish. It does not
+// depend on the caller's context: once the broker has a batch, deleting its
+// rows is worth finishing even while the relay shuts down.
+const finishTimeout = 30 * time.Second
+
 // RelayOnce relays at most one batch in one transaction and returns how many
-// messages it published and deleted. On error the transaction is rolled back
-// and the rows stay for a later attempt; messages already handed to the
-// publisher may then be sent again (at-least-once).
+// messages it published and deleted. If a Publish call fails, the rows of the
+// calls that succeeded before it are still deleted and committed, and the
+// error is returned; the other rows stay for a later attempt. A crash (or a
+// failed commit) after a publish leaves rows that were sent: they are sent
+// again later (at-least-once).
+//
+// Cancelling ctx stops RelayOnce before the next poll or publish, but a
+// batch the publisher already accepted is still deleted and committed. An
+// error caused by ctx ending is not counted in Stats().Failures.
 func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
 	defer func() {
-		if err != nil {
+		if err != nil && ctx.Err() == nil {
 			r.failures.Add(1)
 			r.lastErrMu.Lock()
 			r.lastErr = err
 			r.lastErrMu.Unlock()
 		}
 	}()
-	tx, err := r.cfg.DB.BeginTx(ctx, nil)
+	// The transaction outlives ctx (database/sql would roll it back on
+	// cancel, and pgx commits with the context it began with).
+	tx, err := r.cfg.DB.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: begin: %w", err)
 	}
@@ -233,26 +246,38 @@ func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
 		return 0, nil
 	}
 	// Consecutive rows of one topic go out in one Publish call, in id order.
-	for start := 0; start < len(batch.msgs); {
-		end := start + 1
-		for end < len(batch.msgs) && batch.topics[end] == batch.topics[start] {
+	published := 0
+	var pubErr error
+	for published < len(batch.msgs) {
+		if err := ctx.Err(); err != nil {
+			pubErr = err
+			break
+		}
+		end := published + 1
+		for end < len(batch.msgs) && batch.topics[end] == batch.topics[published] {
 			end++
 		}
-		if err := r.cfg.Publisher.Publish(batch.topics[start], batch.msgs[start:end]...); err != nil {
-			return 0, fmt.Errorf("outbox relay: publishing %d message(s) to %q: %w", end-start, batch.topics[start], err)
+		if err := r.cfg.Publisher.Publish(batch.topics[published], batch.msgs[published:end]...); err != nil {
+			pubErr = fmt.Errorf("outbox relay: publishing %d message(s) to %q: %w", end-published, batch.topics[published], err)
+			break
 		}
-		start = end
+		published = end
 	}
-	if _, err := tx.ExecContext(ctx, r.deleteSQL, batch.ids); err != nil {
+	if published == 0 {
+		return 0, pubErr
+	}
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if _, err := tx.ExecContext(finishCtx, r.deleteSQL, batch.ids[:published]); err != nil {
 		return 0, fmt.Errorf("outbox relay: deleting relayed rows: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("outbox relay: commit: %w", err)
 	}
 	committed = true
-	r.relayed.Add(int64(len(batch.ids)))
+	r.relayed.Add(int64(published))
 	r.batches.Add(1)
-	return len(batch.ids), nil
+	return published, pubErr
 }
 
 type batch struct {

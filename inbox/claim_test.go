@@ -1,0 +1,165 @@
+package inbox_test
+
+import (
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+)
+
+func TestClaimTx(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		// A claim is visible inside its transaction only.
+		tx := b.begin(t)
+		res, err := b.store.ClaimTx(b.ctx, tx, "c1", "m-1")
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.Zero(t, res.Existing)
+		rec, err := b.store.Lookup(b.ctx, tx, "c1", "m-1")
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusDone, rec.Status)
+		_, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
+		require.ErrorIs(t, err, inbox.ErrNotFound, "an uncommitted claim is invisible to others")
+
+		// Rolled back: no row, so the redelivery claims again.
+		require.NoError(t, tx.Rollback())
+		_, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
+		require.ErrorIs(t, err, inbox.ErrNotFound)
+		require.Zero(t, b.count(t, ""))
+
+		res = b.claim(t, "c1", "m-1")
+		require.True(t, res.Claimed, "after a rollback the key is free again")
+		rec, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusDone, rec.Status)
+		require.Equal(t, 1, rec.Attempts)
+		require.Zero(t, rec.Duplicates)
+		require.NotNil(t, rec.ProcessedAt)
+		first := rec.FirstSeenAt
+
+		// Committed: every later claim is a duplicate carrying the record.
+		for i := int64(1); i <= 3; i++ {
+			res = b.claim(t, "c1", "m-1")
+			require.False(t, res.Claimed)
+			require.Equal(t, inbox.StatusDone, res.Existing.Status)
+			require.Equal(t, "c1", res.Existing.Consumer)
+			require.Equal(t, "m-1", res.Existing.Key)
+			require.Equal(t, i, res.Existing.Duplicates, "the duplicate counter includes this delivery")
+			require.True(t, first.Equal(res.Existing.FirstSeenAt), "first_seen_at is kept")
+		}
+
+		// A duplicate seen by a transaction that rolls back is not counted.
+		tx = b.begin(t)
+		res, err = b.store.ClaimTx(b.ctx, tx, "c1", "m-1")
+		require.NoError(t, err)
+		require.False(t, res.Claimed)
+		require.NoError(t, tx.Rollback())
+		rec, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
+		require.NoError(t, err)
+		require.Equal(t, int64(3), rec.Duplicates)
+
+		// Keys are per consumer; the same consumer with another key is new.
+		require.True(t, b.claim(t, "c2", "m-1").Claimed)
+		require.True(t, b.claim(t, "c1", "m-2").Claimed)
+		require.Equal(t, int64(3), b.count(t, ""))
+	})
+}
+
+func TestClaimTxConcurrent(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		type outcome struct {
+			res inbox.ClaimResult
+			err error
+		}
+		// race holds an uncommitted claim in tx1, starts a second claim of
+		// the same key in tx2, waits until PostgreSQL shows tx2 blocked by
+		// tx1, ends tx1 with end, and returns what the second claim saw.
+		race := func(t *testing.T, key string, end func(tx1 wsql.Tx) error) inbox.ClaimResult {
+			tx1 := b.begin(t)
+			res, err := b.store.ClaimTx(b.ctx, tx1, "c", key)
+			require.NoError(t, err)
+			require.True(t, res.Claimed)
+			var pid1 int
+			require.NoError(t, seam.QueryRow(b.ctx, tx1, "SELECT pg_backend_pid()", nil, &pid1))
+
+			tx2 := b.begin(t)
+			done := make(chan outcome, 1)
+			go func() {
+				res, err := b.store.ClaimTx(b.ctx, tx2, "c", key)
+				done <- outcome{res, err}
+			}()
+			testenv.Eventually(t, 10*time.Second, func() bool {
+				var n int
+				err := seam.QueryRow(b.ctx, b.db,
+					"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", []any{pid1}, &n)
+				return err == nil && n == 1
+			}, "the second claim should wait for the first transaction")
+			select {
+			case o := <-done:
+				t.Fatalf("the second claim returned while the first was open: %+v, %v", o.res, o.err)
+			default:
+			}
+
+			require.NoError(t, end(tx1))
+			var o outcome
+			select {
+			case o = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the second claim did not return within 10s after the first transaction ended")
+			}
+			require.NoError(t, o.err)
+			require.NoError(t, tx2.Commit())
+			return o.res
+		}
+
+		t.Run("first commits", func(t *testing.T) {
+			res := race(t, "k-commit", func(tx1 wsql.Tx) error { return tx1.Commit() })
+			require.False(t, res.Claimed, "the loser sees the winner's row: a duplicate")
+			require.Equal(t, inbox.StatusDone, res.Existing.Status)
+			require.Equal(t, int64(1), res.Existing.Duplicates)
+			rec, err := b.store.Lookup(b.ctx, b.db, "c", "k-commit")
+			require.NoError(t, err)
+			require.Equal(t, int64(1), rec.Duplicates)
+		})
+		t.Run("first rolls back", func(t *testing.T) {
+			res := race(t, "k-rollback", func(tx1 wsql.Tx) error { return tx1.Rollback() })
+			require.True(t, res.Claimed, "the key is free again once the first transaction rolled back")
+			rec, err := b.store.Lookup(b.ctx, b.db, "c", "k-rollback")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusDone, rec.Status)
+			require.Zero(t, rec.Duplicates)
+		})
+	})
+}
+
+func TestClaimTxNotDone(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		for _, status := range []inbox.Status{inbox.StatusProcessing, inbox.StatusFailed, inbox.StatusParked} {
+			key := "lease-" + string(status)
+			b.exec(t, "INSERT INTO "+b.store.Table()+" (consumer, message_key, status, attempts, last_error) VALUES ($1, $2, $3, 2, 'boom')",
+				"c", key, string(status))
+
+			tx := b.begin(t)
+			res, err := b.store.ClaimTx(b.ctx, tx, "c", key)
+			require.ErrorIs(t, err, inbox.ErrNotDone, "status %s", status)
+			require.Contains(t, err.Error(), string(status))
+			require.False(t, res.Claimed)
+			require.Equal(t, status, res.Existing.Status)
+			require.Equal(t, 2, res.Existing.Attempts)
+			require.Equal(t, "boom", res.Existing.LastError)
+			require.NoError(t, tx.Rollback())
+
+			rec, err := b.store.Lookup(b.ctx, b.db, "c", key)
+			require.NoError(t, err)
+			require.Equal(t, status, rec.Status, "the record is left as it was")
+		}
+	})
+}

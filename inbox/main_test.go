@@ -1,0 +1,102 @@
+package inbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// bundle is what a test of one driver works with.
+type bundle struct {
+	ctx    context.Context
+	db     wsql.Beginner
+	tables sqlschema.Config
+	store  *inbox.Store
+}
+
+// eachDriver runs f once per driver of testenv.Drivers, as parallel
+// subtests, each with its own migrated schema. Connections are opened inside
+// the subtest, so subtests waiting for their turn hold none.
+func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	for i, name := range []string{"pgxpool", "database-sql"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			d := testenv.Drivers(t)[i]
+			require.Equal(t, name, d.Name)
+			tables := testenv.Schema(t)
+			store, err := inbox.NewStore(inbox.Config{Tables: tables})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			t.Cleanup(cancel)
+			f(t, bundle{ctx: ctx, db: d.DB, tables: tables, store: store})
+		})
+	}
+}
+
+// begin starts a transaction that is rolled back at cleanup if the test did
+// not end it (so that a failing test does not keep a connection busy).
+func (b bundle) begin(t *testing.T) wsql.Tx {
+	t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
+
+// claim claims (consumer, key) in a transaction of its own and commits it.
+func (b bundle) claim(t *testing.T, consumer, key string) inbox.ClaimResult {
+	t.Helper()
+	tx := b.begin(t)
+	res, err := b.store.ClaimTx(b.ctx, tx, consumer, key)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	return res
+}
+
+func (b bundle) exec(t *testing.T, q string, args ...any) int64 {
+	t.Helper()
+	res, err := b.db.ExecContext(b.ctx, q, args...)
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	return n
+}
+
+func (b bundle) count(t *testing.T, where string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	q := "SELECT count(*) FROM " + b.store.Table()
+	if where != "" {
+		q += " WHERE " + where
+	}
+	require.NoError(t, seam.QueryRow(b.ctx, b.db, q, args, &n))
+	return n
+}
+
+func (b bundle) strings(t *testing.T, q string, args ...any) []string {
+	t.Helper()
+	rows, err := b.db.QueryContext(b.ctx, q, args...)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, seam.Close(rows))
+	return out
+}

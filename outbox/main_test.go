@@ -1,0 +1,185 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// bundle is what a test of one driver works with.
+type bundle struct {
+	ctx    context.Context
+	db     wsql.Beginner
+	tables sqlschema.Config
+}
+
+// eachDriver runs f once per driver of testenv.Drivers, as parallel
+// subtests, each with its own migrated schema. Connections are opened inside
+// the subtest, so subtests waiting for their turn hold none.
+func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	for i, name := range []string{"pgxpool", "database-sql"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			d := testenv.Drivers(t)[i]
+			require.Equal(t, name, d.Name)
+			tables := testenv.Schema(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			t.Cleanup(cancel)
+			f(t, bundle{ctx: ctx, db: d.DB, tables: tables})
+		})
+	}
+}
+
+// begin starts a transaction that is rolled back at cleanup if the test did
+// not end it.
+func (b bundle) begin(t testing.TB) wsql.Tx {
+	t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
+
+// publish writes msgs to topic in a transaction of its own and commits it.
+func (b bundle) publish(t testing.TB, topic string, msgs ...*message.Message) {
+	t.Helper()
+	tx := b.begin(t)
+	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(topic, msgs...))
+	require.NoError(t, tx.Commit())
+}
+
+func (b bundle) exec(t testing.TB, q string, args ...any) int64 {
+	t.Helper()
+	res, err := b.db.ExecContext(b.ctx, q, args...)
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	return n
+}
+
+// pending counts the outbox rows db sees.
+func (b bundle) pending(t testing.TB, db wsql.ContextExecutor) int64 {
+	t.Helper()
+	p, err := outbox.PendingStats(b.ctx, db, b.tables)
+	require.NoError(t, err)
+	return p.Count
+}
+
+// row is an outbox row as stored.
+type row struct {
+	ID       int64
+	Topic    string
+	UUID     string
+	Payload  []byte
+	Metadata string
+}
+
+func (b bundle) rows(t testing.TB) []row {
+	t.Helper()
+	rs, err := b.db.QueryContext(b.ctx, "SELECT id, topic, uuid, payload, metadata::text FROM "+b.tables.Outbox()+" ORDER BY id")
+	require.NoError(t, err)
+	var out []row
+	for rs.Next() {
+		var r row
+		require.NoError(t, rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata))
+		out = append(out, r)
+	}
+	require.NoError(t, seam.Close(rs))
+	return out
+}
+
+// delivered is one message as a publisher received it.
+type delivered struct {
+	Topic    string
+	UUID     string
+	Payload  string
+	Metadata map[string]string
+}
+
+// recorder is a message.Publisher that records what it is given, and fails
+// for one topic while failTopic is set. It stands in for the broker when
+// testing the relay's own logic.
+type recorder struct {
+	mu        sync.Mutex
+	got       []delivered
+	failTopic string
+	calls     int
+}
+
+var errBrokerDown = errors.New("broker down (test)")
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.failTopic != "" && topic == r.failTopic {
+		return errBrokerDown
+	}
+	for _, m := range msgs {
+		r.got = append(r.got, delivered{Topic: topic, UUID: m.UUID, Payload: string(m.Payload), Metadata: maps.Clone(m.Metadata)})
+	}
+	return nil
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) setFailTopic(topic string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failTopic = topic
+}
+
+func (r *recorder) delivered() []delivered {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivered(nil), r.got...)
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.got)
+}
+
+// runRelay runs relay.Run in the background and returns a stop function
+// that cancels it and requires it to return nil within 10s.
+func runRelay(t *testing.T, relay *outbox.Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err, "Run returns nil after its context is cancelled")
+			case <-time.After(10 * time.Second):
+				t.Error("Relay.Run did not return within 10s after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}

@@ -1,0 +1,47 @@
+package outbox_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+func TestPendingStats(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{}, p, "an empty outbox has no count, no oldest row and no age")
+
+		b.publish(t, "t", message.NewMessage("p-1", nil), message.NewMessage("p-2", nil), message.NewMessage("p-3", nil))
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET created_at = now() - interval '90 seconds' WHERE uuid = 'p-2'"))
+
+		before := time.Now()
+		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(3), p.Count)
+		require.NotNil(t, p.OldestCreatedAt)
+		require.WithinDuration(t, before.Add(-90*time.Second), *p.OldestCreatedAt, 30*time.Second)
+		require.GreaterOrEqual(t, p.OldestAge, 90*time.Second)
+		require.Less(t, p.OldestAge, 120*time.Second)
+
+		// A transaction sees its own uncommitted rows; others do not.
+		tx := b.begin(t)
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("t", message.NewMessage("p-4", nil)))
+		require.Equal(t, int64(4), b.pending(t, tx))
+		require.Equal(t, int64(3), b.pending(t, b.db))
+		require.NoError(t, tx.Rollback())
+
+		_, err = outbox.PendingStats(b.ctx, b.db, sqlschema.Config{Schema: b.tables.Schema, OutboxTable: "no-such table"})
+		require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+		_, err = outbox.PendingStats(b.ctx, b.db, sqlschema.Config{Schema: b.tables.Schema, OutboxTable: "missing"})
+		require.Error(t, err, "a missing table is an error, not an empty outbox")
+	})
+}

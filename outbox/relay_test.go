@@ -1,0 +1,391 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// mixedMessages returns n messages spread over three topics, with each
+// message's topic, in the order they are published.
+func mixedMessages(n int) []delivered {
+	topics := []string{"orders", "payments", "orders", "audit", "audit"}
+	out := make([]delivered, n)
+	for i := range out {
+		out[i] = delivered{
+			Topic:    topics[i%len(topics)],
+			UUID:     fmt.Sprintf("msg-%04d", i),
+			Payload:  fmt.Sprintf(`{"i":%d}`, i),
+			Metadata: map[string]string{"i": fmt.Sprint(i), "source": "test"},
+		}
+	}
+	return out
+}
+
+// publishAll writes want to the outbox in one transaction, one Publish call
+// per message, so that topics interleave.
+func (b bundle) publishAll(t testing.TB, want []delivered) {
+	t.Helper()
+	tx := b.begin(t)
+	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+	require.NoError(t, err)
+	for _, d := range want {
+		m := message.NewMessage(d.UUID, []byte(d.Payload))
+		for k, v := range d.Metadata {
+			m.Metadata.Set(k, v)
+		}
+		require.NoError(t, pub.Publish(d.Topic, m))
+	}
+	require.NoError(t, tx.Commit())
+}
+
+func TestRelayOnceDeliversInOrder(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		want := mixedMessages(250)
+		b.publishAll(t, want)
+
+		rec := &recorder{}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, BatchSize: 40})
+		require.NoError(t, err)
+
+		var sizes []int
+		for {
+			n, err := relay.RelayOnce(b.ctx)
+			require.NoError(t, err)
+			if n == 0 {
+				break
+			}
+			sizes = append(sizes, n)
+			require.Less(t, len(sizes), 100, "RelayOnce does not converge")
+		}
+		require.Equal(t, []int{40, 40, 40, 40, 40, 40, 10}, sizes)
+
+		// Every message arrives once, with its topic, UUID, payload and
+		// metadata, in id order (hence in order per topic).
+		require.Equal(t, want, rec.delivered())
+		require.Zero(t, b.pending(t, b.db), "relayed rows are deleted")
+
+		st := relay.Stats()
+		require.Equal(t, outbox.RelayStats{Relayed: 250, Batches: 7}, st)
+
+		n, err := relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, int64(7), relay.Stats().Batches, "an empty poll is not a batch")
+	})
+}
+
+func TestRelayGroupsConsecutiveTopics(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		var want []delivered
+		for i, topic := range []string{"a", "a", "a", "b", "a", "a"} {
+			want = append(want, delivered{Topic: topic, UUID: fmt.Sprint("u", i), Payload: "{}", Metadata: map[string]string{}})
+		}
+		b.publishAll(t, want)
+		rec := &recorder{}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		require.NoError(t, err)
+		n, err := relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 6, n)
+		require.Equal(t, want, rec.delivered())
+		require.Equal(t, 3, rec.calls, "one Publish per run of one topic: a,a,a | b | a,a")
+	})
+}
+
+func TestRelayWithGoChannel(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, watermill.NopLogger{})
+		t.Cleanup(func() { require.NoError(t, pubSub.Close()) })
+		subCtx, cancel := context.WithCancel(b.ctx)
+		t.Cleanup(cancel)
+		orders, err := pubSub.Subscribe(subCtx, "orders")
+		require.NoError(t, err)
+
+		var want []delivered
+		for _, d := range mixedMessages(50) {
+			if d.Topic == "orders" {
+				want = append(want, d)
+			}
+		}
+		b.publishAll(t, want)
+
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: pubSub, Tables: b.tables, BatchSize: 7, PollInterval: 10 * time.Millisecond})
+		require.NoError(t, err)
+		stop := runRelay(t, relay)
+
+		got := map[string]delivered{}
+		timeout := time.After(15 * time.Second)
+		for len(got) < len(want) {
+			select {
+			case m := <-orders:
+				got[m.UUID] = delivered{Topic: "orders", UUID: m.UUID, Payload: string(m.Payload), Metadata: m.Metadata}
+				m.Ack()
+			case <-timeout:
+				t.Fatalf("received %d of %d messages within 15s", len(got), len(want))
+			}
+		}
+		for _, d := range want {
+			require.Equal(t, d, got[d.UUID])
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			return b.pending(t, b.db) == 0 && relay.Stats().Relayed == int64(len(want))
+		}, "relayed rows should be deleted")
+		stop()
+	})
+}
+
+func TestRelayPublisherFailure(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		var want []delivered
+		for i := range 10 {
+			topic := "a"
+			if i >= 5 {
+				topic = "b"
+			}
+			want = append(want, delivered{Topic: topic, UUID: fmt.Sprint("u-", i), Payload: "{}", Metadata: map[string]string{"i": fmt.Sprint(i)}})
+		}
+		b.publishAll(t, want)
+
+		rec := &recorder{failTopic: "b"}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		require.NoError(t, err)
+
+		n, err := relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errBrokerDown)
+		require.Contains(t, err.Error(), `"b"`)
+		require.Equal(t, 5, n, "the rows of topic a were handed over before b failed")
+		require.Equal(t, int64(5), b.pending(t, b.db), "only the rows handed over are deleted; topic b's stay")
+		require.Equal(t, want[:5], rec.delivered())
+		st := relay.Stats()
+		require.Equal(t, int64(1), st.Failures)
+		require.Equal(t, int64(5), st.Relayed)
+		require.Equal(t, int64(1), st.Batches)
+		require.ErrorIs(t, st.LastError, errBrokerDown)
+
+		// Recovery sends the rest; nothing handed over before is sent again.
+		rec.setFailTopic("")
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 5, n)
+		require.Equal(t, want, rec.delivered())
+		require.Zero(t, b.pending(t, b.db))
+		st = relay.Stats()
+		require.Equal(t, int64(1), st.Failures)
+		require.Equal(t, int64(10), st.Relayed)
+		require.Equal(t, int64(2), st.Batches)
+		require.ErrorIs(t, st.LastError, errBrokerDown, "LastError keeps the latest failure")
+	})
+}
+
+func TestRelayRunRetriesFailures(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.publishAll(t, mixedMessages(5)) // orders, payments, orders, audit, audit
+		rec := &recorder{failTopic: "payments"}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: rec, Tables: b.tables,
+			PollInterval: 5 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 20 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		stop := runRelay(t, relay)
+
+		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().Failures >= 3 },
+			"Run should keep retrying a failing batch")
+		require.Equal(t, int64(4), b.pending(t, b.db), "the row before the failing topic was relayed and deleted")
+
+		rec.setFailTopic("")
+		testenv.Eventually(t, 10*time.Second, func() bool { return b.pending(t, b.db) == 0 && relay.Stats().Relayed == 5 },
+			"Run should relay the rest once the publisher recovers")
+		require.Equal(t, int64(2), relay.Stats().Batches)
+		require.Equal(t, mixedMessages(5), rec.delivered(), "every row delivered once, in order, despite the failures")
+		stop()
+	})
+}
+
+func TestRelayUnreadableMetadata(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'u', '\x7b7d', '[1, 2]')`)
+		rec := &recorder{}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		require.NoError(t, err)
+		_, err = relay.RelayOnce(b.ctx)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "unreadable metadata")
+		require.Equal(t, int64(1), b.pending(t, b.db))
+		require.Zero(t, rec.count())
+		require.Equal(t, int64(1), relay.Stats().Failures)
+	})
+}
+
+func TestRelaysConcurrentlyNeverPublishTwice(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const n = 2000
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(fmt.Sprintf("c-%04d", i), []byte("{}"))
+		}
+		b.publish(t, "events", msgs...)
+
+		rec := &recorder{}
+		cfg := outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, BatchSize: 25, Workers: 4, PollInterval: 5 * time.Millisecond}
+		r1, err := outbox.NewRelay(cfg)
+		require.NoError(t, err)
+		r2, err := outbox.NewRelay(cfg)
+		require.NoError(t, err)
+		stop1 := runRelay(t, r1)
+		stop2 := runRelay(t, r2)
+
+		// Counters are read before stopping: a stop can interrupt an empty
+		// poll, or the return of a commit the server already made, and that
+		// is counted as a failed batch (see the report on Relay shutdown).
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return rec.count() >= n && b.pending(t, b.db) == 0 && r1.Stats().Relayed+r2.Stats().Relayed >= n
+		}, "two relays should deliver all %d rows", n)
+		require.Zero(t, r1.Stats().Failures+r2.Stats().Failures, "no batch failed: %v %v", r1.Stats().LastError, r2.Stats().LastError)
+		relayed1, relayed2 := r1.Stats().Relayed, r2.Stats().Relayed
+		stop1()
+		stop2()
+
+		seen := map[string]int{}
+		for _, d := range rec.delivered() {
+			seen[d.UUID]++
+		}
+		require.Len(t, seen, n, "every row is delivered")
+		for uuid, c := range seen {
+			require.Equal(t, 1, c, "row %s published %d times", uuid, c)
+		}
+		require.Equal(t, n, rec.count())
+		require.Equal(t, int64(n), relayed1+relayed2)
+		t.Logf("relay 1: %d rows, relay 2: %d rows", relayed1, relayed2)
+	})
+}
+
+func TestRelayRun(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		rec := &recorder{}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, PollInterval: 5 * time.Millisecond, Workers: 2})
+		require.NoError(t, err)
+
+		// With nothing to do, Run returns promptly once cancelled.
+		stop := runRelay(t, relay)
+		b.publish(t, "t", message.NewMessage("first", nil))
+		// Wait for the commit too (the row is gone), not just the publish:
+		// a stop between the two would roll the batch back and re-send it.
+		testenv.Eventually(t, 10*time.Second, func() bool { return rec.count() == 1 && b.pending(t, b.db) == 0 },
+			"Run should relay a new row")
+
+		// A running Relay refuses a second Run.
+		err = relay.Run(b.ctx)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "already running")
+		stop()
+
+		// Once stopped, it can run again.
+		stop = runRelay(t, relay)
+		b.publish(t, "t", message.NewMessage("second", nil))
+		testenv.Eventually(t, 10*time.Second, func() bool { return rec.count() == 2 && b.pending(t, b.db) == 0 },
+			"a restarted Run should relay")
+		stop()
+		require.Equal(t, []string{"first", "second"}, []string{rec.delivered()[0].UUID, rec.delivered()[1].UUID})
+
+		// A Run whose context is already done returns nil at once.
+		cancelled, cancel := context.WithCancel(b.ctx)
+		cancel()
+		require.NoError(t, relay.Run(cancelled))
+	})
+}
+
+func TestNewRelayConfig(t *testing.T) {
+	t.Parallel()
+	db := testenv.Drivers(t)[0].DB
+	rec := &recorder{}
+	base := outbox.RelayConfig{DB: db, Publisher: rec}
+
+	_, err := outbox.NewRelay(base)
+	require.NoError(t, err, "defaults are valid")
+	d := base.WithDefaults()
+	require.Equal(t, 100, d.BatchSize)
+	require.Equal(t, 1, d.Workers)
+	require.Equal(t, 100*time.Millisecond, d.PollInterval)
+	require.Equal(t, 500*time.Millisecond, d.ErrorBackoff)
+	require.Equal(t, 15*time.Second, d.MaxErrorBackoff)
+	require.NotNil(t, d.Logger)
+	require.Equal(t, sqlschema.DefaultOutboxTable, d.Tables.OutboxTable)
+	require.Zero(t, base.BatchSize, "WithDefaults returns a copy")
+
+	for _, tc := range []struct {
+		name  string
+		edit  func(*outbox.RelayConfig)
+		field string
+	}{
+		{"no DB", func(c *outbox.RelayConfig) { c.DB = nil }, "DB"},
+		{"no Publisher", func(c *outbox.RelayConfig) { c.Publisher = nil }, "Publisher"},
+		{"negative BatchSize", func(c *outbox.RelayConfig) { c.BatchSize = -1 }, "BatchSize"},
+		{"huge BatchSize", func(c *outbox.RelayConfig) { c.BatchSize = 10001 }, "BatchSize"},
+		{"negative Workers", func(c *outbox.RelayConfig) { c.Workers = -2 }, "Workers"},
+		{"negative PollInterval", func(c *outbox.RelayConfig) { c.PollInterval = -time.Second }, "PollInterval"},
+		{"negative ErrorBackoff", func(c *outbox.RelayConfig) { c.ErrorBackoff = -time.Second }, "ErrorBackoff"},
+		{"MaxErrorBackoff below ErrorBackoff", func(c *outbox.RelayConfig) {
+			c.ErrorBackoff = time.Minute
+			c.MaxErrorBackoff = time.Second
+		}, "MaxErrorBackoff"},
+		{"bad table", func(c *outbox.RelayConfig) { c.Tables.OutboxTable = `x"; DROP TABLE y; --` }, "Tables"},
+	} {
+		cfg := base
+		tc.edit(&cfg)
+		_, err := outbox.NewRelay(cfg)
+		require.Error(t, err, tc.name)
+		require.Contains(t, err.Error(), tc.field, "%s: the error names the field", tc.name)
+		require.True(t, strings.HasPrefix(err.Error(), "outbox: RelayConfig"), err.Error())
+	}
+	_, err = outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: rec, Tables: sqlschema.Config{Schema: "1x"}})
+	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+}
+
+// cancellingPublisher accepts the messages, and meanwhile the process is
+// asked to stop (SIGTERM arrives while the broker confirms).
+type cancellingPublisher struct{ cancel context.CancelFunc }
+
+func (p cancellingPublisher) Publish(string, ...*message.Message) error { p.cancel(); return nil }
+func (p cancellingPublisher) Close() error                              { return nil }
+
+func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.publish(t, "t", message.NewMessage("m1", nil))
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: cancellingPublisher{cancel}, Tables: b.tables})
+		require.NoError(t, err)
+		n, err := relay.RelayOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Zero(t, b.pending(t, b.db), "the broker has the batch: it must be deleted, not re-sent after a restart")
+		require.Zero(t, relay.Stats().Failures, "a shutdown is not a failure")
+		require.Equal(t, int64(1), relay.Stats().Relayed)
+
+		// A cancelled context before the poll: an error, not counted.
+		_, err = relay.RelayOnce(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		require.Zero(t, relay.Stats().Failures)
+	})
+}

@@ -1,0 +1,271 @@
+package sqlschema_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// recorded returns the rows of cfg's migrations table as
+// "target/version/name", in order.
+func recorded(t *testing.T, db wsql.ContextExecutor, cfg sqlschema.Config) []string {
+	t.Helper()
+	table := pgx.Identifier{cfg.WithDefaults().Schema, sqlschema.MigrationsTable}.Sanitize()
+	return queryStrings(t, db, "SELECT target || '/' || version || '/' || name FROM "+table+" ORDER BY target, version")
+}
+
+// expected returns what recorded should find once every embedded migration
+// of cfg ran: one row per target table and version.
+func expected(t *testing.T, cfgs ...sqlschema.Config) []string {
+	t.Helper()
+	var out []string
+	for _, cfg := range cfgs {
+		migs, err := sqlschema.Migrations(cfg)
+		require.NoError(t, err)
+		cfg = cfg.WithDefaults()
+		for _, m := range migs {
+			table := cfg.InboxTable
+			if m.Target == "outbox" {
+				table = cfg.OutboxTable
+			}
+			out = append(out, fmt.Sprintf("%s:%s/%d/%s", m.Target, table, m.Version, m.Name))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestMigrations(t *testing.T) {
+	t.Parallel()
+	migs, err := sqlschema.Migrations(sqlschema.Config{})
+	require.NoError(t, err)
+	require.NotEmpty(t, migs)
+	seenOutbox := false
+	last := map[string]int{}
+	for _, m := range migs {
+		require.Contains(t, []string{"inbox", "outbox"}, m.Target, m.Name)
+		if m.Target == "outbox" {
+			seenOutbox = true
+		} else {
+			require.False(t, seenOutbox, "inbox migrations come first, got %s after an outbox one", m.Name)
+		}
+		require.Equal(t, last[m.Target]+1, m.Version, "versions of %s increase by one from 1", m.Target)
+		last[m.Target] = m.Version
+		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
+		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
+	}
+	require.Equal(t, 1, last["inbox"], "inbox has its first migration")
+	require.Equal(t, 1, last["outbox"], "outbox has its first migration")
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+		require.False(t, schemaExists(t, d.DB, cfg.Schema))
+
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultInboxTable))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultOutboxTable))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.MigrationsTable))
+		want := expected(t, cfg)
+		require.Equal(t, want, recorded(t, d.DB, cfg))
+
+		// Data survives a second run: nothing is dropped or recreated.
+		_, err := d.DB.ExecContext(ctx, "INSERT INTO "+cfg.Inbox()+" (consumer, message_key) VALUES ('c', 'k')")
+		require.NoError(t, err)
+		appliedAt := queryStrings(t, d.DB, "SELECT applied_at::text FROM "+
+			pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+" ORDER BY target, version")
+
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.Equal(t, want, recorded(t, d.DB, cfg), "one row per target and version after three runs")
+		require.Equal(t, appliedAt, queryStrings(t, d.DB, "SELECT applied_at::text FROM "+
+			pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+" ORDER BY target, version"),
+			"later runs apply nothing")
+		require.Equal(t, []string{"c/k"}, queryStrings(t, d.DB, "SELECT consumer || '/' || message_key FROM "+cfg.Inbox()))
+	})
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+
+		const n = 8
+		start := make(chan struct{})
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				<-start
+				errs <- sqlschema.Migrate(ctx, d.DB, cfg)
+			})
+		}
+		close(start)
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Fatal("concurrent Migrate calls did not finish within 60s")
+		}
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "every concurrent Migrate succeeds (the advisory lock serialises them)")
+		}
+		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultInboxTable))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultOutboxTable))
+	})
+}
+
+func TestMigrateTwoTableSetsInOneSchema(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		schema := freshSchema(t, d.DB)
+		a := sqlschema.Config{Schema: schema, InboxTable: "inbox_a", OutboxTable: "outbox_a"}
+		b := sqlschema.Config{Schema: schema, InboxTable: "inbox_b", OutboxTable: "outbox_b"}
+
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, a))
+		require.True(t, tableExists(t, d.DB, schema, "inbox_a"))
+		require.True(t, tableExists(t, d.DB, schema, "outbox_a"))
+		require.False(t, tableExists(t, d.DB, schema, "inbox_b"), "migrating set A must not create set B")
+		require.False(t, tableExists(t, d.DB, schema, "outbox_b"))
+		require.Equal(t, expected(t, a), recorded(t, d.DB, a))
+
+		// B's versions are not considered applied because A's are.
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, b))
+		require.True(t, tableExists(t, d.DB, schema, "inbox_b"))
+		require.True(t, tableExists(t, d.DB, schema, "outbox_b"))
+		require.Equal(t, expected(t, a, b), recorded(t, d.DB, b))
+
+		// Each set has its own indexes, named after its table.
+		idx := queryStrings(t, d.DB, "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%brin' ORDER BY 1", schema)
+		require.Equal(t, []string{"inbox_a_first_seen_brin", "inbox_b_first_seen_brin"}, idx)
+
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, a))
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, b))
+		require.Equal(t, expected(t, a, b), recorded(t, d.DB, a))
+	})
+}
+
+func TestMigrateMixedCaseNames(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.Config{Schema: freshSchemaNamed(t, d.DB, testenv.Unique(t, "EO_")), InboxTable: "Inbox_T", OutboxTable: "OutBox_T"}
+		require.NotEqual(t, strings.ToLower(cfg.Schema), cfg.Schema)
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		// Quoted names keep their case: unquoted SQL would have folded them.
+		require.True(t, tableExists(t, d.DB, cfg.Schema, "Inbox_T"))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, "OutBox_T"))
+		require.False(t, tableExists(t, d.DB, strings.ToLower(cfg.Schema), "inbox_t"))
+		_, err := d.DB.ExecContext(ctx, "INSERT INTO "+cfg.Inbox()+" (consumer, message_key) VALUES ('c', 'k')")
+		require.NoError(t, err)
+	})
+}
+
+func TestMigrateErrors(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+
+	t.Run("nil db", func(t *testing.T) {
+		t.Parallel()
+		err := sqlschema.Migrate(ctx, nil, sqlschema.Config{})
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "db is nil")
+	})
+
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		schema := freshSchema(t, d.DB)
+
+		// An invalid name is rejected before anything is sent to the database.
+		err := sqlschema.Migrate(ctx, d.DB, sqlschema.Config{Schema: schema, InboxTable: `x"; DROP TABLE y; --`})
+		require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+		require.Contains(t, err.Error(), "Config.InboxTable")
+		require.False(t, schemaExists(t, d.DB, schema), "a rejected config must create nothing")
+
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		require.ErrorIs(t, sqlschema.Migrate(cancelled, d.DB, sqlschema.Config{Schema: schema}), context.Canceled)
+		require.False(t, schemaExists(t, d.DB, schema))
+
+		// A failure part-way rolls everything back (one transaction): a
+		// foreign table squatting the inbox name makes its index fail.
+		_, err = d.DB.ExecContext(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+
+			"; CREATE TABLE "+pgx.Identifier{schema, sqlschema.DefaultInboxTable}.Sanitize()+" (x int)")
+		require.NoError(t, err)
+		err = sqlschema.Migrate(ctx, d.DB, sqlschema.Config{Schema: schema})
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "first_seen_at")
+		require.False(t, tableExists(t, d.DB, schema, sqlschema.MigrationsTable), "the failed run must record nothing")
+		require.False(t, tableExists(t, d.DB, schema, sqlschema.DefaultOutboxTable))
+
+		_, err = d.DB.ExecContext(ctx, "DROP TABLE "+pgx.Identifier{schema, sqlschema.DefaultInboxTable}.Sanitize())
+		require.NoError(t, err)
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, sqlschema.Config{Schema: schema}))
+		require.True(t, tableExists(t, d.DB, schema, sqlschema.DefaultInboxTable))
+	})
+}
+
+func TestSQL(t *testing.T) {
+	t.Parallel()
+	cfg := sqlschema.Config{Schema: "custom_s", InboxTable: "my_inbox", OutboxTable: "my_outbox"}
+	text, err := sqlschema.SQL(cfg)
+	require.NoError(t, err)
+	for _, want := range []string{
+		`CREATE SCHEMA IF NOT EXISTS "custom_s";`,
+		`CREATE TABLE IF NOT EXISTS "custom_s"."my_inbox" (`,
+		`CREATE TABLE IF NOT EXISTS "custom_s"."my_outbox" (`,
+		`CREATE INDEX IF NOT EXISTS "my_inbox_first_seen_brin"`,
+		`ON "custom_s"."my_inbox" USING brin (first_seen_at)`,
+		`PRIMARY KEY (consumer, message_key)`,
+		`id         bigserial   PRIMARY KEY`,
+	} {
+		require.Contains(t, text, want)
+	}
+	for _, unwanted := range []string{"watermill_inbox", "watermill_outbox", "public", "{{", sqlschema.MigrationsTable} {
+		require.NotContains(t, text, unwanted)
+	}
+	require.Less(t, strings.Index(text, "CREATE SCHEMA"), strings.Index(text, "CREATE TABLE"), "the schema is created first")
+
+	_, err = sqlschema.SQL(sqlschema.Config{OutboxTable: "1bad"})
+	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+	_, err = sqlschema.Migrations(sqlschema.Config{Schema: "bad-name"})
+	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+
+	// The script runs as is, twice, and creates the tables (but records no
+	// versions: that is Migrate's job).
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB), InboxTable: "my_inbox", OutboxTable: "my_outbox"}
+		text, err := sqlschema.SQL(cfg)
+		require.NoError(t, err)
+		for range 2 {
+			_, err = d.DB.ExecContext(ctx, text)
+			require.NoError(t, err)
+		}
+		require.True(t, tableExists(t, d.DB, cfg.Schema, "my_inbox"))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, "my_outbox"))
+		require.False(t, tableExists(t, d.DB, cfg.Schema, sqlschema.MigrationsTable))
+
+		// Migrate adopts a schema created from the script.
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+	})
+}
