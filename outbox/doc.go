@@ -12,8 +12,9 @@
 // row twice in the normal case), publishes them, and deletes them in the same
 // transaction only after the publisher returned without error. With RabbitMQ,
 // configure publisher confirms (watermill-amqp's ConfirmDelivery) so that
-// "returned without error" means "the broker has it". A crash between publish
-// and commit sends the batch again; every relayed message keeps its original
+// "returned without error" means "the broker has it". If a later publish of
+// a batch fails, the rows already accepted are still deleted. A crash
+// between publish and commit sends the batch again; every relayed message keeps its original
 // UUID, so the next consumer's inbox drops the repeat.
 //
 // Rows are picked in id order through the primary key, so the cost of a poll
