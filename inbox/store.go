@@ -1,6 +1,8 @@
 package inbox
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -50,6 +52,9 @@ func (c Config) validate() error {
 type Store struct {
 	cfg   Config
 	table string
+	// claimStmt names the server-side prepared claim statement of
+	// BeginClaimPgx; it is unique per table.
+	claimStmt string
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -59,7 +64,8 @@ func NewStore(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{cfg: cfg, table: cfg.Tables.Inbox()}, nil
+	sum := sha256.Sum256([]byte(cfg.Tables.Inbox()))
+	return &Store{cfg: cfg, table: cfg.Tables.Inbox(), claimStmt: "exactlyonce_claim_" + hex.EncodeToString(sum[:8])}, nil
 }
 
 // Table returns the quoted, schema-qualified inbox table name.

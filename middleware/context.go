@@ -9,20 +9,24 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-type ctxKey int
+type ctxKey struct{}
 
-const (
-	txKey ctxKey = iota
-	outboxKey
-	messageKeyKey
-	consumerKey
-)
+// handlerValues is what the middleware puts in the handler's context, under
+// one key (one allocation instead of one per value).
+type handlerValues struct {
+	tx       wsql.Tx
+	outbox   message.Publisher
+	consumer string
+	key      string
+}
 
-func withHandlerContext(ctx context.Context, tx wsql.Tx, ob message.Publisher, consumer, key string) context.Context {
-	ctx = context.WithValue(ctx, txKey, tx)
-	ctx = context.WithValue(ctx, outboxKey, ob)
-	ctx = context.WithValue(ctx, consumerKey, consumer)
-	return context.WithValue(ctx, messageKeyKey, key)
+func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
+	return context.WithValue(ctx, ctxKey{}, v)
+}
+
+func valuesFrom(ctx context.Context) *handlerValues {
+	v, _ := ctx.Value(ctxKey{}).(*handlerValues)
+	return v
 }
 
 // TxFromContext returns the transaction the middleware opened for this
@@ -30,8 +34,10 @@ func withHandlerContext(ctx context.Context, tx wsql.Tx, ob message.Publisher, c
 // StdTxFromContext for the driver's own type. Do not commit or roll it back:
 // the middleware does.
 func TxFromContext(ctx context.Context) (wsql.Tx, bool) {
-	tx, ok := ctx.Value(txKey).(wsql.Tx)
-	return tx, ok && tx != nil
+	if v := valuesFrom(ctx); v != nil && v.tx != nil {
+		return v.tx, true
+	}
+	return nil, false
 }
 
 // PgxTxFromContext returns the handler's transaction as a pgx.Tx when the
@@ -39,6 +45,8 @@ func TxFromContext(ctx context.Context) (wsql.Tx, bool) {
 func PgxTxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, _ := TxFromContext(ctx)
 	switch t := tx.(type) {
+	case *pooledTx:
+		return t.tx, t.tx != nil
 	case *wsql.PgxTx:
 		return t.Tx, t.Tx != nil
 	case wsql.PgxTx:
@@ -64,18 +72,24 @@ func StdTxFromContext(ctx context.Context) (*stdsql.Tx, bool) {
 // handler's transaction. Returning messages from the handler does the same
 // for the handler's publish topic; use this to publish to other topics.
 func OutboxFromContext(ctx context.Context) (message.Publisher, bool) {
-	p, ok := ctx.Value(outboxKey).(message.Publisher)
-	return p, ok && p != nil
+	if v := valuesFrom(ctx); v != nil && v.outbox != nil {
+		return v.outbox, true
+	}
+	return nil, false
 }
 
 // KeyFromContext returns the message key the middleware deduplicates on.
 func KeyFromContext(ctx context.Context) string {
-	s, _ := ctx.Value(messageKeyKey).(string)
-	return s
+	if v := valuesFrom(ctx); v != nil {
+		return v.key
+	}
+	return ""
 }
 
 // ConsumerFromContext returns the consumer name the key is recorded under.
 func ConsumerFromContext(ctx context.Context) string {
-	s, _ := ctx.Value(consumerKey).(string)
-	return s
+	if v := valuesFrom(ctx); v != nil {
+		return v.consumer
+	}
+	return ""
 }

@@ -162,7 +162,6 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		consumer = message.HandlerNameFromCtx(origCtx)
 	}
 	ev.Consumer = consumer
-	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer}
 
 	key, err := m.cfg.Key(msg)
 	if err == nil {
@@ -173,11 +172,23 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, keyError(msg, consumer, err)
 	}
 	ev.Key = key
-	fields["key"] = key
 
-	tx, err := m.cfg.DB.BeginTx(origCtx, nil)
+	tx, claim, err := m.beginClaim(origCtx, consumer, key)
+	if errors.Is(err, inbox.ErrNotDone) {
+		ev.Kind = EventFailed
+		return nil, fmt.Errorf("exactlyonce: %w", err)
+	}
 	if err != nil {
-		return m.dbFailure(msg, h, ev, fmt.Errorf("begin: %w", err), fields)
+		return m.dbFailure(msg, h, ev, err)
+	}
+	if !claim.Claimed {
+		ev.Kind = EventDuplicate
+		ev.FirstSeenAt = claim.Existing.FirstSeenAt
+		m.cfg.Logger.Debug("exactlyonce: duplicate message acked without running the handler", watermill.LogFields{
+			"message_uuid": msg.UUID, "consumer": consumer, "key": key,
+			"first_seen_at": claim.Existing.FirstSeenAt, "duplicates": claim.Existing.Duplicates,
+		})
+		return nil, nil
 	}
 	done := false
 	defer func() {
@@ -186,37 +197,8 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		}
 	}()
 
-	claim, err := m.store.ClaimTx(origCtx, tx, consumer, key)
-	if errors.Is(err, inbox.ErrNotDone) {
-		ev.Kind = EventFailed
-		return nil, fmt.Errorf("exactlyonce: %w", err)
-	}
-	if err != nil {
-		_ = tx.Rollback()
-		done = true
-		return m.dbFailure(msg, h, ev, err, fields)
-	}
-	if !claim.Claimed {
-		ev.Kind = EventDuplicate
-		ev.FirstSeenAt = claim.Existing.FirstSeenAt
-		// The counter update may fail to commit; the key is recorded as
-		// done either way, so the delivery is acked.
-		done = true
-		if err := tx.Commit(); err != nil {
-			m.cfg.Logger.Info("exactlyonce: duplicate counter not committed", watermill.LogFields{"err": err.Error(), "key": key})
-		}
-		fields["first_seen_at"] = claim.Existing.FirstSeenAt
-		fields["duplicates"] = claim.Existing.Duplicates
-		m.cfg.Logger.Debug("exactlyonce: duplicate message acked without running the handler", fields)
-		return nil, nil
-	}
-
-	ob, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: m.cfg.Tables})
-	if err != nil {
-		ev.Kind = EventFailed
-		return nil, err
-	}
-	msg.SetContext(withHandlerContext(origCtx, tx, ob, consumer, key))
+	ob := &lazyOutbox{tx: tx, tables: m.cfg.Tables}
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: tx, outbox: ob, consumer: consumer, key: key}))
 	produced, err := callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if err != nil {
@@ -236,6 +218,37 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	return nil, nil
 }
 
+// beginClaim begins the message's transaction and claims the key in it.
+// For a duplicate it returns a nil tx (the duplicate counter is already
+// committed, best-effort). A pgx pool takes the one-round-trip path.
+func (m *Middleware) beginClaim(ctx context.Context, consumer, key string) (wsql.Tx, inbox.ClaimResult, error) {
+	if pool, ok := pgxPool(m.cfg.DB); ok {
+		tx, claim, err := m.beginClaimPgx(ctx, pool, consumer, key)
+		if tx == nil {
+			return nil, claim, err
+		}
+		return tx, claim, err
+	}
+	tx, err := m.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, inbox.ClaimResult{}, fmt.Errorf("begin: %w", err)
+	}
+	claim, err := m.store.ClaimTx(ctx, tx, consumer, key)
+	if err != nil || !claim.Claimed {
+		if err == nil {
+			// The key is recorded as done whether or not the counter
+			// update commits, so the delivery is acked either way.
+			if cerr := tx.Commit(); cerr != nil {
+				m.cfg.Logger.Info("exactlyonce: duplicate counter not committed", watermill.LogFields{"err": cerr.Error(), "key": key})
+			}
+			return nil, claim, nil
+		}
+		_ = tx.Rollback()
+		return nil, claim, err
+	}
+	return tx, claim, nil
+}
+
 func keyError(msg *message.Message, consumer string, err error) error {
 	hint := ""
 	if errors.Is(err, inbox.ErrEmptyKey) {
@@ -248,7 +261,8 @@ func keyError(msg *message.Message, consumer string, err error) error {
 }
 
 // dbFailure handles a database error before the handler ran.
-func (m *Middleware) dbFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error, fields watermill.LogFields) ([]*message.Message, error) {
+func (m *Middleware) dbFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
 	err := fmt.Errorf("%w: %w", ErrDBUnavailable, cause)
 	if !m.cfg.FailOpen || msg.Context().Err() != nil {
 		ev.Kind = EventDBUnavailable
@@ -277,7 +291,7 @@ func callHandler(h message.HandlerFunc, msg *message.Message) (produced []*messa
 
 // writeOutputs writes the handler's messages to the outbox, consecutive
 // messages with the same destination in one INSERT.
-func (m *Middleware) writeOutputs(msg *message.Message, ob *outbox.Publisher, produced []*message.Message) error {
+func (m *Middleware) writeOutputs(msg *message.Message, ob *lazyOutbox, produced []*message.Message) error {
 	if len(produced) == 0 {
 		return nil
 	}
@@ -325,4 +339,31 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// lazyOutbox creates the outbox publisher on first use: most deliveries
+// of many handlers write no output.
+type lazyOutbox struct {
+	tx     wsql.Tx
+	tables sqlschema.Config
+	pub    *outbox.Publisher
+}
+
+func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
+	if l.pub == nil {
+		pub, err := outbox.NewPublisher(l.tx, outbox.PublisherConfig{Tables: l.tables})
+		if err != nil {
+			return err
+		}
+		l.pub = pub
+	}
+	return l.pub.Publish(topic, messages...)
+}
+
+// Close closes the underlying publisher, if one was created.
+func (l *lazyOutbox) Close() error {
+	if l.pub == nil {
+		return nil
+	}
+	return l.pub.Close()
 }

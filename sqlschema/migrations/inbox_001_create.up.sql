@@ -1,9 +1,11 @@
 -- Inbox: one row per (consumer, message key) that a handler has claimed.
+-- Keys are compared byte-wise (COLLATE "C"): identity needs no linguistic
+-- ordering, and byte comparison keeps the primary-key insert cheap.
 -- In transactional mode the row is inserted with status 'done' in the same
 -- transaction as the handler's writes; lease mode uses the other statuses.
 CREATE TABLE IF NOT EXISTS {{.Inbox}} (
-    consumer      text        NOT NULL,
-    message_key   text        NOT NULL,
+    consumer      text        COLLATE "C" NOT NULL,
+    message_key   text        COLLATE "C" NOT NULL,
     status        text        NOT NULL DEFAULT 'done'
                   CHECK (status IN ('processing', 'done', 'failed', 'parked')),
     attempts      integer     NOT NULL DEFAULT 1,
