@@ -83,7 +83,7 @@ func TestFailureEmptyKeyPoisonQueue(t *testing.T) {
 			require.NoError(t, err)
 			r := faultNewRouter(t)
 			r.AddMiddleware(pq, eo.Middleware) // poison queue outside
-			r.AddNoPublisherHandler("empty-key", in, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
+			r.AddConsumerHandler("empty-key", in, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
 				handled.Store(msg.UUID, string(msg.Payload))
 				return faultInsertEffect(msg.Context(), tables, msg.UUID, "")
 			})
@@ -149,7 +149,7 @@ func TestFailureEmptyKeyWithoutPoisonQueue(t *testing.T) {
 			require.NoError(t, err)
 			r := faultNewRouter(t)
 			r.AddMiddleware(eo.Middleware)
-			r.AddNoPublisherHandler("empty-key-plain", in, testenv.AMQPSubscriber(t, 1), func(*message.Message) error {
+			r.AddConsumerHandler("empty-key-plain", in, testenv.AMQPSubscriber(t, 1), func(*message.Message) error {
 				calls.Add(1)
 				return nil
 			})
@@ -218,7 +218,7 @@ func TestFailureDBDownAtClaim(t *testing.T) {
 			newRouter := func() *message.Router {
 				r := faultNewRouter(t)
 				r.AddMiddleware(eo.Middleware)
-				r.AddNoPublisherHandler("db-down", in, testenv.AMQPSubscriber(t, 1), handler)
+				r.AddConsumerHandler("db-down", in, testenv.AMQPSubscriber(t, 1), handler)
 				testenv.StartRouter(t, r)
 				return r
 			}
@@ -279,7 +279,7 @@ func TestFailureHandlerPanic(t *testing.T) {
 			require.NoError(t, err)
 			r := faultNewRouter(t)
 			r.AddMiddleware(eo.Middleware)
-			r.AddNoPublisherHandler("panicky", in, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
+			r.AddConsumerHandler("panicky", in, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
 				n := attempts.Add(1)
 				if err := faultInsertEffect(msg.Context(), tables, "attempt-"+strconv.FormatInt(n, 10), msg.UUID); err != nil {
 					return err

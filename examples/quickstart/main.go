@@ -48,8 +48,9 @@ func env(name, def string) string {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx); err != nil {
+	err := run(ctx)
+	stop()
+	if err != nil {
 		log.Fatalf("quickstart: %v", err)
 	}
 }
