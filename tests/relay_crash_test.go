@@ -139,7 +139,7 @@ func TestRelayCrashMidBatch(t *testing.T) {
 			require.NoError(t, err)
 			r := faultNewRouter(t)
 			r.AddMiddleware(deliveries.Middleware, eo.Middleware)
-			r.AddNoPublisherHandler("relay-crash-downstream", out, testenv.AMQPSubscriber(t, 50),
+			r.AddConsumerHandler("relay-crash-downstream", out, testenv.AMQPSubscriber(t, 50),
 				func(msg *message.Message) error {
 					return faultInsertEffect(msg.Context(), tables, msg.UUID, "")
 				})
