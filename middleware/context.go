@@ -3,6 +3,8 @@ package middleware
 import (
 	"context"
 	stdsql "database/sql"
+	"errors"
+	"sync"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,10 +16,11 @@ type ctxKey struct{}
 // handlerValues is what the middleware puts in the handler's context, under
 // one key (one allocation instead of one per value).
 type handlerValues struct {
-	tx       wsql.Tx
+	tx       *txHandle
 	outbox   message.Publisher
 	consumer string
 	key      string
+	lease    *leaseState // lease mode only
 }
 
 func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
@@ -33,9 +36,15 @@ func valuesFrom(ctx context.Context) *handlerValues {
 // message, as watermill-sql's seam type. Prefer PgxTxFromContext or
 // StdTxFromContext for the driver's own type. Do not commit or roll it back:
 // the middleware does.
+//
+// In lease mode the transaction begins on the first call, so that a handler
+// holds no database connection while it waits for an external provider
+// before its first write; if it cannot begin, TxFromContext returns false
+// and the attempt fails with the database error.
 func TxFromContext(ctx context.Context) (wsql.Tx, bool) {
 	if v := valuesFrom(ctx); v != nil && v.tx != nil {
-		return v.tx, true
+		tx, err := v.tx.get()
+		return tx, err == nil && tx != nil
 	}
 	return nil, false
 }
@@ -92,4 +101,57 @@ func ConsumerFromContext(ctx context.Context) string {
 		return v.consumer
 	}
 	return ""
+}
+
+// txHandle is the handler's transaction: begun up front (transactional
+// mode) or on first use (lease mode). The handler may read it from several
+// goroutines.
+type txHandle struct {
+	mu    sync.Mutex
+	begin func() (wsql.Tx, error)
+	tx    wsql.Tx
+	err   error
+	ended bool
+}
+
+func readyTx(tx wsql.Tx) *txHandle { return &txHandle{tx: tx} }
+
+func lazyTx(begin func() (wsql.Tx, error)) *txHandle { return &txHandle{begin: begin} }
+
+// get returns the transaction, beginning it if needed.
+func (h *txHandle) get() (wsql.Tx, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.tx == nil && h.err == nil && h.begin != nil && !h.ended {
+		h.tx, h.err = h.begin()
+	}
+	if h.ended && h.err == nil {
+		return nil, errors.New("exactlyonce: the handler's transaction has ended")
+	}
+	return h.tx, h.err
+}
+
+// beginErr returns the error of a failed begin, if any.
+func (h *txHandle) beginErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// rollback rolls the transaction back if it was begun and not ended.
+func (h *txHandle) rollback() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.tx != nil && !h.ended {
+		_ = h.tx.Rollback()
+	}
+	h.ended = true
+}
+
+// commit commits the transaction (which must have been begun).
+func (h *txHandle) commit() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ended = true
+	return h.tx.Commit()
 }

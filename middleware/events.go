@@ -24,6 +24,13 @@ const (
 	// EventFailOpen: the database failed and Config.FailOpen ran the
 	// handler without deduplication.
 	EventFailOpen
+	// EventBusy: lease mode, another worker holds a live lease on the key;
+	// nacked after NackDelay.
+	EventBusy
+	// EventParked: lease mode, the key is parked for an operator (now,
+	// after an interrupted attempt under ParkExpired or a permanent handler
+	// error, or earlier); acked without running.
+	EventParked
 )
 
 // String returns the kind's name, as used in logs and metric labels.
@@ -41,6 +48,10 @@ func (k EventKind) String() string {
 		return "db_unavailable"
 	case EventFailOpen:
 		return "fail_open"
+	case EventBusy:
+		return "busy"
+	case EventParked:
+		return "parked"
 	}
 	return "unknown"
 }
@@ -56,14 +67,20 @@ type Event struct {
 	FirstSeenAt time.Time
 	// Duration is the time spent in the middleware.
 	Duration time.Duration
-	// Err is the error returned to the router, if any.
+	// Err is the error returned to the router, if any (or the permanent
+	// handler error of a parked key).
 	Err error
+	// Attempt is the lease-mode attempt number (0 in transactional mode).
+	Attempt int
+	// Interrupted is true for a lease-mode attempt that follows one whose
+	// lease expired mid-attempt.
+	Interrupted bool
 }
 
 // Counters counts events with atomics; its Observe method fits
 // Config.OnEvent. Useful for tests, expvar, or a quick /metrics.
 type Counters struct {
-	Processed, Duplicates, Failed, Rejected, DBUnavailable, FailOpen atomic.Int64
+	Processed, Duplicates, Failed, Rejected, DBUnavailable, FailOpen, Busy, Parked, Interrupted atomic.Int64
 }
 
 // Observe counts e.
@@ -81,5 +98,12 @@ func (c *Counters) Observe(e Event) {
 		c.DBUnavailable.Add(1)
 	case EventFailOpen:
 		c.FailOpen.Add(1)
+	case EventBusy:
+		c.Busy.Add(1)
+	case EventParked:
+		c.Parked.Add(1)
+	}
+	if e.Interrupted {
+		c.Interrupted.Add(1)
 	}
 }

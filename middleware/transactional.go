@@ -47,12 +47,52 @@ var (
 	ErrNoDestination = errors.New("exactlyonce: output message has no destination topic")
 )
 
-// Config configures the transactional middleware. DB is required.
+// Mode selects how the middleware protects a handler.
+type Mode int
+
+const (
+	// Transactional (the default): the inbox row, the handler's writes and
+	// its output messages commit in one transaction. For handlers whose
+	// effects live in the same PostgreSQL database.
+	Transactional Mode = iota
+	// Lease: the claim is committed before the handler runs, with a lease;
+	// completion (the handler's DB writes, its output messages and the done
+	// record) commits after. For handlers with effects outside the database
+	// (an SMS, an e-mail, a payment). See docs/choosing-a-mode.md.
+	Lease
+)
+
+// ExpiredPolicy is inbox.ExpiredPolicy: what lease mode does with a key
+// whose previous attempt's lease expired mid-attempt.
+type ExpiredPolicy = inbox.ExpiredPolicy
+
+// The lease-expiry policies.
+const (
+	RetryExpired = inbox.RetryExpired
+	ParkExpired  = inbox.ParkExpired
+)
+
+// Config configures the middleware. DB is required.
 type Config struct {
 	// DB begins the per-message transaction: sql.BeginnerFromPgx(pool) or
 	// sql.BeginnerFromStdSQL(db) from
 	// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. Required.
 	DB wsql.Beginner
+
+	// Mode is Transactional or Lease. Defaults to Transactional.
+	Mode Mode
+
+	// Lease is how long a lease-mode claim keeps other workers off a key
+	// while the handler runs; handlers that may run longer extend it with
+	// ExtendLease. After it expires, OnExpired decides. Lease mode only.
+	// Defaults to 30s.
+	Lease time.Duration
+
+	// OnExpired is what lease mode does with a key found processing with
+	// an expired lease: RetryExpired (run again, same idempotency key) or
+	// ParkExpired (record parked and ack; an operator releases it). Lease
+	// mode only. Defaults to RetryExpired.
+	OnExpired ExpiredPolicy
 
 	// Tables names the inbox and outbox tables. Defaults to sqlschema's
 	// defaults. Create them with sqlschema.Migrate.
@@ -124,6 +164,18 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.NackDelay == 0 {
 		cfg.NackDelay = time.Second
 	}
+	if cfg.Lease == 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.Mode != Transactional && cfg.Mode != Lease {
+		return nil, fmt.Errorf("exactlyonce: Config.Mode is %d, want Transactional or Lease", cfg.Mode)
+	}
+	if cfg.Lease < time.Second {
+		return nil, fmt.Errorf("exactlyonce: Config.Lease is %s, it must be at least 1s", cfg.Lease)
+	}
+	if cfg.OnExpired != RetryExpired && cfg.OnExpired != ParkExpired {
+		return nil, fmt.Errorf("exactlyonce: Config.OnExpired is %d, want RetryExpired or ParkExpired", cfg.OnExpired)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
@@ -150,7 +202,9 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			m.cfg.OnEvent(ev)
 		}()
 		out, err := m.handle(msg, h, &ev)
-		ev.Err = err
+		if err != nil {
+			ev.Err = err
+		}
 		return out, err
 	}
 }
@@ -172,6 +226,9 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, keyError(msg, consumer, err)
 	}
 	ev.Key = key
+	if m.cfg.Mode == Lease {
+		return m.handleLease(msg, h, ev, origCtx, consumer, key)
+	}
 
 	tx, claim, err := m.beginClaim(origCtx, consumer, key)
 	if errors.Is(err, inbox.ErrNotDone) {
@@ -197,8 +254,8 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		}
 	}()
 
-	ob := &lazyOutbox{tx: tx, tables: m.cfg.Tables}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: tx, outbox: ob, consumer: consumer, key: key}))
+	ob := &lazyOutbox{tx: readyTx(tx), tables: m.cfg.Tables}
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key}))
 	produced, err := callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if err != nil {
@@ -344,14 +401,18 @@ func sleep(ctx context.Context, d time.Duration) {
 // lazyOutbox creates the outbox publisher on first use: most deliveries
 // of many handlers write no output.
 type lazyOutbox struct {
-	tx     wsql.Tx
+	tx     *txHandle
 	tables sqlschema.Config
 	pub    *outbox.Publisher
 }
 
 func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 	if l.pub == nil {
-		pub, err := outbox.NewPublisher(l.tx, outbox.PublisherConfig{Tables: l.tables})
+		tx, err := l.tx.get()
+		if err != nil {
+			return fmt.Errorf("exactlyonce: outbox: %w", err)
+		}
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: l.tables})
 		if err != nil {
 			return err
 		}
