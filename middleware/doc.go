@@ -1,5 +1,6 @@
 // Package middleware gives Watermill handlers exactly-once effects by
-// configuration. The transactional mode wraps a plain message.HandlerFunc:
+// configuration. The transactional mode (the default) wraps a plain
+// message.HandlerFunc:
 //
 //  1. It derives the message key (the message UUID by default) and the
 //     consumer name (the router handler's name by default).
@@ -23,6 +24,18 @@
 // outside it (added before it) so each retry gets a fresh transaction, and
 // PoisonQueue outside that for messages that can never succeed (an empty key
 // is one: see ErrEmptyKey).
+//
+// Lease mode (Config.Mode = Lease) is for handlers whose effect is outside
+// the database (an SMS gateway, a payment API). The claim is committed
+// first, with a lease, so that no other worker runs the key meanwhile; the
+// handler calls the provider with LeaseFromContext(ctx).IdempotencyKey,
+// the same on every attempt; completion (the done record, the handler's
+// writes through its context's transaction, its output messages) commits
+// after. A handler error records the key failed (retried on the next
+// delivery); Permanent(err) parks it for an operator; a worker that died
+// mid-attempt is retried or parked after its lease expires (OnExpired).
+// docs/guarantees.md states the one window a provider without idempotency
+// keys leaves open.
 //
 // If the database is unreachable the middleware fails closed by default: it
 // returns an error and the message is redelivered later. Config.FailOpen
