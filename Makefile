@@ -46,5 +46,5 @@ lint: ## gofmt check, go vet and golangci-lint
 fmt: ## Format all Go files with gofmt
 	$(GOFMT) -w .
 
-demo: services ## Run the quickstart example (examples/quickstart)
-	$(GO) run ./examples/quickstart
+demo: services ## Run the notifier example: sends with duplicates and a redelivery, prints what happened
+	$(GO) run ./examples/notifier -demo

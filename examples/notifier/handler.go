@@ -1,0 +1,119 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+)
+
+// ErrInvalidRequest marks a send request that can never be processed; such
+// messages go to the dead-letter queue with the reason.
+var ErrInvalidRequest = errors.New("invalid send request")
+
+// SendRequest is the body of a message on the send queue.
+type SendRequest struct {
+	NotificationID string `json:"notification_id"`
+	Channel        string `json:"channel"`
+	To             string `json:"to"`
+	Text           string `json:"text"`
+}
+
+// SentEvent is published to the sent queue once per notification.
+type SentEvent struct {
+	NotificationID string    `json:"notification_id"`
+	Channel        string    `json:"channel"`
+	To             string    `json:"to"`
+	Attempt        int       `json:"attempt"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	SentAt         time.Time `json:"sent_at"`
+}
+
+func parseRequest(payload []byte) (SendRequest, error) {
+	var r SendRequest
+	if !utf8.Valid(payload) {
+		return r, fmt.Errorf("%w: body is not UTF-8 text", ErrInvalidRequest)
+	}
+	if err := json.Unmarshal(payload, &r); err != nil {
+		return r, fmt.Errorf("%w: body is not the expected JSON object: %w", ErrInvalidRequest, err)
+	}
+	r.Channel = strings.ToLower(strings.TrimSpace(r.Channel))
+	switch {
+	case strings.TrimSpace(r.NotificationID) == "":
+		return r, fmt.Errorf("%w: notification_id is missing", ErrInvalidRequest)
+	case len(r.NotificationID) > 200:
+		return r, fmt.Errorf("%w: notification_id is longer than 200 bytes", ErrInvalidRequest)
+	case r.Channel != "sms" && r.Channel != "email":
+		return r, fmt.Errorf("%w: channel %q is not sms or email", ErrInvalidRequest, r.Channel)
+	case strings.TrimSpace(r.To) == "":
+		return r, fmt.Errorf("%w: to is missing", ErrInvalidRequest)
+	case r.Text == "":
+		return r, fmt.Errorf("%w: text is missing", ErrInvalidRequest)
+	}
+	return r, nil
+}
+
+// validate rejects, before any claim, what can never succeed: no identity
+// (ErrEmptyKey) and malformed requests (ErrInvalidRequest). The dead-letter
+// middleware outside it moves them aside with the reason.
+func validate(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if msg.UUID == "" {
+			return nil, fmt.Errorf("%w: the message has neither the Watermill UUID header nor the AMQP message_id property", middleware.ErrEmptyKey)
+		}
+		if _, err := parseRequest(msg.Payload); err != nil {
+			return nil, err
+		}
+		return h(msg)
+	}
+}
+
+// send is the lease-mode handler: call the provider with the attempt's
+// idempotency key, then record the notification and emit the event in the
+// completion transaction.
+func (s *Service) send(msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	req, err := parseRequest(msg.Payload)
+	if err != nil {
+		return nil, err // validate() already rejected these
+	}
+	lease, ok := middleware.LeaseFromContext(ctx)
+	if !ok {
+		return nil, errors.New("notifier: send must run under the lease-mode middleware")
+	}
+	provider := s.providers[req.Channel]
+	if err := provider.Send(ctx, lease.IdempotencyKey, req.To, req.Text); err != nil {
+		if errors.Is(err, errRejected) {
+			return nil, middleware.Permanent(err) // parked for an operator, acked
+		}
+		return nil, err // recorded failed, retried with the same key
+	}
+
+	tx, ok := middleware.PgxTxFromContext(ctx)
+	if !ok {
+		return nil, errors.New("notifier: no completion transaction")
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s.logTable+`
+(notification_id, channel, recipient, status, attempts, message_key) VALUES ($1, $2, $3, 'sent', $4, $5)
+ON CONFLICT (notification_id) DO UPDATE SET status = 'sent', attempts = excluded.attempts, updated_at = now()`,
+		req.NotificationID, req.Channel, req.To, lease.Attempt, msg.UUID); err != nil {
+		return nil, err
+	}
+	event, err := json.Marshal(SentEvent{
+		NotificationID: req.NotificationID, Channel: req.Channel, To: req.To,
+		Attempt: lease.Attempt, IdempotencyKey: lease.IdempotencyKey, SentAt: time.Now().UTC(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := message.NewMessage(watermill.NewUUID(), event)
+	out.Metadata.Set("notification_id", req.NotificationID)
+	return []*message.Message{out}, nil
+}
