@@ -118,6 +118,10 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 }
 
 func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string, leaseSecs float64, policy ExpiredPolicy) (LeaseClaim, error) {
+	return s.claimLeaseTry(ctx, tx, consumer, key, leaseSecs, policy, 3)
+}
+
+func (s *Store) claimLeaseTry(ctx context.Context, tx wsql.Tx, consumer, key string, leaseSecs float64, policy ExpiredPolicy, tries int) (LeaseClaim, error) {
 	var rec Record
 	err := seam.QueryRow(ctx, tx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, lease_until)
 VALUES ($1, $2, 'processing', 1, now() + make_interval(secs => $3))
@@ -136,7 +140,10 @@ WHERE consumer = $1 AND message_key = $2 FOR UPDATE`, []any{consumer, key}, appe
 	if notFound(err) {
 		// Deleted between the two statements (Forget, Purge): a
 		// conflict-free retry of the insert is the simplest correct answer.
-		return s.claimLease(ctx, tx, consumer, key, leaseSecs, policy)
+		if tries <= 1 {
+			return LeaseClaim{}, errors.New("the record kept disappearing (concurrent Forget or Purge)")
+		}
+		return s.claimLeaseTry(ctx, tx, consumer, key, leaseSecs, policy, tries-1)
 	}
 	if err != nil {
 		return LeaseClaim{}, err
@@ -238,10 +245,7 @@ func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key
 	if permanent {
 		status = StatusParked
 	}
-	if len(errText) > maxErrorText {
-		errText = errText[:maxErrorText] + "..."
-	}
-	errText = toValidText(errText)
+	errText = truncateText(toValidText(errText), maxErrorText)
 	res, err := db.ExecContext(ctx, `UPDATE `+s.table+`
 SET status = $4, last_error = $5, lease_until = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3`,
@@ -306,6 +310,22 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
 		return false, fmt.Errorf("inbox: releasing %q for %q: %w", key, consumer, err)
 	}
 	return n > 0, nil
+}
+
+// truncateText cuts s to at most n bytes at a character boundary, marking
+// the cut with "...".
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := 0
+	for i := range s {
+		if i > n {
+			break
+		}
+		cut = i
+	}
+	return s[:cut] + "..."
 }
 
 // toValidText makes s storable as PostgreSQL text: invalid UTF-8 and NUL

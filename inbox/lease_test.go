@@ -1,0 +1,838 @@
+package inbox_test
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+)
+
+// leaseSlack is the tolerance when comparing a lease end computed by
+// PostgreSQL's now() with the test's clock (same host).
+const leaseSlack = 2 * time.Second
+
+// leaseOutcome is what one concurrent ClaimLease returned.
+type leaseOutcome struct {
+	lc  inbox.LeaseClaim
+	err error
+}
+
+func leaseClaim(t *testing.T, b bundle, consumer, key string, lease time.Duration, policy inbox.ExpiredPolicy) inbox.LeaseClaim {
+	t.Helper()
+	lc, err := b.store.ClaimLease(b.ctx, b.db, consumer, key, lease, policy)
+	require.NoError(t, err)
+	return lc
+}
+
+// leaseAcquire claims a key that must be acquired and checks that its lease
+// ends lease from now.
+func leaseAcquire(t *testing.T, b bundle, consumer, key string, lease time.Duration, policy inbox.ExpiredPolicy) inbox.LeaseClaim {
+	t.Helper()
+	before := time.Now()
+	lc := leaseClaim(t, b, consumer, key, lease, policy)
+	after := time.Now()
+	require.Equal(t, inbox.LeaseAcquired, lc.Outcome, "%s/%s", consumer, key)
+	leaseAround(t, lc.LeaseUntil, before, after, lease)
+	require.Equal(t, inbox.StatusProcessing, lc.Record.Status)
+	require.Equal(t, lc.Attempt, lc.Record.Attempts)
+	require.NotNil(t, lc.Record.LeaseUntil)
+	require.True(t, lc.LeaseUntil.Equal(*lc.Record.LeaseUntil))
+	require.False(t, lc.ParkedNow)
+	return lc
+}
+
+func leaseLookup(t *testing.T, b bundle, consumer, key string) inbox.Record {
+	t.Helper()
+	rec, err := b.store.Lookup(b.ctx, b.db, consumer, key)
+	require.NoError(t, err)
+	return rec
+}
+
+// leaseAround asserts that got is d after a moment between before and after.
+func leaseAround(t *testing.T, got, before, after time.Time, d time.Duration) {
+	t.Helper()
+	require.WithinRange(t, got, before.Add(d-leaseSlack), after.Add(d+leaseSlack), "lease end should be now + %s", d)
+}
+
+// leaseExpire moves the live lease of a processing key into the past, as if
+// its holder had died mid-attempt.
+func leaseExpire(t *testing.T, b bundle, consumer, key string) {
+	t.Helper()
+	require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+
+		" SET lease_until = now() - interval '1 second' WHERE consumer = $1 AND message_key = $2 AND status = 'processing'",
+		consumer, key))
+}
+
+// leaseComplete records attempt as done in a transaction of its own.
+func leaseComplete(t *testing.T, b bundle, consumer, key string, attempt int) {
+	t.Helper()
+	tx := b.begin(t)
+	require.NoError(t, b.store.CompleteTx(b.ctx, tx, consumer, key, attempt))
+	require.NoError(t, tx.Commit())
+}
+
+// leaseSame asserts that a record did not change.
+func leaseSame(t *testing.T, want, got inbox.Record) {
+	t.Helper()
+	require.Equal(t, want.Status, got.Status)
+	require.Equal(t, want.Attempts, got.Attempts)
+	require.Equal(t, want.Duplicates, got.Duplicates)
+	require.Equal(t, want.LastError, got.LastError)
+	require.Equal(t, want.LeaseUntil == nil, got.LeaseUntil == nil)
+	if want.LeaseUntil != nil {
+		require.True(t, want.LeaseUntil.Equal(*got.LeaseUntil), "lease_until moved: %v -> %v", *want.LeaseUntil, *got.LeaseUntil)
+	}
+	require.Equal(t, want.ProcessedAt == nil, got.ProcessedAt == nil)
+}
+
+func TestLeaseOutcomeString(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "acquired", inbox.LeaseAcquired.String())
+	require.Equal(t, "duplicate", inbox.LeaseDuplicate.String())
+	require.Equal(t, "busy", inbox.LeaseBusy.String())
+	require.Equal(t, "parked", inbox.LeaseParked.String())
+	require.Equal(t, "unknown", inbox.LeaseOutcome(0).String())
+}
+
+func TestLeaseClaimStates(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const c = "c"
+		const lease = time.Hour
+
+		t.Run("new key", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-new", lease, inbox.RetryExpired)
+			require.Equal(t, 1, lc.Attempt)
+			require.False(t, lc.Interrupted)
+			require.Equal(t, c, lc.Record.Consumer)
+			require.Equal(t, "k-new", lc.Record.Key)
+			require.Zero(t, lc.Record.Duplicates)
+			require.Nil(t, lc.Record.ProcessedAt)
+			require.Empty(t, lc.Record.LastError)
+
+			rec := leaseLookup(t, b, c, "k-new")
+			require.Equal(t, inbox.StatusProcessing, rec.Status, "the claim is committed before ClaimLease returns")
+			require.True(t, lc.LeaseUntil.Equal(*rec.LeaseUntil))
+
+			// The same key of another consumer is another record.
+			require.Equal(t, 1, leaseAcquire(t, b, "other", "k-new", lease, inbox.RetryExpired).Attempt)
+		})
+
+		t.Run("live lease is busy", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-busy", lease, inbox.RetryExpired)
+			before := leaseLookup(t, b, c, "k-busy")
+			for _, policy := range []inbox.ExpiredPolicy{inbox.RetryExpired, inbox.ParkExpired, inbox.RetryExpired} {
+				busy := leaseClaim(t, b, c, "k-busy", 5*time.Minute, policy)
+				require.Equal(t, inbox.LeaseBusy, busy.Outcome)
+				require.Equal(t, 1, busy.Attempt)
+				require.False(t, busy.Interrupted)
+				require.False(t, busy.ParkedNow)
+				require.True(t, lc.LeaseUntil.Equal(busy.LeaseUntil), "busy reports the holder's lease end")
+				require.Equal(t, inbox.StatusProcessing, busy.Record.Status)
+			}
+			leaseSame(t, before, leaseLookup(t, b, c, "k-busy"))
+			require.Zero(t, leaseLookup(t, b, c, "k-busy").Duplicates, "busy is not a duplicate")
+		})
+
+		t.Run("done is a duplicate", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-done", lease, inbox.RetryExpired)
+			leaseComplete(t, b, c, "k-done", lc.Attempt)
+			for i, policy := range []inbox.ExpiredPolicy{inbox.RetryExpired, inbox.ParkExpired, inbox.RetryExpired} {
+				dup := leaseClaim(t, b, c, "k-done", lease, policy)
+				require.Equal(t, inbox.LeaseDuplicate, dup.Outcome)
+				require.Equal(t, 1, dup.Attempt)
+				require.True(t, dup.LeaseUntil.IsZero())
+				require.Equal(t, inbox.StatusDone, dup.Record.Status)
+				require.Equal(t, "k-done", dup.Record.Key)
+				require.Equal(t, int64(i+1), dup.Record.Duplicates, "the duplicate counter includes this delivery")
+				require.NotNil(t, dup.Record.ProcessedAt)
+				require.Nil(t, dup.Record.LeaseUntil)
+			}
+			rec := leaseLookup(t, b, c, "k-done")
+			require.Equal(t, int64(3), rec.Duplicates)
+			require.Equal(t, inbox.StatusDone, rec.Status)
+		})
+
+		t.Run("failed runs again", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-failed", lease, inbox.RetryExpired)
+			for attempt := 2; attempt <= 4; attempt++ {
+				require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-failed", lc.Attempt, "boom", false))
+				policy := inbox.RetryExpired
+				if attempt%2 == 1 {
+					policy = inbox.ParkExpired // the policy is for expired leases only
+				}
+				lc = leaseAcquire(t, b, c, "k-failed", lease, policy)
+				require.Equal(t, attempt, lc.Attempt)
+				require.False(t, lc.Interrupted, "a failed attempt ended: it was not interrupted")
+				require.Zero(t, lc.Record.Duplicates)
+			}
+			require.Equal(t, 4, leaseLookup(t, b, c, "k-failed").Attempts)
+		})
+
+		t.Run("expired lease, RetryExpired", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-retry", lease, inbox.RetryExpired)
+			for attempt := 2; attempt <= 3; attempt++ {
+				leaseExpire(t, b, c, "k-retry")
+				next := leaseAcquire(t, b, c, "k-retry", lease, inbox.RetryExpired)
+				require.Equal(t, attempt, next.Attempt)
+				require.True(t, next.Interrupted)
+				require.True(t, next.LeaseUntil.After(lc.LeaseUntil.Add(-time.Second)))
+				require.Zero(t, next.Record.Duplicates)
+
+				busy := leaseClaim(t, b, c, "k-retry", lease, inbox.RetryExpired)
+				require.Equal(t, inbox.LeaseBusy, busy.Outcome, "the new lease is live")
+				require.Equal(t, attempt, busy.Attempt)
+				lc = next
+			}
+		})
+
+		t.Run("processing without a lease end counts as expired", func(t *testing.T) {
+			b.exec(t, "INSERT INTO "+b.store.Table()+" (consumer, message_key, status, attempts, lease_until) VALUES ($1, 'k-null', 'processing', 1, NULL)", c)
+			lc := leaseAcquire(t, b, c, "k-null", lease, inbox.RetryExpired)
+			require.Equal(t, 2, lc.Attempt)
+			require.True(t, lc.Interrupted)
+		})
+
+		t.Run("expired lease, ParkExpired", func(t *testing.T) {
+			leaseAcquire(t, b, c, "k-park", lease, inbox.ParkExpired)
+			leaseExpire(t, b, c, "k-park")
+
+			parked := leaseClaim(t, b, c, "k-park", lease, inbox.ParkExpired)
+			require.Equal(t, inbox.LeaseParked, parked.Outcome)
+			require.True(t, parked.ParkedNow)
+			require.False(t, parked.Interrupted)
+			require.Equal(t, 1, parked.Attempt, "parking does not start an attempt")
+			require.True(t, parked.LeaseUntil.IsZero())
+			require.Equal(t, inbox.StatusParked, parked.Record.Status)
+			require.Nil(t, parked.Record.LeaseUntil)
+			require.Zero(t, parked.Record.Duplicates)
+			require.Contains(t, parked.Record.LastError, "lease expired")
+			require.Contains(t, parked.Record.LastError, "attempt 1")
+
+			for i, policy := range []inbox.ExpiredPolicy{inbox.ParkExpired, inbox.RetryExpired} {
+				again := leaseClaim(t, b, c, "k-park", lease, policy)
+				require.Equal(t, inbox.LeaseParked, again.Outcome)
+				require.False(t, again.ParkedNow, "parked earlier, not now")
+				require.Equal(t, 1, again.Attempt)
+				require.Equal(t, int64(i+1), again.Record.Duplicates)
+				require.Equal(t, parked.Record.LastError, again.Record.LastError)
+			}
+			rec := leaseLookup(t, b, c, "k-park")
+			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, int64(2), rec.Duplicates)
+		})
+	})
+}
+
+func TestLeaseClaimInvalid(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		for _, tc := range []struct {
+			name          string
+			consumer, key string
+			want          error
+		}{
+			{"empty key", "c", "", inbox.ErrEmptyKey},
+			{"empty consumer", "", "k", inbox.ErrEmptyConsumer},
+			{"too long", "c", strings.Repeat("k", inbox.DefaultMaxKeyLength+1), inbox.ErrKeyTooLong},
+			{"invalid UTF-8", "c", "k\xff", inbox.ErrInvalidKey},
+			{"NUL byte", "c", "a\x00b", inbox.ErrInvalidKey},
+			{"consumer with NUL byte", "c\x00", "k", inbox.ErrInvalidKey},
+		} {
+			lc, err := b.store.ClaimLease(b.ctx, b.db, tc.consumer, tc.key, time.Minute, inbox.RetryExpired)
+			require.ErrorIs(t, err, tc.want, tc.name)
+			require.Zero(t, lc, tc.name)
+		}
+		for _, lease := range []time.Duration{0, -time.Second} {
+			lc, err := b.store.ClaimLease(b.ctx, b.db, "c", "k", lease, inbox.RetryExpired)
+			require.Error(t, err, "lease %s", lease)
+			require.Contains(t, err.Error(), "lease must be > 0")
+			require.Zero(t, lc)
+		}
+		require.Zero(t, b.count(t, ""), "rejected claims write nothing")
+
+		// The longest valid key works.
+		leaseAcquire(t, b, "c", strings.Repeat("k", inbox.DefaultMaxKeyLength), time.Minute, inbox.RetryExpired)
+	})
+}
+
+func TestLeaseClaimConcurrent(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const n = 10
+		// race runs n ClaimLease calls of key at once.
+		race := func(t *testing.T, key string, policy inbox.ExpiredPolicy) []leaseOutcome {
+			t.Helper()
+			start := make(chan struct{})
+			out := make([]leaseOutcome, n)
+			var wg sync.WaitGroup
+			for i := range out {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, time.Hour, policy)
+					out[i] = leaseOutcome{lc, err}
+				}()
+			}
+			close(start)
+			wg.Wait() // bounded by b.ctx
+			for _, o := range out {
+				require.NoError(t, o.err)
+			}
+			return out
+		}
+		split := func(out []leaseOutcome, o inbox.LeaseOutcome) (match, rest []inbox.LeaseClaim) {
+			for _, x := range out {
+				if x.lc.Outcome == o {
+					match = append(match, x.lc)
+				} else {
+					rest = append(rest, x.lc)
+				}
+			}
+			return match, rest
+		}
+
+		t.Run("new key", func(t *testing.T) {
+			won, lost := split(race(t, "k-new", inbox.RetryExpired), inbox.LeaseAcquired)
+			require.Len(t, won, 1, "exactly one worker acquires")
+			require.Equal(t, 1, won[0].Attempt)
+			for _, lc := range lost {
+				require.Equal(t, inbox.LeaseBusy, lc.Outcome)
+				require.Equal(t, 1, lc.Attempt)
+				require.True(t, won[0].LeaseUntil.Equal(lc.LeaseUntil), "busy reports the winner's lease")
+			}
+			rec := leaseLookup(t, b, "c", "k-new")
+			require.Equal(t, 1, rec.Attempts)
+			require.Zero(t, rec.Duplicates)
+		})
+
+		t.Run("expired lease, RetryExpired", func(t *testing.T) {
+			leaseAcquire(t, b, "c", "k-retry", time.Hour, inbox.RetryExpired)
+			leaseExpire(t, b, "c", "k-retry")
+			won, lost := split(race(t, "k-retry", inbox.RetryExpired), inbox.LeaseAcquired)
+			require.Len(t, won, 1, "exactly one worker takes the expired key over")
+			require.Equal(t, 2, won[0].Attempt)
+			require.True(t, won[0].Interrupted)
+			for _, lc := range lost {
+				require.Equal(t, inbox.LeaseBusy, lc.Outcome)
+				require.Equal(t, 2, lc.Attempt)
+				require.True(t, won[0].LeaseUntil.Equal(lc.LeaseUntil))
+			}
+			require.Equal(t, 2, leaseLookup(t, b, "c", "k-retry").Attempts)
+		})
+
+		t.Run("expired lease, ParkExpired", func(t *testing.T) {
+			leaseAcquire(t, b, "c", "k-park", time.Hour, inbox.ParkExpired)
+			leaseExpire(t, b, "c", "k-park")
+			out := race(t, "k-park", inbox.ParkExpired)
+			now := 0
+			for _, o := range out {
+				require.Equal(t, inbox.LeaseParked, o.lc.Outcome)
+				require.Equal(t, 1, o.lc.Attempt)
+				if o.lc.ParkedNow {
+					now++
+				}
+			}
+			require.Equal(t, 1, now, "exactly one worker parks the key")
+			rec := leaseLookup(t, b, "c", "k-park")
+			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, int64(n-1), rec.Duplicates)
+		})
+	})
+}
+
+// A completion transaction that holds the row serialises with a takeover of
+// the same key: the claim waits, then sees the outcome.
+func TestLeaseClaimWaitsForCompletion(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		for _, commit := range []bool{true, false} {
+			key := "k-rollback"
+			if commit {
+				key = "k-commit"
+			}
+			t.Run(key, func(t *testing.T) {
+				leaseAcquire(t, b, "c", key, time.Hour, inbox.RetryExpired)
+				leaseExpire(t, b, "c", key)
+
+				tx := b.begin(t)
+				require.NoError(t, b.store.CompleteTx(b.ctx, tx, "c", key, 1),
+					"an expired lease nobody took over still owns the key")
+				var pid int
+				require.NoError(t, seam.QueryRow(b.ctx, tx, "SELECT pg_backend_pid()", nil, &pid))
+
+				done := make(chan leaseOutcome, 1)
+				go func() {
+					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, time.Hour, inbox.RetryExpired)
+					done <- leaseOutcome{lc, err}
+				}()
+				testenv.Eventually(t, 10*time.Second, func() bool {
+					var n int
+					err := seam.QueryRow(b.ctx, b.db,
+						"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", []any{pid}, &n)
+					return err == nil && n == 1
+				}, "the takeover should wait for the completion transaction")
+				select {
+				case o := <-done:
+					t.Fatalf("the takeover returned while the completion was open: %+v, %v", o.lc, o.err)
+				default:
+				}
+
+				if commit {
+					require.NoError(t, tx.Commit())
+				} else {
+					require.NoError(t, tx.Rollback())
+				}
+				var o leaseOutcome
+				select {
+				case o = <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the takeover did not return within 10s after the completion ended")
+				}
+				require.NoError(t, o.err)
+				if commit {
+					require.Equal(t, inbox.LeaseDuplicate, o.lc.Outcome, "the completion committed first")
+					require.Equal(t, 1, o.lc.Attempt)
+					require.Equal(t, int64(1), o.lc.Record.Duplicates)
+				} else {
+					require.Equal(t, inbox.LeaseAcquired, o.lc.Outcome, "the completion rolled back: the key is taken over")
+					require.Equal(t, 2, o.lc.Attempt)
+					require.True(t, o.lc.Interrupted)
+				}
+			})
+		}
+	})
+}
+
+func TestLeaseExtend(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const c, k = "c", "k"
+		lc := leaseAcquire(t, b, c, k, 10*time.Second, inbox.RetryExpired)
+
+		for _, lease := range []time.Duration{time.Hour, 30 * time.Second, 1500 * time.Millisecond, 2 * time.Hour} {
+			before := time.Now()
+			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, lc.Attempt, lease)
+			after := time.Now()
+			require.NoError(t, err)
+			leaseAround(t, until, before, after, lease)
+			rec := leaseLookup(t, b, c, k)
+			require.True(t, until.Equal(*rec.LeaseUntil), "the returned end is the stored one")
+			require.Equal(t, inbox.StatusProcessing, rec.Status)
+			require.Equal(t, 1, rec.Attempts)
+		}
+		extended := leaseLookup(t, b, c, k)
+		busy := leaseClaim(t, b, c, k, time.Minute, inbox.RetryExpired)
+		require.Equal(t, inbox.LeaseBusy, busy.Outcome)
+		require.True(t, extended.LeaseUntil.Equal(busy.LeaseUntil), "others see the extended lease")
+
+		// Invalid leases and wrong attempts change nothing.
+		for _, lease := range []time.Duration{0, -time.Minute} {
+			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, 1, lease)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, inbox.ErrLeaseLost)
+			require.Contains(t, err.Error(), "lease must be > 0")
+			require.True(t, until.IsZero())
+		}
+		for _, attempt := range []int{0, 2, -1} {
+			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, attempt, time.Hour)
+			require.ErrorIs(t, err, inbox.ErrLeaseLost, "attempt %d", attempt)
+			require.True(t, until.IsZero())
+		}
+		_, err := b.store.ExtendLease(b.ctx, b.db, c, "no-such-key", 1, time.Hour)
+		require.ErrorIs(t, err, inbox.ErrLeaseLost)
+		_, err = b.store.ExtendLease(b.ctx, b.db, "other", k, 1, time.Hour)
+		require.ErrorIs(t, err, inbox.ErrLeaseLost)
+		leaseSame(t, extended, leaseLookup(t, b, c, k))
+
+		// An expired lease nobody took over can still be extended.
+		leaseExpire(t, b, c, k)
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 1, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, k, time.Hour, inbox.RetryExpired).Outcome)
+
+		// Taken over: the old attempt lost the key, the new one extends.
+		leaseExpire(t, b, c, k)
+		lc = leaseAcquire(t, b, c, k, time.Minute, inbox.RetryExpired)
+		require.Equal(t, 2, lc.Attempt)
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 1, time.Hour)
+		require.ErrorIs(t, err, inbox.ErrLeaseLost)
+		require.True(t, lc.LeaseUntil.Equal(*leaseLookup(t, b, c, k).LeaseUntil), "the new holder's lease is untouched")
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 2, time.Hour)
+		require.NoError(t, err)
+
+		// Not processing: failed, done, parked.
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, k, 2, "boom", false))
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 2, time.Hour)
+		require.ErrorIs(t, err, inbox.ErrLeaseLost, "failed")
+		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
+
+		lc = leaseAcquire(t, b, c, k, time.Minute, inbox.RetryExpired)
+		leaseComplete(t, b, c, k, lc.Attempt)
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Attempt, time.Hour)
+		require.ErrorIs(t, err, inbox.ErrLeaseLost, "done")
+		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
+
+		lc = leaseAcquire(t, b, c, "k-parked", time.Minute, inbox.RetryExpired)
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-parked", lc.Attempt, "permanent", true))
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, "k-parked", lc.Attempt, time.Hour)
+		require.ErrorIs(t, err, inbox.ErrLeaseLost, "parked")
+		require.Nil(t, leaseLookup(t, b, c, "k-parked").LeaseUntil)
+	})
+}
+
+func TestLeaseCompleteTx(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const c = "c"
+		effects := pgx.Identifier{b.tables.Schema, "lease_effects"}.Sanitize()
+		b.exec(t, "CREATE TABLE "+effects+" (k text PRIMARY KEY)")
+
+		t.Run("commit", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
+			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Attempt, "boom", false))
+			lc = leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
+			require.Equal(t, 2, lc.Attempt)
+			require.Equal(t, "boom", leaseLookup(t, b, c, "k").LastError, "precondition: an error to clear")
+
+			tx := b.begin(t)
+			_, err := tx.ExecContext(b.ctx, "INSERT INTO "+effects+" VALUES ('k')")
+			require.NoError(t, err)
+			require.NoError(t, b.store.CompleteTx(b.ctx, tx, c, "k", 2))
+
+			inside, err := b.store.Lookup(b.ctx, tx, c, "k")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusDone, inside.Status)
+			outside := leaseLookup(t, b, c, "k")
+			require.Equal(t, inbox.StatusProcessing, outside.Status, "invisible to others before commit")
+			require.NotNil(t, outside.LeaseUntil)
+			require.Nil(t, outside.ProcessedAt)
+
+			before := time.Now()
+			require.NoError(t, tx.Commit())
+			rec := leaseLookup(t, b, c, "k")
+			require.Equal(t, inbox.StatusDone, rec.Status)
+			require.Equal(t, 2, rec.Attempts)
+			require.NotNil(t, rec.ProcessedAt)
+			require.WithinRange(t, *rec.ProcessedAt, before.Add(-time.Minute), time.Now().Add(leaseSlack))
+			require.Nil(t, rec.LeaseUntil, "the lease is cleared")
+			require.Empty(t, rec.LastError, "the previous attempt's error is cleared")
+			require.Equal(t, int64(1), b.count(t, "consumer = $1 AND message_key = 'k'", c))
+			require.Equal(t, []string{"k"}, b.strings(t, "SELECT k FROM "+effects+" WHERE k = 'k'"), "the handler's write committed with it")
+
+			// Done: a second completion of the attempt is refused.
+			tx = b.begin(t)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k", 2), inbox.ErrLeaseLost)
+			require.NoError(t, tx.Rollback())
+		})
+
+		t.Run("rollback", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-rb", time.Hour, inbox.RetryExpired)
+			before := leaseLookup(t, b, c, "k-rb")
+			tx := b.begin(t)
+			_, err := tx.ExecContext(b.ctx, "INSERT INTO "+effects+" VALUES ('k-rb')")
+			require.NoError(t, err)
+			require.NoError(t, b.store.CompleteTx(b.ctx, tx, c, "k-rb", lc.Attempt))
+			require.NoError(t, tx.Rollback())
+
+			leaseSame(t, before, leaseLookup(t, b, c, "k-rb"))
+			require.Empty(t, b.strings(t, "SELECT k FROM "+effects+" WHERE k = 'k-rb'"))
+			require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, "k-rb", time.Hour, inbox.RetryExpired).Outcome,
+				"still processing under the same lease")
+
+			// The attempt still owns the key and can complete later.
+			leaseComplete(t, b, c, "k-rb", lc.Attempt)
+			require.Equal(t, inbox.StatusDone, leaseLookup(t, b, c, "k-rb").Status)
+		})
+
+		t.Run("wrong attempt", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, inbox.RetryExpired)
+			before := leaseLookup(t, b, c, "k-wrong")
+			tx := b.begin(t)
+			for _, attempt := range []int{0, 2} {
+				require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-wrong", attempt), inbox.ErrLeaseLost, "attempt %d", attempt)
+			}
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, "other", "k-wrong", lc.Attempt), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "no-such-key", 1), inbox.ErrLeaseLost)
+			require.NoError(t, tx.Commit())
+			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
+		})
+
+		t.Run("taken over", func(t *testing.T) {
+			leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			leaseExpire(t, b, c, "k-taken")
+			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			require.Equal(t, 2, lc.Attempt)
+			require.True(t, lc.Interrupted)
+
+			tx := b.begin(t)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-taken", 1), inbox.ErrLeaseLost,
+				"the first worker lost the key")
+			require.NoError(t, tx.Rollback())
+			rec := leaseLookup(t, b, c, "k-taken")
+			require.Equal(t, inbox.StatusProcessing, rec.Status)
+			require.Equal(t, 2, rec.Attempts)
+
+			leaseComplete(t, b, c, "k-taken", 2)
+			require.Equal(t, inbox.StatusDone, leaseLookup(t, b, c, "k-taken").Status)
+		})
+	})
+}
+
+func TestLeaseFail(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const c = "c"
+		// fail runs a fresh key's first attempt and fails it with text.
+		fail := func(t *testing.T, key, text string, permanent bool) inbox.Record {
+			t.Helper()
+			lc := leaseAcquire(t, b, c, key, time.Hour, inbox.RetryExpired)
+			require.NoError(t, b.store.Fail(b.ctx, b.db, c, key, lc.Attempt, text, permanent))
+			rec := leaseLookup(t, b, c, key)
+			require.Nil(t, rec.LeaseUntil, "the lease is released")
+			require.Nil(t, rec.ProcessedAt)
+			require.Equal(t, 1, rec.Attempts)
+			return rec
+		}
+
+		t.Run("failed", func(t *testing.T) {
+			rec := fail(t, "k", "provider answered 503", false)
+			require.Equal(t, inbox.StatusFailed, rec.Status)
+			require.Equal(t, "provider answered 503", rec.LastError)
+
+			// A second Fail of the same attempt: it no longer owns the key.
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k", 1, "again", false), inbox.ErrLeaseLost)
+			require.Equal(t, "provider answered 503", leaseLookup(t, b, c, "k").LastError)
+
+			// The next attempt fails in turn; its error replaces the old one.
+			lc := leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
+			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Attempt, "timeout", false))
+			rec = leaseLookup(t, b, c, "k")
+			require.Equal(t, 2, rec.Attempts)
+			require.Equal(t, "timeout", rec.LastError)
+		})
+
+		t.Run("long text", func(t *testing.T) {
+			rec := fail(t, "k-4000", strings.Repeat("y", 4000), false)
+			require.Equal(t, strings.Repeat("y", 4000), rec.LastError, "4000 bytes are kept whole")
+
+			rec = fail(t, "k-long", strings.Repeat("x", 10000), false)
+			require.Equal(t, strings.Repeat("x", 4000)+"...", rec.LastError)
+
+			// The cut falls on a character boundary.
+			rec = fail(t, "k-cut", "x"+strings.Repeat("é", 3000), false)
+			require.True(t, utf8.ValidString(rec.LastError))
+			require.Equal(t, "x"+strings.Repeat("é", 1999)+"...", rec.LastError)
+
+			// Bad bytes are replaced before the cut, so the limit holds.
+			rec = fail(t, "k-nul", strings.Repeat("\x00", 4000), false)
+			require.True(t, utf8.ValidString(rec.LastError))
+			require.LessOrEqual(t, len(rec.LastError), 4003)
+		})
+
+		t.Run("invalid text", func(t *testing.T) {
+			rec := fail(t, "k-bad", "bad \xff\xfe utf-8, nul \x00 here", false)
+			require.Equal(t, "bad \uFFFD\uFFFD utf-8, nul \uFFFD here", rec.LastError)
+
+			rec = fail(t, "k-bad-long", strings.Repeat("\x00", 3000)+strings.Repeat("\xff", 3000), true)
+			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.True(t, utf8.ValidString(rec.LastError))
+			require.True(t, strings.HasPrefix(rec.LastError, "\uFFFD\uFFFD"))
+			require.True(t, strings.HasSuffix(rec.LastError, "..."))
+			require.LessOrEqual(t, utf8.RuneCountInString(rec.LastError), 4003, "truncated")
+		})
+
+		t.Run("permanent parks", func(t *testing.T) {
+			rec := fail(t, "k-perm", "400 invalid phone number", true)
+			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, "400 invalid phone number", rec.LastError)
+
+			again := leaseClaim(t, b, c, "k-perm", time.Hour, inbox.RetryExpired)
+			require.Equal(t, inbox.LeaseParked, again.Outcome)
+			require.False(t, again.ParkedNow)
+			require.Equal(t, int64(1), again.Record.Duplicates)
+		})
+
+		t.Run("wrong attempt", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, inbox.RetryExpired)
+			before := leaseLookup(t, b, c, "k-wrong")
+			for _, permanent := range []bool{false, true} {
+				for _, attempt := range []int{0, 2} {
+					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-wrong", attempt, "x", permanent), inbox.ErrLeaseLost)
+				}
+			}
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "no-such-key", lc.Attempt, "x", false), inbox.ErrLeaseLost)
+			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
+		})
+
+		t.Run("taken over", func(t *testing.T) {
+			leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			leaseExpire(t, b, c, "k-taken")
+			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			require.Equal(t, 2, lc.Attempt)
+			for _, permanent := range []bool{false, true} {
+				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-taken", 1, "late", permanent), inbox.ErrLeaseLost)
+			}
+			rec := leaseLookup(t, b, c, "k-taken")
+			require.Equal(t, inbox.StatusProcessing, rec.Status, "the late worker does not disturb the new holder")
+			require.Empty(t, rec.LastError)
+			require.True(t, lc.LeaseUntil.Equal(*rec.LeaseUntil))
+		})
+	})
+}
+
+func TestLeaseParkedAndRelease(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		table := b.store.Table()
+		// age sets first_seen_at to minutes ago.
+		age := func(consumer, key string, minutes int) {
+			require.Equal(t, int64(1), b.exec(t, "UPDATE "+table+
+				" SET first_seen_at = now() - make_interval(mins => $3) WHERE consumer = $1 AND message_key = $2",
+				consumer, key, minutes))
+		}
+		park := func(consumer, key string, minutes int) {
+			lc := leaseAcquire(t, b, consumer, key, time.Hour, inbox.RetryExpired)
+			require.NoError(t, b.store.Fail(b.ctx, b.db, consumer, key, lc.Attempt, "parked "+key, true))
+			age(consumer, key, minutes)
+		}
+		keys := func(recs []inbox.Record) []string {
+			out := []string{}
+			for _, r := range recs {
+				require.Equal(t, inbox.StatusParked, r.Status)
+				out = append(out, r.Consumer+"/"+r.Key)
+			}
+			return out
+		}
+		list := func(consumer string, limit int) []string {
+			recs, err := b.store.ListParked(b.ctx, b.db, consumer, limit)
+			require.NoError(t, err)
+			return keys(recs)
+		}
+
+		park("c1", "p-b", 10)
+		park("c1", "p-a", 30)
+		park("c1", "p-c", 20)
+		park("c2", "p-x", 25)
+		// Older records of c1 in the other statuses are not listed.
+		lc := leaseAcquire(t, b, "c1", "done", time.Hour, inbox.RetryExpired)
+		leaseComplete(t, b, "c1", "done", lc.Attempt)
+		lc = leaseAcquire(t, b, "c1", "failed", time.Hour, inbox.RetryExpired)
+		require.NoError(t, b.store.Fail(b.ctx, b.db, "c1", "failed", lc.Attempt, "boom", false))
+		leaseAcquire(t, b, "c1", "processing", time.Hour, inbox.RetryExpired)
+		for _, k := range []string{"done", "failed", "processing"} {
+			age("c1", k, 60)
+		}
+
+		require.Equal(t, []string{"c1/p-a", "c1/p-c", "c1/p-b"}, list("c1", 0), "oldest first")
+		require.Equal(t, []string{"c1/p-a", "c1/p-c", "c1/p-b"}, list("c1", -1), "limit <= 0 means the default")
+		require.Equal(t, []string{"c1/p-a", "c1/p-c"}, list("c1", 2))
+		require.Equal(t, []string{"c1/p-a", "c2/p-x", "c1/p-c", "c1/p-b"}, list("", 100), "all consumers")
+		require.Equal(t, []string{"c1/p-a", "c2/p-x", "c1/p-c"}, list("", 3))
+		require.Equal(t, []string{"c2/p-x"}, list("c2", 1))
+		require.Empty(t, list("nobody", 10))
+
+		recs, err := b.store.ListParked(b.ctx, b.db, "c1", 1)
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		require.Equal(t, "parked p-a", recs[0].LastError)
+		require.Equal(t, 1, recs[0].Attempts)
+		require.Nil(t, recs[0].LeaseUntil)
+
+		// Release: parked -> failed, once.
+		ok, err := b.store.Release(b.ctx, b.db, "c1", "p-c")
+		require.NoError(t, err)
+		require.True(t, ok)
+		rec := leaseLookup(t, b, "c1", "p-c")
+		require.Equal(t, inbox.StatusFailed, rec.Status)
+		require.Equal(t, 1, rec.Attempts)
+		ok, err = b.store.Release(b.ctx, b.db, "c1", "p-c")
+		require.NoError(t, err)
+		require.False(t, ok, "no longer parked")
+		require.Equal(t, []string{"c1/p-a", "c1/p-b"}, list("c1", 0))
+
+		// Not parked: nothing found, nothing changed.
+		for _, k := range []string{"done", "failed", "processing", "no-such-key"} {
+			var before *inbox.Record
+			if r, err := b.store.Lookup(b.ctx, b.db, "c1", k); err == nil {
+				before = &r
+			}
+			ok, err := b.store.Release(b.ctx, b.db, "c1", k)
+			require.NoError(t, err)
+			require.False(t, ok, k)
+			if before != nil {
+				leaseSame(t, *before, leaseLookup(t, b, "c1", k))
+			}
+		}
+		ok, err = b.store.Release(b.ctx, b.db, "c2", "p-a")
+		require.NoError(t, err)
+		require.False(t, ok, "release is per consumer")
+		require.Equal(t, inbox.StatusParked, leaseLookup(t, b, "c1", "p-a").Status)
+
+		// The released key runs again; the others stay parked.
+		lc = leaseAcquire(t, b, "c1", "p-c", time.Hour, inbox.RetryExpired)
+		require.Equal(t, 2, lc.Attempt)
+		require.Equal(t, inbox.LeaseParked, leaseClaim(t, b, "c1", "p-a", time.Hour, inbox.RetryExpired).Outcome)
+
+		// A key parked because its lease expired is released the same way.
+		leaseAcquire(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired)
+		leaseExpire(t, b, "c1", "p-expired")
+		require.True(t, leaseClaim(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired).ParkedNow)
+		ok, err = b.store.Release(b.ctx, b.db, "c1", "p-expired")
+		require.NoError(t, err)
+		require.True(t, ok)
+		lc = leaseAcquire(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired)
+		require.Equal(t, 2, lc.Attempt)
+		leaseComplete(t, b, "c1", "p-expired", 2)
+		require.Equal(t, inbox.StatusDone, leaseLookup(t, b, "c1", "p-expired").Status)
+	})
+}
+
+// Purge deletes lease-mode records that are done or failed, never those
+// processing (even with an expired lease) or parked.
+func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const c = "c"
+		lc := leaseAcquire(t, b, c, "done", time.Hour, inbox.RetryExpired)
+		leaseComplete(t, b, c, "done", lc.Attempt)
+		lc = leaseAcquire(t, b, c, "failed", time.Hour, inbox.RetryExpired)
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "failed", lc.Attempt, "boom", false))
+		leaseAcquire(t, b, c, "live", time.Hour, inbox.RetryExpired)
+		leaseAcquire(t, b, c, "expired", time.Hour, inbox.RetryExpired)
+		leaseExpire(t, b, c, "expired")
+		lc = leaseAcquire(t, b, c, "parked", time.Hour, inbox.RetryExpired)
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "parked", lc.Attempt, "permanent", true))
+		leaseAcquire(t, b, c, "parked-expired", time.Hour, inbox.ParkExpired)
+		leaseExpire(t, b, c, "parked-expired")
+		require.True(t, leaseClaim(t, b, c, "parked-expired", time.Hour, inbox.ParkExpired).ParkedNow)
+		require.Equal(t, int64(6), b.exec(t, "UPDATE "+b.store.Table()+" SET first_seen_at = now() - interval '48 hours'"))
+
+		n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Hour, BatchSize: 1})
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n, "done and failed")
+		require.Equal(t, []string{"expired", "live", "parked", "parked-expired"},
+			b.strings(t, "SELECT message_key FROM "+b.store.Table()+" ORDER BY 1"))
+
+		// The survivors keep their state machine.
+		require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, "live", time.Hour, inbox.RetryExpired).Outcome)
+		lc = leaseAcquire(t, b, c, "expired", time.Hour, inbox.RetryExpired)
+		require.Equal(t, 2, lc.Attempt)
+		require.True(t, lc.Interrupted)
+		require.Equal(t, inbox.LeaseParked, leaseClaim(t, b, c, "parked", time.Hour, inbox.RetryExpired).Outcome)
+
+		n, err = b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Nanosecond})
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, int64(4), b.count(t, ""))
+	})
+}
