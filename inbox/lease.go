@@ -156,7 +156,7 @@ WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
 			append([]any{consumer, key}, args...), out.scanDest()...)
 		return out, err
 	}
-	retry := `status = 'processing', attempts = attempts + 1, lease_until = now() + make_interval(secs => $3)`
+	retry := `status = 'processing', attempts = attempts + 1, lease_until = now() + make_interval(secs => $3), interrupted = false`
 
 	switch {
 	case rec.Status == StatusDone:
@@ -166,11 +166,13 @@ WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
 		out, err := update(`duplicates = duplicates + 1`)
 		return LeaseClaim{Outcome: LeaseParked, Attempt: out.Attempts, Record: out}, err
 	case rec.Status == StatusFailed:
+		// A failed record that was parked after an interrupted attempt and
+		// then released keeps the interruption: the effect is still unknown.
 		out, err := update(retry, leaseSecs)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
-		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, LeaseUntil: *out.LeaseUntil, Record: out}, nil
+		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Interrupted: rec.Interrupted, LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	case !expired:
 		lc := LeaseClaim{Outcome: LeaseBusy, Attempt: rec.Attempts, Record: rec}
 		if rec.LeaseUntil != nil {
@@ -178,7 +180,7 @@ WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
 		}
 		return lc, nil
 	case policy == ParkExpired:
-		out, err := update(`status = 'parked', lease_until = NULL,
+		out, err := update(`status = 'parked', lease_until = NULL, interrupted = true,
 last_error = 'lease expired during attempt ' || attempts || ': the worker stopped mid-attempt; whether its effect happened is unknown'`)
 		return LeaseClaim{Outcome: LeaseParked, ParkedNow: true, Attempt: out.Attempts, Record: out}, err
 	default:

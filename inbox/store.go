@@ -127,13 +127,16 @@ type Record struct {
 	FirstSeenAt time.Time
 	ProcessedAt *time.Time
 	LastError   string
+	// Interrupted is true when the key's latest attempt was cut off by its
+	// lease expiring (lease mode): whether its effect happened is unknown.
+	Interrupted bool
 }
 
-const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, '')`
+const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted`
 
 func (r *Record) scanDest() []any {
 	return []any{&r.Consumer, &r.Key, (*string)(&r.Status), &r.Attempts, &r.Duplicates,
-		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError}
+		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError, &r.Interrupted}
 }
 
 func notFound(err error) bool { return errors.Is(err, errNoRows) }

@@ -28,7 +28,7 @@ type Provider struct {
 	// OnRequest, when set, is called for every request with its key and the
 	// number of this call for the key (1 for the first); it returns the HTTP
 	// status to answer. It may block (on r.Context() to notice a client that
-	// went away). Set it before the first request.
+	// went away). Set it before the first request, or with SetOnRequest.
 	OnRequest func(r *http.Request, key string, call int) int
 }
 
@@ -58,11 +58,12 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.calls[key]++
 	call := p.calls[key]
+	onRequest := p.OnRequest
 	p.mu.Unlock()
 
 	status := http.StatusOK
-	if p.OnRequest != nil {
-		status = p.OnRequest(r, key, call)
+	if onRequest != nil {
+		status = onRequest(r, key, call)
 	}
 	if r.Context().Err() != nil {
 		return // the client went away: not a success it could see
@@ -124,4 +125,11 @@ func SendSMS(ctx context.Context, client *http.Client, baseURL, idempotencyKey, 
 		return fmt.Errorf("provider answered %s", resp.Status)
 	}
 	return nil
+}
+
+// SetOnRequest replaces OnRequest safely while requests may be in flight.
+func (p *Provider) SetOnRequest(f func(r *http.Request, key string, call int) int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.OnRequest = f
 }

@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS {{.Inbox}} (
     first_seen_at timestamptz NOT NULL DEFAULT now(),
     processed_at  timestamptz,
     last_error    text,
+    -- Lease mode: the last attempt's lease expired mid-attempt, so whether
+    -- its external effect happened is unknown (kept across park/release).
+    interrupted   boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (consumer, message_key)
 );
 
