@@ -781,6 +781,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		// The released key runs again; the others stay parked.
 		lc = leaseAcquire(t, b, "c1", "p-c", time.Hour, inbox.RetryExpired)
 		require.Equal(t, 2, lc.Attempt)
+		require.False(t, lc.Interrupted, "parked by a permanent error, not an interruption")
 		require.Equal(t, inbox.LeaseParked, leaseClaim(t, b, "c1", "p-a", time.Hour, inbox.RetryExpired).Outcome)
 
 		// A key parked because its lease expired is released the same way.
@@ -792,6 +793,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		require.True(t, ok)
 		lc = leaseAcquire(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired)
 		require.Equal(t, 2, lc.Attempt)
+		require.True(t, lc.Interrupted, "the parked attempt was cut off: the released one is told so")
 		leaseComplete(t, b, "c1", "p-expired", 2)
 		require.Equal(t, inbox.StatusDone, leaseLookup(t, b, "c1", "p-expired").Status)
 	})
