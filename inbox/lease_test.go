@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -836,5 +837,30 @@ func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, int64(4), b.count(t, ""))
+	})
+}
+
+func TestCountStatus(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		for i, status := range []string{"done", "done", "parked", "parked", "parked", "failed", "processing"} {
+			consumer := "c1"
+			if i%2 == 1 {
+				consumer = "c2"
+			}
+			b.exec(t, "INSERT INTO "+b.tables.Inbox()+" (consumer, message_key, status) VALUES ($1, $2, $3)", consumer, fmt.Sprint("k", i), status)
+		}
+		for _, tc := range []struct {
+			consumer string
+			status   inbox.Status
+			want     int64
+		}{
+			{"", inbox.StatusParked, 3}, {"c1", inbox.StatusParked, 2}, {"c2", inbox.StatusParked, 1},
+			{"", inbox.StatusDone, 2}, {"", inbox.StatusFailed, 1}, {"c1", inbox.StatusProcessing, 1}, {"c3", inbox.StatusParked, 0},
+		} {
+			n, err := b.store.CountStatus(b.ctx, b.db, tc.consumer, tc.status)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, n, "%s/%s", tc.consumer, tc.status)
+		}
 	})
 }

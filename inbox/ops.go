@@ -93,6 +93,26 @@ func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer str
 	return st, nil
 }
 
+// CountStatus counts the records of consumer (every consumer when empty) in
+// status. For processing, failed and parked it reads a small partial index;
+// for done it scans, like Stats.
+func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consumer string, status Status) (int64, error) {
+	q := `SELECT count(*) FROM ` + s.table + ` WHERE status = $1`
+	args := []any{string(status)}
+	if status != StatusDone {
+		q += ` AND status <> 'done'` // lets the planner use the partial index
+	}
+	if consumer != "" {
+		q += ` AND consumer = $2`
+		args = append(args, consumer)
+	}
+	var n int64
+	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
+		return 0, fmt.Errorf("inbox: counting %s records: %w", status, err)
+	}
+	return n, nil
+}
+
 // DefaultPurgeBatchSize is the number of rows one purge statement deletes.
 const DefaultPurgeBatchSize = 1000
 

@@ -32,6 +32,7 @@ func ExampleSQL() {
 	// CREATE SCHEMA IF NOT EXISTS "billing";
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox" (
 	// CREATE INDEX IF NOT EXISTS "inbox_first_seen_brin"
+	// CREATE INDEX IF NOT EXISTS "inbox_open"
 	// CREATE TABLE IF NOT EXISTS "billing"."outbox" (
 }
 

@@ -19,11 +19,14 @@ type Config struct {
 	HTTPAddr         string // HTTP_ADDR
 	Workers          int    // WORKERS: concurrent consumers of the send queue
 	Lease            time.Duration
-	Relay            bool   // RELAY=off disables the in-process outbox relay
-	Schema           string // DB_SCHEMA: the notifier's tables, inbox and outbox
-	SendQueue        string // SEND_QUEUE
-	SentQueue        string // SENT_QUEUE
-	DeadQueue        string // DEAD_QUEUE: malformed or unidentifiable requests
+	// MaxAttempts parks a notification for an operator after this many
+	// failed provider attempts (MAX_ATTEMPTS), instead of retrying forever.
+	MaxAttempts int
+	Relay       bool   // RELAY=off disables the in-process outbox relay
+	Schema      string // DB_SCHEMA: the notifier's tables, inbox and outbox
+	SendQueue   string // SEND_QUEUE
+	SentQueue   string // SENT_QUEUE
+	DeadQueue   string // DEAD_QUEUE: malformed or unidentifiable requests
 }
 
 func env(name, def string) string {
@@ -51,6 +54,10 @@ func LoadConfig() (Config, error) {
 		return c, fmt.Errorf("WORKERS=%q: want a whole number from 1 to 256", os.Getenv("WORKERS"))
 	}
 	c.Workers = workers
+	c.MaxAttempts, err = strconv.Atoi(env("MAX_ATTEMPTS", "10"))
+	if err != nil || c.MaxAttempts < 1 {
+		return c, fmt.Errorf("MAX_ATTEMPTS=%q: want a whole number >= 1", os.Getenv("MAX_ATTEMPTS"))
+	}
 	c.Lease, err = time.ParseDuration(env("INBOX_LEASE", "30s"))
 	if err != nil || c.Lease < time.Second {
 		return c, fmt.Errorf("INBOX_LEASE=%q: want a Go duration of at least 1s, like 30s", os.Getenv("INBOX_LEASE"))

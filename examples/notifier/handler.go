@@ -93,6 +93,9 @@ func (s *Service) send(msg *message.Message) ([]*message.Message, error) {
 		if errors.Is(err, errRejected) {
 			return nil, middleware.Permanent(err) // parked for an operator, acked
 		}
+		if lease.Attempt >= s.cfg.MaxAttempts {
+			return nil, middleware.Permanent(fmt.Errorf("giving up after %d attempts: %w", lease.Attempt, err))
+		}
 		return nil, err // recorded failed, retried with the same key
 	}
 

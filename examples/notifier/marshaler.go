@@ -28,9 +28,7 @@ func (m identityMarshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) 
 	uuid := ""
 	for k, v := range d.Headers {
 		if k == wamqp.DefaultMessageUUIDHeaderKey {
-			if s, ok := v.(string); ok {
-				uuid = s
-			}
+			uuid = headerString(v)
 			continue
 		}
 		headers[k] = headerString(v)

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
@@ -58,11 +59,11 @@ func newMetrics(s *Service) *metrics {
 		}, func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			st, err := s.store.Stats(ctx, s.db, "")
+			n, err := s.store.CountStatus(ctx, s.db, "", inbox.StatusParked)
 			if err != nil {
 				return -1
 			}
-			return float64(st.Rows["parked"])
+			return float64(n)
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "exactlyonce_outbox_pending",

@@ -170,10 +170,7 @@ func (s *Service) setUpRouter() error {
 		return fmt.Errorf("RabbitMQ publisher: %w", err)
 	}
 	s.closers = append(s.closers, deadPub.Close)
-	deadLetter, err := wmw.PoisonQueueWithFilter(deadPub, s.cfg.DeadQueue, func(err error) bool {
-		return errors.Is(err, ErrInvalidRequest) || errors.Is(err, middleware.ErrEmptyKey) ||
-			errors.Is(err, middleware.ErrKeyTooLong) || errors.Is(err, middleware.ErrInvalidKey)
-	})
+	deadLetter, err := wmw.PoisonQueueWithFilter(deadPub, s.cfg.DeadQueue, isDeadLetter)
 	if err != nil {
 		return err
 	}
@@ -190,7 +187,14 @@ func (s *Service) setUpRouter() error {
 	if err != nil {
 		return err
 	}
-	retry := wmw.Retry{MaxRetries: 2, InitialInterval: 200 * time.Millisecond, Multiplier: 2, Logger: s.wlogger}
+	retry := wmw.Retry{
+		MaxRetries: 2, InitialInterval: 200 * time.Millisecond, Multiplier: 2, Logger: s.wlogger,
+		// Retrying cannot fix a dead letter, and a held lease is the holder's
+		// to finish: nack those at once.
+		ShouldRetry: func(p wmw.RetryParams) bool {
+			return !isDeadLetter(p.Err) && !errors.Is(p.Err, middleware.ErrLeaseHeld)
+		},
+	}
 	// Outermost first: dead-letter what can never succeed, validate before
 	// any claim, retry transient failures with a fresh attempt each time.
 	s.router.AddMiddleware(deadLetter, validate, retry.Middleware, eo.Middleware)
@@ -202,12 +206,30 @@ func (s *Service) setUpRouter() error {
 		}
 		s.closers = append(s.closers, sub.Close)
 		// The middleware writes the returned event to the outbox and
-		// returns nothing to the router, so deadPub never publishes here;
-		// the publish topic names the event's destination.
-		s.router.AddHandler(fmt.Sprintf("send-%d", i), s.cfg.SendQueue, sub, s.cfg.SentQueue, deadPub, s.send)
+		// returns nothing to the router: the publish topic only names the
+		// event's destination, and the router's publisher is never used.
+		s.router.AddHandler(fmt.Sprintf("send-%d", i), s.cfg.SendQueue, sub, s.cfg.SentQueue, unusedPublisher{}, s.send)
 	}
 	return nil
 }
+
+// isDeadLetter reports errors that no retry can fix: the message goes to the
+// dead-letter queue with the reason.
+func isDeadLetter(err error) bool {
+	return errors.Is(err, ErrInvalidRequest) || errors.Is(err, middleware.ErrEmptyKey) ||
+		errors.Is(err, middleware.ErrKeyTooLong) || errors.Is(err, middleware.ErrInvalidKey)
+}
+
+// unusedPublisher stands in for the router's publisher of the send
+// handlers (the router closes a handler's publisher when the handler stops,
+// so a shared real one would be closed under the others).
+type unusedPublisher struct{}
+
+func (unusedPublisher) Publish(topic string, _ ...*message.Message) error {
+	return fmt.Errorf("notifier: the router was asked to publish to %q; events go through the outbox", topic)
+}
+
+func (unusedPublisher) Close() error { return nil }
 
 func (s *Service) setUpRelay() error {
 	pub, err := wamqp.NewPublisher(s.amqpConfig(), s.wlogger)
@@ -257,6 +279,7 @@ func (s *Service) Run(ctx context.Context) error {
 			"send_queue", s.cfg.SendQueue, "sent_queue", s.cfg.SentQueue, "relay", s.relay != nil)
 	case err := <-errs:
 		stopRelay()
+		<-relayDone
 		return err
 	}
 

@@ -25,3 +25,10 @@ CREATE TABLE IF NOT EXISTS {{.Inbox}} (
 -- almost nothing, unlike a second btree.
 CREATE INDEX IF NOT EXISTS {{.InboxIndex "first_seen_brin"}}
     ON {{.Inbox}} USING brin (first_seen_at);
+
+-- Lease mode's open records (processing, failed, parked) are few; this
+-- partial index finds them (parked keys for operators, metrics) without
+-- scanning the table. Transactional mode inserts only 'done' rows, which
+-- the index skips, so its hot path does not pay for it.
+CREATE INDEX IF NOT EXISTS {{.InboxIndex "open"}}
+    ON {{.Inbox}} (status, consumer) WHERE status <> 'done';
