@@ -87,5 +87,6 @@ func ExampleMigrate() {
 	}
 	// Output:
 	// inbox:inbox 1 inbox_001_create.up.sql
+	// inbox:inbox 2 inbox_002_lease.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 }

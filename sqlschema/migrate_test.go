@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -65,7 +66,7 @@ func TestMigrations(t *testing.T) {
 		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
-	require.Equal(t, 1, last["inbox"], "inbox has its first migration")
+	require.Equal(t, 2, last["inbox"], "inbox has its create and lease migrations")
 	require.Equal(t, 1, last["outbox"], "outbox has its first migration")
 }
 
@@ -267,5 +268,46 @@ func TestSQL(t *testing.T) {
 		// Migrate adopts a schema created from the script.
 		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+	})
+}
+
+// A database migrated before inbox_002 existed is upgraded in place, its
+// rows kept: the upgrade path every later migration must also follow.
+func TestMigrateUpgradesFromVersion1(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+		migs, err := sqlschema.Migrations(cfg)
+		require.NoError(t, err)
+
+		// What Migrate did when only the version-1 migrations existed.
+		_, err = d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
+CREATE TABLE `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+` (
+    target text NOT NULL, version integer NOT NULL, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version))`)
+		require.NoError(t, err)
+		for _, m := range migs {
+			if m.Version != 1 {
+				continue
+			}
+			_, err := d.DB.ExecContext(ctx, m.SQL)
+			require.NoError(t, err, m.Name)
+			target := "inbox:" + sqlschema.DefaultInboxTable
+			if m.Target == "outbox" {
+				target = "outbox:" + sqlschema.DefaultOutboxTable
+			}
+			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+
+				` (target, version, name) VALUES ($1, 1, $2)`, target, m.Name)
+			require.NoError(t, err)
+		}
+		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Inbox()+` (consumer, message_key) VALUES ('c', 'old')`)
+		require.NoError(t, err)
+
+		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+		var interrupted bool
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT interrupted FROM `+cfg.Inbox()+` WHERE message_key = 'old'`, nil, &interrupted))
+		require.False(t, interrupted, "the old row is kept and gets the new column's default")
 	})
 }

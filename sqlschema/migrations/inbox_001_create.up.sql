@@ -14,9 +14,6 @@ CREATE TABLE IF NOT EXISTS {{.Inbox}} (
     first_seen_at timestamptz NOT NULL DEFAULT now(),
     processed_at  timestamptz,
     last_error    text,
-    -- Lease mode: the last attempt's lease expired mid-attempt, so whether
-    -- its external effect happened is unknown (kept across park/release).
-    interrupted   boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (consumer, message_key)
 );
 
@@ -25,10 +22,3 @@ CREATE TABLE IF NOT EXISTS {{.Inbox}} (
 -- almost nothing, unlike a second btree.
 CREATE INDEX IF NOT EXISTS {{.InboxIndex "first_seen_brin"}}
     ON {{.Inbox}} USING brin (first_seen_at);
-
--- Lease mode's open records (processing, failed, parked) are few; this
--- partial index finds them (parked keys for operators, metrics) without
--- scanning the table. Transactional mode inserts only 'done' rows, which
--- the index skips, so its hot path does not pay for it.
-CREATE INDEX IF NOT EXISTS {{.InboxIndex "open"}}
-    ON {{.Inbox}} (status, consumer) WHERE status <> 'done';
