@@ -109,6 +109,9 @@ type notifierOptions struct {
 	// sms and email are the providers (default: fresh ones answering 200).
 	// Set their OnRequest before passing them.
 	sms, email *testenv.Provider
+	// same, when set, makes this a second instance of that notifier: the
+	// same database schema, queues and providers.
+	same *notifierProc
 }
 
 var runningLine = regexp.MustCompile(`msg="notifier running" http="?([0-9a-fA-F.:\[\]]+)`)
@@ -137,17 +140,21 @@ func startNotifier(t *testing.T, opts notifierOptions) *notifierProc {
 	}
 
 	n.pool = testenv.Pool(t)
-	n.tables = sqlschema.Config{Schema: testenv.Unique(t, "nt_")}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := n.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{n.tables.Schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", n.tables.Schema, err)
-		}
-	})
-	n.send = testenv.Queue(t, "ntsend_")
-	n.sent = testenv.Queue(t, "ntsent_")
-	n.dead = testenv.Queue(t, "ntdead_")
+	if o := opts.same; o != nil {
+		n.tables, n.send, n.sent, n.dead, n.sms, n.email = o.tables, o.send, o.sent, o.dead, o.sms, o.email
+	} else {
+		n.tables = sqlschema.Config{Schema: testenv.Unique(t, "nt_")}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := n.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{n.tables.Schema}.Sanitize()+" CASCADE"); err != nil {
+				t.Errorf("dropping schema %s: %v", n.tables.Schema, err)
+			}
+		})
+		n.send = testenv.Queue(t, "ntsend_")
+		n.sent = testenv.Queue(t, "ntsent_")
+		n.dead = testenv.Queue(t, "ntdead_")
+	}
 
 	var err error
 	n.ch, err = testenv.AMQPConn(t).Channel()
