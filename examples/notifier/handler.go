@@ -56,6 +56,10 @@ func parseRequest(payload []byte) (SendRequest, error) {
 		return r, fmt.Errorf("%w: to is missing", ErrInvalidRequest)
 	case r.Text == "":
 		return r, fmt.Errorf("%w: text is missing", ErrInvalidRequest)
+	case strings.ContainsRune(r.NotificationID+r.To+r.Text, 0):
+		// PostgreSQL text cannot store NUL: such a request would fail
+		// after the provider call, on every attempt.
+		return r, fmt.Errorf("%w: a field contains a NUL character", ErrInvalidRequest)
 	}
 	return r, nil
 }
