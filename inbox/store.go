@@ -11,6 +11,10 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
+// MaxConsumerLength is the longest consumer name, in bytes: with the
+// longest key it keeps a primary-key entry within PostgreSQL's limit.
+const MaxConsumerLength = 255
+
 // DefaultMaxKeyLength is the default limit of a message key, in bytes. It
 // keeps the primary key's btree entries far below PostgreSQL's ~2.7 kB limit.
 const DefaultMaxKeyLength = 1024
@@ -81,6 +85,9 @@ func (s *Store) ValidateKey(consumer, key string) error {
 	}
 	if err := validText(consumer); err != nil {
 		return fmt.Errorf("consumer name: %w", err)
+	}
+	if len(consumer) > MaxConsumerLength {
+		return fmt.Errorf("%w: consumer name is %d bytes, the limit is %d", ErrInvalidKey, len(consumer), MaxConsumerLength)
 	}
 	if key == "" {
 		return ErrEmptyKey

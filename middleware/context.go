@@ -123,7 +123,13 @@ func (h *txHandle) get() (wsql.Tx, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.tx == nil && h.err == nil && h.begin != nil && !h.ended {
-		h.tx, h.err = h.begin()
+		// watermill-sql's adapters return a non-nil wrapper around a nil
+		// transaction with their error: keep only the error.
+		if tx, err := h.begin(); err != nil {
+			h.err = err
+		} else {
+			h.tx = tx
+		}
 	}
 	if h.ended && h.err == nil {
 		return nil, errors.New("exactlyonce: the handler's transaction has ended")

@@ -72,7 +72,7 @@ func TestBadKeysAreRejectedBeforeTheDatabase(t *testing.T) {
 			t.Parallel()
 			var counters middleware.Counters
 			eo, err := middleware.New(middleware.Config{
-				DB: refusingDB{t}, Consumer: "c", OnEvent: counters.Observe,
+				DB: refusingDB{t}, Consumer: "c", OnEvent: counters.Observe, NackDelay: -1,
 				Key: middleware.KeyFromMetadata("k"),
 			})
 			require.NoError(t, err)
@@ -92,7 +92,7 @@ func TestBadKeysAreRejectedBeforeTheDatabase(t *testing.T) {
 
 func TestEmptyKeyErrorSaysWhatToDo(t *testing.T) {
 	t.Parallel()
-	eo, err := middleware.New(middleware.Config{DB: refusingDB{t}, Consumer: "notify"})
+	eo, err := middleware.New(middleware.Config{DB: refusingDB{t}, Consumer: "notify", NackDelay: -1})
 	require.NoError(t, err)
 	_, err = eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("", nil))
 	require.ErrorIs(t, err, middleware.ErrEmptyKey)

@@ -153,47 +153,63 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	defer th.rollback()
 	ob := &lazyOutbox{tx: th, tables: m.cfg.Tables}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
-	produced, err := callHandler(h, msg)
+	produced, herr := callHandler(h, msg)
 	msg.SetContext(origCtx)
-	if berr := th.beginErr(); berr != nil && err == nil {
-		err = fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, berr)
-	}
-	if err == nil {
-		err = m.writeOutputs(msg, ob, produced)
-	}
-	if err != nil {
+	berr := th.beginErr()
+	if herr != nil && berr == nil {
+		// The handler's own failure: it knows whether its call happened,
+		// and chose a retry (or, with Permanent, an operator).
 		th.rollback()
 		var perm *PermanentError
-		if errors.As(err, &perm) {
+		if errors.As(herr, &perm) {
 			ev.Kind = EventParked
-			ev.Err = err
-			if ferr := m.recordFailure(origCtx, consumer, key, claim.Attempt, err, true); ferr != nil {
+			ev.Err = herr
+			if ferr := m.recordFailure(origCtx, consumer, key, claim.Attempt, herr, true); ferr != nil {
 				// Not recorded: nack, so that the key is not lost.
-				return nil, fmt.Errorf("exactlyonce: permanent failure could not be recorded: %w (handler: %w)", ferr, err)
+				return nil, fmt.Errorf("exactlyonce: permanent failure could not be recorded: %w (handler: %w)", ferr, herr)
 			}
-			m.cfg.Logger.Error("exactlyonce: permanent handler error, key parked and message acked", err,
+			m.cfg.Logger.Error("exactlyonce: permanent handler error, key parked and message acked", herr,
 				watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt})
 			return nil, nil
 		}
 		ev.Kind = EventFailed
-		_ = m.recordFailure(origCtx, consumer, key, claim.Attempt, err, false)
-		return nil, err
+		_ = m.recordFailure(origCtx, consumer, key, claim.Attempt, herr, false)
+		return nil, herr
+	}
+
+	// From here the handler succeeded, or the database failed under it:
+	// its external effect may have happened. Such a failure is not recorded
+	// as failed (that would retry at once, blind); the key stays processing
+	// until its lease expires and OnExpired decides, with Interrupted set.
+	unknown := func(cause error) ([]*message.Message, error) {
+		th.rollback()
+		ev.Kind = EventFailed
+		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then OnExpired decides: %w", key, consumer, cause)
+	}
+	switch {
+	case berr != nil && herr != nil:
+		return unknown(fmt.Errorf("%w: begin completion: %w (handler: %w)", ErrDBUnavailable, berr, herr))
+	case berr != nil:
+		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, berr))
+	}
+	if err := m.writeOutputs(msg, ob, produced); err != nil {
+		return unknown(err)
 	}
 	tx, err := th.get()
 	if err != nil {
-		ev.Kind = EventFailed
-		_ = m.recordFailure(origCtx, consumer, key, claim.Attempt, err, false)
-		return nil, fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, err)
+		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, err))
 	}
 	if err := m.store.CompleteTx(origCtx, tx, consumer, key, claim.Attempt); err != nil {
-		ev.Kind = EventFailed
-		return nil, fmt.Errorf("exactlyonce: %w", err)
+		if errors.Is(err, inbox.ErrLeaseLost) {
+			th.rollback()
+			ev.Kind = EventFailed
+			return nil, fmt.Errorf("exactlyonce: %w", err)
+		}
+		return unknown(err)
 	}
 	if err := th.commit(); err != nil {
-		// The external effect may have happened; the record stays
-		// processing until the lease expires, then OnExpired decides.
 		ev.Kind = EventFailed
-		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires): %w", key, consumer, err)
+		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires, then OnExpired decides): %w", key, consumer, err)
 	}
 	ev.Kind = EventProcessed
 	return nil, nil

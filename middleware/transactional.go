@@ -124,9 +124,9 @@ type Config struct {
 	FailOpen bool
 
 	// NackDelay is how long the middleware waits before returning the
-	// error for a delivery that failed for a transient reason the handler
-	// did not cause (ErrDBUnavailable), so that a database outage does not
-	// make the broker redeliver in a tight loop. The wait ends early when
+	// error for a delivery that failed for a reason the handler did not
+	// cause (ErrDBUnavailable, a rejected key, a held lease), so that the
+	// broker does not redeliver it in a tight loop. The wait ends early when
 	// the message's context ends. Handler errors are returned at once: put
 	// Watermill's Retry middleware outside this one for those. Defaults to
 	// 1s; a negative value disables the wait.
@@ -223,6 +223,9 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	}
 	if err != nil {
 		ev.Kind = EventRejected
+		// Never succeeds on redelivery: the wait keeps a consumer without a
+		// poison queue from spinning on it (it still blocks that consumer).
+		sleep(origCtx, m.cfg.NackDelay)
 		return nil, keyError(msg, consumer, err)
 	}
 	ev.Key = key

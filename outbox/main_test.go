@@ -123,10 +123,14 @@ type recorder struct {
 	mu        sync.Mutex
 	got       []delivered
 	failTopic string
+	failUUID  string // a message the "broker" can never take
 	calls     int
 }
 
-var errBrokerDown = errors.New("broker down (test)")
+var (
+	errBrokerDown    = errors.New("broker down (test)")
+	errUnpublishable = errors.New("message too large for the broker (test)")
+)
 
 func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	r.mu.Lock()
@@ -134,6 +138,11 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	r.calls++
 	if r.failTopic != "" && topic == r.failTopic {
 		return errBrokerDown
+	}
+	for _, m := range msgs {
+		if r.failUUID != "" && m.UUID == r.failUUID {
+			return errUnpublishable
+		}
 	}
 	for _, m := range msgs {
 		r.got = append(r.got, delivered{Topic: topic, UUID: m.UUID, Payload: string(m.Payload), Metadata: maps.Clone(m.Metadata)})

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +52,14 @@ type RelayConfig struct {
 	// MaxErrorBackoff caps ErrorBackoff. Defaults to 15s.
 	MaxErrorBackoff time.Duration
 
+	// MaxAttempts quarantines a row after it failed this many times on its
+	// own while other rows of its batches were published (a message the
+	// broker can never take: too large, a header it refuses). A quarantined
+	// row is skipped instead of blocking the rows behind it; PendingStats
+	// reports it and RequeueFailed puts it back. Failures of a whole batch
+	// (a broker outage) count against no row. Defaults to 5.
+	MaxAttempts int
+
 	// Logger logs failed batches. Defaults to no logging.
 	Logger watermill.LoggerAdapter
 }
@@ -75,6 +85,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
 	return c
 }
 
@@ -86,6 +99,8 @@ func (c RelayConfig) validate() error {
 		return errors.New("outbox: RelayConfig.Publisher is required")
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("outbox: RelayConfig.BatchSize is %d, it must be between 1 and 10000", c.BatchSize)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("outbox: RelayConfig.MaxAttempts is %d, it must be >= 1", c.MaxAttempts)
 	case c.Workers < 1:
 		return fmt.Errorf("outbox: RelayConfig.Workers is %d, it must be >= 1", c.Workers)
 	case c.PollInterval < 0 || c.ErrorBackoff < 0 || c.MaxErrorBackoff < c.ErrorBackoff:
@@ -103,6 +118,7 @@ type Relay struct {
 	cfg        RelayConfig
 	selectSQL  string
 	deleteSQL  string
+	failSQL    string
 	relayed    atomic.Int64
 	batches    atomic.Int64
 	failures   atomic.Int64
@@ -121,8 +137,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	return &Relay{
 		cfg: cfg,
 		selectSQL: `SELECT id, topic, uuid, payload, metadata::text FROM ` + table +
-			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
+			` WHERE attempts < ` + strconv.Itoa(cfg.MaxAttempts) + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
 		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+		failSQL:   `UPDATE ` + table + ` SET attempts = attempts + 1, last_error = $2 WHERE id = $1`,
 	}, nil
 }
 
@@ -245,39 +262,101 @@ func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
 		committed = true
 		return 0, nil
 	}
-	// Consecutive rows of one topic go out in one Publish call, in id order.
-	published := 0
-	var pubErr error
-	for published < len(batch.msgs) {
-		if err := ctx.Err(); err != nil {
-			pubErr = err
-			break
-		}
-		end := published + 1
-		for end < len(batch.msgs) && batch.topics[end] == batch.topics[published] {
-			end++
-		}
-		if err := r.cfg.Publisher.Publish(batch.topics[published], batch.msgs[published:end]...); err != nil {
-			pubErr = fmt.Errorf("outbox relay: publishing %d message(s) to %q: %w", end-published, batch.topics[published], err)
-			break
-		}
-		published = end
-	}
-	if published == 0 {
+	done, failed, pubErr := r.publish(ctx, batch)
+	if len(done) == 0 {
 		return 0, pubErr
 	}
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if _, err := tx.ExecContext(finishCtx, r.deleteSQL, batch.ids[:published]); err != nil {
+	if _, err := tx.ExecContext(finishCtx, r.deleteSQL, done); err != nil {
 		return 0, fmt.Errorf("outbox relay: deleting relayed rows: %w", err)
+	}
+	for id, ferr := range failed {
+		if _, err := tx.ExecContext(finishCtx, r.failSQL, id, truncateError(ferr)); err != nil {
+			return 0, fmt.Errorf("outbox relay: recording a failed row: %w", err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("outbox relay: commit: %w", err)
 	}
 	committed = true
-	r.relayed.Add(int64(published))
+	r.relayed.Add(int64(len(done)))
 	r.batches.Add(1)
-	return published, pubErr
+	return len(done), pubErr
+}
+
+// publish hands the batch to the publisher, consecutive rows of one topic in
+// one Publish call, in id order. When a call fails, its messages are
+// published one at a time: a message the broker can never take (too large, a
+// header it refuses) then fails on its own while the others go through. Such
+// failures are returned in failed (by row id), to be counted against the row;
+// when nothing of the batch gets through, it looks like an outage and no row
+// is blamed. done lists the ids the publisher accepted.
+func (r *Relay) publish(ctx context.Context, b batch) (done []int64, failed map[int64]error, err error) {
+	failed = map[int64]error{}
+	anyOK := false
+	deadGroups := 0
+	var firstErr error
+	for start := 0; start < len(b.msgs); {
+		if cerr := ctx.Err(); cerr != nil {
+			return done, nil, cerr
+		}
+		end := start + 1
+		for end < len(b.msgs) && b.topics[end] == b.topics[start] {
+			end++
+		}
+		topic := b.topics[start]
+		gerr := r.cfg.Publisher.Publish(topic, b.msgs[start:end]...)
+		if gerr == nil {
+			done = append(done, b.ids[start:end]...)
+			anyOK = true
+			start = end
+			continue
+		}
+		if firstErr == nil {
+			firstErr = fmt.Errorf("outbox relay: publishing %d message(s) to %q: %w", end-start, topic, gerr)
+		}
+		groupOK := false
+		if end-start > 1 {
+			for j := start; j < end; j++ {
+				if e := r.cfg.Publisher.Publish(topic, b.msgs[j]); e != nil {
+					failed[b.ids[j]] = e
+				} else {
+					done = append(done, b.ids[j])
+					groupOK = true
+				}
+			}
+		} else {
+			failed[b.ids[start]] = gerr
+		}
+		if !groupOK {
+			deadGroups++
+			if !anyOK && deadGroups >= 2 {
+				break // nothing gets through: an outage, most likely
+			}
+		}
+		anyOK = anyOK || groupOK
+		start = end
+	}
+	if !anyOK {
+		return nil, nil, firstErr
+	}
+	if len(failed) > 0 {
+		return done, failed, fmt.Errorf("outbox relay: %d message(s) failed on their own while others were published (each counts an attempt; quarantined at %d): %w",
+			len(failed), r.cfg.MaxAttempts, firstErr)
+	}
+	return done, nil, nil
+}
+
+// maxErrorText bounds the last_error stored on a failing row.
+const maxErrorText = 2000
+
+func truncateError(err error) string {
+	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "\uFFFD")
+	if len(s) > maxErrorText {
+		s = strings.ToValidUTF8(s[:maxErrorText], "") + "..."
+	}
+	return s
 }
 
 type batch struct {
@@ -333,6 +412,10 @@ type Pending struct {
 	// OldestAge is now() - OldestCreatedAt as the database sees it; zero
 	// when there is no pending row. Alert on it.
 	OldestAge time.Duration
+	// Failing counts rows that failed on their own at least once (see
+	// RelayConfig.MaxAttempts); some may be quarantined. Alert on it, read
+	// their last_error, fix the cause, then RequeueFailed.
+	Failing int64
 }
 
 // PendingStats reports the backlog of the outbox table named by tables. The
@@ -344,8 +427,8 @@ func PendingStats(ctx context.Context, db wsql.ContextExecutor, tables sqlschema
 	var p Pending
 	var ageSeconds *float64
 	err := seam.QueryRow(ctx, db,
-		`SELECT count(*), min(created_at), extract(epoch FROM now() - min(created_at))::float8 FROM `+tables.Outbox(),
-		nil, &p.Count, &p.OldestCreatedAt, &ageSeconds)
+		`SELECT count(*), min(created_at), extract(epoch FROM now() - min(created_at))::float8, count(*) FILTER (WHERE attempts > 0) FROM `+tables.Outbox(),
+		nil, &p.Count, &p.OldestCreatedAt, &ageSeconds, &p.Failing)
 	if err != nil {
 		return Pending{}, fmt.Errorf("outbox: pending stats: %w", err)
 	}
@@ -353,4 +436,17 @@ func PendingStats(ctx context.Context, db wsql.ContextExecutor, tables sqlschema
 		p.OldestAge = time.Duration(*ageSeconds * float64(time.Second))
 	}
 	return p, nil
+}
+
+// RequeueFailed clears the failure count of every outbox row in tables, so
+// that quarantined rows are relayed again. Use it after fixing the cause.
+func RequeueFailed(ctx context.Context, db wsql.ContextExecutor, tables sqlschema.Config) (int64, error) {
+	if err := tables.Validate(); err != nil {
+		return 0, err
+	}
+	res, err := db.ExecContext(ctx, `UPDATE `+tables.Outbox()+` SET attempts = 0, last_error = NULL WHERE attempts > 0`)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: requeue failed rows: %w", err)
+	}
+	return res.RowsAffected()
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -207,13 +208,17 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 
 		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().Failures >= 3 },
 			"Run should keep retrying a failing batch")
-		require.Equal(t, int64(4), b.pending(t, b.db), "the row before the failing topic was relayed and deleted")
+		require.Equal(t, int64(1), b.pending(t, b.db), "the rows of the other topics were relayed and deleted")
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), p.Failing, "the payments row failed while others went through: one attempt counted")
 
 		rec.setFailTopic("")
 		testenv.Eventually(t, 10*time.Second, func() bool { return b.pending(t, b.db) == 0 && relay.Stats().Relayed == 5 },
 			"Run should relay the rest once the publisher recovers")
-		require.Equal(t, int64(2), relay.Stats().Batches)
-		require.Equal(t, mixedMessages(5), rec.delivered(), "every row delivered once, in order, despite the failures")
+		want := mixedMessages(5)
+		require.Equal(t, []delivered{want[0], want[2], want[3], want[4], want[1]}, rec.delivered(),
+			"every row delivered once; the failing one after the others")
 		stop()
 	})
 }
@@ -387,5 +392,59 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 		_, err = relay.RelayOnce(ctx)
 		require.ErrorIs(t, err, context.Canceled)
 		require.Zero(t, relay.Stats().Failures)
+	})
+}
+
+// A message the broker can never take is tried on its own, counted, and
+// quarantined after MaxAttempts; it never blocks the rows behind it, and a
+// batch that fails as a whole (an outage) blames no row.
+func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		msgs := mixedMessages(3)
+		b.publishAll(t, msgs[:1])
+		rec := &recorder{failUUID: msgs[0].UUID}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, MaxAttempts: 3, BatchSize: 10})
+		require.NoError(t, err)
+
+		// Alone in the outbox, its failure proves nothing: no attempt counted.
+		for range 4 {
+			_, err := relay.RelayOnce(b.ctx)
+			require.ErrorIs(t, err, errUnpublishable)
+		}
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(0), p.Failing)
+
+		// With good rows behind it, each batch relays them and counts one
+		// attempt against it, until it is quarantined.
+		for i := range 3 {
+			b.publishAll(t, []delivered{{Topic: "orders", UUID: fmt.Sprint("good-", i), Payload: "{}", Metadata: map[string]string{}}})
+			n, err := relay.RelayOnce(b.ctx)
+			require.ErrorIs(t, err, errUnpublishable)
+			require.Equal(t, 1, n)
+		}
+		n, err := relay.RelayOnce(b.ctx)
+		require.NoError(t, err, "quarantined: skipped")
+		require.Zero(t, n)
+		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), p.Count)
+		require.Equal(t, int64(1), p.Failing)
+		var lastErr string
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error FROM "+b.tables.Outbox(), nil, &lastErr))
+		require.Contains(t, lastErr, "too large for the broker")
+
+		// Fixed: requeue, and it goes out.
+		rec.mu.Lock()
+		rec.failUUID = ""
+		rec.mu.Unlock()
+		requeued, err := outbox.RequeueFailed(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), requeued)
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Zero(t, b.pending(t, b.db))
 	})
 }

@@ -67,7 +67,7 @@ func TestMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
 	require.Equal(t, 2, last["inbox"], "inbox has its create and lease migrations")
-	require.Equal(t, 1, last["outbox"], "outbox has its first migration")
+	require.Equal(t, 2, last["outbox"], "outbox has its create and quarantine migrations")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
