@@ -1,0 +1,733 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// TestChaos runs the chaos suite once per mode (sequentially: each run
+// takes the machine's CPU). Environment:
+//
+//	CHAOS_MESSAGES   unique messages (default 800)
+//	CHAOS_DUP_RATIO  extra copies per unique message (default 0.2)
+//	CHAOS_FAULTS     at least this many faults of each kind (default 3)
+//	CHAOS_MODES      comma-separated: transactional, lease (default both)
+//	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
+//	                 default from the clock, logged. Process timing is not
+//	                 reproducible; the plan is.
+//	CHAOS_SETTLE     bound of the wait for the system to settle after the
+//	                 faults (default 2m)
+//
+// Each run: a fresh schema and queues; PostgreSQL and RabbitMQ behind TCP
+// proxies; 3 consumer processes (4 handlers each, prefetch 10; drivers
+// pgxpool, database/sql, pgxpool), 1 relay (database/sql), 1 downstream
+// consumer (pgxpool). The harness publishes the messages with duplicates
+// spread over the fault schedule, injects the faults, waits until every key
+// is done downstream and the queues are empty, stops the workers
+// gracefully, and checks the invariants, printed as one table (also written
+// to $TMPDIR/chaos-<mode>-seed<seed>.txt).
+func TestChaos(t *testing.T) {
+	s := readSettings(t)
+	t.Logf("chaos: %d messages, dup ratio %.2f, >= %d faults of each kind, modes %v, seed %d (replay the plan with CHAOS_SEED=%d)",
+		s.Messages, s.DupRatio, s.Faults, s.Modes, s.Seed, s.Seed)
+	bin := buildWorker(t)
+	for _, mode := range s.Modes {
+		t.Run(mode, func(t *testing.T) {
+			// One random stream per mode, whatever CHAOS_MODES holds, so
+			// that CHAOS_SEED with one mode replays that mode's plan.
+			stream := uint64(1)
+			if mode == "lease" {
+				stream = 2
+			}
+			runChaos(t, s, bin, mode, stream)
+		})
+	}
+}
+
+// harness is one chaos run (one mode).
+type harness struct {
+	t      *testing.T
+	s      settings
+	mode   string
+	rng    *mrand.Rand
+	runID  string
+	bin    string
+	logDir string
+
+	tables             sqlschema.Config
+	pool               *pgxpool.Pool
+	conn               *amqp.Connection
+	in, out            string
+	pgProxy, amqpProxy *testenv.Proxy
+	provider           *testenv.Provider
+	sink               *sink
+
+	consumers          []*proc
+	relay, downstream  *proc
+	keys               []string
+	plan               map[string]string
+	plannedFaults      map[string]int
+	copies             []copyRec
+	published          atomic.Int64
+	injected           map[string]int
+	terminated         int64 // backends terminated
+	amqpCut            int64 // AMQP connections cut
+	exitMu             sync.Mutex
+	exits              []string
+	gracefulStopFailed []string
+}
+
+func (h *harness) lease() bool { return h.mode == "lease" }
+
+func (h *harness) table(name string) string { return pgx.Identifier{h.tables.Schema, name}.Sanitize() }
+
+func runChaos(t *testing.T, s settings, bin, mode string, stream uint64) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	t.Cleanup(cancel)
+	idBytes := make([]byte, 4)
+	_, _ = rand.Read(idBytes)
+	h := &harness{
+		t: t, s: s, mode: mode, bin: bin,
+		rng:      mrand.New(mrand.NewPCG(s.Seed, stream)),
+		runID:    hex.EncodeToString(idBytes),
+		injected: map[string]int{},
+	}
+	var err error
+	h.logDir, err = os.MkdirTemp("", "chaos-"+mode+"-*")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("CHAOS_KEEP_LOGS") != "" {
+			t.Logf("worker logs kept in %s", h.logDir)
+			return
+		}
+		_ = os.RemoveAll(h.logDir)
+	})
+
+	h.tables = testenv.Schema(t)
+	h.pool = testenv.Pool(t)
+	_, err = h.pool.Exec(ctx, `CREATE TABLE `+h.table("effects")+` (id bigserial PRIMARY KEY, key text NOT NULL,
+attempt int NOT NULL, worker text NOT NULL, out_uuid text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE `+h.table("down_effects")+` (id bigserial PRIMARY KEY, key text NOT NULL, uuid text NOT NULL,
+worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	require.NoError(t, err)
+	h.in = testenv.Queue(t, "chaos_in_")
+	h.out = testenv.Queue(t, "chaos_out_")
+	h.conn = testenv.AMQPConn(t)
+	h.pgProxy = testenv.NewProxy(t, hostPort(t, testenv.DatabaseURL(), "5432"))
+	h.amqpProxy = testenv.NewProxy(t, hostPort(t, testenv.AMQPURL(), "5672"))
+	if h.lease() {
+		h.provider = testenv.NewProvider(t)
+		// An SMS API takes a little while to answer.
+		h.provider.SetOnRequest(func(r *http.Request, _ string, _ int) int {
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+			return http.StatusOK
+		})
+	}
+	h.planInput()
+	steps, planned := h.planFaults()
+	h.sink = newSink(t, h.plan)
+	t.Logf("%s: %d copies of %d messages; planned handler faults %v; %d scheduled faults over ~%s; run id %s",
+		mode, len(h.copies), s.Messages, h.plannedFaults, len(steps), planned.Round(time.Second), h.runID)
+
+	h.startWorkers()
+
+	// Publish over most of the fault schedule, and inject.
+	window := max(3*time.Second, planned*8/10)
+	pubCtx, pubCancel := context.WithCancel(ctx)
+	pubDone := make(chan struct{})
+	var pubErr error
+	go func() {
+		defer close(pubDone)
+		pubErr = h.publish(pubCtx, h.conn, window)
+	}()
+	defer func() {
+		pubCancel()
+		<-pubDone
+	}()
+	faultStart := time.Now()
+	for _, st := range steps {
+		h.inject(ctx, st)
+	}
+	faultTime := time.Since(faultStart)
+	select {
+	case <-pubDone:
+		require.NoError(t, pubErr, "publishing")
+	case <-time.After(window + time.Minute):
+		t.Fatal("publishing did not finish")
+	}
+
+	// Settle: every key done downstream, outbox and queues empty.
+	settleStart := time.Now()
+	settled := h.awaitSettled(ctx)
+	settleTime := time.Since(settleStart)
+	h.stopWorkers()
+	leftIn, badIn, leftOut, badOut := h.leftovers(ctx)
+
+	tb := h.invariants(ctx, settled, leftIn, badIn, leftOut, badOut)
+	tb.info("timings", fmt.Sprintf("faults %s, settle %s, total %s", faultTime.Round(time.Millisecond),
+		settleTime.Round(time.Millisecond), time.Since(start).Round(time.Millisecond)))
+	text := tb.String()
+	t.Log("\n" + text)
+	if testing.Verbose() {
+		fmt.Println(text)
+	}
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-%s-seed%d.txt", mode, s.Seed))
+	if err := os.WriteFile(path, []byte(text), 0o644); err == nil {
+		t.Logf("table written to %s", path)
+	}
+	if failed := tb.failed(); len(failed) > 0 {
+		for _, p := range h.procs() {
+			t.Logf("%s", p.tailLast(3, 25))
+		}
+		require.Empty(t, failed, "chaos invariants broken (mode %s, seed %d, replay with CHAOS_SEED=%d CHAOS_MODES=%s CHAOS_MESSAGES=%d CHAOS_FAULTS=%d)",
+			mode, s.Seed, s.Seed, mode, s.Messages, s.Faults)
+	}
+}
+
+func hostPort(t *testing.T, rawURL, defPort string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), defPort)
+	}
+	return u.Host
+}
+
+// startWorkers starts the consumers, the relay and the downstream consumer,
+// and registers their killing at cleanup (before the proxies, the provider
+// and the sink close).
+func (h *harness) startWorkers() {
+	t := h.t
+	dbURL := func(role string) string {
+		u, err := url.Parse(h.pgProxy.RewriteURL(testenv.DatabaseURL()))
+		require.NoError(t, err)
+		q := u.Query()
+		q.Set("application_name", "chaos-"+role+"-"+h.runID)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	slow := h.s.SlowTx
+	if h.lease() {
+		slow = h.s.SlowLease
+	}
+	common := map[string]string{
+		"CHAOS_MODE":     h.mode,
+		"CHAOS_AMQP_URL": h.amqpProxy.RewriteURL(testenv.AMQPURL()),
+		"CHAOS_SCHEMA":   h.tables.Schema,
+		"CHAOS_IN":       h.in,
+		"CHAOS_OUT":      h.out,
+		"CHAOS_SINK_URL": h.sink.srv.URL,
+		"CHAOS_LEASE":    h.s.Lease.String(),
+		"CHAOS_SLOW":     slow.String(),
+		"CHAOS_PREFETCH": strconv.Itoa(h.s.Prefetch),
+	}
+	if h.lease() {
+		common["CHAOS_PROVIDER_URL"] = h.provider.URL()
+	}
+	env := func(role, driver string, handlers int) map[string]string {
+		e := map[string]string{"CHAOS_ROLE": role, "CHAOS_DB_URL": dbURL(role), "CHAOS_DRIVER": driver,
+			"CHAOS_HANDLERS": strconv.Itoa(handlers)}
+		for k, v := range common {
+			e[k] = v
+		}
+		return e
+	}
+	for i := range h.s.Consumers {
+		driver := "pgxpool"
+		if i%2 == 1 {
+			driver = "database-sql"
+		}
+		h.consumers = append(h.consumers, h.newProc(fmt.Sprintf("consumer-%d", i), env("consumer", driver, h.s.Handlers)))
+	}
+	h.relay = h.newProc("relay", env("relay", "database-sql", 1))
+	h.downstream = h.newProc("downstream", env("downstream", "pgxpool", 2))
+	t.Cleanup(func() {
+		for _, p := range h.procs() {
+			if !p.exited() {
+				p.signal(syscall.SIGKILL, 10*time.Second)
+			}
+		}
+	})
+	for _, p := range h.procs() {
+		p.start()
+	}
+}
+
+// stopWorkers stops every worker gracefully, consumers first.
+func (h *harness) stopWorkers() {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stop := func(ps ...*proc) {
+		for _, p := range ps {
+			wg.Go(func() {
+				if !p.stop() {
+					mu.Lock()
+					h.gracefulStopFailed = append(h.gracefulStopFailed, p.name)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	stop(h.consumers...)
+	stop(h.relay, h.downstream)
+}
+
+// state is what the harness polls while the system settles.
+type state struct {
+	consumer   map[string]int64 // inbox rows by status
+	downDone   int64
+	outbox     int64
+	inReady    int
+	outReady   int
+	downEffect int64
+}
+
+func (s state) String() string {
+	return fmt.Sprintf("consumer inbox %v, downstream done %d, downstream effects %d, outbox %d, ready in/out %d/%d",
+		s.consumer, s.downDone, s.downEffect, s.outbox, s.inReady, s.outReady)
+}
+
+func (h *harness) state(ctx context.Context) (state, error) {
+	st := state{consumer: map[string]int64{}}
+	rows, err := h.pool.Query(ctx, `SELECT status, count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 GROUP BY status`, consumerName)
+	if err != nil {
+		return st, err
+	}
+	for rows.Next() {
+		var status string
+		var n int64
+		if err := rows.Scan(&status, &n); err != nil {
+			rows.Close()
+			return st, err
+		}
+		st.consumer[status] = n
+	}
+	if err := rows.Err(); err != nil {
+		return st, err
+	}
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`,
+		downstreamName).Scan(&st.downDone); err != nil {
+		return st, err
+	}
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.table("down_effects")).Scan(&st.downEffect); err != nil {
+		return st, err
+	}
+	p, err := outbox.PendingStats(ctx, wsqlPool(h.pool), h.tables)
+	if err != nil {
+		return st, err
+	}
+	st.outbox = p.Count
+	if st.inReady, _, err = queueState(h.conn, h.in); err != nil {
+		return st, err
+	}
+	if st.outReady, _, err = queueState(h.conn, h.out); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+func (s state) settled(n int) bool {
+	return s.consumer["done"] == int64(n) && len(s.consumer) == 1 && s.downDone >= int64(n) &&
+		s.outbox == 0 && s.inReady == 0 && s.outReady == 0
+}
+
+// awaitSettled polls until the system settled, or s.Settle passed.
+func (h *harness) awaitSettled(ctx context.Context) bool {
+	deadline := time.Now().Add(h.s.Settle)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var last state
+	for {
+		h.reviveCrashed()
+		st, err := h.state(ctx)
+		if err == nil {
+			last = st
+			if st.settled(h.s.Messages) {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			h.t.Logf("not settled after %s: %s (last error: %v)", h.s.Settle, last, err)
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// queueState returns the ready messages and the consumers of a queue.
+func queueState(conn *amqp.Connection, queue string) (int, int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	return q.Messages, q.Consumers, nil
+}
+
+// leftovers takes what is left in the queues once every worker stopped (a
+// delivery the stopping routers had not acked is requeued). A message left
+// in the input queue is harmless only as a copy of a key already done; one
+// left in the output queue only when downstream already processed its UUID.
+func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut int) {
+	t := h.t
+	for _, q := range []string{h.in, h.out} {
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			_, consumers, err := queueState(h.conn, q)
+			return err == nil && consumers == 0
+		}, "queue %s keeps a consumer after the workers stopped", q)
+	}
+	drain := func(queue string) []amqp.Delivery {
+		ch, err := h.conn.Channel()
+		require.NoError(t, err)
+		defer func() { _ = ch.Close() }()
+		var out []amqp.Delivery
+		for {
+			d, ok, err := ch.Get(queue, true)
+			require.NoError(t, err)
+			if !ok {
+				return out
+			}
+			out = append(out, d)
+		}
+	}
+	for _, d := range drain(h.in) {
+		leftIn++
+		key, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+		var done bool
+		require.NoError(t, h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+h.tables.Inbox()+
+			` WHERE consumer = $1 AND message_key = $2 AND status = 'done')`, consumerName, key).Scan(&done))
+		if !done {
+			badIn++
+		}
+	}
+	for _, d := range drain(h.out) {
+		leftOut++
+		id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+		var done bool
+		require.NoError(t, h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+h.table("down_effects")+
+			` WHERE uuid = $1)`, id).Scan(&done))
+		if !done {
+			badOut++
+		}
+	}
+	return leftIn, badIn, leftOut, badOut
+}
+
+// ---------------------------------------------------------------------------
+// The invariants.
+
+type row struct {
+	name, value, want string
+	checked, ok       bool
+}
+
+type table struct {
+	title string
+	rows  []row
+}
+
+// check adds a row that must hold.
+func (tb *table) check(name string, value any, want string, ok bool) {
+	tb.rows = append(tb.rows, row{name: name, value: fmt.Sprint(value), want: want, checked: true, ok: ok})
+}
+
+// eq adds a row whose value must equal want.
+func (tb *table) eq(name string, value, want int64) {
+	tb.check(name, value, "= "+strconv.FormatInt(want, 10), value == want)
+}
+
+// atLeast adds a row whose value must be >= want.
+func (tb *table) atLeast(name string, value, want int64) {
+	tb.check(name, value, ">= "+strconv.FormatInt(want, 10), value >= want)
+}
+
+// info adds a row that is only reported.
+func (tb *table) info(name string, value any) {
+	tb.rows = append(tb.rows, row{name: name, value: fmt.Sprint(value)})
+}
+
+func (tb *table) section(name string) {
+	tb.rows = append(tb.rows, row{name: "-- " + name})
+}
+
+func (tb *table) String() string {
+	var b strings.Builder
+	b.WriteString(tb.title + "\n")
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "invariant / figure\tvalue\texpected\tresult")
+	for _, r := range tb.rows {
+		res := ""
+		if r.checked {
+			res = "ok"
+			if !r.ok {
+				res = "FAIL"
+			}
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.name, r.value, r.want, res)
+	}
+	_ = w.Flush()
+	return b.String()
+}
+
+func (tb *table) failed() []string {
+	var out []string
+	for _, r := range tb.rows {
+		if r.checked && !r.ok {
+			out = append(out, fmt.Sprintf("%s: %s, expected %s", r.name, r.value, r.want))
+		}
+	}
+	return out
+}
+
+func (h *harness) count(ctx context.Context, q string, args ...any) int64 {
+	h.t.Helper()
+	var n int64
+	require.NoError(h.t, h.pool.QueryRow(ctx, q, args...).Scan(&n), q)
+	return n
+}
+
+func (h *harness) invariants(ctx context.Context, settled bool, leftIn, badIn, leftOut, badOut int) *table {
+	s, n := h.s, int64(h.s.Messages)
+	effects, down, inbox := h.table("effects"), h.table("down_effects"), h.tables.Inbox()
+	tb := &table{title: fmt.Sprintf("chaos run: mode=%s seed=%d messages=%d dup-ratio=%.2f faults>=%d consumers=%dx%d handlers (prefetch %d), lease %s, slow %s/%s (lease/tx)",
+		h.mode, s.Seed, s.Messages, s.DupRatio, s.Faults, s.Consumers, s.Handlers, s.Prefetch, s.Lease, s.SlowLease, s.SlowTx)}
+
+	tb.section("input")
+	tb.eq("messages published (copies, broker-confirmed)", h.published.Load(), int64(len(h.copies)))
+	tb.info("unique messages", n)
+	tb.info("duplicate copies", int64(len(h.copies))-n)
+	tb.check("settled (all done downstream, outbox and queues empty)", settled, "true", settled)
+
+	tb.section("consumer (" + consumerName + ")")
+	tb.eq("effects applied (rows)", h.count(ctx, `SELECT count(*) FROM `+effects), n)
+	tb.eq("effects applied (distinct keys)", h.count(ctx, `SELECT count(DISTINCT key) FROM `+effects), n)
+	tb.eq("messages lost (keys without an effect)", h.count(ctx, `SELECT count(*) FROM unnest($1::text[]) AS k(key)
+WHERE NOT EXISTS (SELECT 1 FROM `+effects+` e WHERE e.key = k.key)`, h.keys), 0)
+	tb.eq("effects of unknown keys", h.count(ctx, `SELECT count(*) FROM `+effects+` WHERE NOT (key = ANY($1))`, h.keys), 0)
+	tb.eq("inbox rows done", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'done'`, consumerName), n)
+	tb.eq("inbox rows left processing", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'processing'`, consumerName), 0)
+	tb.eq("inbox rows failed or parked", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status IN ('failed', 'parked')`, consumerName), 0)
+	if h.lease() {
+		tb.eq("effects whose attempt is not the inbox's done attempt (fencing)", h.count(ctx, `SELECT count(*) FROM `+effects+` e
+JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 'done' OR i.attempts <> e.attempt`, consumerName), 0)
+	}
+	tb.info("duplicates recorded by the inbox", h.count(ctx, `SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = $1`, consumerName))
+	h.events(tb, "consumer")
+
+	if h.lease() {
+		h.leaseInvariants(ctx, tb)
+	}
+
+	tb.section("outbox, relay, downstream (" + downstreamName + ")")
+	p, err := outbox.PendingStats(ctx, wsqlPool(h.pool), h.tables)
+	require.NoError(h.t, err)
+	tb.eq("outbox rows pending", p.Count, 0)
+	h.sink.mu.Lock()
+	relayed := h.sink.relayed
+	h.sink.mu.Unlock()
+	tb.atLeast("output events relayed (broker-confirmed publishes)", relayed, n)
+	h.events(tb, "downstream")
+	tb.eq("downstream effects (rows)", h.count(ctx, `SELECT count(*) FROM `+down), n)
+	tb.eq("downstream effects (distinct keys)", h.count(ctx, `SELECT count(DISTINCT key) FROM `+down), n)
+	tb.eq("downstream effects (distinct output UUIDs)", h.count(ctx, `SELECT count(DISTINCT uuid) FROM `+down), n)
+	tb.eq("downstream UUIDs <> committed outputs (symmetric difference)", h.count(ctx, `SELECT count(*) FROM (
+(SELECT out_uuid FROM `+effects+` EXCEPT SELECT uuid FROM `+down+`) UNION ALL
+(SELECT uuid FROM `+down+` EXCEPT SELECT out_uuid FROM `+effects+`)) x`), 0)
+	tb.eq("messages lost downstream (keys without a downstream effect)", h.count(ctx, `SELECT count(*) FROM unnest($1::text[]) AS k(key)
+WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
+	tb.eq("downstream inbox rows done", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'done'`, downstreamName), n)
+	tb.info("input queue: copies left after the stop (requeued in-flight duplicates)", leftIn)
+	tb.eq("input queue: messages left that were not done", int64(badIn), 0)
+	tb.info("output queue: messages left after the stop", leftOut)
+	tb.eq("output queue: messages left not processed downstream", int64(badOut), 0)
+
+	tb.section("faults injected (each >= " + strconv.Itoa(s.Faults) + ")")
+	f := int64(s.Faults)
+	for _, k := range scheduledKinds {
+		tb.atLeast(k, int64(h.injected[k]), f)
+	}
+	h.sink.mu.Lock()
+	panics, slows := int64(h.sink.faults["panic"]), int64(h.sink.faults["slow"])
+	h.sink.mu.Unlock()
+	tb.atLeast("handler panics", panics, f)
+	slowName := fmt.Sprintf("slow handlers (%s, in the transaction)", s.SlowTx)
+	if h.lease() {
+		slowName = fmt.Sprintf("slow handlers (%s, outliving the %s lease)", s.SlowLease, s.Lease)
+	}
+	tb.atLeast(slowName, slows, f)
+	tb.info("backends terminated / AMQP connections cut", fmt.Sprintf("%d / %d", h.terminated, h.amqpCut))
+	h.exitMu.Lock()
+	exits := slices.Clone(h.exits)
+	h.exitMu.Unlock()
+	tb.eq("worker exits not injected", int64(len(exits)), 0)
+	for _, e := range exits {
+		tb.info("  exit", e)
+	}
+	tb.eq("graceful stops that timed out", int64(len(h.gracefulStopFailed)), 0)
+	h.sink.mu.Lock()
+	tb.eq("malformed reports to the event sink", int64(len(h.sink.bad)), 0)
+	h.sink.mu.Unlock()
+	return tb
+}
+
+// events adds the middleware events a role reported, one row per kind, and
+// checks that none lacks a kind: the middleware sets one on every path it
+// returns from, so an event without one means a panic escaped the middleware
+// (Watermill's router recovers it and nacks).
+func (h *harness) events(tb *table, role string) {
+	h.sink.mu.Lock()
+	defer h.sink.mu.Unlock()
+	kinds := make([]string, 0, len(h.sink.events[role]))
+	for k := range h.sink.events[role] {
+		if k != "unknown" {
+			kinds = append(kinds, k)
+		}
+	}
+	slices.Sort(kinds)
+	tb.info("middleware events reported (by kind)", "")
+	for _, k := range kinds {
+		tb.info("  "+k, h.sink.events[role][k])
+	}
+	tb.eq("panics escaping the middleware (events without a kind)", int64(h.sink.events[role]["unknown"]), 0)
+}
+
+// leaseInvariants checks the provider's calls: every key called with its one
+// idempotency key, and a key called more than once only when an earlier
+// attempt of it did not complete (interrupted: its lease expired mid-attempt;
+// or failed after the call).
+func (h *harness) leaseInvariants(ctx context.Context, tb *table) {
+	n := int64(h.s.Messages)
+	tb.section("lease mode: provider (idempotency key = " + consumerName + ":<key>)")
+	calls := h.provider.AllCalls()
+	var total int64
+	for _, c := range calls {
+		total += int64(c)
+	}
+	missing := int64(0)
+	for _, k := range h.keys {
+		if calls[consumerName+":"+k] == 0 {
+			missing++
+		}
+	}
+	tb.eq("distinct idempotency keys called", int64(len(calls)), n)
+	tb.eq("keys never called", missing, 0)
+	tb.info("calls (total)", total)
+
+	doneAttempt := map[string]int{}
+	rows, err := h.pool.Query(ctx, `SELECT message_key, attempts FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`, consumerName)
+	require.NoError(h.t, err)
+	for rows.Next() {
+		var k string
+		var a int
+		require.NoError(h.t, rows.Scan(&k, &a))
+		doneAttempt[k] = a
+	}
+	require.NoError(h.t, rows.Err())
+
+	h.sink.mu.Lock()
+	defer h.sink.mu.Unlock()
+	interrupted := 0
+	for _, runs := range h.sink.runs {
+		for _, r := range runs {
+			if r.Interrupted {
+				interrupted++
+			}
+		}
+	}
+	tb.info("handler runs after an interrupted attempt", interrupted)
+	var repeated, byInterrupt, byFailure, bySlow, unexplained, beyond, unannounced, sameAttempt, slowLost int64
+	for _, k := range h.keys {
+		c := calls[consumerName+":"+k]
+		recs := h.sink.calls[k]
+		if c > len(recs) {
+			unannounced++
+		}
+		seen := map[int]bool{}
+		maxAttempt := 0
+		interrupted := false
+		for _, r := range recs {
+			if seen[r.Attempt] {
+				sameAttempt++
+			}
+			seen[r.Attempt] = true
+			maxAttempt = max(maxAttempt, r.Attempt)
+			interrupted = interrupted || r.Interrupted
+		}
+		if c > doneAttempt[k] || maxAttempt > doneAttempt[k] {
+			beyond++
+		}
+		if c <= 1 {
+			continue
+		}
+		repeated++
+		failedBefore := false
+		for _, a := range h.sink.failed[k] {
+			failedBefore = failedBefore || a < maxAttempt
+		}
+		switch {
+		case interrupted:
+			byInterrupt++
+		case failedBefore:
+			byFailure++
+		case h.plan[k] == "slow":
+			bySlow++
+		default:
+			unexplained++
+		}
+	}
+	slowLost = int64(h.sink.events["handler"]["slow_lease_lost"])
+	tb.info("keys called more than once", repeated)
+	tb.info("  after an interrupted attempt (lease expired mid-attempt)", byInterrupt)
+	tb.info("  after an attempt that failed after its call", byFailure)
+	tb.info("  on a slow key", bySlow)
+	tb.eq("  unexplained repeats", unexplained, 0)
+	tb.eq("keys with more calls than attempts (a call per attempt at most)", beyond, 0)
+	tb.eq("two calls recorded for one attempt of a key", sameAttempt, 0)
+	tb.eq("provider calls not announced by a handler run", unannounced, 0)
+	tb.info("slow attempts taken over (ExtendLease: lease lost)", slowLost)
+}
+
+// wsqlPool adapts the pool for outbox.PendingStats.
+func wsqlPool(p *pgxpool.Pool) wsql.ContextExecutor { return wsql.BeginnerFromPgx(p) }

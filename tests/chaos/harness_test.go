@@ -1,0 +1,579 @@
+package chaos
+
+// The harness: settings, the worker processes, the event sink the workers
+// report to, the publisher of the input messages and the fault scheduler.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+)
+
+// Names shared with ./worker (its constants of the same names).
+const (
+	consumerName   = "chaos-consumer"
+	downstreamName = "chaos-downstream"
+)
+
+// settings of a chaos run, from the environment (see TestChaos).
+type settings struct {
+	Messages int     // unique messages (CHAOS_MESSAGES)
+	DupRatio float64 // extra copies per unique message (CHAOS_DUP_RATIO)
+	Faults   int     // at least this many faults of each kind (CHAOS_FAULTS)
+	Modes    []string
+	Seed     uint64
+	Settle   time.Duration // bound of the wait for the system to settle
+
+	Consumers int // consumer processes
+	Handlers  int // router handlers per consumer process
+	Prefetch  int
+	PanicRate float64 // share of keys whose handler panics once
+	SlowRate  float64 // share of keys whose handler is slow once
+	Lease     time.Duration
+	SlowLease time.Duration // a slow handler in lease mode: longer than Lease
+	SlowTx    time.Duration // a slow handler in transactional mode
+}
+
+func readSettings(t *testing.T) settings {
+	t.Helper()
+	s := settings{
+		Messages: 800, DupRatio: 0.2, Faults: 3, Modes: []string{"transactional", "lease"},
+		Seed: uint64(time.Now().UnixNano()), Settle: 2 * time.Minute,
+		Consumers: 3, Handlers: 4, Prefetch: 10, PanicRate: 0.02, SlowRate: 0.01,
+		Lease: 2 * time.Second, SlowLease: 3 * time.Second, SlowTx: 1500 * time.Millisecond,
+	}
+	var err error
+	if v := os.Getenv("CHAOS_MESSAGES"); v != "" {
+		s.Messages, err = strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_MESSAGES")
+		require.Positive(t, s.Messages, "CHAOS_MESSAGES")
+	}
+	if v := os.Getenv("CHAOS_DUP_RATIO"); v != "" {
+		s.DupRatio, err = strconv.ParseFloat(v, 64)
+		require.NoError(t, err, "CHAOS_DUP_RATIO")
+		require.True(t, s.DupRatio >= 0 && s.DupRatio <= 1, "CHAOS_DUP_RATIO must be within [0, 1]")
+	}
+	if v := os.Getenv("CHAOS_FAULTS"); v != "" {
+		s.Faults, err = strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_FAULTS")
+		require.Positive(t, s.Faults, "CHAOS_FAULTS")
+	}
+	require.LessOrEqual(t, 4*s.Faults, s.Messages, "CHAOS_MESSAGES must be at least 4 x CHAOS_FAULTS (panicking and slow keys are spread over the messages)")
+	if v := os.Getenv("CHAOS_MODES"); v != "" {
+		s.Modes = nil
+		for m := range strings.SplitSeq(v, ",") {
+			m = strings.TrimSpace(m)
+			require.Contains(t, []string{"transactional", "lease"}, m, "CHAOS_MODES")
+			s.Modes = append(s.Modes, m)
+		}
+	}
+	if v := os.Getenv("CHAOS_SEED"); v != "" {
+		s.Seed, err = strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err, "CHAOS_SEED")
+	}
+	if v := os.Getenv("CHAOS_SETTLE"); v != "" {
+		s.Settle, err = time.ParseDuration(v)
+		require.NoError(t, err, "CHAOS_SETTLE")
+	}
+	return s
+}
+
+// buildWorker builds ./worker once per test run (without -race: the CPU is
+// for the system under test) and returns the binary's path.
+func buildWorker(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "chaos-worker")
+	start := time.Now()
+	out, err := exec.Command(goBin, "build", "-o", bin, "./worker").CombinedOutput()
+	require.NoError(t, err, "building the chaos worker:\n%s", out)
+	t.Logf("worker built in %s", time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+// ---------------------------------------------------------------------------
+// The event sink: the workers report to it over HTTP (it lives in the
+// harness, which no fault touches).
+
+type runRec struct {
+	Attempt     int
+	Interrupted bool
+	Worker      string
+}
+
+type sink struct {
+	srv *httptest.Server
+
+	mu       sync.Mutex
+	plan     map[string]string // key -> planned fault ("panic", "slow")
+	injected map[string]bool   // key -> its planned fault was injected
+	faults   map[string]int    // fault -> injected
+	runs     map[string][]runRec
+	calls    map[string][]runRec
+	events   map[string]map[string]int // role -> event kind -> count
+	failed   map[string][]int          // key -> attempts that failed (EventFailed, or failed after the provider call)
+	relayed  int64
+	bad      []string // malformed requests
+}
+
+func newSink(t *testing.T, plan map[string]string) *sink {
+	t.Helper()
+	s := &sink{
+		plan: plan, injected: map[string]bool{}, faults: map[string]int{},
+		runs: map[string][]runRec{}, calls: map[string][]runRec{},
+		events: map[string]map[string]int{}, failed: map[string][]int{},
+	}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	key := q.Get("key")
+	attempt, _ := strconv.Atoi(q.Get("attempt"))
+	rec := runRec{Attempt: attempt, Interrupted: q.Get("interrupted") == "true", Worker: q.Get("worker")}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch r.URL.Path {
+	case "/run":
+		s.runs[key] = append(s.runs[key], rec)
+		if f := s.plan[key]; f != "" && !s.injected[key] {
+			s.injected[key] = true
+			s.faults[f]++
+			_, _ = w.Write([]byte(f))
+		}
+	case "/call":
+		s.calls[key] = append(s.calls[key], rec)
+	case "/event":
+		role, kind := q.Get("role"), q.Get("kind")
+		if s.events[role] == nil {
+			s.events[role] = map[string]int{}
+		}
+		s.events[role][kind]++
+		if (role == "consumer" && kind == "failed") || (role == "handler" && kind == "failed_after_call") {
+			s.failed[key] = append(s.failed[key], attempt)
+		}
+	case "/relayed":
+		n, err := strconv.Atoi(q.Get("n"))
+		if err != nil {
+			s.bad = append(s.bad, r.URL.String())
+		}
+		s.relayed += int64(n)
+	default:
+		s.bad = append(s.bad, r.URL.String())
+		http.Error(w, "unknown path", http.StatusNotFound)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Worker processes.
+
+type proc struct {
+	h    *harness
+	name string
+	env  []string
+
+	mu          sync.Mutex
+	cmd         *exec.Cmd
+	done        chan struct{}
+	incarnation int
+	expectExit  bool
+	logs        []string
+}
+
+func (h *harness) newProc(name string, env map[string]string) *proc {
+	p := &proc{h: h, name: name, env: append(os.Environ(), "CHAOS_NAME="+name)}
+	for k, v := range env {
+		p.env = append(p.env, k+"="+v)
+	}
+	return p
+}
+
+// start starts a new incarnation of the process.
+func (p *proc) start() {
+	t := p.h.t
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.incarnation++
+	logPath := filepath.Join(p.h.logDir, fmt.Sprintf("%s.%d.log", p.name, p.incarnation))
+	f, err := os.Create(logPath)
+	require.NoError(t, err)
+	cmd := exec.Command(p.h.bin)
+	cmd.Env = p.env
+	cmd.Stdout, cmd.Stderr = f, f
+	require.NoError(t, cmd.Start(), "starting %s", p.name)
+	done := make(chan struct{})
+	p.cmd, p.done, p.expectExit = cmd, done, false
+	p.logs = append(p.logs, logPath)
+	inc := p.incarnation
+	go func() {
+		err := cmd.Wait()
+		_ = f.Close()
+		p.mu.Lock()
+		if !p.expectExit {
+			p.h.unexpectedExit(fmt.Sprintf("%s (incarnation %d, pid %d): %v; log %s", p.name, inc, cmd.Process.Pid, err, logPath))
+		}
+		p.mu.Unlock()
+		close(done)
+	}()
+}
+
+// signal sends sig to the current incarnation and waits (bounded) for it
+// to exit; it reports whether it exited in time.
+func (p *proc) signal(sig syscall.Signal, wait time.Duration) bool {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.expectExit = true
+	p.mu.Unlock()
+	if cmd == nil {
+		return true
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+		return true
+	case <-time.After(wait):
+		return false
+	}
+}
+
+// kill SIGKILLs the current incarnation.
+func (p *proc) kill() {
+	require.True(p.h.t, p.signal(syscall.SIGKILL, 10*time.Second), "%s did not die within 10s of SIGKILL", p.name)
+}
+
+// stop stops the current incarnation gracefully (SIGTERM), or kills it
+// after 30s; it reports whether the graceful stop worked.
+func (p *proc) stop() bool {
+	if p.signal(syscall.SIGTERM, 30*time.Second) {
+		return true
+	}
+	p.kill()
+	return false
+}
+
+// exited reports whether the current incarnation has exited.
+func (p *proc) exited() bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// tailLast returns the last n lines of each of the process's last k logs
+// (one per incarnation).
+func (p *proc) tailLast(k, n int) string {
+	p.mu.Lock()
+	logs := slices.Clone(p.logs[max(0, len(p.logs)-k):])
+	p.mu.Unlock()
+	var b strings.Builder
+	for _, path := range logs {
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		var lines []string
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+		}
+		_ = f.Close()
+		fmt.Fprintf(&b, "--- %s (%d lines, last %d)\n", path, len(lines), min(n, len(lines)))
+		for _, l := range lines[max(0, len(lines)-n):] {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func (h *harness) unexpectedExit(what string) {
+	h.exitMu.Lock()
+	defer h.exitMu.Unlock()
+	h.exits = append(h.exits, what)
+}
+
+// reviveCrashed restarts a worker that exited on its own (it is reported
+// as an unexpected exit), so that the run can still settle and show its
+// table.
+func (h *harness) reviveCrashed() {
+	for _, p := range h.procs() {
+		p.mu.Lock()
+		crashed := !p.expectExit && p.done != nil
+		p.mu.Unlock()
+		if crashed && p.exited() {
+			p.start()
+		}
+	}
+}
+
+func (h *harness) procs() []*proc {
+	return append(slices.Clone(h.consumers), h.relay, h.downstream)
+}
+
+// ---------------------------------------------------------------------------
+// The input: unique messages, duplicate copies, the fault plan.
+
+// copyRec is one published copy of an input message.
+type copyRec struct {
+	Key string
+	pos float64
+}
+
+// planInput draws, from the run's random source, which keys panic or are
+// slow once, and the order of the copies to publish (duplicates of slow keys
+// right behind them, so that a copy is waiting when the lease expires; other
+// duplicates either close behind, to race the first copy, or far behind, to
+// meet a done key).
+func (h *harness) planInput() {
+	s := h.s
+	h.keys = make([]string, s.Messages)
+	h.plan = map[string]string{}
+	counts := map[string]int{}
+	for i := range h.keys {
+		h.keys[i] = fmt.Sprintf("m%06d", i)
+		switch r := h.rng.Float64(); {
+		case r < s.PanicRate:
+			h.plan[h.keys[i]] = "panic"
+		case r < s.PanicRate+s.SlowRate:
+			h.plan[h.keys[i]] = "slow"
+		}
+		counts[h.plan[h.keys[i]]]++
+	}
+	// At least Faults of each, spread over the run.
+	for fi, fault := range []string{"panic", "slow"} {
+		for j := 0; counts[fault] < s.Faults; j++ {
+			i := (j*s.Messages/s.Faults + (2*fi+1)*s.Messages/(4*s.Faults)) % s.Messages
+			for h.plan[h.keys[i]] != "" {
+				i = (i + 1) % s.Messages
+			}
+			h.plan[h.keys[i]] = fault
+			counts[fault]++
+		}
+	}
+
+	copies := make([]copyRec, 0, s.Messages+int(float64(s.Messages)*s.DupRatio)+1)
+	for i, k := range h.keys {
+		copies = append(copies, copyRec{Key: k, pos: float64(i)})
+	}
+	dups := int(math.Round(float64(s.Messages) * s.DupRatio))
+	var dupKeys []int
+	for i, k := range h.keys {
+		if h.plan[k] == "slow" && len(dupKeys) < dups {
+			dupKeys = append(dupKeys, i)
+		}
+	}
+	for _, i := range h.rng.Perm(s.Messages) {
+		if len(dupKeys) >= dups {
+			break
+		}
+		if h.plan[h.keys[i]] != "slow" {
+			dupKeys = append(dupKeys, i)
+		}
+	}
+	for n, i := range dupKeys {
+		pos := float64(i) + 0.5
+		switch {
+		case h.plan[h.keys[i]] == "slow":
+		case n%2 == 0:
+			pos += h.rng.Float64() * 8
+		default:
+			pos += h.rng.Float64() * float64(s.Messages) / 4
+		}
+		copies = append(copies, copyRec{Key: h.keys[i], pos: pos})
+	}
+	slices.SortStableFunc(copies, func(a, b copyRec) int {
+		switch {
+		case a.pos < b.pos:
+			return -1
+		case a.pos > b.pos:
+			return 1
+		}
+		return 0
+	})
+	h.copies = copies
+	h.plannedFaults = counts
+}
+
+// publish publishes the copies directly to RabbitMQ (not through the proxy)
+// with publisher confirms, in chunks spread over window. It returns when
+// all are confirmed, or the first error.
+func (h *harness) publish(ctx context.Context, conn *amqp.Connection, window time.Duration) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	const chunks = 50
+	per := (len(h.copies) + chunks - 1) / chunks
+	start := time.Now()
+	for c := 0; c*per < len(h.copies); c++ {
+		at := start.Add(window * time.Duration(c) / chunks)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Until(at)):
+		}
+		var confirms []*amqp.DeferredConfirmation
+		for _, cp := range h.copies[c*per : min(len(h.copies), (c+1)*per)] {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", h.in, false, false, amqp.Publishing{
+				Headers:      amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: cp.Key},
+				DeliveryMode: amqp.Persistent,
+				ContentType:  "application/json",
+				Body:         []byte(`{"key":"` + cp.Key + `"}`),
+			})
+			if err != nil {
+				return err
+			}
+			confirms = append(confirms, dc)
+		}
+		for _, dc := range confirms {
+			ok, err := dc.WaitContext(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errors.New("RabbitMQ nacked a published message")
+			}
+		}
+		h.published.Add(int64(len(confirms)))
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// Faults.
+
+// The fault kinds the scheduler injects (handler panics and slow handlers
+// are injected by the workers, from the plan).
+const (
+	faultConsumerKill = "SIGKILL consumer"
+	faultRelayKill    = "SIGKILL relay"
+	faultPGTerminate  = "pg_terminate_backend"
+	faultPGRefuse     = "PostgreSQL refusing"
+	faultAMQPClose    = "RabbitMQ connections closed"
+)
+
+var scheduledKinds = []string{faultConsumerKill, faultRelayKill, faultPGTerminate, faultPGRefuse, faultAMQPClose}
+
+type faultStep struct {
+	Kind   string
+	Gap    time.Duration // before the fault
+	Hold   time.Duration // refusal length, or pause before a restart
+	Target int           // consumer index
+}
+
+// planFaults draws the schedule: Faults steps of each kind in a random
+// order, with random gaps and holds. It returns the steps and their total
+// planned duration.
+func (h *harness) planFaults() ([]faultStep, time.Duration) {
+	var steps []faultStep
+	var total time.Duration
+	for _, kind := range scheduledKinds {
+		for range h.s.Faults {
+			st := faultStep{Kind: kind, Gap: time.Duration(200+h.rng.IntN(500)) * time.Millisecond}
+			switch kind {
+			case faultConsumerKill:
+				st.Target = h.rng.IntN(h.s.Consumers)
+				st.Hold = time.Duration(200+h.rng.IntN(600)) * time.Millisecond
+			case faultRelayKill:
+				st.Hold = time.Duration(200+h.rng.IntN(600)) * time.Millisecond
+			case faultPGRefuse:
+				st.Hold = time.Duration(1000+h.rng.IntN(1000)) * time.Millisecond
+			case faultAMQPClose:
+				st.Hold = time.Duration(800+h.rng.IntN(400)) * time.Millisecond
+			}
+			steps = append(steps, st)
+			total += st.Gap + st.Hold
+		}
+	}
+	h.rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
+	return steps, total
+}
+
+// inject runs one step of the schedule.
+func (h *harness) inject(ctx context.Context, st faultStep) {
+	t := h.t
+	pause := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	pause(st.Gap)
+	h.reviveCrashed()
+	switch st.Kind {
+	case faultConsumerKill:
+		p := h.consumers[st.Target]
+		p.kill()
+		pause(st.Hold)
+		p.start()
+	case faultRelayKill:
+		h.relay.kill()
+		pause(st.Hold)
+		h.relay.start()
+	case faultPGTerminate:
+		// Every worker holds pooled connections; retry shortly if none is
+		// open at this instant (all just cut by a previous fault).
+		for try := 0; ; try++ {
+			var n int64
+			require.NoError(t, h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid()`, h.appNames()).Scan(&n))
+			if n > 0 {
+				h.terminated += n
+				break
+			}
+			if try == 50 {
+				t.Logf("pg_terminate_backend: no worker connection open after %d tries", try)
+				return
+			}
+			pause(100 * time.Millisecond)
+		}
+	case faultPGRefuse:
+		h.pgProxy.Refuse()
+		pause(st.Hold)
+		h.pgProxy.Allow()
+	case faultAMQPClose:
+		h.amqpCut += int64(h.amqpProxy.Stats().Live)
+		h.amqpProxy.Refuse()
+		pause(st.Hold)
+		h.amqpProxy.Allow()
+	}
+	h.injected[st.Kind]++
+}
+
+// appNames are the application_names of the workers' connections.
+func (h *harness) appNames() []string {
+	return []string{"chaos-consumer-" + h.runID, "chaos-relay-" + h.runID, "chaos-downstream-" + h.runID}
+}

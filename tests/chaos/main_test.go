@@ -1,0 +1,26 @@
+// Package chaos is the chaos suite: several worker processes (consumers in
+// transactional or lease mode, the outbox relay, a downstream consumer; see
+// ./worker) run against real PostgreSQL and RabbitMQ behind TCP proxies,
+// while the harness publishes messages with duplicates and injects faults on
+// a bounded schedule: SIGKILL of consumers and of the relay, PostgreSQL
+// connections terminated, PostgreSQL and RabbitMQ refusing connections,
+// handler panics and handlers slower than their lease. Then it checks the
+// invariants (nothing lost, no duplicate effect, lease-mode repeats only
+// where an attempt was interrupted, ...) and prints them as one table.
+//
+// `make test` runs the short form (800 messages, 3 faults of each kind);
+// `make chaos` the full one (5,000 messages, 10 faults of each kind). See
+// TestChaos for the environment variables.
+package chaos
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the run if a goroutine of the harness (proxies, provider,
+// event sink, publisher, process waiters) outlives the test.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

@@ -1,0 +1,542 @@
+// Command worker is the system under test of the chaos suite (package
+// tests/chaos). The harness builds it once and runs several copies of it as
+// subprocesses, so that it can SIGKILL them at any moment:
+//
+//   - consumer: a Watermill router with CHAOS_HANDLERS handlers on the input
+//     queue (watermill-amqp, prefetch CHAOS_PREFETCH), protected by the
+//     exactly-once middleware in transactional or lease mode under one
+//     consumer name shared by every consumer process. Its handler inserts an
+//     effect row (in lease mode after calling the harness's fake SMS provider
+//     with the attempt's idempotency key) and returns one output message.
+//   - relay: outbox.Relay from the outbox to the output queue, with publisher
+//     confirms.
+//   - downstream: a router on the output queue with the transactional
+//     middleware under its own consumer name, inserting one downstream effect
+//     row per output message it processes.
+//
+// Every process reaches PostgreSQL and RabbitMQ through the harness's TCP
+// proxies (CHAOS_DB_URL, CHAOS_AMQP_URL), so that the harness can cut them,
+// and tags its PostgreSQL connections with an application_name (set in
+// CHAOS_DB_URL) so that the harness can pg_terminate_backend them.
+//
+// Handler faults (panics, slow handlers) are planned by the harness from its
+// seed: the handler asks the harness's event sink (CHAOS_SINK_URL) which
+// fault, if any, to inject for this run of a key; the sink answers each
+// planned fault once per key and counts it. The worker also reports every
+// middleware event, every provider call it is about to make, and every
+// batch the relay got confirmed. The sink lives in the harness process, which
+// no fault touches, so these records survive the faults they describe.
+//
+// SIGTERM (or SIGINT) stops the worker gracefully: the router finishes the
+// messages in flight, the relay its batch.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// Names shared with the harness (tests/chaos/harness_test.go keeps copies).
+const (
+	// ConsumerName is the inbox consumer of every consumer process.
+	ConsumerName = "chaos-consumer"
+	// DownstreamName is the inbox consumer of the downstream process.
+	DownstreamName = "chaos-downstream"
+	// KeyMetadata carries the input message's key on its output message.
+	KeyMetadata = "chaos_key"
+)
+
+// config is read from the environment (the harness sets it).
+type config struct {
+	Role     string // consumer | relay | downstream
+	Mode     string // transactional | lease
+	Name     string // this process, e.g. consumer-1 (for logs and effect rows)
+	DBURL    string
+	AMQPURL  string
+	Driver   string // pgxpool | database-sql
+	Schema   string
+	In, Out  string
+	Handlers int
+	Prefetch int
+	SinkURL  string
+	Provider string        // lease mode: the fake provider's base URL
+	Lease    time.Duration // lease mode: Config.Lease
+	Slow     time.Duration // how long a "slow" fault sleeps
+	Work     time.Duration // transactional mode: simulated work per message
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func readConfig() (config, error) {
+	c := config{
+		Role:     os.Getenv("CHAOS_ROLE"),
+		Mode:     env("CHAOS_MODE", "transactional"),
+		Name:     env("CHAOS_NAME", os.Getenv("CHAOS_ROLE")),
+		DBURL:    os.Getenv("CHAOS_DB_URL"),
+		AMQPURL:  os.Getenv("CHAOS_AMQP_URL"),
+		Driver:   env("CHAOS_DRIVER", "pgxpool"),
+		Schema:   os.Getenv("CHAOS_SCHEMA"),
+		In:       os.Getenv("CHAOS_IN"),
+		Out:      os.Getenv("CHAOS_OUT"),
+		SinkURL:  os.Getenv("CHAOS_SINK_URL"),
+		Provider: os.Getenv("CHAOS_PROVIDER_URL"),
+	}
+	var err error
+	ints := map[string]*int{"CHAOS_HANDLERS": &c.Handlers, "CHAOS_PREFETCH": &c.Prefetch}
+	defs := map[string]string{"CHAOS_HANDLERS": "4", "CHAOS_PREFETCH": "10"}
+	for k, p := range ints {
+		if *p, err = strconv.Atoi(env(k, defs[k])); err != nil || *p < 1 {
+			return c, fmt.Errorf("%s: want a positive integer, got %q", k, os.Getenv(k))
+		}
+	}
+	durs := map[string]*time.Duration{"CHAOS_LEASE": &c.Lease, "CHAOS_SLOW": &c.Slow, "CHAOS_WORK": &c.Work}
+	ddefs := map[string]string{"CHAOS_LEASE": "2s", "CHAOS_SLOW": "3s", "CHAOS_WORK": "5ms"}
+	for k, p := range durs {
+		if *p, err = time.ParseDuration(env(k, ddefs[k])); err != nil {
+			return c, fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	for k, v := range map[string]string{"CHAOS_ROLE": c.Role, "CHAOS_DB_URL": c.DBURL, "CHAOS_AMQP_URL": c.AMQPURL,
+		"CHAOS_SCHEMA": c.Schema, "CHAOS_SINK_URL": c.SinkURL} {
+		if v == "" {
+			return c, fmt.Errorf("%s is required", k)
+		}
+	}
+	if c.Mode != "transactional" && c.Mode != "lease" {
+		return c, fmt.Errorf("CHAOS_MODE: want transactional or lease, got %q", c.Mode)
+	}
+	if c.Role == "consumer" && c.Mode == "lease" && c.Provider == "" {
+		return c, errors.New("CHAOS_PROVIDER_URL is required in lease mode")
+	}
+	return c, nil
+}
+
+func main() {
+	os.Exit(run())
+}
+
+// run is main with an exit code: 0 after a graceful stop, 1 when the role
+// failed, 2 for a bad configuration.
+func run() int {
+	cfg, err := readConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos worker:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"worker": cfg.Name})
+	w := &worker{cfg: cfg, logger: logger, tables: sqlschema.Config{Schema: cfg.Schema}}
+	w.sink = &sink{base: cfg.SinkURL, name: cfg.Name, client: &http.Client{Timeout: 10 * time.Second}}
+	w.http = &http.Client{Timeout: 10 * time.Second}
+	w.effects = pgx.Identifier{cfg.Schema, "effects"}.Sanitize()
+	w.downEffects = pgx.Identifier{cfg.Schema, "down_effects"}.Sanitize()
+
+	closeDB, err := w.openDB()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos worker:", err)
+		return 2
+	}
+	defer closeDB()
+
+	logger.Info("chaos worker starting", watermill.LogFields{"role": cfg.Role, "mode": cfg.Mode, "driver": cfg.Driver, "pid": os.Getpid()})
+	switch cfg.Role {
+	case "consumer":
+		err = w.runConsumer(ctx)
+	case "relay":
+		err = w.runRelay(ctx)
+	case "downstream":
+		err = w.runDownstream(ctx)
+	default:
+		err = fmt.Errorf("CHAOS_ROLE: want consumer, relay or downstream, got %q", cfg.Role)
+	}
+	if err != nil {
+		logger.Error("chaos worker failed", err, nil)
+		return 1
+	}
+	logger.Info("chaos worker stopped", nil)
+	return 0
+}
+
+type worker struct {
+	cfg         config
+	logger      watermill.LoggerAdapter
+	tables      sqlschema.Config
+	db          wsql.Beginner
+	sink        *sink
+	http        *http.Client
+	effects     string
+	downEffects string
+}
+
+// openDB opens the driver's pool without connecting (the proxy may be
+// refusing at this moment; every use retries).
+func (w *worker) openDB() (func(), error) {
+	maxConns := w.cfg.Handlers + 4
+	switch w.cfg.Driver {
+	case "pgxpool":
+		pc, err := pgxpool.ParseConfig(w.cfg.DBURL)
+		if err != nil {
+			return nil, fmt.Errorf("CHAOS_DB_URL: %w", err)
+		}
+		pc.MaxConns = int32(maxConns)
+		pc.ConnConfig.ConnectTimeout = 3 * time.Second
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			return nil, err
+		}
+		w.db = wsql.BeginnerFromPgx(pool)
+		return pool.Close, nil
+	case "database-sql":
+		cc, err := pgx.ParseConfig(w.cfg.DBURL)
+		if err != nil {
+			return nil, fmt.Errorf("CHAOS_DB_URL: %w", err)
+		}
+		cc.ConnectTimeout = 3 * time.Second
+		db := stdlib.OpenDB(*cc)
+		db.SetMaxOpenConns(maxConns)
+		w.db = wsql.BeginnerFromStdSQL(db)
+		return func() { _ = db.Close() }, nil
+	}
+	return nil, fmt.Errorf("CHAOS_DRIVER: want pgxpool or database-sql, got %q", w.cfg.Driver)
+}
+
+// amqpConfig is a durable-queue config through the proxy that reconnects
+// quickly (the default backoff grows to a minute).
+func (w *worker) amqpConfig() wamqp.Config {
+	c := wamqp.NewDurableQueueConfig(w.cfg.AMQPURL)
+	c.Connection.Reconnect = &wamqp.ReconnectConfig{
+		BackoffInitialInterval:     100 * time.Millisecond,
+		BackoffRandomizationFactor: 0.3,
+		BackoffMultiplier:          1.5,
+		BackoffMaxInterval:         time.Second,
+	}
+	return c
+}
+
+// retry calls f until it succeeds, ctx ends or a minute passed: a worker
+// restarted while the proxy refuses must wait for it, not die.
+func retry[T any](ctx context.Context, what string, logger watermill.LoggerAdapter, f func() (T, error)) (T, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		v, err := f()
+		if err == nil {
+			return v, nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return v, fmt.Errorf("%s: %w", what, err)
+		}
+		logger.Info("chaos worker: retrying "+what, watermill.LogFields{"err": err.Error()})
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (w *worker) subscriber(ctx context.Context) (*wamqp.Subscriber, error) {
+	c := w.amqpConfig()
+	c.Consume.Qos.PrefetchCount = w.cfg.Prefetch
+	return retry(ctx, "connecting the subscriber", w.logger, func() (*wamqp.Subscriber, error) {
+		return wamqp.NewSubscriber(c, w.logger)
+	})
+}
+
+func (w *worker) middleware(consumer, role string, mode middleware.Mode) (*middleware.Middleware, error) {
+	return middleware.New(middleware.Config{
+		DB:        w.db,
+		Mode:      mode,
+		Lease:     w.cfg.Lease,
+		Tables:    w.tables,
+		Consumer:  consumer,
+		NackDelay: 250 * time.Millisecond,
+		Logger:    w.logger,
+		OnEvent: func(ev middleware.Event) {
+			w.sink.event(role, ev)
+		},
+	})
+}
+
+func (w *worker) newRouter() (*message.Router, error) {
+	return message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, w.logger)
+}
+
+// runRouter runs r until ctx ends, then closes it gracefully.
+func runRouter(ctx context.Context, r *message.Router) error {
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case err := <-done:
+		if ctx.Err() == nil {
+			return fmt.Errorf("router stopped: %w", err)
+		}
+		return err
+	case <-ctx.Done():
+	}
+	if err := r.Close(); err != nil {
+		return err
+	}
+	return <-done
+}
+
+// unusedPublisher is the routers' publisher: the middleware writes the
+// handler's output to the outbox and returns nothing to the router.
+type unusedPublisher struct{}
+
+func (unusedPublisher) Publish(topic string, _ ...*message.Message) error {
+	return fmt.Errorf("chaos worker: the router must not publish (topic %q): outputs go through the outbox", topic)
+}
+
+func (unusedPublisher) Close() error { return nil }
+
+func (w *worker) runConsumer(ctx context.Context) error {
+	mode := middleware.Transactional
+	if w.cfg.Mode == "lease" {
+		mode = middleware.Lease
+	}
+	eo, err := w.middleware(ConsumerName, "consumer", mode)
+	if err != nil {
+		return err
+	}
+	sub, err := w.subscriber(ctx)
+	if err != nil {
+		return err
+	}
+	r, err := w.newRouter()
+	if err != nil {
+		return err
+	}
+	r.AddMiddleware(eo.Middleware)
+	for i := range w.cfg.Handlers {
+		r.AddHandler(fmt.Sprintf("%s-h%d", ConsumerName, i), w.cfg.In, sub, w.cfg.Out, unusedPublisher{}, w.handle)
+	}
+	return runRouter(ctx, r)
+}
+
+// handle is the consumer's handler.
+func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	key := middleware.KeyFromContext(ctx)
+	info, lease := middleware.LeaseFromContext(ctx)
+
+	// The harness planned the faults; it answers each once per key.
+	fault, err := w.sink.run(key, info.Attempt, info.Interrupted)
+	if err != nil {
+		return nil, err
+	}
+	switch fault {
+	case "panic":
+		panic("chaos: injected handler panic for " + key)
+	case "slow":
+		if err := sleep(ctx, w.cfg.Slow); err != nil {
+			return nil, err
+		}
+		if lease {
+			// Past its lease: a careful handler checks that it still owns
+			// the key before the external call (another worker may have
+			// taken it over, with the same idempotency key).
+			if err := middleware.ExtendLease(ctx, 0); err != nil {
+				_, _ = w.sink.post("/event", url.Values{"role": {"handler"}, "kind": {"slow_lease_lost"}, "key": {key},
+					"attempt": {strconv.Itoa(info.Attempt)}})
+				return nil, err
+			}
+		}
+	}
+
+	if lease {
+		if err := w.sink.call(key, info.Attempt, info.Interrupted); err != nil {
+			return nil, err
+		}
+		if err := testenv.SendSMS(ctx, w.http, w.cfg.Provider, info.IdempotencyKey, "+46700000000", "chaos "+key); err != nil {
+			return nil, err
+		}
+		out, err := w.complete(ctx, key, info.Attempt)
+		if err != nil {
+			// Reported before the middleware records the failure, so that
+			// the harness can explain the next attempt's repeated call.
+			_, _ = w.sink.post("/event", url.Values{"role": {"handler"}, "kind": {"failed_after_call"}, "key": {key},
+				"attempt": {strconv.Itoa(info.Attempt)}})
+			return nil, err
+		}
+		return out, nil
+	}
+	if err := sleep(ctx, w.cfg.Work); err != nil {
+		return nil, err
+	}
+	return w.complete(ctx, key, info.Attempt)
+}
+
+// complete inserts the effect row through the middleware's transaction and
+// returns the output message.
+func (w *worker) complete(ctx context.Context, key string, attempt int) ([]*message.Message, error) {
+	out := message.NewMessage(watermill.NewUUID(), []byte(`{"effect":"`+key+`"}`))
+	out.Metadata.Set(KeyMetadata, key)
+	tx, ok := middleware.TxFromContext(ctx)
+	if !ok {
+		return nil, errors.New("chaos worker: no transaction in the handler's context")
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
+		key, attempt, w.cfg.Name, out.UUID); err != nil {
+		return nil, fmt.Errorf("chaos worker: inserting the effect of %q: %w", key, err)
+	}
+	return []*message.Message{out}, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (w *worker) runDownstream(ctx context.Context) error {
+	eo, err := w.middleware(DownstreamName, "downstream", middleware.Transactional)
+	if err != nil {
+		return err
+	}
+	sub, err := w.subscriber(ctx)
+	if err != nil {
+		return err
+	}
+	r, err := w.newRouter()
+	if err != nil {
+		return err
+	}
+	r.AddMiddleware(eo.Middleware)
+	for i := range w.cfg.Handlers {
+		r.AddConsumerHandler(fmt.Sprintf("%s-h%d", DownstreamName, i), w.cfg.Out, sub, func(msg *message.Message) error {
+			tx, ok := middleware.TxFromContext(msg.Context())
+			if !ok {
+				return errors.New("chaos worker: no transaction in the handler's context")
+			}
+			_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+w.downEffects+` (key, uuid, worker) VALUES ($1, $2, $3)`,
+				msg.Metadata.Get(KeyMetadata), msg.UUID, w.cfg.Name)
+			return err
+		})
+	}
+	return runRouter(ctx, r)
+}
+
+func (w *worker) runRelay(ctx context.Context) error {
+	c := w.amqpConfig()
+	c.Publish.ConfirmDelivery = true
+	c.Publish.ChannelPoolSize = 1
+	pub, err := retry(ctx, "connecting the publisher", w.logger, func() (*wamqp.Publisher, error) {
+		return wamqp.NewPublisher(c, w.logger)
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		DB:              w.db,
+		Publisher:       countingPublisher{Publisher: pub, sink: w.sink},
+		Tables:          w.tables,
+		BatchSize:       50,
+		PollInterval:    50 * time.Millisecond,
+		ErrorBackoff:    100 * time.Millisecond,
+		MaxErrorBackoff: time.Second,
+		Logger:          w.logger,
+	})
+	if err != nil {
+		return err
+	}
+	return relay.Run(ctx)
+}
+
+// countingPublisher reports every Publish call the broker confirmed.
+type countingPublisher struct {
+	message.Publisher
+	sink *sink
+}
+
+func (p countingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	_, _ = p.sink.post("/relayed", url.Values{"n": {strconv.Itoa(len(msgs))}})
+	return nil
+}
+
+// sink is the client of the harness's event sink.
+type sink struct {
+	base, name string
+	client     *http.Client
+}
+
+// post sends a record and returns the answer's body. Errors are returned
+// to callers that need the answer and otherwise only logged by the caller.
+func (s *sink) post(path string, q url.Values) (string, error) {
+	q.Set("worker", s.name)
+	resp, err := s.client.Post(s.base+path+"?"+q.Encode(), "text/plain", nil)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("event sink answered %s: %s", resp.Status, body)
+	}
+	return string(body), nil
+}
+
+// run records a handler run and returns the fault to inject ("" for none).
+func (s *sink) run(key string, attempt int, interrupted bool) (string, error) {
+	fault, err := s.post("/run", url.Values{"key": {key}, "attempt": {strconv.Itoa(attempt)}, "interrupted": {strconv.FormatBool(interrupted)}})
+	if err != nil {
+		return "", fmt.Errorf("chaos worker: asking the event sink: %w", err)
+	}
+	return fault, nil
+}
+
+// call records a provider call about to be made.
+func (s *sink) call(key string, attempt int, interrupted bool) error {
+	_, err := s.post("/call", url.Values{"key": {key}, "attempt": {strconv.Itoa(attempt)}, "interrupted": {strconv.FormatBool(interrupted)}})
+	if err != nil {
+		return fmt.Errorf("chaos worker: recording the provider call: %w", err)
+	}
+	return nil
+}
+
+// event records a middleware event.
+func (s *sink) event(role string, ev middleware.Event) {
+	_, _ = s.post("/event", url.Values{"role": {role}, "kind": {ev.Kind.String()}, "key": {ev.Key},
+		"attempt": {strconv.Itoa(ev.Attempt)}, "interrupted": {strconv.FormatBool(ev.Interrupted)}})
+}
