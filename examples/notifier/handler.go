@@ -92,26 +92,31 @@ func (s *Service) send(msg *message.Message) ([]*message.Message, error) {
 	if !ok {
 		return nil, errors.New("notifier: send must run under the lease-mode middleware")
 	}
+	// A failed attempt is retried with the same idempotency key, up to
+	// MaxAttempts; then the notification is parked for an operator.
+	giveUp := func(err error) error {
+		if lease.Attempt >= s.cfg.MaxAttempts {
+			return middleware.Permanent(fmt.Errorf("giving up after %d attempts: %w", lease.Attempt, err))
+		}
+		return err
+	}
 	provider := s.providers[req.Channel]
 	if err := provider.Send(ctx, lease.IdempotencyKey, req.To, req.Text); err != nil {
 		if errors.Is(err, errRejected) {
 			return nil, middleware.Permanent(err) // parked for an operator, acked
 		}
-		if lease.Attempt >= s.cfg.MaxAttempts {
-			return nil, middleware.Permanent(fmt.Errorf("giving up after %d attempts: %w", lease.Attempt, err))
-		}
-		return nil, err // recorded failed, retried with the same key
+		return nil, giveUp(err)
 	}
 
 	tx, ok := middleware.PgxTxFromContext(ctx)
 	if !ok {
-		return nil, errors.New("notifier: no completion transaction")
+		return nil, giveUp(errors.New("notifier: no completion transaction"))
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO `+s.logTable+`
 (notification_id, channel, recipient, status, attempts, message_key) VALUES ($1, $2, $3, 'sent', $4, $5)
 ON CONFLICT (notification_id) DO UPDATE SET status = 'sent', attempts = excluded.attempts, updated_at = now()`,
 		req.NotificationID, req.Channel, req.To, lease.Attempt, msg.UUID); err != nil {
-		return nil, err
+		return nil, giveUp(err)
 	}
 	event, err := json.Marshal(SentEvent{
 		NotificationID: req.NotificationID, Channel: req.Channel, To: req.To,
