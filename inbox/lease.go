@@ -219,13 +219,9 @@ RETURNING lease_until`, []any{consumer, key, attempt, lease.Seconds()}, &until)
 // It returns ErrLeaseLost (and the caller must roll back) when the attempt
 // no longer owns the key.
 func (s *Store) CompleteTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, attempt int) error {
-	res, err := tx.ExecContext(ctx, `UPDATE `+s.table+`
+	n, err := seam.Exec(ctx, tx, `UPDATE `+s.table+`
 SET status = 'done', processed_at = now(), lease_until = NULL, last_error = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3`, consumer, key, attempt)
-	if err != nil {
-		return fmt.Errorf("inbox: completing %q for %q: %w", key, consumer, err)
-	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return fmt.Errorf("inbox: completing %q for %q: %w", key, consumer, err)
 	}
@@ -248,14 +244,10 @@ func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key
 		status = StatusParked
 	}
 	errText = truncateText(toValidText(errText), maxErrorText)
-	res, err := db.ExecContext(ctx, `UPDATE `+s.table+`
+	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+`
 SET status = $4, last_error = $5, lease_until = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3`,
 		consumer, key, attempt, string(status), errText)
-	if err != nil {
-		return fmt.Errorf("inbox: recording failure of %q for %q: %w", key, consumer, err)
-	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return fmt.Errorf("inbox: recording failure of %q for %q: %w", key, consumer, err)
 	}
@@ -302,12 +294,8 @@ func (s *Store) ListParked(ctx context.Context, db wsql.ContextExecutor, consume
 // parked record was found. The broker acked the parked message: the next
 // delivery is a re-publish or a later duplicate.
 func (s *Store) Release(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	res, err := db.ExecContext(ctx, `UPDATE `+s.table+` SET status = 'failed'
+	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed'
 WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
-	if err != nil {
-		return false, fmt.Errorf("inbox: releasing %q for %q: %w", key, consumer, err)
-	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return false, fmt.Errorf("inbox: releasing %q for %q: %w", key, consumer, err)
 	}

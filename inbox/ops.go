@@ -31,11 +31,7 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // that key runs the handler again. It reports whether a record existed. Use
 // it to re-process a message on purpose; it does not undo effects.
 func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	res, err := db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
-	if err != nil {
-		return false, fmt.Errorf("inbox: forget %q for %q: %w", key, consumer, err)
-	}
-	n, err := res.RowsAffected()
+	n, err := seam.Exec(ctx, db, `DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
 	if err != nil {
 		return false, fmt.Errorf("inbox: forget %q for %q: %w", key, consumer, err)
 	}
@@ -163,11 +159,7 @@ LIMIT $2 FOR UPDATE SKIP LOCKED)`
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		res, err := db.ExecContext(ctx, q, args...)
-		if err != nil {
-			return total, fmt.Errorf("inbox: purge: %w", err)
-		}
-		n, err := res.RowsAffected()
+		n, err := seam.Exec(ctx, db, q, args...)
 		if err != nil {
 			return total, fmt.Errorf("inbox: purge: %w", err)
 		}

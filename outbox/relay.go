@@ -444,9 +444,9 @@ func RequeueFailed(ctx context.Context, db wsql.ContextExecutor, tables sqlschem
 	if err := tables.Validate(); err != nil {
 		return 0, err
 	}
-	res, err := db.ExecContext(ctx, `UPDATE `+tables.Outbox()+` SET attempts = 0, last_error = NULL WHERE attempts > 0`)
+	n, err := seam.Exec(ctx, db, `UPDATE `+tables.Outbox()+` SET attempts = 0, last_error = NULL WHERE attempts > 0`)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue failed rows: %w", err)
 	}
-	return res.RowsAffected()
+	return n, nil
 }

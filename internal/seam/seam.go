@@ -44,3 +44,12 @@ func Close(rows wsql.Rows) error {
 	}
 	return closeErr
 }
+
+// Exec runs a statement and returns the number of rows it affected.
+func Exec(ctx context.Context, db wsql.ContextExecutor, query string, args ...any) (int64, error) {
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
