@@ -385,3 +385,31 @@ func TestNotifierHostileUnstorableRequest(t *testing.T) {
 	}
 	n.stop(30 * time.Second)
 }
+
+// FuzzParseReceipt: the webhook's parser never panics, and whatever it
+// accepts can be stored and applied (required fields present, no NUL,
+// bounded, valid UTF-8); everything else is errInvalidReceipt.
+func FuzzParseReceipt(f *testing.F) {
+	for _, seed := range []string{
+		`{"notification_id": "n-1", "status": "delivered"}`,
+		`{"notification_id": "n-1"}`,
+		`{"notification_id": "n\u0000", "status": "delivered"}`,
+		`{"notification_id": 7, "status": "delivered"}`,
+		`not json`, ``, "\xff\xfe",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		rc, err := parseReceipt(body)
+		if err != nil {
+			require.ErrorIs(t, err, errInvalidReceipt)
+			return
+		}
+		require.NotEmpty(t, strings.TrimSpace(rc.NotificationID))
+		require.NotEmpty(t, strings.TrimSpace(rc.Status))
+		require.LessOrEqual(t, len(rc.Status), 32)
+		require.LessOrEqual(t, len(rc.NotificationID), 200)
+		require.True(t, utf8.ValidString(rc.NotificationID+rc.Status))
+		require.NotContains(t, rc.NotificationID+rc.Status, "\x00")
+	})
+}

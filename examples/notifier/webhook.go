@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -35,10 +37,10 @@ func (s *Service) handleReceipt(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "cannot read body", http.StatusBadRequest)
 		return
 	}
-	var rc Receipt
-	if err := json.Unmarshal(body, &rc); err != nil || rc.NotificationID == "" || rc.Status == "" || len(rc.Status) > 32 {
+	rc, err := parseReceipt(body)
+	if err != nil {
 		s.metrics.receipts.WithLabelValues("invalid").Inc()
-		http.Error(w, `want JSON {"notification_id": "...", "status": "delivered"}`, http.StatusBadRequest)
+		http.Error(w, err.Error()+`: want JSON {"notification_id": "...", "status": "delivered"}`, http.StatusBadRequest)
 		return
 	}
 	key, _ := middleware.KeyFromPayloadSHA256()(message.NewMessage("", body))
@@ -62,6 +64,31 @@ func (s *Service) handleReceipt(w http.ResponseWriter, r *http.Request) {
 }
 
 var errUnknownNotification = errors.New("unknown notification_id")
+
+// errInvalidReceipt marks a receipt body that can never be applied.
+var errInvalidReceipt = errors.New("invalid receipt")
+
+// parseReceipt reads a receipt body: notification_id and status are
+// required, status at most 32 bytes, and neither may hold NUL (PostgreSQL
+// text cannot) or invalid UTF-8.
+func parseReceipt(body []byte) (Receipt, error) {
+	var rc Receipt
+	if !utf8.Valid(body) {
+		return rc, fmt.Errorf("%w: body is not UTF-8", errInvalidReceipt)
+	}
+	if err := json.Unmarshal(body, &rc); err != nil {
+		return rc, fmt.Errorf("%w: %w", errInvalidReceipt, err)
+	}
+	switch {
+	case strings.TrimSpace(rc.NotificationID) == "" || strings.TrimSpace(rc.Status) == "":
+		return rc, fmt.Errorf("%w: notification_id and status are required", errInvalidReceipt)
+	case len(rc.Status) > 32 || len(rc.NotificationID) > 200:
+		return rc, fmt.Errorf("%w: status is limited to 32 bytes, notification_id to 200", errInvalidReceipt)
+	case strings.ContainsRune(rc.NotificationID+rc.Status, 0):
+		return rc, fmt.Errorf("%w: a field contains a NUL character", errInvalidReceipt)
+	}
+	return rc, nil
+}
 
 func (s *Service) applyReceipt(ctx context.Context, key string, rc Receipt) (string, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
