@@ -8,6 +8,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
@@ -243,7 +244,7 @@ func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key
 	if permanent {
 		status = StatusParked
 	}
-	errText = truncateText(toValidText(errText), maxErrorText)
+	errText = pgtext.Storable(errText, maxErrorText)
 	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+`
 SET status = $4, last_error = $5, lease_until = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3`,
@@ -300,36 +301,4 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
 		return false, fmt.Errorf("inbox: releasing %q for %q: %w", key, consumer, err)
 	}
 	return n > 0, nil
-}
-
-// truncateText cuts s to at most n bytes at a character boundary, marking
-// the cut with "...".
-func truncateText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := 0
-	for i := range s {
-		if i > n {
-			break
-		}
-		cut = i
-	}
-	return s[:cut] + "..."
-}
-
-// toValidText makes s storable as PostgreSQL text: invalid UTF-8 and NUL
-// bytes become U+FFFD.
-func toValidText(s string) string {
-	if validText(s) == nil {
-		return s
-	}
-	b := []rune{}
-	for _, r := range s {
-		if r == 0 {
-			r = '\uFFFD'
-		}
-		b = append(b, r)
-	}
-	return string(b)
 }

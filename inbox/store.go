@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -99,13 +99,8 @@ func (s *Store) ValidateKey(consumer, key string) error {
 }
 
 func validText(s string) error {
-	if !utf8.ValidString(s) {
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
-		}
+	if err := pgtext.Check(s); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	return nil
 }

@@ -3,13 +3,12 @@ package outbox
 import (
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -73,15 +72,17 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		if msg.UUID == "" {
 			return fmt.Errorf("outbox: Publish: message %d has an empty UUID; the next consumer's inbox needs it", i)
 		}
-		if err := checkText(msg.UUID); err != nil {
+		// Metadata is stored as JSON, which would silently replace invalid
+		// UTF-8; PostgreSQL cannot hold NUL. Refuse rather than alter.
+		if err := pgtext.Check(msg.UUID); err != nil {
 			return fmt.Errorf("outbox: Publish: message %d: UUID %w", i, err)
 		}
 		for k, v := range msg.Metadata {
-			if err := checkText(k); err != nil {
-				return fmt.Errorf("outbox: Publish: message %q: metadata key %q %w", msg.UUID, k, err)
+			if err := pgtext.Check(k); err != nil {
+				return fmt.Errorf("outbox: Publish: message %q: metadata key %q %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
 			}
-			if err := checkText(v); err != nil {
-				return fmt.Errorf("outbox: Publish: message %q: metadata %q: value %w", msg.UUID, k, err)
+			if err := pgtext.Check(v); err != nil {
+				return fmt.Errorf("outbox: Publish: message %q: metadata %q: value %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
 			}
 		}
 	}
@@ -97,16 +98,3 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 
 // Close makes later Publish calls fail. It does not touch the transaction.
 func (p *Publisher) Close() error { return p.pub.Close() }
-
-// checkText rejects what the outbox cannot keep byte for byte: metadata is
-// stored as JSON, which would silently replace invalid UTF-8, and
-// PostgreSQL text and jsonb cannot hold NUL.
-func checkText(s string) error {
-	if !utf8.ValidString(s) {
-		return errors.New("is not valid UTF-8 (it would not survive the outbox unchanged)")
-	}
-	if strings.IndexByte(s, 0) >= 0 {
-		return errors.New("contains a NUL byte, which PostgreSQL cannot store")
-	}
-	return nil
-}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -272,7 +272,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
 		return 0, fmt.Errorf("outbox relay: deleting relayed rows: %w", err)
 	}
 	for id, ferr := range failed {
-		if _, err := tx.ExecContext(finishCtx, r.failSQL, id, truncateError(ferr)); err != nil {
+		if _, err := tx.ExecContext(finishCtx, r.failSQL, id, pgtext.Storable(ferr.Error(), maxErrorText)); err != nil {
 			return 0, fmt.Errorf("outbox relay: recording a failed row: %w", err)
 		}
 	}
@@ -350,14 +350,6 @@ func (r *Relay) publish(ctx context.Context, b batch) (done []int64, failed map[
 
 // maxErrorText bounds the last_error stored on a failing row.
 const maxErrorText = 2000
-
-func truncateError(err error) string {
-	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "\uFFFD")
-	if len(s) > maxErrorText {
-		s = strings.ToValidUTF8(s[:maxErrorText], "") + "..."
-	}
-	return s
-}
 
 type batch struct {
 	ids    []int64
