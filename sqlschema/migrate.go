@@ -3,6 +3,7 @@ package sqlschema
 import (
 	"bytes"
 	"context"
+	stdsql "database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -99,7 +100,8 @@ func SQL(cfg Config) (string, error) {
 // missing and applies, in one transaction, every migration not yet recorded
 // in the migrations table. It is idempotent, and safe when several processes
 // run it at once: a transaction-scoped advisory lock serialises them, and the
-// later ones find the work done.
+// later ones find the work done. Its transaction is READ COMMITTED whatever
+// default isolation the role or database has.
 //
 // db must be able to begin a transaction: use
 // sql.BeginnerFromPgx(pool) or sql.BeginnerFromStdSQL(db) from
@@ -115,7 +117,10 @@ func Migrate(ctx context.Context, db wsql.Beginner, cfg Config) (err error) {
 	}
 	cfg = cfg.WithDefaults()
 
-	tx, err := db.BeginTx(ctx, nil)
+	// READ COMMITTED whatever the role's or database's default: each
+	// statement after the advisory lock must see what the previous holder
+	// committed (under REPEATABLE READ the snapshot predates the lock wait).
+	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
 		return fmt.Errorf("sqlschema: Migrate: begin transaction: %w", err)
 	}

@@ -102,36 +102,55 @@ func TestMigrateIsIdempotent(t *testing.T) {
 
 func TestMigrateConcurrently(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, d testenv.Driver) {
-		ctx := ctxT(t)
-		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+	eachDriver(t, migrateConcurrently)
+}
 
-		const n = 8
-		start := make(chan struct{})
-		errs := make(chan error, n)
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(func() {
-				<-start
-				errs <- sqlschema.Migrate(ctx, d.DB, cfg)
-			})
-		}
-		close(start)
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Fatal("concurrent Migrate calls did not finish within 60s")
-		}
-		close(errs)
-		for err := range errs {
-			require.NoError(t, err, "every concurrent Migrate succeeds (the advisory lock serialises them)")
-		}
-		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
-		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultInboxTable))
-		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultOutboxTable))
-	})
+// TestMigrateConcurrentlyUnderEveryIsolation: concurrent Migrate calls all
+// succeed whatever default isolation the role or database has. Under
+// repeatable read a transaction's snapshot is taken before it waits for the
+// advisory lock, so without an explicit isolation level the later calls
+// would not see the first one's migrations and apply them again.
+func TestMigrateConcurrentlyUnderEveryIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range testenv.IsolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			for _, d := range testenv.DriversFor(t, testenv.DatabaseURLWithIsolation(t, level)) {
+				t.Run(d.Name, func(t *testing.T) { migrateConcurrently(t, d) })
+			}
+		})
+	}
+}
+
+func migrateConcurrently(t *testing.T, d testenv.Driver) {
+	ctx := ctxT(t)
+	cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+
+	const n = 8
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			<-start
+			errs <- sqlschema.Migrate(ctx, d.DB, cfg)
+		})
+	}
+	close(start)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("concurrent Migrate calls did not finish within 60s")
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err, "every concurrent Migrate succeeds (the advisory lock serialises them)")
+	}
+	require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+	require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultInboxTable))
+	require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultOutboxTable))
 }
 
 func TestMigrateTwoTableSetsInOneSchema(t *testing.T) {

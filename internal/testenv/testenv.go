@@ -46,14 +46,21 @@ const hint = " (is the service running? `make services` starts it; DATABASE_URL 
 // Pool returns a pgx pool to the test database, closed at cleanup.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(DatabaseURL())
+	return PoolFor(t, DatabaseURL())
+}
+
+// PoolFor returns a pgx pool to dbURL (at most 20 connections), closed at
+// cleanup.
+func PoolFor(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	require.NoError(t, err)
 	cfg.MaxConns = 20
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err, "PostgreSQL"+hint)
-	require.NoError(t, pool.Ping(ctx), "PostgreSQL at "+DatabaseURL()+hint)
+	require.NoError(t, pool.Ping(ctx), "PostgreSQL at "+dbURL+hint)
 	t.Cleanup(pool.Close)
 	return pool
 }
@@ -61,16 +68,26 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // StdDB returns a database/sql handle (pgx's stdlib driver), closed at cleanup.
 func StdDB(t testing.TB) *sql.DB {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(DatabaseURL())
+	return StdDBFor(t, DatabaseURL())
+}
+
+// StdDBFor returns a database/sql handle (pgx's stdlib driver) to dbURL (at
+// most 20 open connections), closed at cleanup.
+func StdDBFor(t testing.TB, dbURL string) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dbURL)
 	require.NoError(t, err)
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(20)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, db.PingContext(ctx), "PostgreSQL at "+DatabaseURL()+hint)
+	require.NoError(t, db.PingContext(ctx), "PostgreSQL at "+dbURL+hint)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
+
+func wsqlPgx(p *pgxpool.Pool) wsql.Beginner { return wsql.BeginnerFromPgx(p) }
+func wsqlStd(db *sql.DB) wsql.Beginner      { return wsql.BeginnerFromStdSQL(db) }
 
 // Driver is one way of reaching PostgreSQL through watermill-sql's seam.
 type Driver struct {
