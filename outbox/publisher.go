@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -22,7 +23,7 @@ type PublisherConfig struct {
 	// (public.watermill_outbox).
 	Tables sqlschema.Config
 
-	// Logger receives watermill-sql's trace logs. Defaults to no logging.
+	// Logger receives trace logs of the writes. Defaults to no logging.
 	Logger watermill.LoggerAdapter
 }
 
@@ -30,8 +31,18 @@ type PublisherConfig struct {
 // table through the transaction it is bound to. Published messages become
 // visible to the Relay when that transaction commits, and vanish if it rolls
 // back. Create one per transaction; it is cheap.
+//
+// The topic is a column of the outbox table, not a table name: any non-empty
+// text (valid UTF-8 without NUL) is a topic, including "/", spaces and dots.
+// watermill-sql's own publisher restricts topics to [A-Za-z0-9-$:._] because
+// it makes a table per topic; that rule does not apply here. The broker may
+// have rules of its own (RabbitMQ: routing keys up to 255 bytes); a row it
+// refuses is quarantined by the Relay.
 type Publisher struct {
-	pub *wsql.Publisher
+	db      wsql.ContextExecutor
+	adapter schemaAdapter
+	logger  watermill.LoggerAdapter
+	closed  atomic.Bool
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -47,48 +58,66 @@ func NewPublisher(tx wsql.ContextExecutor, cfg PublisherConfig) (*Publisher, err
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: PublisherConfig.Tables: %w", err)
 	}
-	pub, err := wsql.NewPublisher(tx, wsql.PublisherConfig{
-		SchemaAdapter: schemaAdapter{table: cfg.Tables.Outbox()},
-	}, cfg.Logger)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: %w", err)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = watermill.NopLogger{}
 	}
-	return &Publisher{pub: pub}, nil
+	return &Publisher{db: tx, adapter: schemaAdapter{table: cfg.Tables.Outbox()}, logger: logger}, nil
 }
 
-// Publish writes messages to the outbox with topic as their destination.
-// Each keeps its UUID (which must not be empty) and metadata. The SQL runs
-// with the first message's context.
-func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+// Validate reports whether Publish would accept messages for topic: a
+// non-empty topic that is valid UTF-8 without NUL, and messages that are not
+// nil, have a UUID, and whose UUID and metadata keys and values are valid
+// UTF-8 without NUL (the outbox keeps messages byte for byte; JSON would
+// silently alter them). It touches no database.
+func Validate(topic string, messages ...*message.Message) error {
 	if topic == "" {
-		return errors.New("outbox: Publish: empty destination topic")
+		return errors.New("outbox: empty destination topic")
 	}
-	// Check every message before writing any chunk, so that a bad message
-	// does not leave the chunks before it written.
+	if err := pgtext.Check(topic); err != nil {
+		return fmt.Errorf("outbox: destination topic %q: %w", topic, err)
+	}
 	for i, msg := range messages {
 		if msg == nil {
-			return fmt.Errorf("outbox: Publish: message %d is nil", i)
+			return fmt.Errorf("outbox: message %d is nil", i)
 		}
 		if msg.UUID == "" {
-			return fmt.Errorf("outbox: Publish: message %d has an empty UUID; the next consumer's inbox needs it", i)
+			return fmt.Errorf("outbox: message %d has an empty UUID; the next consumer's inbox needs it", i)
 		}
-		// Metadata is stored as JSON, which would silently replace invalid
-		// UTF-8; PostgreSQL cannot hold NUL. Refuse rather than alter.
 		if err := pgtext.Check(msg.UUID); err != nil {
-			return fmt.Errorf("outbox: Publish: message %d: UUID %w", i, err)
+			return fmt.Errorf("outbox: message %d: UUID %w", i, err)
 		}
 		for k, v := range msg.Metadata {
 			if err := pgtext.Check(k); err != nil {
-				return fmt.Errorf("outbox: Publish: message %q: metadata key %q %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
+				return fmt.Errorf("outbox: message %q: metadata key %q %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
 			}
 			if err := pgtext.Check(v); err != nil {
-				return fmt.Errorf("outbox: Publish: message %q: metadata %q: value %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
+				return fmt.Errorf("outbox: message %q: metadata %q: value %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
 			}
 		}
 	}
+	return nil
+}
+
+// Publish writes messages to the outbox with topic as their destination.
+// Each keeps its UUID (which must not be empty) and metadata. Every message
+// is checked (see Validate) before any is written, so a bad one leaves the
+// transaction as it was. The SQL runs with the first message's context.
+func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+	if p.closed.Load() {
+		return wsql.ErrPublisherClosed
+	}
+	if err := Validate(topic, messages...); err != nil {
+		return fmt.Errorf("outbox: Publish: %w", err)
+	}
 	for len(messages) > 0 {
 		n := min(len(messages), maxMessagesPerInsert)
-		if err := p.pub.Publish(topic, messages[:n]...); err != nil {
+		q, err := p.adapter.InsertQuery(wsql.InsertQueryParams{Topic: topic, Msgs: messages[:n]})
+		if err != nil {
+			return err
+		}
+		p.logger.Trace("outbox: writing messages", watermill.LogFields{"topic": topic, "count": n})
+		if _, err := p.db.ExecContext(messages[0].Context(), q.Query, q.Args...); err != nil {
 			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
 		}
 		messages = messages[n:]
@@ -97,4 +126,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 }
 
 // Close makes later Publish calls fail. It does not touch the transaction.
-func (p *Publisher) Close() error { return p.pub.Close() }
+func (p *Publisher) Close() error {
+	p.closed.Store(true)
+	return nil
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -91,8 +92,12 @@ func TestPublisherErrors(t *testing.T) {
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "topic")
 
-		err = pub.Publish("bad topic!", message.NewMessage("u-1", nil))
-		require.ErrorIs(t, err, wsql.ErrInvalidTopicName)
+		// The topic is a column, not a table name: watermill-sql's
+		// table-name rule does not apply, text rules do.
+		err = pub.Publish("bad \xff topic", message.NewMessage("u-1", nil))
+		require.ErrorIs(t, err, pgtext.ErrNotUTF8)
+		err = pub.Publish("nul\x00topic", message.NewMessage("u-1", nil))
+		require.ErrorIs(t, err, pgtext.ErrNUL)
 
 		err = pub.Publish("t", message.NewMessage("", []byte("no uuid")))
 		require.Error(t, err)
@@ -109,10 +114,12 @@ func TestPublisherErrors(t *testing.T) {
 		// The transaction is still usable: the errors were caught before SQL.
 		require.NoError(t, pub.Publish("t", message.NewMessage("after", nil)))
 		require.NoError(t, pub.Publish("t"), "publishing nothing is a no-op")
+		require.NoError(t, pub.Publish("sms/sent v2.0 é", message.NewMessage("odd-topic", nil)), "any text is a topic")
 		require.NoError(t, tx.Commit())
 		rows := b.rows(t)
-		require.Len(t, rows, 1)
+		require.Len(t, rows, 2)
 		require.Equal(t, "after", rows[0].UUID)
+		require.Equal(t, "sms/sent v2.0 é", rows[1].Topic)
 
 		tx = b.begin(t)
 		pub, err = outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
@@ -120,7 +127,7 @@ func TestPublisherErrors(t *testing.T) {
 		require.NoError(t, pub.Close())
 		require.ErrorIs(t, pub.Publish("t", message.NewMessage("closed", nil)), wsql.ErrPublisherClosed)
 		require.NoError(t, tx.Commit(), "Close does not touch the transaction")
-		require.Equal(t, int64(1), b.pending(t, b.db))
+		require.Equal(t, int64(2), b.pending(t, b.db))
 	})
 }
 
