@@ -2,19 +2,24 @@ package inbox
 
 import (
 	"context"
+	"crypto/rand"
+	stdsql "database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // ErrLeaseLost means the caller's attempt no longer owns the key: its lease
-// expired and another worker took the key over (the attempt number moved
-// on), or an operator changed the record.
+// expired and another worker took the key over (the key's lease token moved
+// on), or an operator changed or forgot the record.
 var ErrLeaseLost = errors.New("inbox: lease lost")
 
 // ExpiredPolicy decides what ClaimLease does with a key whose lease expired
@@ -26,7 +31,7 @@ type ExpiredPolicy int
 const (
 	// RetryExpired runs the key again (attempts+1) with the same
 	// idempotency key: right when the external provider deduplicates on
-	// that key. The default.
+	// that key. The default. Bounded by LeaseOptions.MaxInterrupted.
 	RetryExpired ExpiredPolicy = iota
 	// ParkExpired records the key as parked and does not run it again
 	// until an operator releases it (Store.Release).
@@ -38,12 +43,13 @@ type LeaseOutcome int
 
 const (
 	// LeaseAcquired: the caller owns the key until LeaseUntil and runs the
-	// handler as attempt Attempt.
+	// handler as attempt Attempt, fenced by Token.
 	LeaseAcquired LeaseOutcome = iota + 1
 	// LeaseDuplicate: the key is done; do not run it.
 	LeaseDuplicate
-	// LeaseBusy: another worker holds a live lease; do not run it, and do
-	// not ack either: the holder may still fail.
+	// LeaseBusy: another worker holds a live lease, or is in the middle of
+	// its claim, extension or completion; do not run it, and do not ack
+	// either: the holder may still fail.
 	LeaseBusy
 	// LeaseParked: the key is parked (now or earlier) for an operator; do
 	// not run it.
@@ -65,51 +71,92 @@ func (o LeaseOutcome) String() string {
 	return "unknown"
 }
 
+// LeaseOptions configures ClaimLease.
+type LeaseOptions struct {
+	// Lease is how long the claim keeps other workers off the key. Required
+	// (> 0).
+	Lease time.Duration
+	// OnExpired is what to do with a key found processing with an expired
+	// lease. Defaults to RetryExpired.
+	OnExpired ExpiredPolicy
+	// MaxInterrupted parks a key, whatever OnExpired says, once this many of
+	// its attempts were interrupted. 0 means no bound.
+	MaxInterrupted int
+}
+
 // LeaseClaim is the result of ClaimLease.
 type LeaseClaim struct {
 	Outcome LeaseOutcome
 	// Attempt is the attempt number the caller runs (LeaseAcquired), or
 	// the record's attempts otherwise.
 	Attempt int
-	// Interrupted is true when this attempt follows one whose lease expired
-	// while processing (the previous worker died or hung mid-call).
+	// Token fences the attempt (LeaseAcquired): ExtendLease, CompleteTx,
+	// Fail and ParkInterrupted act only while the record still carries it.
+	// Every claim gets a new one.
+	Token string
+	// Interrupted is true when this attempt follows one whose outcome is
+	// unknown (its lease expired while processing, or its completion failed
+	// after the handler ran).
 	Interrupted bool
-	// ParkedNow is true when this call parked the key (ParkExpired).
+	// ParkedNow is true when this call parked the key (ParkExpired, or
+	// MaxInterrupted reached).
 	ParkedNow bool
 	// LeaseUntil is when the caller's lease ends (LeaseAcquired), or the
-	// holder's (LeaseBusy).
+	// holder's (LeaseBusy, when known).
 	LeaseUntil time.Time
-	// Record is the key's record after the claim.
+	// Record is the key's record after the claim (zero for LeaseBusy when
+	// the record was locked by another transaction).
 	Record Record
 }
 
+// claimLockTimeout bounds how long a claim waits for another transaction
+// holding the key's record (another claim, or a completion about to commit)
+// before it reports LeaseBusy: long enough for a commit, short enough that
+// redeliveries of a key whose holder keeps its completion transaction open
+// never pile up on its row lock.
+const claimLockTimeout = time.Second
+
+// lockNotAvailable is PostgreSQL's SQLSTATE when lock_timeout expires.
+const lockNotAvailable = "55P03"
+
 // ClaimLease claims (consumer, key) for lease mode in a short transaction of
-// its own, committed before it returns, so that other workers see the lease
-// while the caller runs its handler:
+// its own (READ COMMITTED, whatever the database's default), committed
+// before it returns, so that other workers see the lease while the caller
+// runs its handler:
 //
 //   - no record: inserted as processing, attempt 1 (LeaseAcquired);
 //   - done: duplicate counted (LeaseDuplicate);
 //   - parked: duplicate counted (LeaseParked);
-//   - failed (a previous attempt returned an error): processing again,
-//     attempts+1 (LeaseAcquired);
-//   - processing with a live lease: LeaseBusy, nothing changed;
-//   - processing with an expired lease: by policy, processing again with
-//     attempts+1 and Interrupted (RetryExpired), or parked with the reason in
-//     last_error (ParkExpired, LeaseParked with ParkedNow).
-func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key string, lease time.Duration, policy ExpiredPolicy) (LeaseClaim, error) {
+//   - failed (a previous attempt returned an error, or an operator released
+//     the key): processing again, attempts+1 (LeaseAcquired);
+//   - processing with a live lease, or held by another transaction for
+//     longer than a moment: LeaseBusy, nothing changed;
+//   - processing with an expired lease: the attempt was interrupted
+//     (interruptions+1); by policy, processing again with attempts+1 and
+//     Interrupted (RetryExpired), or parked with the reason in last_error
+//     (ParkExpired, or MaxInterrupted reached: LeaseParked with ParkedNow).
+//
+// Each acquired claim carries a new Token.
+func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key string, opts LeaseOptions) (LeaseClaim, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return LeaseClaim{}, err
 	}
-	if lease <= 0 {
-		return LeaseClaim{}, fmt.Errorf("inbox: lease must be > 0, got %s", lease)
+	if opts.Lease <= 0 {
+		return LeaseClaim{}, fmt.Errorf("inbox: lease must be > 0, got %s", opts.Lease)
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	if opts.MaxInterrupted < 0 {
+		return LeaseClaim{}, fmt.Errorf("inbox: MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
+	}
+	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
 		return LeaseClaim{}, fmt.Errorf("inbox: lease claim of %q for %q: begin: %w", key, consumer, err)
 	}
-	lc, err := s.claimLease(ctx, tx, consumer, key, lease.Seconds(), policy)
+	lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
 	if err != nil {
 		_ = tx.Rollback()
+		if pgerr.Code(err) == lockNotAvailable {
+			return LeaseClaim{Outcome: LeaseBusy}, nil
+		}
 		return LeaseClaim{}, fmt.Errorf("inbox: lease claim of %q for %q: %w", key, consumer, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -118,18 +165,19 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 	return lc, nil
 }
 
-func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string, leaseSecs float64, policy ExpiredPolicy) (LeaseClaim, error) {
-	return s.claimLeaseTry(ctx, tx, consumer, key, leaseSecs, policy, 3)
-}
-
-func (s *Store) claimLeaseTry(ctx context.Context, tx wsql.Tx, consumer, key string, leaseSecs float64, policy ExpiredPolicy, tries int) (LeaseClaim, error) {
+func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string, opts LeaseOptions, tries int) (LeaseClaim, error) {
+	leaseSecs := opts.Lease.Seconds()
+	token := newToken()
 	var rec Record
-	err := seam.QueryRow(ctx, tx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, lease_until)
-VALUES ($1, $2, 'processing', 1, now() + make_interval(secs => $3))
+	// The CTE sets the transaction's lock_timeout for the statements that
+	// follow (the row lock below), in the same round trip as the insert.
+	err := seam.QueryRow(ctx, tx, `WITH lock_wait AS (SELECT set_config('lock_timeout', $5, true))
+INSERT INTO `+s.table+` (consumer, message_key, status, attempts, lease_until, lease_token)
+SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid FROM lock_wait
 ON CONFLICT (consumer, message_key) DO NOTHING
-RETURNING `+recordColumns, []any{consumer, key, leaseSecs}, rec.scanDest()...)
+RETURNING `+recordColumns, []any{consumer, key, leaseSecs, token, strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)}, rec.scanDest()...)
 	if err == nil {
-		return LeaseClaim{Outcome: LeaseAcquired, Attempt: 1, LeaseUntil: *rec.LeaseUntil, Record: rec}, nil
+		return LeaseClaim{Outcome: LeaseAcquired, Attempt: 1, Token: token, LeaseUntil: *rec.LeaseUntil, Record: rec}, nil
 	}
 	if !notFound(err) {
 		return LeaseClaim{}, err
@@ -144,7 +192,7 @@ WHERE consumer = $1 AND message_key = $2 FOR UPDATE`, []any{consumer, key}, appe
 		if tries <= 1 {
 			return LeaseClaim{}, errors.New("the record kept disappearing (concurrent Forget or Purge)")
 		}
-		return s.claimLeaseTry(ctx, tx, consumer, key, leaseSecs, policy, tries-1)
+		return s.claimLease(ctx, tx, consumer, key, opts, tries-1)
 	}
 	if err != nil {
 		return LeaseClaim{}, err
@@ -157,7 +205,8 @@ WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
 			append([]any{consumer, key}, args...), out.scanDest()...)
 		return out, err
 	}
-	retry := `status = 'processing', attempts = attempts + 1, lease_until = now() + make_interval(secs => $3), interrupted = false`
+	retry := `status = 'processing', attempts = attempts + 1, lease_until = now() + make_interval(secs => $3),
+lease_token = $4::uuid, interrupted = false`
 
 	switch {
 	case rec.Status == StatusDone:
@@ -169,45 +218,68 @@ WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
 	case rec.Status == StatusFailed:
 		// A failed record that was parked after an interrupted attempt and
 		// then released keeps the interruption: the effect is still unknown.
-		out, err := update(retry, leaseSecs)
+		out, err := update(retry, leaseSecs, token)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
-		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Interrupted: rec.Interrupted, LeaseUntil: *out.LeaseUntil, Record: out}, nil
+		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Token: token, Interrupted: rec.Interrupted,
+			LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	case !expired:
 		lc := LeaseClaim{Outcome: LeaseBusy, Attempt: rec.Attempts, Record: rec}
 		if rec.LeaseUntil != nil {
 			lc.LeaseUntil = *rec.LeaseUntil
 		}
 		return lc, nil
-	case policy == ParkExpired:
-		out, err := update(`status = 'parked', lease_until = NULL, interrupted = true,
-last_error = 'lease expired during attempt ' || attempts || ': the worker stopped mid-attempt; whether its effect happened is unknown'`)
+	case opts.OnExpired == ParkExpired || (opts.MaxInterrupted > 0 && rec.Interruptions+1 >= opts.MaxInterrupted):
+		reason := fmt.Sprintf("lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown", rec.Attempts)
+		if opts.OnExpired != ParkExpired {
+			reason += fmt.Sprintf(" (%d interrupted attempts; retries stop at %d)", rec.Interruptions+1, opts.MaxInterrupted)
+		}
+		out, err := update(`status = 'parked', lease_until = NULL, lease_token = NULL, interrupted = true,
+interruptions = interruptions + 1, processed_at = now(), last_error = $3`, reason)
 		return LeaseClaim{Outcome: LeaseParked, ParkedNow: true, Attempt: out.Attempts, Record: out}, err
 	default:
-		out, err := update(retry, leaseSecs)
+		out, err := update(retry+`, interruptions = interruptions + 1`, leaseSecs, token)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
-		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Interrupted: true, LeaseUntil: *out.LeaseUntil, Record: out}, nil
+		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Token: token, Interrupted: true,
+			LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	}
 }
 
-// ExtendLease moves the lease of attempt `attempt` of (consumer, key) to
-// now + lease. It runs on its own (pass the pool or *sql.DB, not the
-// completion transaction, whose writes nobody sees before it commits). It
-// returns the new end, or ErrLeaseLost when the attempt no longer owns the
-// key.
-func (s *Store) ExtendLease(ctx context.Context, db wsql.ContextExecutor, consumer, key string, attempt int, lease time.Duration) (time.Time, error) {
+// newToken returns a random UUID (version 4) for a claim.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// ExtendLease moves the lease of the attempt fenced by token to now +
+// lease. It returns the new end, or ErrLeaseLost when the attempt no longer
+// owns the key.
+//
+// On a pool or *sql.DB it commits at once, so that other workers see it. On
+// the attempt's own completion transaction it holds the record's row lock
+// until that transaction ends, which keeps every other claim off the key
+// (they report LeaseBusy) even after lease_until passes; its new end becomes
+// visible at commit. Either way it needs no connection beyond the one it is
+// given.
+func (s *Store) ExtendLease(ctx context.Context, db wsql.ContextExecutor, consumer, key, token string, lease time.Duration) (time.Time, error) {
 	if lease <= 0 {
 		return time.Time{}, fmt.Errorf("inbox: lease must be > 0, got %s", lease)
 	}
 	var until time.Time
-	err := seam.QueryRow(ctx, db, `UPDATE `+s.table+` SET lease_until = now() + make_interval(secs => $4)
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3
-RETURNING lease_until`, []any{consumer, key, attempt, lease.Seconds()}, &until)
+	err := retryStatement(db, func() error {
+		return seam.QueryRow(ctx, db, `UPDATE `+s.table+` SET lease_until = now() + make_interval(secs => $4)
+WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid
+RETURNING lease_until`, []any{consumer, key, tokenArg(token), lease.Seconds()}, &until)
+	})
 	if notFound(err) {
-		return time.Time{}, fmt.Errorf("%w: %q for %q, attempt %d", ErrLeaseLost, key, consumer, attempt)
+		return time.Time{}, fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
 	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("inbox: extending lease of %q for %q: %w", key, consumer, err)
@@ -215,47 +287,107 @@ RETURNING lease_until`, []any{consumer, key, attempt, lease.Seconds()}, &until)
 	return until, nil
 }
 
-// CompleteTx records attempt `attempt` of (consumer, key) as done inside tx,
-// the transaction that also holds the handler's writes and output messages.
-// It returns ErrLeaseLost (and the caller must roll back) when the attempt
-// no longer owns the key.
-func (s *Store) CompleteTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, attempt int) error {
+// CompleteTx records the attempt fenced by token as done inside tx, the
+// transaction that also holds the handler's writes and output messages. It
+// returns ErrLeaseLost (and the caller must roll back) when the attempt no
+// longer owns the key.
+func (s *Store) CompleteTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key, token string) error {
 	n, err := seam.Exec(ctx, tx, `UPDATE `+s.table+`
-SET status = 'done', processed_at = now(), lease_until = NULL, last_error = NULL
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3`, consumer, key, attempt)
+SET status = 'done', processed_at = now(), lease_until = NULL, lease_token = NULL, last_error = NULL
+WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`, consumer, key, tokenArg(token))
 	if err != nil {
 		return fmt.Errorf("inbox: completing %q for %q: %w", key, consumer, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %q for %q, attempt %d", ErrLeaseLost, key, consumer, attempt)
+		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
 	}
 	return nil
+}
+
+// Owns reports whether the attempt fenced by token still owns (consumer,
+// key): the record is processing with that token.
+func (s *Store) Owns(ctx context.Context, db wsql.ContextExecutor, consumer, key, token string) (bool, error) {
+	var n int64
+	err := seam.QueryRow(ctx, db, `SELECT count(*) FROM `+s.table+`
+WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`,
+		[]any{consumer, key, tokenArg(token)}, &n)
+	if err != nil {
+		return false, fmt.Errorf("inbox: checking the lease of %q for %q: %w", key, consumer, err)
+	}
+	return n > 0, nil
 }
 
 // maxErrorText bounds last_error.
 const maxErrorText = 4000
 
-// Fail records that attempt `attempt` of (consumer, key) failed with
-// errText: status failed (the next delivery runs it again), or parked when
-// permanent (it waits for an operator). It returns ErrLeaseLost when the
-// attempt no longer owns the key.
-func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key string, attempt int, errText string, permanent bool) error {
+// Fail records that the attempt fenced by token failed with errText: status
+// failed (the next delivery runs it again), or parked when permanent (it
+// waits for an operator). It returns ErrLeaseLost when the attempt no longer
+// owns the key.
+func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, errText string, permanent bool) error {
 	status := StatusFailed
 	if permanent {
 		status = StatusParked
 	}
-	errText = pgtext.Storable(errText, maxErrorText)
-	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+`
-SET status = $4, last_error = $5, lease_until = NULL
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND attempts = $3`,
-		consumer, key, attempt, string(status), errText)
+	return s.finish(ctx, db, consumer, key, token, "recording failure", `status = $4, last_error = $5`, string(status), pgtext.Storable(errText, maxErrorText))
+}
+
+// ParkInterrupted parks the key of the attempt fenced by token after its
+// handler ran but its completion could never commit (an output the outbox
+// refuses, a constraint failing at COMMIT): the external effect probably
+// happened and is not recorded, and repeating the attempt would repeat the
+// effect and fail the same way. The record is parked with reason, marked
+// interrupted (a released attempt is told), and its interruptions counted.
+// It returns ErrLeaseLost when the attempt no longer owns the key.
+func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, reason string) error {
+	return s.finish(ctx, db, consumer, key, token, "parking", `status = 'parked', interrupted = true, interruptions = interruptions + 1, last_error = $4`,
+		pgtext.Storable(reason, maxErrorText))
+}
+
+// finish ends the processing attempt fenced by token with set (its
+// arguments from $4), releasing the lease and stamping processed_at.
+func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, what, set string, args ...any) error {
+	var n int64
+	err := retryStatement(db, func() error {
+		var err error
+		n, err = seam.Exec(ctx, db, `UPDATE `+s.table+`
+SET `+set+`, lease_until = NULL, lease_token = NULL, processed_at = now()
+WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`,
+			append([]any{consumer, key, tokenArg(token)}, args...)...)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("inbox: recording failure of %q for %q: %w", key, consumer, err)
+		return fmt.Errorf("inbox: %s %q for %q: %w", what, key, consumer, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %q for %q, attempt %d", ErrLeaseLost, key, consumer, attempt)
+		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
 	}
 	return nil
+}
+
+// tokenArg passes a token as a uuid parameter; an empty or malformed token
+// matches no record instead of failing the statement.
+func tokenArg(token string) any {
+	if len(token) != 36 {
+		return nil
+	}
+	return token
+}
+
+// retryStatement runs one statement that is its own transaction (db is a
+// pool or *sql.DB, not a transaction) again when it failed with a
+// serialization failure: under a REPEATABLE READ or SERIALIZABLE default, an
+// UPDATE of a row another transaction changed while it waited fails instead
+// of re-reading the row, and the next statement takes a fresh snapshot. In a
+// caller's transaction nothing is retried.
+func retryStatement(db wsql.ContextExecutor, run func() error) error {
+	_, inTx := db.(wsql.Tx)
+	for try := 1; ; try++ {
+		err := run()
+		if err == nil || inTx || try == 3 || !pgerr.SerializationFailure(err) {
+			return err
+		}
+	}
 }
 
 // ListParked returns up to limit parked records of consumer (all consumers
@@ -291,11 +423,11 @@ func (s *Store) ListParked(ctx context.Context, db wsql.ContextExecutor, consume
 }
 
 // Release turns a parked key back into failed, so that its next delivery
-// runs again (attempts+1, same idempotency key). It reports whether a
-// parked record was found. The broker acked the parked message: the next
+// runs again (attempts+1, same idempotency key); for retention the record
+// counts as finished now. It reports whether a parked record was found. The broker acked the parked message: the next
 // delivery is a re-publish or a later duplicate.
 func (s *Store) Release(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed'
+	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed', processed_at = now()
 WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
 	if err != nil {
 		return false, fmt.Errorf("inbox: releasing %q for %q: %w", key, consumer, err)

@@ -28,7 +28,7 @@ type leaseOutcome struct {
 
 func leaseClaim(t *testing.T, b bundle, consumer, key string, lease time.Duration, policy inbox.ExpiredPolicy) inbox.LeaseClaim {
 	t.Helper()
-	lc, err := b.store.ClaimLease(b.ctx, b.db, consumer, key, lease, policy)
+	lc, err := b.store.ClaimLease(b.ctx, b.db, consumer, key, inbox.LeaseOptions{Lease: lease, OnExpired: policy})
 	require.NoError(t, err)
 	return lc
 }
@@ -72,11 +72,12 @@ func leaseExpire(t *testing.T, b bundle, consumer, key string) {
 		consumer, key))
 }
 
-// leaseComplete records attempt as done in a transaction of its own.
-func leaseComplete(t *testing.T, b bundle, consumer, key string, attempt int) {
+// leaseComplete records the attempt fenced by token as done in a
+// transaction of its own.
+func leaseComplete(t *testing.T, b bundle, consumer, key, token string) {
 	t.Helper()
 	tx := b.begin(t)
-	require.NoError(t, b.store.CompleteTx(b.ctx, tx, consumer, key, attempt))
+	require.NoError(t, b.store.CompleteTx(b.ctx, tx, consumer, key, token))
 	require.NoError(t, tx.Commit())
 }
 
@@ -145,7 +146,7 @@ func TestLeaseClaimStates(t *testing.T) {
 
 		t.Run("done is a duplicate", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k-done", lease, inbox.RetryExpired)
-			leaseComplete(t, b, c, "k-done", lc.Attempt)
+			leaseComplete(t, b, c, "k-done", lc.Token)
 			for i, policy := range []inbox.ExpiredPolicy{inbox.RetryExpired, inbox.ParkExpired, inbox.RetryExpired} {
 				dup := leaseClaim(t, b, c, "k-done", lease, policy)
 				require.Equal(t, inbox.LeaseDuplicate, dup.Outcome)
@@ -165,7 +166,7 @@ func TestLeaseClaimStates(t *testing.T) {
 		t.Run("failed runs again", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k-failed", lease, inbox.RetryExpired)
 			for attempt := 2; attempt <= 4; attempt++ {
-				require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-failed", lc.Attempt, "boom", false))
+				require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-failed", lc.Token, "boom", false))
 				policy := inbox.RetryExpired
 				if attempt%2 == 1 {
 					policy = inbox.ParkExpired // the policy is for expired leases only
@@ -248,12 +249,12 @@ func TestLeaseClaimInvalid(t *testing.T) {
 			{"NUL byte", "c", "a\x00b", inbox.ErrInvalidKey},
 			{"consumer with NUL byte", "c\x00", "k", inbox.ErrInvalidKey},
 		} {
-			lc, err := b.store.ClaimLease(b.ctx, b.db, tc.consumer, tc.key, time.Minute, inbox.RetryExpired)
+			lc, err := b.store.ClaimLease(b.ctx, b.db, tc.consumer, tc.key, inbox.LeaseOptions{Lease: time.Minute})
 			require.ErrorIs(t, err, tc.want, tc.name)
 			require.Zero(t, lc, tc.name)
 		}
 		for _, lease := range []time.Duration{0, -time.Second} {
-			lc, err := b.store.ClaimLease(b.ctx, b.db, "c", "k", lease, inbox.RetryExpired)
+			lc, err := b.store.ClaimLease(b.ctx, b.db, "c", "k", inbox.LeaseOptions{Lease: lease})
 			require.Error(t, err, "lease %s", lease)
 			require.Contains(t, err.Error(), "lease must be > 0")
 			require.Zero(t, lc)
@@ -280,7 +281,7 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, time.Hour, policy)
+					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, inbox.LeaseOptions{Lease: time.Hour, OnExpired: policy})
 					out[i] = leaseOutcome{lc, err}
 				}()
 			}
@@ -362,18 +363,18 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 				key = "k-commit"
 			}
 			t.Run(key, func(t *testing.T) {
-				leaseAcquire(t, b, "c", key, time.Hour, inbox.RetryExpired)
+				first := leaseAcquire(t, b, "c", key, time.Hour, inbox.RetryExpired)
 				leaseExpire(t, b, "c", key)
 
 				tx := b.begin(t)
-				require.NoError(t, b.store.CompleteTx(b.ctx, tx, "c", key, 1),
+				require.NoError(t, b.store.CompleteTx(b.ctx, tx, "c", key, first.Token),
 					"an expired lease nobody took over still owns the key")
 				var pid int
 				require.NoError(t, seam.QueryRow(b.ctx, tx, "SELECT pg_backend_pid()", nil, &pid))
 
 				done := make(chan leaseOutcome, 1)
 				go func() {
-					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, time.Hour, inbox.RetryExpired)
+					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, inbox.LeaseOptions{Lease: time.Hour})
 					done <- leaseOutcome{lc, err}
 				}()
 				testenv.Eventually(t, 10*time.Second, func() bool {
@@ -414,6 +415,36 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 	})
 }
 
+// A transaction that keeps holding the row (a live holder extending its
+// lease inside its completion transaction while it works) keeps takeovers
+// off the key even after lease_until passed: the claim waits about a second,
+// then reports busy, never taking the key over and never waiting for as
+// long as the holder works.
+func TestLeaseClaimBusyWhileRowHeld(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		first := leaseAcquire(t, b, "c", "k", time.Hour, inbox.RetryExpired)
+		leaseExpire(t, b, "c", "k")
+		tx := b.begin(t)
+		_, err := b.store.ExtendLease(b.ctx, tx, "c", "k", first.Token, time.Millisecond)
+		require.NoError(t, err)
+
+		start := time.Now()
+		lc := leaseClaim(t, b, "c", "k", time.Hour, inbox.RetryExpired)
+		took := time.Since(start)
+		require.Equal(t, inbox.LeaseBusy, lc.Outcome, "the holder's row lock says it is alive")
+		require.GreaterOrEqual(t, took, 900*time.Millisecond, "the claim waits for a short completion first")
+		require.Less(t, took, 5*time.Second, "and never for as long as the holder works")
+		require.Equal(t, 1, leaseLookup(t, b, "c", "k").Attempts, "not taken over")
+
+		require.NoError(t, tx.Commit())
+		time.Sleep(5 * time.Millisecond) // the 1 ms extension is over
+		lc = leaseAcquire(t, b, "c", "k", time.Hour, inbox.RetryExpired)
+		require.Equal(t, 2, lc.Attempt, "once the holder let go and its lease ended, the key is taken over")
+		require.True(t, lc.Interrupted)
+	})
+}
+
 func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
@@ -422,7 +453,7 @@ func TestLeaseExtend(t *testing.T) {
 
 		for _, lease := range []time.Duration{time.Hour, 30 * time.Second, 1500 * time.Millisecond, 2 * time.Hour} {
 			before := time.Now()
-			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, lc.Attempt, lease)
+			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, lease)
 			after := time.Now()
 			require.NoError(t, err)
 			leaseAround(t, until, before, after, lease)
@@ -436,56 +467,58 @@ func TestLeaseExtend(t *testing.T) {
 		require.Equal(t, inbox.LeaseBusy, busy.Outcome)
 		require.True(t, extended.LeaseUntil.Equal(busy.LeaseUntil), "others see the extended lease")
 
-		// Invalid leases and wrong attempts change nothing.
+		// Invalid leases and wrong tokens change nothing.
 		for _, lease := range []time.Duration{0, -time.Minute} {
-			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, 1, lease)
+			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, lease)
 			require.Error(t, err)
 			require.NotErrorIs(t, err, inbox.ErrLeaseLost)
 			require.Contains(t, err.Error(), "lease must be > 0")
 			require.True(t, until.IsZero())
 		}
-		for _, attempt := range []int{0, 2, -1} {
-			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, attempt, time.Hour)
-			require.ErrorIs(t, err, inbox.ErrLeaseLost, "attempt %d", attempt)
+		for _, token := range wrongTokens(lc.Token) {
+			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, token, time.Hour)
+			require.ErrorIs(t, err, inbox.ErrLeaseLost, "token %q", token)
 			require.True(t, until.IsZero())
 		}
-		_, err := b.store.ExtendLease(b.ctx, b.db, c, "no-such-key", 1, time.Hour)
+		_, err := b.store.ExtendLease(b.ctx, b.db, c, "no-such-key", lc.Token, time.Hour)
 		require.ErrorIs(t, err, inbox.ErrLeaseLost)
-		_, err = b.store.ExtendLease(b.ctx, b.db, "other", k, 1, time.Hour)
+		_, err = b.store.ExtendLease(b.ctx, b.db, "other", k, lc.Token, time.Hour)
 		require.ErrorIs(t, err, inbox.ErrLeaseLost)
 		leaseSame(t, extended, leaseLookup(t, b, c, k))
 
 		// An expired lease nobody took over can still be extended.
 		leaseExpire(t, b, c, k)
-		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 1, time.Hour)
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.NoError(t, err)
 		require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, k, time.Hour, inbox.RetryExpired).Outcome)
 
 		// Taken over: the old attempt lost the key, the new one extends.
 		leaseExpire(t, b, c, k)
+		old := lc
 		lc = leaseAcquire(t, b, c, k, time.Minute, inbox.RetryExpired)
 		require.Equal(t, 2, lc.Attempt)
-		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 1, time.Hour)
+		require.NotEqual(t, old.Token, lc.Token, "every claim has its own token")
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, old.Token, time.Hour)
 		require.ErrorIs(t, err, inbox.ErrLeaseLost)
 		require.True(t, lc.LeaseUntil.Equal(*leaseLookup(t, b, c, k).LeaseUntil), "the new holder's lease is untouched")
-		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 2, time.Hour)
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.NoError(t, err)
 
 		// Not processing: failed, done, parked.
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, k, 2, "boom", false))
-		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, 2, time.Hour)
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, k, lc.Token, "boom", false))
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.ErrorIs(t, err, inbox.ErrLeaseLost, "failed")
 		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
 
 		lc = leaseAcquire(t, b, c, k, time.Minute, inbox.RetryExpired)
-		leaseComplete(t, b, c, k, lc.Attempt)
-		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Attempt, time.Hour)
+		leaseComplete(t, b, c, k, lc.Token)
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.ErrorIs(t, err, inbox.ErrLeaseLost, "done")
 		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
 
 		lc = leaseAcquire(t, b, c, "k-parked", time.Minute, inbox.RetryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-parked", lc.Attempt, "permanent", true))
-		_, err = b.store.ExtendLease(b.ctx, b.db, c, "k-parked", lc.Attempt, time.Hour)
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-parked", lc.Token, "permanent", true))
+		_, err = b.store.ExtendLease(b.ctx, b.db, c, "k-parked", lc.Token, time.Hour)
 		require.ErrorIs(t, err, inbox.ErrLeaseLost, "parked")
 		require.Nil(t, leaseLookup(t, b, c, "k-parked").LeaseUntil)
 	})
@@ -500,7 +533,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 		t.Run("commit", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Attempt, "boom", false))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Token, "boom", false))
 			lc = leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.Equal(t, "boom", leaseLookup(t, b, c, "k").LastError, "precondition: an error to clear")
@@ -508,7 +541,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 			tx := b.begin(t)
 			_, err := tx.ExecContext(b.ctx, "INSERT INTO "+effects+" VALUES ('k')")
 			require.NoError(t, err)
-			require.NoError(t, b.store.CompleteTx(b.ctx, tx, c, "k", 2))
+			require.NoError(t, b.store.CompleteTx(b.ctx, tx, c, "k", lc.Token))
 
 			inside, err := b.store.Lookup(b.ctx, tx, c, "k")
 			require.NoError(t, err)
@@ -516,7 +549,6 @@ func TestLeaseCompleteTx(t *testing.T) {
 			outside := leaseLookup(t, b, c, "k")
 			require.Equal(t, inbox.StatusProcessing, outside.Status, "invisible to others before commit")
 			require.NotNil(t, outside.LeaseUntil)
-			require.Nil(t, outside.ProcessedAt)
 
 			before := time.Now()
 			require.NoError(t, tx.Commit())
@@ -532,7 +564,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 			// Done: a second completion of the attempt is refused.
 			tx = b.begin(t)
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k", 2), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k", lc.Token), inbox.ErrLeaseLost)
 			require.NoError(t, tx.Rollback())
 		})
 
@@ -542,7 +574,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 			tx := b.begin(t)
 			_, err := tx.ExecContext(b.ctx, "INSERT INTO "+effects+" VALUES ('k-rb')")
 			require.NoError(t, err)
-			require.NoError(t, b.store.CompleteTx(b.ctx, tx, c, "k-rb", lc.Attempt))
+			require.NoError(t, b.store.CompleteTx(b.ctx, tx, c, "k-rb", lc.Token))
 			require.NoError(t, tx.Rollback())
 
 			leaseSame(t, before, leaseLookup(t, b, c, "k-rb"))
@@ -551,39 +583,39 @@ func TestLeaseCompleteTx(t *testing.T) {
 				"still processing under the same lease")
 
 			// The attempt still owns the key and can complete later.
-			leaseComplete(t, b, c, "k-rb", lc.Attempt)
+			leaseComplete(t, b, c, "k-rb", lc.Token)
 			require.Equal(t, inbox.StatusDone, leaseLookup(t, b, c, "k-rb").Status)
 		})
 
-		t.Run("wrong attempt", func(t *testing.T) {
+		t.Run("wrong token", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, inbox.RetryExpired)
 			before := leaseLookup(t, b, c, "k-wrong")
 			tx := b.begin(t)
-			for _, attempt := range []int{0, 2} {
-				require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-wrong", attempt), inbox.ErrLeaseLost, "attempt %d", attempt)
+			for _, token := range wrongTokens(lc.Token) {
+				require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-wrong", token), inbox.ErrLeaseLost, "token %q", token)
 			}
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, "other", "k-wrong", lc.Attempt), inbox.ErrLeaseLost)
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "no-such-key", 1), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, "other", "k-wrong", lc.Token), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "no-such-key", lc.Token), inbox.ErrLeaseLost)
 			require.NoError(t, tx.Commit())
 			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
 		})
 
 		t.Run("taken over", func(t *testing.T) {
-			leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			first := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
 			leaseExpire(t, b, c, "k-taken")
 			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.True(t, lc.Interrupted)
 
 			tx := b.begin(t)
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-taken", 1), inbox.ErrLeaseLost,
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-taken", first.Token), inbox.ErrLeaseLost,
 				"the first worker lost the key")
 			require.NoError(t, tx.Rollback())
 			rec := leaseLookup(t, b, c, "k-taken")
 			require.Equal(t, inbox.StatusProcessing, rec.Status)
 			require.Equal(t, 2, rec.Attempts)
 
-			leaseComplete(t, b, c, "k-taken", 2)
+			leaseComplete(t, b, c, "k-taken", lc.Token)
 			require.Equal(t, inbox.StatusDone, leaseLookup(t, b, c, "k-taken").Status)
 		})
 	})
@@ -594,13 +626,15 @@ func TestLeaseFail(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		const c = "c"
 		// fail runs a fresh key's first attempt and fails it with text.
+		var lastToken string
 		fail := func(t *testing.T, key, text string, permanent bool) inbox.Record {
 			t.Helper()
 			lc := leaseAcquire(t, b, c, key, time.Hour, inbox.RetryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, key, lc.Attempt, text, permanent))
+			lastToken = lc.Token
+			require.NoError(t, b.store.Fail(b.ctx, b.db, c, key, lc.Token, text, permanent))
 			rec := leaseLookup(t, b, c, key)
 			require.Nil(t, rec.LeaseUntil, "the lease is released")
-			require.Nil(t, rec.ProcessedAt)
+			require.NotNil(t, rec.ProcessedAt, "the attempt finished: retention ages the record from now")
 			require.Equal(t, 1, rec.Attempts)
 			return rec
 		}
@@ -611,12 +645,12 @@ func TestLeaseFail(t *testing.T) {
 			require.Equal(t, "provider answered 503", rec.LastError)
 
 			// A second Fail of the same attempt: it no longer owns the key.
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k", 1, "again", false), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k", lastToken, "again", false), inbox.ErrLeaseLost)
 			require.Equal(t, "provider answered 503", leaseLookup(t, b, c, "k").LastError)
 
 			// The next attempt fails in turn; its error replaces the old one.
 			lc := leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Attempt, "timeout", false))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Token, "timeout", false))
 			rec = leaseLookup(t, b, c, "k")
 			require.Equal(t, 2, rec.Attempts)
 			require.Equal(t, "timeout", rec.LastError)
@@ -663,25 +697,25 @@ func TestLeaseFail(t *testing.T) {
 			require.Equal(t, int64(1), again.Record.Duplicates)
 		})
 
-		t.Run("wrong attempt", func(t *testing.T) {
+		t.Run("wrong token", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, inbox.RetryExpired)
 			before := leaseLookup(t, b, c, "k-wrong")
 			for _, permanent := range []bool{false, true} {
-				for _, attempt := range []int{0, 2} {
-					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-wrong", attempt, "x", permanent), inbox.ErrLeaseLost)
+				for _, token := range wrongTokens(lc.Token) {
+					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-wrong", token, "x", permanent), inbox.ErrLeaseLost)
 				}
 			}
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "no-such-key", lc.Attempt, "x", false), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "no-such-key", lc.Token, "x", false), inbox.ErrLeaseLost)
 			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
 		})
 
 		t.Run("taken over", func(t *testing.T) {
-			leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			first := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
 			leaseExpire(t, b, c, "k-taken")
 			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			for _, permanent := range []bool{false, true} {
-				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-taken", 1, "late", permanent), inbox.ErrLeaseLost)
+				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-taken", first.Token, "late", permanent), inbox.ErrLeaseLost)
 			}
 			rec := leaseLookup(t, b, c, "k-taken")
 			require.Equal(t, inbox.StatusProcessing, rec.Status, "the late worker does not disturb the new holder")
@@ -703,7 +737,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		}
 		park := func(consumer, key string, minutes int) {
 			lc := leaseAcquire(t, b, consumer, key, time.Hour, inbox.RetryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, consumer, key, lc.Attempt, "parked "+key, true))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, consumer, key, lc.Token, "parked "+key, true))
 			age(consumer, key, minutes)
 		}
 		keys := func(recs []inbox.Record) []string {
@@ -726,9 +760,9 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		park("c2", "p-x", 25)
 		// Older records of c1 in the other statuses are not listed.
 		lc := leaseAcquire(t, b, "c1", "done", time.Hour, inbox.RetryExpired)
-		leaseComplete(t, b, "c1", "done", lc.Attempt)
+		leaseComplete(t, b, "c1", "done", lc.Token)
 		lc = leaseAcquire(t, b, "c1", "failed", time.Hour, inbox.RetryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, "c1", "failed", lc.Attempt, "boom", false))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, "c1", "failed", lc.Token, "boom", false))
 		leaseAcquire(t, b, "c1", "processing", time.Hour, inbox.RetryExpired)
 		for _, k := range []string{"done", "failed", "processing"} {
 			age("c1", k, 60)
@@ -795,7 +829,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		lc = leaseAcquire(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired)
 		require.Equal(t, 2, lc.Attempt)
 		require.True(t, lc.Interrupted, "the parked attempt was cut off: the released one is told so")
-		leaseComplete(t, b, "c1", "p-expired", 2)
+		leaseComplete(t, b, "c1", "p-expired", lc.Token)
 		require.Equal(t, inbox.StatusDone, leaseLookup(t, b, "c1", "p-expired").Status)
 	})
 }
@@ -807,18 +841,19 @@ func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		const c = "c"
 		lc := leaseAcquire(t, b, c, "done", time.Hour, inbox.RetryExpired)
-		leaseComplete(t, b, c, "done", lc.Attempt)
+		leaseComplete(t, b, c, "done", lc.Token)
 		lc = leaseAcquire(t, b, c, "failed", time.Hour, inbox.RetryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "failed", lc.Attempt, "boom", false))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "failed", lc.Token, "boom", false))
 		leaseAcquire(t, b, c, "live", time.Hour, inbox.RetryExpired)
 		leaseAcquire(t, b, c, "expired", time.Hour, inbox.RetryExpired)
 		leaseExpire(t, b, c, "expired")
 		lc = leaseAcquire(t, b, c, "parked", time.Hour, inbox.RetryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "parked", lc.Attempt, "permanent", true))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "parked", lc.Token, "permanent", true))
 		leaseAcquire(t, b, c, "parked-expired", time.Hour, inbox.ParkExpired)
 		leaseExpire(t, b, c, "parked-expired")
 		require.True(t, leaseClaim(t, b, c, "parked-expired", time.Hour, inbox.ParkExpired).ParkedNow)
-		require.Equal(t, int64(6), b.exec(t, "UPDATE "+b.store.Table()+" SET first_seen_at = now() - interval '48 hours'"))
+		require.Equal(t, int64(6), b.exec(t, "UPDATE "+b.store.Table()+
+			" SET first_seen_at = now() - interval '48 hours', processed_at = now() - interval '47 hours'"))
 
 		n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Hour, BatchSize: 1})
 		require.NoError(t, err)
@@ -863,4 +898,14 @@ func TestCountStatus(t *testing.T) {
 			require.Equal(t, tc.want, n, "%s/%s", tc.consumer, tc.status)
 		}
 	})
+}
+
+// wrongTokens are tokens that must never match a claim whose token is
+// token: empty, malformed, another claim's.
+func wrongTokens(token string) []string {
+	other := "00000000-0000-4000-8000-000000000000"
+	if token == other {
+		other = "00000000-0000-4000-8000-000000000001"
+	}
+	return []string{"", "not-a-token", strings.ToUpper(token[:8]) + "x", other}
 }

@@ -114,9 +114,10 @@ const DefaultPurgeBatchSize = 1000
 
 // PurgeOptions selects what Purge deletes.
 type PurgeOptions struct {
-	// OlderThan deletes records first seen more than this long ago. Required
-	// (> 0). Choose it longer than the longest time your broker may still
-	// redeliver a message.
+	// OlderThan deletes records that finished (processed_at: done, failed,
+	// or released by an operator) more than this long ago, however long ago
+	// they were first seen. Required (> 0). Choose it longer than the longest
+	// time your broker may still redeliver a message after it was processed.
 	OlderThan time.Duration
 	// Consumer limits the purge to one consumer. Empty means all.
 	Consumer string
@@ -128,8 +129,10 @@ type PurgeOptions struct {
 	MaxBatches int
 }
 
-// Purge deletes records in status done or failed that are older than
-// opts.OlderThan, in batches of opts.BatchSize rows, each batch its own
+// Purge deletes records in status done or failed that finished more than
+// opts.OlderThan ago (by processed_at, never by first_seen_at: a key parked
+// for days and completed today is as young as any completed today), in
+// batches of opts.BatchSize rows, each batch its own
 // statement that skips rows locked by others. Records processing (a live
 // lease) or parked (waiting for an operator) are never purged. db must not
 // be a transaction you want to keep short: pass the pool or *sql.DB. It
@@ -144,7 +147,9 @@ func (s *Store) Purge(ctx context.Context, db wsql.ContextExecutor, opts PurgeOp
 	if opts.BatchSize < 0 {
 		return 0, errors.New("inbox: PurgeOptions.BatchSize must be >= 0")
 	}
-	filter := `first_seen_at < now() - make_interval(secs => $1) AND status IN ('done', 'failed')`
+	// A done or failed record the library wrote always has processed_at;
+	// first_seen_at only stands in for rows written by hand without one.
+	filter := `coalesce(processed_at, first_seen_at) < now() - make_interval(secs => $1) AND status IN ('done', 'failed')`
 	args := []any{opts.OlderThan.Seconds(), opts.BatchSize}
 	if opts.Consumer != "" {
 		filter += ` AND consumer = $3`

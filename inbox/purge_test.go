@@ -132,3 +132,23 @@ VALUES ('c', 'k', now() - interval '2 days')`)
 		require.Equal(t, int64(1), left, "rejected options delete nothing")
 	})
 }
+
+// Retention ages a record from when it last finished (processed_at), never
+// from when it was first seen: a lease-mode key first seen days ago that
+// finished moments ago is kept; one that finished long ago goes.
+func TestPurgeAgesByFinish(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		table := b.store.Table()
+		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, first_seen_at, processed_at) VALUES
+('c', 'seen-long-ago-finished-now', 'done', now() - interval '5 days', now()),
+('c', 'failed-now', 'failed', now() - interval '5 days', now()),
+('c', 'finished-long-ago', 'done', now() - interval '5 days', now() - interval '3 days'),
+('c', 'failed-long-ago', 'failed', now() - interval '5 days', now() - interval '3 days')`)
+		n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n)
+		require.Equal(t, []string{"failed-now", "seen-long-ago-finished-now"},
+			b.strings(t, "SELECT message_key FROM "+table+" ORDER BY 1"))
+	})
+}

@@ -127,18 +127,23 @@ type Record struct {
 	Duplicates  int64
 	LeaseUntil  *time.Time
 	FirstSeenAt time.Time
+	// ProcessedAt is when the record last finished: done, failed, parked,
+	// or released by an operator. Retention (Purge) ages records by it.
 	ProcessedAt *time.Time
 	LastError   string
-	// Interrupted is true when the key's latest attempt was cut off by its
-	// lease expiring (lease mode): whether its effect happened is unknown.
+	// Interrupted is true when the key's latest attempt was cut off (lease
+	// mode): its lease expired mid-attempt, or its completion failed after
+	// the handler ran. Whether its effect happened is unknown.
 	Interrupted bool
+	// Interruptions counts the key's attempts that ended interrupted.
+	Interruptions int
 }
 
-const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted`
+const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted, interruptions`
 
 func (r *Record) scanDest() []any {
 	return []any{&r.Consumer, &r.Key, (*string)(&r.Status), &r.Attempts, &r.Duplicates,
-		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError, &r.Interrupted}
+		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError, &r.Interrupted, &r.Interruptions}
 }
 
 func notFound(err error) bool { return errors.Is(err, errNoRows) }

@@ -137,6 +137,17 @@ func (h *txHandle) get() (wsql.Tx, error) {
 	return h.tx, h.err
 }
 
+// current returns the transaction if it was begun and has not ended,
+// without beginning it.
+func (h *txHandle) current() (wsql.Tx, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.tx == nil || h.ended {
+		return nil, false
+	}
+	return h.tx, true
+}
+
 // beginErr returns the error of a failed begin, if any.
 func (h *txHandle) beginErr() error {
 	h.mu.Lock()

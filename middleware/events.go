@@ -18,8 +18,8 @@ const (
 	EventFailed
 	// EventRejected: the message has no usable key; nacked.
 	EventRejected
-	// EventDBUnavailable: the database failed before the handler ran;
-	// nacked (fail closed).
+	// EventDBUnavailable: the database could not be reached before the
+	// handler ran (ErrDBUnavailable); nacked (fail closed).
 	EventDBUnavailable
 	// EventFailOpen: the database failed and Config.FailOpen ran the
 	// handler without deduplication.
@@ -27,10 +27,15 @@ const (
 	// EventBusy: lease mode, another worker holds a live lease on the key;
 	// nacked after NackDelay.
 	EventBusy
-	// EventParked: lease mode, the key is parked for an operator (now,
-	// after an interrupted attempt under ParkExpired or a permanent handler
-	// error, or earlier); acked without running.
+	// EventParked: lease mode, the key is parked for an operator (now:
+	// after an interrupted attempt under ParkExpired or past
+	// MaxInterruptedAttempts, a permanent handler error, or a completion
+	// that can never commit after the handler ran; or earlier); acked.
 	EventParked
+	// EventClaimFailed: a database error other than an unreachable
+	// database before the handler ran (ErrClaimFailed); nacked, never
+	// fail-open.
+	EventClaimFailed
 )
 
 // String returns the kind's name, as used in logs and metric labels.
@@ -52,6 +57,8 @@ func (k EventKind) String() string {
 		return "busy"
 	case EventParked:
 		return "parked"
+	case EventClaimFailed:
+		return "claim_failed"
 	}
 	return "unknown"
 }
@@ -80,7 +87,7 @@ type Event struct {
 // Counters counts events with atomics; its Observe method fits
 // Config.OnEvent. Useful for tests, expvar, or a quick /metrics.
 type Counters struct {
-	Processed, Duplicates, Failed, Rejected, DBUnavailable, FailOpen, Busy, Parked, Interrupted atomic.Int64
+	Processed, Duplicates, Failed, Rejected, DBUnavailable, FailOpen, Busy, Parked, ClaimFailed, Interrupted atomic.Int64
 }
 
 // Observe counts e.
@@ -102,6 +109,8 @@ func (c *Counters) Observe(e Event) {
 		c.Busy.Add(1)
 	case EventParked:
 		c.Parked.Add(1)
+	case EventClaimFailed:
+		c.ClaimFailed.Add(1)
 	}
 	if e.Interrupted {
 		c.Interrupted.Add(1)

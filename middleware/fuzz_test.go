@@ -6,9 +6,11 @@ package middleware_test
 import (
 	"context"
 	stdsql "database/sql"
-	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"unicode/utf8"
 
@@ -20,7 +22,8 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
-var errFuzzDB = errors.New("fuzz: database refused on purpose")
+// errFuzzDB looks like an unreachable database: a refused TCP connection.
+var errFuzzDB = fmt.Errorf("fuzz: database refused on purpose: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
 
 // fuzzDB refuses every transaction and counts the attempts: a key the
 // middleware accepts reaches BeginTx (and fails there, closed), a key it

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -13,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
 // ErrLeaseHeld is returned (wrapped) in lease mode when another worker holds
@@ -67,38 +69,79 @@ func LeaseFromContext(ctx context.Context) (LeaseInfo, bool) {
 	if v == nil || v.lease == nil {
 		return LeaseInfo{}, false
 	}
-	return v.lease.info, true
+	return v.lease.snapshot(), true
 }
 
 // ExtendLease extends the current lease-mode attempt's lease to now + d (d
 // <= 0 uses Config.Lease). Call it from a handler that may run longer than
 // its lease. It returns ErrLeaseLost when another worker took the key over
 // (stop: your completion will be refused), and an error outside lease mode.
+//
+// It never takes a second database connection while the handler holds one:
+// once the handler's transaction began (TxFromContext, OutboxFromContext),
+// the extension is written in it, and its row lock keeps every other worker
+// off the key until the transaction ends. Before that, it runs on its own,
+// and never waits for a connection past the current lease's end: then it
+// returns an error (the lease may be lost; stop if the effect must not run
+// twice).
 func ExtendLease(ctx context.Context, d time.Duration) error {
 	v := valuesFrom(ctx)
 	if v == nil || v.lease == nil {
 		return errors.New("exactlyonce: ExtendLease called outside a lease-mode handler")
 	}
-	return v.lease.extend(ctx, d)
+	return v.lease.extend(ctx, v.tx, d)
 }
 
 // leaseState lives in the handler's context in lease mode.
 type leaseState struct {
 	m             *Middleware
 	consumer, key string
+	token         string
+	mu            sync.Mutex
 	info          LeaseInfo
 }
 
-func (l *leaseState) extend(ctx context.Context, d time.Duration) error {
+// minExtendWait is the least an extension outside the handler's
+// transaction waits for a connection when its lease is (nearly) over.
+const minExtendWait = 500 * time.Millisecond
+
+func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) error {
 	if d <= 0 {
 		d = l.m.cfg.Lease
 	}
-	until, err := l.m.store.ExtendLease(ctx, l.m.cfg.DB, l.consumer, l.key, l.info.Attempt, d)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var db wsql.ContextExecutor
+	if tx, ok := th.current(); ok {
+		db = tx
+	} else {
+		db = l.m.cfg.DB
+	}
+	deadline := l.info.LeaseUntil
+	if wait := time.Now().Add(minExtendWait); deadline.Before(wait) {
+		deadline = wait
+	}
+	ectx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	until, err := l.m.store.ExtendLease(ectx, db, l.consumer, l.key, l.token, d)
 	if err != nil {
-		return err
+		if errors.Is(err, inbox.ErrLeaseLost) {
+			return fmt.Errorf("exactlyonce: %w", err)
+		}
+		if ectx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("exactlyonce: extending the lease of %q for %q: no database connection before the lease ends at %s: %w",
+				l.key, l.consumer, l.info.LeaseUntil.Format(time.RFC3339Nano), err)
+		}
+		return fmt.Errorf("exactlyonce: extending the lease of %q for %q: %w", l.key, l.consumer, err)
 	}
 	l.info.LeaseUntil = until
 	return nil
+}
+
+func (l *leaseState) snapshot() LeaseInfo {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.info
 }
 
 func idempotencyKey(consumer, key string) string {
@@ -111,9 +154,11 @@ func idempotencyKey(consumer, key string) string {
 }
 
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
-	claim, err := m.store.ClaimLease(origCtx, m.cfg.DB, consumer, key, m.cfg.Lease, m.cfg.OnExpired)
+	claim, err := m.store.ClaimLease(origCtx, m.cfg.DB, consumer, key, inbox.LeaseOptions{
+		Lease: m.cfg.Lease, OnExpired: m.cfg.OnExpired, MaxInterrupted: m.cfg.MaxInterruptedAttempts,
+	})
 	if err != nil {
-		return m.dbFailure(msg, h, ev, err)
+		return m.claimFailure(msg, h, ev, err)
 	}
 	ev.Attempt = claim.Attempt
 	switch claim.Outcome {
@@ -131,6 +176,9 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	case inbox.LeaseBusy:
 		ev.Kind = EventBusy
 		sleep(origCtx, m.cfg.NackDelay)
+		if claim.LeaseUntil.IsZero() {
+			return nil, fmt.Errorf("%w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, key, consumer)
+		}
 		return nil, fmt.Errorf("%w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, key, consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
 	}
 	if claim.Interrupted {
@@ -140,7 +188,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, info: LeaseInfo{
+	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, info: LeaseInfo{
 		IdempotencyKey: idempotencyKey(consumer, key),
 		Attempt:        claim.Attempt,
 		Interrupted:    claim.Interrupted,
@@ -164,7 +212,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		if errors.As(herr, &perm) {
 			ev.Kind = EventParked
 			ev.Err = herr
-			if ferr := m.recordFailure(origCtx, consumer, key, claim.Attempt, herr, true); ferr != nil {
+			if ferr := m.recordFailure(origCtx, lease, herr, true); ferr != nil {
 				// Not recorded: nack, so that the key is not lost.
 				return nil, fmt.Errorf("exactlyonce: permanent failure could not be recorded: %w (handler: %w)", ferr, herr)
 			}
@@ -173,18 +221,50 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 			return nil, nil
 		}
 		ev.Kind = EventFailed
-		_ = m.recordFailure(origCtx, consumer, key, claim.Attempt, herr, false)
+		_ = m.recordFailure(origCtx, lease, herr, false)
 		return nil, herr
 	}
+	return m.completeLease(msg, ev, lease, th, ob, produced, herr, berr)
+}
 
-	// From here the handler succeeded, or the database failed under it:
-	// its external effect may have happened. Such a failure is not recorded
-	// as failed (that would retry at once, blind); the key stays processing
-	// until its lease expires and OnExpired decides, with Interrupted set.
+// completeLease commits the completion of an attempt whose handler
+// succeeded (or under which the database failed): its external effect
+// probably happened. How a failure here ends depends on whether repeating
+// the attempt could ever succeed:
+//
+//   - deterministic (an output the outbox refuses, a constraint or data
+//     error, also at COMMIT): repeating would repeat the effect and fail the
+//     same way, so the key is parked with the reason, marked interrupted,
+//     and the message acked;
+//   - lease lost (another worker took over, or an operator changed the
+//     record): rolled back, the new holder decides;
+//   - anything else (the database unreachable, the commit's outcome
+//     unknown): nothing is recorded, the key stays processing until its
+//     lease expires and OnExpired decides, with Interrupted set, at most
+//     MaxInterruptedAttempts times. Never a blind immediate retry.
+func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *leaseState, th *txHandle, ob *lazyOutbox,
+	produced []*message.Message, herr, berr error) ([]*message.Message, error) {
+	consumer, key := lease.consumer, lease.key
 	unknown := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		ev.Kind = EventFailed
 		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then OnExpired decides: %w", key, consumer, cause)
+	}
+	park := func(cause error) ([]*message.Message, error) {
+		th.rollback()
+		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
+		if err := m.store.ParkInterrupted(context.WithoutCancel(msg.Context()), m.cfg.DB, consumer, key, lease.token, reason); err != nil {
+			if errors.Is(err, inbox.ErrLeaseLost) {
+				ev.Kind = EventFailed
+				return nil, fmt.Errorf("exactlyonce: %w (completion: %w)", err, cause)
+			}
+			return unknown(fmt.Errorf("%w (and parking failed: %w)", cause, err))
+		}
+		ev.Kind = EventParked
+		ev.Err = cause
+		m.cfg.Logger.Error("exactlyonce: completion can never commit, key parked for an operator and message acked", cause,
+			watermill.LogFields{"consumer": consumer, "key": key, "attempt": lease.info.Attempt})
+		return nil, nil
 	}
 	switch {
 	case berr != nil && herr != nil:
@@ -192,22 +272,47 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	case berr != nil:
 		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, berr))
 	}
-	if err := m.writeOutputs(msg, ob, produced); err != nil {
+	outputs, err := m.prepareOutputs(msg, produced)
+	if err != nil {
+		return park(err)
+	}
+	if err := outputs.write(ob); err != nil {
+		if pgerr.Deterministic(err) || isOutputError(err) {
+			return park(err)
+		}
 		return unknown(err)
 	}
 	tx, err := th.get()
 	if err != nil {
 		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, err))
 	}
-	if err := m.store.CompleteTx(origCtx, tx, consumer, key, claim.Attempt); err != nil {
-		if errors.Is(err, inbox.ErrLeaseLost) {
+	if err := m.store.CompleteTx(msg.Context(), tx, consumer, key, lease.token); err != nil {
+		switch {
+		case errors.Is(err, inbox.ErrLeaseLost):
 			th.rollback()
 			ev.Kind = EventFailed
 			return nil, fmt.Errorf("exactlyonce: %w", err)
+		case pgerr.SerializationFailure(err):
+			// Under REPEATABLE READ or SERIALIZABLE: the record changed
+			// after this transaction's snapshot. Only a takeover or an
+			// operator changes a held record; check in a fresh statement.
+			th.rollback()
+			if owns, oerr := m.store.Owns(context.WithoutCancel(msg.Context()), m.cfg.DB, consumer, key, lease.token); oerr == nil && !owns {
+				ev.Kind = EventFailed
+				return nil, fmt.Errorf("exactlyonce: %w: %q for %q (%w)", inbox.ErrLeaseLost, key, consumer, err)
+			}
+			return unknown(err)
+		case pgerr.Deterministic(err):
+			return park(err)
 		}
 		return unknown(err)
 	}
 	if err := th.commit(); err != nil {
+		if pgerr.Deterministic(err) {
+			// The server refused the commit (a deferred constraint): it
+			// did not happen.
+			return park(fmt.Errorf("commit: %w", err))
+		}
 		ev.Kind = EventFailed
 		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires, then OnExpired decides): %w", key, consumer, err)
 	}
@@ -218,11 +323,11 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 // recordFailure records a failed attempt so that the next delivery can run
 // at once instead of waiting for the lease to expire. If it cannot be
 // recorded, the lease expiry covers it; the error is logged and returned.
-func (m *Middleware) recordFailure(ctx context.Context, consumer, key string, attempt int, cause error, permanent bool) error {
-	err := m.store.Fail(context.WithoutCancel(ctx), m.cfg.DB, consumer, key, attempt, cause.Error(), permanent)
+func (m *Middleware) recordFailure(ctx context.Context, l *leaseState, cause error, permanent bool) error {
+	err := m.store.Fail(context.WithoutCancel(ctx), m.cfg.DB, l.consumer, l.key, l.token, cause.Error(), permanent)
 	if err != nil {
 		m.cfg.Logger.Error("exactlyonce: could not record the failed attempt; the lease expiry will release the key", err,
-			watermill.LogFields{"consumer": consumer, "key": key, "attempt": attempt})
+			watermill.LogFields{"consumer": l.consumer, "key": l.key, "attempt": l.info.Attempt})
 	}
 	return err
 }

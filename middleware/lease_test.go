@@ -107,7 +107,7 @@ func TestLeaseMode(t *testing.T) {
 
 			// Another worker holds a live lease: nack, never ack, handler not run.
 			infos = nil
-			other, err := store.ClaimLease(ctx, d.DB, "sms", "k4", time.Minute, inbox.RetryExpired)
+			other, err := store.ClaimLease(ctx, d.DB, "sms", "k4", inbox.LeaseOptions{Lease: time.Minute})
 			require.NoError(t, err)
 			require.Equal(t, inbox.LeaseAcquired, other.Outcome)
 			_, err = h(message.NewMessage("k4", nil))
@@ -124,7 +124,7 @@ func TestLeaseMode(t *testing.T) {
 			require.True(t, infos[0].Interrupted)
 			require.Equal(t, "sms:k4", infos[0].IdempotencyKey)
 			// The dead holder's completion is refused.
-			require.ErrorIs(t, store.CompleteTx(ctx, d.DB, "sms", "k4", 1), inbox.ErrLeaseLost)
+			require.ErrorIs(t, store.CompleteTx(ctx, d.DB, "sms", "k4", other.Token), inbox.ErrLeaseLost)
 
 			// Park policy: an expired lease parks the key and acks.
 			var parkCounters middleware.Counters
@@ -132,7 +132,7 @@ func TestLeaseMode(t *testing.T) {
 				t.Error("handler must not run for a parked key")
 				return nil, nil
 			})
-			_, err = store.ClaimLease(ctx, d.DB, "sms", "k5", time.Minute, inbox.ParkExpired)
+			_, err = store.ClaimLease(ctx, d.DB, "sms", "k5", inbox.LeaseOptions{Lease: time.Minute, OnExpired: inbox.ParkExpired})
 			require.NoError(t, err)
 			expire("k5")
 			_, err = parker(message.NewMessage("k5", nil))
@@ -163,8 +163,11 @@ func TestExtendLease(t *testing.T) {
 		require.True(t, rec.LeaseUntil.After(before.LeaseUntil.Add(50*time.Minute)), "lease extended to about an hour")
 
 		// Someone takes the key over: extension and completion are refused.
-		_, err = d.DB.ExecContext(ctx, "UPDATE "+tables.Inbox()+" SET attempts = attempts + 1")
+		_, err = d.DB.ExecContext(ctx, "UPDATE "+tables.Inbox()+" SET lease_until = now() - interval '1 second'")
 		require.NoError(t, err)
+		taken, err := store.ClaimLease(ctx, d.DB, "c", "k", inbox.LeaseOptions{Lease: time.Minute})
+		require.NoError(t, err)
+		require.Equal(t, inbox.LeaseAcquired, taken.Outcome)
 		require.ErrorIs(t, middleware.ExtendLease(ctx, 0), middleware.ErrLeaseLost)
 		return nil, nil
 	})(message.NewMessage("k", nil))

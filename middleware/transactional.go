@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -34,9 +33,21 @@ var (
 	ErrKeyTooLong = inbox.ErrKeyTooLong
 	ErrInvalidKey = inbox.ErrInvalidKey
 
-	// ErrDBUnavailable wraps a database failure before the handler ran
-	// (begin or claim). The message was not processed; it is nacked.
+	// ErrDBUnavailable wraps a failure to reach the database before the
+	// handler ran (begin or claim): the connection could not be made or was
+	// lost, or the server is shutting down or full. The message was not
+	// processed; it is nacked after NackDelay, or, with FailOpen, the
+	// handler runs without deduplication. See docs/guarantees.md for the
+	// exact list of errors that count.
 	ErrDBUnavailable = errors.New("exactlyonce: database unavailable")
+
+	// ErrClaimFailed wraps any other database error before the handler ran
+	// (a serialization failure that kept recurring, a lock or statement
+	// timeout, a missing table, a pooler's refusal). The message was not
+	// processed; it is nacked after NackDelay. FailOpen never runs the
+	// handler for these: the database is there, and another copy may be
+	// running the key.
+	ErrClaimFailed = errors.New("exactlyonce: claim failed")
 
 	// ErrHandlerPanic wraps a recovered handler panic.
 	ErrHandlerPanic = errors.New("exactlyonce: handler panicked")
@@ -94,6 +105,14 @@ type Config struct {
 	// mode only. Defaults to RetryExpired.
 	OnExpired ExpiredPolicy
 
+	// MaxInterruptedAttempts bounds RetryExpired: once this many attempts of
+	// a key were interrupted (their lease expired mid-attempt, or their
+	// completion failed after the handler ran), the key is parked for an
+	// operator instead of run again. Each interrupted attempt may have
+	// performed its effect. Lease mode only. Defaults to
+	// DefaultMaxInterruptedAttempts (3).
+	MaxInterruptedAttempts int
+
 	// Tables names the inbox and outbox tables. Defaults to sqlschema's
 	// defaults. Create them with sqlschema.Migrate.
 	Tables sqlschema.Config
@@ -117,16 +136,22 @@ type Config struct {
 	PublishTopic string
 
 	// FailOpen, when true, runs the handler without deduplication and
-	// without a transaction if the database cannot begin or claim, and
-	// returns its messages to the router. Duplicates become possible;
-	// each such run is reported as EventFailOpen. Defaults to false: fail
-	// closed (nack and retry later).
+	// without a transaction when the database cannot be reached before the
+	// handler runs (ErrDBUnavailable: connection refused or lost, server
+	// shutting down or full), and returns its messages to the router, which
+	// publishes them to the handler's publish topic. Any other database
+	// error (ErrClaimFailed) is a nack, never a fail-open run. Duplicates
+	// become possible; each run is reported as EventFailOpen. Transactional
+	// mode only: lease mode exists to keep two workers off one key, and New
+	// refuses FailOpen with it. Defaults to false: fail closed (nack and
+	// retry later).
 	FailOpen bool
 
 	// NackDelay is how long the middleware waits before returning the
-	// error for a delivery that failed for a reason the handler did not
-	// cause (ErrDBUnavailable, a rejected key, a held lease), so that the
-	// broker does not redeliver it in a tight loop. The wait ends early when
+	// error for a delivery that failed for a reason a retry at once would
+	// not fix (ErrDBUnavailable, ErrClaimFailed, a rejected key, a held
+	// lease, inbox.ErrNotDone, output messages the outbox refuses), so that
+	// the broker does not redeliver it in a tight loop. The wait ends early when
 	// the message's context ends. Handler errors are returned at once: put
 	// Watermill's Retry middleware outside this one for those. Defaults to
 	// 1s; a negative value disables the wait.
@@ -141,11 +166,23 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
+// Defaults of Config.
+const (
+	DefaultLease                  = 30 * time.Second
+	DefaultNackDelay              = time.Second
+	DefaultMaxInterruptedAttempts = 3
+)
+
+// maxClaimTries bounds the claims of one delivery that lose a race under
+// REPEATABLE READ or SERIALIZABLE (see beginClaim).
+const maxClaimTries = 5
+
 // Middleware is the transactional exactly-once middleware. Create it with
 // New and attach its Middleware method to a router or handler.
 type Middleware struct {
-	cfg   Config
-	store *inbox.Store
+	cfg    Config
+	store  *inbox.Store
+	scopes scopes
 }
 
 // New validates cfg and returns the middleware. It does not touch the
@@ -162,13 +199,22 @@ func New(cfg Config) (*Middleware, error) {
 		cfg.OnEvent = func(Event) {}
 	}
 	if cfg.NackDelay == 0 {
-		cfg.NackDelay = time.Second
+		cfg.NackDelay = DefaultNackDelay
 	}
 	if cfg.Lease == 0 {
-		cfg.Lease = 30 * time.Second
+		cfg.Lease = DefaultLease
+	}
+	if cfg.MaxInterruptedAttempts == 0 {
+		cfg.MaxInterruptedAttempts = DefaultMaxInterruptedAttempts
 	}
 	if cfg.Mode != Transactional && cfg.Mode != Lease {
 		return nil, fmt.Errorf("exactlyonce: Config.Mode is %d, want Transactional or Lease", cfg.Mode)
+	}
+	if cfg.Mode == Lease && cfg.FailOpen {
+		return nil, errors.New("exactlyonce: Config.FailOpen cannot be used with Lease mode: running the handler without its claim would let two workers run one key at once")
+	}
+	if cfg.MaxInterruptedAttempts < 1 {
+		return nil, fmt.Errorf("exactlyonce: Config.MaxInterruptedAttempts is %d, it must be at least 1", cfg.MaxInterruptedAttempts)
 	}
 	if cfg.Lease < time.Second {
 		return nil, fmt.Errorf("exactlyonce: Config.Lease is %s, it must be at least 1s", cfg.Lease)
@@ -233,13 +279,16 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return m.handleLease(msg, h, ev, origCtx, consumer, key)
 	}
 
+	m.scopes.check(m, msg, consumer)
+
 	tx, claim, err := m.beginClaim(origCtx, consumer, key)
 	if errors.Is(err, inbox.ErrNotDone) {
 		ev.Kind = EventFailed
+		sleep(origCtx, m.cfg.NackDelay) // a configuration error: never succeeds on redelivery
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}
 	if err != nil {
-		return m.dbFailure(msg, h, ev, err)
+		return m.claimFailure(msg, h, ev, err)
 	}
 	if !claim.Claimed {
 		ev.Kind = EventDuplicate
@@ -265,8 +314,18 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		ev.Kind = EventFailed
 		return nil, err
 	}
-	if err := m.writeOutputs(msg, ob, produced); err != nil {
+	outputs, err := m.prepareOutputs(msg, produced)
+	if err == nil {
+		err = outputs.write(ob)
+	}
+	if err != nil {
 		ev.Kind = EventFailed
+		_ = tx.Rollback()
+		done = true
+		if isOutputError(err) {
+			// Refused before any SQL: the same on every redelivery.
+			sleep(origCtx, m.cfg.NackDelay)
+		}
 		return nil, err
 	}
 	done = true
@@ -281,7 +340,25 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 // beginClaim begins the message's transaction and claims the key in it.
 // For a duplicate it returns a nil tx (the duplicate counter is already
 // committed, best-effort). A pgx pool takes the one-round-trip path.
+//
+// The transaction has the database's default isolation (the handler's
+// writes share it). Under REPEATABLE READ or SERIALIZABLE a claim that
+// waited for another transaction's claim of the same key fails with a
+// serialization failure when that one commits, because the row is not in
+// this transaction's snapshot. The claim is the transaction's first
+// statement, so nothing is lost by rolling back and claiming again in a new
+// transaction, whose snapshot sees the winner's row: the delivery is then a
+// duplicate, exactly as under READ COMMITTED.
 func (m *Middleware) beginClaim(ctx context.Context, consumer, key string) (wsql.Tx, inbox.ClaimResult, error) {
+	for try := 1; ; try++ {
+		tx, claim, err := m.beginClaimOnce(ctx, consumer, key)
+		if err == nil || try == maxClaimTries || !pgerr.SerializationFailure(err) || ctx.Err() != nil {
+			return tx, claim, err
+		}
+	}
+}
+
+func (m *Middleware) beginClaimOnce(ctx context.Context, consumer, key string) (wsql.Tx, inbox.ClaimResult, error) {
 	if pool, ok := pgxPool(m.cfg.DB); ok {
 		tx, claim, err := m.beginClaimPgx(ctx, pool, consumer, key)
 		if tx == nil {
@@ -320,74 +397,6 @@ func keyError(msg *message.Message, consumer string, err error) error {
 	return fmt.Errorf("exactlyonce: message %q for handler %q cannot be deduplicated: %w%s", msg.UUID, consumer, err, hint)
 }
 
-// dbFailure handles a database error before the handler ran.
-func (m *Middleware) dbFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
-	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
-	err := fmt.Errorf("%w: %w", ErrDBUnavailable, cause)
-	if !m.cfg.FailOpen || msg.Context().Err() != nil {
-		ev.Kind = EventDBUnavailable
-		m.cfg.Logger.Error("exactlyonce: database unavailable, message will be redelivered", err, fields)
-		sleep(msg.Context(), m.cfg.NackDelay)
-		return nil, err
-	}
-	ev.Kind = EventFailOpen
-	m.cfg.Logger.Error("exactlyonce: FAIL-OPEN: running handler without deduplication", err, fields)
-	produced, herr := callHandler(h, msg)
-	if herr != nil {
-		return nil, herr
-	}
-	return produced, nil
-}
-
-// callHandler runs h and turns a panic into an error.
-func callHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanic, r, debug.Stack())
-		}
-	}()
-	return h(msg)
-}
-
-// writeOutputs writes the handler's messages to the outbox, consecutive
-// messages with the same destination in one INSERT.
-func (m *Middleware) writeOutputs(msg *message.Message, ob *lazyOutbox, produced []*message.Message) error {
-	if len(produced) == 0 {
-		return nil
-	}
-	defaultTopic := m.cfg.PublishTopic
-	if defaultTopic == "" {
-		defaultTopic = message.PublishTopicFromCtx(msg.Context())
-	}
-	topics := make([]string, len(produced))
-	for i, p := range produced {
-		if p == nil {
-			return fmt.Errorf("exactlyonce: handler returned a nil message at index %d", i)
-		}
-		topic := defaultTopic
-		if t := p.Metadata.Get(TopicMetadataKey); t != "" {
-			topic = t
-			delete(p.Metadata, TopicMetadataKey)
-		}
-		if topic == "" {
-			return fmt.Errorf("%w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
-		}
-		topics[i] = topic
-		p.SetContext(msg.Context())
-	}
-	for start := 0; start < len(produced); {
-		end := start + 1
-		for end < len(produced) && topics[end] == topics[start] {
-			end++
-		}
-		if err := ob.Publish(topics[start], produced[start:end]...); err != nil {
-			return fmt.Errorf("exactlyonce: writing output to the outbox: %w", err)
-		}
-		start = end
-	}
-	return nil
-}
-
 // sleep waits d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) {
 	if d <= 0 {
@@ -399,35 +408,4 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
-}
-
-// lazyOutbox creates the outbox publisher on first use: most deliveries
-// of many handlers write no output.
-type lazyOutbox struct {
-	tx     *txHandle
-	tables sqlschema.Config
-	pub    *outbox.Publisher
-}
-
-func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
-	if l.pub == nil {
-		tx, err := l.tx.get()
-		if err != nil {
-			return fmt.Errorf("exactlyonce: outbox: %w", err)
-		}
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: l.tables})
-		if err != nil {
-			return err
-		}
-		l.pub = pub
-	}
-	return l.pub.Publish(topic, messages...)
-}
-
-// Close closes the underlying publisher, if one was created.
-func (l *lazyOutbox) Close() error {
-	if l.pub == nil {
-		return nil
-	}
-	return l.pub.Close()
 }

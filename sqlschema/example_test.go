@@ -88,6 +88,7 @@ func ExampleMigrate() {
 	// Output:
 	// inbox:inbox 1 inbox_001_create.up.sql
 	// inbox:inbox 2 inbox_002_lease.up.sql
+	// inbox:inbox 3 inbox_003_fencing_retention.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 }

@@ -66,7 +66,7 @@ func TestMigrations(t *testing.T) {
 		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
-	require.Equal(t, 2, last["inbox"], "inbox has its create and lease migrations")
+	require.Equal(t, 3, last["inbox"], "inbox has its create, lease, and fencing/retention migrations")
 	require.Equal(t, 2, last["outbox"], "outbox has its create and quarantine migrations")
 }
 
@@ -322,11 +322,22 @@ CREATE TABLE `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+
 		}
 		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Inbox()+` (consumer, message_key) VALUES ('c', 'old')`)
 		require.NoError(t, err)
+		// A failed lease-mode record of the old versions had no processed_at.
+		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Inbox()+` (consumer, message_key, status, first_seen_at)
+VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
+		require.NoError(t, err)
 
 		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
 		var interrupted bool
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT interrupted FROM `+cfg.Inbox()+` WHERE message_key = 'old'`, nil, &interrupted))
-		require.False(t, interrupted, "the old row is kept and gets the new column's default")
+		var interruptions int
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT interrupted, interruptions FROM `+cfg.Inbox()+` WHERE message_key = 'old'`,
+			nil, &interrupted, &interruptions))
+		require.False(t, interrupted, "the old row is kept and gets the new columns' defaults")
+		require.Zero(t, interruptions)
+		var recent bool
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT processed_at > now() - interval '1 hour' FROM `+cfg.Inbox()+
+			` WHERE message_key = 'old-failed'`, nil, &recent))
+		require.True(t, recent, "a failed record gets a finish time, so retention keeps it a full period")
 	})
 }

@@ -1,0 +1,107 @@
+// Package pgerr classifies the errors the library gets from PostgreSQL, the
+// drivers (pgx/v5, database/sql) and poolers in front of them. It decides
+// three things, each on the error alone:
+//
+//   - Unreachable: the database cannot be reached right now (the connection
+//     could not be made, was lost, or the server is shutting down or full).
+//     Only these may run a handler fail-open.
+//   - SerializationFailure: the statement lost a race under REPEATABLE READ
+//     or SERIALIZABLE (40001) or a deadlock (40P01); a new transaction may
+//     succeed.
+//   - Deterministic: the statement will fail the same way if repeated (a
+//     constraint, a data error, a missing table, an aborted transaction).
+//
+// Drivers other than pgx are recognised through the SQLState() method that
+// pgconn.PgError and lib/pq's Error both have, and through the standard
+// net.Error, io.EOF and driver.ErrBadConn.
+package pgerr
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Code returns the SQLSTATE of err (the outermost one that has it), or "".
+func Code(err error) string {
+	var s interface{ SQLState() string }
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	return ""
+}
+
+// unreachableCodes are the SQLSTATEs, besides class 08, that say the server
+// cannot take work now: shutting down (57P01 admin_shutdown, 57P02
+// crash_shutdown), starting up (57P03 cannot_connect_now), full (53300
+// too_many_connections).
+var unreachableCodes = map[string]bool{"57P01": true, "57P02": true, "57P03": true, "53300": true}
+
+// Unreachable reports whether err means the database cannot be reached: the
+// connection could not be made at the network level, was lost, or the server
+// refused it because it is shutting down, starting, or full (SQLSTATE class
+// 08 except 08P01, 57P01, 57P02, 57P03, 53300).
+//
+// It is false for everything else: statement errors (serialization failures,
+// lock and statement timeouts, missing tables, constraint violations),
+// authentication and configuration errors, 08P01 (protocol violation, which
+// is how PgBouncer reports its own refusals and limits), a closed pool, and
+// the caller's context ending.
+func Unreachable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if code := Code(err); code != "" {
+		return (strings.HasPrefix(code, "08") && code != "08P01") || unreachableCodes[code]
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true // dial or TLS failure: no server error code
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr)
+}
+
+// SerializationFailure reports whether err is a serialization failure
+// (40001) or a detected deadlock (40P01): the transaction lost a race and a
+// new transaction may succeed.
+func SerializationFailure(err error) bool {
+	code := Code(err)
+	return code == "40001" || code == "40P01"
+}
+
+// deterministicClasses are SQLSTATE classes whose errors repeat when the same
+// statement runs again on the same data.
+var deterministicClasses = map[string]bool{
+	"09": true, // triggered action exception
+	"0A": true, // feature not supported
+	"21": true, // cardinality violation
+	"22": true, // data exception
+	"23": true, // integrity constraint violation (also a deferred one at COMMIT)
+	"25": true, // invalid transaction state (25P02: an earlier statement failed and was ignored)
+	"27": true, // triggered data change violation
+	"2F": true, // SQL routine exception
+	"38": true, // external routine exception
+	"39": true, // external routine invocation exception
+	"42": true, // syntax error or access rule violation (missing table, permission)
+	"44": true, // WITH CHECK OPTION violation
+	"P0": true, // PL/pgSQL raise exception
+}
+
+// Deterministic reports whether err is a server error that repeats when the
+// same work is done again: SQLSTATE classes 09, 0A, 21, 22, 23, 25, 27, 2F,
+// 38, 39, 42, 44 and P0. Connection, resource, timeout and serialization
+// errors are not deterministic.
+func Deterministic(err error) bool {
+	code := Code(err)
+	return len(code) == 5 && deterministicClasses[code[:2]]
+}

@@ -1,0 +1,80 @@
+package middleware_test
+
+import (
+	"context"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// TestFailOpenOnlyWhenUnreachable: FailOpen runs the handler without the
+// inbox only when the database cannot be reached. A database that answers
+// with an error (here a lock timeout while another worker's claim of the
+// same key is uncommitted, and a missing inbox table) is a nack: running the
+// handler then would run it a second time next to the other worker.
+func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testenv.DatabaseURL())
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("lock_timeout", "200") // ms, sent as a run-time parameter
+	u.RawQuery = q.Encode()
+	admin := testenv.Pool(t)
+	for _, d := range testenv.DriversFor(t, u.String()) {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			tables := testenv.Schema(t)
+			for _, c := range []struct {
+				name   string
+				tables sqlschema.Config
+				block  bool
+			}{
+				{name: "lock timeout (55P03)", tables: tables, block: true},
+				{name: "missing table (42P01)", tables: sqlschema.Config{Schema: tables.Schema, InboxTable: "no_such_inbox"}},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					var ev middleware.Counters
+					eo, err := middleware.New(middleware.Config{DB: d.DB, Tables: c.tables, Consumer: "c", FailOpen: true,
+						NackDelay: -1, OnEvent: ev.Observe})
+					require.NoError(t, err)
+					if c.block {
+						other, err := admin.Begin(context.Background())
+						require.NoError(t, err)
+						defer func() { _ = other.Rollback(context.Background()) }()
+						_, err = other.Exec(context.Background(), `INSERT INTO `+tables.Inbox()+
+							` (consumer, message_key, status, attempts, processed_at) VALUES ('c', 'k', 'done', 1, now())`)
+						require.NoError(t, err)
+					}
+					var runs atomic.Int64
+					_, err = eo.Middleware(func(*message.Message) ([]*message.Message, error) {
+						runs.Add(1)
+						return nil, nil
+					})(message.NewMessage("k", nil))
+					require.Zero(t, runs.Load(), "FailOpen must not run the handler when the database answered")
+					require.Zero(t, ev.FailOpen.Load())
+					require.ErrorIs(t, err, middleware.ErrClaimFailed)
+					require.NotErrorIs(t, err, middleware.ErrDBUnavailable)
+					require.Equal(t, int64(1), ev.ClaimFailed.Load())
+				})
+			}
+		})
+	}
+}
+
+// TestFailOpenRefusedInLeaseMode: lease mode exists to keep two workers off
+// one key; running its handler without the claim would break that.
+func TestFailOpenRefusedInLeaseMode(t *testing.T) {
+	t.Parallel()
+	d := testenv.Drivers(t)[0]
+	_, err := middleware.New(middleware.Config{DB: d.DB, Mode: middleware.Lease, FailOpen: true, Lease: time.Minute})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "FailOpen")
+}

@@ -1,0 +1,94 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+)
+
+// claimFailure handles a database error before the handler ran (begin or
+// claim). Only an unreachable database (pgerr.Unreachable) is
+// ErrDBUnavailable and may run the handler fail-open; any other error is
+// ErrClaimFailed and always a nack: the database is there, and another copy
+// may be running the key.
+func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
+	if !pgerr.Unreachable(cause) {
+		ev.Kind = EventClaimFailed
+		err := fmt.Errorf("%w: %w", ErrClaimFailed, cause)
+		m.cfg.Logger.Error("exactlyonce: claim failed, message will be redelivered", err, fields)
+		sleep(msg.Context(), m.cfg.NackDelay)
+		return nil, err
+	}
+	err := fmt.Errorf("%w: %w", ErrDBUnavailable, cause)
+	if !m.cfg.FailOpen || m.cfg.Mode == Lease || msg.Context().Err() != nil {
+		ev.Kind = EventDBUnavailable
+		m.cfg.Logger.Error("exactlyonce: database unavailable, message will be redelivered", err, fields)
+		sleep(msg.Context(), m.cfg.NackDelay)
+		return nil, err
+	}
+	ev.Kind = EventFailOpen
+	m.cfg.Logger.Error("exactlyonce: FAIL-OPEN: running handler without deduplication", err, fields)
+	produced, herr := callHandler(h, msg)
+	if herr != nil {
+		return nil, herr
+	}
+	return m.failOpenOutputs(msg, produced)
+}
+
+// failOpenOutputs returns the fail-open handler's messages to the router,
+// which publishes them to the handler's publish topic. A message meant for
+// another topic (SetDestination, or a Config.PublishTopic that differs) has
+// no way out without the outbox: the delivery fails (nack) rather than
+// publish it to the wrong topic or drop it. The internal destination key
+// never reaches the router.
+func (m *Middleware) failOpenOutputs(msg *message.Message, produced []*message.Message) ([]*message.Message, error) {
+	if len(produced) == 0 {
+		return nil, nil
+	}
+	routerTopic := message.PublishTopicFromCtx(msg.Context())
+	defaultTopic := m.cfg.PublishTopic
+	if defaultTopic == "" {
+		defaultTopic = routerTopic
+	}
+	out := make([]*message.Message, 0, len(produced))
+	for i, p := range produced {
+		if p == nil {
+			return nil, fmt.Errorf("%w: handler returned a nil message at index %d", errOutput, i)
+		}
+		topic := defaultTopic
+		if t := p.Metadata.Get(TopicMetadataKey); t != "" {
+			topic = t
+		}
+		if routerTopic == "" || topic != routerTopic {
+			return nil, fmt.Errorf("%w: fail-open: message %q is for topic %q, but without the database only the router can publish, and it publishes to the handler's publish topic %q; the delivery is nacked (the handler's other effects happened)",
+				ErrNoDestination, p.UUID, topic, routerTopic)
+		}
+		delete(p.Metadata, TopicMetadataKey)
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// callHandler runs h and turns a panic into an error.
+func callHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanic, r, debug.Stack())
+		}
+	}()
+	return h(msg)
+}
+
+// errOutput marks errors about the handler's output messages that no retry
+// can fix: refused before any SQL ran.
+var errOutput = errors.New("exactlyonce: invalid output message")
+
+func isOutputError(err error) bool {
+	return errors.Is(err, errOutput) || errors.Is(err, ErrNoDestination)
+}

@@ -1,0 +1,100 @@
+package middleware
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// outputGroup is a run of consecutive output messages with one destination:
+// written with one INSERT.
+type outputGroup struct {
+	topic string
+	msgs  []*message.Message
+}
+
+type outputSet []outputGroup
+
+// prepareOutputs resolves the destination of every message the handler
+// returned and checks each one against what the outbox can store, before
+// any SQL: a nil message, no destination, an empty UUID, a topic or
+// metadata that is not valid UTF-8 or contains NUL. Errors wrap
+// ErrNoDestination or errOutput (see isOutputError). The internal
+// destination key is removed from the metadata.
+func (m *Middleware) prepareOutputs(msg *message.Message, produced []*message.Message) (outputSet, error) {
+	if len(produced) == 0 {
+		return nil, nil
+	}
+	defaultTopic := m.cfg.PublishTopic
+	if defaultTopic == "" {
+		defaultTopic = message.PublishTopicFromCtx(msg.Context())
+	}
+	var set outputSet
+	for i, p := range produced {
+		if p == nil {
+			return nil, fmt.Errorf("%w: handler returned a nil message at index %d", errOutput, i)
+		}
+		topic := defaultTopic
+		if t := p.Metadata.Get(TopicMetadataKey); t != "" {
+			topic = t
+			delete(p.Metadata, TopicMetadataKey)
+		}
+		if topic == "" {
+			return nil, fmt.Errorf("%w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
+		}
+		if err := outbox.Validate(topic, p); err != nil {
+			return nil, fmt.Errorf("%w: message %d: %w", errOutput, i, err)
+		}
+		p.SetContext(msg.Context())
+		if n := len(set); n > 0 && set[n-1].topic == topic {
+			set[n-1].msgs = append(set[n-1].msgs, p)
+		} else {
+			set = append(set, outputGroup{topic: topic, msgs: []*message.Message{p}})
+		}
+	}
+	return set, nil
+}
+
+// write writes the groups to the outbox through ob, in order.
+func (set outputSet) write(ob *lazyOutbox) error {
+	for _, g := range set {
+		if err := ob.Publish(g.topic, g.msgs...); err != nil {
+			return fmt.Errorf("exactlyonce: writing output to the outbox: %w", err)
+		}
+	}
+	return nil
+}
+
+// lazyOutbox creates the outbox publisher on first use: most deliveries
+// of many handlers write no output.
+type lazyOutbox struct {
+	tx     *txHandle
+	tables sqlschema.Config
+	pub    *outbox.Publisher
+}
+
+func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
+	if l.pub == nil {
+		tx, err := l.tx.get()
+		if err != nil {
+			return fmt.Errorf("exactlyonce: outbox: %w", err)
+		}
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: l.tables})
+		if err != nil {
+			return err
+		}
+		l.pub = pub
+	}
+	return l.pub.Publish(topic, messages...)
+}
+
+// Close closes the underlying publisher, if one was created.
+func (l *lazyOutbox) Close() error {
+	if l.pub == nil {
+		return nil
+	}
+	return l.pub.Close()
+}
