@@ -1,0 +1,106 @@
+package pgerr_test
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+)
+
+// sqlState is an error with a SQLSTATE, as lib/pq's Error has.
+type sqlState string
+
+func (s sqlState) Error() string    { return "pq: " + string(s) }
+func (s sqlState) SQLState() string { return string(s) }
+
+func pg(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "m"}) }
+
+func TestClassification(t *testing.T) {
+	t.Parallel()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for _, c := range []struct {
+		name                                      string
+		err                                       error
+		unreachable, serialization, deterministic bool
+	}{
+		{name: "nil"},
+		{name: "connection refused", err: refused, unreachable: true},
+		{name: "EOF", err: fmt.Errorf("read: %w", io.EOF), unreachable: true},
+		{name: "unexpected EOF", err: io.ErrUnexpectedEOF, unreachable: true},
+		{name: "bad conn", err: driver.ErrBadConn, unreachable: true},
+		{name: "conn closed", err: pgconn.ErrConnClosed, unreachable: true},
+		{name: "08006 connection failure", err: pg("08006"), unreachable: true},
+		{name: "08001 cannot connect", err: pg("08001"), unreachable: true},
+		{name: "57P01 admin shutdown", err: pg("57P01"), unreachable: true},
+		{name: "57P03 starting up", err: pg("57P03"), unreachable: true},
+		{name: "53300 too many connections", err: pg("53300"), unreachable: true},
+		{name: "lib/pq style 08006", err: sqlState("08006"), unreachable: true},
+		{name: "08P01 protocol violation (PgBouncer's own refusals)", err: pg("08P01")},
+		{name: "40001 serialization failure", err: pg("40001"), serialization: true},
+		{name: "40P01 deadlock", err: pg("40P01"), serialization: true},
+		{name: "55P03 lock timeout", err: pg("55P03")},
+		{name: "57014 statement timeout", err: pg("57014")},
+		{name: "28P01 bad password", err: pg("28P01")},
+		{name: "3D000 no such database", err: pg("3D000")},
+		{name: "42P01 missing table", err: pg("42P01"), deterministic: true},
+		{name: "42P05 prepared statement exists", err: pg("42P05"), deterministic: true},
+		{name: "23505 unique violation", err: pg("23505"), deterministic: true},
+		{name: "23503 foreign key (deferred, at COMMIT)", err: pg("23503"), deterministic: true},
+		{name: "22021 bad encoding", err: pg("22021"), deterministic: true},
+		{name: "25P02 aborted transaction", err: pg("25P02"), deterministic: true},
+		{name: "P0001 raise exception", err: pg("P0001"), deterministic: true},
+		{name: "context canceled", err: fmt.Errorf("x: %w", context.Canceled)},
+		{name: "deadline exceeded", err: context.DeadlineExceeded},
+		{name: "plain error", err: errors.New("something")},
+	} {
+		require.Equal(t, c.unreachable, pgerr.Unreachable(c.err), "%s: Unreachable", c.name)
+		require.Equal(t, c.serialization, pgerr.SerializationFailure(c.err), "%s: SerializationFailure", c.name)
+		require.Equal(t, c.deterministic, pgerr.Deterministic(c.err), "%s: Deterministic", c.name)
+	}
+}
+
+// The classification of errors the real server and driver produce.
+func TestClassificationOfRealErrors(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// A port nothing listens on: the connection cannot be made.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	_, err = pgx.Connect(ctx, "postgres://postgres@"+addr+"/test?connect_timeout=5")
+	require.Error(t, err)
+	require.True(t, pgerr.Unreachable(err), "dial refused: %v", err)
+
+	pool := testenv.Pool(t)
+	_, err = pool.Exec(ctx, "SELECT * FROM no_such_table_anywhere")
+	require.False(t, pgerr.Unreachable(err))
+	require.True(t, pgerr.Deterministic(err), "%v", err)
+
+	// A session terminated by an administrator: the connection is lost.
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var pid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	_, err = pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SELECT 1")
+	require.Error(t, err)
+	require.True(t, pgerr.Unreachable(err), "terminated session: %v", err)
+	require.False(t, pgerr.Deterministic(err))
+}

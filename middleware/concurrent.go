@@ -1,0 +1,85 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ConcurrentSubscriber returns a message.Subscriber that, for each
+// Subscribe, subscribes to sub n times and merges the deliveries into one
+// channel. Register a handler with it to have up to n of its deliveries in
+// flight at once (Watermill's router runs each delivery it receives in its
+// own goroutine) under one handler name, and so under one consumer name:
+//
+//	router.AddHandler("send-sms", "sms.requested", middleware.ConcurrentSubscriber(sub, 8), ...)
+//
+// Registering the same handler n times under n names gives the same
+// concurrency, but each copy records keys under its own consumer name by
+// default, so a redelivery that reaches another copy runs again.
+//
+// sub must deliver each Subscribe's messages independently of the others,
+// as watermill-amqp's subscriber does (one consumer and channel per
+// Subscribe, one delivery in flight each; set its prefetch to at least 1).
+// Closing the returned subscriber closes sub. When ctx ends, deliveries
+// already taken from sub but not yet handed over are nacked.
+func ConcurrentSubscriber(sub message.Subscriber, n int) message.Subscriber {
+	return &concurrentSubscriber{sub: sub, n: n}
+}
+
+type concurrentSubscriber struct {
+	sub       message.Subscriber
+	n         int
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func (c *concurrentSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if c.sub == nil {
+		return nil, errors.New("exactlyonce: ConcurrentSubscriber: subscriber is nil")
+	}
+	if c.n < 1 {
+		return nil, fmt.Errorf("exactlyonce: ConcurrentSubscriber: n is %d, it must be at least 1", c.n)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	chans := make([]<-chan *message.Message, 0, c.n)
+	for i := range c.n {
+		ch, err := c.sub.Subscribe(ctx, topic)
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("exactlyonce: ConcurrentSubscriber: subscription %d of %d to %q: %w", i+1, c.n, topic, err)
+		}
+		chans = append(chans, ch)
+	}
+	out := make(chan *message.Message)
+	var wg sync.WaitGroup
+	for _, ch := range chans {
+		wg.Go(func() {
+			for msg := range ch {
+				select {
+				case out <- msg:
+				case <-ctx.Done():
+					msg.Nack()
+				}
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		cancel()
+		close(out)
+	}()
+	return out, nil
+}
+
+func (c *concurrentSubscriber) Close() error {
+	c.closeOnce.Do(func() {
+		if c.sub != nil {
+			c.closeErr = c.sub.Close()
+		}
+	})
+	return c.closeErr
+}
