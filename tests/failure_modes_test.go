@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -337,6 +338,7 @@ func TestFailureFailOpen(t *testing.T) {
 			eo, err := middleware.New(middleware.Config{DB: via.DB, Tables: tables, FailOpen: true, OnEvent: ev.Observe})
 			require.NoError(t, err)
 			outUUID := watermill.NewUUID()
+			routedUUID := watermill.NewUUID()
 			r := faultNewRouter(t)
 			r.AddMiddleware(eo.Middleware)
 			r.AddHandler("fail-open", in, testenv.AMQPSubscriber(t, 1), out, pub, func(msg *message.Message) ([]*message.Message, error) {
@@ -346,7 +348,11 @@ func TestFailureFailOpen(t *testing.T) {
 				_, anyOK := middleware.TxFromContext(msg.Context())
 				_, obOK := middleware.OutboxFromContext(msg.Context())
 				sawTx.Store(pgxOK || stdOK || anyOK || obOK)
-				return []*message.Message{message.NewMessage(outUUID, []byte(`{"sms":"sent without dedup"}`))}, nil
+				// SetDestination to the handler's own publish topic is
+				// honoured; the internal destination key is not published.
+				routed := message.NewMessage(routedUUID, []byte(`{}`))
+				middleware.SetDestination(routed, out)
+				return []*message.Message{message.NewMessage(outUUID, []byte(`{"sms":"sent without dedup"}`)), routed}, nil
 			})
 			testenv.StartRouter(t, r)
 
@@ -356,14 +362,18 @@ func TestFailureFailOpen(t *testing.T) {
 			var got []amqp.Delivery
 			testenv.Eventually(t, faultWait, func() bool {
 				got = append(got, faultDrain(t, conn, out)...)
-				return len(got) > 0
+				return len(got) >= 2
 			}, "the router did not publish the fail-open handler's output")
 			require.NoError(t, r.Close())
 			faultRequireQueueSettled(t, conn, in, 0) // acked
 			require.Empty(t, faultDrain(t, conn, out))
 
-			require.Len(t, got, 1)
+			require.Len(t, got, 2)
 			require.Equal(t, outUUID, faultUUIDOf(got[0]))
+			require.Equal(t, routedUUID, faultUUIDOf(got[1]))
+			for _, g := range got {
+				require.NotContains(t, g.Headers, middleware.TopicMetadataKey, "the internal destination key leaked")
+			}
 			require.Equal(t, int64(1), calls.Load())
 			require.False(t, sawTx.Load(), "fail-open runs the handler without a transaction or outbox")
 			require.Equal(t, int64(1), ev.FailOpen.Load())
@@ -376,4 +386,45 @@ func TestFailureFailOpen(t *testing.T) {
 			require.Equal(t, int64(0), faultCount(t, d.DB, "SELECT count(*) FROM "+tables.Inbox()))
 		})
 	}
+}
+
+// (e) Fail-open with an output for another topic: without the outbox only
+// the router can publish, and it publishes to the handler's publish topic.
+// The delivery is nacked with ErrNoDestination rather than published to the
+// wrong topic or dropped.
+func TestFailureFailOpenOtherDestination(t *testing.T) {
+	t.Parallel()
+	d := faultDriver(t, "pgxpool")
+	tables := testenv.Schema(t)
+	in := testenv.Queue(t, "failopen2_in_")
+	out := testenv.Queue(t, "failopen2_out_")
+	elsewhere := testenv.Queue(t, "failopen2_else_")
+	conn := testenv.AMQPConn(t)
+	proxy := testenv.NewProxy(t, faultDBAddr(t))
+	proxy.Refuse()
+	via := faultDriverVia(t, d, proxy.RewriteURL(testenv.DatabaseURL()))
+	pub := testenv.AMQPPublisher(t)
+
+	var ev faultEvents
+	eo, err := middleware.New(middleware.Config{DB: via.DB, Tables: tables, FailOpen: true, OnEvent: ev.Observe, NackDelay: 50 * time.Millisecond})
+	require.NoError(t, err)
+	r := faultNewRouter(t)
+	r.AddMiddleware(eo.Middleware)
+	r.AddHandler("fail-open-else", in, testenv.AMQPSubscriber(t, 1), out, pub, func(msg *message.Message) ([]*message.Message, error) {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		middleware.SetDestination(m, elsewhere)
+		return []*message.Message{m}, nil
+	})
+	testenv.StartRouter(t, r)
+	require.NoError(t, pub.Publish(in, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
+	testenv.Eventually(t, faultWait, func() bool { return len(ev.Of(middleware.EventFailOpen)) >= 2 },
+		"the fail-open run was not redelivered after its nack")
+	require.NoError(t, r.Close())
+	for _, e := range ev.Of(middleware.EventFailOpen) {
+		require.ErrorIs(t, e.Err, middleware.ErrNoDestination)
+		require.Contains(t, e.Err.Error(), elsewhere)
+	}
+	faultRequireQueueSettled(t, conn, in, 1) // nacked, kept
+	require.Empty(t, faultDrain(t, conn, out), "nothing published to the wrong topic")
+	require.Empty(t, faultDrain(t, conn, elsewhere))
 }
