@@ -25,7 +25,9 @@ type sqlState string
 func (s sqlState) Error() string    { return "pq: " + string(s) }
 func (s sqlState) SQLState() string { return string(s) }
 
-func pg(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "m"}) }
+func pg(code string) error {
+	return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "m"})
+}
 
 func TestClassification(t *testing.T) {
 	t.Parallel()
