@@ -303,10 +303,11 @@ func (p *pgbouncerProc) stop() {
 	}
 }
 
-// tail returns the last lines of the files, for failure messages.
-func tail(paths ...string) string {
-	var b strings.Builder
-	for _, path := range paths {
+// tail returns the last lines of pgbouncer's log file, or of its stderr
+// when the log is empty (an error before pgbouncer opened it), for failure
+// messages.
+func tail(logfile, stderr string) string {
+	for _, path := range []string{logfile, stderr} {
 		data, err := os.ReadFile(path)
 		if err != nil || len(data) == 0 {
 			continue
@@ -315,7 +316,7 @@ func tail(paths ...string) string {
 		if len(lines) > 40 {
 			lines = lines[len(lines)-40:]
 		}
-		fmt.Fprintf(&b, "--- %s\n%s\n", filepath.Base(path), strings.Join(lines, "\n"))
+		return fmt.Sprintf("--- %s\n%s\n", path, strings.Join(lines, "\n"))
 	}
-	return b.String()
+	return "(pgbouncer wrote no log)"
 }
