@@ -19,10 +19,10 @@ import (
 
 // fuzzClaimKeys are keys that would break naive quoting of the literal
 // BeginClaimPgx sends (consumer and key are quoted into
-// "BEGIN; EXECUTE stmt('consumer', 'key')").
+// "BEGIN; INSERT INTO t (...) VALUES ('consumer', 'key', ...)").
 var fuzzClaimKeys = []string{
 	`'`, `''`, `\`, `\'`, `'\`, `'; DROP TABLE x; --`, `'); COMMIT; DROP TABLE x; --`,
-	`', 'k'); --`, `E'\x41'`, `E'\''`, `$$`, `$$'$$`, `$tag$'$tag$`, `U&'\0041'`, `"`, `/*`, `--`,
+	`', 'k'); --`, `', 'failed', 9, now()); --`, `E'\x41'`, `E'\''`, `$$`, `$$'$$`, `$tag$'$tag$`, `U&'\0041'`, `"`, `/*`, `--`,
 	"ключ-🔑", "e\u0301", "\t\r\n", "\u202e", "\x7f", strings.Repeat("'", 2048), strings.Repeat(`\`, 2048),
 }
 
