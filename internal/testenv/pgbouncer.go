@@ -150,6 +150,10 @@ func StartPgBouncer(t testing.TB, cfg PgBouncerConfig) string {
 			"default_pool_size = " + strconv.Itoa(cfg.PoolSize),
 			"min_pool_size = 0",
 			"reserve_pool_size = 0",
+			// Hand out idle server connections in turn, not the most
+			// recently used first: a client's consecutive transactions then
+			// land on different server sessions even under light load.
+			"server_round_robin = 1",
 			"max_client_conn = " + strconv.Itoa(cfg.MaxClients),
 			"logfile = " + logfile,
 			"log_connections = 0",

@@ -63,6 +63,20 @@ func TestPgBouncer(t *testing.T) {
 		wg.Wait()
 		require.NotEmpty(t, backends)
 		require.LessOrEqual(t, len(backends), 4, "server connections are shared")
+
+		// One client alone: its transactions still run in different
+		// server sessions (server_round_robin), so a test relying on
+		// session state fails here instead of passing by luck.
+		conn, err := pgx.Connect(ctx, connString)
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		sessions := map[int32]bool{}
+		for i := 0; i < 8; i++ {
+			var pid int32
+			require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+			sessions[pid] = true
+		}
+		require.Greater(t, len(sessions), 1, "one client's transactions all ran in one server session")
 	})
 	require.NotEmpty(t, pid)
 	_, err := os.Stat("/proc/" + pid)
