@@ -90,6 +90,10 @@ func TestBeginClaimPgxConcurrent(t *testing.T) {
 		require.NoError(t, err)
 		c2, err := pool.Acquire(ctx)
 		require.NoError(t, err)
+		// Released below; on a failure before that, at cleanup, before the
+		// pool's Close, which would wait for them forever.
+		t.Cleanup(c1.Release)
+		t.Cleanup(c2.Release)
 
 		tx1, res1, err := store.BeginClaimPgx(ctx, c1.Conn(), "c", key)
 		require.NoError(t, err)
