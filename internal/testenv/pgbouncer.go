@@ -273,7 +273,7 @@ func (p *pgbouncerProc) waitReady(connString string, timeout time.Duration) erro
 	var err error
 	for time.Now().Before(deadline) {
 		if p.exited() {
-			return fmt.Errorf("pgbouncer exited: %v", p.waitErr)
+			return fmt.Errorf("pgbouncer exited: %w", p.waitErr)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		var conn *pgx.Conn
