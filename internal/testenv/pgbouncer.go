@@ -35,10 +35,11 @@ func DirectDatabaseURL() string {
 // carry. PgBouncer 1.18 in transaction pooling does not keep protocol-level
 // prepared statements (pgx's default cache_statement mode names them per
 // connection, and the next transaction may run on another server
-// connection). "exec" sends each query as an unnamed statement in one round
-// trip with text-format parameters typed after the Go values, keeping
-// server-side parameters (no client-side interpolation as with
-// simple_protocol).
+// connection). "exec" sends each query as the unnamed statement, parse to
+// execute in one round trip, with the parameters apart from the SQL (as
+// text; PostgreSQL infers their types). simple_protocol passes the same
+// suites but interpolates the parameters into the SQL text on the client;
+// we test with what we recommend (docs/pgbouncer.md).
 const PgBouncerExecMode = "exec"
 
 // PgBouncerConfig configures StartPgBouncer.
@@ -273,6 +274,9 @@ func (p *pgbouncerProc) waitReady(connString string, timeout time.Duration) erro
 	var err error
 	for time.Now().Before(deadline) {
 		if p.exited() {
+			if p.waitErr == nil {
+				return errors.New("pgbouncer exited with status 0")
+			}
 			return fmt.Errorf("pgbouncer exited: %w", p.waitErr)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
