@@ -24,7 +24,7 @@ GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
 help: ## Show this help
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-services: ## Make sure PostgreSQL and RabbitMQ are reachable (starts/installs local ones)
+services: ## Make sure PostgreSQL and RabbitMQ are reachable and pgbouncer is installed (starts/installs local ones)
 	@bash scripts/services.sh
 
 test: services ## go vet, then all tests with the race detector

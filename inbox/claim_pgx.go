@@ -12,9 +12,6 @@ import (
 // uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
 const uniqueViolation = "23505"
 
-// undefinedPreparedStatement is the SQLSTATE of EXECUTE before PREPARE.
-const undefinedPreparedStatement = "26000"
-
 // BeginClaimPgx begins a transaction on conn and claims (consumer, key) in
 // it, in one round trip: BEGIN and the inbox INSERT travel as one
 // simple-protocol query. It is the fast path of ClaimTx for pgx
@@ -30,6 +27,11 @@ const undefinedPreparedStatement = "26000"
 // parameters in a multi-statement query); ValidateKey guarantees they are
 // valid UTF-8 without NUL, and conn must use standard_conforming_strings=on
 // and UTF8 client encoding (PostgreSQL's defaults; checked).
+//
+// It keeps nothing in the database session (no prepared statement, no
+// setting) and makes one round trip for a claim, so it works through
+// PgBouncer in transaction pooling, where consecutive round trips outside a
+// transaction may run on different server connections.
 func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, ClaimResult, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return nil, ClaimResult{}, err
@@ -42,9 +44,10 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	if err != nil {
 		return nil, ClaimResult{}, fmt.Errorf("inbox: %w", err)
 	}
-	// The INSERT runs as a server-side prepared statement (planned once
-	// per connection), created on first use.
-	begin := `BEGIN; EXECUTE ` + s.claimStmt + `('` + qc + `', '` + qk + `')`
+	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
+	// query with a unique violation, and the transaction with it.
+	begin := `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +
+		qc + `', '` + qk + `', 'done', 1, now())`
 
 	for attempt := 0; attempt < 4; attempt++ {
 		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
@@ -58,14 +61,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 			}
 		}
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == undefinedPreparedStatement {
-			if _, err := conn.Exec(ctx, `PREPARE `+s.claimStmt+` (text, text) AS INSERT INTO `+s.table+
-				` (consumer, message_key, status, attempts, processed_at) VALUES ($1, $2, 'done', 1, now())`); err != nil {
-				return nil, ClaimResult{}, fmt.Errorf("inbox: preparing the claim statement: %w", err)
-			}
-			continue
-		}
-		if pgErr == nil || pgErr.Code != uniqueViolation {
+		if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation {
 			return nil, ClaimResult{}, fmt.Errorf("inbox: claiming %q for %q: %w", key, consumer, err)
 		}
 		// Already recorded: count the duplicate. Zero rows means the record

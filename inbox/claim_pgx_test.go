@@ -50,11 +50,11 @@ func TestBeginClaimPgx(t *testing.T) {
 	require.Equal(t, int64(1), res.Existing.Duplicates)
 	idle()
 
-	// The prepared statement is re-created when the session lost it.
-	var stmt string
-	require.NoError(t, c.QueryRow(ctx, `SELECT name FROM pg_prepared_statements WHERE name LIKE 'exactlyonce_claim_%'`).Scan(&stmt))
-	_, err = c.Exec(ctx, "DEALLOCATE "+stmt)
-	require.NoError(t, err)
+	// Nothing is kept in the session: no SQL-level prepared statement (it
+	// would not follow the client through PgBouncer's transaction pooling).
+	var prepared int
+	require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE from_sql`).Scan(&prepared))
+	require.Zero(t, prepared, "SQL-level prepared statements in the session")
 	tx, res, err = store.BeginClaimPgx(ctx, c, "c1", "k2")
 	require.NoError(t, err)
 	require.True(t, res.Claimed)
@@ -90,6 +90,10 @@ func TestBeginClaimPgxConcurrent(t *testing.T) {
 		require.NoError(t, err)
 		c2, err := pool.Acquire(ctx)
 		require.NoError(t, err)
+		// Released below; on a failure before that, at cleanup, before the
+		// pool's Close, which would wait for them forever.
+		t.Cleanup(c1.Release)
+		t.Cleanup(c2.Release)
 
 		tx1, res1, err := store.BeginClaimPgx(ctx, c1.Conn(), "c", key)
 		require.NoError(t, err)
@@ -108,7 +112,7 @@ func TestBeginClaimPgxConcurrent(t *testing.T) {
 		// The second claim waits on the first transaction's row lock.
 		testenv.Eventually(t, 10*time.Second, func() bool {
 			var n int
-			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%EXECUTE%'`).Scan(&n)
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'BEGIN; INSERT INTO %'`).Scan(&n)
 			return n > 0
 		}, "the second claim should block on the first")
 		select {

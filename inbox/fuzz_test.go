@@ -19,10 +19,10 @@ import (
 
 // fuzzClaimKeys are keys that would break naive quoting of the literal
 // BeginClaimPgx sends (consumer and key are quoted into
-// "BEGIN; EXECUTE stmt('consumer', 'key')").
+// "BEGIN; INSERT INTO t (...) VALUES ('consumer', 'key', ...)").
 var fuzzClaimKeys = []string{
 	`'`, `''`, `\`, `\'`, `'\`, `'; DROP TABLE x; --`, `'); COMMIT; DROP TABLE x; --`,
-	`', 'k'); --`, `E'\x41'`, `E'\''`, `$$`, `$$'$$`, `$tag$'$tag$`, `U&'\0041'`, `"`, `/*`, `--`,
+	`', 'k'); --`, `', 'failed', 9, now()); --`, `E'\x41'`, `E'\''`, `$$`, `$$'$$`, `$tag$'$tag$`, `U&'\0041'`, `"`, `/*`, `--`,
 	"ключ-🔑", "e\u0301", "\t\r\n", "\u202e", "\x7f", strings.Repeat("'", 2048), strings.Repeat(`\`, 2048),
 }
 
@@ -90,10 +90,13 @@ func FuzzBeginClaimPgx(f *testing.F) {
 // (the embedded migrations) in that session's temporary schema: go test
 // -fuzz kills its worker processes when the time is up, before cleanups
 // run, and a temporary schema goes away with the session instead of
-// leaking.
+// leaking. A temporary schema lives in one server session, so the
+// connection goes to PostgreSQL itself (DIRECT_DATABASE_URL when the suite
+// runs through PgBouncer, whose transaction pooling would run the next
+// statement in another session).
 func fuzzTempInbox(ctx context.Context, t testing.TB) (*pgx.Conn, sqlschema.Config) {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL())
+	conn, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	_, err = conn.Exec(ctx, `CREATE TEMP TABLE fuzz_session (x int)`)

@@ -1,8 +1,6 @@
 package inbox
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -56,9 +54,6 @@ func (c Config) validate() error {
 type Store struct {
 	cfg   Config
 	table string
-	// claimStmt names the server-side prepared claim statement of
-	// BeginClaimPgx; it is unique per table.
-	claimStmt string
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -68,8 +63,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256([]byte(cfg.Tables.Inbox()))
-	return &Store{cfg: cfg, table: cfg.Tables.Inbox(), claimStmt: "exactlyonce_claim_" + hex.EncodeToString(sum[:8])}, nil
+	return &Store{cfg: cfg, table: cfg.Tables.Inbox()}, nil
 }
 
 // Table returns the quoted, schema-qualified inbox table name.

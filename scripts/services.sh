@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Make sure the PostgreSQL and RabbitMQ servers the tests need are reachable.
+# Make sure the PostgreSQL and RabbitMQ servers the tests need are reachable,
+# and that the pgbouncer binary is installed (tests start their own PgBouncer
+# processes on free loopback ports; this script does not start one).
 #
 #   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 #   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
@@ -219,5 +221,30 @@ ensure_rabbitmq() {
 	say "rabbitmq: $how at $U_HOST:$U_PORT"
 }
 
+# ----------------------------------------------------------------- PgBouncer
+
+# Tests (internal/testenv.PgBouncer) look for pgbouncer in PATH, then in
+# /usr/sbin (Debian installs it there, outside a normal user's PATH).
+pgbouncer_path() {
+	command -v pgbouncer 2>/dev/null || { [[ -x /usr/sbin/pgbouncer ]] && echo /usr/sbin/pgbouncer; }
+}
+
+ensure_pgbouncer() {
+	local how="installed" bin
+	if ! bin="$(pgbouncer_path)"; then
+		if can_apt_install; then
+			apt_install pgbouncer
+			how="installed now"
+		fi
+		bin="$(pgbouncer_path)" ||
+			die "pgbouncer is not installed and cannot be installed here (needs Debian/Ubuntu with apt-get, as root or with sudo)." \
+				"The PgBouncer tests start their own pgbouncer process and fail without it. Install it and re-run:" \
+				"  sudo apt-get install -y pgbouncer   (Debian/Ubuntu)" \
+				"  or your system's pgbouncer package, with the binary in PATH or /usr/sbin"
+	fi
+	say "pgbouncer: $how at $bin (not started: tests start their own)"
+}
+
 ensure_postgres
 ensure_rabbitmq
+ensure_pgbouncer
