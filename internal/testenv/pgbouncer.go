@@ -51,6 +51,10 @@ type PgBouncerConfig struct {
 	PoolSize int
 	// MaxClients is max_client_conn. Defaults to 1000.
 	MaxClients int
+	// TargetURL is the PostgreSQL server PgBouncer connects to (host, port,
+	// database, user). Defaults to DirectDatabaseURL(); a test that cuts the
+	// server connections points it at a Proxy.
+	TargetURL string
 }
 
 // PgBouncer starts a PgBouncer in the given pool mode in front of
@@ -90,7 +94,10 @@ func StartPgBouncer(t testing.TB, cfg PgBouncerConfig) string {
 	bin, err := pgbouncerPath()
 	require.NoError(t, err)
 
-	target, err := url.Parse(DirectDatabaseURL())
+	if cfg.TargetURL == "" {
+		cfg.TargetURL = DirectDatabaseURL()
+	}
+	target, err := url.Parse(cfg.TargetURL)
 	require.NoError(t, err, "DATABASE_URL")
 	dbname := strings.TrimPrefix(target.Path, "/")
 	if dbname == "" {
