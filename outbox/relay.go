@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	stdsql "database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +23,8 @@ import (
 // RelayConfig configures a Relay. DB and Publisher are required.
 type RelayConfig struct {
 	// DB starts the relay's transactions: sql.BeginnerFromPgx(pool) or
-	// sql.BeginnerFromStdSQL(db) from watermill-sql. Required.
+	// sql.BeginnerFromStdSQL(db) from watermill-sql. Required. The relay's
+	// transactions are READ COMMITTED whatever the database's default.
 	DB wsql.Beginner
 
 	// Publisher receives the messages, with each row's topic. It must return
@@ -240,7 +242,10 @@ func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
 	}()
 	// The transaction outlives ctx (database/sql would roll it back on
 	// cancel, and pgx commits with the context it began with).
-	tx, err := r.cfg.DB.BeginTx(context.WithoutCancel(ctx), nil)
+	// The transaction is READ COMMITTED whatever the database's default:
+	// under REPEATABLE READ, SKIP LOCKED meeting a row that another relay
+	// deleted after this transaction's snapshot fails with 40001.
+	tx, err := r.cfg.DB.BeginTx(context.WithoutCancel(ctx), &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
 		return 0, fmt.Errorf("outbox relay: begin: %w", err)
 	}
