@@ -169,10 +169,13 @@ func TestRelayPublisherFailure(t *testing.T) {
 		b.publishAll(t, want)
 
 		rec := &recorder{failTopic: "b"}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		const backoff = 300 * time.Millisecond
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, ErrorBackoff: backoff})
 		require.NoError(t, err)
 
+		polledAt := time.Now()
 		n, err := relay.RelayOnce(b.ctx)
+		failedAt := time.Now()
 		require.ErrorIs(t, err, errBrokerDown)
 		require.Contains(t, err.Error(), `"b"`)
 		require.Equal(t, 5, n, "the rows of topic a were handed over before b failed")
@@ -183,9 +186,22 @@ func TestRelayPublisherFailure(t *testing.T) {
 		require.Equal(t, int64(5), st.Relayed)
 		require.Equal(t, int64(1), st.Batches)
 		require.ErrorIs(t, st.LastError, errBrokerDown)
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(5), p.Failing, "topic b's rows failed once and wait out their backoff")
+		require.Zero(t, p.Quarantined)
+		require.Zero(t, b.blamed(t), "no failure is blamed yet: nothing was accepted after them")
+
+		// The failed rows wait out their backoff instead of being retried at
+		// once: this poll begins within it.
+		require.Less(t, time.Since(polledAt), backoff, "the machine is too slow for this check")
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
 
 		// Recovery sends the rest; nothing handed over before is sent again.
 		rec.setFailTopic("")
+		time.Sleep(time.Until(failedAt.Add(backoff + 50*time.Millisecond)))
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 5, n)
@@ -216,7 +232,8 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 		require.Equal(t, int64(1), b.pending(t, b.db), "the rows of the other topics were relayed and deleted")
 		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
-		require.Equal(t, int64(1), p.Failing, "the payments row failed while others went through: one attempt counted")
+		require.Equal(t, int64(1), p.Failing, "the payments row is failing, retried after its backoff")
+		require.Zero(t, p.Quarantined, "its failures alone prove nothing after the other rows went out")
 
 		rec.setFailTopic("")
 		testenv.Eventually(t, 10*time.Second, func() bool { return b.pending(t, b.db) == 0 && relay.Stats().Relayed == 5 },
@@ -228,19 +245,36 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 	})
 }
 
+// A row whose metadata cannot be decoded is a defect no retry fixes: it is
+// quarantined at once with the reason, and the rows behind it are relayed.
 func TestRelayUnreadableMetadata(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'u', '\x7b7d', '[1, 2]')`)
+		want := mixedMessages(3)
+		b.publishAll(t, want)
 		rec := &recorder{}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
 		require.NoError(t, err)
-		_, err = relay.RelayOnce(b.ctx)
+		n, err := relay.RelayOnce(b.ctx)
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "unreadable metadata")
+		require.Equal(t, 3, n, "the rows behind the unreadable one are relayed")
+		require.Equal(t, want, rec.delivered())
 		require.Equal(t, int64(1), b.pending(t, b.db))
-		require.Zero(t, rec.count())
+		require.Equal(t, []string{"t/u"}, b.quarantined(t), "quarantined at once")
+		var lastErr string
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error FROM "+b.tables.Outbox(), nil, &lastErr))
+		require.Contains(t, lastErr, "unreadable metadata")
 		require.Equal(t, int64(1), relay.Stats().Failures)
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
+
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err, "the quarantined row is skipped")
+		require.Zero(t, n)
 	})
 }
 
@@ -460,45 +494,65 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 	})
 }
 
-// A message the broker can never take is tried on its own, counted, and
-// quarantined after MaxAttempts; it never blocks the rows behind it, and a
-// batch that fails as a whole (an outage) blames no row.
+// A message the broker can never take fails on its own, without blocking the
+// rows behind it, and is quarantined once MaxAttempts of its failures are
+// blamed on it; alone in the outbox, its failures prove nothing.
 func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		msgs := mixedMessages(3)
 		b.publishAll(t, msgs[:1])
 		rec := &recorder{failUUID: msgs[0].UUID}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, MaxAttempts: 3, BatchSize: 10})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: rec, Tables: b.tables, MaxAttempts: 3, BatchSize: 10,
+			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond, // due again at once
+		})
 		require.NoError(t, err)
 
-		// Alone in the outbox, its failure proves nothing: no attempt counted.
+		// Alone in the outbox, its failures prove nothing: none is blamed,
+		// and it is reported as failing.
 		for range 4 {
 			_, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 		}
 		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
-		require.Equal(t, int64(0), p.Failing)
+		require.Equal(t, int64(1), p.Failing)
+		require.Zero(t, p.Quarantined)
+		require.Zero(t, b.blamed(t))
 
-		// With good rows behind it, each batch relays them and counts one
-		// attempt against it, until it is quarantined.
-		for i := range 3 {
+		// With a good row behind it in each batch, the good rows go out every
+		// time. In the first such batch its failure has an accepted message
+		// after it but none since its previous attempt: not blamed. From the
+		// second on, each failure shows messages accepted on both sides of the
+		// previous one, which is blamed: one per batch from the third, and the
+		// fifth (MaxAttempts+2) quarantines it.
+		for i := range 5 {
 			b.publishAll(t, []delivered{{Topic: "orders", UUID: fmt.Sprint("good-", i), Payload: "{}", Metadata: map[string]string{}}})
 			n, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 			require.Equal(t, 1, n)
+			require.Equal(t, int64(max(0, i-1)), b.blamed(t), "batch %d", i)
+			if i < 4 {
+				require.Empty(t, b.quarantined(t), "batch %d", i)
+			}
 		}
+		require.Equal(t, []string{"orders/" + msgs[0].UUID}, b.quarantined(t))
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
 		n, err := relay.RelayOnce(b.ctx)
 		require.NoError(t, err, "quarantined: skipped")
 		require.Zero(t, n)
 		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Count)
-		require.Equal(t, int64(1), p.Failing)
+		require.Zero(t, p.Failing, "a quarantined row is not counted as failing")
+		require.Equal(t, int64(1), p.Quarantined)
+		require.Nil(t, p.OldestCreatedAt, "the lag is that of the live stream")
 		var lastErr string
-		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error FROM "+b.tables.Outbox(), nil, &lastErr))
+		var failures int
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error, failures FROM "+b.tables.Outbox(), nil, &lastErr, &failures))
 		require.Contains(t, lastErr, "too large for the broker")
+		require.Equal(t, 9, failures)
 
 		// Fixed: requeue, and it goes out.
 		rec.mu.Lock()
@@ -507,6 +561,10 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 		requeued, err := outbox.RequeueFailed(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), requeued)
+		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge}, p, "nothing failing or quarantined")
+		require.Zero(t, b.blamed(t))
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
