@@ -21,5 +21,8 @@
 // does not grow with the backlog, and no transaction-id ordering is used: a
 // long transaction elsewhere in the database does not stall the relay.
 // Ordering is by insertion, not by commit; per-topic order is kept within a
-// batch but not guaranteed across concurrent writers or relay workers.
+// batch but not guaranteed across concurrent writers or relay workers, nor
+// across a failure: a row whose publish failed waits out a backoff while the
+// rows behind it are relayed, and a row the broker can never take is
+// quarantined (see RelayConfig.MaxAttempts) instead of blocking them.
 package outbox

@@ -30,6 +30,18 @@ func TestPendingStats(t *testing.T) {
 		require.GreaterOrEqual(t, p.OldestAge, 90*time.Second)
 		require.Less(t, p.OldestAge, 120*time.Second)
 
+		// A quarantined row counts, but not in the lag of the live stream; a
+		// row retrying after failures is failing.
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET quarantined_at = now(), failures = 7 WHERE uuid = 'p-2'"))
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 2 WHERE uuid = 'p-3'"))
+		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(3), p.Count)
+		require.Equal(t, int64(1), p.Quarantined)
+		require.Equal(t, int64(1), p.Failing)
+		require.Less(t, p.OldestAge, 60*time.Second, "the quarantined row is not the oldest of the live stream")
+		require.Less(t, before.Add(-60*time.Second), *p.OldestCreatedAt)
+
 		// A transaction sees its own uncommitted rows; others do not.
 		tx := b.begin(t)
 		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})

@@ -3,13 +3,18 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -164,10 +169,13 @@ func TestRelayPublisherFailure(t *testing.T) {
 		b.publishAll(t, want)
 
 		rec := &recorder{failTopic: "b"}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		const backoff = 300 * time.Millisecond
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, ErrorBackoff: backoff})
 		require.NoError(t, err)
 
+		polledAt := time.Now()
 		n, err := relay.RelayOnce(b.ctx)
+		failedAt := time.Now()
 		require.ErrorIs(t, err, errBrokerDown)
 		require.Contains(t, err.Error(), `"b"`)
 		require.Equal(t, 5, n, "the rows of topic a were handed over before b failed")
@@ -178,9 +186,22 @@ func TestRelayPublisherFailure(t *testing.T) {
 		require.Equal(t, int64(5), st.Relayed)
 		require.Equal(t, int64(1), st.Batches)
 		require.ErrorIs(t, st.LastError, errBrokerDown)
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, int64(5), p.Failing, "topic b's rows failed once and wait out their backoff")
+		require.Zero(t, p.Quarantined)
+		require.Zero(t, b.blamed(t), "no failure is blamed yet: nothing was accepted after them")
+
+		// The failed rows wait out their backoff instead of being retried at
+		// once: this poll begins within it.
+		require.Less(t, time.Since(polledAt), backoff, "the machine is too slow for this check")
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
 
 		// Recovery sends the rest; nothing handed over before is sent again.
 		rec.setFailTopic("")
+		time.Sleep(time.Until(failedAt.Add(backoff + 50*time.Millisecond)))
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 5, n)
@@ -211,7 +232,8 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 		require.Equal(t, int64(1), b.pending(t, b.db), "the rows of the other topics were relayed and deleted")
 		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
-		require.Equal(t, int64(1), p.Failing, "the payments row failed while others went through: one attempt counted")
+		require.Equal(t, int64(1), p.Failing, "the payments row is failing, retried after its backoff")
+		require.Zero(t, p.Quarantined, "its failures alone prove nothing after the other rows went out")
 
 		rec.setFailTopic("")
 		testenv.Eventually(t, 10*time.Second, func() bool { return b.pending(t, b.db) == 0 && relay.Stats().Relayed == 5 },
@@ -223,63 +245,140 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 	})
 }
 
+// A row whose metadata cannot be decoded is a defect no retry fixes: it is
+// quarantined at once with the reason, and the rows behind it are relayed.
 func TestRelayUnreadableMetadata(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'u', '\x7b7d', '[1, 2]')`)
+		want := mixedMessages(3)
+		b.publishAll(t, want)
 		rec := &recorder{}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
 		require.NoError(t, err)
-		_, err = relay.RelayOnce(b.ctx)
+		n, err := relay.RelayOnce(b.ctx)
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "unreadable metadata")
+		require.Equal(t, 3, n, "the rows behind the unreadable one are relayed")
+		require.Equal(t, want, rec.delivered())
 		require.Equal(t, int64(1), b.pending(t, b.db))
-		require.Zero(t, rec.count())
+		require.Equal(t, []string{"t/u"}, b.quarantined(t), "quarantined at once")
+		var lastErr string
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error FROM "+b.tables.Outbox(), nil, &lastErr))
+		require.Contains(t, lastErr, "unreadable metadata")
 		require.Equal(t, int64(1), relay.Stats().Failures)
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
+
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err, "the quarantined row is skipped")
+		require.Zero(t, n)
 	})
 }
 
 func TestRelaysConcurrentlyNeverPublishTwice(t *testing.T) {
 	t.Parallel()
+	eachDriver(t, relaysConcurrently)
+}
+
+// relaysConcurrently runs two relays of 4 workers each on 2,000 rows and
+// requires every row published once, and no batch failed.
+func relaysConcurrently(t *testing.T, b bundle) {
+	const n = 2000
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("c-%04d", i), []byte("{}"))
+	}
+	b.publish(t, "events", msgs...)
+
+	rec := &recorder{}
+	cfg := outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, BatchSize: 25, Workers: 4, PollInterval: 5 * time.Millisecond}
+	r1, err := outbox.NewRelay(cfg)
+	require.NoError(t, err)
+	r2, err := outbox.NewRelay(cfg)
+	require.NoError(t, err)
+	stop1 := runRelay(t, r1)
+	stop2 := runRelay(t, r2)
+
+	// Counters are read before stopping: a stop can interrupt an empty
+	// poll, or the return of a commit the server already made, and that
+	// is counted as a failed batch (see the report on Relay shutdown).
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return rec.count() >= n && b.pending(t, b.db) == 0 && r1.Stats().Relayed+r2.Stats().Relayed >= n
+	}, "two relays should deliver all %d rows", n)
+	require.Zero(t, r1.Stats().Failures+r2.Stats().Failures, "no batch failed: %v %v", r1.Stats().LastError, r2.Stats().LastError)
+	relayed1, relayed2 := r1.Stats().Relayed, r2.Stats().Relayed
+	stop1()
+	stop2()
+
+	seen := map[string]int{}
+	for _, d := range rec.delivered() {
+		seen[d.UUID]++
+	}
+	require.Len(t, seen, n, "every row is delivered")
+	for uuid, c := range seen {
+		require.Equal(t, 1, c, "row %s published %d times", uuid, c)
+	}
+	require.Equal(t, n, rec.count())
+	require.Equal(t, int64(n), relayed1+relayed2)
+	t.Logf("relay 1: %d rows, relay 2: %d rows", relayed1, relayed2)
+}
+
+// repeatableReadDB opens the driver named name with a connection parameter
+// making REPEATABLE READ the default isolation level of its sessions.
+func repeatableReadDB(t *testing.T, name string) wsql.Beginner {
+	t.Helper()
+	u, err := url.Parse(testenv.DatabaseURL())
+	require.NoError(t, err)
+	require.Contains(t, []string{"postgres", "postgresql"}, u.Scheme, "DATABASE_URL must be a URL for this test")
+	q := u.Query()
+	q.Set("default_transaction_isolation", "repeatable read")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads + literally
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var db wsql.Beginner
+	switch name {
+	case "pgxpool":
+		cfg, err := pgxpool.ParseConfig(u.String())
+		require.NoError(t, err)
+		cfg.MaxConns = 20
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		db = wsql.BeginnerFromPgx(pool)
+	default:
+		cfg, err := pgx.ParseConfig(u.String())
+		require.NoError(t, err)
+		std := stdlib.OpenDB(*cfg)
+		std.SetMaxOpenConns(20)
+		t.Cleanup(func() { _ = std.Close() })
+		db = wsql.BeginnerFromStdSQL(std)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	var level string
+	require.NoError(t, seam.QueryRow(ctx, tx, "SHOW transaction_isolation", nil, &level))
+	require.NoError(t, tx.Rollback())
+	require.Equal(t, "repeatable read", level, "the sessions' default isolation level")
+	return db
+}
+
+// Under a database whose default isolation level is REPEATABLE READ, two
+// relays working concurrently still never fail or publish a row twice: the
+// relay's transactions are READ COMMITTED whatever the default (under
+// REPEATABLE READ, SKIP LOCKED meeting a row another relay deleted after the
+// snapshot fails with a serialization error).
+func TestRelaysConcurrentlyUnderRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
-		const n = 2000
-		msgs := make([]*message.Message, n)
-		for i := range msgs {
-			msgs[i] = message.NewMessage(fmt.Sprintf("c-%04d", i), []byte("{}"))
+		name := "database-sql"
+		if strings.HasSuffix(t.Name(), "/pgxpool") {
+			name = "pgxpool"
 		}
-		b.publish(t, "events", msgs...)
-
-		rec := &recorder{}
-		cfg := outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, BatchSize: 25, Workers: 4, PollInterval: 5 * time.Millisecond}
-		r1, err := outbox.NewRelay(cfg)
-		require.NoError(t, err)
-		r2, err := outbox.NewRelay(cfg)
-		require.NoError(t, err)
-		stop1 := runRelay(t, r1)
-		stop2 := runRelay(t, r2)
-
-		// Counters are read before stopping: a stop can interrupt an empty
-		// poll, or the return of a commit the server already made, and that
-		// is counted as a failed batch (see the report on Relay shutdown).
-		testenv.Eventually(t, 30*time.Second, func() bool {
-			return rec.count() >= n && b.pending(t, b.db) == 0 && r1.Stats().Relayed+r2.Stats().Relayed >= n
-		}, "two relays should deliver all %d rows", n)
-		require.Zero(t, r1.Stats().Failures+r2.Stats().Failures, "no batch failed: %v %v", r1.Stats().LastError, r2.Stats().LastError)
-		relayed1, relayed2 := r1.Stats().Relayed, r2.Stats().Relayed
-		stop1()
-		stop2()
-
-		seen := map[string]int{}
-		for _, d := range rec.delivered() {
-			seen[d.UUID]++
-		}
-		require.Len(t, seen, n, "every row is delivered")
-		for uuid, c := range seen {
-			require.Equal(t, 1, c, "row %s published %d times", uuid, c)
-		}
-		require.Equal(t, n, rec.count())
-		require.Equal(t, int64(n), relayed1+relayed2)
-		t.Logf("relay 1: %d rows, relay 2: %d rows", relayed1, relayed2)
+		b.db = repeatableReadDB(t, name)
+		relaysConcurrently(t, b)
 	})
 }
 
@@ -395,45 +494,65 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 	})
 }
 
-// A message the broker can never take is tried on its own, counted, and
-// quarantined after MaxAttempts; it never blocks the rows behind it, and a
-// batch that fails as a whole (an outage) blames no row.
+// A message the broker can never take fails on its own, without blocking the
+// rows behind it, and is quarantined once MaxAttempts of its failures are
+// blamed on it; alone in the outbox, its failures prove nothing.
 func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		msgs := mixedMessages(3)
 		b.publishAll(t, msgs[:1])
 		rec := &recorder{failUUID: msgs[0].UUID}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, MaxAttempts: 3, BatchSize: 10})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: rec, Tables: b.tables, MaxAttempts: 3, BatchSize: 10,
+			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond, // due again at once
+		})
 		require.NoError(t, err)
 
-		// Alone in the outbox, its failure proves nothing: no attempt counted.
+		// Alone in the outbox, its failures prove nothing: none is blamed,
+		// and it is reported as failing.
 		for range 4 {
 			_, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 		}
 		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
-		require.Equal(t, int64(0), p.Failing)
+		require.Equal(t, int64(1), p.Failing)
+		require.Zero(t, p.Quarantined)
+		require.Zero(t, b.blamed(t))
 
-		// With good rows behind it, each batch relays them and counts one
-		// attempt against it, until it is quarantined.
-		for i := range 3 {
+		// With a good row behind it in each batch, the good rows go out every
+		// time. In the first such batch its failure has an accepted message
+		// after it but none since its previous attempt: not blamed. From the
+		// second on, each failure shows messages accepted on both sides of the
+		// previous one, which is blamed: one per batch from the third, and the
+		// fifth (MaxAttempts+2) quarantines it.
+		for i := range 5 {
 			b.publishAll(t, []delivered{{Topic: "orders", UUID: fmt.Sprint("good-", i), Payload: "{}", Metadata: map[string]string{}}})
 			n, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 			require.Equal(t, 1, n)
+			require.Equal(t, int64(max(0, i-1)), b.blamed(t), "batch %d", i)
+			if i < 4 {
+				require.Empty(t, b.quarantined(t), "batch %d", i)
+			}
 		}
+		require.Equal(t, []string{"orders/" + msgs[0].UUID}, b.quarantined(t))
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
 		n, err := relay.RelayOnce(b.ctx)
 		require.NoError(t, err, "quarantined: skipped")
 		require.Zero(t, n)
 		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Count)
-		require.Equal(t, int64(1), p.Failing)
+		require.Zero(t, p.Failing, "a quarantined row is not counted as failing")
+		require.Equal(t, int64(1), p.Quarantined)
+		require.Nil(t, p.OldestCreatedAt, "the lag is that of the live stream")
 		var lastErr string
-		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error FROM "+b.tables.Outbox(), nil, &lastErr))
+		var failures int
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error, failures FROM "+b.tables.Outbox(), nil, &lastErr, &failures))
 		require.Contains(t, lastErr, "too large for the broker")
+		require.Equal(t, 9, failures)
 
 		// Fixed: requeue, and it goes out.
 		rec.mu.Lock()
@@ -442,6 +561,10 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 		requeued, err := outbox.RequeueFailed(b.ctx, b.db, b.tables)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), requeued)
+		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge}, p, "nothing failing or quarantined")
+		require.Zero(t, b.blamed(t))
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)

@@ -107,6 +107,18 @@ func (c Config) Outbox() string {
 	return pgx.Identifier{c.Schema, c.OutboxTable}.Sanitize()
 }
 
+// OutboxAcceptedSequence returns the quoted, schema-qualified name of the
+// sequence the outbox relay advances once per batch of which the publisher
+// accepted at least one message (migration outbox_003): "<outbox table>_accepted".
+func (c Config) OutboxAcceptedSequence() string {
+	return c.outboxSequence("accepted")
+}
+
+func (c Config) outboxSequence(suffix string) string {
+	c = c.WithDefaults()
+	return pgx.Identifier{c.Schema, c.OutboxTable + "_" + suffix}.Sanitize()
+}
+
 // migrations returns the quoted, schema-qualified migrations table name.
 func (c Config) migrations() string {
 	c = c.WithDefaults()

@@ -86,6 +86,13 @@ func TestConfigQuotedNames(t *testing.T) {
 	require.Equal(t, `"s"."watermill_inbox"`, sqlschema.Config{Schema: "s"}.Inbox())
 	require.Equal(t, `"public"."o"`, sqlschema.Config{OutboxTable: "o"}.Outbox())
 
+	require.Equal(t, `"public"."watermill_outbox_accepted"`, sqlschema.Config{}.OutboxAcceptedSequence())
+	require.Equal(t, `"Tenant_A"."Out_accepted"`, cfg.OutboxAcceptedSequence())
+	long := sqlschema.Config{OutboxTable: strings.Repeat("o", 40)}
+	require.NoError(t, long.Validate())
+	require.Len(t, strings.Repeat("o", 40)+"_accepted", 49, "within PostgreSQL's 63 bytes for the longest table name")
+	require.Equal(t, `"public"."`+strings.Repeat("o", 40)+`_accepted"`, long.OutboxAcceptedSequence())
+
 	// Even without Validate, a quote in a name is escaped, not interpreted.
 	evil := sqlschema.Config{Schema: `x"; DROP TABLE y; --`}
 	require.Equal(t, `"x""; DROP TABLE y; --"."watermill_inbox"`, evil.Inbox())

@@ -34,6 +34,7 @@ func ExampleSQL() {
 	// CREATE INDEX IF NOT EXISTS "inbox_first_seen_brin"
 	// CREATE INDEX IF NOT EXISTS "inbox_open"
 	// CREATE TABLE IF NOT EXISTS "billing"."outbox" (
+	// CREATE SEQUENCE IF NOT EXISTS "billing"."outbox_accepted" AS bigint CACHE 1;
 }
 
 func ExampleConfig_Validate() {
@@ -91,4 +92,5 @@ func ExampleMigrate() {
 	// inbox:inbox 3 inbox_003_fencing_retention.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
+	// outbox:outbox 3 outbox_003_failure_accounting.up.sql
 }

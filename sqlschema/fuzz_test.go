@@ -86,15 +86,15 @@ func fuzzQuoted(script string) ([]string, bool) {
 
 var fuzzPlainName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
-// FuzzConfigNames: for any schema and table names, nothing panics; Inbox()
-// and Outbox() are always exactly two quoted identifiers holding the names
-// given (defaults applied, NUL bytes dropped as pgx does), so a quote in a
-// name can never end the identifier; Validate accepts only plain
-// identifiers of at most 40 bytes with distinct table names, and a rejected
-// Config is rejected by Migrations and SQL too (ErrInvalidName); for an
-// accepted Config the whole migration script quotes every identifier it
-// uses, and those are only the configured names, their index names and the
-// "C" collation.
+// FuzzConfigNames: for any schema and table names, nothing panics; Inbox(),
+// Outbox() and OutboxAcceptedSequence() are always exactly two quoted
+// identifiers holding the names given (defaults applied, NUL bytes dropped
+// as pgx does), so a quote in a name can never end the identifier; Validate
+// accepts only plain identifiers of at most 40 bytes with distinct table
+// names, and a rejected Config is rejected by Migrations and SQL too
+// (ErrInvalidName); for an accepted Config the whole migration script quotes
+// every identifier it uses, and those are only the configured names, their
+// index and sequence names and the "C" collation.
 func FuzzConfigNames(f *testing.F) {
 	f.Add("", "", "")
 	f.Add("public", "watermill_inbox", "watermill_outbox")
@@ -118,6 +118,7 @@ func FuzzConfigNames(f *testing.F) {
 		}{
 			{cfg.Inbox(), []string{noNUL(d.Schema), noNUL(d.InboxTable)}},
 			{cfg.Outbox(), []string{noNUL(d.Schema), noNUL(d.OutboxTable)}},
+			{cfg.OutboxAcceptedSequence(), []string{noNUL(d.Schema), noNUL(d.OutboxTable) + "_accepted"}},
 		} {
 			parts, ok := fuzzParseQualified(q.got)
 			require.True(t, ok, "%q is not two quoted identifiers", q.got)

@@ -221,3 +221,11 @@ func (d templateData) InboxIndex(suffix string) string {
 func (d templateData) OutboxIndex(suffix string) string {
 	return pgx.Identifier{d.cfg.OutboxTable + "_" + suffix}.Sanitize()
 }
+
+// OutboxSequence names a sequence that belongs to the outbox table,
+// schema-qualified (unlike an index, a sequence is created in the first
+// schema of the search path unless qualified). The table name is at most 40
+// bytes, so a short suffix stays within PostgreSQL's 63.
+func (d templateData) OutboxSequence(suffix string) string {
+	return d.cfg.outboxSequence(suffix)
+}

@@ -67,7 +67,7 @@ func TestMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
 	require.Equal(t, 3, last["inbox"], "inbox has its create, lease, and fencing/retention migrations")
-	require.Equal(t, 2, last["outbox"], "outbox has its create and quarantine migrations")
+	require.Equal(t, 3, last["outbox"], "outbox has its create, quarantine and failure-accounting migrations")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
@@ -256,6 +256,7 @@ func TestSQL(t *testing.T) {
 		`ON "custom_s"."my_inbox" USING brin (first_seen_at)`,
 		`PRIMARY KEY (consumer, message_key)`,
 		`id         bigserial   PRIMARY KEY`,
+		`CREATE SEQUENCE IF NOT EXISTS "custom_s"."my_outbox_accepted" AS bigint CACHE 1;`,
 	} {
 		require.Contains(t, text, want)
 	}
@@ -326,6 +327,8 @@ CREATE TABLE `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+
 		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Inbox()+` (consumer, message_key, status, first_seen_at)
 VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
 		require.NoError(t, err)
+		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload) VALUES ('t', 'old', '')`)
+		require.NoError(t, err)
 
 		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
@@ -339,5 +342,20 @@ VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
 		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT processed_at > now() - interval '1 hour' FROM `+cfg.Inbox()+
 			` WHERE message_key = 'old-failed'`, nil, &recent))
 		require.True(t, recent, "a failed record gets a finish time, so retention keeps it a full period")
+
+		// The outbox row gets the columns of outbox_002 and outbox_003 with
+		// their defaults: no failure, due now, not quarantined.
+		var attempts, failures int
+		var blamePending, due, quarantined bool
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT attempts, failures, blame_pending, next_attempt_at IS NULL AND fail_mark IS NULL,
+			quarantined_at IS NOT NULL FROM `+cfg.Outbox()+` WHERE uuid = 'old'`, nil, &attempts, &failures, &blamePending, &due, &quarantined))
+		require.Zero(t, attempts)
+		require.Zero(t, failures)
+		require.False(t, blamePending)
+		require.True(t, due)
+		require.False(t, quarantined)
+		var accepted int64
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT nextval('`+cfg.OutboxAcceptedSequence()+`')`, nil, &accepted))
+		require.Equal(t, int64(1), accepted, "the accepted sequence exists and starts at 1")
 	})
 }

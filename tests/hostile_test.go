@@ -756,8 +756,9 @@ func (p hostileShortstrPublisher) Publish(topic string, msgs ...*message.Message
 
 // TestHostileOutboxRowUnpublishable: an output message the broker can never
 // take (a header name over AMQP's 255 bytes) does not block the rows behind
-// it: they are relayed to RabbitMQ, and the bad row counts attempts until it
-// is quarantined and reported.
+// it: they are relayed to RabbitMQ while it waits out its backoff, and once
+// the accepted messages around its failures prove it at fault, it is
+// quarantined and reported. Failing alone, it is retried, not blamed.
 func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	t.Parallel()
 	d := hostileDriver(t, "pgxpool")
@@ -779,8 +780,10 @@ func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	require.NoError(t, r.Close())
 
 	collector := hostileCollect(t, e.out)
+	const maxAttempts = 2
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		DB: d.DB, Publisher: hostileShortstrPublisher{testenv.AMQPPublisher(t)}, Tables: e.tables, MaxAttempts: 2,
+		DB: d.DB, Publisher: hostileShortstrPublisher{testenv.AMQPPublisher(t)}, Tables: e.tables, MaxAttempts: maxAttempts,
+		ErrorBackoff: time.Millisecond, MaxErrorBackoff: time.Millisecond,
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), hostileWait)
@@ -792,20 +795,42 @@ func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return len(collector.get(good+"-echo")) == 1 },
 		"the good message written after the unpublishable row was not relayed")
 
-	// Alone now, its failure blames nothing; more good rows behind it count
-	// its second attempt, and then it is quarantined.
-	direct, err := outbox.NewPublisher(d.DB, outbox.PublisherConfig{Tables: e.tables})
-	require.NoError(t, err)
-	require.NoError(t, direct.Publish(e.out, message.NewMessage("good2-"+watermill.NewUUID(), []byte(`{}`))))
+	// Alone now, its failure blames nothing.
+	time.Sleep(5 * time.Millisecond)
 	_, err = relay.RelayOnce(ctx)
 	require.Error(t, err)
+	p, err := outbox.PendingStats(ctx, d.DB, e.tables)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge, Failing: 1}, p,
+		"failing, retried with backoff, not quarantined")
+
+	// With good rows behind it, the broker's acceptances on both sides of
+	// its failures blame them; MaxAttempts blamed failures quarantine it.
+	direct, err := outbox.NewPublisher(d.DB, outbox.PublisherConfig{Tables: e.tables})
+	require.NoError(t, err)
+	var goods []string
+	for i := 0; p.Quarantined == 0; i++ {
+		require.Less(t, i, maxAttempts+3, "not quarantined after %d batches with good rows behind it", i)
+		goods = append(goods, "good-"+watermill.NewUUID())
+		require.NoError(t, direct.Publish(e.out, message.NewMessage(goods[i], []byte(`{}`))))
+		time.Sleep(5 * time.Millisecond) // its backoff is over
+		n, err := relay.RelayOnce(ctx)
+		require.Error(t, err)
+		require.Equal(t, 1, n, "the good row behind it is relayed")
+		p, err = outbox.PendingStats(ctx, d.DB, e.tables)
+		require.NoError(t, err)
+	}
 	n, err = relay.RelayOnce(ctx)
 	require.NoError(t, err, "quarantined rows are skipped")
 	require.Zero(t, n)
-	p, err := outbox.PendingStats(ctx, d.DB, e.tables)
-	require.NoError(t, err)
-	require.Equal(t, int64(1), p.Count)
-	require.Equal(t, int64(1), p.Failing, "the quarantined row is reported")
+	require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p, "the quarantined row is reported")
+	require.Equal(t, int64(1), relay.Stats().Quarantined)
+	testenv.Eventually(t, 5*time.Second, func() bool { return collector.count() == 1+len(goods) },
+		"the good messages written behind the unpublishable row were not all relayed")
+	collector.stop(t)
+	for _, g := range goods {
+		require.Len(t, collector.get(g), 1)
+	}
 }
 
 // ---------------------------------------------------------------------------

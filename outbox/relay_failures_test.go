@@ -1,0 +1,373 @@
+package outbox_test
+
+// Failure accounting of the relay (issue 8): rows behind a failing row keep
+// flowing, a row the broker can never take is quarantined whatever its
+// neighbours did, and an outage (every publish failing, even when it begins
+// in the middle of a batch) quarantines nothing.
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+)
+
+// badHeader marks a message the scripted broker refuses for good (as
+// RabbitMQ refuses a header name over 255 bytes).
+const badHeader = "x-test-refused"
+
+// scriptedBroker is a message.Publisher whose state the test scripts: it
+// refuses for good every message with badHeader, and while a budget is set
+// it accepts that many more messages and then fails every publish (a broker
+// outage beginning at that point) until the budget is changed. It counts
+// the messages it accepted, by UUID and topic.
+type scriptedBroker struct {
+	mu       sync.Mutex
+	budget   int // < 0: no limit
+	accepted map[string]int
+	order    []string
+	calls    int
+}
+
+func newScriptedBroker() *scriptedBroker {
+	return &scriptedBroker{budget: -1, accepted: map[string]int{}}
+}
+
+func (s *scriptedBroker) Publish(topic string, msgs ...*message.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	for _, m := range msgs {
+		if m.Metadata.Get(badHeader) != "" {
+			return fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable)
+		}
+	}
+	for _, m := range msgs {
+		if s.budget == 0 {
+			return errBrokerDown
+		}
+		if s.budget > 0 {
+			s.budget--
+		}
+		key := topic + "/" + m.UUID
+		s.accepted[key]++
+		s.order = append(s.order, key)
+	}
+	return nil
+}
+
+func (s *scriptedBroker) Close() error { return nil }
+
+// setBudget makes the broker accept n more messages and then fail
+// everything; n < 0 means no limit (the broker is up).
+func (s *scriptedBroker) setBudget(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.budget = n
+}
+
+func (s *scriptedBroker) acceptedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.order)
+}
+
+func (s *scriptedBroker) acceptedCopy() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.accepted))
+	for k, v := range s.accepted {
+		out[k] = v
+	}
+	return out
+}
+
+// quarantined returns topic/uuid of the quarantined rows, in id order.
+func (b bundle) quarantined(t testing.TB) []string {
+	t.Helper()
+	rs, err := b.db.QueryContext(b.ctx, "SELECT topic || '/' || uuid FROM "+b.tables.Outbox()+" WHERE quarantined_at IS NOT NULL ORDER BY id")
+	require.NoError(t, err)
+	var out []string
+	for rs.Next() {
+		var s string
+		require.NoError(t, rs.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, seam.Close(rs))
+	return out
+}
+
+// blamed is the sum of the attempts column: failures blamed on rows.
+func (b bundle) blamed(t testing.TB) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT coalesce(sum(attempts), 0) FROM "+b.tables.Outbox(), nil, &n))
+	return n
+}
+
+// goodRows writes n messages to topic (with UUIDs prefix-<i>, from first)
+// in one transaction and returns their topic/uuid keys.
+func (b bundle) goodRows(t testing.TB, topic, prefix string, first, n int) []string {
+	t.Helper()
+	msgs := make([]*message.Message, n)
+	keys := make([]string, n)
+	for i := range msgs {
+		uuid := fmt.Sprintf("%s-%05d", prefix, first+i)
+		msgs[i] = message.NewMessage(uuid, []byte("{}"))
+		keys[i] = topic + "/" + uuid
+	}
+	b.publish(t, topic, msgs...)
+	return keys
+}
+
+// alternating writes n messages alternating between topics a and b, one
+// Publish call each, so that every row is a group of its own in a batch.
+func (b bundle) alternating(t testing.TB, prefix string, first, n int) []string {
+	t.Helper()
+	var keys []string
+	tx := b.begin(t)
+	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+	require.NoError(t, err)
+	for i := first; i < first+n; i++ {
+		topic := []string{"a", "b"}[i%2]
+		uuid := fmt.Sprintf("%s-%05d", prefix, i)
+		require.NoError(t, pub.Publish(topic, message.NewMessage(uuid, []byte("{}"))))
+		keys = append(keys, topic+"/"+uuid)
+	}
+	require.NoError(t, tx.Commit())
+	return keys
+}
+
+// requireEachOnce requires that the broker accepted every key in want
+// exactly once, and nothing else but the keys in also.
+func requireEachOnce(t *testing.T, br *scriptedBroker, want []string) {
+	t.Helper()
+	got := br.acceptedCopy()
+	var missing, twice []string
+	for _, k := range want {
+		switch got[k] {
+		case 0:
+			missing = append(missing, k)
+		case 1:
+		default:
+			twice = append(twice, k)
+		}
+		delete(got, k)
+	}
+	require.Empty(t, missing, "%d of %d healthy rows were never relayed", len(missing), len(want))
+	require.Empty(t, twice, "rows relayed more than once")
+	require.Empty(t, got, "the broker accepted messages that are not healthy rows")
+}
+
+// A poison row at the head and BatchSize 1: the rows behind it are relayed
+// while it waits out its backoff, and the successes between its attempts
+// are the evidence that quarantines it.
+func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newScriptedBroker()
+		poison := message.NewMessage("poison", []byte("{}"))
+		poison.Metadata.Set(badHeader, "1")
+		b.publish(t, "t", poison)
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 1, MaxAttempts: 3,
+			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 50 * time.Millisecond,
+		})
+		require.NoError(t, err)
+
+		var good []string
+		good = append(good, b.goodRows(t, "t", "good", 0, 50)...)
+		deadline := time.Now().Add(30 * time.Second)
+		calls, relayedBeforeQuarantine := 0, -1
+		for ; calls < 3000 && time.Now().Before(deadline); calls++ {
+			q := b.quarantined(t)
+			pending := b.pending(t, b.db)
+			if len(q) > 0 && relayedBeforeQuarantine < 0 {
+				relayedBeforeQuarantine = br.acceptedCount()
+			}
+			if len(q) > 0 && pending == 1 {
+				break
+			}
+			// Keep rows flowing behind it until it is quarantined: they are
+			// the evidence.
+			if len(q) == 0 && pending < 10 && len(good) < 2000 {
+				good = append(good, b.goodRows(t, "t", "good", len(good), 20)...)
+			}
+			_, _ = relay.RelayOnce(b.ctx)
+		}
+		t.Logf("%d RelayOnce calls, %d good rows, %d relayed before the quarantine", calls, len(good), relayedBeforeQuarantine)
+		require.Positive(t, br.acceptedCount(), "no row behind the poison row was relayed")
+		requireEachOnce(t, br, good)
+		require.Equal(t, []string{"t/poison"}, b.quarantined(t), "the poison row is quarantined")
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
+		var attempts, failures int
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT attempts, failures FROM "+b.tables.Outbox(), nil, &attempts, &failures))
+		require.Equal(t, 3, attempts, "quarantined at MaxAttempts blamed failures")
+		t.Logf("poison row quarantined after %d failures", failures)
+	})
+}
+
+// Both outputs of one message, fanned out to two topics, carry the same
+// header the broker refuses: a batch of only bad rows. Good rows written
+// later flow, and both bad rows are quarantined.
+func TestRelayBatchOfOnlyBadRows(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newScriptedBroker()
+		tx := b.begin(t)
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		require.NoError(t, err)
+		for _, topic := range []string{"a", "b"} {
+			out := message.NewMessage("fanned-out", []byte("{}"))
+			out.Metadata.Set(badHeader, "1")
+			require.NoError(t, pub.Publish(topic, out))
+		}
+		require.NoError(t, tx.Commit())
+
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: br, Tables: b.tables, MaxAttempts: 2,
+			ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		n, err := relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errUnpublishable)
+		require.Zero(t, n)
+
+		var good []string
+		deadline := time.Now().Add(30 * time.Second)
+		calls := 0
+		for ; calls < 3000 && time.Now().Before(deadline); calls++ {
+			q := b.quarantined(t)
+			if len(q) == 2 && b.pending(t, b.db) == 2 {
+				break
+			}
+			if len(q) < 2 && len(good) < 1000 {
+				good = append(good, b.alternating(t, "good", len(good), 1)...)
+			}
+			_, _ = relay.RelayOnce(b.ctx)
+			time.Sleep(time.Millisecond)
+		}
+		t.Logf("%d RelayOnce calls, %d good rows", calls, len(good))
+		require.Positive(t, br.acceptedCount(), "no good row was relayed behind the batch of bad rows")
+		requireEachOnce(t, br, good)
+		require.Equal(t, []string{"a/fanned-out", "b/fanned-out"}, b.quarantined(t), "both bad rows are quarantined")
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 2, Quarantined: 2}, p)
+		require.Equal(t, int64(2), relay.Stats().Quarantined)
+	})
+}
+
+// The broker accepts the first messages of a batch and then fails every
+// publish (an outage beginning mid-batch), over and over. With MaxAttempts
+// 1, a single failure blamed on a healthy row would quarantine it: none is
+// blamed, and once the outage ends every row is relayed.
+func TestRelayOutageOnsetsBlameNoHealthyRow(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const (
+			batchSize = 10
+			accepted  = 6 // per onset: the rows failed at the previous one (4) come first
+			cycles    = 25
+		)
+		br := newScriptedBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: batchSize, MaxAttempts: 1,
+			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		rows := b.alternating(t, "row", 0, 2*batchSize)
+		for c := range cycles {
+			rows = append(rows, b.alternating(t, "row", len(rows), accepted)...)
+			time.Sleep(10 * time.Millisecond) // every failed row is due again
+			br.setBudget(accepted)
+			n, err := relay.RelayOnce(b.ctx)
+			require.ErrorIs(t, err, errBrokerDown, "cycle %d: the outage begins mid-batch", c)
+			require.Equal(t, accepted, n, "cycle %d", c)
+			for range 2 { // the outage goes on
+				n, err := relay.RelayOnce(b.ctx)
+				require.Zero(t, n)
+				if err != nil {
+					require.ErrorIs(t, err, errBrokerDown)
+				}
+			}
+			require.Zero(t, b.blamed(t), "cycle %d: a failure was blamed on a healthy row", c)
+			require.Empty(t, b.quarantined(t), "cycle %d", c)
+		}
+
+		// The outage ends: everything goes out.
+		br.setBudget(-1)
+		deadline := time.Now().Add(20 * time.Second)
+		for b.pending(t, b.db) > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+			_, err := relay.RelayOnce(b.ctx)
+			require.NoError(t, err)
+		}
+		requireEachOnce(t, br, rows)
+		require.Zero(t, b.pending(t, b.db))
+		require.Zero(t, relay.Stats().Quarantined)
+	})
+}
+
+// A flapping broker (runs of good batches, an outage beginning mid-batch,
+// the outage going on) and a poison row at the head: the poison row is
+// quarantined, no healthy row is, and every healthy row is relayed once.
+func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const batchSize = 10
+		br := newScriptedBroker()
+		poison := message.NewMessage("poison", []byte("{}"))
+		poison.Metadata.Set(badHeader, "1")
+		b.publish(t, "b", poison)
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: batchSize, MaxAttempts: 1,
+			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
+		})
+		require.NoError(t, err)
+
+		var rows []string
+		step := func(newRows, budget int) {
+			rows = append(rows, b.alternating(t, "row", len(rows), newRows)...)
+			time.Sleep(10 * time.Millisecond) // every failed row is due again
+			br.setBudget(budget)
+			_, _ = relay.RelayOnce(b.ctx)
+		}
+		quarantinedAt := -1
+		for c := 0; c < 40 && (quarantinedAt < 0 || c < quarantinedAt+5); c++ {
+			step(4, -1) // up: three batches drain the backlog
+			step(4, -1)
+			step(4, -1)
+			step(8, 5) // an outage begins mid-batch: 5 accepted, 3 fail
+			step(4, 0) // and goes on
+			step(4, 0)
+			q := b.quarantined(t)
+			if len(q) > 0 && quarantinedAt < 0 {
+				quarantinedAt = c
+			}
+		}
+		t.Logf("poison row quarantined in cycle %d", quarantinedAt)
+
+		br.setBudget(-1)
+		deadline := time.Now().Add(20 * time.Second)
+		for b.pending(t, b.db) > 1 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+			_, _ = relay.RelayOnce(b.ctx)
+		}
+		requireEachOnce(t, br, rows)
+		require.Equal(t, []string{"b/poison"}, b.quarantined(t), "only the poison row is quarantined")
+		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
+	})
+}
