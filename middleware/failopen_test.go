@@ -2,7 +2,6 @@ package middleware_test
 
 import (
 	"context"
-	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,13 +21,11 @@ import (
 // handler then would run it a second time next to the other worker.
 func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
 	t.Parallel()
-	u, err := url.Parse(testenv.DatabaseURL())
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("lock_timeout", "200") // ms, sent as a run-time parameter
-	u.RawQuery = q.Encode()
-	admin := testenv.Pool(t)
-	for _, d := range testenv.DriversFor(t, u.String()) {
+	// A role whose sessions wait at most 200 ms for a lock, as a shop sets
+	// it with ALTER ROLE ... SET lock_timeout.
+	dbURL := testenv.DatabaseURLWithRoleSettings(t, map[string]string{"lock_timeout": "200ms"})
+	admin := testenv.PoolFor(t, testenv.DirectDatabaseURL())
+	for _, d := range testenv.DriversFor(t, dbURL) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			tables := testenv.Schema(t)

@@ -41,7 +41,7 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 			t.Parallel()
 			dbURL := testenv.DatabaseURLWithIsolation(t, level)
 			role := roleOf(t, dbURL)
-			admin := testenv.Pool(t)
+			admin := testenv.PoolFor(t, testenv.DirectDatabaseURL())
 			for _, d := range testenv.DriversFor(t, dbURL) {
 				for _, mode := range []middleware.Mode{middleware.Transactional, middleware.Lease} {
 					name := fmt.Sprintf("%s/%s", d.Name, modeName(mode))
@@ -61,6 +61,9 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 							// Another worker's claim of the key, not committed yet.
 							other, err := admin.Begin(context.Background())
 							require.NoError(t, err)
+							// Never left open by a failed assertion: the delivery
+							// waiting behind it would never end.
+							t.Cleanup(func() { _ = other.Rollback(context.Background()) })
 							_, err = other.Exec(context.Background(), `INSERT INTO `+tables.Inbox()+
 								` (consumer, message_key, status, attempts, processed_at) VALUES ('c', $1, 'done', 1, now())`, key)
 							require.NoError(t, err)

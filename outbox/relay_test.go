@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,9 +11,6 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -326,35 +322,20 @@ func relaysConcurrently(t *testing.T, b bundle) {
 	t.Logf("relay 1: %d rows, relay 2: %d rows", relayed1, relayed2)
 }
 
-// repeatableReadDB opens the driver named name with a connection parameter
-// making REPEATABLE READ the default isolation level of its sessions.
+// repeatableReadDB opens the driver named name as a role whose default
+// isolation level is REPEATABLE READ (ALTER ROLE ... SET
+// default_transaction_isolation, as shops set it).
 func repeatableReadDB(t *testing.T, name string) wsql.Beginner {
 	t.Helper()
-	u, err := url.Parse(testenv.DatabaseURL())
-	require.NoError(t, err)
-	require.Contains(t, []string{"postgres", "postgresql"}, u.Scheme, "DATABASE_URL must be a URL for this test")
-	q := u.Query()
-	q.Set("default_transaction_isolation", "repeatable read")
-	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads + literally
+	dbURL := testenv.DatabaseURLWithIsolation(t, testenv.RepeatableRead)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var db wsql.Beginner
 	switch name {
 	case "pgxpool":
-		cfg, err := pgxpool.ParseConfig(u.String())
-		require.NoError(t, err)
-		cfg.MaxConns = 20
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		db = wsql.BeginnerFromPgx(pool)
+		db = wsql.BeginnerFromPgx(testenv.PoolFor(t, dbURL))
 	default:
-		cfg, err := pgx.ParseConfig(u.String())
-		require.NoError(t, err)
-		std := stdlib.OpenDB(*cfg)
-		std.SetMaxOpenConns(20)
-		t.Cleanup(func() { _ = std.Close() })
-		db = wsql.BeginnerFromStdSQL(std)
+		db = wsql.BeginnerFromStdSQL(testenv.StdDBFor(t, dbURL))
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
