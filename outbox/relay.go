@@ -72,7 +72,7 @@ type RelayConfig struct {
 	//
 	// So a message the broker can never take (too large, a header it
 	// refuses) among rows that flow is blamed from its second or third
-	// failure on and quarantined after about MaxAttempts+2 failures, while
+	// failure on and quarantined after MaxAttempts+1 or +2 failures, while
 	// an outage, even one beginning in the middle of a batch, blames no
 	// row: no message is accepted after the failures before the rows are
 	// tried again, unless the broker came back, and then they go through.
@@ -168,7 +168,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	accepted := `(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ` + seq + `)`
 	return &Relay{
 		cfg: cfg,
-		selectSQL: `SELECT id, topic, uuid, payload, metadata::text, ` + accepted + ` FROM ` + table +
+		selectSQL: `SELECT id, topic, uuid, payload, metadata::text, failures > 0, ` + accepted + ` FROM ` + table +
 			` WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())` +
 			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
 		// One round trip deletes the relayed rows and records that the
@@ -461,15 +461,28 @@ type published struct {
 	cancelled error       // ctx ended: the rows not tried are left as they were
 }
 
-// publish hands the batch to the publisher, consecutive rows of one topic in
-// one Publish call, in id order. When a call fails, its messages are
-// published one at a time: a message the broker can never take (too large, a
-// header it refuses) then fails on its own while the others go through. It
-// goes on after failures, except that two failed calls in a row before
-// anything was accepted look like an outage: it stops there, and the rows
-// not tried are left untouched. A failure seen once ctx ended may be caused
-// by the cancellation and is not recorded.
+// publish hands the batch to the publisher: first the rows that never
+// failed, then the rows retried after a failure, each in id order, with
+// consecutive rows of one topic in one Publish call. When a call fails, its
+// messages are published one at a time: a message the broker can never take
+// (too large, a header it refuses) then fails on its own while the others go
+// through. It goes on after failures, except that two failed calls of rows
+// that never failed before, in a row, before anything was accepted, look
+// like an outage: it stops there, and the rows not tried are left untouched.
+// A retried row failing again says nothing about the broker (it may be a
+// poison row), so it never stops the batch, and retries come last so that
+// they never delay the rows that never failed. A failure seen once ctx ended
+// may be caused by the cancellation and is not recorded.
 func (r *Relay) publish(ctx context.Context, b batch) (p published) {
+	order := make([]int, 0, len(b.msgs))
+	for pass := range 2 {
+		for i := range b.msgs {
+			if b.retry[i] == (pass == 1) {
+				order = append(order, i)
+			}
+		}
+	}
+	b = b.reordered(order)
 	var (
 		call            int // ordinal of the latest Publish call
 		firstOK, lastOK int // ordinals of the first and last accepted calls, 0 if none
@@ -498,7 +511,7 @@ outer:
 			break
 		}
 		end := start + 1
-		for end < len(b.msgs) && b.topics[end] == b.topics[start] {
+		for end < len(b.msgs) && b.topics[end] == b.topics[start] && b.retry[end] == b.retry[start] {
 			end++
 		}
 		topic := b.topics[start]
@@ -533,7 +546,7 @@ outer:
 				fails = append(fails, failure{j, call, e})
 			}
 		}
-		if !groupOK {
+		if !groupOK && !b.retry[start] {
 			deadGroups++
 			if firstOK == 0 && deadGroups >= 2 {
 				break // nothing gets through: an outage, most likely
@@ -623,8 +636,20 @@ type batch struct {
 	ids      []int64
 	topics   []string
 	msgs     []*message.Message
+	retry    []bool // the row failed before
 	defects  []defect
 	accepted int64 // the accepted sequence's value when the batch was locked
+}
+
+// reordered returns the batch's rows in the given order (indexes into b).
+func (b batch) reordered(order []int) batch {
+	out := batch{defects: b.defects, accepted: b.accepted,
+		ids: make([]int64, len(order)), topics: make([]string, len(order)),
+		msgs: make([]*message.Message, len(order)), retry: make([]bool, len(order))}
+	for j, i := range order {
+		out.ids[j], out.topics[j], out.msgs[j], out.retry[j] = b.ids[i], b.topics[i], b.msgs[i], b.retry[i]
+	}
+	return out
 }
 
 type defect struct {
@@ -645,8 +670,9 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 			uuid    string
 			payload []byte
 			meta    string
+			retry   bool
 		)
-		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &b.accepted); err != nil {
+		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry, &b.accepted); err != nil {
 			_ = rows.Close()
 			return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
 		}
@@ -663,6 +689,7 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		b.ids = append(b.ids, id)
 		b.topics = append(b.topics, topic)
 		b.msgs = append(b.msgs, msg)
+		b.retry = append(b.retry, retry)
 	}
 	if err := seam.Close(rows); err != nil {
 		return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)

@@ -371,3 +371,39 @@ func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
 	})
 }
+
+// After an outage, every row has failed once and is due again, and no new
+// row arrives: a poison row fanned out to two topics heads the batch. Its
+// two failures must not read as "the broker is down" and stop the batch
+// before the healthy rows behind it: a row that failed before says nothing
+// about the broker. (Found by the chaos suite: the relay tried only the two
+// poison rows, every poll, and the 279 healthy rows behind them never left.)
+func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newScriptedBroker()
+		tx := b.begin(t)
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		require.NoError(t, err)
+		for _, topic := range []string{"a", "b"} {
+			out := message.NewMessage("fanned-out", []byte("{}"))
+			out.Metadata.Set(badHeader, "1")
+			require.NoError(t, pub.Publish(topic, out))
+		}
+		require.NoError(t, tx.Commit())
+		good := b.alternating(t, "good", 0, 20)
+		// The outage's history: every row failed once, and its backoff ended.
+		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, last_error = 'not connected', next_attempt_at = NULL")
+
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 50, MaxAttempts: 2,
+			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond,
+		})
+		require.NoError(t, err)
+		for range 5 {
+			_, _ = relay.RelayOnce(b.ctx)
+		}
+		requireEachOnce(t, br, good)
+		require.Equal(t, int64(2), b.pending(t, b.db), "only the poison rows are left")
+	})
+}
