@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +56,87 @@ type PgBouncerConfig struct {
 	// database, user). Defaults to DirectDatabaseURL(); a test that cuts the
 	// server connections points it at a Proxy.
 	TargetURL string
+	// ServerLoginRetry is server_login_retry in seconds: how long PgBouncer
+	// refuses clients after a failed login to the server before it tries
+	// again. 0 keeps PgBouncer's default (15).
+	ServerLoginRetry int
+	// Supervise, when set, restarts a pgbouncer that ends before the test
+	// does, on the same port, and records the crash there instead of
+	// failing the test: for fault tests, where the pooler crashing is one
+	// more fault the system under test must survive.
+	Supervise *PgBouncerSupervisor
+}
+
+// PgBouncerSupervisor records the crashes of a supervised pgbouncer (see
+// PgBouncerConfig.Supervise).
+type PgBouncerSupervisor struct {
+	mu       sync.Mutex
+	crashes  []string
+	current  *pgbouncerProc
+	stopping bool
+}
+
+// Crashes returns, for each time pgbouncer ended on its own and was
+// restarted, the last lines of its log.
+func (s *PgBouncerSupervisor) Crashes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.crashes...)
+}
+
+// supervise restarts p's pgbouncer whenever it ends, until stop.
+func (s *PgBouncerSupervisor) supervise(p *pgbouncerProc, restart func() (*pgbouncerProc, error), logTail func() string) {
+	s.mu.Lock()
+	s.current = p
+	s.mu.Unlock()
+	go func() {
+		for {
+			s.mu.Lock()
+			cur := s.current
+			s.mu.Unlock()
+			<-cur.done
+			s.mu.Lock()
+			if s.stopping {
+				s.mu.Unlock()
+				return
+			}
+			s.crashes = append(s.crashes, fmt.Sprintf("%v\n%s", cur.waitErr, logTail()))
+			s.mu.Unlock()
+			var next *pgbouncerProc
+			var err error
+			for try := 0; try < 50; try++ {
+				if next, err = restart(); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				s.mu.Lock()
+				s.crashes = append(s.crashes, "restart failed: "+err.Error())
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Lock()
+			s.current = next
+			if s.stopping {
+				s.mu.Unlock()
+				next.stop()
+				return
+			}
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// stop stops the current pgbouncer and the supervision.
+func (s *PgBouncerSupervisor) stop() {
+	s.mu.Lock()
+	s.stopping = true
+	cur := s.current
+	s.mu.Unlock()
+	if cur != nil {
+		cur.stop()
+	}
 }
 
 // PgBouncer starts a PgBouncer in the given pool mode in front of
@@ -169,6 +251,9 @@ func StartPgBouncer(t testing.TB, cfg PgBouncerConfig) string {
 			"ignore_startup_parameters = extra_float_digits",
 			"",
 		}, "\n")
+		if cfg.ServerLoginRetry > 0 {
+			ini += "server_login_retry = " + strconv.Itoa(cfg.ServerLoginRetry) + "\n"
+		}
 		iniPath := filepath.Join(dir, "pgbouncer.ini")
 		require.NoError(t, os.WriteFile(iniPath, []byte(ini), 0o644))
 		if cred != nil {
@@ -191,6 +276,19 @@ func StartPgBouncer(t testing.TB, cfg PgBouncerConfig) string {
 			p.stop()
 			lastErr = fmt.Errorf("%w\n%s", lastErr, tail(logfile, filepath.Join(dir, "stderr.log")))
 			continue
+		}
+		if sv := cfg.Supervise; sv != nil {
+			stderrPath := filepath.Join(dir, "stderr.log")
+			sv.supervise(p, func() (*pgbouncerProc, error) {
+				return startPgBouncer(bin, iniPath, stderrPath, cred)
+			}, func() string { return tail(logfile, stderrPath) })
+			t.Cleanup(func() {
+				sv.stop()
+				if t.Failed() {
+					t.Logf("testenv: end of the pgbouncer log:\n%s", tail(logfile, stderrPath))
+				}
+			})
+			return u.String()
 		}
 		t.Cleanup(func() {
 			exitedEarly := p.exited()
