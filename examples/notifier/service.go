@@ -154,7 +154,10 @@ func (s *Service) amqpConfig() wamqp.Config {
 	c := wamqp.NewDurableQueueConfig(s.cfg.AMQPURL)
 	c.Marshaler = identityMarshaler{}
 	c.Publish.ConfirmDelivery = true
-	c.Publish.ChannelPoolSize = 1
+	// No channel pool: watermill-amqp v3.1.0's pool can lose all its
+	// channels after a broker outage, and Publish then blocks forever
+	// (docs/getting-started.md, "Run the relay").
+	c.Publish.ChannelPoolSize = 0
 	c.Consume.Qos.PrefetchCount = 4
 	return c
 }

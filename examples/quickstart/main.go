@@ -86,7 +86,10 @@ func run(ctx context.Context) error {
 	// 2. RabbitMQ: a durable queue per topic, publisher confirms on.
 	amqpCfg := wamqp.NewDurableQueueConfig(amqpURL)
 	amqpCfg.Publish.ConfirmDelivery = true
-	amqpCfg.Publish.ChannelPoolSize = 1
+	// No channel pool: watermill-amqp v3.1.0's pool can lose all its
+	// channels after a broker outage, and Publish then blocks forever
+	// (docs/getting-started.md, "Run the relay").
+	amqpCfg.Publish.ChannelPoolSize = 0
 	pub, err := wamqp.NewPublisher(amqpCfg, logger)
 	if err != nil {
 		return err
