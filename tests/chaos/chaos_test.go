@@ -21,8 +21,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -33,13 +35,18 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// TestChaos runs the chaos suite once per mode (sequentially: each run
-// takes the machine's CPU). Environment:
+// TestChaos runs the chaos suite once per run of CHAOS_MODES (sequentially:
+// each run takes the machine's CPU). Environment:
 //
 //	CHAOS_MESSAGES   unique messages (default 800)
 //	CHAOS_DUP_RATIO  extra copies per unique message (default 0.2)
 //	CHAOS_FAULTS     at least this many faults of each kind (default 3)
-//	CHAOS_MODES      comma-separated: transactional, lease (default both)
+//	CHAOS_MODES      comma-separated runs, each a mode (transactional, lease)
+//	                 with an optional database setup: @repeatable-read (the
+//	                 workers' role defaults to REPEATABLE READ) or
+//	                 @pgbouncer (through PgBouncer in transaction pooling).
+//	                 Default: transactional,lease,lease@repeatable-read,
+//	                 transactional@pgbouncer.
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
 //	                 reproducible; the plan is.
@@ -56,18 +63,18 @@ import (
 // to $TMPDIR/chaos-<mode>-seed<seed>.txt).
 func TestChaos(t *testing.T) {
 	s := readSettings(t)
-	t.Logf("chaos: %d messages, dup ratio %.2f, >= %d faults of each kind, modes %v, seed %d (replay the plan with CHAOS_SEED=%d)",
-		s.Messages, s.DupRatio, s.Faults, s.Modes, s.Seed, s.Seed)
+	t.Logf("chaos: %d messages, dup ratio %.2f, >= %d faults of each kind, runs %v, seed %d (replay the plan with CHAOS_SEED=%d)",
+		s.Messages, s.DupRatio, s.Faults, s.Runs, s.Seed, s.Seed)
 	bin := buildWorker(t)
-	for _, mode := range s.Modes {
-		t.Run(mode, func(t *testing.T) {
-			// One random stream per mode, whatever CHAOS_MODES holds, so
-			// that CHAOS_SEED with one mode replays that mode's plan.
+	for _, v := range s.Runs {
+		t.Run(v.String(), func(t *testing.T) {
+			// One random stream per run, whatever CHAOS_MODES holds, so
+			// that CHAOS_SEED with one run replays that run's plan.
 			stream := uint64(1)
-			if mode == "lease" {
-				stream = 2
+			for _, c := range v.String() {
+				stream = stream*31 + uint64(c)
 			}
-			runChaos(t, s, bin, mode, stream)
+			runChaos(t, s, bin, v, stream)
 		})
 	}
 }
@@ -77,6 +84,7 @@ type harness struct {
 	t      *testing.T
 	s      settings
 	mode   string
+	v      variant
 	rng    *mrand.Rand
 	runID  string
 	bin    string
@@ -85,8 +93,14 @@ type harness struct {
 	tables             sqlschema.Config
 	pool               *pgxpool.Pool
 	conn               *amqp.Connection
-	in, out            string
+	in, out, out2      string
+	outB               string // the other output queue: outputs alternate between out and outB
+	ticks              string // healthy events written during the settle (see trickle)
+	ticksSent          int
 	pgProxy, amqpProxy *testenv.Proxy
+	relayAMQPProxy     *testenv.Proxy // the relay's own, for outages mid-batch
+	bouncer            *testenv.PgBouncerSupervisor
+	workerDBURL        string // what the workers dial (before the proxy or PgBouncer)
 	provider           *testenv.Provider
 	sink               *sink
 
@@ -109,14 +123,15 @@ func (h *harness) lease() bool { return h.mode == "lease" }
 
 func (h *harness) table(name string) string { return pgx.Identifier{h.tables.Schema, name}.Sanitize() }
 
-func runChaos(t *testing.T, s settings, bin, mode string, stream uint64) {
+func runChaos(t *testing.T, s settings, bin string, v variant, stream uint64) {
+	mode := v.Mode
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	t.Cleanup(cancel)
 	idBytes := make([]byte, 4)
 	_, _ = rand.Read(idBytes)
 	h := &harness{
-		t: t, s: s, mode: mode, bin: bin,
+		t: t, s: s, mode: mode, v: v, bin: bin,
 		rng:      mrand.New(mrand.NewPCG(s.Seed, stream)),
 		runID:    hex.EncodeToString(idBytes),
 		injected: map[string]int{},
@@ -141,9 +156,36 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
 	h.in = testenv.Queue(t, "chaos_in_")
 	h.out = testenv.Queue(t, "chaos_out_")
+	h.outB = testenv.Queue(t, "chaos_outb_")
+	h.out2 = testenv.Queue(t, "chaos_out2_")
+	h.ticks = testenv.Queue(t, "chaos_ticks_")
 	h.conn = testenv.AMQPConn(t)
 	h.pgProxy = testenv.NewProxy(t, hostPort(t, testenv.DatabaseURL(), "5432"))
 	h.amqpProxy = testenv.NewProxy(t, hostPort(t, testenv.AMQPURL(), "5672"))
+	h.relayAMQPProxy = testenv.NewProxy(t, hostPort(t, testenv.AMQPURL(), "5672"))
+	switch v.DB {
+	case dbDirect:
+		h.workerDBURL = h.pgProxy.RewriteURL(testenv.DatabaseURL())
+	case dbRepeatableRead:
+		h.workerDBURL = h.pgProxy.RewriteURL(testenv.DatabaseURLWithIsolation(t, testenv.RepeatableRead))
+		var iso string
+		require.NoError(t, h.pool.QueryRow(ctx, `SELECT s.setconfig::text FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+WHERE r.rolname = $1`, roleOf(t, h.workerDBURL)).Scan(&iso))
+		require.Contains(t, iso, "repeatable read", "the workers' role defaults to REPEATABLE READ")
+	case dbPgBouncer:
+		h.bouncer = &testenv.PgBouncerSupervisor{}
+		// PgBouncer's server connections go through the proxy, so that the
+		// database faults reach them; the workers dial PgBouncer.
+		h.workerDBURL = testenv.StartPgBouncer(t, testenv.PgBouncerConfig{
+			PoolMode: "transaction", PoolSize: 8, TargetURL: h.pgProxy.RewriteURL(testenv.DatabaseURL()),
+			// After the proxy refused, log in again within a second, not 15.
+			ServerLoginRetry: 1,
+			// PgBouncer 1.18 sometimes crashes on a client's cancel request
+			// ("disconnect_client(): bad client state"): restarted, and
+			// reported as one more fault survived.
+			Supervise: h.bouncer,
+		})
+	}
 	if h.lease() {
 		h.provider = testenv.NewProvider(t)
 		// An SMS API takes a little while to answer.
@@ -194,8 +236,10 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	settleTime := time.Since(settleStart)
 	h.stopWorkers()
 	leftIn, badIn, leftOut, badOut := h.leftovers(ctx)
+	left2, _, err := queueState(h.conn, h.out2)
+	require.NoError(t, err)
 
-	tb := h.invariants(ctx, settled, leftIn, badIn, leftOut, badOut)
+	tb := h.invariants(ctx, settled, leftIn, badIn, leftOut, badOut, left2)
 	tb.info("timings", fmt.Sprintf("faults %s, settle %s, total %s", faultTime.Round(time.Millisecond),
 		settleTime.Round(time.Millisecond), time.Since(start).Round(time.Millisecond)))
 	text := tb.String()
@@ -203,7 +247,7 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	if testing.Verbose() {
 		fmt.Println(text)
 	}
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-%s-seed%d.txt", mode, s.Seed))
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-%s-seed%d.txt", strings.ReplaceAll(v.String(), "@", "-"), s.Seed))
 	if err := os.WriteFile(path, []byte(text), 0o644); err == nil {
 		t.Logf("table written to %s", path)
 	}
@@ -211,8 +255,8 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 		for _, p := range h.procs() {
 			t.Logf("%s", p.tailLast(3, 25))
 		}
-		require.Empty(t, failed, "chaos invariants broken (mode %s, seed %d, replay with CHAOS_SEED=%d CHAOS_MODES=%s CHAOS_MESSAGES=%d CHAOS_FAULTS=%d)",
-			mode, s.Seed, s.Seed, mode, s.Messages, s.Faults)
+		require.Empty(t, failed, "chaos invariants broken (run %s, seed %d, replay with CHAOS_SEED=%d CHAOS_MODES=%s CHAOS_MESSAGES=%d CHAOS_FAULTS=%d)",
+			v, s.Seed, s.Seed, v, s.Messages, s.Faults)
 	}
 }
 
@@ -232,7 +276,7 @@ func hostPort(t *testing.T, rawURL, defPort string) string {
 func (h *harness) startWorkers() {
 	t := h.t
 	dbURL := func(role string) string {
-		u, err := url.Parse(h.pgProxy.RewriteURL(testenv.DatabaseURL()))
+		u, err := url.Parse(h.workerDBURL)
 		require.NoError(t, err)
 		q := u.Query()
 		q.Set("application_name", "chaos-"+role+"-"+h.runID)
@@ -244,15 +288,18 @@ func (h *harness) startWorkers() {
 		slow = h.s.SlowLease
 	}
 	common := map[string]string{
-		"CHAOS_MODE":     h.mode,
-		"CHAOS_AMQP_URL": h.amqpProxy.RewriteURL(testenv.AMQPURL()),
-		"CHAOS_SCHEMA":   h.tables.Schema,
-		"CHAOS_IN":       h.in,
-		"CHAOS_OUT":      h.out,
-		"CHAOS_SINK_URL": h.sink.srv.URL,
-		"CHAOS_LEASE":    h.s.Lease.String(),
-		"CHAOS_SLOW":     slow.String(),
-		"CHAOS_PREFETCH": strconv.Itoa(h.s.Prefetch),
+		"CHAOS_MODE":               h.mode,
+		"CHAOS_AMQP_URL":           h.amqpProxy.RewriteURL(testenv.AMQPURL()),
+		"CHAOS_SCHEMA":             h.tables.Schema,
+		"CHAOS_IN":                 h.in,
+		"CHAOS_OUT":                h.out,
+		"CHAOS_OUT_B":              h.outB,
+		"CHAOS_OUT2":               h.out2,
+		"CHAOS_RELAY_MAX_ATTEMPTS": strconv.Itoa(h.s.RelayMaxAttempts),
+		"CHAOS_SINK_URL":           h.sink.srv.URL,
+		"CHAOS_LEASE":              h.s.Lease.String(),
+		"CHAOS_SLOW":               slow.String(),
+		"CHAOS_PREFETCH":           strconv.Itoa(h.s.Prefetch),
 	}
 	if h.lease() {
 		common["CHAOS_PROVIDER_URL"] = h.provider.URL()
@@ -272,7 +319,9 @@ func (h *harness) startWorkers() {
 		}
 		h.consumers = append(h.consumers, h.newProc(fmt.Sprintf("consumer-%d", i), env("consumer", driver, h.s.Handlers)))
 	}
-	h.relay = h.newProc("relay", env("relay", "database-sql", 1))
+	relayEnv := env("relay", "database-sql", 1)
+	relayEnv["CHAOS_AMQP_URL"] = h.relayAMQPProxy.RewriteURL(testenv.AMQPURL())
+	h.relay = h.newProc("relay", relayEnv)
 	h.downstream = h.newProc("downstream", env("downstream", "pgxpool", 2))
 	t.Cleanup(func() {
 		for _, p := range h.procs() {
@@ -308,17 +357,18 @@ func (h *harness) stopWorkers() {
 
 // state is what the harness polls while the system settles.
 type state struct {
-	consumer   map[string]int64 // inbox rows by status
-	downDone   int64
-	outbox     int64
-	inReady    int
-	outReady   int
-	downEffect int64
+	consumer    map[string]int64 // inbox rows by status
+	downDone    int64
+	outbox      int64 // pending outbox rows, quarantined ones excluded
+	quarantined int64
+	inReady     int
+	outReady    int
+	downEffect  int64
 }
 
 func (s state) String() string {
-	return fmt.Sprintf("consumer inbox %v, downstream done %d, downstream effects %d, outbox %d, ready in/out %d/%d",
-		s.consumer, s.downDone, s.downEffect, s.outbox, s.inReady, s.outReady)
+	return fmt.Sprintf("consumer inbox %v, downstream done %d, downstream effects %d, outbox %d (+%d quarantined), ready in/out %d/%d",
+		s.consumer, s.downDone, s.downEffect, s.outbox, s.quarantined, s.inReady, s.outReady)
 }
 
 func (h *harness) state(ctx context.Context) (state, error) {
@@ -350,19 +400,37 @@ func (h *harness) state(ctx context.Context) (state, error) {
 	if err != nil {
 		return st, err
 	}
-	st.outbox = p.Count
+	st.outbox = p.Count - p.Quarantined
+	st.quarantined = p.Quarantined
 	if st.inReady, _, err = queueState(h.conn, h.in); err != nil {
 		return st, err
 	}
-	if st.outReady, _, err = queueState(h.conn, h.out); err != nil {
-		return st, err
+	for _, q := range []string{h.out, h.outB} {
+		n, _, err := queueState(h.conn, q)
+		if err != nil {
+			return st, err
+		}
+		st.outReady += n
 	}
 	return st, nil
 }
 
-func (s state) settled(n int) bool {
+// settled: every key done, downstream too, the outbox holds nothing but the
+// quarantined poison rows (two per poison key), the queues are empty.
+func (s state) settled(n, poisonRows int) bool {
 	return s.consumer["done"] == int64(n) && len(s.consumer) == 1 && s.downDone >= int64(n) &&
-		s.outbox == 0 && s.inReady == 0 && s.outReady == 0
+		s.outbox == 0 && s.quarantined == int64(poisonRows) && s.inReady == 0 && s.outReady == 0
+}
+
+// poisonKeys is the number of keys whose handler writes poison outputs.
+func (h *harness) poisonKeys() int {
+	n := 0
+	for _, f := range h.plan {
+		if f == "poison" {
+			n++
+		}
+	}
+	return n
 }
 
 // awaitSettled polls until the system settled, or s.Settle passed.
@@ -376,18 +444,90 @@ func (h *harness) awaitSettled(ctx context.Context) bool {
 		st, err := h.state(ctx)
 		if err == nil {
 			last = st
-			if st.settled(h.s.Messages) {
+			if st.settled(h.s.Messages, 2*h.poisonKeys()) {
 				return true
+			}
+			if st.quarantined < int64(2*h.poisonKeys()) {
+				h.trickle(ctx)
 			}
 		}
 		if time.Now().After(deadline) {
 			h.t.Logf("not settled after %s: %s (last error: %v)", h.s.Settle, last, err)
+			h.logSessions(ctx)
 			return false
 		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-tick.C:
+		}
+	}
+}
+
+// trickle writes one healthy event to the outbox, for the ticks queue: a
+// live system's traffic goes on after the test's input ends, and a poison
+// row is quarantined only on evidence that the broker accepts other
+// messages between its attempts.
+func (h *harness) trickle(ctx context.Context) {
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		return
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), outbox.PublisherConfig{Tables: h.tables})
+	if err != nil {
+		return
+	}
+	if pub.Publish(h.ticks, message.NewMessage(watermill.NewUUID(), []byte(`{"tick":true}`))) == nil && tx.Commit(ctx) == nil {
+		h.ticksSent++
+	}
+}
+
+// logSessions logs the database sessions of the test's database that hold
+// locks on the outbox or inbox, for a run that did not settle.
+func (h *harness) logSessions(ctx context.Context) {
+	rows, err := h.pool.Query(ctx, `SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
+coalesce(now() - a.xact_start, '0'::interval)::text, coalesce(left(a.query, 120), ''), count(l.*)
+FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+WHERE l.relation IN ($1::regclass, $2::regclass) AND a.pid <> pg_backend_pid()
+GROUP BY 1, 2, 3, 4, 5`, h.tables.Outbox(), h.tables.Inbox())
+	if err != nil {
+		h.t.Logf("sessions: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pid, locks int64
+		var app, state, age, query string
+		if err := rows.Scan(&pid, &app, &state, &age, &query, &locks); err == nil {
+			h.t.Logf("session pid %d app %q state %q in transaction for %s, %d locks; query %q", pid, app, state, age, locks, query)
+		}
+	}
+	var locked int64
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.tables.Outbox()+` WHERE id NOT IN (SELECT id FROM `+h.tables.Outbox()+
+		` FOR UPDATE SKIP LOCKED)`).Scan(&locked); err == nil {
+		h.t.Logf("outbox rows locked by other sessions: %d", locked)
+	}
+	var due, deferred, quarantined int64
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
+count(*) FILTER (WHERE next_attempt_at > now()), count(*) FILTER (WHERE quarantined_at IS NOT NULL) FROM `+h.tables.Outbox()).Scan(&due, &deferred, &quarantined); err == nil {
+		h.t.Logf("outbox rows due %d, deferred %d, quarantined %d", due, deferred, quarantined)
+	}
+	var accepted int64
+	_ = h.pool.QueryRow(ctx, `SELECT last_value FROM `+h.tables.OutboxAcceptedSequence()).Scan(&accepted)
+	frows, err := h.pool.Query(ctx, `SELECT id, topic, metadata ? $1, failures, attempts, blame_pending, coalesce(fail_mark, -1),
+coalesce((next_attempt_at - now())::text, ''), coalesce(left(last_error, 80), '') FROM `+h.tables.Outbox()+` WHERE quarantined_at IS NULL ORDER BY id LIMIT 10`, poisonMetadata)
+	if err != nil {
+		return
+	}
+	defer frows.Close()
+	for frows.Next() {
+		var id, failures, attempts, mark int64
+		var poison, pending bool
+		var topic, next, lastErr string
+		if err := frows.Scan(&id, &topic, &poison, &failures, &attempts, &pending, &mark, &next, &lastErr); err == nil {
+			h.t.Logf("row %d topic %s poison %v: failures %d, blamed %d, blame pending %v, fail mark %d (accepted now %d), next in %s: %s",
+				id, topic, poison, failures, attempts, pending, mark, accepted, next, lastErr)
 		}
 	}
 }
@@ -412,7 +552,7 @@ func queueState(conn *amqp.Connection, queue string) (int, int, error) {
 // left in the output queue only when downstream already processed its UUID.
 func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut int) {
 	t := h.t
-	for _, q := range []string{h.in, h.out} {
+	for _, q := range []string{h.in, h.out, h.outB} {
 		testenv.Eventually(t, 30*time.Second, func() bool {
 			_, consumers, err := queueState(h.conn, q)
 			return err == nil && consumers == 0
@@ -442,7 +582,7 @@ func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut
 			badIn++
 		}
 	}
-	for _, d := range drain(h.out) {
+	for _, d := range append(drain(h.out), drain(h.outB)...) {
 		leftOut++
 		id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
 		var done bool
@@ -528,17 +668,17 @@ func (h *harness) count(ctx context.Context, q string, args ...any) int64 {
 	return n
 }
 
-func (h *harness) invariants(ctx context.Context, settled bool, leftIn, badIn, leftOut, badOut int) *table {
+func (h *harness) invariants(ctx context.Context, settled bool, leftIn, badIn, leftOut, badOut, left2 int) *table {
 	s, n := h.s, int64(h.s.Messages)
 	effects, down, inbox := h.table("effects"), h.table("down_effects"), h.tables.Inbox()
-	tb := &table{title: fmt.Sprintf("chaos run: mode=%s seed=%d messages=%d dup-ratio=%.2f faults>=%d consumers=%dx%d handlers (prefetch %d), lease %s, slow %s/%s (lease/tx)",
-		h.mode, s.Seed, s.Messages, s.DupRatio, s.Faults, s.Consumers, s.Handlers, s.Prefetch, s.Lease, s.SlowLease, s.SlowTx)}
+	tb := &table{title: fmt.Sprintf("chaos run: %s seed=%d messages=%d dup-ratio=%.2f faults>=%d consumers=%dx%d handlers (prefetch %d), lease %s, slow %s/%s (lease/tx)",
+		h.v, s.Seed, s.Messages, s.DupRatio, s.Faults, s.Consumers, s.Handlers, s.Prefetch, s.Lease, s.SlowLease, s.SlowTx)}
 
 	tb.section("input")
 	tb.eq("messages published (copies, broker-confirmed)", h.published.Load(), int64(len(h.copies)))
 	tb.info("unique messages", n)
 	tb.info("duplicate copies", int64(len(h.copies))-n)
-	tb.check("settled (all done downstream, outbox and queues empty)", settled, "true", settled)
+	tb.check("settled (all done downstream, outbox and queues empty but for quarantined poison)", settled, "true", settled)
 
 	tb.section("consumer (" + consumerName + ")")
 	tb.eq("effects applied (rows)", h.count(ctx, `SELECT count(*) FROM `+effects), n)
@@ -563,7 +703,19 @@ JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 
 	tb.section("outbox, relay, downstream (" + downstreamName + ")")
 	p, err := outbox.PendingStats(ctx, wsqlPool(h.pool), h.tables)
 	require.NoError(h.t, err)
-	tb.eq("outbox rows pending", p.Count, 0)
+	poison := int64(2 * h.poisonKeys())
+	ob := h.tables.Outbox()
+	tb.eq("outbox rows pending (not quarantined)", p.Count-p.Quarantined, 0)
+	tb.info("poison keys (one output refused by the broker, fanned out to two topics)", h.poisonKeys())
+	tb.info("healthy events written during the settle (traffic for the quarantine's evidence)", h.ticksSent)
+	tb.eq("poison rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND metadata ? $1`, poisonMetadata), poison)
+	tb.eq("poison rows quarantined, by topic: "+h.out+" / "+h.out2+" (each)", h.count(ctx, `SELECT count(*) FROM `+ob+
+		` WHERE quarantined_at IS NOT NULL AND metadata ? $1 AND topic = $2`, poisonMetadata, h.out2), poison/2)
+	tb.eq("quarantined rows reported by PendingStats", p.Quarantined, poison)
+	tb.eq("healthy rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND NOT metadata ? $1`, poisonMetadata), 0)
+	var lastErr string
+	_ = h.pool.QueryRow(ctx, `SELECT coalesce(max(last_error), '') FROM `+ob+` WHERE quarantined_at IS NOT NULL`).Scan(&lastErr)
+	tb.info("  a quarantined row's last error", truncate(lastErr, 80))
 	h.sink.mu.Lock()
 	relayed := h.sink.relayed
 	h.sink.mu.Unlock()
@@ -582,6 +734,7 @@ WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
 	tb.eq("input queue: messages left that were not done", int64(badIn), 0)
 	tb.info("output queue: messages left after the stop", leftOut)
 	tb.eq("output queue: messages left not processed downstream", int64(badOut), 0)
+	tb.eq("second output queue: messages (only poison is sent there)", int64(left2), 0)
 
 	tb.section("faults injected (each >= " + strconv.Itoa(s.Faults) + ")")
 	f := int64(s.Faults)
@@ -601,6 +754,14 @@ WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
 	h.exitMu.Lock()
 	exits := slices.Clone(h.exits)
 	h.exitMu.Unlock()
+	if h.bouncer != nil {
+		crashes := h.bouncer.Crashes()
+		tb.info("PgBouncer crashes survived (restarted; not injected)", len(crashes))
+		for _, c := range crashes {
+			lines := strings.Split(strings.TrimSpace(c), "\n")
+			tb.info("  crash", truncate(lines[len(lines)-1], 100))
+		}
+	}
 	tb.eq("worker exits not injected", int64(len(exits)), 0)
 	for _, e := range exits {
 		tb.info("  exit", e)
@@ -727,6 +888,24 @@ func (h *harness) leaseInvariants(ctx context.Context, tb *table) {
 	tb.eq("two calls recorded for one attempt of a key", sameAttempt, 0)
 	tb.eq("provider calls not announced by a handler run", unannounced, 0)
 	tb.info("slow attempts taken over (ExtendLease: lease lost)", slowLost)
+}
+
+// poisonMetadata is the metadata key of the worker's poison outputs (the
+// worker's PoisonMetadata).
+const poisonMetadata = "chaos_poison"
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func roleOf(t *testing.T, dbURL string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	return u.User.Username()
 }
 
 // wsqlPool adapts the pool for outbox.PendingStats.

@@ -38,7 +38,7 @@ type settings struct {
 	Messages int     // unique messages (CHAOS_MESSAGES)
 	DupRatio float64 // extra copies per unique message (CHAOS_DUP_RATIO)
 	Faults   int     // at least this many faults of each kind (CHAOS_FAULTS)
-	Modes    []string
+	Runs     []variant
 	Seed     uint64
 	Settle   time.Duration // bound of the wait for the system to settle
 
@@ -50,17 +50,71 @@ type settings struct {
 	Lease     time.Duration
 	SlowLease time.Duration // a slow handler in lease mode: longer than Lease
 	SlowTx    time.Duration // a slow handler in transactional mode
+	// RelayMaxAttempts is the relay's MaxAttempts: small, so that a healthy
+	// row blamed for a broker outage would be quarantined within the run.
+	RelayMaxAttempts int
+}
+
+// variant is one run of the suite: a mode, and how the workers reach
+// PostgreSQL.
+type variant struct {
+	Mode string // transactional | lease
+	// DB is direct (through the harness's TCP proxy), repeatable-read (the
+	// same, as a role whose default transaction isolation is REPEATABLE
+	// READ) or pgbouncer (through a PgBouncer in transaction pooling, whose
+	// server connections go through the proxy).
+	DB string
+}
+
+func (v variant) String() string {
+	if v.DB == dbDirect {
+		return v.Mode
+	}
+	return v.Mode + "@" + v.DB
+}
+
+const (
+	dbDirect         = "direct"
+	dbRepeatableRead = "repeatable-read"
+	dbPgBouncer      = "pgbouncer"
+)
+
+// defaultRuns is the short form's set: both modes directly, and one of
+// each other database setup.
+const defaultRuns = "transactional,lease,lease@repeatable-read,transactional@pgbouncer"
+
+// parseRuns reads CHAOS_MODES: a comma-separated list of mode or mode@db.
+func parseRuns(v string) ([]variant, error) {
+	var out []variant
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		mode, db, _ := strings.Cut(item, "@")
+		if db == "" {
+			db = dbDirect
+		}
+		if mode != "transactional" && mode != "lease" {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional or lease", item)
+		}
+		if db != dbDirect && db != dbRepeatableRead && db != dbPgBouncer {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s or %s", item, dbDirect, dbRepeatableRead, dbPgBouncer)
+		}
+		out = append(out, variant{Mode: mode, DB: db})
+	}
+	return out, nil
 }
 
 func readSettings(t *testing.T) settings {
 	t.Helper()
 	s := settings{
-		Messages: 800, DupRatio: 0.2, Faults: 3, Modes: []string{"transactional", "lease"},
+		Messages: 800, DupRatio: 0.2, Faults: 3,
 		Seed: uint64(time.Now().UnixNano()), Settle: 2 * time.Minute,
 		Consumers: 3, Handlers: 4, Prefetch: 10, PanicRate: 0.02, SlowRate: 0.01,
 		Lease: 2 * time.Second, SlowLease: 3 * time.Second, SlowTx: 1500 * time.Millisecond,
+		RelayMaxAttempts: 1,
 	}
 	var err error
+	s.Runs, err = parseRuns(defaultRuns)
+	require.NoError(t, err)
 	if v := os.Getenv("CHAOS_MESSAGES"); v != "" {
 		s.Messages, err = strconv.Atoi(v)
 		require.NoError(t, err, "CHAOS_MESSAGES")
@@ -76,14 +130,10 @@ func readSettings(t *testing.T) settings {
 		require.NoError(t, err, "CHAOS_FAULTS")
 		require.Positive(t, s.Faults, "CHAOS_FAULTS")
 	}
-	require.LessOrEqual(t, 4*s.Faults, s.Messages, "CHAOS_MESSAGES must be at least 4 x CHAOS_FAULTS (panicking and slow keys are spread over the messages)")
+	require.LessOrEqual(t, 6*s.Faults, s.Messages, "CHAOS_MESSAGES must be at least 6 x CHAOS_FAULTS (panicking, slow and poison keys are spread over the messages)")
 	if v := os.Getenv("CHAOS_MODES"); v != "" {
-		s.Modes = nil
-		for m := range strings.SplitSeq(v, ",") {
-			m = strings.TrimSpace(m)
-			require.Contains(t, []string{"transactional", "lease"}, m, "CHAOS_MODES")
-			s.Modes = append(s.Modes, m)
-		}
+		s.Runs, err = parseRuns(v)
+		require.NoError(t, err)
 	}
 	if v := os.Getenv("CHAOS_SEED"); v != "" {
 		s.Seed, err = strconv.ParseUint(v, 10, 64)
@@ -126,7 +176,7 @@ type sink struct {
 	srv *httptest.Server
 
 	mu       sync.Mutex
-	plan     map[string]string // key -> planned fault ("panic", "slow")
+	plan     map[string]string // key -> planned fault ("panic", "slow", "poison")
 	injected map[string]bool   // key -> its planned fault was injected
 	faults   map[string]int    // fault -> injected
 	runs     map[string][]runRec
@@ -159,9 +209,14 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/run":
 		s.runs[key] = append(s.runs[key], rec)
-		if f := s.plan[key]; f != "" && !s.injected[key] {
+		f := s.plan[key]
+		if f != "" && !s.injected[key] {
 			s.injected[key] = true
 			s.faults[f]++
+			_, _ = w.Write([]byte(f))
+		} else if f == "poison" {
+			// Every run of a poison key writes the poison outputs: only the
+			// run whose transaction commits leaves them in the outbox.
 			_, _ = w.Write([]byte(f))
 		}
 	case "/call":
@@ -260,16 +315,38 @@ func (p *proc) signal(sig syscall.Signal, wait time.Duration) bool {
 	}
 }
 
+// signalOnly sends sig to the current incarnation, if it runs, without
+// expecting it to exit (SIGSTOP, SIGCONT). It reports whether it was sent.
+func (p *proc) signalOnly(sig syscall.Signal) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.expectExit {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+	}
+	return p.cmd.Process.Signal(sig) == nil
+}
+
 // kill SIGKILLs the current incarnation.
 func (p *proc) kill() {
 	require.True(p.h.t, p.signal(syscall.SIGKILL, 10*time.Second), "%s did not die within 10s of SIGKILL", p.name)
 }
 
-// stop stops the current incarnation gracefully (SIGTERM), or kills it
-// after 30s; it reports whether the graceful stop worked.
+// stop stops the current incarnation gracefully (SIGTERM), or, after 30s,
+// makes it dump its goroutines into its log (SIGQUIT: the Go runtime prints
+// every stack and exits) and kills it; it reports whether the graceful stop
+// worked.
 func (p *proc) stop() bool {
 	if p.signal(syscall.SIGTERM, 30*time.Second) {
 		return true
+	}
+	p.h.t.Logf("%s did not stop within 30s of SIGTERM: its goroutines are dumped into its log", p.name)
+	if p.signal(syscall.SIGQUIT, 10*time.Second) {
+		return false
 	}
 	p.kill()
 	return false
@@ -368,10 +445,17 @@ func (h *harness) planInput() {
 		}
 		counts[h.plan[h.keys[i]]]++
 	}
-	// At least Faults of each, spread over the run.
-	for fi, fault := range []string{"panic", "slow"} {
+	// At least Faults of each, spread over the run. Poison keys (whose
+	// handler also writes outputs the broker refuses) are exactly Faults,
+	// between 10% and 60% of the stream: their rows are quarantined only on
+	// evidence that the broker takes other messages meanwhile, so healthy
+	// traffic must follow them.
+	for fi, fault := range []string{"panic", "slow", "poison"} {
 		for j := 0; counts[fault] < s.Faults; j++ {
-			i := (j*s.Messages/s.Faults + (2*fi+1)*s.Messages/(4*s.Faults)) % s.Messages
+			i := (j*s.Messages/s.Faults + (2*fi+1)*s.Messages/(6*s.Faults)) % s.Messages
+			if fault == "poison" {
+				i = s.Messages/10 + j*s.Messages/(2*s.Faults)
+			}
 			for h.plan[h.keys[i]] != "" {
 				i = (i + 1) % s.Messages
 			}
@@ -483,15 +567,28 @@ const (
 	faultPGTerminate  = "pg_terminate_backend"
 	faultPGRefuse     = "PostgreSQL refusing"
 	faultAMQPClose    = "RabbitMQ connections closed"
+	// faultRelayOutage stops the relay (SIGSTOP) while a backlog builds,
+	// resumes it, and cuts its RabbitMQ connection a moment later, while it
+	// publishes that backlog: an outage that begins in the middle of a
+	// batch. The broker comes back just long enough for the relay to
+	// reconnect and publish again, and the outage begins anew mid-batch:
+	// the rows that failed in the first outage fail again right after other
+	// messages were accepted. A relay that blamed rows for failing while
+	// others of their batch went through would quarantine healthy rows here.
+	faultRelayOutage = "RabbitMQ outage mid-batch, twice (relay)"
 )
 
-var scheduledKinds = []string{faultConsumerKill, faultRelayKill, faultPGTerminate, faultPGRefuse, faultAMQPClose}
+var scheduledKinds = []string{faultConsumerKill, faultRelayKill, faultPGTerminate, faultPGRefuse, faultAMQPClose, faultRelayOutage}
 
 type faultStep struct {
 	Kind   string
 	Gap    time.Duration // before the fault
 	Hold   time.Duration // refusal length, or pause before a restart
 	Target int           // consumer index
+	// Stop and Lag: for faultRelayOutage, how long the relay stays stopped
+	// and how long after it resumes the outage begins; Up and Hold2, how
+	// long the broker is back before the second outage, and its length.
+	Stop, Lag, Up, Hold2 time.Duration
 }
 
 // planFaults draws the schedule: Faults steps of each kind in a random
@@ -513,6 +610,13 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 				st.Hold = time.Duration(1000+h.rng.IntN(1000)) * time.Millisecond
 			case faultAMQPClose:
 				st.Hold = time.Duration(800+h.rng.IntN(400)) * time.Millisecond
+			case faultRelayOutage:
+				st.Stop = time.Duration(300+h.rng.IntN(400)) * time.Millisecond
+				st.Lag = time.Duration(2+h.rng.IntN(20)) * time.Millisecond
+				st.Hold = time.Duration(800+h.rng.IntN(700)) * time.Millisecond
+				st.Up = time.Duration(300+h.rng.IntN(300)) * time.Millisecond
+				st.Hold2 = time.Duration(700+h.rng.IntN(500)) * time.Millisecond
+				total += st.Stop + st.Lag + st.Up + st.Hold2
 			}
 			steps = append(steps, st)
 			total += st.Gap + st.Hold
@@ -533,6 +637,7 @@ func (h *harness) inject(ctx context.Context, st faultStep) {
 	}
 	pause(st.Gap)
 	h.reviveCrashed()
+	t.Logf("fault at %s: %s (hold %s)", time.Now().Format("15:04:05.000"), st.Kind, st.Hold)
 	switch st.Kind {
 	case faultConsumerKill:
 		p := h.consumers[st.Target]
@@ -565,10 +670,28 @@ FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid
 		pause(st.Hold)
 		h.pgProxy.Allow()
 	case faultAMQPClose:
-		h.amqpCut += int64(h.amqpProxy.Stats().Live)
+		h.amqpCut += int64(h.amqpProxy.Stats().Live + h.relayAMQPProxy.Stats().Live)
 		h.amqpProxy.Refuse()
+		h.relayAMQPProxy.Refuse()
 		pause(st.Hold)
 		h.amqpProxy.Allow()
+		h.relayAMQPProxy.Allow()
+	case faultRelayOutage:
+		if !h.relay.signalOnly(syscall.SIGSTOP) {
+			return // the relay is not running (being restarted)
+		}
+		pause(st.Stop)
+		h.relay.signalOnly(syscall.SIGCONT)
+		pause(st.Lag)
+		h.amqpCut += int64(h.relayAMQPProxy.Stats().Live)
+		h.relayAMQPProxy.Refuse()
+		pause(st.Hold)
+		h.relayAMQPProxy.Allow()
+		pause(st.Up)
+		h.amqpCut += int64(h.relayAMQPProxy.Stats().Live)
+		h.relayAMQPProxy.Refuse()
+		pause(st.Hold2)
+		h.relayAMQPProxy.Allow()
 	}
 	h.injected[st.Kind]++
 }

@@ -9,7 +9,9 @@
 //     effect row (in lease mode after calling the harness's fake SMS provider
 //     with the attempt's idempotency key) and returns one output message.
 //   - relay: outbox.Relay from the outbox to the output queue, with publisher
-//     confirms.
+//     confirms. A "poison" key's handler also returns one message the broker
+//     refuses, fanned out to the output queue and a second queue (two outbox
+//     rows): the relay must quarantine both and keep the rest flowing.
 //   - downstream: a router on the output queue with the transactional
 //     middleware under its own consumer name, inserting one downstream effect
 //     row per output message it processes.
@@ -51,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/middleware"
@@ -66,25 +69,34 @@ const (
 	DownstreamName = "chaos-downstream"
 	// KeyMetadata carries the input message's key on its output message.
 	KeyMetadata = "chaos_key"
+	// PoisonMetadata marks the outputs of a "poison" key that the broker
+	// can never take: the relay's marshaler turns it into an AMQP
+	// expiration RabbitMQ refuses ("never" is not a number of milliseconds),
+	// and RabbitMQ closes the channel instead of confirming the message.
+	PoisonMetadata = "chaos_poison"
 )
 
 // config is read from the environment (the harness sets it).
 type config struct {
-	Role     string // consumer | relay | downstream
-	Mode     string // transactional | lease
-	Name     string // this process, e.g. consumer-1 (for logs and effect rows)
-	DBURL    string
-	AMQPURL  string
-	Driver   string // pgxpool | database-sql
-	Schema   string
-	In, Out  string
-	Handlers int
-	Prefetch int
-	SinkURL  string
-	Provider string        // lease mode: the fake provider's base URL
-	Lease    time.Duration // lease mode: Config.Lease
-	Slow     time.Duration // how long a "slow" fault sleeps
-	Work     time.Duration // transactional mode: simulated work per message
+	Role    string // consumer | relay | downstream
+	Mode    string // transactional | lease
+	Name    string // this process, e.g. consumer-1 (for logs and effect rows)
+	DBURL   string
+	AMQPURL string
+	Driver  string // pgxpool | database-sql
+	Schema  string
+	In, Out string
+	OutB    string // outputs of odd keys go here, so that a relay batch holds several topics
+	Out2    string // second destination of poison outputs
+	// RelayMaxAttempts is the relay's MaxAttempts.
+	RelayMaxAttempts int
+	Handlers         int
+	Prefetch         int
+	SinkURL          string
+	Provider         string        // lease mode: the fake provider's base URL
+	Lease            time.Duration // lease mode: Config.Lease
+	Slow             time.Duration // how long a "slow" fault sleeps
+	Work             time.Duration // transactional mode: simulated work per message
 }
 
 func env(key, def string) string {
@@ -105,12 +117,14 @@ func readConfig() (config, error) {
 		Schema:   os.Getenv("CHAOS_SCHEMA"),
 		In:       os.Getenv("CHAOS_IN"),
 		Out:      os.Getenv("CHAOS_OUT"),
+		OutB:     os.Getenv("CHAOS_OUT_B"),
+		Out2:     os.Getenv("CHAOS_OUT2"),
 		SinkURL:  os.Getenv("CHAOS_SINK_URL"),
 		Provider: os.Getenv("CHAOS_PROVIDER_URL"),
 	}
 	var err error
-	ints := map[string]*int{"CHAOS_HANDLERS": &c.Handlers, "CHAOS_PREFETCH": &c.Prefetch}
-	defs := map[string]string{"CHAOS_HANDLERS": "4", "CHAOS_PREFETCH": "10"}
+	ints := map[string]*int{"CHAOS_HANDLERS": &c.Handlers, "CHAOS_PREFETCH": &c.Prefetch, "CHAOS_RELAY_MAX_ATTEMPTS": &c.RelayMaxAttempts}
+	defs := map[string]string{"CHAOS_HANDLERS": "4", "CHAOS_PREFETCH": "10", "CHAOS_RELAY_MAX_ATTEMPTS": "2"}
 	for k, p := range ints {
 		if *p, err = strconv.Atoi(env(k, defs[k])); err != nil || *p < 1 {
 			return c, fmt.Errorf("%s: want a positive integer, got %q", k, os.Getenv(k))
@@ -346,7 +360,8 @@ func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
 	key := middleware.KeyFromContext(ctx)
 	info, lease := middleware.LeaseFromContext(ctx)
 
-	// The harness planned the faults; it answers each once per key.
+	// The harness planned the faults; it answers each once per key (poison
+	// on every run).
 	fault, err := w.sink.run(key, info.Attempt, info.Interrupted)
 	if err != nil {
 		return nil, err
@@ -377,7 +392,7 @@ func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
 		if err := testenv.SendSMS(ctx, w.http, w.cfg.Provider, info.IdempotencyKey, "+46700000000", "chaos "+key); err != nil {
 			return nil, err
 		}
-		out, err := w.complete(ctx, key, info.Attempt)
+		out, err := w.complete(ctx, key, info.Attempt, fault == "poison")
 		if err != nil {
 			// Reported before the middleware records the failure, so that
 			// the harness can explain the next attempt's repeated call.
@@ -390,14 +405,30 @@ func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
 	if err := sleep(ctx, w.cfg.Work); err != nil {
 		return nil, err
 	}
-	return w.complete(ctx, key, info.Attempt)
+	return w.complete(ctx, key, info.Attempt, fault == "poison")
 }
 
 // complete inserts the effect row through the middleware's transaction and
-// returns the output message.
-func (w *worker) complete(ctx context.Context, key string, attempt int) ([]*message.Message, error) {
+// returns the output message; for a poison key also the poison message, once
+// for each of the two output queues.
+func (w *worker) complete(ctx context.Context, key string, attempt int, poison bool) ([]*message.Message, error) {
 	out := message.NewMessage(watermill.NewUUID(), []byte(`{"effect":"`+key+`"}`))
 	out.Metadata.Set(KeyMetadata, key)
+	if w.cfg.OutB != "" && key[len(key)-1]%2 == 1 {
+		// Odd keys to the other output queue: a relay batch then holds
+		// several topics, so an outage can begin between two of its
+		// Publish calls.
+		middleware.SetDestination(out, w.cfg.OutB)
+	}
+	outputs := []*message.Message{out}
+	if poison {
+		bad := message.NewMessage(watermill.NewUUID(), []byte(`{"poison":"`+key+`"}`))
+		bad.Metadata.Set(KeyMetadata, key)
+		bad.Metadata.Set(PoisonMetadata, "never")
+		bad2 := bad.Copy()
+		middleware.SetDestination(bad2, w.cfg.Out2)
+		outputs = append(outputs, bad, bad2)
+	}
 	tx, ok := middleware.TxFromContext(ctx)
 	if !ok {
 		return nil, errors.New("chaos worker: no transaction in the handler's context")
@@ -406,7 +437,7 @@ func (w *worker) complete(ctx context.Context, key string, attempt int) ([]*mess
 		key, attempt, w.cfg.Name, out.UUID); err != nil {
 		return nil, fmt.Errorf("chaos worker: inserting the effect of %q: %w", key, err)
 	}
-	return []*message.Message{out}, nil
+	return outputs, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -437,8 +468,13 @@ func (w *worker) runDownstream(ctx context.Context) error {
 		return err
 	}
 	r.AddMiddleware(eo.Middleware)
-	for i := range w.cfg.Handlers {
-		r.AddConsumerHandler(fmt.Sprintf("%s-h%d", DownstreamName, i), w.cfg.Out, sub, func(msg *message.Message) error {
+	queues := []string{w.cfg.Out}
+	if w.cfg.OutB != "" {
+		queues = append(queues, w.cfg.OutB)
+	}
+	for i := range w.cfg.Handlers * len(queues) {
+		queue := queues[i%len(queues)]
+		r.AddConsumerHandler(fmt.Sprintf("%s-h%d", DownstreamName, i), queue, sub, func(msg *message.Message) error {
 			tx, ok := middleware.TxFromContext(msg.Context())
 			if !ok {
 				return errors.New("chaos worker: no transaction in the handler's context")
@@ -454,7 +490,18 @@ func (w *worker) runDownstream(ctx context.Context) error {
 func (w *worker) runRelay(ctx context.Context) error {
 	c := w.amqpConfig()
 	c.Publish.ConfirmDelivery = true
-	c.Publish.ChannelPoolSize = 1
+	// A channel per Publish: watermill-amqp v3.1.0's channel pool loses a
+	// slot each time a closed channel cannot be reopened (the broker down
+	// at that moment), and with every slot lost Publish blocks forever,
+	// holding the relay's batch (found by this suite; upstream PR
+	// ThreeDotsLabs/watermill-amqp#37).
+	c.Publish.ChannelPoolSize = 0
+	c.Marshaler = wamqp.DefaultMarshaler{PostprocessPublishing: func(p amqp.Publishing) amqp.Publishing {
+		if v, ok := p.Headers[PoisonMetadata].(string); ok {
+			p.Expiration = v // RabbitMQ refuses it: PRECONDITION_FAILED, channel closed
+		}
+		return p
+	}}
 	pub, err := retry(ctx, "connecting the publisher", w.logger, func() (*wamqp.Publisher, error) {
 		return wamqp.NewPublisher(c, w.logger)
 	})
@@ -468,8 +515,9 @@ func (w *worker) runRelay(ctx context.Context) error {
 		Tables:          w.tables,
 		BatchSize:       50,
 		PollInterval:    50 * time.Millisecond,
-		ErrorBackoff:    100 * time.Millisecond,
-		MaxErrorBackoff: time.Second,
+		ErrorBackoff:    50 * time.Millisecond,
+		MaxErrorBackoff: 500 * time.Millisecond,
+		MaxAttempts:     w.cfg.RelayMaxAttempts,
 		Logger:          w.logger,
 	})
 	if err != nil {
