@@ -62,20 +62,20 @@ type RelayConfig struct {
 
 	// MaxAttempts quarantines a row once this many of its failures were
 	// blamed on it. A failure of a row counts against it only when the
-	// broker accepted other messages both between the row's previous
-	// attempt and this failure and between this failure and the row's next
-	// attempt; for the row's first failure, "between the row's previous
-	// attempt and this failure" means earlier in the same batch. The
-	// evidence is shared by every relay of the table (a sequence advanced
-	// once per batch the broker accepted something from), so it holds
-	// across batches, BatchSize 1 and several instances.
+	// broker accepted other messages both before it (since the row's
+	// previous attempt, or earlier in the same batch) and right after it:
+	// later in the same batch, or, when nothing was published after it in
+	// its batch, before the row's next attempt. The evidence across batches
+	// is shared by every relay of the table (a sequence advanced once per
+	// batch the broker accepted something from), so it holds for
+	// BatchSize 1 and several instances.
 	//
 	// So a message the broker can never take (too large, a header it
-	// refuses) among rows that flow is blamed from its second or third
-	// failure on and quarantined after MaxAttempts+1 or +2 failures, while
-	// an outage, even one beginning in the middle of a batch, blames no
-	// row: no message is accepted after the failures before the rows are
-	// tried again, unless the broker came back, and then they go through.
+	// refuses) among rows that flow is blamed from its second failure on
+	// and quarantined after MaxAttempts+1 or +2 failures, while an outage,
+	// even one beginning in the middle of a batch, blames no row: the rows
+	// published after a failed one fail too, and its next attempt either
+	// fails again with nothing accepted in between or goes through.
 	// If nothing else is ever published (the outbox holds only rows the
 	// broker refuses), nothing can be proven: those rows keep being retried
 	// with capped backoff, reported by PendingStats.Failing, blocking
@@ -177,22 +177,27 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		deleteSQL: `WITH d AS (DELETE FROM ` + table + ` WHERE id = ANY($1) RETURNING 1)` +
 			` SELECT nextval('` + seq + `'), (SELECT count(*) FROM d)`,
 		failSQL: `WITH f AS (
-  SELECT * FROM unnest($1::bigint[], $2::boolean[], $3::boolean[], $4::boolean[], $5::text[]) AS f(id, sb, sa, defect, err)
+  SELECT * FROM unnest($1::bigint[], $2::boolean[], $3::boolean[], $4::boolean[], $5::text[], $10::boolean[])
+    AS f(id, sb, sa, defect, err, last)
 ), g AS (
-  SELECT o.id, f.sa, f.defect, f.err,
+  SELECT o.id, f.sa, f.defect, f.err, f.last,
          f.sb OR (o.failures > 0 AND coalesce(o.fail_mark < $6, false)) AS gap
   FROM ` + table + ` o JOIN f ON f.id = o.id
+), h AS (
+  SELECT g.*, CASE WHEN g.defect THEN 0 ELSE
+           (CASE WHEN o.blame_pending AND g.gap THEN 1 ELSE 0 END) +
+           (CASE WHEN NOT g.last AND g.gap AND g.sa THEN 1 ELSE 0 END) END AS blamed
+  FROM g JOIN ` + table + ` o ON o.id = g.id
 )
 UPDATE ` + table + ` o SET
-  attempts = o.attempts + CASE WHEN o.blame_pending AND g.gap AND NOT g.defect THEN 1 ELSE 0 END,
-  blame_pending = g.gap,
-  fail_mark = CASE WHEN g.sa THEN $6 ELSE ` + accepted + ` END,
+  attempts = o.attempts + h.blamed,
+  blame_pending = h.last AND h.gap AND NOT h.defect,
+  fail_mark = CASE WHEN h.sa THEN $6 ELSE ` + accepted + ` END,
   failures = o.failures + 1,
   next_attempt_at = clock_timestamp() + least($7::float8 * power(2::float8, least(o.failures, 62)), $8::float8) * interval '1 microsecond',
-  last_error = g.err,
-  quarantined_at = CASE WHEN g.defect OR o.attempts + CASE WHEN o.blame_pending AND g.gap THEN 1 ELSE 0 END >= $9
-                        THEN clock_timestamp() END
-FROM g WHERE o.id = g.id
+  last_error = h.err,
+  quarantined_at = CASE WHEN h.defect OR o.attempts + h.blamed >= $9 THEN clock_timestamp() END
+FROM h WHERE o.id = h.id
 RETURNING o.id, o.topic, o.uuid, o.attempts, o.failures, o.quarantined_at IS NOT NULL, coalesce(o.last_error, '')`,
 	}, nil
 }
@@ -446,11 +451,11 @@ func (e joinedError) Unwrap() []error { return e }
 
 // failedRow is a row whose publish failed in this batch: sb and sa say
 // whether a publish of the batch succeeded before and after its final
-// failing attempt.
+// failing attempt, last whether nothing was published after it.
 type failedRow struct {
-	id     int64
-	sb, sa bool
-	err    error
+	id           int64
+	sb, sa, last bool
+	err          error
 }
 
 // published is what publish did with a batch.
@@ -461,23 +466,24 @@ type published struct {
 	cancelled error       // ctx ended: the rows not tried are left as they were
 }
 
-// publish hands the batch to the publisher: first the rows that never
-// failed, then the rows retried after a failure, each in id order, with
-// consecutive rows of one topic in one Publish call. When a call fails, its
-// messages are published one at a time: a message the broker can never take
-// (too large, a header it refuses) then fails on its own while the others go
-// through. It goes on after failures, except that two failed calls of rows
-// that never failed before, in a row, before anything was accepted, look
-// like an outage: it stops there, and the rows not tried are left untouched.
-// A retried row failing again says nothing about the broker (it may be a
-// poison row), so it never stops the batch, and retries come last so that
-// they never delay the rows that never failed. A failure seen once ctx ended
-// may be caused by the cancellation and is not recorded.
+// publish hands the batch to the publisher: first the rows retried after a
+// failure (they are the oldest), then the rows that never failed, each in id
+// order, with consecutive rows of one topic in one Publish call. When a call
+// fails, its messages are published one at a time: a message the broker can
+// never take (too large, a header it refuses) then fails on its own while
+// the others go through, and the rows after it show whether the broker was
+// taking messages right after its failure. It goes on after failures,
+// except that two failed calls of rows that never failed before, in a row,
+// before anything was accepted, look like an outage: it stops there, and the
+// rows not tried are left untouched. A retried row failing again says
+// nothing about the broker (it may be a poison row), so it never stops the
+// batch. A failure seen once ctx ended may be caused by the cancellation and
+// is not recorded.
 func (r *Relay) publish(ctx context.Context, b batch) (p published) {
 	order := make([]int, 0, len(b.msgs))
 	for pass := range 2 {
 		for i := range b.msgs {
-			if b.retry[i] == (pass == 1) {
+			if b.retry[i] == (pass == 0) {
 				order = append(order, i)
 			}
 		}
@@ -556,10 +562,11 @@ outer:
 	}
 	for _, f := range fails {
 		p.failed = append(p.failed, failedRow{
-			id:  b.ids[f.i],
-			sb:  firstOK != 0 && firstOK < f.at,
-			sa:  lastOK > f.at,
-			err: f.err,
+			id:   b.ids[f.i],
+			sb:   firstOK != 0 && firstOK < f.at,
+			sa:   lastOK > f.at,
+			last: f.at == call,
+			err:  f.err,
 		})
 	}
 	return p
@@ -580,9 +587,13 @@ type quarantinedRow struct {
 //	gap            = a publish of this batch succeeded before X's failure, or X
 //	                 failed before and the accepted sequence moved since
 //	                 (fail_mark < the value read when the batch was locked)
-//	attempts      += 1 if blame_pending and gap: X's previous failure had a
-//	                 success before it, and now one after it
-//	blame_pending  = gap
+//	attempts      += 1 if blame_pending and gap: X's previous failure, the
+//	                 last publish of its batch, had a success before it, and
+//	                 now one after it
+//	               + 1 if something was published after X in this batch, and
+//	                 gap, and a publish after X succeeded: decided now
+//	blame_pending  = gap, if X was its batch's last publish (decided at X's
+//	                 next attempt), else false
 //	fail_mark      = the value read at lock time if a publish of this batch
 //	                 succeeded after X's failure (so that it counts as after
 //	                 at X's next failure), else the value now (after this
@@ -594,18 +605,19 @@ func (r *Relay) recordFailures(ctx context.Context, tx wsql.Tx, b batch, failed 
 	ids := make([]int64, 0, n)
 	sb := make([]bool, 0, n)
 	sa := make([]bool, 0, n)
+	last := make([]bool, 0, n)
 	defect := make([]bool, 0, n)
 	texts := make([]string, 0, n)
 	for _, f := range failed {
-		ids, sb, sa, defect = append(ids, f.id), append(sb, f.sb), append(sa, f.sa), append(defect, false)
+		ids, sb, sa, last, defect = append(ids, f.id), append(sb, f.sb), append(sa, f.sa), append(last, f.last), append(defect, false)
 		texts = append(texts, pgtext.Storable(f.err.Error(), maxErrorText))
 	}
 	for _, d := range b.defects {
-		ids, sb, sa, defect = append(ids, d.id), append(sb, false), append(sa, false), append(defect, true)
+		ids, sb, sa, last, defect = append(ids, d.id), append(sb, false), append(sa, false), append(last, false), append(defect, true)
 		texts = append(texts, pgtext.Storable(d.err.Error(), maxErrorText))
 	}
 	rows, err := tx.QueryContext(ctx, r.failSQL, ids, sb, sa, defect, texts, b.accepted,
-		float64(r.cfg.ErrorBackoff.Microseconds()), float64(r.cfg.MaxErrorBackoff.Microseconds()), r.cfg.MaxAttempts)
+		float64(r.cfg.ErrorBackoff.Microseconds()), float64(r.cfg.MaxErrorBackoff.Microseconds()), r.cfg.MaxAttempts, last)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: recording failed rows: %w", err)
 	}

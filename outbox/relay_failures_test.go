@@ -407,3 +407,52 @@ func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 		require.Equal(t, int64(2), b.pending(t, b.db), "only the poison rows are left")
 	})
 }
+
+// An outage begins mid-batch and goes on for a while, new rows arriving;
+// then the broker comes back for a moment, takes two messages of the next
+// batch, and dies again. Each failed row had messages accepted before and
+// after some of its failures, yet never while it was being published: no
+// failure may be blamed. (Found by the chaos suite under load: 24 healthy
+// rows quarantined with MaxAttempts 1, when retried rows were published
+// after the fresh ones and every failure was judged at the row's next
+// attempt.)
+func TestRelayOutageAfterBriefRecoveryBlamesNothing(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newScriptedBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 50, MaxAttempts: 1,
+			ErrorBackoff: 30 * time.Millisecond, MaxErrorBackoff: 30 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		var rows []string
+		for c := range 10 {
+			// Onset mid-batch: 3 rows accepted, the other 5 fail.
+			rows = append(rows, b.alternating(t, fmt.Sprint("c", c), 0, 8)...)
+			br.setBudget(3)
+			_, _ = relay.RelayOnce(b.ctx)
+			// The outage goes on: the failed rows are due again, and new rows
+			// keep arriving; whatever the relay tries fails.
+			br.setBudget(0)
+			time.Sleep(40 * time.Millisecond)
+			rows = append(rows, b.alternating(t, fmt.Sprint("n", c), 0, 4)...)
+			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.RelayOnce(b.ctx)
+			// The broker comes back for a moment: it takes two messages of
+			// the next batch and dies again.
+			time.Sleep(40 * time.Millisecond)
+			rows = append(rows, b.alternating(t, fmt.Sprint("e", c), 0, 4)...)
+			br.setBudget(2)
+			_, _ = relay.RelayOnce(b.ctx)
+			require.Empty(t, b.quarantined(t), "cycle %d: a healthy row was quarantined", c)
+			require.Zero(t, b.blamed(t), "cycle %d: a failure was blamed on a healthy row", c)
+			br.setBudget(-1)
+			for range 5 {
+				time.Sleep(35 * time.Millisecond)
+				_, _ = relay.RelayOnce(b.ctx)
+			}
+		}
+		requireEachOnce(t, br, rows)
+		require.Zero(t, b.pending(t, b.db))
+	})
+}
