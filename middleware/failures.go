@@ -52,24 +52,17 @@ func (m *Middleware) failOpenOutputs(msg *message.Message, produced []*message.M
 		return nil, nil
 	}
 	routerTopic := message.PublishTopicFromCtx(msg.Context())
-	defaultTopic := m.cfg.PublishTopic
-	if defaultTopic == "" {
-		defaultTopic = routerTopic
-	}
+	defaultTopic := m.defaultTopic(msg)
 	out := make([]*message.Message, 0, len(produced))
 	for i, p := range produced {
-		if p == nil {
-			return nil, fmt.Errorf("%w: handler returned a nil message at index %d", errOutput, i)
-		}
-		topic := defaultTopic
-		if t := p.Metadata.Get(TopicMetadataKey); t != "" {
-			topic = t
+		topic, err := destination(p, i, defaultTopic)
+		if err != nil {
+			return nil, err
 		}
 		if routerTopic == "" || topic != routerTopic {
 			return nil, fmt.Errorf("%w: fail-open: message %q is for topic %q, but without the database only the router can publish, and it publishes to the handler's publish topic %q; the delivery is nacked (the handler's other effects happened)",
 				ErrNoDestination, p.UUID, topic, routerTopic)
 		}
-		delete(p.Metadata, TopicMetadataKey)
 		out = append(out, p)
 	}
 	return out, nil

@@ -28,19 +28,12 @@ func (m *Middleware) prepareOutputs(msg *message.Message, produced []*message.Me
 	if len(produced) == 0 {
 		return nil, nil
 	}
-	defaultTopic := m.cfg.PublishTopic
-	if defaultTopic == "" {
-		defaultTopic = message.PublishTopicFromCtx(msg.Context())
-	}
+	defaultTopic := m.defaultTopic(msg)
 	var set outputSet
 	for i, p := range produced {
-		if p == nil {
-			return nil, fmt.Errorf("%w: handler returned a nil message at index %d", errOutput, i)
-		}
-		topic := defaultTopic
-		if t := p.Metadata.Get(TopicMetadataKey); t != "" {
-			topic = t
-			delete(p.Metadata, TopicMetadataKey)
+		topic, err := destination(p, i, defaultTopic)
+		if err != nil {
+			return nil, err
 		}
 		if topic == "" {
 			return nil, fmt.Errorf("%w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
@@ -56,6 +49,29 @@ func (m *Middleware) prepareOutputs(msg *message.Message, produced []*message.Me
 		}
 	}
 	return set, nil
+}
+
+// defaultTopic is where the handler's messages go unless SetDestination
+// says otherwise: Config.PublishTopic, or the router handler's publish topic.
+func (m *Middleware) defaultTopic(msg *message.Message) string {
+	if m.cfg.PublishTopic != "" {
+		return m.cfg.PublishTopic
+	}
+	return message.PublishTopicFromCtx(msg.Context())
+}
+
+// destination returns the topic of output message i (SetDestination's, or
+// defaultTopic) and removes the internal destination key from its metadata.
+func destination(p *message.Message, i int, defaultTopic string) (string, error) {
+	if p == nil {
+		return "", fmt.Errorf("%w: handler returned a nil message at index %d", errOutput, i)
+	}
+	topic := defaultTopic
+	if t := p.Metadata.Get(TopicMetadataKey); t != "" {
+		topic = t
+	}
+	delete(p.Metadata, TopicMetadataKey)
+	return topic, nil
 }
 
 // write writes the groups to the outbox through ob, in order.
