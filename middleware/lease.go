@@ -196,8 +196,11 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	}}
 	// The completion transaction begins when the handler first asks for it
 	// (or at completion), so no connection is held during an external call
-	// that comes before the handler's writes.
-	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.BeginTx(origCtx, nil) })
+	// that comes before the handler's writes. It does not end with the
+	// message's context: the router cancels that when it closes, and once
+	// the handler's effect happened, recording it is worth finishing
+	// (database/sql would roll the transaction back on cancel).
+	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
 	ob := &lazyOutbox{tx: th, tables: m.cfg.Tables}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
@@ -245,6 +248,10 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *leaseState, th *txHandle, ob *lazyOutbox,
 	produced []*message.Message, herr, berr error) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
+	// The completion's statements outlive the message's context (see the
+	// completion transaction), bounded by their own timeout.
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), completionTimeout)
+	defer cancel()
 	unknown := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		ev.Kind = EventFailed
@@ -253,7 +260,7 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	park := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
-		if err := m.store.ParkInterrupted(context.WithoutCancel(msg.Context()), m.cfg.DB, consumer, key, lease.token, reason); err != nil {
+		if err := m.store.ParkInterrupted(finishCtx, m.cfg.DB, consumer, key, lease.token, reason); err != nil {
 			if errors.Is(err, inbox.ErrLeaseLost) {
 				ev.Kind = EventFailed
 				return nil, fmt.Errorf("exactlyonce: %w (completion: %w)", err, cause)
@@ -276,6 +283,7 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	if err != nil {
 		return park(err)
 	}
+	outputs.setContext(finishCtx)
 	if err := outputs.write(ob); err != nil {
 		if pgerr.Deterministic(err) || isOutputError(err) {
 			return park(err)
@@ -286,7 +294,7 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	if err != nil {
 		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, err))
 	}
-	if err := m.store.CompleteTx(msg.Context(), tx, consumer, key, lease.token); err != nil {
+	if err := m.store.CompleteTx(finishCtx, tx, consumer, key, lease.token); err != nil {
 		switch {
 		case errors.Is(err, inbox.ErrLeaseLost):
 			th.rollback()
@@ -297,7 +305,7 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 			// after this transaction's snapshot. Only a takeover or an
 			// operator changes a held record; check in a fresh statement.
 			th.rollback()
-			if owns, oerr := m.store.Owns(context.WithoutCancel(msg.Context()), m.cfg.DB, consumer, key, lease.token); oerr == nil && !owns {
+			if owns, oerr := m.store.Owns(finishCtx, m.cfg.DB, consumer, key, lease.token); oerr == nil && !owns {
 				ev.Kind = EventFailed
 				return nil, fmt.Errorf("exactlyonce: %w: %q for %q (%w)", inbox.ErrLeaseLost, key, consumer, err)
 			}
@@ -319,6 +327,10 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	ev.Kind = EventProcessed
 	return nil, nil
 }
+
+// completionTimeout bounds the statements of a lease-mode completion, which
+// do not end with the message's context.
+const completionTimeout = 30 * time.Second
 
 // recordFailure records a failed attempt so that the next delivery can run
 // at once instead of waiting for the lease to expire. If it cannot be

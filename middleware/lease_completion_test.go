@@ -217,3 +217,44 @@ func TestLeaseInterruptionsAreBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseCompletionSurvivesShutdown: the router closing cancels the
+// message's context while a lease-mode handler finishes. Once the handler's
+// external call happened, its completion must still commit (bounded by its
+// own timeout), or the key stays processing and its lease expiry runs the
+// call again. The handler's own writes use whatever context it gives them;
+// here it uses one that outlives the message's, as a handler that must
+// record its effect does.
+func TestLeaseCompletionSurvivesShutdown(t *testing.T) {
+	t.Parallel()
+	for _, d := range testenv.Drivers(t) {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			e := newLeaseEnv(t, d)
+			h := e.middleware(t, middleware.Config{PublishTopic: "sent"}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				e.calls.Add(1) // the SMS went out
+				cancel := msg.Context().Value(cancelKey{}).(context.CancelFunc)
+				cancel() // the router is closing
+				if err := execInTx(context.WithoutCancel(msg.Context()), "SELECT 1"); err != nil {
+					return nil, err
+				}
+				return []*message.Message{message.NewMessage("out-"+msg.UUID, nil)}, nil
+			})
+			for range 3 {
+				ctx, cancel := context.WithCancel(context.WithValue(context.Background(), cancelKey{}, context.CancelFunc(nil)))
+				ctx = context.WithValue(ctx, cancelKey{}, cancel)
+				msg := message.NewMessage("k", nil)
+				msg.SetContext(ctx)
+				_, _ = h(msg)
+				e.expire(t, "k")
+			}
+			require.Equal(t, int64(1), e.calls.Load(), "the completion committed despite the shutdown: no second call")
+			require.Equal(t, inbox.StatusDone, e.record(t, "k").Status)
+			p, err := outbox.PendingStats(context.Background(), d.DB, e.tables)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), p.Count, "the output committed with it")
+		})
+	}
+}
+
+type cancelKey struct{}

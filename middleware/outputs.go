@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,6 +73,16 @@ func destination(p *message.Message, i int, defaultTopic string) (string, error)
 	}
 	delete(p.Metadata, TopicMetadataKey)
 	return topic, nil
+}
+
+// setContext makes every message's context ctx (the outbox writes run with
+// the first message's context).
+func (set outputSet) setContext(ctx context.Context) {
+	for _, g := range set {
+		for _, m := range g.msgs {
+			m.SetContext(ctx)
+		}
+	}
 }
 
 // write writes the groups to the outbox through ob, in order.

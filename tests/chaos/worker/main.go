@@ -433,7 +433,9 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 	if !ok {
 		return nil, errors.New("chaos worker: no transaction in the handler's context")
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
+	// After the provider call the write must not fail because the router is
+	// closing (it cancels the message's context): the effect happened.
+	if _, err := tx.ExecContext(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
 		key, attempt, w.cfg.Name, out.UUID); err != nil {
 		return nil, fmt.Errorf("chaos worker: inserting the effect of %q: %w", key, err)
 	}
