@@ -21,9 +21,12 @@ import (
 // concurrency, but each copy records keys under its own consumer name by
 // default, so a redelivery that reaches another copy runs again.
 //
-// sub must deliver each Subscribe's messages independently of the others,
-// as watermill-amqp's subscriber does (one consumer and channel per
-// Subscribe, one delivery in flight each; set its prefetch to at least 1).
+// sub must share each message among its subscriptions (competing
+// consumers), as watermill-amqp's queue configs do: one consumer and channel
+// per Subscribe, one delivery in flight each. With a fan-out subscriber
+// (Watermill's GoChannel, watermill-amqp's pub/sub configs) every
+// subscription receives every message: nothing breaks, the inbox drops the
+// n-1 copies, but the work is done n times over.
 // Closing the returned subscriber closes sub. When ctx ends, deliveries
 // already taken from sub but not yet handed over are nacked.
 func ConcurrentSubscriber(sub message.Subscriber, n int) message.Subscriber {
