@@ -47,13 +47,17 @@ var unreachableCodes = map[string]bool{"57P01": true, "57P02": true, "57P03": tr
 // refused it because it is shutting down, starting, or full (SQLSTATE class
 // 08 except 08P01, 57P01, 57P02, 57P03, 53300).
 //
+// A connection attempt that timed out (connect_timeout: the server does not
+// answer) counts; the caller's own context ending does not (the middleware
+// checks the message's context before it fails open).
+//
 // It is false for everything else: statement errors (serialization failures,
 // lock and statement timeouts, missing tables, constraint violations),
 // authentication and configuration errors, 08P01 (protocol violation, which
 // is how PgBouncer reports its own refusals and limits), a closed pool, and
-// the caller's context ending.
+// the caller's context ending outside a connection attempt.
 func Unreachable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil {
 		return false
 	}
 	if code := Code(err); code != "" {
@@ -61,7 +65,13 @@ func Unreachable(err error) bool {
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
-		return true // dial or TLS failure: no server error code
+		// Dial, TLS or startup failure with no server error code, also a
+		// connect timeout (a server that does not answer). Whether the
+		// caller's own context ended is the caller's to check.
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) {

@@ -106,3 +106,25 @@ func TestClassificationOfRealErrors(t *testing.T) {
 	require.True(t, pgerr.Unreachable(err), "terminated session: %v", err)
 	require.False(t, pgerr.Deterministic(err))
 }
+
+// A server that accepts the connection and never answers (a black hole):
+// the connect timeout is the database being unreachable, not the caller's
+// context ending.
+func TestConnectTimeoutIsUnreachable(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer func() { _ = c.Close() }()
+		}
+	}()
+	_, err = pgx.Connect(context.Background(), "postgres://postgres@"+ln.Addr().String()+"/test?connect_timeout=1")
+	require.Error(t, err)
+	require.True(t, pgerr.Unreachable(err), "connect timeout: %v", err)
+}
