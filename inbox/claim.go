@@ -33,6 +33,13 @@ type ClaimResult struct {
 //
 // A record in a status other than done (written by lease mode) yields an
 // error wrapping ErrNotDone.
+//
+// Under REPEATABLE READ or SERIALIZABLE (a database or role default), a
+// claim that waited for another transaction's claim of the same key fails
+// with a serialization failure (SQLSTATE 40001) when that one commits: the
+// row is not in tx's snapshot. Make the claim tx's first statement, roll
+// back, and claim again in a new transaction, which sees the row; the
+// middleware does exactly that.
 func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ClaimResult, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return ClaimResult{}, err
