@@ -2,14 +2,13 @@ package inbox
 
 import (
 	"context"
-	"crypto/rand"
 	stdsql "database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
@@ -167,7 +166,7 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 
 func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string, opts LeaseOptions, tries int) (LeaseClaim, error) {
 	leaseSecs := opts.Lease.Seconds()
-	token := newToken()
+	token := watermill.NewUUID() // random (version 4): every claim its own
 	var rec Record
 	// The CTE sets the transaction's lock_timeout for the statements that
 	// follow (the row lock below), in the same round trip as the insert.
@@ -246,16 +245,6 @@ interruptions = interruptions + 1, processed_at = now(), last_error = $3`, reaso
 		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Token: token, Interrupted: true,
 			LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	}
-}
-
-// newToken returns a random UUID (version 4) for a claim.
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // ExtendLease moves the lease of the attempt fenced by token to now +
