@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -454,5 +455,49 @@ func TestRelayOutageAfterBriefRecoveryBlamesNothing(t *testing.T) {
 		}
 		requireEachOnce(t, br, rows)
 		require.Zero(t, b.pending(t, b.db))
+	})
+}
+
+// Several relays (two Relay values, 3 workers each, as two instances would
+// run them) share one outbox while rows keep arriving, a poison row is among
+// them, and the broker goes down and comes back several times. The evidence
+// is shared through the accepted sequence: the poison row is quarantined,
+// no healthy row is (MaxAttempts 1), and every healthy row is relayed once.
+func TestRelayWorkersAndInstancesShareTheEvidence(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newScriptedBroker()
+		for range 2 {
+			relay, err := outbox.NewRelay(outbox.RelayConfig{
+				DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 10, Workers: 3, MaxAttempts: 1,
+				PollInterval: 2 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
+			})
+			require.NoError(t, err)
+			runRelay(t, relay)
+		}
+		tx := b.begin(t)
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		require.NoError(t, err)
+		poison := message.NewMessage("poison", []byte("{}"))
+		poison.Metadata.Set(badHeader, "1")
+		require.NoError(t, pub.Publish("a", poison))
+		require.NoError(t, tx.Commit())
+
+		var rows []string
+		for c := range 8 {
+			for range 5 {
+				rows = append(rows, b.alternating(t, fmt.Sprint("r", c, "-", len(rows)), len(rows), 10)...)
+				time.Sleep(10 * time.Millisecond)
+			}
+			br.setBudget(7) // an outage beginning after 7 more messages, mid-batch; 150 ms, rows still arriving
+			rows = append(rows, b.alternating(t, fmt.Sprint("o", c), len(rows), 10)...)
+			time.Sleep(150 * time.Millisecond)
+			br.setBudget(-1)
+		}
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return b.pending(t, b.db) == 1 && len(b.quarantined(t)) == 1
+		}, "every healthy row relayed and the poison row quarantined")
+		require.Equal(t, []string{"a/poison"}, b.quarantined(t), "no healthy row is quarantined")
+		requireEachOnce(t, br, rows)
 	})
 }
