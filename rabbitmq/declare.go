@@ -1,0 +1,126 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// defaultConnectionTimeout bounds the TCP connect and the AMQP handshake when
+// the URL has no connection_timeout, like amqp091-go's Dial.
+const defaultConnectionTimeout = 30 * time.Second
+
+// DeclareQueues connects to amqpURL, declares each queue and disconnects.
+//
+// Each queue is declared durable, not exclusive, not auto-delete and without
+// arguments: the properties watermill-amqp v3's NewDurableQueueConfig
+// declares, so a Watermill subscriber of the same queue accepts it later.
+// Declaring an existing queue with those properties changes nothing.
+//
+// Call it before anything publishes to a queue through the default exchange
+// (an outbox relay, a PoisonQueue middleware) when its consumers may not have
+// started yet: RabbitMQ silently drops a message whose routing key no queue
+// has, and watermill-amqp's publisher declares exchanges, never queues.
+//
+// Empty names are an error; no names at all is a no-op. ctx bounds the
+// connection and the declarations; without a deadline in ctx, connecting
+// gives up after the URL's connection_timeout (default 30 s).
+func DeclareQueues(ctx context.Context, amqpURL string, queues ...string) error {
+	for i, q := range queues {
+		if q == "" {
+			return fmt.Errorf("rabbitmq: DeclareQueues: queue name %d of %d is empty; pass the names publishers use as routing keys (with watermill-amqp's queue configs, the topic)", i+1, len(queues))
+		}
+	}
+	if len(queues) == 0 {
+		return nil
+	}
+	uri, err := amqp091.ParseURI(amqpURL)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: DeclareQueues: invalid AMQP URL: %w; expected amqp://user:password@host:5672/vhost", err)
+	}
+	addr := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("rabbitmq: DeclareQueues: not connecting to %s: %w", addr, err)
+	}
+	timeout := defaultConnectionTimeout
+	if uri.ConnectionTimeout > 0 {
+		timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
+	}
+
+	// amqp091-go has no dial with a context: dial with ctx, bound the
+	// handshake with a deadline (amqp091-go clears it once connected), and
+	// close the socket when ctx ends, which fails whatever is in progress.
+	var raw net.Conn
+	stopWatch := func() bool { return false }
+	defer func() { stopWatch() }()
+	dial := func(network, address string) (net.Conn, error) {
+		c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		raw = c
+		stopWatch = context.AfterFunc(ctx, func() { _ = c.Close() })
+		return c, nil
+	}
+	props := amqp091.NewConnectionProperties()
+	props.SetClientConnectionName("watermill-exactlyonce rabbitmq.DeclareQueues")
+	conn, err := amqp091.DialConfig(amqpURL, amqp091.Config{Dial: dial, Properties: props})
+	if err != nil {
+		if raw != nil {
+			_ = raw.Close()
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return fmt.Errorf("rabbitmq: DeclareQueues: connecting to %s: %w (%w)", addr, ctxErr, err)
+		}
+		return fmt.Errorf("rabbitmq: DeclareQueues: cannot connect to %s: %w; check the AMQP URL, the credentials and that RabbitMQ is running and reachable", addr, err)
+	}
+	defer func() { _ = conn.Close() }()
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: DeclareQueues: open a channel on %s: %w", addr, wrapCtx(ctx, err))
+	}
+	for _, q := range queues {
+		// Same arguments as watermill-amqp's DefaultTopologyBuilder with
+		// NewDurableQueueConfig: durable, not auto-delete, not exclusive,
+		// wait for the reply, no arguments.
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: DeclareQueues: declare queue %q on %s: %w%s", q, addr, wrapCtx(ctx, err), declareHint(err))
+		}
+	}
+	return nil
+}
+
+// wrapCtx prefers the context's error when ctx ended, since closing the socket
+// is what made err.
+func wrapCtx(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("%w (%w)", ctxErr, err)
+	}
+	return err
+}
+
+func declareHint(err error) string {
+	var amqpErr *amqp091.Error
+	if !errors.As(err, &amqpErr) {
+		return ""
+	}
+	switch amqpErr.Code {
+	case amqp091.PreconditionFailed:
+		return "; the queue exists with other properties (watermill-amqp's NewDurableQueueConfig wants durable, not exclusive, not auto-delete, no arguments): delete it, or declare it yourself and configure the subscriber to match"
+	case amqp091.AccessRefused:
+		return "; check that the user may configure this queue name in the vhost"
+	case amqp091.ResourceLocked:
+		return "; another connection holds the queue as exclusive"
+	}
+	return ""
+}
