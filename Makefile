@@ -1,8 +1,16 @@
 # watermill-exactlyonce — build, test and lint.
 # `make` (or `make help`) lists the targets.
+#
+# Two Go modules: the library (this directory) and its examples
+# (examples/, with their own go.mod and a replace of the library by ../), so
+# that the library's go.mod does not require what only the examples use
+# (the Prometheus client). Every target covers both, the library first.
 
 GO    ?= go
 GOFMT ?= gofmt
+
+# The nested modules, run with `go -C <dir>`.
+EXAMPLES ?= examples
 
 # Servers the tests talk to; override from the environment or the command line.
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
@@ -27,21 +35,27 @@ help: ## Show this help
 services: ## Make sure PostgreSQL and RabbitMQ are reachable and pgbouncer is installed (starts/installs local ones)
 	@bash scripts/services.sh
 
-test: services ## go vet, then all tests with the race detector
+test: services ## go vet, then all tests with the race detector (library, then examples)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 9m ./...
+	$(GO) -C $(EXAMPLES) vet ./...
+	$(GO) -C $(EXAMPLES) test -race -count=1 -timeout 9m ./...
 
 test-race: services ## Run the tests 3 times with -race (flake hunting)
 	$(GO) test -race -count=3 -timeout 20m ./...
+	$(GO) -C $(EXAMPLES) test -race -count=3 -timeout 20m ./...
 
 bench: services ## Benchmarks (BENCH=regexp, BENCHTIME=3s)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) ./...
+	$(GO) -C $(EXAMPLES) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) ./...
 
-lint: ## gofmt check, go vet and golangci-lint
+lint: ## gofmt check, go vet and golangci-lint (library, then examples)
 	@files="$$($(GOFMT) -l .)"; \
 	if [ -n "$$files" ]; then echo "gofmt: these files need formatting (run 'make fmt'):"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) -C $(EXAMPLES) vet ./...
 	$(GOLANGCI_LINT) run ./...
+	cd $(EXAMPLES) && $(GOLANGCI_LINT) run ./...
 
 fmt: ## Format all Go files with gofmt
 	$(GOFMT) -w .
@@ -55,4 +69,4 @@ chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each k
 	$(GO) test -run TestChaos -count=1 -timeout 80m -v ./tests/chaos/
 
 demo: services ## Run the notifier example: sends with duplicates and a redelivery, prints what happened
-	$(GO) run ./examples/notifier -demo
+	$(GO) -C $(EXAMPLES) run ./notifier -demo

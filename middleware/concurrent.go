@@ -1,4 +1,4 @@
-package middleware
+package exactlyonce
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // flight at once (Watermill's router runs each delivery it receives in its
 // own goroutine) under one handler name, and so under one consumer name:
 //
-//	router.AddHandler("send-sms", "sms.requested", middleware.ConcurrentSubscriber(sub, 8), ...)
+//	router.AddHandler("send-sms", "sms.requested", exactlyonce.ConcurrentSubscriber(sub, 8), ...)
 //
 // Registering the same handler n times under n names gives the same
 // concurrency, but each copy records keys under its own consumer name by

@@ -1,14 +1,18 @@
-package middleware
+package exactlyonce
 
 import (
 	"context"
 	stdsql "database/sql"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 )
 
 type ctxKey struct{}
@@ -21,6 +25,7 @@ type handlerValues struct {
 	consumer string
 	key      string
 	lease    *leaseState // lease mode only
+	failOpen bool        // a fail-open run: no tx, no outbox
 }
 
 func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
@@ -32,75 +37,125 @@ func valuesFrom(ctx context.Context) *handlerValues {
 	return v
 }
 
-// TxFromContext returns the transaction the middleware opened for this
-// message, as watermill-sql's seam type. Prefer PgxTxFromContext or
-// StdTxFromContext for the driver's own type. Do not commit or roll it back:
-// the middleware does.
+// errNotInHandler is returned by the context helpers outside a handler
+// under the middleware.
+var errNotInHandler = errors.New("exactlyonce: the context is not a handler's under the exactly-once middleware (use msg.Context() inside the handler)")
+
+// errFailOpen is returned by the transaction helpers in a fail-open run.
+var errFailOpen = fmt.Errorf("exactlyonce: no transaction: this run is fail-open (%w); return the error to have the message redelivered", ErrDBUnavailable)
+
+// tx returns the handler's transaction, beginning it in lease mode.
+func tx(ctx context.Context) (wsql.Tx, error) {
+	v := valuesFrom(ctx)
+	switch {
+	case v == nil:
+		return nil, errNotInHandler
+	case v.failOpen:
+		return nil, errFailOpen
+	}
+	t, err := v.tx.get()
+	if err != nil {
+		return nil, fmt.Errorf("exactlyonce: the handler's transaction: %w", err)
+	}
+	return t, nil
+}
+
+// PgxTxFromContext returns the transaction the middleware opened for this
+// message, when Config.DB.Conn is pgx (wsql.BeginnerFromPgx). Do the
+// handler's writes through it; do not commit or roll it back: the
+// middleware does. In lease mode it begins on the first call, so that a
+// handler holds no connection while it waits for an external provider.
 //
-// In lease mode the transaction begins on the first call, so that a handler
-// holds no database connection while it waits for an external provider
-// before its first write; if it cannot begin, TxFromContext returns false
-// and the attempt fails with the database error.
-func TxFromContext(ctx context.Context) (wsql.Tx, bool) {
-	if v := valuesFrom(ctx); v != nil && v.tx != nil {
-		tx, err := v.tx.get()
-		return tx, err == nil && tx != nil
+// It returns an error outside a handler under the middleware, in a
+// fail-open run (no database), when the driver is database/sql, or when
+// the transaction cannot begin: return it, and the message is redelivered.
+func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
+	t, err := tx(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return nil, false
-}
-
-// PgxTxFromContext returns the handler's transaction as a pgx.Tx when the
-// middleware's DB is pgx (sql.BeginnerFromPgx).
-func PgxTxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	tx, _ := TxFromContext(ctx)
-	switch t := tx.(type) {
-	case *pooledTx:
-		return t.tx, t.tx != nil
+	switch t := t.(type) {
+	case *inboxdb.PooledTx:
+		return t.Pgx(), nil
 	case *wsql.PgxTx:
-		return t.Tx, t.Tx != nil
+		return t.Tx, nil
 	case wsql.PgxTx:
-		return t.Tx, t.Tx != nil
+		return t.Tx, nil
 	}
-	return nil, false
+	return nil, fmt.Errorf("exactlyonce: PgxTxFromContext: Config.DB.Conn is not pgx (it is %T): use StdTxFromContext", t)
 }
 
-// StdTxFromContext returns the handler's transaction as a *sql.Tx when the
-// middleware's DB is database/sql (sql.BeginnerFromStdSQL).
-func StdTxFromContext(ctx context.Context) (*stdsql.Tx, bool) {
-	tx, _ := TxFromContext(ctx)
-	switch t := tx.(type) {
-	case *wsql.StdSQLTx:
-		return t.Tx, t.Tx != nil
-	case wsql.StdSQLTx:
-		return t.Tx, t.Tx != nil
+// StdTxFromContext is PgxTxFromContext for database/sql
+// (wsql.BeginnerFromStdSQL): the message's transaction as a *sql.Tx.
+func StdTxFromContext(ctx context.Context) (*stdsql.Tx, error) {
+	t, err := tx(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return nil, false
+	switch t := t.(type) {
+	case *wsql.StdSQLTx:
+		return t.Tx, nil
+	case wsql.StdSQLTx:
+		return t.Tx, nil
+	}
+	return nil, fmt.Errorf("exactlyonce: StdTxFromContext: Config.DB.Conn is not database/sql (it is %T): use PgxTxFromContext", t)
 }
 
 // OutboxFromContext returns a publisher that writes to the outbox within the
-// handler's transaction. Returning messages from the handler does the same
-// for the handler's publish topic; use this to publish to other topics.
-func OutboxFromContext(ctx context.Context) (message.Publisher, bool) {
-	if v := valuesFrom(ctx); v != nil && v.outbox != nil {
-		return v.outbox, true
+// handler's transaction: the relay publishes what it wrote after the
+// commit. Returning messages from the handler does the same for the
+// handler's publish topic; use this to publish to other topics, or
+// SetDestination. It returns an error where PgxTxFromContext does.
+func OutboxFromContext(ctx context.Context) (message.Publisher, error) {
+	v := valuesFrom(ctx)
+	switch {
+	case v == nil:
+		return nil, errNotInHandler
+	case v.failOpen:
+		return nil, errFailOpen
 	}
-	return nil, false
+	return v.outbox, nil
 }
 
-// KeyFromContext returns the message key the middleware deduplicates on.
-func KeyFromContext(ctx context.Context) string {
-	if v := valuesFrom(ctx); v != nil {
-		return v.key
-	}
-	return ""
+// Info is what a handler knows about its delivery.
+type Info struct {
+	// Consumer is the name the key is recorded under.
+	Consumer string
+	// Key is the message key the middleware deduplicates on.
+	Key string
+	// IdempotencyKey is the key to pass to an external provider (for
+	// example as the Idempotency-Key HTTP header): the same for every
+	// attempt of one (consumer, key). It is "<consumer>:<key>", or
+	// "sha256:<hex>" of both when that would be longer than 255 bytes.
+	IdempotencyKey string
+	// Attempt is 1 for the first run of the key in lease mode, and counts
+	// up; 0 in transactional mode.
+	Attempt int
+	// Interrupted is true in lease mode when the previous attempt's lease
+	// expired while it was processing, or its completion failed after the
+	// handler ran: its call to the provider may or may not have happened.
+	// Pass the same IdempotencyKey and the provider can tell.
+	Interrupted bool
+	// LeaseUntil is when the lease ends unless extended (lease mode).
+	LeaseUntil time.Time
+	// FailOpen is true in a fail-open run: no deduplication, no
+	// transaction.
+	FailOpen bool
 }
 
-// ConsumerFromContext returns the consumer name the key is recorded under.
-func ConsumerFromContext(ctx context.Context) string {
-	if v := valuesFrom(ctx); v != nil {
-		return v.consumer
+// InfoFromContext returns the delivery's Info; an error outside a handler
+// under the middleware.
+func InfoFromContext(ctx context.Context) (Info, error) {
+	v := valuesFrom(ctx)
+	if v == nil {
+		return Info{}, errNotInHandler
 	}
-	return ""
+	info := Info{Consumer: v.consumer, Key: v.key, IdempotencyKey: idempotencyKey(v.consumer, v.key), FailOpen: v.failOpen}
+	if v.lease != nil {
+		l := v.lease.snapshot()
+		info.Attempt, info.Interrupted, info.LeaseUntil = l.attempt, l.interrupted, l.leaseUntil
+	}
+	return info, nil
 }
 
 // txHandle is the handler's transaction: begun up front (transactional

@@ -1,43 +1,63 @@
-// Package middleware gives Watermill handlers exactly-once effects by
-// configuration. The transactional mode (the default) wraps a plain
-// message.HandlerFunc:
+// Package exactlyonce (import path .../watermill-exactlyonce/middleware)
+// gives Watermill handlers exactly-once effects by configuration. Import it
+// under its name, next to Watermill's own middleware package:
 //
-//  1. It derives the message key (the message UUID by default) and the
-//     consumer name (the router handler's name by default).
-//  2. It begins a transaction and claims (consumer, key) in the inbox table.
+//	import (
+//		"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+//		exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+//	)
+//
+// # Transactional mode (the default)
+//
+// For handlers whose effects live in the same PostgreSQL database. For each
+// delivery the middleware:
+//
+//  1. derives the message key (the message UUID by default: Config.Key) and
+//     the consumer name (the router handler's name: Config.Consumer);
+//  2. begins a transaction and claims (consumer, key) in the inbox table.
 //     A key already recorded is a duplicate: the message is acked and the
-//     handler does not run.
-//  3. It runs the handler with the transaction in its context: read it with
-//     PgxTxFromContext, StdTxFromContext or TxFromContext and do the
-//     handler's writes through it.
-//  4. The messages the handler returns are written to the outbox table in
-//     the same transaction (and not returned to the router, which would
-//     publish them after the commit, non-atomically). The outbox.Relay
-//     publishes them, keeping their UUIDs.
-//  5. It commits and returns nil, so the router acks. A handler error or
-//     panic rolls everything back and returns an error, so the router nacks
-//     and the broker redelivers.
+//     handler does not run;
+//  3. runs the handler with the transaction in its context: do the
+//     handler's writes through PgxTxFromContext (or StdTxFromContext);
+//  4. writes the messages the handler returns to the outbox table in the
+//     same transaction (to the handler's publish topic, or SetDestination's)
+//     and returns none to the router, which would publish them after the
+//     commit, non-atomically. The outbox.Relay publishes them, keeping their
+//     UUIDs, so the next consumer's inbox drops a re-sent one;
+//  5. commits and returns nil: the router acks. A handler error or panic
+//     rolls everything back and is returned: the router nacks and the broker
+//     redelivers. Permanent(err) parks the key for an operator and acks.
 //
-// Attach it to the whole router (router.AddMiddleware(eo.Middleware)) or to
-// one handler (handler.AddMiddleware(eo.Middleware)): the Go analogue of
-// marking a handler "process exactly once". Put Watermill's Retry middleware
-// outside it (added before it) so each retry gets a fresh transaction, and
-// PoisonQueue outside that for messages that can never succeed (an empty key
-// is one: see ErrEmptyKey).
+// # Lease mode (Config.Lease set)
 //
-// Lease mode (Config.Mode = Lease) is for handlers whose effect is outside
-// the database (an SMS gateway, a payment API). The claim is committed
-// first, with a lease, so that no other worker runs the key meanwhile; the
-// handler calls the provider with LeaseFromContext(ctx).IdempotencyKey,
-// the same on every attempt; completion (the done record, the handler's
-// writes through its context's transaction, its output messages) commits
-// after. A handler error records the key failed (retried on the next
-// delivery); Permanent(err) parks it for an operator; a worker that died
-// mid-attempt is retried or parked after its lease expires (OnExpired).
+// For handlers whose effect is outside the database (an SMS gateway, an
+// e-mail, a payment API). The claim commits first, with a lease, so that no
+// other worker runs the key meanwhile; the handler calls the provider with
+// InfoFromContext's IdempotencyKey, the same on every attempt; completion
+// (the done record, the handler's writes through its context's
+// transaction, its output messages) commits after. A handler error records
+// the key failed, to be run again on the next delivery; a worker that died
+// mid-attempt is retried after its lease expires, with Info.Interrupted
+// set, and parked after LeaseConfig.MaxInterruptedAttempts.
 // docs/guarantees.md states the one window a provider without idempotency
 // keys leaves open.
 //
-// If the database is unreachable the middleware fails closed by default: it
-// returns an error and the message is redelivered later. Config.FailOpen
-// runs the handler without deduplication instead, and counts it.
-package middleware
+// # Wiring
+//
+// Attach the middleware to the router (router.AddMiddleware(eo.Middleware))
+// or to one handler. Register handlers with OutboxOnly as their publisher,
+// and with ConcurrentSubscriber for several deliveries in flight under one
+// consumer name. Put Watermill's Retry middleware outside this one (added
+// before it), so that each retry gets a fresh transaction, and
+// PoisonQueueWithFilter(IsPermanent) outside that.
+//
+// # Failures
+//
+// The errors returned to the router wrap the Err* sentinels (branch with
+// errors.Is) or Watermill's middleware.RecoveredPanicError. An unreachable
+// database fails closed by default (nack, redelivered later);
+// Config.FailOpen runs the handler without deduplication instead, and
+// reports it. Tables that were never migrated are reported as
+// sqlschema.ErrNotMigrated with the fix, never as an outage. Config.OnEvent
+// sees the Outcome of every delivery.
+package exactlyonce

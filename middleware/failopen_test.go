@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -28,19 +28,19 @@ func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
 	for _, d := range testenv.DriversFor(t, dbURL) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
-			tables := testenv.Schema(t)
+			tables := testenv.WithConn(testenv.Schema(t), d.DB)
 			for _, c := range []struct {
 				name   string
-				tables sqlschema.Config
+				tables sqlschema.DB
 				block  bool
 			}{
 				{name: "lock timeout (55P03)", tables: tables, block: true},
-				{name: "missing table (42P01)", tables: sqlschema.Config{Schema: tables.Schema, InboxTable: "no_such_inbox"}},
+				{name: "missing table (42P01)", tables: sqlschema.DB{Conn: d.DB, Schema: tables.Schema, InboxTable: "no_such_inbox"}},
 			} {
 				t.Run(c.name, func(t *testing.T) {
-					var ev middleware.Counters
-					eo, err := middleware.New(middleware.Config{DB: d.DB, Tables: c.tables, Consumer: "c", FailOpen: true,
-						NackDelay: -1, OnEvent: ev.Observe})
+					var ev testenv.Counters
+					eo, err := exactlyonce.New(exactlyonce.Config{DB: c.tables, Consumer: "c", FailOpen: true,
+						NackDelay: -1, OnEvent: ev.Observe, Logger: testenv.Logger(t)})
 					require.NoError(t, err)
 					if c.block {
 						other, err := admin.Begin(context.Background())
@@ -57,9 +57,12 @@ func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
 					})(message.NewMessage("k", nil))
 					require.Zero(t, runs.Load(), "FailOpen must not run the handler when the database answered")
 					require.Zero(t, ev.FailOpen.Load())
-					require.ErrorIs(t, err, middleware.ErrClaimFailed)
-					require.NotErrorIs(t, err, middleware.ErrDBUnavailable)
+					require.ErrorIs(t, err, exactlyonce.ErrClaimFailed)
+					require.NotErrorIs(t, err, exactlyonce.ErrDBUnavailable)
 					require.Equal(t, int64(1), ev.ClaimFailed.Load())
+					if !c.block {
+						require.ErrorIs(t, err, sqlschema.ErrNotMigrated, "a missing table is a configuration error")
+					}
 				})
 			}
 		})
@@ -71,7 +74,8 @@ func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
 func TestFailOpenRefusedInLeaseMode(t *testing.T) {
 	t.Parallel()
 	d := testenv.Drivers(t)[0]
-	_, err := middleware.New(middleware.Config{DB: d.DB, Mode: middleware.Lease, FailOpen: true, Lease: time.Minute})
+	_, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: d.DB}, FailOpen: true,
+		Lease: &exactlyonce.LeaseConfig{Duration: time.Minute}})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "FailOpen")
 }

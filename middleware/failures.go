@@ -1,4 +1,4 @@
-package middleware
+package exactlyonce
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
@@ -18,23 +19,31 @@ import (
 // may be running the key.
 func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
 	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
+	where := fmt.Sprintf("exactlyonce: claim of %q for %q", ev.Key, ev.Consumer)
 	if !pgerr.Unreachable(cause) {
-		ev.Kind = EventClaimFailed
-		err := fmt.Errorf("%w: %w", ErrClaimFailed, cause)
-		m.cfg.Logger.Error("exactlyonce: claim failed, message will be redelivered", err, fields)
+		ev.Outcome = Nacked
+		err := fmt.Errorf("%s: %w: %w", where, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
+		if errors.Is(err, pgerr.ErrNotMigrated) {
+			m.cfg.Logger.Error("exactlyonce: the inbox table is not migrated, message will be redelivered", err, fields)
+		} else {
+			m.cfg.Logger.Error("exactlyonce: claim failed, message will be redelivered", err, fields)
+		}
 		sleep(msg.Context(), m.cfg.NackDelay)
 		return nil, err
 	}
-	err := fmt.Errorf("%w: %w", ErrDBUnavailable, cause)
-	if !m.cfg.FailOpen || m.cfg.Mode == Lease || msg.Context().Err() != nil {
-		ev.Kind = EventDBUnavailable
+	err := fmt.Errorf("%s: %w: %w", where, ErrDBUnavailable, cause)
+	if !m.cfg.FailOpen || m.cfg.Lease != nil || msg.Context().Err() != nil {
+		ev.Outcome = Nacked
 		m.cfg.Logger.Error("exactlyonce: database unavailable, message will be redelivered", err, fields)
 		sleep(msg.Context(), m.cfg.NackDelay)
 		return nil, err
 	}
-	ev.Kind = EventFailOpen
+	ev.Outcome = FailOpen
 	m.cfg.Logger.Error("exactlyonce: FAIL-OPEN: running handler without deduplication", err, fields)
+	origCtx := msg.Context()
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: ev.Consumer, key: ev.Key, failOpen: true}))
 	produced, herr := callHandler(h, msg)
+	msg.SetContext(origCtx)
 	if herr != nil {
 		return nil, herr
 	}
@@ -60,7 +69,7 @@ func (m *Middleware) failOpenOutputs(msg *message.Message, produced []*message.M
 			return nil, err
 		}
 		if routerTopic == "" || topic != routerTopic {
-			return nil, fmt.Errorf("%w: fail-open: message %q is for topic %q, but without the database only the router can publish, and it publishes to the handler's publish topic %q; the delivery is nacked (the handler's other effects happened)",
+			return nil, fmt.Errorf("exactlyonce: %w: fail-open: message %q is for topic %q, but without the database only the router can publish, and it publishes to the handler's publish topic %q; the delivery is nacked (the handler's other effects happened)",
 				ErrNoDestination, p.UUID, topic, routerTopic)
 		}
 		out = append(out, p)
@@ -68,19 +77,19 @@ func (m *Middleware) failOpenOutputs(msg *message.Message, produced []*message.M
 	return out, nil
 }
 
-// callHandler runs h and turns a panic into an error.
+// callHandler runs h and turns a panic into Watermill's
+// middleware.RecoveredPanicError (the value and the stack), wrapped.
 func callHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+	panicked := true
 	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanic, r, debug.Stack())
+		if r := recover(); r != nil || panicked {
+			err = fmt.Errorf("exactlyonce: handler panicked: %w", wmiddleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())})
 		}
 	}()
-	return h(msg)
+	produced, err = h(msg)
+	panicked = false
+	return produced, err
 }
-
-// errOutput marks errors about the handler's output messages that no retry
-// can fix: refused before any SQL ran.
-var errOutput = errors.New("exactlyonce: invalid output message")
 
 func isOutputError(err error) bool {
 	return errors.Is(err, errOutput) || errors.Is(err, ErrNoDestination)

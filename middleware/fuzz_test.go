@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 // Fuzz target of the key strategies (issue 5). Run it with
 //   go test -run '^$' -fuzz FuzzKeyStrategies -fuzztime 25s ./middleware/
@@ -14,12 +14,14 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // errFuzzDB looks like an unreachable database: a refused TCP connection.
@@ -51,28 +53,28 @@ func fuzzKeyError(consumer, key string, limit int) error {
 	bad := func(s string) bool { return !utf8.ValidString(s) || strings.Contains(s, "\x00") }
 	switch {
 	case consumer == "":
-		return inbox.ErrEmptyConsumer
+		return inboxdb.ErrEmptyConsumer
 	case bad(consumer):
-		return inbox.ErrInvalidKey
+		return inboxdb.ErrInvalidKey
 	case key == "":
-		return inbox.ErrEmptyKey
+		return inboxdb.ErrEmptyKey
 	case len(key) > limit:
-		return inbox.ErrKeyTooLong
+		return inboxdb.ErrKeyTooLong
 	case bad(key):
-		return inbox.ErrInvalidKey
+		return inboxdb.ErrInvalidKey
 	}
 	return nil
 }
 
-// FuzzKeyStrategies combines every key strategy (KeyFromUUID,
+// FuzzKeyStrategies combines every key strategy (the default UUID key,
 // KeyFromMetadata, KeyFromPayloadSHA256) with Store.ValidateKey and the
 // middleware itself, in both modes, for any UUID, metadata value, payload,
 // consumer name and MaxKeyLength: nothing panics; each strategy returns what
 // it promises (the UUID, the field, 64 lowercase hex digits); ValidateKey
 // accepts exactly the storable keys (non-empty, at most the limit, UTF-8
 // without NUL) and names the reason otherwise; the middleware rejects the
-// others before touching the database (EventRejected, the same sentinel, the
-// handler not run) and takes the storable ones to the database.
+// others before touching the database (Outcome Nacked with ErrInvalidKey,
+// the same sentinel, the handler not run) and takes the storable ones to the database.
 func FuzzKeyStrategies(f *testing.F) {
 	f.Add("uuid-1", "idem-1", []byte("hello"), "consumer", uint16(0))
 	f.Add("", "", []byte{}, "c", uint16(0))
@@ -88,9 +90,9 @@ func FuzzKeyStrategies(f *testing.F) {
 		max := int(maxLen % 2049) // 0 means the default
 		limit := max
 		if limit == 0 {
-			limit = inbox.DefaultMaxKeyLength
+			limit = inboxdb.DefaultMaxKeyLength
 		}
-		store, err := inbox.NewStore(inbox.Config{MaxKeyLength: max})
+		store, err := inboxdb.NewStore(inboxdb.Config{MaxKeyLength: max})
 		require.NoError(t, err)
 
 		const field = "idempotency_key"
@@ -101,18 +103,24 @@ func FuzzKeyStrategies(f *testing.F) {
 		}
 		strategies := []struct {
 			name string
-			key  middleware.KeyFunc
+			// key is the Config.Key of the strategy: nil for the default
+			// (the UUID), which keyOf then stands for.
+			key  func(*message.Message) (string, error)
 			want func(string) // checks the key the strategy returned
 		}{
-			{"uuid", middleware.KeyFromUUID(), func(k string) { require.True(t, k == uuid) }},
-			{"metadata", middleware.KeyFromMetadata(field), func(k string) { require.True(t, k == meta) }},
-			{"sha256", middleware.KeyFromPayloadSHA256(), func(k string) {
+			{"uuid", nil, func(k string) { require.True(t, k == uuid) }},
+			{"metadata", exactlyonce.KeyFromMetadata(field), func(k string) { require.True(t, k == meta) }},
+			{"sha256", exactlyonce.KeyFromPayloadSHA256, func(k string) {
 				require.Len(t, k, 64)
 				require.Equal(t, strings.Trim(k, "0123456789abcdef"), "", "lowercase hex: %q", k)
 			}},
 		}
 		for _, s := range strategies {
-			key, err := s.key(newMsg())
+			keyOf := s.key
+			if keyOf == nil {
+				keyOf = exactlyonce.Config{}.WithDefaults().Key
+			}
+			key, err := keyOf(newMsg())
 			require.NoError(t, err, s.name)
 			s.want(key)
 
@@ -126,12 +134,13 @@ func FuzzKeyStrategies(f *testing.F) {
 				require.ErrorIs(t, verr, want, "%s: %q", s.name, key)
 			}
 
-			for _, mode := range []middleware.Mode{middleware.Transactional, middleware.Lease} {
+			for _, lease := range []*exactlyonce.LeaseConfig{nil, {}} { // transactional, lease
 				db := &fuzzDB{}
-				var events []middleware.Event
-				m, err := middleware.New(middleware.Config{
-					DB: db, Mode: mode, Key: s.key, Consumer: consumer, MaxKeyLength: max,
-					NackDelay: -1, OnEvent: func(e middleware.Event) { events = append(events, e) },
+				var events []exactlyonce.Event
+				m, err := exactlyonce.New(exactlyonce.Config{
+					DB: sqlschema.DB{Conn: db}, Lease: lease, Key: s.key, Consumer: consumer, MaxKeyLength: max,
+					NackDelay: -1, OnEvent: func(e exactlyonce.Event) { events = append(events, e) },
+					Logger: watermill.NopLogger{},
 				})
 				require.NoError(t, err)
 				ran := false
@@ -147,13 +156,18 @@ func FuzzKeyStrategies(f *testing.F) {
 				require.Equal(t, context.Background(), msg.Context(), "the message context is restored")
 				if want != nil {
 					require.ErrorIs(t, err, want, "%s", s.name)
-					require.Equal(t, middleware.EventRejected, events[0].Kind)
+					require.ErrorIs(t, err, exactlyonce.ErrInvalidKey, "%s", s.name)
+					require.Equal(t, exactlyonce.Nacked, events[0].Outcome)
+					require.ErrorIs(t, events[0].Err, exactlyonce.ErrInvalidKey, "rejected")
 					require.Zero(t, db.begins.Load(), "a rejected key never reaches the database")
 					continue
 				}
-				require.ErrorIs(t, err, middleware.ErrDBUnavailable, "%s", s.name)
+				require.ErrorIs(t, err, exactlyonce.ErrDBUnavailable, "%s", s.name)
 				require.ErrorIs(t, err, errFuzzDB)
-				require.Equal(t, middleware.EventDBUnavailable, events[0].Kind)
+				require.Equal(t, exactlyonce.Nacked, events[0].Outcome)
+				require.ErrorIs(t, events[0].Err, exactlyonce.ErrDBUnavailable)
+				require.NotErrorIs(t, events[0].Err, exactlyonce.ErrInvalidKey)
+				require.NotErrorIs(t, events[0].Err, exactlyonce.ErrClaimFailed)
 				require.True(t, events[0].Key == key)
 				require.Equal(t, consumer, events[0].Consumer)
 				require.Equal(t, int64(1), db.begins.Load())

@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // waitForLockWaiter waits until a backend of role waits on a lock: the
@@ -43,13 +43,13 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 			role := roleOf(t, dbURL)
 			admin := testenv.PoolFor(t, testenv.DirectDatabaseURL())
 			for _, d := range testenv.DriversFor(t, dbURL) {
-				for _, mode := range []middleware.Mode{middleware.Transactional, middleware.Lease} {
-					name := fmt.Sprintf("%s/%s", d.Name, modeName(mode))
+				for _, lease := range []*exactlyonce.LeaseConfig{nil, {}} {
+					name := fmt.Sprintf("%s/%s", d.Name, modeName(lease))
 					t.Run(name, func(t *testing.T) {
-						tables := testenv.Schema(t)
-						var ev middleware.Counters
-						eo, err := middleware.New(middleware.Config{DB: d.DB, Tables: tables, Mode: mode, Consumer: "c",
-							NackDelay: -1, OnEvent: ev.Observe})
+						tables := testenv.WithConn(testenv.Schema(t), d.DB)
+						var ev testenv.Counters
+						eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, Lease: lease, Consumer: "c",
+							NackDelay: -1, OnEvent: ev.Observe, Logger: testenv.Logger(t)})
 						require.NoError(t, err)
 						var runs atomic.Int64
 						h := eo.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -91,6 +91,7 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 						require.Equal(t, int64(1), ev.Processed.Load())
 						require.Zero(t, ev.DBUnavailable.Load())
 						require.Zero(t, ev.Failed.Load())
+						require.Zero(t, ev.ClaimFailed.Load())
 					})
 				}
 			}
@@ -98,8 +99,8 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 	}
 }
 
-func modeName(m middleware.Mode) string {
-	if m == middleware.Lease {
+func modeName(lease *exactlyonce.LeaseConfig) string {
+	if lease != nil {
 		return "lease"
 	}
 	return "transactional"

@@ -1,4 +1,4 @@
-package middleware
+package exactlyonce
 
 import (
 	"context"
@@ -13,74 +13,19 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
-// ErrLeaseHeld is returned (wrapped) in lease mode when another worker holds
-// a live lease on the key. The message is nacked, after NackDelay, never
-// acked: the holder may still fail, and then this copy must run.
-var ErrLeaseHeld = errors.New("exactlyonce: another worker holds the lease on this key")
-
-// ErrLeaseLost is inbox.ErrLeaseLost: the attempt's lease expired and
-// another worker took the key over before this one completed.
-var ErrLeaseLost = inbox.ErrLeaseLost
-
-// PermanentError marks a handler error that retrying cannot fix (a rejected
-// phone number, a payload the provider refuses). In lease mode the key is
-// recorded as parked with the error, and the message is acked.
-type PermanentError struct{ Err error }
-
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
-
-// Unwrap returns the wrapped error.
-func (e *PermanentError) Unwrap() error { return e.Err }
-
-// Permanent wraps err as a PermanentError. Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &PermanentError{Err: err}
-}
-
-// LeaseInfo is what a lease-mode handler knows about its attempt.
-type LeaseInfo struct {
-	// IdempotencyKey is the key to pass to the external provider (for
-	// example as the Idempotency-Key HTTP header). It is the same for every
-	// attempt of the same (consumer, message key): "<consumer>:<key>", or
-	// "sha256:<hex>" of both when that would be longer than 255 bytes.
-	IdempotencyKey string
-	// Attempt is 1 for the first run of the key, and counts up.
-	Attempt int
-	// Interrupted is true when the previous attempt's lease expired while
-	// it was processing: the previous worker died or hung, and its call to
-	// the provider may or may not have happened. Pass the same
-	// IdempotencyKey and the provider can tell.
-	Interrupted bool
-	// LeaseUntil is when the lease ends unless extended.
-	LeaseUntil time.Time
-}
-
-// LeaseFromContext returns the lease-mode attempt's information; false in
-// transactional mode or outside the middleware.
-func LeaseFromContext(ctx context.Context) (LeaseInfo, bool) {
-	v := valuesFrom(ctx)
-	if v == nil || v.lease == nil {
-		return LeaseInfo{}, false
-	}
-	return v.lease.snapshot(), true
-}
-
 // ExtendLease extends the current lease-mode attempt's lease to now + d (d
-// <= 0 uses Config.Lease). Call it from a handler that may run longer than
+// <= 0 uses Config.Lease.Duration). Call it from a handler that may run longer than
 // its lease. It returns ErrLeaseLost when another worker took the key over
 // (stop: your completion will be refused), and an error outside lease mode.
 //
 // It never takes a second database connection while the handler holds one:
-// once the handler's transaction began (TxFromContext, OutboxFromContext),
-// the extension is written in it, and its row lock keeps every other worker
-// off the key until the transaction ends. Before that, it runs on its own,
+// once the handler's transaction began (PgxTxFromContext, StdTxFromContext,
+// OutboxFromContext), the extension is written in it, and its row lock keeps
+// every other worker off the key until the transaction ends. Before that, it runs on its own,
 // and never waits for a connection past the current lease's end: then it
 // returns an error (the lease may be lost; stop if the effect must not run
 // twice).
@@ -98,7 +43,14 @@ type leaseState struct {
 	consumer, key string
 	token         string
 	mu            sync.Mutex
-	info          LeaseInfo
+	info          leaseInfo
+}
+
+// leaseInfo is the attempt's part of Info.
+type leaseInfo struct {
+	attempt     int
+	interrupted bool
+	leaseUntil  time.Time
 }
 
 // minExtendWait is the least an extension outside the handler's
@@ -107,7 +59,7 @@ const minExtendWait = 500 * time.Millisecond
 
 func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) error {
 	if d <= 0 {
-		d = l.m.cfg.Lease
+		d = l.m.cfg.Lease.Duration
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -115,9 +67,9 @@ func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) 
 	if tx, ok := th.current(); ok {
 		db = tx
 	} else {
-		db = l.m.cfg.DB
+		db = l.m.cfg.DB.Conn
 	}
-	deadline := l.info.LeaseUntil
+	deadline := l.info.leaseUntil
 	if wait := time.Now().Add(minExtendWait); deadline.Before(wait) {
 		deadline = wait
 	}
@@ -125,20 +77,20 @@ func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) 
 	defer cancel()
 	until, err := l.m.store.ExtendLease(ectx, db, l.consumer, l.key, l.token, d)
 	if err != nil {
-		if errors.Is(err, inbox.ErrLeaseLost) {
-			return fmt.Errorf("exactlyonce: %w", err)
+		if errors.Is(err, inboxdb.ErrLeaseLost) {
+			return fmt.Errorf("exactlyonce: extending the lease of %q for %q: %w", l.key, l.consumer, err)
 		}
 		if ectx.Err() != nil && ctx.Err() == nil {
 			return fmt.Errorf("exactlyonce: extending the lease of %q for %q: no database connection before the lease ends at %s: %w",
-				l.key, l.consumer, l.info.LeaseUntil.Format(time.RFC3339Nano), err)
+				l.key, l.consumer, l.info.leaseUntil.Format(time.RFC3339Nano), err)
 		}
 		return fmt.Errorf("exactlyonce: extending the lease of %q for %q: %w", l.key, l.consumer, err)
 	}
-	l.info.LeaseUntil = until
+	l.info.leaseUntil = until
 	return nil
 }
 
-func (l *leaseState) snapshot() LeaseInfo {
+func (l *leaseState) snapshot() leaseInfo {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.info
@@ -154,32 +106,33 @@ func idempotencyKey(consumer, key string) string {
 }
 
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
-	claim, err := m.store.ClaimLease(origCtx, m.cfg.DB, consumer, key, inbox.LeaseOptions{
-		Lease: m.cfg.Lease, OnExpired: m.cfg.OnExpired, MaxInterrupted: m.cfg.MaxInterruptedAttempts,
+	claim, err := m.store.ClaimLease(origCtx, m.cfg.DB.Conn, consumer, key, inboxdb.LeaseOptions{
+		Lease: m.cfg.Lease.Duration, MaxInterrupted: m.cfg.Lease.MaxInterruptedAttempts,
 	})
 	if err != nil {
 		return m.claimFailure(msg, h, ev, err)
 	}
 	ev.Attempt = claim.Attempt
 	switch claim.Outcome {
-	case inbox.LeaseDuplicate:
-		ev.Kind = EventDuplicate
+	case inboxdb.LeaseDuplicate:
+		ev.Outcome = Duplicate
 		ev.FirstSeenAt = claim.Record.FirstSeenAt
 		return nil, nil
-	case inbox.LeaseParked:
-		ev.Kind = EventParked
+	case inboxdb.LeaseParked:
+		ev.Outcome = Parked
 		if claim.ParkedNow {
+			ev.Err = errors.New(claim.Record.LastError)
 			m.cfg.Logger.Error("exactlyonce: lease expired mid-attempt, key parked for an operator",
 				errors.New(claim.Record.LastError), watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt})
 		}
 		return nil, nil
-	case inbox.LeaseBusy:
-		ev.Kind = EventBusy
+	case inboxdb.LeaseBusy:
+		ev.Outcome = Nacked
 		sleep(origCtx, m.cfg.NackDelay)
 		if claim.LeaseUntil.IsZero() {
-			return nil, fmt.Errorf("%w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, key, consumer)
+			return nil, fmt.Errorf("exactlyonce: %w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, key, consumer)
 		}
-		return nil, fmt.Errorf("%w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, key, consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
+		return nil, fmt.Errorf("exactlyonce: %w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, key, consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
 	}
 	if claim.Interrupted {
 		ev.Interrupted = true
@@ -188,11 +141,10 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, info: LeaseInfo{
-		IdempotencyKey: idempotencyKey(consumer, key),
-		Attempt:        claim.Attempt,
-		Interrupted:    claim.Interrupted,
-		LeaseUntil:     claim.LeaseUntil,
+	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, info: leaseInfo{
+		attempt:     claim.Attempt,
+		interrupted: claim.Interrupted,
+		leaseUntil:  claim.LeaseUntil,
 	}}
 	// The completion transaction begins when the handler first asks for it
 	// (or at completion), so no connection is held during an external call
@@ -200,9 +152,9 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	// message's context: the router cancels that when it closes, and once
 	// the handler's effect happened, recording it is worth finishing
 	// (database/sql would roll the transaction back on cancel).
-	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.BeginTx(context.WithoutCancel(origCtx), nil) })
+	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
-	ob := &lazyOutbox{tx: th, tables: m.cfg.Tables}
+	ob := &lazyOutbox{tx: th, db: m.cfg.DB}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
 	produced, herr := callHandler(h, msg)
 	msg.SetContext(origCtx)
@@ -211,21 +163,18 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		// The handler's own failure: it knows whether its call happened,
 		// and chose a retry (or, with Permanent, an operator).
 		th.rollback()
-		var perm *PermanentError
+		var perm *permanentError
 		if errors.As(herr, &perm) {
-			ev.Kind = EventParked
-			ev.Err = herr
 			if ferr := m.recordFailure(origCtx, lease, herr, true); ferr != nil {
 				// Not recorded: nack, so that the key is not lost.
-				return nil, fmt.Errorf("exactlyonce: permanent failure could not be recorded: %w (handler: %w)", ferr, herr)
+				ev.Outcome = Nacked
+				return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", key, consumer, ferr, herr)
 			}
-			m.cfg.Logger.Error("exactlyonce: permanent handler error, key parked and message acked", herr,
-				watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt})
-			return nil, nil
+			return m.parkedNow(ev, herr, consumer, key, claim.Attempt)
 		}
-		ev.Kind = EventFailed
+		ev.Outcome = Nacked
 		_ = m.recordFailure(origCtx, lease, herr, false)
-		return nil, herr
+		return nil, m.handlerFailed(msg, herr, consumer, key)
 	}
 	return m.completeLease(msg, ev, lease, th, ob, produced, herr, berr)
 }
@@ -243,7 +192,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 //     record): rolled back, the new holder decides;
 //   - anything else (the database unreachable, the commit's outcome
 //     unknown): nothing is recorded, the key stays processing until its
-//     lease expires and OnExpired decides, with Interrupted set, at most
+//     lease expires; then it runs again with Interrupted set, at most
 //     MaxInterruptedAttempts times. Never a blind immediate retry.
 func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *leaseState, th *txHandle, ob *lazyOutbox,
 	produced []*message.Message, herr, berr error) ([]*message.Message, error) {
@@ -254,24 +203,20 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	defer cancel()
 	unknown := func(cause error) ([]*message.Message, error) {
 		th.rollback()
-		ev.Kind = EventFailed
-		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then OnExpired decides: %w", key, consumer, cause)
+		ev.Outcome = Nacked
+		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, cause)
 	}
 	park := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
-		if err := m.store.ParkInterrupted(finishCtx, m.cfg.DB, consumer, key, lease.token, reason); err != nil {
-			if errors.Is(err, inbox.ErrLeaseLost) {
-				ev.Kind = EventFailed
-				return nil, fmt.Errorf("exactlyonce: %w (completion: %w)", err, cause)
+		if err := m.store.ParkInterrupted(finishCtx, m.cfg.DB.Conn, consumer, key, lease.token, reason); err != nil {
+			if errors.Is(err, inboxdb.ErrLeaseLost) {
+				ev.Outcome = Nacked
+				return nil, fmt.Errorf("exactlyonce: %q for %q: %w (completion: %w)", key, consumer, err, cause)
 			}
 			return unknown(fmt.Errorf("%w (and parking failed: %w)", cause, err))
 		}
-		ev.Kind = EventParked
-		ev.Err = cause
-		m.cfg.Logger.Error("exactlyonce: completion can never commit, key parked for an operator and message acked", cause,
-			watermill.LogFields{"consumer": consumer, "key": key, "attempt": lease.info.Attempt})
-		return nil, nil
+		return m.parkedNow(ev, fmt.Errorf("completion can never commit: %w", cause), consumer, key, lease.info.attempt)
 	}
 	switch {
 	case berr != nil && herr != nil:
@@ -296,18 +241,18 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	}
 	if err := m.store.CompleteTx(finishCtx, tx, consumer, key, lease.token); err != nil {
 		switch {
-		case errors.Is(err, inbox.ErrLeaseLost):
+		case errors.Is(err, inboxdb.ErrLeaseLost):
 			th.rollback()
-			ev.Kind = EventFailed
-			return nil, fmt.Errorf("exactlyonce: %w", err)
+			ev.Outcome = Nacked
+			return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w", key, consumer, err)
 		case pgerr.SerializationFailure(err):
 			// Under REPEATABLE READ or SERIALIZABLE: the record changed
 			// after this transaction's snapshot. Only a takeover or an
 			// operator changes a held record; check in a fresh statement.
 			th.rollback()
-			if owns, oerr := m.store.Owns(finishCtx, m.cfg.DB, consumer, key, lease.token); oerr == nil && !owns {
-				ev.Kind = EventFailed
-				return nil, fmt.Errorf("exactlyonce: %w: %q for %q (%w)", inbox.ErrLeaseLost, key, consumer, err)
+			if owns, oerr := m.store.Owns(finishCtx, m.cfg.DB.Conn, consumer, key, lease.token); oerr == nil && !owns {
+				ev.Outcome = Nacked
+				return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w (%w)", key, consumer, inboxdb.ErrLeaseLost, err)
 			}
 			return unknown(err)
 		case pgerr.Deterministic(err):
@@ -321,10 +266,10 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 			// did not happen.
 			return park(fmt.Errorf("commit: %w", err))
 		}
-		ev.Kind = EventFailed
-		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires, then OnExpired decides): %w", key, consumer, err)
+		ev.Outcome = Nacked
+		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires, then it runs again as an interrupted attempt, or is parked): %w", key, consumer, err)
 	}
-	ev.Kind = EventProcessed
+	ev.Outcome = Processed
 	return nil, nil
 }
 
@@ -336,10 +281,20 @@ const completionTimeout = 30 * time.Second
 // at once instead of waiting for the lease to expire. If it cannot be
 // recorded, the lease expiry covers it; the error is logged and returned.
 func (m *Middleware) recordFailure(ctx context.Context, l *leaseState, cause error, permanent bool) error {
-	err := m.store.Fail(context.WithoutCancel(ctx), m.cfg.DB, l.consumer, l.key, l.token, cause.Error(), permanent)
+	err := m.store.Fail(context.WithoutCancel(ctx), m.cfg.DB.Conn, l.consumer, l.key, l.token, cause.Error(), permanent)
 	if err != nil {
 		m.cfg.Logger.Error("exactlyonce: could not record the failed attempt; the lease expiry will release the key", err,
-			watermill.LogFields{"consumer": l.consumer, "key": l.key, "attempt": l.info.Attempt})
+			watermill.LogFields{"consumer": l.consumer, "key": l.key, "attempt": l.info.attempt})
 	}
 	return err
+}
+
+// parkedNow reports a key parked by this delivery (a Permanent handler
+// error, or a completion that can never commit): logged, acked.
+func (m *Middleware) parkedNow(ev *Event, reason error, consumer, key string, attempt int) ([]*message.Message, error) {
+	ev.Outcome = Parked
+	ev.Err = reason
+	m.cfg.Logger.Error("exactlyonce: key parked for an operator, message acked (inbox.Store.Release runs it again)", reason,
+		watermill.LogFields{"consumer": consumer, "key": key, "attempt": attempt})
+	return nil, nil
 }

@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -23,28 +23,31 @@ import (
 // provider call counter, for delivering one message again and again.
 type leaseEnv struct {
 	d      testenv.Driver
-	tables sqlschema.Config
-	store  *inbox.Store
-	ev     middleware.Counters
+	tables sqlschema.DB // Conn is the driver's
+	store  *inboxdb.Store
+	ev     testenv.Counters
 	calls  atomic.Int64
 }
 
 func newLeaseEnv(t *testing.T, d testenv.Driver) *leaseEnv {
 	t.Helper()
-	e := &leaseEnv{d: d, tables: testenv.Schema(t)}
+	e := &leaseEnv{d: d, tables: testenv.WithConn(testenv.Schema(t), d.DB)}
 	var err error
-	e.store, err = inbox.NewStore(inbox.Config{Tables: e.tables})
+	e.store, err = inboxdb.NewStore(inboxdb.Config{Tables: e.tables})
 	require.NoError(t, err)
 	return e
 }
 
-func (e *leaseEnv) middleware(t *testing.T, cfg middleware.Config) *middleware.Middleware {
+func (e *leaseEnv) middleware(t *testing.T, cfg exactlyonce.Config) *exactlyonce.Middleware {
 	t.Helper()
-	cfg.DB, cfg.Tables, cfg.Mode, cfg.Consumer, cfg.NackDelay, cfg.OnEvent = e.d.DB, e.tables, middleware.Lease, "sms", -1, e.ev.Observe
-	if cfg.Lease == 0 {
-		cfg.Lease = 5 * time.Second
+	cfg.DB, cfg.Consumer, cfg.NackDelay, cfg.OnEvent = e.tables, "sms", -1, e.ev.Observe
+	if cfg.Lease == nil {
+		cfg.Lease = &exactlyonce.LeaseConfig{Duration: 5 * time.Second}
 	}
-	eo, err := middleware.New(cfg)
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(t)
+	}
+	eo, err := exactlyonce.New(cfg)
 	require.NoError(t, err)
 	return eo
 }
@@ -57,7 +60,7 @@ func (e *leaseEnv) expire(t *testing.T, key string) {
 	require.NoError(t, err)
 }
 
-func (e *leaseEnv) record(t *testing.T, key string) inbox.Record {
+func (e *leaseEnv) record(t *testing.T, key string) inboxdb.Record {
 	t.Helper()
 	rec, err := e.store.Lookup(context.Background(), e.d.DB, "sms", key)
 	require.NoError(t, err)
@@ -82,13 +85,13 @@ func (e *leaseEnv) deliverRepeatedly(t *testing.T, h message.HandlerFunc, key st
 // refuses, or a deferred constraint failing at COMMIT), the key is parked
 // with the reason and the message acked: redeliveries do not call the
 // provider again. Before, the key stayed processing, its lease expired and
-// RetryExpired called the provider on every delivery.
+// the retry of an expired lease called the provider on every delivery.
 func TestLeaseDeterministicCompletionFailureParks(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name   string
 		output func(msg *message.Message) []*message.Message
-		write  func(ctx context.Context, tables sqlschema.Config) error
+		write  func(ctx context.Context, tables sqlschema.DB) error
 		reason string
 	}{
 		{name: "no destination", output: func(msg *message.Message) []*message.Message {
@@ -99,16 +102,16 @@ func TestLeaseDeterministicCompletionFailureParks(t *testing.T) {
 		}, reason: "nil message"},
 		{name: "metadata not UTF-8", output: func(msg *message.Message) []*message.Message {
 			out := message.NewMessage("out-"+msg.UUID, nil)
-			middleware.SetDestination(out, "sent")
+			exactlyonce.SetDestination(out, "sent")
 			out.Metadata.Set("bad", "\xff\xfe")
 			return []*message.Message{out}
 		}, reason: "UTF-8"},
 		{name: "empty output UUID", output: func(*message.Message) []*message.Message {
 			out := message.NewMessage("", nil)
-			middleware.SetDestination(out, "sent")
+			exactlyonce.SetDestination(out, "sent")
 			return []*message.Message{out}
 		}, reason: "empty UUID"},
-		{name: "deferred constraint at commit", write: func(ctx context.Context, tables sqlschema.Config) error {
+		{name: "deferred constraint at commit", write: func(ctx context.Context, tables sqlschema.DB) error {
 			return execInTx(ctx, "INSERT INTO "+pgx.Identifier{tables.Schema, "deferred"}.Sanitize()+" (id) VALUES (1), (1)")
 		}, reason: "23505"},
 	}
@@ -121,7 +124,7 @@ func TestLeaseDeterministicCompletionFailureParks(t *testing.T) {
 					_, err := d.DB.ExecContext(context.Background(), "CREATE TABLE "+pgx.Identifier{e.tables.Schema, "deferred"}.Sanitize()+
 						" (id int, CONSTRAINT one_each UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)")
 					require.NoError(t, err)
-					h := e.middleware(t, middleware.Config{}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					h := e.middleware(t, exactlyonce.Config{}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
 						e.calls.Add(1) // the SMS went out
 						if c.write != nil {
 							if err := c.write(msg.Context(), e.tables); err != nil {
@@ -137,11 +140,11 @@ func TestLeaseDeterministicCompletionFailureParks(t *testing.T) {
 					require.Equal(t, int64(1), e.calls.Load(), "the provider is called once, never again blindly")
 					require.NoError(t, err, "a parked key's delivery is acked")
 					rec := e.record(t, "k")
-					require.Equal(t, inbox.StatusParked, rec.Status)
+					require.Equal(t, inboxdb.StatusParked, rec.Status)
 					require.Contains(t, rec.LastError, c.reason)
 					require.True(t, rec.Interrupted, "the effect probably happened: the released attempt is told")
 					require.Equal(t, int64(4), e.ev.Parked.Load())
-					p, err := outbox.PendingStats(context.Background(), d.DB, e.tables)
+					p, err := outbox.PendingStats(context.Background(), e.tables)
 					require.NoError(t, err)
 					require.Zero(t, p.Count, "nothing of the failed completion was written")
 				})
@@ -152,12 +155,19 @@ func TestLeaseDeterministicCompletionFailureParks(t *testing.T) {
 
 // execInTx runs q through the handler's transaction, whichever driver.
 func execInTx(ctx context.Context, q string) error {
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
-		return errors.New("no transaction in the handler's context")
+	return testenv.Exec(ctx, q)
+}
+
+// handlerTx reports whether the handler's transaction (either driver's) is
+// in ctx, beginning it in lease mode.
+func handlerTx(ctx context.Context) error {
+	if _, err := exactlyonce.PgxTxFromContext(ctx); err == nil {
+		return nil
 	}
-	_, err := tx.ExecContext(ctx, q)
-	return err
+	if _, err := exactlyonce.StdTxFromContext(ctx); err != nil {
+		return errors.Join(errors.New("no transaction in the handler's context"), err)
+	}
+	return nil
 }
 
 // TestLeaseOutputTopicsAreColumns: an output topic the outbox stores in a
@@ -169,15 +179,15 @@ func TestLeaseOutputTopicsAreColumns(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			e := newLeaseEnv(t, d)
-			h := e.middleware(t, middleware.Config{}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			h := e.middleware(t, exactlyonce.Config{}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				e.calls.Add(1)
 				out := message.NewMessage("out-"+msg.UUID, nil)
-				middleware.SetDestination(out, "sms/sent v2")
+				exactlyonce.SetDestination(out, "sms/sent v2")
 				return []*message.Message{out}, nil
 			})
 			require.NoError(t, e.deliverRepeatedly(t, h, "k", 3))
 			require.Equal(t, int64(1), e.calls.Load())
-			require.Equal(t, inbox.StatusDone, e.record(t, "k").Status)
+			require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
 			var topic string
 			require.NoError(t, seam.QueryRow(context.Background(), d.DB, "SELECT topic FROM "+e.tables.Outbox(), nil, &topic))
 			require.Equal(t, "sms/sent v2", topic)
@@ -197,9 +207,11 @@ func TestLeaseInterruptionsAreBounded(t *testing.T) {
 			t.Parallel()
 			e := newLeaseEnv(t, d)
 			var interrupted atomic.Int64
-			h := e.middleware(t, middleware.Config{}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			h := e.middleware(t, exactlyonce.Config{}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				e.calls.Add(1)
-				if info, _ := middleware.LeaseFromContext(msg.Context()); info.Interrupted {
+				if info, err := exactlyonce.InfoFromContext(msg.Context()); err != nil {
+					t.Error(err)
+				} else if info.Interrupted {
 					interrupted.Add(1)
 				}
 				// The completion's connection dies: the outcome is unknown.
@@ -207,11 +219,12 @@ func TestLeaseInterruptionsAreBounded(t *testing.T) {
 				return nil, nil
 			})
 			_ = e.deliverRepeatedly(t, h, "k", 8)
-			require.Equal(t, int64(middleware.DefaultMaxInterruptedAttempts), e.calls.Load(),
+			maxInterrupted := exactlyonce.LeaseConfig{}.WithDefaults().MaxInterruptedAttempts
+			require.Equal(t, int64(maxInterrupted), e.calls.Load(),
 				"at most MaxInterruptedAttempts calls, then parked")
-			require.Equal(t, int64(middleware.DefaultMaxInterruptedAttempts-1), interrupted.Load())
+			require.Equal(t, int64(maxInterrupted-1), interrupted.Load())
 			rec := e.record(t, "k")
-			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Contains(t, rec.LastError, "interrupted")
 			require.True(t, rec.Interrupted)
 		})
@@ -231,7 +244,7 @@ func TestLeaseCompletionSurvivesShutdown(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			e := newLeaseEnv(t, d)
-			h := e.middleware(t, middleware.Config{PublishTopic: "sent"}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			h := e.middleware(t, exactlyonce.Config{PublishTopic: "sent"}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				e.calls.Add(1) // the SMS went out
 				cancel := msg.Context().Value(cancelKey{}).(context.CancelFunc)
 				cancel() // the router is closing
@@ -249,8 +262,8 @@ func TestLeaseCompletionSurvivesShutdown(t *testing.T) {
 				e.expire(t, "k")
 			}
 			require.Equal(t, int64(1), e.calls.Load(), "the completion committed despite the shutdown: no second call")
-			require.Equal(t, inbox.StatusDone, e.record(t, "k").Status)
-			p, err := outbox.PendingStats(context.Background(), d.DB, e.tables)
+			require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
+			p, err := outbox.PendingStats(context.Background(), e.tables)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count, "the output committed with it")
 		})

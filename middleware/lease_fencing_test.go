@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // TestLeaseFencingSurvivesForget: an operator forgets a key while a worker
@@ -29,7 +29,7 @@ func TestLeaseFencingSurvivesForget(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			e := newLeaseEnv(t, d)
-			eo := e.middleware(t, middleware.Config{})
+			eo := e.middleware(t, exactlyonce.Config{})
 			type step struct {
 				entered chan struct{}
 				release chan struct{}
@@ -45,7 +45,7 @@ func TestLeaseFencingSurvivesForget(t *testing.T) {
 					_, err := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 						close(s.entered)
 						<-s.release
-						s.extend <- middleware.ExtendLease(msg.Context(), time.Minute)
+						s.extend <- exactlyonce.ExtendLease(msg.Context(), time.Minute)
 						return nil, nil
 					})(message.NewMessage("k", nil))
 					done <- err
@@ -62,12 +62,12 @@ func TestLeaseFencingSurvivesForget(t *testing.T) {
 			require.Equal(t, 1, e.record(t, "k").Attempts, "B runs attempt 1 again after Forget")
 
 			close(a.release)
-			require.ErrorIs(t, <-a.extend, middleware.ErrLeaseLost, "stale A's extension is refused")
-			require.ErrorIs(t, <-aDone, middleware.ErrLeaseLost, "stale A's completion is refused")
+			require.ErrorIs(t, <-a.extend, exactlyonce.ErrLeaseLost, "stale A's extension is refused")
+			require.ErrorIs(t, <-aDone, exactlyonce.ErrLeaseLost, "stale A's completion is refused")
 			close(b.release)
 			require.NoError(t, <-b.extend)
 			require.NoError(t, <-bDone, "B, the holder, completes")
-			require.Equal(t, inbox.StatusDone, e.record(t, "k").Status)
+			require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
 		})
 	}
 }
@@ -111,8 +111,9 @@ func TestExtendLeaseSmallPool(t *testing.T) {
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			const lease = 2 * time.Second
-			eo, err := middleware.New(middleware.Config{DB: p.db, Tables: tables, Mode: middleware.Lease,
-				Consumer: "c" + string(rune('0'+i)), Lease: lease, NackDelay: -1})
+			eo, err := exactlyonce.New(exactlyonce.Config{DB: testenv.WithConn(tables, p.db),
+				Lease:    &exactlyonce.LeaseConfig{Duration: lease},
+				Consumer: "c" + string(rune('0'+i)), NackDelay: -1, Logger: testenv.Logger(t)})
 			require.NoError(t, err)
 
 			// The handler holds the only connection (its transaction began).
@@ -120,14 +121,20 @@ func TestExtendLeaseSmallPool(t *testing.T) {
 			_, err = callWithin(t, 10*time.Second, func() ([]*message.Message, error) {
 				return eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 					ctx := msg.Context()
-					before, _ := middleware.LeaseFromContext(ctx)
-					if _, ok := middleware.TxFromContext(ctx); !ok {
-						t.Error("no transaction")
-					}
-					if err := middleware.ExtendLease(ctx, time.Hour); err != nil {
+					before, err := exactlyonce.InfoFromContext(ctx)
+					if err != nil {
 						return nil, err
 					}
-					info, _ := middleware.LeaseFromContext(ctx)
+					if err := handlerTx(ctx); err != nil {
+						t.Error(err)
+					}
+					if err := exactlyonce.ExtendLease(ctx, time.Hour); err != nil {
+						return nil, err
+					}
+					info, err := exactlyonce.InfoFromContext(ctx)
+					if err != nil {
+						return nil, err
+					}
 					extended = info.LeaseUntil
 					if !info.LeaseUntil.After(before.LeaseUntil.Add(50 * time.Minute)) {
 						t.Errorf("lease not extended: %s -> %s", before.LeaseUntil, info.LeaseUntil)
@@ -147,7 +154,7 @@ func TestExtendLeaseSmallPool(t *testing.T) {
 					release := p.hold(t)
 					defer release()
 					start := time.Now()
-					extendErr = middleware.ExtendLease(msg.Context(), time.Hour)
+					extendErr = exactlyonce.ExtendLease(msg.Context(), time.Hour)
 					took = time.Since(start)
 					return nil, nil
 				})(message.NewMessage("starved", nil))

@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -21,27 +21,29 @@ func TestLeaseMode(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			tables := testenv.Schema(t)
-			store, err := inbox.NewStore(inbox.Config{Tables: tables})
+			tables := testenv.WithConn(testenv.Schema(t), d.DB)
+			store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 			require.NoError(t, err)
-			newMW := func(policy middleware.ExpiredPolicy, counters *middleware.Counters) *middleware.Middleware {
-				eo, err := middleware.New(middleware.Config{
-					DB: d.DB, Tables: tables, Mode: middleware.Lease, Consumer: "sms", PublishTopic: "sent",
-					Lease: 5 * time.Second, OnExpired: policy, NackDelay: -1, OnEvent: counters.Observe,
+			// maxInterrupted 0 keeps the default (retry an expired lease up
+			// to 3 times); 1 parks a key at its first interruption.
+			newMW := func(maxInterrupted int, counters *testenv.Counters) *exactlyonce.Middleware {
+				eo, err := exactlyonce.New(exactlyonce.Config{
+					DB: tables, Consumer: "sms", PublishTopic: "sent",
+					Lease:     &exactlyonce.LeaseConfig{Duration: 5 * time.Second, MaxInterruptedAttempts: maxInterrupted},
+					NackDelay: -1, OnEvent: counters.Observe, Logger: testenv.Logger(t),
 				})
 				require.NoError(t, err)
 				return eo
 			}
-			var counters middleware.Counters
-			eo := newMW(middleware.RetryExpired, &counters)
+			var counters testenv.Counters
+			eo := newMW(0, &counters)
 
-			var infos []middleware.LeaseInfo
+			var infos []exactlyonce.Info
 			var result error
 			h := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-				info, ok := middleware.LeaseFromContext(msg.Context())
-				require.True(t, ok)
-				_, hasTx := middleware.TxFromContext(msg.Context())
-				require.True(t, hasTx, "the completion transaction is in the context")
+				info, err := exactlyonce.InfoFromContext(msg.Context())
+				require.NoError(t, err)
+				require.NoError(t, handlerTx(msg.Context()), "the completion transaction is in the context")
 				infos = append(infos, info)
 				if result != nil {
 					return nil, result
@@ -59,10 +61,12 @@ func TestLeaseMode(t *testing.T) {
 			_, err = h(message.NewMessage("k1", nil))
 			require.NoError(t, err)
 			require.Len(t, infos, 1)
-			require.Equal(t, middleware.LeaseInfo{IdempotencyKey: "sms:k1", Attempt: 1, LeaseUntil: infos[0].LeaseUntil}, infos[0])
+			require.Equal(t, exactlyonce.Info{Consumer: "sms", Key: "k1", IdempotencyKey: "sms:k1", Attempt: 1,
+				LeaseUntil: infos[0].LeaseUntil}, infos[0])
+			require.False(t, infos[0].LeaseUntil.IsZero())
 			require.Equal(t, int64(1), counters.Processed.Load())
 			require.Equal(t, int64(1), counters.Duplicates.Load())
-			p, err := outbox.PendingStats(ctx, d.DB, tables)
+			p, err := outbox.PendingStats(ctx, tables)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count, "output written once, with the completion")
 
@@ -73,7 +77,7 @@ func TestLeaseMode(t *testing.T) {
 			require.ErrorContains(t, err, "provider said 500")
 			rec, err := store.Lookup(ctx, d.DB, "sms", "k2")
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusFailed, rec.Status)
+			require.Equal(t, inboxdb.StatusFailed, rec.Status)
 			require.Equal(t, "provider said 500", rec.LastError)
 			result = nil
 			_, err = h(message.NewMessage("k2", nil))
@@ -85,7 +89,7 @@ func TestLeaseMode(t *testing.T) {
 
 			// A permanent error: parked and acked; not run again until released.
 			infos = nil
-			result = middleware.Permanent(errors.New("invalid phone number"))
+			result = exactlyonce.Permanent(errors.New("invalid phone number"))
 			_, err = h(message.NewMessage("k3", nil))
 			require.NoError(t, err, "a permanent failure is acked")
 			result = nil
@@ -107,15 +111,15 @@ func TestLeaseMode(t *testing.T) {
 
 			// Another worker holds a live lease: nack, never ack, handler not run.
 			infos = nil
-			other, err := store.ClaimLease(ctx, d.DB, "sms", "k4", inbox.LeaseOptions{Lease: time.Minute})
+			other, err := store.ClaimLease(ctx, d.DB, "sms", "k4", inboxdb.LeaseOptions{Lease: time.Minute})
 			require.NoError(t, err)
-			require.Equal(t, inbox.LeaseAcquired, other.Outcome)
+			require.Equal(t, inboxdb.LeaseAcquired, other.Outcome)
 			_, err = h(message.NewMessage("k4", nil))
-			require.ErrorIs(t, err, middleware.ErrLeaseHeld)
+			require.ErrorIs(t, err, exactlyonce.ErrLeaseHeld)
 			require.Empty(t, infos)
 			require.Equal(t, int64(1), counters.Busy.Load())
 
-			// The holder died: after expiry, Retry runs attempt 2, interrupted.
+			// The holder died: after expiry, the retry runs attempt 2, interrupted.
 			expire("k4")
 			_, err = h(message.NewMessage("k4", nil))
 			require.NoError(t, err)
@@ -124,15 +128,16 @@ func TestLeaseMode(t *testing.T) {
 			require.True(t, infos[0].Interrupted)
 			require.Equal(t, "sms:k4", infos[0].IdempotencyKey)
 			// The dead holder's completion is refused.
-			require.ErrorIs(t, store.CompleteTx(ctx, d.DB, "sms", "k4", other.Token), inbox.ErrLeaseLost)
+			require.ErrorIs(t, store.CompleteTx(ctx, d.DB, "sms", "k4", other.Token), inboxdb.ErrLeaseLost)
 
-			// Park policy: an expired lease parks the key and acks.
-			var parkCounters middleware.Counters
-			parker := newMW(middleware.ParkExpired, &parkCounters).Middleware(func(*message.Message) ([]*message.Message, error) {
+			// MaxInterruptedAttempts 1 (the old ParkExpired): an expired
+			// lease parks the key and acks.
+			var parkCounters testenv.Counters
+			parker := newMW(1, &parkCounters).Middleware(func(*message.Message) ([]*message.Message, error) {
 				t.Error("handler must not run for a parked key")
 				return nil, nil
 			})
-			_, err = store.ClaimLease(ctx, d.DB, "sms", "k5", inbox.LeaseOptions{Lease: time.Minute, OnExpired: inbox.ParkExpired})
+			_, err = store.ClaimLease(ctx, d.DB, "sms", "k5", inboxdb.LeaseOptions{Lease: time.Minute, MaxInterrupted: 1})
 			require.NoError(t, err)
 			expire("k5")
 			_, err = parker(message.NewMessage("k5", nil))
@@ -140,7 +145,7 @@ func TestLeaseMode(t *testing.T) {
 			require.Equal(t, int64(1), parkCounters.Parked.Load())
 			rec, err = store.Lookup(ctx, d.DB, "sms", "k5")
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Contains(t, rec.LastError, "lease expired during attempt 1")
 		})
 	}
@@ -149,15 +154,17 @@ func TestLeaseMode(t *testing.T) {
 func TestExtendLease(t *testing.T) {
 	t.Parallel()
 	d := testenv.Drivers(t)[0]
-	tables := testenv.Schema(t)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	tables := testenv.WithConn(testenv.Schema(t), d.DB)
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	require.NoError(t, err)
-	eo, err := middleware.New(middleware.Config{DB: d.DB, Tables: tables, Mode: middleware.Lease, Consumer: "c", Lease: 2 * time.Second})
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, Consumer: "c",
+		Lease: &exactlyonce.LeaseConfig{Duration: 2 * time.Second}, Logger: testenv.Logger(t)})
 	require.NoError(t, err)
 	_, err = eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		before, _ := middleware.LeaseFromContext(ctx)
-		require.NoError(t, middleware.ExtendLease(ctx, time.Hour))
+		before, err := exactlyonce.InfoFromContext(ctx)
+		require.NoError(t, err)
+		require.NoError(t, exactlyonce.ExtendLease(ctx, time.Hour))
 		rec, err := store.Lookup(ctx, d.DB, "c", "k")
 		require.NoError(t, err)
 		require.True(t, rec.LeaseUntil.After(before.LeaseUntil.Add(50*time.Minute)), "lease extended to about an hour")
@@ -165,12 +172,12 @@ func TestExtendLease(t *testing.T) {
 		// Someone takes the key over: extension and completion are refused.
 		_, err = d.DB.ExecContext(ctx, "UPDATE "+tables.Inbox()+" SET lease_until = now() - interval '1 second'")
 		require.NoError(t, err)
-		taken, err := store.ClaimLease(ctx, d.DB, "c", "k", inbox.LeaseOptions{Lease: time.Minute})
+		taken, err := store.ClaimLease(ctx, d.DB, "c", "k", inboxdb.LeaseOptions{Lease: time.Minute})
 		require.NoError(t, err)
-		require.Equal(t, inbox.LeaseAcquired, taken.Outcome)
-		require.ErrorIs(t, middleware.ExtendLease(ctx, 0), middleware.ErrLeaseLost)
+		require.Equal(t, inboxdb.LeaseAcquired, taken.Outcome)
+		require.ErrorIs(t, exactlyonce.ExtendLease(ctx, 0), exactlyonce.ErrLeaseLost)
 		return nil, nil
 	})(message.NewMessage("k", nil))
-	require.ErrorIs(t, err, middleware.ErrLeaseLost, "the completion of a taken-over attempt is refused")
-	require.Error(t, middleware.ExtendLease(context.Background(), time.Second), "outside a lease-mode handler")
+	require.ErrorIs(t, err, exactlyonce.ErrLeaseLost, "the completion of a taken-over attempt is refused")
+	require.Error(t, exactlyonce.ExtendLease(context.Background(), time.Second), "outside a lease-mode handler")
 }

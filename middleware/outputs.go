@@ -1,4 +1,4 @@
-package middleware
+package exactlyonce
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -30,24 +31,26 @@ func (m *Middleware) prepareOutputs(msg *message.Message, produced []*message.Me
 		return nil, nil
 	}
 	defaultTopic := m.defaultTopic(msg)
-	var set outputSet
+	topics := make([]string, len(produced))
 	for i, p := range produced {
 		topic, err := destination(p, i, defaultTopic)
 		if err != nil {
 			return nil, err
 		}
 		if topic == "" {
-			return nil, fmt.Errorf("%w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
+			return nil, fmt.Errorf("exactlyonce: %w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
 		}
-		if err := outbox.Validate(topic, p); err != nil {
-			return nil, fmt.Errorf("%w: message %d: %w", errOutput, i, err)
+		if err := outboxrow.Validate(topic, p); err != nil {
+			return nil, fmt.Errorf("exactlyonce: %w: message %d: %w", errOutput, i, err)
 		}
 		p.SetContext(msg.Context())
-		if n := len(set); n > 0 && set[n-1].topic == topic {
-			set[n-1].msgs = append(set[n-1].msgs, p)
-		} else {
-			set = append(set, outputGroup{topic: topic, msgs: []*message.Message{p}})
-		}
+		topics[i] = topic
+	}
+	var set outputSet
+	for start := 0; start < len(produced); {
+		end := outboxrow.RunEnd(len(produced), start, func(j int) bool { return topics[j] == topics[start] })
+		set = append(set, outputGroup{topic: topics[start], msgs: produced[start:end]})
+		start = end
 	}
 	return set, nil
 }
@@ -65,13 +68,13 @@ func (m *Middleware) defaultTopic(msg *message.Message) string {
 // defaultTopic) and removes the internal destination key from its metadata.
 func destination(p *message.Message, i int, defaultTopic string) (string, error) {
 	if p == nil {
-		return "", fmt.Errorf("%w: handler returned a nil message at index %d", errOutput, i)
+		return "", fmt.Errorf("exactlyonce: %w: handler returned a nil message at index %d", errOutput, i)
 	}
 	topic := defaultTopic
-	if t := p.Metadata.Get(TopicMetadataKey); t != "" {
+	if t := p.Metadata.Get(topicMetadataKey); t != "" {
 		topic = t
 	}
-	delete(p.Metadata, TopicMetadataKey)
+	delete(p.Metadata, topicMetadataKey)
 	return topic, nil
 }
 
@@ -98,18 +101,27 @@ func (set outputSet) write(ob *lazyOutbox) error {
 // lazyOutbox creates the outbox publisher on first use: most deliveries
 // of many handlers write no output.
 type lazyOutbox struct {
-	tx     *txHandle
-	tables sqlschema.Config
-	pub    *outbox.Publisher
+	tx  *txHandle
+	db  sqlschema.DB
+	pub *outbox.Publisher
 }
 
 func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
+	// Checked before any SQL, with the middleware's sentinels, so that the
+	// handler's error says what is wrong and is not retried in a tight loop
+	// (see handlerFailed).
+	if topic == "" {
+		return fmt.Errorf("exactlyonce: OutboxFromContext: %w: Publish was called with an empty topic (a handler registered with AddNoPublisherHandler has no publish topic: name one)", ErrNoDestination)
+	}
+	if err := outboxrow.Validate(topic, messages...); err != nil {
+		return fmt.Errorf("exactlyonce: OutboxFromContext: %w: %w", errOutput, err)
+	}
 	if l.pub == nil {
 		tx, err := l.tx.get()
 		if err != nil {
 			return fmt.Errorf("exactlyonce: outbox: %w", err)
 		}
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: l.tables})
+		pub, err := outbox.NewPublisher(tx, l.db)
 		if err != nil {
 			return err
 		}
@@ -124,4 +136,15 @@ func (l *lazyOutbox) Close() error {
 		return nil
 	}
 	return l.pub.Close()
+}
+
+// topicMetadataKey, set on a message the handler returns (SetDestination),
+// overrides its destination topic. The middleware removes it before writing
+// the message to the outbox.
+const topicMetadataKey = "_exactlyonce_topic"
+
+// SetDestination sets the topic the outbox relay publishes msg to (msg
+// being one the handler returns), instead of the handler's publish topic.
+func SetDestination(msg *message.Message, topic string) {
+	msg.Metadata.Set(topicMetadataKey, topic)
 }

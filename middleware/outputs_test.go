@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // TestTransactionalOutputs: where the messages a handler returns go, and
@@ -21,11 +21,11 @@ func TestTransactionalOutputs(t *testing.T) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			tables := testenv.Schema(t)
+			tables := testenv.WithConn(testenv.Schema(t), d.DB)
 			const nackDelay = 150 * time.Millisecond
-			newMW := func(publishTopic string) *middleware.Middleware {
-				eo, err := middleware.New(middleware.Config{DB: d.DB, Tables: tables, Consumer: "c",
-					PublishTopic: publishTopic, NackDelay: nackDelay})
+			newMW := func(publishTopic string) *exactlyonce.Middleware {
+				eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, Consumer: "c",
+					PublishTopic: publishTopic, NackDelay: nackDelay, Logger: testenv.Logger(t)})
 				require.NoError(t, err)
 				return eo
 			}
@@ -49,7 +49,7 @@ func TestTransactionalOutputs(t *testing.T) {
 			h := newMW("events").Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				a := message.NewMessage("a-"+msg.UUID, nil)
 				b := message.NewMessage("b-"+msg.UUID, nil)
-				middleware.SetDestination(b, "audit/log")
+				exactlyonce.SetDestination(b, "audit/log")
 				b.Metadata.Set("k", "v")
 				return []*message.Message{a, b}, nil
 			})
@@ -64,17 +64,17 @@ func TestTransactionalOutputs(t *testing.T) {
 				out  func() []*message.Message
 				want error
 			}{
-				{"no destination", func() []*message.Message { return []*message.Message{message.NewMessage("x", nil)} }, middleware.ErrNoDestination},
+				{"no destination", func() []*message.Message { return []*message.Message{message.NewMessage("x", nil)} }, exactlyonce.ErrNoDestination},
 				{"nil message", func() []*message.Message { return []*message.Message{nil} }, nil},
 				{"metadata not UTF-8", func() []*message.Message {
 					m := message.NewMessage("x", nil)
-					middleware.SetDestination(m, "t")
+					exactlyonce.SetDestination(m, "t")
 					m.Metadata.Set("bad", "\xff")
 					return []*message.Message{m}
 				}, nil},
 				{"NUL in topic", func() []*message.Message {
 					m := message.NewMessage("x", nil)
-					middleware.SetDestination(m, "a\x00b")
+					exactlyonce.SetDestination(m, "a\x00b")
 					return []*message.Message{m}
 				}, nil},
 			} {

@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // TestRetentionAgesFromFinish: a lease-mode key first seen days ago, parked
@@ -27,16 +27,16 @@ func TestRetentionAgesFromFinish(t *testing.T) {
 			ctx := context.Background()
 			e := newLeaseEnv(t, d)
 			fail := true
-			h := e.middleware(t, middleware.Config{}).Middleware(func(*message.Message) ([]*message.Message, error) {
+			h := e.middleware(t, exactlyonce.Config{}).Middleware(func(*message.Message) ([]*message.Message, error) {
 				e.calls.Add(1)
 				if fail {
-					return nil, middleware.Permanent(errors.New("provider rejected the number"))
+					return nil, exactlyonce.Permanent(errors.New("provider rejected the number"))
 				}
 				return nil, nil
 			})
 			_, err := h(message.NewMessage("k", nil))
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusParked, e.record(t, "k").Status)
+			require.Equal(t, inboxdb.StatusParked, e.record(t, "k").Status)
 
 			// Parked for three days.
 			_, err = d.DB.ExecContext(ctx, "UPDATE "+e.tables.Inbox()+
@@ -48,9 +48,9 @@ func TestRetentionAgesFromFinish(t *testing.T) {
 			fail = false
 			_, err = h(message.NewMessage("k", nil))
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusDone, e.record(t, "k").Status)
+			require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
 
-			n, err := e.store.Purge(ctx, d.DB, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
+			n, err := e.store.Purge(ctx, d.DB, inboxdb.PurgeOptions{OlderThan: 24 * time.Hour})
 			require.NoError(t, err)
 			require.Zero(t, n, "the record finished moments ago")
 			_, err = h(message.NewMessage("k", nil))
@@ -60,7 +60,7 @@ func TestRetentionAgesFromFinish(t *testing.T) {
 			// A record that finished long ago is purged.
 			_, err = d.DB.ExecContext(ctx, "UPDATE "+e.tables.Inbox()+" SET processed_at = now() - interval '2 days'")
 			require.NoError(t, err)
-			n, err = e.store.Purge(ctx, d.DB, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
+			n, err = e.store.Purge(ctx, d.DB, inboxdb.PurgeOptions{OlderThan: 24 * time.Hour})
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n)
 		})

@@ -1,4 +1,4 @@
-package middleware
+package exactlyonce
 
 import (
 	"errors"
@@ -50,5 +50,5 @@ func (s *scopes) check(m *Middleware, msg *message.Message, consumer string) {
 }
 
 var errCopies = errors.New("if they are copies of one handler competing for one queue (registered several times for concurrency), " +
-	"a redelivery that reaches another copy runs again: register the handler once with middleware.ConcurrentSubscriber(sub, n), " +
+	"a redelivery that reaches another copy runs again: register the handler once with exactlyonce.ConcurrentSubscriber(sub, n), " +
 	"or give the copies one Config.Consumer; if each must process every message (a fan-out), set Config.Consumer explicitly to silence this")

@@ -1,4 +1,4 @@
-package middleware_test
+package exactlyonce_test
 
 import (
 	"context"
@@ -6,30 +6,23 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // writeEffect inserts one row into the test's effects table through the
 // handler's transaction, whichever driver it is.
-func writeEffect(ctx context.Context, tables sqlschema.Config, id string) error {
+func writeEffect(ctx context.Context, tables sqlschema.DB, id string) error {
 	q := "INSERT INTO " + pgx.Identifier{tables.Schema, "effects"}.Sanitize() + " (id) VALUES ($1)"
-	if tx, ok := middleware.PgxTxFromContext(ctx); ok {
-		_, err := tx.Exec(ctx, q, id)
-		return err
-	}
-	if tx, ok := middleware.StdTxFromContext(ctx); ok {
-		_, err := tx.ExecContext(ctx, q, id)
-		return err
-	}
-	return errors.New("no transaction in the handler's context")
+	return testenv.Exec(ctx, q, id)
 }
 
 func count(t *testing.T, d testenv.Driver, q string) int64 {
@@ -39,20 +32,31 @@ func count(t *testing.T, d testenv.Driver, q string) int64 {
 	return n
 }
 
+// requirePanic asserts that err carries Watermill's RecoveredPanicError
+// with the panic value v.
+func requirePanic(t *testing.T, err error, v any) {
+	t.Helper()
+	var pe middleware.RecoveredPanicError
+	require.ErrorAs(t, err, &pe, "a handler panic is returned as middleware.RecoveredPanicError")
+	require.Equal(t, v, pe.V)
+	require.NotEmpty(t, pe.Stacktrace)
+}
+
 func TestTransactional(t *testing.T) {
 	t.Parallel()
 	for _, d := range testenv.Drivers(t) {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
-			tables := testenv.Schema(t)
+			tables := testenv.WithConn(testenv.Schema(t), d.DB)
 			ctx := context.Background()
 			_, err := d.DB.ExecContext(ctx, "CREATE TABLE "+pgx.Identifier{tables.Schema, "effects"}.Sanitize()+" (id text)")
 			require.NoError(t, err)
 			effects := "SELECT count(*) FROM " + pgx.Identifier{tables.Schema, "effects"}.Sanitize()
 
-			var counters middleware.Counters
-			eo, err := middleware.New(middleware.Config{
-				DB: d.DB, Tables: tables, Consumer: "c1", PublishTopic: "out", OnEvent: counters.Observe,
+			var counters testenv.Counters
+			eo, err := exactlyonce.New(exactlyonce.Config{
+				DB: tables, Consumer: "c1", PublishTopic: "out", OnEvent: counters.Observe,
+				Logger: testenv.Logger(t),
 			})
 			require.NoError(t, err)
 
@@ -75,7 +79,7 @@ func TestTransactional(t *testing.T) {
 			_, err = h(msg)
 			require.Error(t, err)
 			_, err = h(msg)
-			require.ErrorIs(t, err, middleware.ErrHandlerPanic)
+			requirePanic(t, err, "second attempt panics")
 			require.Equal(t, int64(0), count(t, d, effects), "failed attempts must leave nothing")
 
 			for range 4 {
@@ -88,19 +92,20 @@ func TestTransactional(t *testing.T) {
 			require.Equal(t, int64(1), counters.Processed.Load())
 			require.Equal(t, int64(3), counters.Duplicates.Load())
 
-			store, err := inbox.NewStore(inbox.Config{Tables: tables})
+			store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 			require.NoError(t, err)
 			rec, err := store.Lookup(ctx, d.DB, "c1", "m-1")
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusDone, rec.Status)
+			require.Equal(t, inboxdb.StatusDone, rec.Status)
 			require.Equal(t, int64(3), rec.Duplicates)
 
-			p, err := outbox.PendingStats(ctx, d.DB, tables)
+			p, err := outbox.PendingStats(ctx, tables)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count)
 
 			_, err = h(message.NewMessage("", nil))
-			require.ErrorIs(t, err, middleware.ErrEmptyKey)
+			require.ErrorIs(t, err, inboxdb.ErrEmptyKey)
+			require.ErrorIs(t, err, exactlyonce.ErrInvalidKey)
 		})
 	}
 }

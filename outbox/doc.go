@@ -2,10 +2,14 @@
 // bound to a database transaction, and the Relay that moves what it wrote to
 // a real publisher (RabbitMQ, Kafka, anything Watermill speaks).
 //
-// A handler's output messages are written to the outbox table in the same
-// transaction as its other writes, through watermill-sql's publisher with
-// this package's schema adapter: each row keeps the message's UUID, metadata
-// and destination topic. Either everything commits or nothing does.
+// Under the exactly-once middleware a handler's output messages are written
+// to the outbox table in the same transaction as its other writes (returned
+// messages, or exactlyonce.OutboxFromContext); outside it, NewPublisher binds
+// a Publisher to your own transaction. Each row keeps the message's UUID,
+// metadata and destination topic. Either everything commits or nothing does.
+//
+// State the database once (a sqlschema.DB) and hand the same value to the
+// middleware, NewRelay, PendingStats and RequeueFailed.
 //
 // The Relay is at-least-once towards the broker: it locks a batch of rows
 // (FOR UPDATE SKIP LOCKED, so several relays share the work without sending a
@@ -25,4 +29,10 @@
 // across a failure: a row whose publish failed waits out a backoff while the
 // rows behind it are relayed, and a row the broker can never take is
 // quarantined (see RelayConfig.MaxAttempts) instead of blocking them.
+//
+// PendingStats reports the backlog (alert on Pending.OldestAge and
+// Pending.Quarantined); RequeueFailed puts quarantined rows back after the
+// cause is fixed. The relay logs its failures through slog.Default() unless
+// RelayConfig.Logger says otherwise, and reports tables that were never
+// migrated as sqlschema.ErrNotMigrated.
 package outbox

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -18,10 +19,11 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// A handler writes its output message to the outbox in its own transaction;
-// the relay then moves it to the real publisher (here an in-memory
-// gochannel; in production watermill-amqp with ConfirmDelivery), keeping its
-// UUID and metadata.
+// A handler writes its output message to the outbox in its own transaction
+// (NewPublisher); the relay (NewRelay, RelayOnce) then moves it to the real
+// publisher (here an in-memory gochannel; in production watermill-amqp with
+// ConfirmDelivery), keeping its UUID and metadata. One sqlschema.DB names
+// the database and the table for all of them.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testenv.DatabaseURL())
@@ -30,26 +32,25 @@ func Example() {
 		return
 	}
 	defer pool.Close()
-	db := wsql.BeginnerFromPgx(pool)
 
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	tables := sqlschema.Config{Schema: "example_outbox_" + hex.EncodeToString(suffix)}
+	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: "example_outbox_" + hex.EncodeToString(suffix)}
 	defer func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{tables.Schema}.Sanitize()+" CASCADE")
+		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE")
 	}()
-	if err := sqlschema.Migrate(ctx, db, tables); err != nil {
+	if err := sqlschema.Migrate(ctx, db); err != nil {
 		fmt.Println(err)
 		return
 	}
 
 	// In the handler's transaction: business writes, then the output message.
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := db.Conn.BeginTx(ctx, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: tables})
+	pub, err := outbox.NewPublisher(tx, db)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -66,7 +67,7 @@ func Example() {
 		return
 	}
 
-	pending, err := outbox.PendingStats(ctx, db, tables)
+	pending, err := outbox.PendingStats(ctx, db)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -81,7 +82,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: broker, Tables: tables})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: broker})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -93,11 +94,17 @@ func Example() {
 	}
 	fmt.Println("relayed:", n)
 
-	got := <-received
-	got.Ack()
+	var got *message.Message
+	select {
+	case got = <-received:
+		got.Ack()
+	case <-time.After(10 * time.Second):
+		fmt.Println("nothing arrived")
+		return
+	}
 	fmt.Println(got.UUID, string(got.Payload), got.Metadata.Get("tenant"))
 
-	pending, err = outbox.PendingStats(ctx, db, tables)
+	pending, err = outbox.PendingStats(ctx, db)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	stdsql "database/sql"
 	"errors"
 	"maps"
 	"sync"
@@ -23,11 +24,18 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// bundle is what a test of one driver works with.
+// bundle is what a test of one driver works with: db is the driver, tables
+// the migrated schema (whose Conn schema() replaces with db).
 type bundle struct {
 	ctx    context.Context
 	db     wsql.Beginner
-	tables sqlschema.Config
+	tables sqlschema.DB
+}
+
+// schema is the bundle's tables reached through its driver: the
+// sqlschema.DB a relay and the operator functions take.
+func (b bundle) schema() sqlschema.DB {
+	return testenv.WithConn(b.tables, b.db)
 }
 
 // eachDriver runs f once per driver of testenv.Drivers, as parallel
@@ -62,7 +70,7 @@ func (b bundle) begin(t testing.TB) wsql.Tx {
 func (b bundle) publish(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+	pub, err := outbox.NewPublisher(tx, b.tables)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish(topic, msgs...))
 	require.NoError(t, tx.Commit())
@@ -77,12 +85,26 @@ func (b bundle) exec(t testing.TB, q string, args ...any) int64 {
 	return n
 }
 
-// pending counts the outbox rows db sees.
+// pending counts the outbox rows db sees: the bundle's driver, or a
+// transaction (see txConn).
 func (b bundle) pending(t testing.TB, db wsql.ContextExecutor) int64 {
 	t.Helper()
-	p, err := outbox.PendingStats(b.ctx, db, b.tables)
+	conn, ok := db.(wsql.Beginner)
+	if !ok {
+		conn = txConn{db}
+	}
+	p, err := outbox.PendingStats(b.ctx, testenv.WithConn(b.tables, conn))
 	require.NoError(t, err)
 	return p.Count
+}
+
+// txConn lets PendingStats read through an open transaction (its queries
+// run in it, so it sees the transaction's own rows); it cannot begin
+// another.
+type txConn struct{ wsql.ContextExecutor }
+
+func (txConn) BeginTx(context.Context, *stdsql.TxOptions) (wsql.Tx, error) {
+	return nil, errors.New("txConn: already in a transaction")
 }
 
 // row is an outbox row as stored.

@@ -5,27 +5,16 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // maxMessagesPerInsert keeps one INSERT well under PostgreSQL's limit of
 // 65535 bind parameters (4 per message).
 const maxMessagesPerInsert = 1000
-
-// PublisherConfig configures a Publisher. The zero value is valid.
-type PublisherConfig struct {
-	// Tables names the outbox table. Defaults to sqlschema's defaults
-	// (public.watermill_outbox).
-	Tables sqlschema.Config
-
-	// Logger receives trace logs of the writes. Defaults to no logging.
-	Logger watermill.LoggerAdapter
-}
 
 // Publisher is a message.Publisher that writes messages to the outbox
 // table through the transaction it is bound to. Published messages become
@@ -41,73 +30,39 @@ type PublisherConfig struct {
 type Publisher struct {
 	db      wsql.ContextExecutor
 	adapter schemaAdapter
-	logger  watermill.LoggerAdapter
 	closed  atomic.Bool
 }
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher returns a Publisher bound to tx: sql.TxFromPgx(tx) or
-// sql.TxFromStdSQL(tx) from github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql.
-// Any sql.ContextExecutor works, but outside a transaction each Publish
-// commits on its own, and the atomicity with your other writes is gone.
-func NewPublisher(tx wsql.ContextExecutor, cfg PublisherConfig) (*Publisher, error) {
+// NewPublisher returns a Publisher that writes to db's outbox table through
+// tx: wsql.TxFromPgx(tx) or wsql.TxFromStdSQL(tx) from
+// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. db names the table (its
+// Conn is not used). Any wsql.ContextExecutor works as tx, but outside a
+// transaction each Publish commits on its own, and the atomicity with your
+// other writes is gone. Inside a handler under the exactly-once middleware,
+// use exactlyonce.OutboxFromContext instead.
+func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) {
 	if tx == nil {
 		return nil, errors.New("outbox: NewPublisher: tx is nil")
 	}
-	if err := cfg.Tables.Validate(); err != nil {
-		return nil, fmt.Errorf("outbox: PublisherConfig.Tables: %w", err)
+	if err := db.Validate(); err != nil {
+		return nil, fmt.Errorf("outbox: NewPublisher: %w", err)
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	return &Publisher{db: tx, adapter: schemaAdapter{table: cfg.Tables.Outbox()}, logger: logger}, nil
-}
-
-// Validate reports whether Publish would accept messages for topic: a
-// non-empty topic that is valid UTF-8 without NUL, and messages that are not
-// nil, have a UUID, and whose UUID and metadata keys and values are valid
-// UTF-8 without NUL (the outbox keeps messages byte for byte; JSON would
-// silently alter them). It touches no database.
-func Validate(topic string, messages ...*message.Message) error {
-	if topic == "" {
-		return errors.New("outbox: empty destination topic")
-	}
-	if err := pgtext.Check(topic); err != nil {
-		return fmt.Errorf("outbox: destination topic %q: %w", topic, err)
-	}
-	for i, msg := range messages {
-		if msg == nil {
-			return fmt.Errorf("outbox: message %d is nil", i)
-		}
-		if msg.UUID == "" {
-			return fmt.Errorf("outbox: message %d has an empty UUID; the next consumer's inbox needs it", i)
-		}
-		if err := pgtext.Check(msg.UUID); err != nil {
-			return fmt.Errorf("outbox: message %d: UUID %w", i, err)
-		}
-		for k, v := range msg.Metadata {
-			if err := pgtext.Check(k); err != nil {
-				return fmt.Errorf("outbox: message %q: metadata key %q %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
-			}
-			if err := pgtext.Check(v); err != nil {
-				return fmt.Errorf("outbox: message %q: metadata %q: value %w (the outbox keeps messages byte for byte)", msg.UUID, k, err)
-			}
-		}
-	}
-	return nil
+	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}}, nil
 }
 
 // Publish writes messages to the outbox with topic as their destination.
 // Each keeps its UUID (which must not be empty) and metadata. Every message
-// is checked (see Validate) before any is written, so a bad one leaves the
+// is checked before any is written (a non-empty topic and UUID, valid UTF-8
+// without NUL in the topic, UUID and metadata: the outbox keeps messages
+// byte for byte), so a bad one leaves the
 // transaction as it was. The SQL runs with the first message's context.
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if p.closed.Load() {
 		return wsql.ErrPublisherClosed
 	}
-	if err := Validate(topic, messages...); err != nil {
+	if err := outboxrow.Validate(topic, messages...); err != nil {
 		return fmt.Errorf("outbox: Publish: %w", err)
 	}
 	for len(messages) > 0 {
@@ -116,7 +71,6 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		if err != nil {
 			return err
 		}
-		p.logger.Trace("outbox: writing messages", watermill.LogFields{"topic": topic, "count": n})
 		if _, err := p.db.ExecContext(messages[0].Context(), q.Query, q.Args...); err != nil {
 			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
 		}

@@ -25,7 +25,7 @@ func TestPublisherWritesRowsExactly(t *testing.T) {
 		m3 := message.NewMessage("order-42-empty", nil)
 
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("orders.confirmed", m1, m2))
 		require.NoError(t, pub.Publish("audit", m3))
@@ -61,7 +61,7 @@ func TestPublisherRollback(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("t", message.NewMessage("a", []byte("1")), message.NewMessage("b", []byte("2"))))
 		require.Equal(t, int64(2), b.pending(t, tx))
@@ -74,18 +74,18 @@ func TestPublisherRollback(t *testing.T) {
 func TestPublisherErrors(t *testing.T) {
 	t.Parallel()
 
-	_, err := outbox.NewPublisher(nil, outbox.PublisherConfig{})
+	_, err := outbox.NewPublisher(nil, sqlschema.DB{})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "tx is nil")
 
 	eachDriver(t, func(t *testing.T, b bundle) {
-		_, err := outbox.NewPublisher(b.db, outbox.PublisherConfig{Tables: sqlschema.Config{OutboxTable: `x"; DROP TABLE y; --`}})
-		require.ErrorIs(t, err, sqlschema.ErrInvalidName)
-		require.Contains(t, err.Error(), "PublisherConfig.Tables")
-		require.Contains(t, err.Error(), "OutboxTable")
+		_, err := outbox.NewPublisher(b.db, sqlschema.DB{OutboxTable: `x"; DROP TABLE y; --`})
+		require.ErrorContains(t, err, "invalid SQL identifier")
+		require.Contains(t, err.Error(), "outbox: NewPublisher")
+		require.Contains(t, err.Error(), "DB.OutboxTable")
 
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 
 		err = pub.Publish("", message.NewMessage("u-1", nil))
@@ -122,7 +122,7 @@ func TestPublisherErrors(t *testing.T) {
 		require.Equal(t, "sms/sent v2.0 é", rows[1].Topic)
 
 		tx = b.begin(t)
-		pub, err = outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err = outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		require.NoError(t, pub.Close())
 		require.ErrorIs(t, pub.Publish("t", message.NewMessage("closed", nil)), wsql.ErrPublisherClosed)
@@ -154,7 +154,7 @@ func TestPublisherChunksLargeBatches(t *testing.T) {
 		// A bad message anywhere fails the call before any chunk is
 		// written, even if the caller then commits.
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		msgs[1500] = message.NewMessage("", nil)
 		require.ErrorContains(t, pub.Publish("bulk", msgs...), "message 1500 has an empty UUID")

@@ -133,7 +133,7 @@ func (b bundle) alternating(t testing.TB, prefix string, first, n int) []string 
 	t.Helper()
 	var keys []string
 	tx := b.begin(t)
-	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+	pub, err := outbox.NewPublisher(tx, b.tables)
 	require.NoError(t, err)
 	for i := first; i < first+n; i++ {
 		topic := []string{"a", "b"}[i%2]
@@ -177,7 +177,7 @@ func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 		poison.Metadata.Set(badHeader, "1")
 		b.publish(t, "t", poison)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 1, MaxAttempts: 3,
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 1, MaxAttempts: 3,
 			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 50 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -206,7 +206,7 @@ func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 		require.Positive(t, br.acceptedCount(), "no row behind the poison row was relayed")
 		requireEachOnce(t, br, good)
 		require.Equal(t, []string{"t/poison"}, b.quarantined(t), "the poison row is quarantined")
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
@@ -225,7 +225,7 @@ func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		for _, topic := range []string{"a", "b"} {
 			out := message.NewMessage("fanned-out", []byte("{}"))
@@ -235,7 +235,7 @@ func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 		require.NoError(t, tx.Commit())
 
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: br, Tables: b.tables, MaxAttempts: 2,
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 2,
 			ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -261,7 +261,7 @@ func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 		require.Positive(t, br.acceptedCount(), "no good row was relayed behind the batch of bad rows")
 		requireEachOnce(t, br, good)
 		require.Equal(t, []string{"a/fanned-out", "b/fanned-out"}, b.quarantined(t), "both bad rows are quarantined")
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 2, Quarantined: 2}, p)
 		require.Equal(t, int64(2), relay.Stats().Quarantined)
@@ -282,7 +282,7 @@ func TestRelayOutageOnsetsBlameNoHealthyRow(t *testing.T) {
 		)
 		br := newScriptedBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: batchSize, MaxAttempts: 1,
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
 			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -331,7 +331,7 @@ func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 		poison.Metadata.Set(badHeader, "1")
 		b.publish(t, "b", poison)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: batchSize, MaxAttempts: 1,
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
 			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -366,7 +366,7 @@ func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 		}
 		requireEachOnce(t, br, rows)
 		require.Equal(t, []string{"b/poison"}, b.quarantined(t), "only the poison row is quarantined")
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
@@ -384,7 +384,7 @@ func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		for _, topic := range []string{"a", "b"} {
 			out := message.NewMessage("fanned-out", []byte("{}"))
@@ -397,7 +397,7 @@ func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, last_error = 'not connected', next_attempt_at = NULL")
 
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 50, MaxAttempts: 2,
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 2,
 			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond,
 		})
 		require.NoError(t, err)
@@ -422,7 +422,7 @@ func TestRelayOutageAfterBriefRecoveryBlamesNothing(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 50, MaxAttempts: 1,
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 1,
 			ErrorBackoff: 30 * time.Millisecond, MaxErrorBackoff: 30 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -469,14 +469,14 @@ func TestRelayWorkersAndInstancesShareTheEvidence(t *testing.T) {
 		br := newScriptedBroker()
 		for range 2 {
 			relay, err := outbox.NewRelay(outbox.RelayConfig{
-				DB: b.db, Publisher: br, Tables: b.tables, BatchSize: 10, Workers: 3, MaxAttempts: 1,
+				DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 10, Workers: 3, MaxAttempts: 1,
 				PollInterval: 2 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
 			})
 			require.NoError(t, err)
 			runRelay(t, relay)
 		}
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+		pub, err := outbox.NewPublisher(tx, b.tables)
 		require.NoError(t, err)
 		poison := message.NewMessage("poison", []byte("{}"))
 		poison.Metadata.Set(badHeader, "1")

@@ -40,7 +40,7 @@ func mixedMessages(n int) []delivered {
 func (b bundle) publishAll(t testing.TB, want []delivered) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: b.tables})
+	pub, err := outbox.NewPublisher(tx, b.tables)
 	require.NoError(t, err)
 	for _, d := range want {
 		m := message.NewMessage(d.UUID, []byte(d.Payload))
@@ -59,7 +59,7 @@ func TestRelayOnceDeliversInOrder(t *testing.T) {
 		b.publishAll(t, want)
 
 		rec := &recorder{}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, BatchSize: 40})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), BatchSize: 40})
 		require.NoError(t, err)
 
 		var sizes []int
@@ -98,7 +98,7 @@ func TestRelayGroupsConsecutiveTopics(t *testing.T) {
 		}
 		b.publishAll(t, want)
 		rec := &recorder{}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
 		n, err := relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
@@ -126,7 +126,7 @@ func TestRelayWithGoChannel(t *testing.T) {
 		}
 		b.publishAll(t, want)
 
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: pubSub, Tables: b.tables, BatchSize: 7, PollInterval: 10 * time.Millisecond})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: pubSub, Logger: testenv.Logger(t), BatchSize: 7, PollInterval: 10 * time.Millisecond})
 		require.NoError(t, err)
 		stop := runRelay(t, relay)
 
@@ -166,7 +166,7 @@ func TestRelayPublisherFailure(t *testing.T) {
 
 		rec := &recorder{failTopic: "b"}
 		const backoff = 300 * time.Millisecond
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, ErrorBackoff: backoff})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), ErrorBackoff: backoff})
 		require.NoError(t, err)
 
 		polledAt := time.Now()
@@ -182,7 +182,7 @@ func TestRelayPublisherFailure(t *testing.T) {
 		require.Equal(t, int64(5), st.Relayed)
 		require.Equal(t, int64(1), st.Batches)
 		require.ErrorIs(t, st.LastError, errBrokerDown)
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, int64(5), p.Failing, "topic b's rows failed once and wait out their backoff")
 		require.Zero(t, p.Quarantined)
@@ -217,7 +217,7 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 		b.publishAll(t, mixedMessages(5)) // orders, payments, orders, audit, audit
 		rec := &recorder{failTopic: "payments"}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: rec, Tables: b.tables,
+			DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t),
 			PollInterval: 5 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 20 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -226,7 +226,7 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().Failures >= 3 },
 			"Run should keep retrying a failing batch")
 		require.Equal(t, int64(1), b.pending(t, b.db), "the rows of the other topics were relayed and deleted")
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Failing, "the payments row is failing, retried after its backoff")
 		require.Zero(t, p.Quarantined, "its failures alone prove nothing after the other rows went out")
@@ -250,7 +250,7 @@ func TestRelayUnreadableMetadata(t *testing.T) {
 		want := mixedMessages(3)
 		b.publishAll(t, want)
 		rec := &recorder{}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
 		n, err := relay.RelayOnce(b.ctx)
 		require.Error(t, err)
@@ -264,7 +264,7 @@ func TestRelayUnreadableMetadata(t *testing.T) {
 		require.Contains(t, lastErr, "unreadable metadata")
 		require.Equal(t, int64(1), relay.Stats().Failures)
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
 
@@ -290,7 +290,7 @@ func relaysConcurrently(t *testing.T, b bundle) {
 	b.publish(t, "events", msgs...)
 
 	rec := &recorder{}
-	cfg := outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, BatchSize: 25, Workers: 4, PollInterval: 5 * time.Millisecond}
+	cfg := outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), BatchSize: 25, Workers: 4, PollInterval: 5 * time.Millisecond}
 	r1, err := outbox.NewRelay(cfg)
 	require.NoError(t, err)
 	r2, err := outbox.NewRelay(cfg)
@@ -367,7 +367,7 @@ func TestRelayRun(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		rec := &recorder{}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: rec, Tables: b.tables, PollInterval: 5 * time.Millisecond, Workers: 2})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), PollInterval: 5 * time.Millisecond, Workers: 2})
 		require.NoError(t, err)
 
 		// With nothing to do, Run returns promptly once cancelled.
@@ -401,7 +401,7 @@ func TestRelayRun(t *testing.T) {
 
 func TestNewRelayConfig(t *testing.T) {
 	t.Parallel()
-	db := testenv.Drivers(t)[0].DB
+	db := sqlschema.DB{Conn: testenv.Drivers(t)[0].DB}
 	rec := &recorder{}
 	base := outbox.RelayConfig{DB: db, Publisher: rec}
 
@@ -413,8 +413,11 @@ func TestNewRelayConfig(t *testing.T) {
 	require.Equal(t, 100*time.Millisecond, d.PollInterval)
 	require.Equal(t, 500*time.Millisecond, d.ErrorBackoff)
 	require.Equal(t, 15*time.Second, d.MaxErrorBackoff)
+	require.Equal(t, 5, d.MaxAttempts)
 	require.NotNil(t, d.Logger)
-	require.Equal(t, sqlschema.DefaultOutboxTable, d.Tables.OutboxTable)
+	require.Equal(t, "watermill_outbox", d.DB.OutboxTable)
+	require.Equal(t, sqlschema.DB{}.WithDefaults().OutboxTable, d.DB.OutboxTable)
+	require.Equal(t, db.Conn, d.DB.Conn, "WithDefaults keeps the connection")
 	require.Zero(t, base.BatchSize, "WithDefaults returns a copy")
 
 	for _, tc := range []struct {
@@ -422,7 +425,8 @@ func TestNewRelayConfig(t *testing.T) {
 		edit  func(*outbox.RelayConfig)
 		field string
 	}{
-		{"no DB", func(c *outbox.RelayConfig) { c.DB = nil }, "DB"},
+		{"no DB", func(c *outbox.RelayConfig) { c.DB = sqlschema.DB{} }, "DB.Conn"},
+		{"no DB.Conn", func(c *outbox.RelayConfig) { c.DB.Conn = nil }, "DB.Conn"},
 		{"no Publisher", func(c *outbox.RelayConfig) { c.Publisher = nil }, "Publisher"},
 		{"negative BatchSize", func(c *outbox.RelayConfig) { c.BatchSize = -1 }, "BatchSize"},
 		{"huge BatchSize", func(c *outbox.RelayConfig) { c.BatchSize = 10001 }, "BatchSize"},
@@ -433,7 +437,8 @@ func TestNewRelayConfig(t *testing.T) {
 			c.ErrorBackoff = time.Minute
 			c.MaxErrorBackoff = time.Second
 		}, "MaxErrorBackoff"},
-		{"bad table", func(c *outbox.RelayConfig) { c.Tables.OutboxTable = `x"; DROP TABLE y; --` }, "Tables"},
+		{"bad table", func(c *outbox.RelayConfig) { c.DB.OutboxTable = `x"; DROP TABLE y; --` }, "DB.OutboxTable"},
+		{"MaxAttempts below 1", func(c *outbox.RelayConfig) { c.MaxAttempts = -1 }, "MaxAttempts"},
 	} {
 		cfg := base
 		tc.edit(&cfg)
@@ -442,8 +447,9 @@ func TestNewRelayConfig(t *testing.T) {
 		require.Contains(t, err.Error(), tc.field, "%s: the error names the field", tc.name)
 		require.True(t, strings.HasPrefix(err.Error(), "outbox: RelayConfig"), err.Error())
 	}
-	_, err = outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: rec, Tables: sqlschema.Config{Schema: "1x"}})
-	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+	_, err = outbox.NewRelay(outbox.RelayConfig{DB: sqlschema.DB{Conn: db.Conn, Schema: "1x"}, Publisher: rec})
+	require.ErrorContains(t, err, "invalid SQL identifier")
+	require.ErrorContains(t, err, "DB.Schema")
 }
 
 // cancellingPublisher accepts the messages, and meanwhile the process is
@@ -459,7 +465,7 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 		b.publish(t, "t", message.NewMessage("m1", nil))
 		ctx, cancel := context.WithCancel(b.ctx)
 		defer cancel()
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.db, Publisher: cancellingPublisher{cancel}, Tables: b.tables})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: cancellingPublisher{cancel}, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
 		n, err := relay.RelayOnce(ctx)
 		require.NoError(t, err)
@@ -485,7 +491,7 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 		b.publishAll(t, msgs[:1])
 		rec := &recorder{failUUID: msgs[0].UUID}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.db, Publisher: rec, Tables: b.tables, MaxAttempts: 3, BatchSize: 10,
+			DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), MaxAttempts: 3, BatchSize: 10,
 			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond, // due again at once
 		})
 		require.NoError(t, err)
@@ -496,7 +502,7 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 			_, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 		}
-		p, err := outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Failing)
 		require.Zero(t, p.Quarantined)
@@ -524,7 +530,7 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 		n, err := relay.RelayOnce(b.ctx)
 		require.NoError(t, err, "quarantined: skipped")
 		require.Zero(t, n)
-		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err = outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Count)
 		require.Zero(t, p.Failing, "a quarantined row is not counted as failing")
@@ -540,10 +546,10 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 		rec.mu.Lock()
 		rec.failUUID = ""
 		rec.mu.Unlock()
-		requeued, err := outbox.RequeueFailed(b.ctx, b.db, b.tables)
+		requeued, err := outbox.RequeueFailed(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, int64(1), requeued)
-		p, err = outbox.PendingStats(b.ctx, b.db, b.tables)
+		p, err = outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge}, p, "nothing failing or quarantined")
 		require.Zero(t, b.blamed(t))

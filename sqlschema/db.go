@@ -5,18 +5,19 @@ import (
 	"fmt"
 	"regexp"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 )
 
-// Default names used when a Config field is empty.
+// Default names used when a DB field is empty.
 const (
-	DefaultSchema      = "public"
-	DefaultInboxTable  = "watermill_inbox"
-	DefaultOutboxTable = "watermill_outbox"
-
-	// MigrationsTable records which migrations ran. It lives in Config.Schema.
-	MigrationsTable = "watermill_exactlyonce_migrations"
+	defaultSchema      = "public"
+	defaultInboxTable  = "watermill_inbox"
+	defaultOutboxTable = "watermill_outbox"
 )
+
+// migrationsTable records which migrations ran. It lives in DB.Schema.
+const migrationsTable = "watermill_exactlyonce_migrations"
 
 // maxNameLength leaves room for the suffixes of index names within
 // PostgreSQL's 63-byte identifier limit.
@@ -24,14 +25,26 @@ const maxNameLength = 40
 
 var namePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// ErrInvalidName is returned (wrapped) when a schema or table name is not a
+// errInvalidName is returned (wrapped) when a schema or table name is not a
 // plain identifier.
-var ErrInvalidName = errors.New("invalid SQL identifier")
+var errInvalidName = errors.New("invalid SQL identifier")
 
-// Config names the schema and tables. The zero value is valid and uses the
-// defaults. Config is a value: WithDefaults returns a copy and never changes
-// the caller's struct.
-type Config struct {
+// DB is the database and the names of the library's tables in it. State it
+// once and hand the same value to Migrate, to the middleware's Config, to
+// outbox.RelayConfig, outbox.NewPublisher and the operator functions
+// (inbox.NewStore, outbox.PendingStats), so that they cannot disagree about
+// where the tables are.
+//
+// DB is a value: WithDefaults returns a copy and never changes the caller's
+// struct. Only Conn is required where a function talks to the database; the
+// names default.
+type DB struct {
+	// Conn reaches the database: wsql.BeginnerFromPgx(pool) for a
+	// *pgxpool.Pool, or wsql.BeginnerFromStdSQL(db) for a *sql.DB, from
+	// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql (imported as wsql).
+	// Required by everything that queries; SQL and NewPublisher do not use it.
+	Conn wsql.Beginner
+
 	// Schema holds the inbox, outbox and migrations tables. It is created by
 	// Migrate if missing. Defaults to "public".
 	Schema string
@@ -43,24 +56,25 @@ type Config struct {
 	OutboxTable string
 }
 
-// WithDefaults returns a copy of c with empty fields set to their defaults.
-func (c Config) WithDefaults() Config {
+// WithDefaults returns a copy of c with empty names set to their defaults.
+func (c DB) WithDefaults() DB {
 	if c.Schema == "" {
-		c.Schema = DefaultSchema
+		c.Schema = defaultSchema
 	}
 	if c.InboxTable == "" {
-		c.InboxTable = DefaultInboxTable
+		c.InboxTable = defaultInboxTable
 	}
 	if c.OutboxTable == "" {
-		c.OutboxTable = DefaultOutboxTable
+		c.OutboxTable = defaultOutboxTable
 	}
 	return c
 }
 
 // Validate reports whether every name (after defaults) is a plain SQL
 // identifier: a letter or underscore followed by letters, digits or
-// underscores, at most 40 bytes. The error names the offending field.
-func (c Config) Validate() error {
+// underscores, at most 40 bytes. The error names the offending field. It
+// does not check Conn.
+func (c DB) Validate() error {
 	c = c.WithDefaults()
 	for _, f := range []struct{ field, value string }{
 		{"Schema", c.Schema},
@@ -68,21 +82,21 @@ func (c Config) Validate() error {
 		{"OutboxTable", c.OutboxTable},
 	} {
 		if err := validateName(f.value); err != nil {
-			return fmt.Errorf("sqlschema: Config.%s: %w", f.field, err)
+			return fmt.Errorf("sqlschema: DB.%s: %w", f.field, err)
 		}
 	}
 	if c.InboxTable == c.OutboxTable {
-		return fmt.Errorf("sqlschema: Config.InboxTable and Config.OutboxTable are both %q: %w", c.InboxTable, ErrInvalidName)
+		return fmt.Errorf("sqlschema: DB.InboxTable and DB.OutboxTable are both %q: %w", c.InboxTable, errInvalidName)
 	}
 	return nil
 }
 
 func validateName(name string) error {
 	if len(name) > maxNameLength {
-		return fmt.Errorf("%q is %d bytes long, the limit is %d: %w", truncate(name, 60), len(name), maxNameLength, ErrInvalidName)
+		return fmt.Errorf("%q is %d bytes long, the limit is %d: %w", truncate(name, 60), len(name), maxNameLength, errInvalidName)
 	}
 	if !namePattern.MatchString(name) {
-		return fmt.Errorf("%q must match %s: %w", truncate(name, 60), namePattern, ErrInvalidName)
+		return fmt.Errorf("%q must match %s: %w", truncate(name, 60), namePattern, errInvalidName)
 	}
 	return nil
 }
@@ -95,32 +109,26 @@ func truncate(s string, n int) string {
 }
 
 // Inbox returns the quoted, schema-qualified inbox table name, ready to be
-// used in SQL text. Call Validate first; Inbox applies the defaults itself.
-func (c Config) Inbox() string {
+// used in SQL text of your own (reports, ad-hoc queries). Call Validate
+// first; Inbox applies the defaults itself.
+func (c DB) Inbox() string {
 	c = c.WithDefaults()
 	return pgx.Identifier{c.Schema, c.InboxTable}.Sanitize()
 }
 
 // Outbox returns the quoted, schema-qualified outbox table name.
-func (c Config) Outbox() string {
+func (c DB) Outbox() string {
 	c = c.WithDefaults()
 	return pgx.Identifier{c.Schema, c.OutboxTable}.Sanitize()
 }
 
-// OutboxAcceptedSequence returns the quoted, schema-qualified name of the
-// sequence the outbox relay advances once per batch of which the publisher
-// accepted at least one message (migration outbox_003): "<outbox table>_accepted".
-func (c Config) OutboxAcceptedSequence() string {
-	return c.outboxSequence("accepted")
-}
-
-func (c Config) outboxSequence(suffix string) string {
+func (c DB) outboxSequence(suffix string) string {
 	c = c.WithDefaults()
 	return pgx.Identifier{c.Schema, c.OutboxTable + "_" + suffix}.Sanitize()
 }
 
 // migrations returns the quoted, schema-qualified migrations table name.
-func (c Config) migrations() string {
+func (c DB) migrations() string {
 	c = c.WithDefaults()
-	return pgx.Identifier{c.Schema, MigrationsTable}.Sanitize()
+	return pgx.Identifier{c.Schema, migrationsTable}.Sanitize()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -18,7 +19,7 @@ import (
 // SQL prints the schema for migration tools other than Migrate (goose,
 // golang-migrate, atlas...). Here only its CREATE lines are shown.
 func ExampleSQL() {
-	script, err := sqlschema.SQL(sqlschema.Config{Schema: "billing", InboxTable: "inbox", OutboxTable: "outbox"})
+	script, err := sqlschema.SQL(sqlschema.DB{Schema: "billing", InboxTable: "inbox", OutboxTable: "outbox"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -37,15 +38,18 @@ func ExampleSQL() {
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."outbox_accepted" AS bigint CACHE 1;
 }
 
-func ExampleConfig_Validate() {
-	err := sqlschema.Config{InboxTable: `x"; DROP TABLE y; --`}.Validate()
+func ExampleDB_Validate() {
+	err := sqlschema.DB{InboxTable: `x"; DROP TABLE y; --`}.Validate()
 	fmt.Println(err)
 	// Output:
-	// sqlschema: Config.InboxTable: "x\"; DROP TABLE y; --" must match ^[A-Za-z_][A-Za-z0-9_]*$: invalid SQL identifier
+	// sqlschema: DB.InboxTable: "x\"; DROP TABLE y; --" must match ^[A-Za-z_][A-Za-z0-9_]*$: invalid SQL identifier
 }
 
-// Migrate at start-up: it is idempotent and safe when several instances run
-// it at once.
+// Migrate at start-up: state the database and the tables once in a
+// sqlschema.DB, and hand the same value to the middleware, the relay and
+// the operator tools. Migrate is idempotent and safe when several instances
+// run it at once; Check tells whether the tables are up to date (for a
+// service that leaves the migrations to another process).
 func ExampleMigrate() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testenv.DatabaseURL())
@@ -54,24 +58,29 @@ func ExampleMigrate() {
 		return
 	}
 	defer pool.Close()
-	db := wsql.BeginnerFromPgx(pool)
 
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	cfg := sqlschema.Config{Schema: "example_migrate_" + hex.EncodeToString(suffix), InboxTable: "inbox", OutboxTable: "outbox"}
+	db := sqlschema.DB{
+		Conn:        wsql.BeginnerFromPgx(pool),
+		Schema:      "example_migrate_" + hex.EncodeToString(suffix),
+		InboxTable:  "inbox",
+		OutboxTable: "outbox",
+	}
 	defer func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
+		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE")
 	}()
 
 	for range 2 { // the second run finds nothing to do
-		if err := sqlschema.Migrate(ctx, db, cfg); err != nil {
+		if err := sqlschema.Migrate(ctx, db); err != nil {
 			fmt.Println(err)
 			return
 		}
 	}
+	fmt.Println("check:", sqlschema.Check(ctx, db))
 
 	rows, err := pool.Query(ctx, "SELECT target, version, name FROM "+
-		pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+" ORDER BY target, version")
+		pgx.Identifier{db.Schema, "watermill_exactlyonce_migrations"}.Sanitize()+" ORDER BY target, version")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -87,10 +96,45 @@ func ExampleMigrate() {
 		fmt.Println(target, version, name)
 	}
 	// Output:
+	// check: <nil>
 	// inbox:inbox 1 inbox_001_create.up.sql
 	// inbox:inbox 2 inbox_002_lease.up.sql
 	// inbox:inbox 3 inbox_003_fencing_retention.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql
+}
+
+// Check at start-up when another process owns the migrations: tables that
+// are missing or older than the library are ErrNotMigrated, with the fix in
+// the error's text.
+func ExampleCheck() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.DatabaseURL())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: "example_check_" + hex.EncodeToString(suffix)}
+	defer func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE")
+	}()
+
+	err = sqlschema.Check(ctx, db)
+	fmt.Println("not migrated:", errors.Is(err, sqlschema.ErrNotMigrated))
+	fmt.Println("says what to run:", err != nil && strings.Contains(err.Error(), "run sqlschema.Migrate"))
+
+	if err := sqlschema.Migrate(ctx, db); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("after Migrate:", sqlschema.Check(ctx, db))
+	// Output:
+	// not migrated: true
+	// says what to run: true
+	// after Migrate: <nil>
 }

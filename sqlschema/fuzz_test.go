@@ -1,7 +1,7 @@
-package sqlschema_test
+package sqlschema
 
 // Fuzz target of the schema and table names (issue 5). Run it with
-//   go test -run '^$' -fuzz FuzzConfigNames -fuzztime 25s ./sqlschema/
+//   go test -run '^$' -fuzz FuzzDBNames -fuzztime 25s ./sqlschema/
 
 import (
 	"regexp"
@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // fuzzParseQualified parses s as PostgreSQL reads a dot-separated list of
@@ -86,16 +84,18 @@ func fuzzQuoted(script string) ([]string, bool) {
 
 var fuzzPlainName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
-// FuzzConfigNames: for any schema and table names, nothing panics; Inbox(),
-// Outbox() and OutboxAcceptedSequence() are always exactly two quoted
-// identifiers holding the names given (defaults applied, NUL bytes dropped
-// as pgx does), so a quote in a name can never end the identifier; Validate
-// accepts only plain identifiers of at most 40 bytes with distinct table
-// names, and a rejected Config is rejected by Migrations and SQL too
-// (ErrInvalidName); for an accepted Config the whole migration script quotes
-// every identifier it uses, and those are only the configured names, their
-// index and sequence names and the "C" collation.
-func FuzzConfigNames(f *testing.F) {
+// FuzzDBNames (an internal test: it reaches the unexported migrations, the
+// invalid-name sentinel and the outbox's sequence name): for any schema and
+// table names, nothing panics; Inbox(), Outbox(), the migrations table and
+// the outbox's accepted sequence are always exactly two quoted identifiers
+// holding the names given (defaults applied, NUL bytes dropped as pgx does),
+// so a quote in a name can never end the identifier; Validate accepts only
+// plain identifiers of at most 40 bytes with distinct table names, and a
+// rejected DB is rejected by migrations and SQL too (errInvalidName); for an
+// accepted DB the whole migration script quotes every identifier it uses,
+// and those are only the configured names, their index and sequence names
+// and the "C" collation.
+func FuzzDBNames(f *testing.F) {
 	f.Add("", "", "")
 	f.Add("public", "watermill_inbox", "watermill_outbox")
 	f.Add("Tenant_A", "In", "Out")
@@ -105,11 +105,11 @@ func FuzzConfigNames(f *testing.F) {
 	f.Add(strings.Repeat("a", 40), strings.Repeat("b", 41), "_")
 	f.Add("schéma", "входящие", "1outbox")
 	f.Add("s", "t", "t")
-	f.Add("s", "", sqlschema.DefaultInboxTable)
+	f.Add("s", "", defaultInboxTable)
 	f.Add("pg_catalog", "select", "from")
 
 	f.Fuzz(func(t *testing.T, schema, inboxTable, outboxTable string) {
-		cfg := sqlschema.Config{Schema: schema, InboxTable: inboxTable, OutboxTable: outboxTable}
+		cfg := DB{Schema: schema, InboxTable: inboxTable, OutboxTable: outboxTable}
 		d := cfg.WithDefaults()
 		noNUL := func(s string) string { return strings.ReplaceAll(s, "\x00", "") }
 		for _, q := range []struct {
@@ -118,7 +118,8 @@ func FuzzConfigNames(f *testing.F) {
 		}{
 			{cfg.Inbox(), []string{noNUL(d.Schema), noNUL(d.InboxTable)}},
 			{cfg.Outbox(), []string{noNUL(d.Schema), noNUL(d.OutboxTable)}},
-			{cfg.OutboxAcceptedSequence(), []string{noNUL(d.Schema), noNUL(d.OutboxTable) + "_accepted"}},
+			{cfg.outboxSequence("accepted"), []string{noNUL(d.Schema), noNUL(d.OutboxTable) + "_accepted"}},
+			{cfg.migrations(), []string{noNUL(d.Schema), migrationsTable}},
 		} {
 			parts, ok := fuzzParseQualified(q.got)
 			require.True(t, ok, "%q is not two quoted identifiers", q.got)
@@ -127,11 +128,11 @@ func FuzzConfigNames(f *testing.F) {
 
 		err := cfg.Validate()
 		if err != nil {
-			require.ErrorIs(t, err, sqlschema.ErrInvalidName)
-			_, merr := sqlschema.Migrations(cfg)
-			require.ErrorIs(t, merr, sqlschema.ErrInvalidName)
-			_, serr := sqlschema.SQL(cfg)
-			require.ErrorIs(t, serr, sqlschema.ErrInvalidName)
+			require.ErrorIs(t, err, errInvalidName)
+			_, merr := migrations(cfg)
+			require.ErrorIs(t, merr, errInvalidName)
+			_, serr := SQL(cfg)
+			require.ErrorIs(t, serr, errInvalidName)
 			return
 		}
 		for _, n := range []string{d.Schema, d.InboxTable, d.OutboxTable} {
@@ -140,14 +141,14 @@ func FuzzConfigNames(f *testing.F) {
 		require.NotEqual(t, d.InboxTable, d.OutboxTable)
 		require.Equal(t, `"`+d.Schema+`"."`+d.InboxTable+`"`, cfg.Inbox())
 
-		script, err := sqlschema.SQL(cfg)
+		script, err := SQL(cfg)
 		require.NoError(t, err)
 		idents, ok := fuzzQuoted(script)
 		require.True(t, ok, "unterminated quoted identifier in:\n%s", script)
 		for _, id := range idents {
 			ok := id == d.Schema || id == d.InboxTable || id == d.OutboxTable || id == "C" ||
 				strings.HasPrefix(id, d.InboxTable+"_") || strings.HasPrefix(id, d.OutboxTable+"_") ||
-				id == sqlschema.MigrationsTable
+				id == migrationsTable
 			require.True(t, ok, "unexpected identifier %q in the script", id)
 			require.LessOrEqual(t, len(id), 63, "identifier %q is longer than PostgreSQL keeps", id)
 		}

@@ -2,6 +2,8 @@ package sqlschema_test
 
 import (
 	"context"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,11 +14,22 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
+
+// migrationsTable is the table Migrate records its work in, in DB.Schema:
+// part of the contract (operators and migration tools see it).
+const migrationsTable = "watermill_exactlyonce_migrations"
+
+// Default table names (sqlschema.DB{}.WithDefaults()).
+const (
+	defaultInboxTable  = "watermill_inbox"
+	defaultOutboxTable = "watermill_outbox"
+)
 
 // eachDriver runs f once per driver of testenv.Drivers, as parallel
 // subtests. The connections are opened inside the subtest, so subtests
@@ -90,5 +103,38 @@ func queryStrings(t *testing.T, db wsql.ContextExecutor, q string, args ...any) 
 		out = append(out, s)
 	}
 	require.NoError(t, seam.Close(rows))
+	return out
+}
+
+// migration is one migration of the script sqlschema.SQL returns.
+type migration struct {
+	Target  string // "inbox" or "outbox"
+	Version int    // from 1, per target
+	Name    string // the embedded file's name, as Migrate records it
+	SQL     string // the statements, rendered for the DB's names
+}
+
+// migrationHeader is the comment SQL puts before each migration (the format
+// is pinned by the internal TestSQLListsEveryMigration).
+var migrationHeader = regexp.MustCompile(`(?m)^-- (\S+\.up\.sql) \(target (inbox|outbox), version ([0-9]+)\)\n`)
+
+// scriptMigrations splits the public script of sqlschema.SQL(db) into its
+// migrations, in the script's order: what Migrate applies and records.
+func scriptMigrations(t *testing.T, db sqlschema.DB) []migration {
+	t.Helper()
+	script, err := sqlschema.SQL(db)
+	require.NoError(t, err)
+	heads := migrationHeader.FindAllStringSubmatchIndex(script, -1)
+	require.NotEmpty(t, heads, "no migration header in the script of sqlschema.SQL")
+	out := make([]migration, len(heads))
+	for i, h := range heads {
+		end := len(script)
+		if i+1 < len(heads) {
+			end = heads[i+1][0]
+		}
+		version, err := strconv.Atoi(script[h[6]:h[7]])
+		require.NoError(t, err)
+		out[i] = migration{Target: script[h[4]:h[5]], Version: version, Name: script[h[2]:h[3]], SQL: script[h[1]:end]}
+	}
 	return out
 }

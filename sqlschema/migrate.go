@@ -13,7 +13,6 @@ import (
 	"strings"
 	"text/template"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,9 +23,9 @@ var migrationFiles embed.FS
 // a fixed, arbitrary 64-bit number ("eo-migr" in ASCII).
 const advisoryLockKey int64 = 0x656f2d6d696772
 
-// Migration is one numbered, embedded up-migration with its SQL rendered for
-// a Config.
-type Migration struct {
+// migration is one numbered, embedded up-migration with its SQL rendered for
+// a DB's names.
+type migration struct {
 	// Target is "inbox" or "outbox": each table has its own version line.
 	Target string
 	// Version starts at 1 and increases by one per migration of a target.
@@ -37,9 +36,9 @@ type Migration struct {
 	SQL string
 }
 
-// Migrations returns every migration rendered for cfg, inbox first, each
+// migrations returns every migration rendered for cfg, inbox first, each
 // target in version order.
-func Migrations(cfg Config) ([]Migration, error) {
+func migrations(cfg DB) ([]migration, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -50,7 +49,7 @@ func Migrations(cfg Config) ([]Migration, error) {
 		return nil, fmt.Errorf("sqlschema: reading embedded migrations: %w", err)
 	}
 	data := templateData{cfg: cfg}
-	var out []Migration
+	var out []migration
 	for _, e := range entries {
 		target, version, err := parseMigrationName(e.Name())
 		if err != nil {
@@ -68,7 +67,7 @@ func Migrations(cfg Config) ([]Migration, error) {
 		if err := tmpl.Execute(&buf, data); err != nil {
 			return nil, fmt.Errorf("sqlschema: rendering %s: %w", e.Name(), err)
 		}
-		out = append(out, Migration{Target: target, Version: version, Name: e.Name(), SQL: buf.String()})
+		out = append(out, migration{Target: target, Version: version, Name: e.Name(), SQL: buf.String()})
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Target != out[j].Target {
@@ -79,11 +78,15 @@ func Migrations(cfg Config) ([]Migration, error) {
 	return out, nil
 }
 
-// SQL returns the whole schema for cfg as one script: CREATE SCHEMA followed
-// by every migration. Use it with migration tools other than Migrate; it is
-// idempotent (IF NOT EXISTS everywhere) but does not record versions.
-func SQL(cfg Config) (string, error) {
-	migs, err := Migrations(cfg)
+// SQL returns the whole schema for db's names as one script: CREATE SCHEMA
+// followed by every migration, each headed by a comment with its name and
+// version. Use it with migration tools other than Migrate (goose,
+// golang-migrate, atlas); it is idempotent (IF NOT EXISTS everywhere) but
+// records no versions, so Check cannot see it: run Migrate once afterwards,
+// or keep using your tool. db.Conn is not used.
+func SQL(db DB) (string, error) {
+	cfg := db
+	migs, err := migrations(cfg)
 	if err != nil {
 		return "", err
 	}
@@ -96,22 +99,20 @@ func SQL(cfg Config) (string, error) {
 	return b.String(), nil
 }
 
-// Migrate brings the schema of cfg up to date: it creates the schema if
+// Migrate brings the tables of db up to date: it creates the schema if
 // missing and applies, in one transaction, every migration not yet recorded
 // in the migrations table. It is idempotent, and safe when several processes
 // run it at once: a transaction-scoped advisory lock serialises them, and the
 // later ones find the work done. Its transaction is READ COMMITTED whatever
 // default isolation the role or database has.
 //
-// db must be able to begin a transaction: use
-// sql.BeginnerFromPgx(pool) or sql.BeginnerFromStdSQL(db) from
-// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. Migrate never runs
-// inside a caller's transaction.
-func Migrate(ctx context.Context, db wsql.Beginner, cfg Config) (err error) {
-	if db == nil {
-		return errors.New("sqlschema: Migrate: db is nil")
+// db.Conn is required. Migrate never runs inside a caller's transaction.
+func Migrate(ctx context.Context, db DB) (err error) {
+	if db.Conn == nil {
+		return errors.New("sqlschema: Migrate: DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
 	}
-	migs, err := Migrations(cfg)
+	cfg := db
+	migs, err := migrations(cfg)
 	if err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func Migrate(ctx context.Context, db wsql.Beginner, cfg Config) (err error) {
 	// READ COMMITTED whatever the role's or database's default: each
 	// statement after the advisory lock must see what the previous holder
 	// committed (under REPEATABLE READ the snapshot predates the lock wait).
-	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
 		return fmt.Errorf("sqlschema: Migrate: begin transaction: %w", err)
 	}
@@ -185,7 +186,7 @@ CREATE TABLE IF NOT EXISTS %s (
 
 // targetName keys the migrations table by table, so that several inbox or
 // outbox tables can live in one schema with their own version lines.
-func (c Config) targetName(target string) string {
+func (c DB) targetName(target string) string {
 	if target == "inbox" {
 		return "inbox:" + c.InboxTable
 	}
@@ -206,7 +207,7 @@ func parseMigrationName(name string) (target string, version int, err error) {
 }
 
 // templateData is what migration templates see.
-type templateData struct{ cfg Config }
+type templateData struct{ cfg DB }
 
 func (d templateData) Inbox() string  { return d.cfg.Inbox() }
 func (d templateData) Outbox() string { return d.cfg.Outbox() }

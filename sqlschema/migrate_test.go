@@ -20,20 +20,20 @@ import (
 
 // recorded returns the rows of cfg's migrations table as
 // "target/version/name", in order.
-func recorded(t *testing.T, db wsql.ContextExecutor, cfg sqlschema.Config) []string {
+func recorded(t *testing.T, db wsql.ContextExecutor, cfg sqlschema.DB) []string {
 	t.Helper()
-	table := pgx.Identifier{cfg.WithDefaults().Schema, sqlschema.MigrationsTable}.Sanitize()
+	table := pgx.Identifier{cfg.WithDefaults().Schema, migrationsTable}.Sanitize()
 	return queryStrings(t, db, "SELECT target || '/' || version || '/' || name FROM "+table+" ORDER BY target, version")
 }
 
-// expected returns what recorded should find once every embedded migration
-// of cfg ran: one row per target table and version.
-func expected(t *testing.T, cfgs ...sqlschema.Config) []string {
+// expected returns what recorded should find once every migration of cfg
+// ran: one row per target table and version of the script sqlschema.SQL
+// publishes.
+func expected(t *testing.T, cfgs ...sqlschema.DB) []string {
 	t.Helper()
 	var out []string
 	for _, cfg := range cfgs {
-		migs, err := sqlschema.Migrations(cfg)
-		require.NoError(t, err)
+		migs := scriptMigrations(t, cfg)
 		cfg = cfg.WithDefaults()
 		for _, m := range migs {
 			table := cfg.InboxTable
@@ -47,11 +47,11 @@ func expected(t *testing.T, cfgs ...sqlschema.Config) []string {
 	return out
 }
 
-func TestMigrations(t *testing.T) {
+// The script of SQL lists every migration, inbox first, each target's
+// versions counting from 1: what Migrate applies and records.
+func TestSQLMigrations(t *testing.T) {
 	t.Parallel()
-	migs, err := sqlschema.Migrations(sqlschema.Config{})
-	require.NoError(t, err)
-	require.NotEmpty(t, migs)
+	migs := scriptMigrations(t, sqlschema.DB{})
 	seenOutbox := false
 	last := map[string]int{}
 	for _, m := range migs {
@@ -63,8 +63,10 @@ func TestMigrations(t *testing.T) {
 		}
 		require.Equal(t, last[m.Target]+1, m.Version, "versions of %s increase by one from 1", m.Target)
 		last[m.Target] = m.Version
+		require.True(t, strings.HasPrefix(m.Name, fmt.Sprintf("%s_%03d_", m.Target, m.Version)), m.Name)
 		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
+		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
 	require.Equal(t, 3, last["inbox"], "inbox has its create, lease, and fencing/retention migrations")
 	require.Equal(t, 3, last["outbox"], "outbox has its create, quarantine and failure-accounting migrations")
@@ -74,13 +76,13 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, d testenv.Driver) {
 		ctx := ctxT(t)
-		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
 		require.False(t, schemaExists(t, d.DB, cfg.Schema))
 
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
-		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultInboxTable))
-		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultOutboxTable))
-		require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.MigrationsTable))
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, defaultInboxTable))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, defaultOutboxTable))
+		require.True(t, tableExists(t, d.DB, cfg.Schema, migrationsTable))
 		want := expected(t, cfg)
 		require.Equal(t, want, recorded(t, d.DB, cfg))
 
@@ -88,13 +90,13 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		_, err := d.DB.ExecContext(ctx, "INSERT INTO "+cfg.Inbox()+" (consumer, message_key) VALUES ('c', 'k')")
 		require.NoError(t, err)
 		appliedAt := queryStrings(t, d.DB, "SELECT applied_at::text FROM "+
-			pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+" ORDER BY target, version")
+			pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+" ORDER BY target, version")
 
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		require.Equal(t, want, recorded(t, d.DB, cfg), "one row per target and version after three runs")
 		require.Equal(t, appliedAt, queryStrings(t, d.DB, "SELECT applied_at::text FROM "+
-			pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+" ORDER BY target, version"),
+			pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+" ORDER BY target, version"),
 			"later runs apply nothing")
 		require.Equal(t, []string{"c/k"}, queryStrings(t, d.DB, "SELECT consumer || '/' || message_key FROM "+cfg.Inbox()))
 	})
@@ -124,7 +126,7 @@ func TestMigrateConcurrentlyUnderEveryIsolation(t *testing.T) {
 
 func migrateConcurrently(t *testing.T, d testenv.Driver) {
 	ctx := ctxT(t)
-	cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
+	cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
 
 	const n = 8
 	start := make(chan struct{})
@@ -133,7 +135,7 @@ func migrateConcurrently(t *testing.T, d testenv.Driver) {
 	for range n {
 		wg.Go(func() {
 			<-start
-			errs <- sqlschema.Migrate(ctx, d.DB, cfg)
+			errs <- sqlschema.Migrate(ctx, cfg)
 		})
 	}
 	close(start)
@@ -149,8 +151,8 @@ func migrateConcurrently(t *testing.T, d testenv.Driver) {
 		require.NoError(t, err, "every concurrent Migrate succeeds (the advisory lock serialises them)")
 	}
 	require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
-	require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultInboxTable))
-	require.True(t, tableExists(t, d.DB, cfg.Schema, sqlschema.DefaultOutboxTable))
+	require.True(t, tableExists(t, d.DB, cfg.Schema, defaultInboxTable))
+	require.True(t, tableExists(t, d.DB, cfg.Schema, defaultOutboxTable))
 }
 
 func TestMigrateTwoTableSetsInOneSchema(t *testing.T) {
@@ -158,10 +160,10 @@ func TestMigrateTwoTableSetsInOneSchema(t *testing.T) {
 	eachDriver(t, func(t *testing.T, d testenv.Driver) {
 		ctx := ctxT(t)
 		schema := freshSchema(t, d.DB)
-		a := sqlschema.Config{Schema: schema, InboxTable: "inbox_a", OutboxTable: "outbox_a"}
-		b := sqlschema.Config{Schema: schema, InboxTable: "inbox_b", OutboxTable: "outbox_b"}
+		a := sqlschema.DB{Conn: d.DB, Schema: schema, InboxTable: "inbox_a", OutboxTable: "outbox_a"}
+		b := sqlschema.DB{Conn: d.DB, Schema: schema, InboxTable: "inbox_b", OutboxTable: "outbox_b"}
 
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, a))
+		require.NoError(t, sqlschema.Migrate(ctx, a))
 		require.True(t, tableExists(t, d.DB, schema, "inbox_a"))
 		require.True(t, tableExists(t, d.DB, schema, "outbox_a"))
 		require.False(t, tableExists(t, d.DB, schema, "inbox_b"), "migrating set A must not create set B")
@@ -169,7 +171,7 @@ func TestMigrateTwoTableSetsInOneSchema(t *testing.T) {
 		require.Equal(t, expected(t, a), recorded(t, d.DB, a))
 
 		// B's versions are not considered applied because A's are.
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, b))
+		require.NoError(t, sqlschema.Migrate(ctx, b))
 		require.True(t, tableExists(t, d.DB, schema, "inbox_b"))
 		require.True(t, tableExists(t, d.DB, schema, "outbox_b"))
 		require.Equal(t, expected(t, a, b), recorded(t, d.DB, b))
@@ -178,8 +180,8 @@ func TestMigrateTwoTableSetsInOneSchema(t *testing.T) {
 		idx := queryStrings(t, d.DB, "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%brin' ORDER BY 1", schema)
 		require.Equal(t, []string{"inbox_a_first_seen_brin", "inbox_b_first_seen_brin"}, idx)
 
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, a))
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, b))
+		require.NoError(t, sqlschema.Migrate(ctx, a))
+		require.NoError(t, sqlschema.Migrate(ctx, b))
 		require.Equal(t, expected(t, a, b), recorded(t, d.DB, a))
 	})
 }
@@ -188,9 +190,9 @@ func TestMigrateMixedCaseNames(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, d testenv.Driver) {
 		ctx := ctxT(t)
-		cfg := sqlschema.Config{Schema: freshSchemaNamed(t, d.DB, testenv.Unique(t, "EO_")), InboxTable: "Inbox_T", OutboxTable: "OutBox_T"}
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchemaNamed(t, d.DB, testenv.Unique(t, "EO_")), InboxTable: "Inbox_T", OutboxTable: "OutBox_T"}
 		require.NotEqual(t, strings.ToLower(cfg.Schema), cfg.Schema)
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		// Quoted names keep their case: unquoted SQL would have folded them.
 		require.True(t, tableExists(t, d.DB, cfg.Schema, "Inbox_T"))
 		require.True(t, tableExists(t, d.DB, cfg.Schema, "OutBox_T"))
@@ -204,48 +206,48 @@ func TestMigrateErrors(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 
-	t.Run("nil db", func(t *testing.T) {
+	t.Run("nil Conn", func(t *testing.T) {
 		t.Parallel()
-		err := sqlschema.Migrate(ctx, nil, sqlschema.Config{})
+		err := sqlschema.Migrate(ctx, sqlschema.DB{})
 		require.Error(t, err)
-		require.Contains(t, err.Error(), "db is nil")
+		require.Contains(t, err.Error(), "DB.Conn is nil")
 	})
 
 	eachDriver(t, func(t *testing.T, d testenv.Driver) {
 		schema := freshSchema(t, d.DB)
 
 		// An invalid name is rejected before anything is sent to the database.
-		err := sqlschema.Migrate(ctx, d.DB, sqlschema.Config{Schema: schema, InboxTable: `x"; DROP TABLE y; --`})
-		require.ErrorIs(t, err, sqlschema.ErrInvalidName)
-		require.Contains(t, err.Error(), "Config.InboxTable")
+		err := sqlschema.Migrate(ctx, sqlschema.DB{Conn: d.DB, Schema: schema, InboxTable: `x"; DROP TABLE y; --`})
+		require.ErrorContains(t, err, "invalid SQL identifier")
+		require.Contains(t, err.Error(), "DB.InboxTable")
 		require.False(t, schemaExists(t, d.DB, schema), "a rejected config must create nothing")
 
 		cancelled, cancel := context.WithCancel(ctx)
 		cancel()
-		require.ErrorIs(t, sqlschema.Migrate(cancelled, d.DB, sqlschema.Config{Schema: schema}), context.Canceled)
+		require.ErrorIs(t, sqlschema.Migrate(cancelled, sqlschema.DB{Conn: d.DB, Schema: schema}), context.Canceled)
 		require.False(t, schemaExists(t, d.DB, schema))
 
 		// A failure part-way rolls everything back (one transaction): a
 		// foreign table squatting the inbox name makes its index fail.
 		_, err = d.DB.ExecContext(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+
-			"; CREATE TABLE "+pgx.Identifier{schema, sqlschema.DefaultInboxTable}.Sanitize()+" (x int)")
+			"; CREATE TABLE "+pgx.Identifier{schema, defaultInboxTable}.Sanitize()+" (x int)")
 		require.NoError(t, err)
-		err = sqlschema.Migrate(ctx, d.DB, sqlschema.Config{Schema: schema})
+		err = sqlschema.Migrate(ctx, sqlschema.DB{Conn: d.DB, Schema: schema})
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "first_seen_at")
-		require.False(t, tableExists(t, d.DB, schema, sqlschema.MigrationsTable), "the failed run must record nothing")
-		require.False(t, tableExists(t, d.DB, schema, sqlschema.DefaultOutboxTable))
+		require.False(t, tableExists(t, d.DB, schema, migrationsTable), "the failed run must record nothing")
+		require.False(t, tableExists(t, d.DB, schema, defaultOutboxTable))
 
-		_, err = d.DB.ExecContext(ctx, "DROP TABLE "+pgx.Identifier{schema, sqlschema.DefaultInboxTable}.Sanitize())
+		_, err = d.DB.ExecContext(ctx, "DROP TABLE "+pgx.Identifier{schema, defaultInboxTable}.Sanitize())
 		require.NoError(t, err)
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, sqlschema.Config{Schema: schema}))
-		require.True(t, tableExists(t, d.DB, schema, sqlschema.DefaultInboxTable))
+		require.NoError(t, sqlschema.Migrate(ctx, sqlschema.DB{Conn: d.DB, Schema: schema}))
+		require.True(t, tableExists(t, d.DB, schema, defaultInboxTable))
 	})
 }
 
 func TestSQL(t *testing.T) {
 	t.Parallel()
-	cfg := sqlschema.Config{Schema: "custom_s", InboxTable: "my_inbox", OutboxTable: "my_outbox"}
+	cfg := sqlschema.DB{Schema: "custom_s", InboxTable: "my_inbox", OutboxTable: "my_outbox"}
 	text, err := sqlschema.SQL(cfg)
 	require.NoError(t, err)
 	for _, want := range []string{
@@ -260,21 +262,23 @@ func TestSQL(t *testing.T) {
 	} {
 		require.Contains(t, text, want)
 	}
-	for _, unwanted := range []string{"watermill_inbox", "watermill_outbox", "public", "{{", sqlschema.MigrationsTable} {
+	for _, unwanted := range []string{"watermill_inbox", "watermill_outbox", "public", "{{", migrationsTable} {
 		require.NotContains(t, text, unwanted)
 	}
 	require.Less(t, strings.Index(text, "CREATE SCHEMA"), strings.Index(text, "CREATE TABLE"), "the schema is created first")
 
-	_, err = sqlschema.SQL(sqlschema.Config{OutboxTable: "1bad"})
-	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
-	_, err = sqlschema.Migrations(sqlschema.Config{Schema: "bad-name"})
-	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+	_, err = sqlschema.SQL(sqlschema.DB{OutboxTable: "1bad"})
+	require.ErrorContains(t, err, "invalid SQL identifier")
+	require.ErrorContains(t, err, "DB.OutboxTable")
+	_, err = sqlschema.SQL(sqlschema.DB{Schema: "bad-name"})
+	require.ErrorContains(t, err, "invalid SQL identifier")
+	require.ErrorContains(t, err, "DB.Schema")
 
 	// The script runs as is, twice, and creates the tables (but records no
 	// versions: that is Migrate's job).
 	eachDriver(t, func(t *testing.T, d testenv.Driver) {
 		ctx := ctxT(t)
-		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB), InboxTable: "my_inbox", OutboxTable: "my_outbox"}
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB), InboxTable: "my_inbox", OutboxTable: "my_outbox"}
 		text, err := sqlschema.SQL(cfg)
 		require.NoError(t, err)
 		for range 2 {
@@ -283,10 +287,10 @@ func TestSQL(t *testing.T) {
 		}
 		require.True(t, tableExists(t, d.DB, cfg.Schema, "my_inbox"))
 		require.True(t, tableExists(t, d.DB, cfg.Schema, "my_outbox"))
-		require.False(t, tableExists(t, d.DB, cfg.Schema, sqlschema.MigrationsTable))
+		require.False(t, tableExists(t, d.DB, cfg.Schema, migrationsTable))
 
 		// Migrate adopts a schema created from the script.
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
 	})
 }
@@ -297,13 +301,12 @@ func TestMigrateUpgradesFromVersion1(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, d testenv.Driver) {
 		ctx := ctxT(t)
-		cfg := sqlschema.Config{Schema: freshSchema(t, d.DB)}
-		migs, err := sqlschema.Migrations(cfg)
-		require.NoError(t, err)
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
+		migs := scriptMigrations(t, cfg)
 
 		// What Migrate did when only the version-1 migrations existed.
-		_, err = d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
-CREATE TABLE `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+` (
+		_, err := d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
+CREATE TABLE `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+` (
     target text NOT NULL, version integer NOT NULL, name text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version))`)
 		require.NoError(t, err)
@@ -313,11 +316,11 @@ CREATE TABLE `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+
 			}
 			_, err := d.DB.ExecContext(ctx, m.SQL)
 			require.NoError(t, err, m.Name)
-			target := "inbox:" + sqlschema.DefaultInboxTable
+			target := "inbox:" + defaultInboxTable
 			if m.Target == "outbox" {
-				target = "outbox:" + sqlschema.DefaultOutboxTable
+				target = "outbox:" + defaultOutboxTable
 			}
-			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, sqlschema.MigrationsTable}.Sanitize()+
+			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+
 				` (target, version, name) VALUES ($1, 1, $2)`, target, m.Name)
 			require.NoError(t, err)
 		}
@@ -330,7 +333,7 @@ VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
 		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload) VALUES ('t', 'old', '')`)
 		require.NoError(t, err)
 
-		require.NoError(t, sqlschema.Migrate(ctx, d.DB, cfg))
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
 		var interrupted bool
 		var interruptions int
@@ -355,7 +358,7 @@ VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
 		require.True(t, due)
 		require.False(t, quarantined)
 		var accepted int64
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT nextval('`+cfg.OutboxAcceptedSequence()+`')`, nil, &accepted))
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT nextval('`+pgx.Identifier{cfg.Schema, defaultOutboxTable + "_accepted"}.Sanitize()+`')`, nil, &accepted))
 		require.Equal(t, int64(1), accepted, "the accepted sequence exists and starts at 1")
 	})
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -82,7 +82,7 @@ const (
 // the inbox tables and a business table.
 type benchEnv struct {
 	pool     *pgxpool.Pool
-	tables   sqlschema.Config
+	tables   sqlschema.DB
 	business string // sanitized business table name
 	inbox    string // sanitized inbox table name
 	insert   string // the business INSERT
@@ -196,19 +196,17 @@ func (e *benchEnv) benchHandler(b testing.TB, v benchVariant) message.NoPublishH
 			return tx.Commit(ctx)
 		}
 	case benchExactlyOnce:
-		eo, err := middleware.New(middleware.Config{
-			DB:       wsql.BeginnerFromPgx(e.pool),
-			Tables:   e.tables,
+		eo := newMiddleware(b, exactlyonce.Config{
+			DB:       testenv.WithConn(e.tables, wsql.BeginnerFromPgx(e.pool)),
 			Consumer: benchConsumer,
 		})
-		require.NoError(b, err)
 		h := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			tx, ok := middleware.PgxTxFromContext(ctx)
-			if !ok {
-				return nil, fmt.Errorf("no pgx transaction in the handler's context")
+			tx, err := exactlyonce.PgxTxFromContext(ctx)
+			if err != nil {
+				return nil, err
 			}
-			_, err := tx.Exec(ctx, e.insert, msg.UUID, msg.Payload)
+			_, err = tx.Exec(ctx, e.insert, msg.UUID, msg.Payload)
 			return nil, err
 		})
 		return func(msg *message.Message) error {
@@ -245,8 +243,7 @@ func (e *benchEnv) benchRound(b testing.TB, v benchVariant, n int, clock func(st
 		return nil
 	}
 
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	require.NoError(b, err)
+	router := newRouter(b)
 	subs := make([]message.Subscriber, 0, benchHandlers)
 	defer func() {
 		for _, s := range subs {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // gate lets n handler runs in and holds them until all n are in flight at
@@ -45,7 +45,7 @@ func (g *gate) enter(t testing.TB) {
 	g.mu.Unlock()
 	select {
 	case <-g.all:
-	case <-time.After(e2eTimeout):
+	case <-time.After(waitTimeout):
 		t.Errorf("only %d of %d handler runs were in flight at once", g.entered, g.n)
 	}
 }
@@ -80,18 +80,17 @@ func (l *logCapture) Errors() []string {
 //   - on two copies of the handler ("send-1", "send-2", each its own
 //     default consumer name), both run: two effects, and the middleware logs
 //     a warning naming the topic;
-//   - on one handler registered with middleware.ConcurrentSubscriber(sub, 2),
+//   - on one handler registered with exactlyonce.ConcurrentSubscriber(sub, 2),
 //     both are in flight in the one handler, under one consumer name: the
 //     second waits for the first's claim and acks as a duplicate. One effect.
 func TestHandlerCopiesVersusConcurrentSubscriber(t *testing.T) {
 	t.Parallel()
-	d := testenv.Drivers(t)[0]
-	pub := testenv.AMQPPublisher(t)
+	d := testenv.DriverNamed(t, "pgxpool")
 
 	t.Run("copies", func(t *testing.T) {
 		e := setupE2E(t, d)
 		var log logCapture
-		eo := e.Middleware(t, middleware.Config{Logger: &log})
+		eo := e.Middleware(t, exactlyonce.Config{Logger: &log})
 		g := newGate(2)
 		r := newRouter(t)
 		r.AddMiddleware(eo.Middleware)
@@ -103,8 +102,8 @@ func TestHandlerCopiesVersusConcurrentSubscriber(t *testing.T) {
 			})
 		}
 		testenv.StartRouter(t, r)
-		waitConsumers(t, e.In, 2)
-		publishCopies(t, pub, e.In, "m-1", []byte(`{}`), 2)
+		waitConsumers(t, e.Conn, e.In, 2)
+		publishCopies(t, e.Pub, e.In, "m-1", []byte(`{}`), 2)
 		waitSettled(t, e.Log, 2)
 		closeRouter(t, r)
 
@@ -123,62 +122,47 @@ func TestHandlerCopiesVersusConcurrentSubscriber(t *testing.T) {
 	t.Run("ConcurrentSubscriber", func(t *testing.T) {
 		e := setupE2E(t, d)
 		var log logCapture
-		eo := e.Middleware(t, middleware.Config{Logger: &log})
+		eo := e.Middleware(t, exactlyonce.Config{Logger: &log})
 		var runs atomic.Int64
 		r := newRouter(t)
 		r.AddMiddleware(eo.Middleware)
-		r.AddConsumerHandler("send", e.In, middleware.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 2), func(msg *message.Message) error {
+		r.AddConsumerHandler("send", e.In, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 2), func(msg *message.Message) error {
 			runs.Add(1)
 			return e.Effects.Insert(msg.Context(), msg.UUID, 1)
 		})
 		testenv.StartRouter(t, r)
-		waitConsumers(t, e.In, 2)
-		publishCopies(t, pub, e.In, "m-1", []byte(`{}`), 2)
+		waitConsumers(t, e.Conn, e.In, 2)
+		publishCopies(t, e.Pub, e.In, "m-1", []byte(`{}`), 2)
 		waitSettled(t, e.Log, 2)
 		closeRouter(t, r)
 		requireQueueDrained(t, e.In)
 
 		require.Equal(t, int64(1), e.Effects.Count(t, "m-1"), "one handler, one consumer name: one effect")
 		require.Equal(t, int64(1), runs.Load())
-		require.Equal(t, int64(1), countRows(t, d.DB, `SELECT count(*) FROM `+e.Tables.Inbox()+` WHERE consumer = 'send'`))
+		require.Equal(t, int64(1), e.Count(t, `SELECT count(*) FROM `+e.DB.Inbox()+` WHERE consumer = 'send'`))
 		require.Empty(t, log.Errors())
 	})
 
 	t.Run("ConcurrentSubscriber runs n at once", func(t *testing.T) {
 		e := setupE2E(t, d)
-		eo := e.Middleware(t, middleware.Config{})
+		eo := e.Middleware(t, exactlyonce.Config{})
 		const n = 4
 		g := newGate(n)
 		r := newRouter(t)
 		r.AddMiddleware(eo.Middleware)
-		r.AddConsumerHandler("send", e.In, middleware.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), n), func(msg *message.Message) error {
+		r.AddConsumerHandler("send", e.In, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), n), func(msg *message.Message) error {
 			g.enter(t)
 			defer g.leave()
 			return e.Effects.Insert(msg.Context(), msg.UUID, 1)
 		})
 		testenv.StartRouter(t, r)
-		waitConsumers(t, e.In, n)
+		waitConsumers(t, e.Conn, e.In, n)
 		for i := range 3 * n {
-			require.NoError(t, pub.Publish(e.In, message.NewMessage(watermill.NewUUID(), []byte{byte('a' + i)})))
+			require.NoError(t, e.Pub.Publish(e.In, message.NewMessage(watermill.NewUUID(), []byte{byte('a' + i)})))
 		}
 		waitSettled(t, e.Log, 3*n)
 		closeRouter(t, r)
 		require.Equal(t, int64(n), g.max.Load(), "the one handler had n deliveries in flight at once")
 		require.Equal(t, int64(3*n), e.Effects.Count(t, ""))
 	})
-}
-
-// waitConsumers waits until queue has n consumers attached.
-func waitConsumers(t testing.TB, queue string, n int) {
-	t.Helper()
-	conn := testenv.AMQPConn(t)
-	testenv.Eventually(t, e2eTimeout, func() bool {
-		ch, err := conn.Channel()
-		if err != nil {
-			return false
-		}
-		defer func() { _ = ch.Close() }()
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		return err == nil && q.Consumers == n
-	}, "queue %s never had %d consumers", queue, n)
 }

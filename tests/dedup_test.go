@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // dedupCopies is the number of deliveries of the same message.
@@ -37,27 +37,27 @@ func dedupHandler(e *e2e, runs *runCounter) message.HandlerFunc {
 // message uuid were acked: one handler run, one effect, the duplicates
 // counted by the middleware and in the inbox, every delivery acked, one
 // output in the outbox, and exactly one message downstream after the relay.
-func requireDedupOutcome(t *testing.T, e *e2e, r *message.Router, runs *runCounter, deliveries *atomic.Int64, uuid string) {
+func requireDedupOutcome(t *testing.T, e *e2e, r *message.Router, runs *runCounter, deliveries *deliveryLog, uuid string) {
 	t.Helper()
 	waitSettled(t, e.Log, dedupCopies)
 	closeRouter(t, r)
 	requireQueueDrained(t, e.In)
 
-	require.Equal(t, int64(dedupCopies), deliveries.Load(), "deliveries that reached the router")
+	require.Equal(t, int64(dedupCopies), deliveries.Total(), "deliveries that reached the router")
 	require.Equal(t, 1, runs.Total(), "handler runs")
 	require.Equal(t, int64(1), e.Effects.Count(t, ""), "effect rows")
 	require.Equal(t, int64(1), e.Log.Processed.Load(), "processed")
 	require.Equal(t, int64(dedupCopies-1), e.Log.Duplicates.Load(), "duplicates")
-	require.Zero(t, e.Log.Failed.Load()+e.Log.Rejected.Load()+e.Log.DBUnavailable.Load()+e.Log.FailOpen.Load(),
+	require.Zero(t, e.Log.Failed.Load()+e.Log.ClaimFailed.Load()+e.Log.Rejected.Load()+e.Log.DBUnavailable.Load()+e.Log.FailOpen.Load(),
 		"no delivery may fail")
 
-	rec := inboxRecord(t, e.Driver, e.Tables, dedupHandlerName, uuid)
-	require.Equal(t, inbox.StatusDone, rec.Status)
+	rec := inboxRecord(t, e.DB, dedupHandlerName, uuid)
+	require.Equal(t, inboxdb.StatusDone, rec.Status)
 	require.Equal(t, int64(dedupCopies-1), rec.Duplicates, "inbox duplicate counter")
 
-	require.Equal(t, int64(1), outboxPending(t, e.Driver, e.Tables), "outbox rows")
-	require.Equal(t, []outboxRow{{Topic: e.Out, UUID: outputUUID(uuid, 1)}}, outboxRows(t, e.Driver, e.Tables))
-	requireExactlyOneOutput(t, e.Driver, e.Tables, e.Out, outputUUID(uuid, 1))
+	require.Equal(t, int64(1), outboxPending(t, e.DB), "outbox rows")
+	require.Equal(t, []outboxRow{{Topic: e.Out, UUID: outputUUID(uuid, 1)}}, outboxRows(t, e.DB))
+	requireExactlyOneOutput(t, e.DB, e.Out, outputUUID(uuid, 1))
 }
 
 // TestDedupRepublished: a producer publishes the same message (same UUID)
@@ -65,25 +65,21 @@ func requireDedupOutcome(t *testing.T, e *e2e, r *message.Router, runs *runCount
 // is acked.
 func TestDedupRepublished(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			e := setupE2E(t, d)
-			eo := e.Middleware(t, middleware.Config{})
+	eachDriver(t, func(t *testing.T, e *e2e) {
+		eo := e.Middleware(t, exactlyonce.Config{})
 
-			var runs runCounter
-			var deliveries atomic.Int64
-			r := newRouter(t)
-			r.AddMiddleware(countDeliveries(&deliveries), eo.Middleware)
-			addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
+		var runs runCounter
+		var deliveries deliveryLog
+		r := newRouter(t)
+		r.AddMiddleware(deliveries.Middleware, eo.Middleware)
+		addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
 
-			uuid := watermill.NewUUID()
-			publishCopies(t, testenv.AMQPPublisher(t), e.In, uuid, []byte(`{"n":1}`), dedupCopies)
-			testenv.StartRouter(t, r)
+		uuid := watermill.NewUUID()
+		publishCopies(t, e.Pub, e.In, uuid, []byte(`{"n":1}`), dedupCopies)
+		testenv.StartRouter(t, r)
 
-			requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
-		})
-	}
+		requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
+	})
 }
 
 // errLostAck simulates an ack that never reached the broker.
@@ -111,23 +107,19 @@ func loseAcks(n int64) message.HandlerMiddleware {
 // committed; the handler's effect and output happen once.
 func TestDedupRedelivered(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			e := setupE2E(t, d)
-			eo := e.Middleware(t, middleware.Config{})
+	eachDriver(t, func(t *testing.T, e *e2e) {
+		eo := e.Middleware(t, exactlyonce.Config{})
 
-			var runs runCounter
-			var deliveries atomic.Int64
-			r := newRouter(t)
-			r.AddMiddleware(countDeliveries(&deliveries), loseAcks(dedupCopies-1), eo.Middleware)
-			addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
+		var runs runCounter
+		var deliveries deliveryLog
+		r := newRouter(t)
+		r.AddMiddleware(deliveries.Middleware, loseAcks(dedupCopies-1), eo.Middleware)
+		addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
 
-			uuid := watermill.NewUUID()
-			publishCopies(t, testenv.AMQPPublisher(t), e.In, uuid, []byte(`{"n":1}`), 1)
-			testenv.StartRouter(t, r)
+		uuid := watermill.NewUUID()
+		publishCopies(t, e.Pub, e.In, uuid, []byte(`{"n":1}`), 1)
+		testenv.StartRouter(t, r)
 
-			requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
-		})
-	}
+		requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
+	})
 }

@@ -34,14 +34,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
-
-// hostileWait bounds every wait of these tests.
-const hostileWait = 30 * time.Second
 
 // hostileCaseHeader names each hostile message, so that a test can tell
 // which one reached the poison queue or the output queue.
@@ -51,53 +49,29 @@ const hostileCaseHeader = "hostile-case"
 const hostileKeyHeader = "idempotency-key"
 
 var hostileModes = []struct {
-	name string
-	mode middleware.Mode
-}{{"transactional", middleware.Transactional}, {"lease", middleware.Lease}}
-
-var hostileDriverNames = []string{"pgxpool", "database-sql"}
-
-// hostileDriver opens the one driver named name (connections are opened
-// inside the subtest, so that parallel subtests waiting for their turn hold
-// none).
-func hostileDriver(t testing.TB, name string) testenv.Driver {
-	t.Helper()
-	switch name {
-	case "pgxpool":
-		return testenv.Driver{Name: name, DB: wsql.BeginnerFromPgx(testenv.Pool(t))}
-	case "database-sql":
-		return testenv.Driver{Name: name, DB: wsql.BeginnerFromStdSQL(testenv.StdDB(t))}
-	}
-	t.Fatalf("unknown driver %q", name)
-	return testenv.Driver{}
-}
+	name  string
+	lease bool
+}{{"transactional", false}, {"lease", true}}
 
 // hostileEachDriverMode runs f as parallel subtests, once per driver and
-// mode.
-func hostileEachDriverMode(t *testing.T, f func(t *testing.T, d testenv.Driver, mode middleware.Mode)) {
+// mode (lease: lease mode, else transactional).
+func hostileEachDriverMode(t *testing.T, f func(t *testing.T, d testenv.Driver, lease bool)) {
 	t.Helper()
-	for _, dn := range hostileDriverNames {
+	for _, dn := range testenv.DriverNames {
 		for _, m := range hostileModes {
 			t.Run(dn+"/"+m.name, func(t *testing.T) {
 				t.Parallel()
-				f(t, hostileDriver(t, dn), m.mode)
+				f(t, testenv.DriverNamed(t, dn), m.lease)
 			})
 		}
 	}
 }
 
-// hostileEnv is one test's world: its schema, effects table, queues (input,
-// output, and the input's poison queue), a RabbitMQ connection for raw
-// publishing and inspection, a confirming Watermill publisher, and the
-// middleware's event log.
+// hostileEnv is one test's world: the e2e bundle, the input's poison
+// queue, and what the handler saw.
 type hostileEnv struct {
-	d                testenv.Driver
-	tables           sqlschema.Config
-	effects          effectsTable
-	in, out, poison  string
-	conn             *amqp.Connection
-	pub              message.Publisher
-	log              *eventLog
+	*e2e
+	poison           string
 	mu               sync.Mutex
 	handled          []string // keys the handler saw, in order
 	handledConsumers []string
@@ -105,33 +79,22 @@ type hostileEnv struct {
 
 func hostileSetup(t *testing.T, d testenv.Driver) *hostileEnv {
 	t.Helper()
-	tables := testenv.Schema(t)
-	in := testenv.Queue(t, "hin_")
-	e := &hostileEnv{
-		d:       d,
-		tables:  tables,
-		effects: createEffectsTable(t, d, tables),
-		in:      in,
-		out:     testenv.Queue(t, "hout_"),
-		poison:  in + "_poison", // deleted by testenv.Queue's cleanup of in
-		conn:    testenv.AMQPConn(t),
-		pub:     testenv.AMQPPublisher(t),
-		log:     &eventLog{},
-	}
-	faultDeclare(t, e.conn, e.poison)
+	e := &hostileEnv{e2e: setupE2E(t, d)}
+	e.poison = e.In + "_poison" // deleted by testenv.Queue's cleanup of In
+	declareQueue(t, e.Conn, e.poison)
 	return e
 }
 
 // middleware returns the exactly-once middleware on e's database and
-// tables in mode, keyed by key (nil: KeyFromUUID).
-func (e *hostileEnv) middleware(t testing.TB, mode middleware.Mode, key middleware.KeyFunc) *middleware.Middleware {
+// tables, in lease mode when lease is set, keyed by key (nil: the message
+// UUID).
+func (e *hostileEnv) middleware(t testing.TB, lease bool, key func(*message.Message) (string, error)) *exactlyonce.Middleware {
 	t.Helper()
-	eo, err := middleware.New(middleware.Config{
-		DB: e.d.DB, Tables: e.tables, Mode: mode, Key: key, OnEvent: e.log.Observe,
-		NackDelay: -1,
-	})
-	require.NoError(t, err)
-	return eo
+	cfg := exactlyonce.Config{Key: key, NackDelay: -1}
+	if lease {
+		cfg.Lease = &exactlyonce.LeaseConfig{}
+	}
+	return e.Middleware(t, cfg)
 }
 
 // handler records the key and consumer it runs for and writes one effect
@@ -140,12 +103,16 @@ func (e *hostileEnv) middleware(t testing.TB, mode middleware.Mode, key middlewa
 func (e *hostileEnv) handler(out func(msg *message.Message) []*message.Message) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		key := middleware.KeyFromContext(ctx)
+		info, err := exactlyonce.InfoFromContext(ctx)
+		if err != nil {
+			return nil, err
+		}
+		key := info.Key
 		e.mu.Lock()
 		e.handled = append(e.handled, key)
-		e.handledConsumers = append(e.handledConsumers, middleware.ConsumerFromContext(ctx))
+		e.handledConsumers = append(e.handledConsumers, info.Consumer)
 		e.mu.Unlock()
-		if err := e.effects.Insert(ctx, key, 1); err != nil {
+		if err := e.Effects.Insert(ctx, key, 1); err != nil {
 			return nil, err
 		}
 		if out == nil {
@@ -161,22 +128,26 @@ func (e *hostileEnv) handledKeys() []string {
 	return append([]string(nil), e.handled...)
 }
 
-// hostileIsKeyError is the poison-queue filter the docs recommend: the key
-// errors never succeed on retry.
+// hostilePoisonFilter is the poison-queue filter the docs recommend:
+// exactlyonce.IsPermanent, true for the errors that never succeed on retry,
+// the key errors among them.
+func hostilePoisonFilter(err error) bool { return exactlyonce.IsPermanent(err) }
+
+// hostileIsKeyError reports whether err is a key rejection: every key
+// error wraps exactlyonce.ErrInvalidKey, and the poison filter takes it.
 func hostileIsKeyError(err error) bool {
-	return errors.Is(err, middleware.ErrEmptyKey) || errors.Is(err, middleware.ErrKeyTooLong) ||
-		errors.Is(err, middleware.ErrInvalidKey)
+	return errors.Is(err, exactlyonce.ErrInvalidKey) && hostilePoisonFilter(err)
 }
 
-// startRouter runs a router with one handler named name consuming e.in
+// startRouter runs a router with one handler named name consuming e.In
 // (prefetch 1, so deliveries are handled in queue order) with the
 // exactly-once middleware inside a poison queue (filter nil: no poison
-// queue), and the handler's publish topic e.out.
-func (e *hostileEnv) startRouter(t testing.TB, name string, eo *middleware.Middleware, filter func(error) bool, sub message.Subscriber, h message.HandlerFunc) *message.Router {
+// queue), and the handler's publish topic e.Out.
+func (e *hostileEnv) startRouter(t testing.TB, name string, eo *exactlyonce.Middleware, filter func(error) bool, sub message.Subscriber, h message.HandlerFunc) *message.Router {
 	t.Helper()
 	r := newRouter(t)
 	if filter != nil {
-		pq, err := wmiddleware.PoisonQueueWithFilter(e.pub, e.poison, filter)
+		pq, err := wmiddleware.PoisonQueueWithFilter(e.Pub, e.poison, filter)
 		require.NoError(t, err)
 		r.AddMiddleware(pq)
 	}
@@ -184,27 +155,9 @@ func (e *hostileEnv) startRouter(t testing.TB, name string, eo *middleware.Middl
 	if sub == nil {
 		sub = testenv.AMQPSubscriber(t, 1)
 	}
-	r.AddHandler(name, e.in, sub, e.out, routerMustNotPublish{t: t}, h)
+	r.AddHandler(name, e.In, sub, e.Out, outboxOnly(t), h)
 	testenv.StartRouter(t, r)
 	return r
-}
-
-// hostilePublishRaw publishes p to queue with amqp091 directly (a producer
-// that is not Watermill) and waits for the broker's confirm.
-func hostilePublishRaw(t testing.TB, conn *amqp.Connection, queue string, p amqp.Publishing) {
-	t.Helper()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	defer func() { _ = ch.Close() }()
-	require.NoError(t, ch.Confirm(false))
-	ctx, cancel := context.WithTimeout(context.Background(), hostileWait)
-	defer cancel()
-	p.DeliveryMode = amqp.Persistent
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, p)
-	require.NoError(t, err)
-	ok, err := dc.WaitContext(ctx)
-	require.NoError(t, err)
-	require.True(t, ok, "broker nacked the publish")
 }
 
 // drainPoison waits until want messages arrived in e.poison and
@@ -213,8 +166,8 @@ func hostilePublishRaw(t testing.TB, conn *amqp.Connection, queue string, p amqp
 func (e *hostileEnv) drainPoison(t testing.TB, want int) map[string]amqp.Delivery {
 	t.Helper()
 	var got []amqp.Delivery
-	testenv.Eventually(t, hostileWait, func() bool {
-		got = append(got, faultDrain(t, e.conn, e.poison)...)
+	testenv.Eventually(t, waitTimeout, func() bool {
+		got = append(got, drainQueue(t, e.Conn, e.poison)...)
 		return len(got) >= want
 	}, "expected %d message(s) in the poison queue", want)
 	out := map[string]amqp.Delivery{}
@@ -232,7 +185,7 @@ func (e *hostileEnv) drainPoison(t testing.TB, want int) map[string]amqp.Deliver
 // inboxRows counts the inbox rows of the test schema.
 func (e *hostileEnv) inboxRows(t testing.TB) int64 {
 	t.Helper()
-	return countRows(t, e.d.DB, `SELECT count(*) FROM `+e.tables.Inbox())
+	return e.Count(t, `SELECT count(*) FROM `+e.DB.Inbox())
 }
 
 // ---------------------------------------------------------------------------
@@ -264,21 +217,21 @@ func hostileKeyCases(fromMetadata bool) []hostileBadKey {
 				msg = message.NewMessage(key, []byte(`{"case":"`+name+`"}`))
 			}
 			msg.Metadata.Set(hostileCaseHeader, name)
-			require.NoError(t, e.pub.Publish(e.in, msg))
+			require.NoError(t, e.Pub.Publish(e.In, msg))
 		}
 	}
 	cases := []hostileBadKey{
-		{"empty", viaWatermill("empty", ""), middleware.ErrEmptyKey, "empty message key", ""},
-		{"10KB", viaWatermill("10KB", long), middleware.ErrKeyTooLong, "message key too long: 10240 bytes, the limit is 1024", long},
-		{"not UTF-8", viaWatermill("not UTF-8", "key-\xff\xfe-\xc3"), middleware.ErrInvalidKey, "not valid UTF-8", "key-\xff\xfe-\xc3"},
-		{"NUL", viaWatermill("NUL", "key\x00with-nul"), middleware.ErrInvalidKey, "contains a NUL byte", "key\x00with-nul"},
+		{"empty", viaWatermill("empty", ""), inboxdb.ErrEmptyKey, "invalid message key: empty", ""},
+		{"10KB", viaWatermill("10KB", long), inboxdb.ErrKeyTooLong, "message key: too long: 10240 bytes, the limit is 1024", long},
+		{"not UTF-8", viaWatermill("not UTF-8", "key-\xff\xfe-\xc3"), exactlyonce.ErrInvalidKey, "not valid UTF-8", "key-\xff\xfe-\xc3"},
+		{"NUL", viaWatermill("NUL", "key\x00with-nul"), exactlyonce.ErrInvalidKey, "contains a NUL byte", "key\x00with-nul"},
 	}
 	if fromMetadata {
 		cases = append(cases, hostileBadKey{"header missing", func(t testing.TB, e *hostileEnv) {
 			msg := message.NewMessage(watermill.NewUUID(), []byte(`{"case":"header missing"}`))
 			msg.Metadata.Set(hostileCaseHeader, "header missing")
-			require.NoError(t, e.pub.Publish(e.in, msg))
-		}, middleware.ErrEmptyKey, "empty message key", ""})
+			require.NoError(t, e.Pub.Publish(e.In, msg))
+		}, inboxdb.ErrEmptyKey, "invalid message key: empty", ""})
 		return cases
 	}
 	// No identity at all: a non-Watermill producer without the UUID header
@@ -286,21 +239,21 @@ func hostileKeyCases(fromMetadata bool) []hostileBadKey {
 	// watermill-amqp's DefaultMarshaler ignores.
 	cases = append(cases,
 		hostileBadKey{"no identity", func(t testing.TB, e *hostileEnv) {
-			hostilePublishRaw(t, e.conn, e.in, amqp.Publishing{
+			publishRaw(t, e.Conn, e.In, amqp.Publishing{
 				Headers: amqp.Table{hostileCaseHeader: "no identity"}, Body: []byte(`{"case":"no identity"}`),
 			})
-		}, middleware.ErrEmptyKey, "set a UUID on the message", ""},
+		}, inboxdb.ErrEmptyKey, "set a UUID on the message", ""},
 		hostileBadKey{"message_id only", func(t testing.TB, e *hostileEnv) {
-			hostilePublishRaw(t, e.conn, e.in, amqp.Publishing{
+			publishRaw(t, e.Conn, e.In, amqp.Publishing{
 				MessageId: "php-42", Headers: amqp.Table{hostileCaseHeader: "message_id only"}, Body: []byte(`{"case":"message_id only"}`),
 			})
-		}, middleware.ErrEmptyKey, "message_id", ""},
+		}, inboxdb.ErrEmptyKey, "message_id", ""},
 	)
 	return cases
 }
 
 // Keys the inbox cannot store (empty, 10 KB, not UTF-8, with a NUL byte, no
-// identity at all), through KeyFromUUID and KeyFromMetadata, in both modes
+// identity at all), through the UUID and KeyFromMetadata, in both modes
 // and with both drivers: each is rejected with its sentinel before any
 // claim, dead-lettered with the reason by the recommended poison-queue
 // filter, the handler never runs for it, and a good message published after
@@ -310,22 +263,22 @@ func TestHostileKeys(t *testing.T) {
 	for _, source := range []string{"uuid", "metadata"} {
 		t.Run(source, func(t *testing.T) {
 			t.Parallel()
-			hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, mode middleware.Mode) {
-				hostileKeysRun(t, d, mode, source == "metadata")
+			hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, lease bool) {
+				hostileKeysRun(t, d, lease, source == "metadata")
 			})
 		})
 	}
 }
 
-func hostileKeysRun(t *testing.T, d testenv.Driver, mode middleware.Mode, fromMetadata bool) {
+func hostileKeysRun(t *testing.T, d testenv.Driver, lease bool, fromMetadata bool) {
 	e := hostileSetup(t, d)
-	var key middleware.KeyFunc
+	var key func(*message.Message) (string, error)
 	if fromMetadata {
-		key = middleware.KeyFromMetadata(hostileKeyHeader)
+		key = exactlyonce.KeyFromMetadata(hostileKeyHeader)
 	}
-	eo := e.middleware(t, mode, key)
+	eo := e.middleware(t, lease, key)
 	const handlerName = "hostile-keys"
-	r := e.startRouter(t, handlerName, eo, hostileIsKeyError, nil, e.handler(nil))
+	r := e.startRouter(t, handlerName, eo, hostilePoisonFilter, nil, e.handler(nil))
 
 	cases := hostileKeyCases(fromMetadata)
 	for _, c := range cases {
@@ -339,15 +292,15 @@ func hostileKeysRun(t *testing.T, d testenv.Driver, mode middleware.Mode, fromMe
 			good.UUID = watermill.NewUUID()
 			good.Metadata.Set(hostileKeyHeader, goodKey)
 		}
-		require.NoError(t, e.pub.Publish(e.in, good))
+		require.NoError(t, e.Pub.Publish(e.In, good))
 	}
 
-	testenv.Eventually(t, hostileWait, func() bool { return e.log.Settled() >= 2 },
+	testenv.Eventually(t, waitTimeout, func() bool { return e.Log.Settled() >= 2 },
 		"the good message behind the hostile ones was not processed")
 	poisoned := e.drainPoison(t, len(cases))
 	require.NoError(t, r.Close())
-	faultRequireQueueSettled(t, e.conn, e.in, 0)
-	require.Empty(t, faultDrain(t, e.conn, e.poison), "each hostile message is poisoned once")
+	requireQueueSettled(t, e.Conn, e.In, 0)
+	require.Empty(t, drainQueue(t, e.Conn, e.poison), "each hostile message is poisoned once")
 
 	for _, c := range cases {
 		p, ok := poisoned[c.name]
@@ -372,50 +325,50 @@ func hostileKeysRun(t *testing.T, d testenv.Driver, mode middleware.Mode, fromMe
 			require.True(t, uuid == c.key, "case %q: UUID changed to %q", c.name, uuid)
 		}
 	}
-	rejected := e.log.Events()
+	rejected := e.Log.Events()
 	n := 0
 	for _, ev := range rejected {
-		if ev.Kind == middleware.EventRejected {
+		if ev.Outcome == exactlyonce.Nacked && errors.Is(ev.Err, exactlyonce.ErrInvalidKey) {
 			n++
 			require.True(t, hostileIsKeyError(ev.Err), "rejection error: %v", ev.Err)
 		}
 	}
 	require.Equal(t, len(cases), n, "one rejection per hostile message")
-	require.Equal(t, int64(1), e.log.Processed.Load())
-	require.Equal(t, int64(1), e.log.Duplicates.Load())
-	require.Zero(t, e.log.Failed.Load())
-	require.Zero(t, e.log.DBUnavailable.Load())
+	require.Equal(t, int64(1), e.Log.Processed.Load())
+	require.Equal(t, int64(1), e.Log.Duplicates.Load())
+	require.Zero(t, e.Log.Failed.Load()+e.Log.ClaimFailed.Load())
+	require.Zero(t, e.Log.DBUnavailable.Load())
 	require.Equal(t, []string{goodKey}, e.handledKeys(), "the handler ran for the good message only")
-	require.Equal(t, int64(1), e.effects.Count(t, ""))
+	require.Equal(t, int64(1), e.Effects.Count(t, ""))
 	require.Equal(t, int64(1), e.inboxRows(t), "no inbox row for a rejected key")
 }
 
 // Without a poison queue (against the docs' advice) a message whose key is
 // rejected is nacked and requeued by watermill-amqp at the head of the
-// queue, again and again, without delay (NackDelay applies to database
-// failures, not to key errors). This test records what that means for the
+// queue, again and again (here without delay: NackDelay, which paces these
+// nacks, is disabled to show the loop quickly). This test records what that means for the
 // messages behind it on a prefetch-1 consumer: it is not lost, and the good
 // message behind it is blocked as long as the router runs.
 func TestHostileRejectedKeyWithoutPoisonQueue(t *testing.T) {
 	t.Parallel()
-	e := hostileSetup(t, hostileDriver(t, "pgxpool"))
-	eo := e.middleware(t, middleware.Transactional, nil)
+	e := hostileSetup(t, testenv.DriverNamed(t, "pgxpool"))
+	eo := e.middleware(t, false, nil)
 	r := e.startRouter(t, "hostile-no-poison", eo, nil, nil, e.handler(nil))
 
 	bad := message.NewMessage("", []byte(`{"case":"empty key"}`))
-	require.NoError(t, e.pub.Publish(e.in, bad))
+	require.NoError(t, e.Pub.Publish(e.In, bad))
 	good := message.NewMessage("good-"+watermill.NewUUID(), []byte(`{"case":"good"}`))
-	require.NoError(t, e.pub.Publish(e.in, good))
+	require.NoError(t, e.Pub.Publish(e.In, good))
 
 	// 50 rejections: the keyless message came back at least 49 times.
-	testenv.Eventually(t, hostileWait, func() bool { return e.log.Rejected.Load() >= 50 },
+	testenv.Eventually(t, waitTimeout, func() bool { return e.Log.Rejected.Load() >= 50 },
 		"the keyless message was not redelivered in a loop")
-	processedDuringLoop := e.log.Processed.Load()
+	processedDuringLoop := e.Log.Processed.Load()
 	require.NoError(t, r.Close())
-	faultRequireQueueSettled(t, e.conn, e.in, 2-int(processedDuringLoop))
+	requireQueueSettled(t, e.Conn, e.In, 2-int(processedDuringLoop))
 
 	t.Logf("after %d rejections of the keyless message: good message processed %d time(s)",
-		e.log.Rejected.Load(), processedDuringLoop)
+		e.Log.Rejected.Load(), processedDuringLoop)
 	require.Zero(t, processedDuringLoop,
 		"observed behaviour changed: the good message behind a looping rejected one was processed (update this test and docs)")
 	require.Empty(t, e.handledKeys())
@@ -425,7 +378,7 @@ func TestHostileRejectedKeyWithoutPoisonQueue(t *testing.T) {
 // Keys with SQL metacharacters are data.
 
 // hostileSQLKeys are valid keys that would break naive quoting: the pgx
-// fast path (inbox.Store.BeginClaimPgx) sends the key as a quoted literal in
+// fast path (inboxdb.Store.BeginClaimPgx) sends the key as a quoted literal in
 // a multi-statement query. schema is the test schema, for injections that
 // name its canary table.
 func hostileSQLKeys(schema string) []string {
@@ -462,106 +415,54 @@ func hostileSQLKeys(schema string) []string {
 // injections aim at is still there.
 func TestHostileSQLKeys(t *testing.T) {
 	t.Parallel()
-	hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, mode middleware.Mode) {
+	hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, lease bool) {
 		e := hostileSetup(t, d)
-		ctx, cancel := context.WithTimeout(context.Background(), hostileWait)
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 		defer cancel()
-		_, err := d.DB.ExecContext(ctx, `CREATE TABLE `+pgx.Identifier{e.tables.Schema, "canary"}.Sanitize()+` (id int)`)
+		_, err := d.DB.ExecContext(ctx, `CREATE TABLE `+pgx.Identifier{e.DB.Schema, "canary"}.Sanitize()+` (id int)`)
 		require.NoError(t, err)
-		tablesBefore := countRows(t, d.DB, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, e.tables.Schema)
+		tablesBefore := e.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, e.DB.Schema)
 
 		consumer := `it's a "hostile" \ $$ consumer'; DROP TABLE x; --`
-		eo := e.middleware(t, mode, nil)
-		r := e.startRouter(t, consumer, eo, hostileIsKeyError, nil, e.handler(nil))
+		eo := e.middleware(t, lease, nil)
+		r := e.startRouter(t, consumer, eo, hostilePoisonFilter, nil, e.handler(nil))
 
-		keys := hostileSQLKeys(e.tables.Schema)
+		keys := hostileSQLKeys(e.DB.Schema)
 		seen := map[string]bool{}
 		for _, k := range keys {
 			require.False(t, seen[k], "duplicate key in the list: %q", k)
 			seen[k] = true
-			publishCopies(t, e.pub, e.in, k, []byte(`{}`), 2)
+			publishCopies(t, e.Pub, e.In, k, []byte(`{}`), 2)
 		}
-		waitSettled(t, e.log, int64(2*len(keys)))
+		waitSettled(t, e.Log, int64(2*len(keys)))
 		require.NoError(t, r.Close())
-		faultRequireQueueSettled(t, e.conn, e.in, 0)
-		require.Empty(t, faultDrain(t, e.conn, e.poison), "nothing poisoned")
+		requireQueueSettled(t, e.Conn, e.In, 0)
+		require.Empty(t, drainQueue(t, e.Conn, e.poison), "nothing poisoned")
 
-		require.Equal(t, int64(len(keys)), e.log.Processed.Load())
-		require.Equal(t, int64(len(keys)), e.log.Duplicates.Load())
-		require.Zero(t, e.log.Rejected.Load()+e.log.Failed.Load()+e.log.DBUnavailable.Load())
+		require.Equal(t, int64(len(keys)), e.Log.Processed.Load())
+		require.Equal(t, int64(len(keys)), e.Log.Duplicates.Load())
+		require.Zero(t, e.Log.Rejected.Load()+e.Log.Failed.Load()+e.Log.ClaimFailed.Load()+e.Log.DBUnavailable.Load())
 		require.ElementsMatch(t, keys, e.handledKeys(), "the handler ran once per key and saw it byte for byte")
 		for _, c := range e.handledConsumers {
 			require.Equal(t, consumer, c)
 		}
 		for _, k := range keys {
-			require.Equal(t, int64(1), e.effects.Count(t, k), "effects of %q", k)
-			rec := inboxRecord(t, d, e.tables, consumer, k)
+			require.Equal(t, int64(1), e.Effects.Count(t, k), "effects of %q", k)
+			rec := inboxRecord(t, e.DB, consumer, k)
 			require.Equal(t, k, rec.Key)
 			require.Equal(t, consumer, rec.Consumer)
-			require.Equal(t, inbox.StatusDone, rec.Status, "key %q", k)
+			require.Equal(t, inboxdb.StatusDone, rec.Status, "key %q", k)
 			require.Equal(t, int64(1), rec.Duplicates, "key %q", k)
 		}
 		require.Equal(t, int64(len(keys)), e.inboxRows(t))
-		require.Equal(t, tablesBefore, countRows(t, d.DB, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, e.tables.Schema),
+		require.Equal(t, tablesBefore, e.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, e.DB.Schema),
 			"no table of the test schema was dropped")
-		require.Zero(t, countRows(t, d.DB, `SELECT count(*) FROM `+pgx.Identifier{e.tables.Schema, "canary"}.Sanitize()))
+		require.Zero(t, e.Count(t, `SELECT count(*) FROM `+pgx.Identifier{e.DB.Schema, "canary"}.Sanitize()))
 	})
 }
 
 // ---------------------------------------------------------------------------
 // Payloads and output metadata through the middleware and the outbox.
-
-// hostileCollector consumes an output queue and keeps every message (UUID,
-// payload, metadata).
-type hostileCollector struct {
-	sub  message.Subscriber
-	done chan struct{}
-
-	mu   sync.Mutex
-	msgs map[string][]*message.Message
-	n    int
-}
-
-func hostileCollect(t testing.TB, queue string) *hostileCollector {
-	t.Helper()
-	c := &hostileCollector{sub: testenv.AMQPSubscriber(t, 0), done: make(chan struct{}), msgs: map[string][]*message.Message{}}
-	msgs, err := c.sub.Subscribe(context.Background(), queue)
-	require.NoError(t, err)
-	go func() {
-		defer close(c.done)
-		for msg := range msgs {
-			c.mu.Lock()
-			c.msgs[msg.UUID] = append(c.msgs[msg.UUID], msg)
-			c.n++
-			c.mu.Unlock()
-			msg.Ack()
-		}
-	}()
-	t.Cleanup(func() { c.stop(t) })
-	return c
-}
-
-func (c *hostileCollector) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
-}
-
-func (c *hostileCollector) get(uuid string) []*message.Message {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.msgs[uuid]
-}
-
-func (c *hostileCollector) stop(t testing.TB) {
-	t.Helper()
-	_ = c.sub.Close()
-	select {
-	case <-c.done:
-	case <-time.After(hostileWait):
-		t.Errorf("output collector did not stop within %s", hostileWait)
-	}
-}
 
 // hostilePayloads are input payloads the handler echoes into its output.
 func hostilePayloads() []struct {
@@ -616,10 +517,10 @@ func hostileOutputMetadata() message.Metadata {
 func TestHostilePayloads(t *testing.T) {
 	t.Parallel()
 	payloads := hostilePayloads()
-	hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, mode middleware.Mode) {
+	hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, lease bool) {
 		e := hostileSetup(t, d)
-		eo := e.middleware(t, mode, nil)
-		r := e.startRouter(t, "hostile-payloads", eo, hostileIsKeyError, nil, e.handler(func(msg *message.Message) []*message.Message {
+		eo := e.middleware(t, lease, nil)
+		r := e.startRouter(t, "hostile-payloads", eo, hostilePoisonFilter, nil, e.handler(func(msg *message.Message) []*message.Message {
 			out := message.NewMessage(msg.UUID+"-echo", msg.Payload)
 			out.Metadata = hostileOutputMetadata()
 			return []*message.Message{out}
@@ -630,33 +531,33 @@ func TestHostilePayloads(t *testing.T) {
 			uuids[i] = "payload-" + watermill.NewUUID()
 			msg := message.NewMessage(uuids[i], p.payload)
 			msg.Metadata.Set(hostileCaseHeader, p.name)
-			require.NoError(t, e.pub.Publish(e.in, msg))
+			require.NoError(t, e.Pub.Publish(e.In, msg))
 		}
 		good := "good-" + watermill.NewUUID()
-		require.NoError(t, e.pub.Publish(e.in, message.NewMessage(good, []byte(`{"ok":true}`))))
+		require.NoError(t, e.Pub.Publish(e.In, message.NewMessage(good, []byte(`{"ok":true}`))))
 
-		waitSettled(t, e.log, int64(len(payloads)+1))
+		waitSettled(t, e.Log, int64(len(payloads)+1))
 		require.NoError(t, r.Close())
-		faultRequireQueueSettled(t, e.conn, e.in, 0)
-		require.Equal(t, int64(len(payloads)+1), e.log.Processed.Load())
-		require.Zero(t, e.log.Failed.Load())
+		requireQueueSettled(t, e.Conn, e.In, 0)
+		require.Equal(t, int64(len(payloads)+1), e.Log.Processed.Load())
+		require.Zero(t, e.Log.Failed.Load()+e.Log.ClaimFailed.Load())
 
-		collector := hostileCollect(t, e.out)
-		require.Equal(t, len(payloads)+1, relayOutbox(t, d, e.tables), "relayed messages")
-		testenv.Eventually(t, hostileWait, func() bool { return collector.count() >= len(payloads)+1 },
+		collector := collect(t, e.Out)
+		require.Equal(t, len(payloads)+1, relayOutbox(t, e.DB), "relayed messages")
+		testenv.Eventually(t, waitTimeout, func() bool { return collector.Count() >= len(payloads)+1 },
 			"outputs did not arrive")
-		collector.stop(t)
-		require.Equal(t, len(payloads)+1, collector.count(), "one output per input")
+		collector.Stop(t)
+		require.Equal(t, len(payloads)+1, collector.Count(), "one output per input")
 		wantMeta := hostileOutputMetadata()
 		for i, p := range payloads {
-			got := collector.get(uuids[i] + "-echo")
+			got := collector.Get(uuids[i] + "-echo")
 			require.Len(t, got, 1, "output of %q", p.name)
 			require.Equal(t, len(p.payload), len(got[0].Payload), "payload length of %q", p.name)
 			require.True(t, string(p.payload) == string(got[0].Payload), "payload of %q is not byte-equal", p.name)
 			require.Equal(t, wantMeta, got[0].Metadata, "metadata of %q", p.name)
 		}
-		require.Len(t, collector.get(good+"-echo"), 1)
-		requireQueueDrained(t, e.out)
+		require.Len(t, collector.Get(good+"-echo"), 1)
+		requireQueueDrained(t, e.Out)
 	})
 }
 
@@ -667,12 +568,12 @@ func TestHostilePayloads(t *testing.T) {
 // silently; the good message behind them is processed either way.
 func TestHostileOutputMetadataNotJSONText(t *testing.T) {
 	t.Parallel()
-	for _, dn := range hostileDriverNames {
+	for _, dn := range testenv.DriverNames {
 		t.Run(dn, func(t *testing.T) {
 			t.Parallel()
-			d := hostileDriver(t, dn)
+			d := testenv.DriverNamed(t, dn)
 			e := hostileSetup(t, d)
-			eo := e.middleware(t, middleware.Transactional, nil)
+			eo := e.middleware(t, false, nil)
 			// An unfiltered poison queue: any handler error is dead-lettered.
 			r := e.startRouter(t, "hostile-metadata", eo, func(error) bool { return true }, nil,
 				e.handler(func(msg *message.Message) []*message.Message {
@@ -689,31 +590,31 @@ func TestHostileOutputMetadataNotJSONText(t *testing.T) {
 				msg := message.NewMessage(c.name, []byte(`{}`))
 				msg.Metadata.Set(hostileCaseHeader, c.name)
 				msg.Metadata.Set("x-trace", c.value)
-				require.NoError(t, e.pub.Publish(e.in, msg))
+				require.NoError(t, e.Pub.Publish(e.In, msg))
 			}
 			good := "good-" + watermill.NewUUID()
-			require.NoError(t, e.pub.Publish(e.in, message.NewMessage(good, []byte(`{}`))))
+			require.NoError(t, e.Pub.Publish(e.In, message.NewMessage(good, []byte(`{}`))))
 
-			testenv.Eventually(t, hostileWait, func() bool {
-				return e.log.Processed.Load()+e.log.Failed.Load() >= int64(len(cases)+1) && e.log.Processed.Load() >= 1
+			testenv.Eventually(t, waitTimeout, func() bool {
+				return e.Log.Processed.Load()+e.Log.Failed.Load() >= int64(len(cases)+1) && e.Log.Processed.Load() >= 1
 			}, "the messages were not handled")
 			require.NoError(t, r.Close())
-			faultRequireQueueSettled(t, e.conn, e.in, 0)
+			requireQueueSettled(t, e.Conn, e.In, 0)
 			poisoned := map[string]amqp.Delivery{}
-			for _, p := range faultDrain(t, e.conn, e.poison) {
+			for _, p := range drainQueue(t, e.Conn, e.poison) {
 				name, _ := p.Headers[hostileCaseHeader].(string)
 				poisoned[name] = p
 			}
 
-			collector := hostileCollect(t, e.out)
-			relayed := relayOutbox(t, d, e.tables)
-			testenv.Eventually(t, hostileWait, func() bool { return collector.count() >= relayed }, "outputs did not arrive")
-			collector.stop(t)
-			require.Len(t, collector.get(good+"-echo"), 1, "the good message behind is processed and relayed")
+			collector := collect(t, e.Out)
+			relayed := relayOutbox(t, e.DB)
+			testenv.Eventually(t, waitTimeout, func() bool { return collector.Count() >= relayed }, "outputs did not arrive")
+			collector.Stop(t)
+			require.Len(t, collector.Get(good+"-echo"), 1, "the good message behind is processed and relayed")
 
 			var problems []string
 			for _, c := range cases {
-				out := collector.get(c.name + "-echo")
+				out := collector.Get(c.name + "-echo")
 				p, isPoisoned := poisoned[c.name]
 				switch {
 				case isPoisoned:
@@ -761,10 +662,10 @@ func (p hostileShortstrPublisher) Publish(topic string, msgs ...*message.Message
 // quarantined and reported. Failing alone, it is retried, not blamed.
 func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	t.Parallel()
-	d := hostileDriver(t, "pgxpool")
+	d := testenv.DriverNamed(t, "pgxpool")
 	e := hostileSetup(t, d)
-	eo := e.middleware(t, middleware.Transactional, nil)
-	r := e.startRouter(t, "hostile-unpublishable", eo, hostileIsKeyError, nil, e.handler(func(msg *message.Message) []*message.Message {
+	eo := e.middleware(t, false, nil)
+	r := e.startRouter(t, "hostile-unpublishable", eo, hostilePoisonFilter, nil, e.handler(func(msg *message.Message) []*message.Message {
 		out := message.NewMessage(msg.UUID+"-echo", msg.Payload)
 		if msg.Metadata.Get(hostileCaseHeader) == "bad" {
 			out.Metadata.Set(strings.Repeat("h", 256), "header name too long for AMQP")
@@ -773,51 +674,50 @@ func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	}))
 	bad := message.NewMessage("bad-"+watermill.NewUUID(), []byte(`{}`))
 	bad.Metadata.Set(hostileCaseHeader, "bad")
-	require.NoError(t, e.pub.Publish(e.in, bad))
+	require.NoError(t, e.Pub.Publish(e.In, bad))
 	good := "good-" + watermill.NewUUID()
-	require.NoError(t, e.pub.Publish(e.in, message.NewMessage(good, []byte(`{}`))))
-	waitSettled(t, e.log, 2)
+	require.NoError(t, e.Pub.Publish(e.In, message.NewMessage(good, []byte(`{}`))))
+	waitSettled(t, e.Log, 2)
 	require.NoError(t, r.Close())
 
-	collector := hostileCollect(t, e.out)
+	collector := collect(t, e.Out)
 	const maxAttempts = 2
-	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		DB: d.DB, Publisher: hostileShortstrPublisher{testenv.AMQPPublisher(t)}, Tables: e.tables, MaxAttempts: maxAttempts,
+	relay := newRelay(t, outbox.RelayConfig{
+		DB: e.DB, Publisher: hostileShortstrPublisher{testenv.AMQPPublisher(t)}, MaxAttempts: maxAttempts,
 		ErrorBackoff: time.Millisecond, MaxErrorBackoff: time.Millisecond,
 	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), hostileWait)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	n, err := relay.RelayOnce(ctx)
 	require.Error(t, err, "the unpublishable row is reported")
 	require.Contains(t, err.Error(), "255", "the error says why: %v", err)
 	require.Equal(t, 1, n, "the good row behind it was relayed")
-	testenv.Eventually(t, 5*time.Second, func() bool { return len(collector.get(good+"-echo")) == 1 },
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(collector.Get(good+"-echo")) == 1 },
 		"the good message written after the unpublishable row was not relayed")
 
 	// Alone now, its failure blames nothing.
 	time.Sleep(5 * time.Millisecond)
 	_, err = relay.RelayOnce(ctx)
 	require.Error(t, err)
-	p, err := outbox.PendingStats(ctx, d.DB, e.tables)
+	p, err := outbox.PendingStats(ctx, e.DB)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge, Failing: 1}, p,
 		"failing, retried with backoff, not quarantined")
 
 	// With good rows behind it, the broker's acceptances on both sides of
 	// its failures blame them; MaxAttempts blamed failures quarantine it.
-	direct, err := outbox.NewPublisher(d.DB, outbox.PublisherConfig{Tables: e.tables})
+	direct, err := outbox.NewPublisher(d.DB, e.DB)
 	require.NoError(t, err)
 	var goods []string
 	for i := 0; p.Quarantined == 0; i++ {
 		require.Less(t, i, maxAttempts+3, "not quarantined after %d batches with good rows behind it", i)
 		goods = append(goods, "good-"+watermill.NewUUID())
-		require.NoError(t, direct.Publish(e.out, message.NewMessage(goods[i], []byte(`{}`))))
+		require.NoError(t, direct.Publish(e.Out, message.NewMessage(goods[i], []byte(`{}`))))
 		time.Sleep(5 * time.Millisecond) // its backoff is over
 		n, err := relay.RelayOnce(ctx)
 		require.Error(t, err)
 		require.Equal(t, 1, n, "the good row behind it is relayed")
-		p, err = outbox.PendingStats(ctx, d.DB, e.tables)
+		p, err = outbox.PendingStats(ctx, e.DB)
 		require.NoError(t, err)
 	}
 	n, err = relay.RelayOnce(ctx)
@@ -825,11 +725,11 @@ func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	require.Zero(t, n)
 	require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p, "the quarantined row is reported")
 	require.Equal(t, int64(1), relay.Stats().Quarantined)
-	testenv.Eventually(t, 5*time.Second, func() bool { return collector.count() == 1+len(goods) },
+	testenv.Eventually(t, 5*time.Second, func() bool { return collector.Count() == 1+len(goods) },
 		"the good messages written behind the unpublishable row were not all relayed")
-	collector.stop(t)
+	collector.Stop(t)
 	for _, g := range goods {
-		require.Len(t, collector.get(g), 1)
+		require.Len(t, collector.Get(g), 1)
 	}
 }
 
@@ -878,10 +778,10 @@ func hostileDeadLetter(t testing.TB, conn *amqp.Connection, queue string, msg am
 			_, _ = ch.QueueDelete(src, false, false, false)
 		}
 	})
-	before, _ := faultQueueState(t, conn, queue)
-	hostilePublishRaw(t, conn, src, msg)
-	testenv.Eventually(t, hostileWait, func() bool {
-		n, _ := faultQueueState(t, conn, queue)
+	before, _ := queueState(t, conn, queue)
+	publishRaw(t, conn, src, msg)
+	testenv.Eventually(t, waitTimeout, func() bool {
+		n, _ := queueState(t, conn, queue)
 		return n == before+1
 	}, "the message was not dead-lettered into %s", queue)
 }
@@ -895,30 +795,30 @@ func hostileDeadLetter(t testing.TB, conn *amqp.Connection, queue string, msg am
 // requeue, RabbitMQ puts it back at the head of the queue, and the loop runs
 // without pause for as long as the router does. It is not lost (it is still
 // in the queue when the router stops), but with prefetch 1 it blocks the
-// good message behind it. The notifier's identityMarshaler handles these
+// good message behind it. rabbitmq.Marshaler handles these
 // headers (examples/notifier/fuzz_test.go), as does a PreprocessDelivery
 // that turns them into strings.
 func TestHostileNonStringHeadersDefaultMarshaler(t *testing.T) {
 	t.Parallel()
-	e := hostileSetup(t, hostileDriver(t, "pgxpool"))
+	e := hostileSetup(t, testenv.DriverNamed(t, "pgxpool"))
 	uuidKey := wamqp.DefaultMessageUUIDHeaderKey
 
-	hostileDeadLetter(t, e.conn, e.in, amqp.Publishing{
+	hostileDeadLetter(t, e.Conn, e.In, amqp.Publishing{
 		Headers: amqp.Table{uuidKey: "dead-" + watermill.NewUUID(), hostileCaseHeader: "x-death"},
 		Body:    []byte(`{"case":"x-death"}`),
 	})
-	hostilePublishRaw(t, e.conn, e.in, amqp.Publishing{
+	publishRaw(t, e.Conn, e.In, amqp.Publishing{
 		Headers: amqp.Table{uuidKey: "num-" + watermill.NewUUID(), hostileCaseHeader: "number", "retries": int32(3), "ratio": 0.5},
 		Body:    []byte(`{"case":"number"}`),
 	})
-	hostilePublishRaw(t, e.conn, e.in, amqp.Publishing{
+	publishRaw(t, e.Conn, e.In, amqp.Publishing{
 		Headers: amqp.Table{uuidKey: "nested-" + watermill.NewUUID(), hostileCaseHeader: "nested",
 			"meta": amqp.Table{"a": amqp.Table{"b": int64(1)}, "list": []any{"x", int16(2)}}},
 		Body: []byte(`{"case":"nested"}`),
 	})
 	good := "good-" + watermill.NewUUID()
-	require.NoError(t, e.pub.Publish(e.in, message.NewMessage(good, []byte(`{"case":"good"}`))))
-	n, _ := faultQueueState(t, e.conn, e.in)
+	require.NoError(t, e.Pub.Publish(e.In, message.NewMessage(good, []byte(`{"case":"good"}`))))
+	n, _ := queueState(t, e.Conn, e.In)
 	require.Equal(t, 4, n)
 
 	var failures atomic.Int64
@@ -930,30 +830,30 @@ func TestHostileNonStringHeadersDefaultMarshaler(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 
-	var deliveries atomic.Int64
-	eo := e.middleware(t, middleware.Transactional, nil)
+	var deliveries deliveryLog
+	eo := e.middleware(t, false, nil)
 	r := newRouter(t)
-	pq, err := wmiddleware.PoisonQueue(e.pub, e.poison)
+	pq, err := wmiddleware.PoisonQueue(e.Pub, e.poison)
 	require.NoError(t, err)
-	r.AddMiddleware(countDeliveries(&deliveries), pq, eo.Middleware)
-	r.AddHandler("hostile-headers", e.in, sub, e.out, routerMustNotPublish{t: t}, e.handler(nil))
+	r.AddMiddleware(deliveries.Middleware, pq, eo.Middleware)
+	r.AddHandler("hostile-headers", e.In, sub, e.Out, outboxOnly(t), e.handler(nil))
 	testenv.StartRouter(t, r)
 
-	testenv.Eventually(t, hostileWait, func() bool { return failures.Load() >= 50 },
+	testenv.Eventually(t, waitTimeout, func() bool { return failures.Load() >= 50 },
 		"the subscriber did not keep failing on the non-string headers")
-	processed := e.log.Processed.Load()
+	processed := e.Log.Processed.Load()
 	require.NoError(t, r.Close())
 	require.NoError(t, sub.Close())
 	t.Logf("DefaultMarshaler: %d failed unmarshals (last: %v); deliveries reaching the router: %d; good processed: %d",
-		failures.Load(), lastErr.Load(), deliveries.Load(), processed)
+		failures.Load(), lastErr.Load(), deliveries.Total(), processed)
 
 	require.Contains(t, lastErr.Load(), "is not a string")
-	require.Zero(t, deliveries.Load(), "no hostile delivery reached the router")
+	require.Zero(t, deliveries.Total(), "no hostile delivery reached the router")
 	require.Zero(t, processed, "observed behaviour changed: the good message behind was processed (update this test and docs)")
-	require.Empty(t, faultDrain(t, e.conn, e.poison), "nothing can be dead-lettered: the router never saw the message")
-	faultRequireQueueSettled(t, e.conn, e.in, 4)
+	require.Empty(t, drainQueue(t, e.Conn, e.poison), "nothing can be dead-lettered: the router never saw the message")
+	requireQueueSettled(t, e.Conn, e.In, 4)
 	byCase := map[string]amqp.Delivery{}
-	for _, d := range faultDrain(t, e.conn, e.in) {
+	for _, d := range drainQueue(t, e.Conn, e.In) {
 		name, _ := d.Headers[hostileCaseHeader].(string)
 		byCase[name] = d
 	}
@@ -973,10 +873,10 @@ func TestHostileNonStringHeadersDefaultMarshaler(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub2.Close() })
 	for _, d := range byCase {
-		hostilePublishRaw(t, e.conn, e.in, amqp.Publishing{Headers: d.Headers, Body: d.Body})
+		publishRaw(t, e.Conn, e.In, amqp.Publishing{Headers: d.Headers, Body: d.Body})
 	}
 	e.startRouter(t, "hostile-headers-fixed", eo, nil, sub2, e.handler(nil))
-	waitSettled(t, e.log, 4)
+	waitSettled(t, e.Log, 4)
 	require.Equal(t, int64(4), e.inboxRows(t))
 }
 
@@ -1034,11 +934,11 @@ func (p hostileNamePublisher) Publish(string, ...*message.Message) error {
 func (hostileNamePublisher) Close() error { return nil }
 
 // Schema and table names that try SQL injection (and names PostgreSQL would
-// mangle) through every configuration that takes them — sqlschema.Config
-// (Validate, Migrations, SQL, Migrate), inbox.Config, middleware.Config,
-// outbox.RelayConfig, outbox.PublisherConfig, outbox.PendingStats — are
-// rejected with ErrInvalidName naming the field, before the database is
-// touched; Migrate against the real database creates nothing (checked in
+// mangle) through every function that takes them — sqlschema.DB (Validate,
+// SQL, Migrate, Check), inbox.NewStore (and the internal inboxdb.NewStore),
+// exactlyonce.New (both modes), outbox.NewRelay, outbox.NewPublisher,
+// outbox.PendingStats, outbox.RequeueFailed — are rejected as an "invalid
+// SQL identifier" naming the field, before the database is touched; Migrate against the real database creates nothing (checked in
 // pg_namespace and pg_class for the marker every injection would create).
 func TestHostileConfigNames(t *testing.T) {
 	t.Parallel()
@@ -1046,7 +946,7 @@ func TestHostileConfigNames(t *testing.T) {
 	real := wsql.BeginnerFromPgx(pool)
 	marker := testenv.Unique(t, "hinj_")
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), hostileWait)
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 		defer cancel()
 		_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{marker}.Sanitize()+` CASCADE`)
 		_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{"public", marker}.Sanitize())
@@ -1066,11 +966,11 @@ func TestHostileConfigNames(t *testing.T) {
 		marker + "ü",
 		strings.Repeat("a", 41),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), hostileWait)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	for _, field := range []string{"Schema", "InboxTable", "OutboxTable"} {
 		for _, name := range injections {
-			cfg := sqlschema.Config{}
+			cfg := sqlschema.DB{}
 			switch field {
 			case "Schema":
 				cfg.Schema = name
@@ -1082,33 +982,37 @@ func TestHostileConfigNames(t *testing.T) {
 			what := field + "=" + name
 			requireInvalid := func(err error, where string) {
 				t.Helper()
-				require.ErrorIs(t, err, sqlschema.ErrInvalidName, "%s: %s", where, what)
+				require.ErrorContains(t, err, "invalid SQL identifier", "%s: %s", where, what)
 				require.Contains(t, err.Error(), field, "%s: the error names the field: %s", where, what)
 			}
+			noDB := testenv.WithConn(cfg, hostileNoDB{t})
 			requireInvalid(cfg.Validate(), "Validate")
-			_, err := sqlschema.Migrations(cfg)
-			requireInvalid(err, "Migrations")
-			_, err = sqlschema.SQL(cfg)
+			_, err := sqlschema.SQL(cfg)
 			requireInvalid(err, "SQL")
-			requireInvalid(sqlschema.Migrate(ctx, hostileNoDB{t}, cfg), "Migrate")
-			requireInvalid(sqlschema.Migrate(ctx, real, cfg), "Migrate (real database)")
-			_, err = inbox.NewStore(inbox.Config{Tables: cfg})
+			requireInvalid(sqlschema.Migrate(ctx, noDB), "Migrate")
+			requireInvalid(sqlschema.Migrate(ctx, testenv.WithConn(cfg, real)), "Migrate (real database)")
+			requireInvalid(sqlschema.Check(ctx, noDB), "Check")
+			_, err = inbox.NewStore(noDB)
 			requireInvalid(err, "inbox.NewStore")
-			_, err = middleware.New(middleware.Config{DB: hostileNoDB{t}, Tables: cfg})
-			requireInvalid(err, "middleware.New")
-			_, err = middleware.New(middleware.Config{DB: hostileNoDB{t}, Tables: cfg, Mode: middleware.Lease})
-			requireInvalid(err, "middleware.New (lease)")
-			_, err = outbox.NewRelay(outbox.RelayConfig{DB: hostileNoDB{t}, Publisher: hostileNamePublisher{t}, Tables: cfg})
+			_, err = inboxdb.NewStore(inboxdb.Config{Tables: cfg})
+			requireInvalid(err, "inboxdb.NewStore")
+			_, err = exactlyonce.New(exactlyonce.Config{DB: noDB})
+			requireInvalid(err, "exactlyonce.New")
+			_, err = exactlyonce.New(exactlyonce.Config{DB: noDB, Lease: &exactlyonce.LeaseConfig{}})
+			requireInvalid(err, "exactlyonce.New (lease)")
+			_, err = outbox.NewRelay(outbox.RelayConfig{DB: noDB, Publisher: hostileNamePublisher{t}})
 			requireInvalid(err, "outbox.NewRelay")
-			_, err = outbox.NewPublisher(hostileNoDB{t}, outbox.PublisherConfig{Tables: cfg})
+			_, err = outbox.NewPublisher(hostileNoDB{t}, cfg)
 			requireInvalid(err, "outbox.NewPublisher")
-			_, err = outbox.PendingStats(ctx, hostileNoDB{t}, cfg)
+			_, err = outbox.PendingStats(ctx, noDB)
 			requireInvalid(err, "outbox.PendingStats")
+			_, err = outbox.RequeueFailed(ctx, noDB)
+			requireInvalid(err, "outbox.RequeueFailed")
 		}
 	}
-	require.Zero(t, countRows(t, real, `SELECT count(*) FROM pg_namespace WHERE strpos(nspname, $1) > 0`, marker),
+	require.Zero(t, testenv.Count(t, real, `SELECT count(*) FROM pg_namespace WHERE strpos(nspname, $1) > 0`, marker),
 		"a schema was created by an injection")
-	require.Zero(t, countRows(t, real, `SELECT count(*) FROM pg_class WHERE strpos(relname, $1) > 0`, marker),
+	require.Zero(t, testenv.Count(t, real, `SELECT count(*) FROM pg_class WHERE strpos(relname, $1) > 0`, marker),
 		"a table was created by an injection")
 }
 
@@ -1122,19 +1026,19 @@ func TestHostileConfigNames(t *testing.T) {
 // message behind both is processed. Both drivers.
 func TestHostileLeaseErrorText(t *testing.T) {
 	t.Parallel()
-	for _, dn := range hostileDriverNames {
+	for _, dn := range testenv.DriverNames {
 		t.Run(dn, func(t *testing.T) {
 			t.Parallel()
-			d := hostileDriver(t, dn)
+			d := testenv.DriverNamed(t, dn)
 			e := hostileSetup(t, d)
-			eo := e.middleware(t, middleware.Lease, nil)
+			eo := e.middleware(t, true, nil)
 			hostileText := "bad input \xff\xfe \x00 NUL " + strings.Repeat("\x00é\xc3", 1<<18)
 			var transientRuns atomic.Int64
 			const consumer = "hostile-lease-errors"
 			r := e.startRouter(t, consumer, eo, nil, nil, func(msg *message.Message) ([]*message.Message, error) {
 				switch msg.Metadata.Get(hostileCaseHeader) {
 				case "permanent":
-					return nil, middleware.Permanent(errors.New("rejected: " + hostileText))
+					return nil, exactlyonce.Permanent(errors.New("rejected: " + hostileText))
 				case "transient":
 					if transientRuns.Add(1) == 1 {
 						return nil, errors.New("provider said: " + hostileText)
@@ -1147,26 +1051,26 @@ func TestHostileLeaseErrorText(t *testing.T) {
 				uuids[name] = name + "-" + watermill.NewUUID()
 				msg := message.NewMessage(uuids[name], []byte(`{}`))
 				msg.Metadata.Set(hostileCaseHeader, name)
-				require.NoError(t, e.pub.Publish(e.in, msg))
+				require.NoError(t, e.Pub.Publish(e.In, msg))
 			}
-			testenv.Eventually(t, hostileWait, func() bool {
-				return e.log.Parked.Load() == 1 && e.log.Processed.Load() == 2
+			testenv.Eventually(t, waitTimeout, func() bool {
+				return e.Log.Parked.Load() == 1 && e.Log.Processed.Load() == 2
 			}, "expected 1 parked and 2 processed")
 			require.NoError(t, r.Close())
-			faultRequireQueueSettled(t, e.conn, e.in, 0)
+			requireQueueSettled(t, e.Conn, e.In, 0)
 			require.Equal(t, int64(2), transientRuns.Load())
 
-			parked := inboxRecord(t, d, e.tables, consumer, uuids["permanent"])
-			require.Equal(t, inbox.StatusParked, parked.Status)
+			parked := inboxRecord(t, e.DB, consumer, uuids["permanent"])
+			require.Equal(t, inboxdb.StatusParked, parked.Status)
 			require.True(t, utf8.ValidString(parked.LastError), "last_error is text")
 			require.NotContains(t, parked.LastError, "\x00")
 			require.Contains(t, parked.LastError, "rejected: bad input")
 			require.LessOrEqual(t, len(parked.LastError), 4096, "last_error is bounded")
-			done := inboxRecord(t, d, e.tables, consumer, uuids["transient"])
-			require.Equal(t, inbox.StatusDone, done.Status)
+			done := inboxRecord(t, e.DB, consumer, uuids["transient"])
+			require.Equal(t, inboxdb.StatusDone, done.Status)
 			require.Equal(t, 2, done.Attempts)
-			require.Equal(t, inbox.StatusDone, inboxRecord(t, d, e.tables, consumer, uuids["good"]).Status)
-			require.Equal(t, int64(2), e.effects.Count(t, ""))
+			require.Equal(t, inboxdb.StatusDone, inboxRecord(t, e.DB, consumer, uuids["good"]).Status)
+			require.Equal(t, int64(2), e.Effects.Count(t, ""))
 		})
 	}
 }

@@ -1,27 +1,21 @@
 package tests
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -29,9 +23,9 @@ import (
 // process is killed (SIGKILL, a real subprocess) while its call to the
 // external provider is in flight. The claim was committed with a lease; the
 // completion never happened; whether the SMS went out is unknown. RabbitMQ
-// requeues the unacked delivery. With RetryExpired the key runs again after
-// the lease expires, with the same idempotency key, and completes; with
-// ParkExpired the key is parked and acked, an operator sees it and releases
+// requeues the unacked delivery. By default (MaxInterruptedAttempts 3) the
+// key runs again after the lease expires, with the same idempotency key, and
+// completes; with MaxInterruptedAttempts 1 the key is parked and acked, an operator sees it and releases
 // it, and the next delivery runs. Nothing is lost either way.
 
 const (
@@ -59,27 +53,30 @@ func leaseCrashOutputUUID(msgUUID string) string { return msgUUID + "-sms-sent" 
 // leaseCrashHTTPClient is the handler's client to the provider. Keep-alives
 // are off so that no idle connection outlives the test (goleak).
 func leaseCrashHTTPClient() *http.Client {
-	return &http.Client{Timeout: 2 * faultWait, Transport: &http.Transport{DisableKeepAlives: true}}
+	return &http.Client{Timeout: 2 * waitTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
 }
 
 // leaseCrashHandler is the SMS handler, the same in the worker and in the
 // restarted router: it reports its lease info, sends the SMS with the
-// lease's idempotency key, and on success writes the business row (id =
-// message UUID, unique: a second application would fail loudly) in the
+// lease's idempotency key, and on success writes the business row (the
+// message UUID, the attempt, and a note of its lease info) in the
 // completion transaction and returns one output message.
-func leaseCrashHandler(tables sqlschema.Config, providerURL string, client *http.Client, onInfo func(middleware.LeaseInfo)) message.HandlerFunc {
+func leaseCrashHandler(effects effectsTable, providerURL string, client *http.Client, onInfo func(exactlyonce.Info)) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		info, ok := middleware.LeaseFromContext(ctx)
-		if !ok {
-			return nil, fmt.Errorf("no lease info in the handler's context")
+		info, err := exactlyonce.InfoFromContext(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if info.Attempt == 0 {
+			return nil, fmt.Errorf("no lease attempt in the handler's context: not running in lease mode")
 		}
 		onInfo(info)
 		if err := testenv.SendSMS(ctx, client, providerURL, info.IdempotencyKey, "+15550100", "your order "+msg.UUID+" shipped"); err != nil {
 			return nil, err
 		}
 		note := fmt.Sprintf("key=%s attempt=%d interrupted=%t", info.IdempotencyKey, info.Attempt, info.Interrupted)
-		if err := faultInsertEffect(ctx, tables, msg.UUID, note); err != nil {
+		if err := effects.InsertNote(ctx, msg.UUID, info.Attempt, note); err != nil {
 			return nil, err
 		}
 		return []*message.Message{message.NewMessage(leaseCrashOutputUUID(msg.UUID), []byte(`{"event":"sms-sent"}`))}, nil
@@ -90,107 +87,36 @@ func leaseCrashHandler(tables sqlschema.Config, providerURL string, client *http
 // subprocess that the parent kills mid-call. It does nothing in a normal
 // test run.
 func TestLeaseCrashWorkerProcess(t *testing.T) {
-	if !faultIsWorker(t.Name()) {
+	if !isWorker(t.Name()) {
 		return
 	}
-	d := faultDriver(t, faultEnv(t, leaseCrashEnvDriver))
-	tables := sqlschema.Config{Schema: faultEnv(t, leaseCrashEnvSchema)}
-	in, out := faultEnv(t, leaseCrashEnvIn), faultEnv(t, leaseCrashEnvOut)
-	providerURL := faultEnv(t, leaseCrashEnvProvider)
+	d := testenv.DriverNamed(t, workerEnv(t, leaseCrashEnvDriver))
+	db := sqlschema.DB{Conn: d.DB, Schema: workerEnv(t, leaseCrashEnvSchema)}
+	in, out := workerEnv(t, leaseCrashEnvIn), workerEnv(t, leaseCrashEnvOut)
+	providerURL := workerEnv(t, leaseCrashEnvProvider)
 
-	eo, err := middleware.New(middleware.Config{
-		DB: d.DB, Tables: tables, Mode: middleware.Lease, Consumer: leaseCrashConsumer, Lease: leaseCrashLease,
+	eo := newMiddleware(t, exactlyonce.Config{
+		DB: db, Lease: &exactlyonce.LeaseConfig{Duration: leaseCrashLease}, Consumer: leaseCrashConsumer,
 	})
-	require.NoError(t, err)
 	client := leaseCrashHTTPClient()
-	r := faultNewRouter(t)
-	h := r.AddHandler(leaseCrashConsumer, in, testenv.AMQPSubscriber(t, 0), out, routerMustNotPublish{t: t},
-		leaseCrashHandler(tables, providerURL, client, func(middleware.LeaseInfo) {}))
+	r := newRouter(t)
+	h := r.AddHandler(leaseCrashConsumer, in, testenv.AMQPSubscriber(t, 0), out, outboxOnly(t),
+		leaseCrashHandler(effectsOf(db), providerURL, client, func(exactlyonce.Info) {}))
 	h.AddMiddleware(eo.Middleware)
 	testenv.StartRouter(t, r)
 
 	// The parent kills this process while the provider call hangs.
 	select {
-	case <-time.After(faultWait):
-		t.Fatalf("worker: not killed within %s", faultWait)
+	case <-time.After(waitTimeout):
+		t.Fatalf("worker: not killed within %s", waitTimeout)
 	case <-t.Context().Done():
 	}
 }
 
-// leaseCrashWorker is a running worker subprocess.
-type leaseCrashWorker struct {
-	cmd    *exec.Cmd
-	out    bytes.Buffer // read only after exited is closed
-	exited chan struct{}
-}
-
-// leaseCrashStartWorker starts the worker subprocess with env added. At
-// cleanup a worker still running is killed and awaited.
-func leaseCrashStartWorker(t testing.TB, env map[string]string) *leaseCrashWorker {
-	t.Helper()
-	w := &leaseCrashWorker{exited: make(chan struct{})}
-	w.cmd = exec.Command(os.Args[0], "-test.run=^"+leaseCrashWorkerTest+"$", "-test.v", "-test.count=1", "-test.timeout=80s")
-	w.cmd.Env = append(os.Environ(), faultWorkerEnv+"="+leaseCrashWorkerTest)
-	for k, v := range env {
-		w.cmd.Env = append(w.cmd.Env, k+"="+v)
-	}
-	w.cmd.Stdout = &w.out
-	w.cmd.Stderr = &w.out
-	require.NoError(t, w.cmd.Start())
-	go func() {
-		_ = w.cmd.Wait()
-		close(w.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-w.exited:
-			return
-		default:
-		}
-		_ = w.cmd.Process.Kill()
-		select {
-		case <-w.exited:
-		case <-time.After(faultWait):
-			t.Errorf("worker pid %d did not exit after SIGKILL", w.cmd.Process.Pid)
-		}
-	})
-	return w
-}
-
-// Output returns the worker's combined output; only after it exited.
-func (w *leaseCrashWorker) Output() string {
-	select {
-	case <-w.exited:
-		return w.out.String()
-	default:
-		return "(worker still running)"
-	}
-}
-
-// KillAndWait sends SIGKILL to the worker, waits for it to exit, and
-// requires that it died of that signal (not of its own accord).
-func (w *leaseCrashWorker) KillAndWait(t testing.TB) {
-	t.Helper()
-	require.NoError(t, w.cmd.Process.Kill())
-	select {
-	case <-w.exited:
-	case <-time.After(faultWait):
-		t.Fatalf("worker pid %d did not exit within %s of SIGKILL", w.cmd.Process.Pid, faultWait)
-	}
-	ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	require.True(t, ok, "wait status of type %T", w.cmd.ProcessState.Sys())
-	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL,
-		"the worker must die of SIGKILL, got %s; output:\n%s", w.cmd.ProcessState, w.Output())
-}
-
-// leaseCrashBundle is one crash scenario for one driver.
+// leaseCrashBundle is one crash scenario for one driver: the e2e bundle,
+// and the fake provider.
 type leaseCrashBundle struct {
-	d        testenv.Driver
-	tables   sqlschema.Config
-	store    *inbox.Store
-	in, out  string
-	conn     *amqp.Connection
-	pub      message.Publisher
+	*e2e
 	provider *testenv.Provider
 	// inFlight receives the idempotency key of the provider's first call,
 	// once the provider holds it; firstCallAborted is closed when that
@@ -201,28 +127,18 @@ type leaseCrashBundle struct {
 	payload          []byte
 }
 
-// leaseCrashSetup creates the schema, business table, queues and the fake
-// provider, whose first request hangs until its client goes away and whose
-// later requests succeed.
-func leaseCrashSetup(t *testing.T, d testenv.Driver) *leaseCrashBundle {
+// leaseCrashSetup creates the e2e bundle and the fake provider, whose first
+// request hangs until its client goes away and whose later requests succeed.
+func leaseCrashSetup(t *testing.T, e *e2e) *leaseCrashBundle {
 	t.Helper()
 	b := &leaseCrashBundle{
-		d:                d,
-		tables:           testenv.Schema(t),
-		in:               testenv.Queue(t, "lcrash_in_"),
-		out:              testenv.Queue(t, "lcrash_out_"),
-		conn:             testenv.AMQPConn(t),
-		pub:              testenv.AMQPPublisher(t),
+		e2e:              e,
 		provider:         testenv.NewProvider(t),
 		inFlight:         make(chan string, 1),
 		firstCallAborted: make(chan struct{}),
 		msgUUID:          watermill.NewUUID(),
 		payload:          []byte(`{"order":42,"phone":"+15550100"}`),
 	}
-	faultCreateEffects(t, d.DB, b.tables)
-	var err error
-	b.store, err = inbox.NewStore(inbox.Config{Tables: b.tables})
-	require.NoError(t, err)
 	var hung atomic.Bool
 	b.provider.OnRequest = func(r *http.Request, key string, call int) int {
 		// Only the very first request hangs (whatever its key, so that a
@@ -235,7 +151,7 @@ func leaseCrashSetup(t *testing.T, d testenv.Driver) *leaseCrashBundle {
 		case <-r.Context().Done(): // the worker died mid-call
 			close(b.firstCallAborted)
 			return http.StatusServiceUnavailable
-		case <-time.After(faultWait):
+		case <-time.After(waitTimeout):
 			return http.StatusGatewayTimeout
 		}
 	}
@@ -251,9 +167,7 @@ func (b *leaseCrashBundle) key() string { return leaseCrashConsumer + ":" + b.ms
 // record returns the inbox record of the message.
 func (b *leaseCrashBundle) record(t testing.TB) inbox.Record {
 	t.Helper()
-	rec, err := b.store.Lookup(faultCtx(t), b.d.DB, leaseCrashConsumer, b.msgUUID)
-	require.NoError(t, err)
-	return rec
+	return inboxRecord(t, b.DB, leaseCrashConsumer, b.msgUUID)
 }
 
 // killMidCall publishes the message, runs the worker, waits until its SMS
@@ -261,97 +175,76 @@ func (b *leaseCrashBundle) record(t testing.TB) inbox.Record {
 // that the claim committed before the call and that nothing else did.
 func (b *leaseCrashBundle) killMidCall(t *testing.T) {
 	t.Helper()
-	require.NoError(t, b.pub.Publish(b.in, message.NewMessage(b.msgUUID, b.payload)))
-	w := leaseCrashStartWorker(t, map[string]string{
-		leaseCrashEnvDriver: b.d.Name, leaseCrashEnvSchema: b.tables.Schema,
-		leaseCrashEnvIn: b.in, leaseCrashEnvOut: b.out, leaseCrashEnvProvider: b.provider.URL(),
+	require.NoError(t, b.Pub.Publish(b.In, message.NewMessage(b.msgUUID, b.payload)))
+	w := startWorker(t, leaseCrashWorkerTest, map[string]string{
+		leaseCrashEnvDriver: b.Driver.Name, leaseCrashEnvSchema: b.DB.Schema,
+		leaseCrashEnvIn: b.In, leaseCrashEnvOut: b.Out, leaseCrashEnvProvider: b.provider.URL(),
 	})
 	select {
 	case key := <-b.inFlight:
 		require.Equal(t, b.key(), key, "the worker's idempotency key")
 	case <-w.exited:
 		t.Fatalf("the worker exited before its provider call; output:\n%s", w.Output())
-	case <-time.After(faultWait):
-		t.Fatalf("the worker's provider call did not arrive within %s", faultWait)
+	case <-time.After(waitTimeout):
+		t.Fatalf("the worker's provider call did not arrive within %s", waitTimeout)
 	}
 	rec := b.record(t)
-	require.Equal(t, inbox.StatusProcessing, rec.Status, "the claim is committed before the provider call")
+	require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the claim is committed before the provider call")
 	require.Equal(t, 1, rec.Attempts)
 	require.NotNil(t, rec.LeaseUntil)
 
 	w.KillAndWait(t)
-	select {
-	case <-b.firstCallAborted:
-	case <-time.After(faultWait):
-		t.Fatal("the provider did not see its client go away")
-	}
+	waitClosed(t, b.firstCallAborted, "the provider to see its client go away")
 	rec = b.record(t)
-	require.Equal(t, inbox.StatusProcessing, rec.Status, "the dead worker recorded nothing after its claim")
+	require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the dead worker recorded nothing after its claim")
 	require.Equal(t, 1, rec.Attempts)
 	require.Empty(t, rec.LastError)
-	require.Equal(t, int64(0), faultEffects(t, b.d.DB, b.tables), "no business row from the dead worker")
-	require.Equal(t, int64(0), faultPending(t, b.d.DB, b.tables), "no output from the dead worker")
+	require.Equal(t, int64(0), b.Effects.Count(t, ""), "no business row from the dead worker")
+	require.Equal(t, int64(0), outboxPending(t, b.DB), "no output from the dead worker")
 	require.Equal(t, 0, b.provider.Successes(b.key()))
 }
 
 // leaseCrashRun is a router restarted in the test process on the same
-// queue, consumer name and lease.
+// queue, consumer name and lease, with its own event log.
 type leaseCrashRun struct {
-	r  *message.Router
-	ev *faultEvents
+	r          *message.Router
+	log        *eventLog
+	deliveries *deliveryLog
 
-	mu          sync.Mutex
-	infos       []middleware.LeaseInfo
-	redelivered []bool
+	mu    sync.Mutex
+	infos []exactlyonce.Info
 }
 
-// Acked is the number of deliveries the middleware acked: processed,
-// parked or duplicate. The tests await it, then assert which it was.
-func (l *leaseCrashRun) Acked() int64 {
-	return l.ev.Processed.Load() + l.ev.Parked.Load() + l.ev.Duplicates.Load()
-}
-
-// waitAcked waits until run acked one delivery.
+// waitAcked waits until run acked one delivery (processed, parked or
+// duplicate); the tests then assert which it was.
 func (l *leaseCrashRun) waitAcked(t *testing.T, what string) {
 	t.Helper()
-	testenv.Eventually(t, faultWait, func() bool { return l.Acked() >= 1 }, "%s: no delivery acked", what)
-	t.Logf("%s: busy %d, processed %d, parked %d, duplicates %d, failed %d", what, l.ev.Busy.Load(),
-		l.ev.Processed.Load(), l.ev.Parked.Load(), l.ev.Duplicates.Load(), l.ev.Failed.Load())
+	testenv.Eventually(t, waitTimeout, func() bool { return l.log.Acked() >= 1 }, "%s: no delivery acked", what)
+	t.Logf("%s: busy %d, processed %d, parked %d, duplicates %d, failed %d", what, l.log.Busy.Load(),
+		l.log.Processed.Load(), l.log.Parked.Load(), l.log.Duplicates.Load(), l.log.Failed.Load())
 }
 
-func (l *leaseCrashRun) Infos() []middleware.LeaseInfo {
+func (l *leaseCrashRun) Infos() []exactlyonce.Info {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]middleware.LeaseInfo(nil), l.infos...)
+	return append([]exactlyonce.Info(nil), l.infos...)
 }
 
-func (l *leaseCrashRun) Redelivered() []bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]bool(nil), l.redelivered...)
-}
-
-// startRouter starts the restarted router with policy.
-func (b *leaseCrashBundle) startRouter(t *testing.T, policy middleware.ExpiredPolicy) *leaseCrashRun {
+// startRouter starts the restarted router, which parks a key after
+// maxInterrupted interrupted attempts (0: the default).
+func (b *leaseCrashBundle) startRouter(t *testing.T, maxInterrupted int) *leaseCrashRun {
 	t.Helper()
-	run := &leaseCrashRun{ev: &faultEvents{}}
-	eo, err := middleware.New(middleware.Config{
-		DB: b.d.DB, Tables: b.tables, Mode: middleware.Lease, Consumer: leaseCrashConsumer,
-		Lease: leaseCrashLease, OnExpired: policy, NackDelay: leaseCrashNackDelay, OnEvent: run.ev.Observe,
+	run := &leaseCrashRun{log: &eventLog{}, deliveries: &deliveryLog{}}
+	eo := newMiddleware(t, exactlyonce.Config{
+		DB: b.DB, Consumer: leaseCrashConsumer,
+		Lease:     &exactlyonce.LeaseConfig{Duration: leaseCrashLease, MaxInterruptedAttempts: maxInterrupted},
+		NackDelay: leaseCrashNackDelay, OnEvent: run.log.Observe,
 	})
-	require.NoError(t, err)
 	client := leaseCrashHTTPClient()
-	run.r = faultNewRouter(t)
-	run.r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			run.mu.Lock()
-			run.redelivered = append(run.redelivered, wamqp.IsMessageRedelivered(msg))
-			run.mu.Unlock()
-			return h(msg)
-		}
-	}, eo.Middleware)
-	run.r.AddHandler(leaseCrashConsumer, b.in, testenv.AMQPSubscriber(t, 0), b.out, routerMustNotPublish{t: t},
-		leaseCrashHandler(b.tables, b.provider.URL(), client, func(info middleware.LeaseInfo) {
+	run.r = newRouter(t)
+	run.r.AddMiddleware(run.deliveries.Middleware, eo.Middleware)
+	run.r.AddHandler(leaseCrashConsumer, b.In, testenv.AMQPSubscriber(t, 0), b.Out, outboxOnly(t),
+		leaseCrashHandler(b.Effects, b.provider.URL(), client, func(info exactlyonce.Info) {
 			run.mu.Lock()
 			run.infos = append(run.infos, info)
 			run.mu.Unlock()
@@ -364,29 +257,29 @@ func (b *leaseCrashBundle) startRouter(t *testing.T, policy middleware.ExpiredPo
 // worker's live lease: nacked (never acked, never run) as attempt 1.
 func (b *leaseCrashBundle) requireBusyFirst(t *testing.T, run *leaseCrashRun) {
 	t.Helper()
-	busy := run.ev.Of(middleware.EventBusy)
+	busy := run.log.Of(exactlyonce.Nacked, exactlyonce.ErrLeaseHeld)
 	require.NotEmpty(t, busy, "the redelivery must first meet the dead worker's live lease (a %s lease)", leaseCrashLease)
 	for _, e := range busy {
 		require.Equal(t, b.msgUUID, e.Key)
 		require.Equal(t, 1, e.Attempt, "busy on the dead worker's attempt")
-		require.ErrorIs(t, e.Err, middleware.ErrLeaseHeld)
+		require.ErrorIs(t, e.Err, exactlyonce.ErrLeaseHeld)
 	}
 }
 
 func TestLeaseCrash(t *testing.T) {
 	t.Parallel()
-	// Both policies on both drivers: the four subtests run in parallel and
+	// Retry and park on both drivers: the four subtests run in parallel and
 	// each is dominated by the 2s lease, so the whole test takes seconds.
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
+	for _, dn := range testenv.DriverNames {
+		t.Run(dn, func(t *testing.T) {
 			t.Parallel()
 			t.Run("Retry", func(t *testing.T) {
 				t.Parallel()
-				leaseCrashRetry(t, d)
+				leaseCrashRetry(t, leaseCrashSetup(t, setupE2E(t, testenv.DriverNamed(t, dn))))
 			})
 			t.Run("Park", func(t *testing.T) {
 				t.Parallel()
-				leaseCrashPark(t, d)
+				leaseCrashPark(t, leaseCrashSetup(t, setupE2E(t, testenv.DriverNamed(t, dn))))
 			})
 		})
 	}
@@ -394,25 +287,24 @@ func TestLeaseCrash(t *testing.T) {
 
 // leaseCrashRetry: after the lease expires, the requeued delivery runs as
 // attempt 2, interrupted, with the same idempotency key, and completes.
-func leaseCrashRetry(t *testing.T, d testenv.Driver) {
-	b := leaseCrashSetup(t, d)
+func leaseCrashRetry(t *testing.T, b *leaseCrashBundle) {
 	b.killMidCall(t)
 
-	run := b.startRouter(t, middleware.RetryExpired)
-	run.waitAcked(t, "restarted router (RetryExpired)")
-	require.NoError(t, run.r.Close())
-	faultRequireQueueSettled(t, b.conn, b.in, 0)
+	run := b.startRouter(t, 0)
+	run.waitAcked(t, "restarted router (default MaxInterruptedAttempts)")
+	closeRouter(t, run.r)
+	requireQueueSettled(t, b.Conn, b.In, 0)
 
 	b.requireBusyFirst(t, run)
-	require.Equal(t, int64(0), run.ev.Parked.Load())
-	require.Equal(t, int64(0), run.ev.Duplicates.Load())
-	processed := run.ev.Of(middleware.EventProcessed)
+	require.Equal(t, int64(0), run.log.Parked.Load())
+	require.Equal(t, int64(0), run.log.Duplicates.Load())
+	processed := run.log.Of(exactlyonce.Processed, nil)
 	require.Len(t, processed, 1)
 	require.Equal(t, 2, processed[0].Attempt)
 	require.True(t, processed[0].Interrupted)
-	require.Equal(t, int64(1), run.ev.Interrupted.Load())
-	require.Equal(t, int64(0), run.ev.Failed.Load())
-	for _, r := range run.Redelivered() {
+	require.Equal(t, int64(1), run.log.Interrupted.Load())
+	require.Equal(t, int64(0), run.log.Failed.Load())
+	for _, r := range run.deliveries.Redelivered() {
 		require.True(t, r, "every delivery is RabbitMQ's requeue of the killed worker's delivery")
 	}
 
@@ -428,67 +320,64 @@ func leaseCrashRetry(t *testing.T, d testenv.Driver) {
 	require.Equal(t, 1, b.provider.Successes(b.key()))
 
 	rec := b.record(t)
-	require.Equal(t, inbox.StatusDone, rec.Status)
+	require.Equal(t, inboxdb.StatusDone, rec.Status)
 	require.Equal(t, 2, rec.Attempts)
 	require.Nil(t, rec.LeaseUntil)
-	require.Equal(t, int64(1), faultEffects(t, d.DB, b.tables), "one business row")
-	var note string
-	require.NoError(t, seam.QueryRow(faultCtx(t), d.DB, "SELECT note FROM "+faultTable(b.tables, "effects")+" WHERE id = $1",
-		[]any{b.msgUUID}, &note))
-	require.Equal(t, fmt.Sprintf("key=%s attempt=2 interrupted=true", b.key()), note)
-	requireExactlyOneOutput(t, d, b.tables, b.out, leaseCrashOutputUUID(b.msgUUID))
+	require.Equal(t, int64(1), b.Effects.Count(t, ""), "one business row")
+	require.Equal(t, []string{fmt.Sprintf("key=%s attempt=2 interrupted=true", b.key())}, b.Effects.Notes(t, b.msgUUID))
+	requireExactlyOneOutput(t, b.DB, b.Out, leaseCrashOutputUUID(b.msgUUID))
 }
 
 // leaseCrashPark: after the lease expires, the requeued delivery parks the
 // key and is acked without running; an operator lists and releases it, and
 // the re-published message runs as attempt 2 and completes.
-func leaseCrashPark(t *testing.T, d testenv.Driver) {
-	b := leaseCrashSetup(t, d)
+func leaseCrashPark(t *testing.T, b *leaseCrashBundle) {
 	b.killMidCall(t)
-	ctx := faultCtx(t)
+	ctx := testCtx(t)
+	store := inboxStore(t, b.DB)
 
-	run := b.startRouter(t, middleware.ParkExpired)
-	run.waitAcked(t, "restarted router (ParkExpired)")
-	require.NoError(t, run.r.Close())
-	faultRequireQueueSettled(t, b.conn, b.in, 0) // acked
+	run := b.startRouter(t, 1)
+	run.waitAcked(t, "restarted router (MaxInterruptedAttempts 1)")
+	closeRouter(t, run.r)
+	requireQueueSettled(t, b.Conn, b.In, 0) // acked
 
 	b.requireBusyFirst(t, run)
-	parkedEv := run.ev.Of(middleware.EventParked)
+	parkedEv := run.log.Of(exactlyonce.Parked, nil)
 	require.Len(t, parkedEv, 1)
 	require.Equal(t, b.msgUUID, parkedEv[0].Key)
 	require.Equal(t, 1, parkedEv[0].Attempt)
-	require.Equal(t, int64(0), run.ev.Processed.Load())
-	require.Equal(t, int64(0), run.ev.Duplicates.Load())
-	require.Equal(t, int64(0), run.ev.Failed.Load())
+	require.Equal(t, int64(0), run.log.Processed.Load())
+	require.Equal(t, int64(0), run.log.Duplicates.Load())
+	require.Equal(t, int64(0), run.log.Failed.Load())
 	require.Empty(t, run.Infos(), "the handler must not run for a parked key")
 	require.Equal(t, 1, b.provider.Calls(b.key()), "only the dead worker's call")
 
 	// The operator's view.
-	parked, err := b.store.ListParked(ctx, d.DB, leaseCrashConsumer, 10)
+	parked, err := store.Parked(ctx, leaseCrashConsumer, 10)
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	require.Equal(t, b.msgUUID, parked[0].Key)
-	require.Equal(t, inbox.StatusParked, parked[0].Status)
+	require.Equal(t, inboxdb.StatusParked, parked[0].Status)
 	require.Equal(t, 1, parked[0].Attempts)
 	require.Contains(t, parked[0].LastError, "lease expired during attempt 1")
-	require.Equal(t, int64(0), faultEffects(t, d.DB, b.tables))
-	require.Equal(t, int64(0), faultPending(t, d.DB, b.tables))
+	require.Equal(t, int64(0), b.Effects.Count(t, ""))
+	require.Equal(t, int64(0), outboxPending(t, b.DB))
 
 	// Release, re-publish the same message (same UUID): it runs and completes.
-	released, err := b.store.Release(ctx, d.DB, leaseCrashConsumer, b.msgUUID)
+	released, err := store.Release(ctx, leaseCrashConsumer, b.msgUUID)
 	require.NoError(t, err)
 	require.True(t, released)
-	run2 := b.startRouter(t, middleware.ParkExpired)
-	require.NoError(t, b.pub.Publish(b.in, message.NewMessage(b.msgUUID, b.payload)))
+	run2 := b.startRouter(t, 1)
+	require.NoError(t, b.Pub.Publish(b.In, message.NewMessage(b.msgUUID, b.payload)))
 	run2.waitAcked(t, "router after release")
-	require.NoError(t, run2.r.Close())
-	faultRequireQueueSettled(t, b.conn, b.in, 0)
+	closeRouter(t, run2.r)
+	requireQueueSettled(t, b.Conn, b.In, 0)
 
-	require.Equal(t, int64(1), run2.ev.Processed.Load())
-	require.Equal(t, int64(0), run2.ev.Failed.Load())
-	require.Equal(t, int64(0), run2.ev.Parked.Load())
-	require.Equal(t, int64(0), run2.ev.Duplicates.Load())
-	require.Equal(t, int64(0), run2.ev.Busy.Load())
+	require.Equal(t, int64(1), run2.log.Processed.Load())
+	require.Equal(t, int64(0), run2.log.Failed.Load())
+	require.Equal(t, int64(0), run2.log.Parked.Load())
+	require.Equal(t, int64(0), run2.log.Duplicates.Load())
+	require.Equal(t, int64(0), run2.log.Busy.Load())
 	infos := run2.Infos()
 	require.Len(t, infos, 1)
 	require.Equal(t, b.key(), infos[0].IdempotencyKey, "same idempotency key after release")
@@ -498,11 +387,11 @@ func leaseCrashPark(t *testing.T, d testenv.Driver) {
 	require.Equal(t, 1, b.provider.Successes(b.key()))
 
 	rec := b.record(t)
-	require.Equal(t, inbox.StatusDone, rec.Status)
+	require.Equal(t, inboxdb.StatusDone, rec.Status)
 	require.Equal(t, 2, rec.Attempts)
-	parked, err = b.store.ListParked(ctx, d.DB, leaseCrashConsumer, 10)
+	parked, err = store.Parked(ctx, leaseCrashConsumer, 10)
 	require.NoError(t, err)
 	require.Empty(t, parked)
-	require.Equal(t, int64(1), faultEffects(t, d.DB, b.tables), "one business row")
-	requireExactlyOneOutput(t, d, b.tables, b.out, leaseCrashOutputUUID(b.msgUUID))
+	require.Equal(t, int64(1), b.Effects.Count(t, ""), "one business row")
+	requireExactlyOneOutput(t, b.DB, b.Out, leaseCrashOutputUUID(b.msgUUID))
 }

@@ -6,14 +6,12 @@ package tests
 // start with "lease".
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"regexp"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,9 +20,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 const (
@@ -42,7 +39,7 @@ const (
 
 // leaseIdemKey is the idempotency key lease mode gives the handler (and the
 // handler gives the provider) for message key: "<consumer>:<key>", as
-// LeaseInfo.IdempotencyKey documents.
+// Info.IdempotencyKey documents.
 func leaseIdemKey(key string) string { return leaseConsumer + ":" + key }
 
 // leaseSMS is the payload of an incoming "send an SMS" message.
@@ -60,17 +57,17 @@ func leasePayload(i int) []byte {
 // leaseRun is one run of the SMS handler: the lease information it got and
 // the router handler that ran it.
 type leaseRun struct {
-	Info    middleware.LeaseInfo
+	Info    exactlyonce.Info
 	Handler string
 }
 
 // leaseSender is the handler under test, an SMS sender in lease mode: it
-// reads its LeaseInfo, calls the provider with the attempt's idempotency
+// reads its Info, calls the provider with the attempt's idempotency
 // key, and on success writes an effect row through the completion
 // transaction and returns a "sent" output message (UUID outputUUID(key,
 // attempt)). A provider error is returned as is (the router nacks, RabbitMQ
 // redelivers), except a 4xx answer, which retrying cannot fix: it is
-// wrapped with middleware.Permanent (the key is parked and the message
+// wrapped with exactlyonce.Permanent (the key is parked and the message
 // acked).
 type leaseSender struct {
 	e        *e2e
@@ -84,12 +81,12 @@ type leaseSender struct {
 // newLeaseSender returns the sender of bundle e, calling provider.
 func newLeaseSender(t testing.TB, e *e2e, provider *testenv.Provider) *leaseSender {
 	t.Helper()
-	transport := &http.Transport{MaxIdleConns: 32, MaxIdleConnsPerHost: 32, IdleConnTimeout: e2eTimeout}
+	transport := &http.Transport{MaxIdleConns: 32, MaxIdleConnsPerHost: 32, IdleConnTimeout: waitTimeout}
 	t.Cleanup(transport.CloseIdleConnections)
 	return &leaseSender{
 		e:        e,
 		provider: provider,
-		client:   &http.Client{Transport: transport, Timeout: e2eTimeout},
+		client:   &http.Client{Transport: transport, Timeout: waitTimeout},
 		runs:     map[string][]leaseRun{},
 	}
 }
@@ -110,9 +107,12 @@ func leaseIsRejection(err error) bool {
 // Handle is the message.HandlerFunc.
 func (s *leaseSender) Handle(msg *message.Message) ([]*message.Message, error) {
 	ctx := msg.Context()
-	info, ok := middleware.LeaseFromContext(ctx)
-	if !ok {
-		return nil, errors.New("no lease information in the handler's context: not running in lease mode")
+	info, err := exactlyonce.InfoFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if info.Attempt == 0 {
+		return nil, errors.New("no lease attempt in the handler's context: not running in lease mode")
 	}
 	s.mu.Lock()
 	s.runs[msg.UUID] = append(s.runs[msg.UUID], leaseRun{Info: info, Handler: message.HandlerNameFromCtx(ctx)})
@@ -120,11 +120,11 @@ func (s *leaseSender) Handle(msg *message.Message) ([]*message.Message, error) {
 
 	var sms leaseSMS
 	if err := json.Unmarshal(msg.Payload, &sms); err != nil {
-		return nil, middleware.Permanent(err)
+		return nil, exactlyonce.Permanent(err)
 	}
 	if err := testenv.SendSMS(ctx, s.client, s.provider.URL(), info.IdempotencyKey, sms.To, sms.Text); err != nil {
 		if leaseIsRejection(err) {
-			return nil, middleware.Permanent(err)
+			return nil, exactlyonce.Permanent(err)
 		}
 		return nil, err
 	}
@@ -157,35 +157,25 @@ func (s *leaseSender) Keys() (keys, runs int) {
 // leaseConsumer, lease leaseDuration, NackDelay leaseNackDelay) reporting to
 // e.Log and then to also, when not nil. Each router gets its own, as each
 // replica of a service would.
-func leaseMiddleware(t testing.TB, e *e2e, also func(middleware.Event)) *middleware.Middleware {
+func leaseMiddleware(t testing.TB, e *e2e, also func(exactlyonce.Event)) *exactlyonce.Middleware {
 	t.Helper()
-	eo, err := middleware.New(middleware.Config{
-		DB:        e.Driver.DB,
-		Tables:    e.Tables,
-		Mode:      middleware.Lease,
+	return e.Middleware(t, exactlyonce.Config{
+		Lease:     &exactlyonce.LeaseConfig{Duration: leaseDuration},
 		Consumer:  leaseConsumer,
-		Lease:     leaseDuration,
-		OnExpired: middleware.RetryExpired,
 		NackDelay: leaseNackDelay,
-		OnEvent: func(ev middleware.Event) {
-			e.Log.Observe(ev)
-			if also != nil {
-				also(ev)
-			}
-		},
+		OnEvent:   also,
 	})
-	require.NoError(t, err)
-	return eo
 }
 
 // leaseStartRouter starts a router whose one handler, named name, consumes
 // e.In through sub with a fresh lease-mode middleware, publishing to e.Out
-// (the outbox destination). deliveries counts what RabbitMQ delivered to it.
-func leaseStartRouter(t testing.TB, e *e2e, name string, sub message.Subscriber, h message.HandlerFunc, deliveries *atomic.Int64) *message.Router {
+// (the outbox destination). deliveries records what RabbitMQ delivered to
+// it.
+func leaseStartRouter(t testing.TB, e *e2e, name string, sub message.Subscriber, h message.HandlerFunc, deliveries *deliveryLog) *message.Router {
 	t.Helper()
 	r := newRouter(t)
-	r.AddMiddleware(countDeliveries(deliveries), leaseMiddleware(t, e, nil).Middleware)
-	r.AddHandler(name, e.In, sub, e.Out, routerMustNotPublish{t: t}, h)
+	r.AddMiddleware(deliveries.Middleware, leaseMiddleware(t, e, nil).Middleware)
+	r.AddHandler(name, e.In, sub, e.Out, outboxOnly(t), h)
 	testenv.StartRouter(t, r)
 	return r
 }
@@ -202,43 +192,4 @@ func leaseDroppingSubscriber(t testing.TB, prefetch int) message.Subscriber {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
-}
-
-// leaseStore returns an inbox store on the bundle's tables.
-func leaseStore(t testing.TB, e *e2e) *inbox.Store {
-	t.Helper()
-	store, err := inbox.NewStore(inbox.Config{Tables: e.Tables})
-	require.NoError(t, err)
-	return store
-}
-
-// leaseInboxStats returns the inbox statistics of leaseConsumer.
-func leaseInboxStats(t testing.TB, e *e2e) inbox.Stats {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), e2eTimeout)
-	defer cancel()
-	st, err := leaseStore(t, e).Stats(ctx, e.Driver.DB, leaseConsumer)
-	require.NoError(t, err)
-	return st
-}
-
-// leaseWait waits, bounded by e2eTimeout, until ch is closed.
-func leaseWait(t testing.TB, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(e2eTimeout):
-		require.FailNow(t, "timed out waiting for "+what)
-	}
-}
-
-// leaseEventsOf returns the recorded events of key, in order.
-func leaseEventsOf(log *eventLog, key string) []timedEvent {
-	var out []timedEvent
-	for _, ev := range log.Events() {
-		if ev.Key == key {
-			out = append(out, ev)
-		}
-	}
-	return out
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -38,16 +38,16 @@ const (
 	relayCrashEnvAfter  = "FAULT_RELAY_CRASH_AFTER"
 )
 
-// faultCrashingPublisher publishes one message at a time through its inner
+// crashingPublisher publishes one message at a time through its inner
 // publisher and kills the process once `after` messages were published (and
 // confirmed by the broker).
-type faultCrashingPublisher struct {
+type crashingPublisher struct {
 	inner message.Publisher
 	after int64
 	n     atomic.Int64
 }
 
-func (p *faultCrashingPublisher) Publish(topic string, msgs ...*message.Message) error {
+func (p *crashingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if err := p.inner.Publish(topic, m); err != nil {
 			return err
@@ -59,23 +59,22 @@ func (p *faultCrashingPublisher) Publish(topic string, msgs ...*message.Message)
 	return nil
 }
 
-func (p *faultCrashingPublisher) Close() error { return p.inner.Close() }
+func (p *crashingPublisher) Close() error { return p.inner.Close() }
 
 // TestRelayCrashWorkerProcess is the worker of TestRelayCrashMidBatch, run in
 // a subprocess. It does nothing in a normal test run.
 func TestRelayCrashWorkerProcess(t *testing.T) {
-	if !faultIsWorker(t.Name()) {
+	if !isWorker(t.Name()) {
 		return
 	}
-	d := faultDriver(t, faultEnv(t, relayCrashEnvDriver))
-	tables := sqlschema.Config{Schema: faultEnv(t, relayCrashEnvSchema)}
-	after, err := strconv.Atoi(faultEnv(t, relayCrashEnvAfter))
+	d := testenv.DriverNamed(t, workerEnv(t, relayCrashEnvDriver))
+	db := sqlschema.DB{Conn: d.DB, Schema: workerEnv(t, relayCrashEnvSchema)}
+	after, err := strconv.Atoi(workerEnv(t, relayCrashEnvAfter))
 	require.NoError(t, err)
 
-	pub := &faultCrashingPublisher{inner: testenv.AMQPPublisher(t), after: int64(after)}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: d.DB, Publisher: pub, Tables: tables, BatchSize: relayCrashBatchSize})
-	require.NoError(t, err)
-	ctx := faultCtx(t)
+	pub := &crashingPublisher{inner: testenv.AMQPPublisher(t), after: int64(after)}
+	relay := newRelay(t, outbox.RelayConfig{DB: db, Publisher: pub, BatchSize: relayCrashBatchSize})
+	ctx := testCtx(t)
 	for range relayCrashRows {
 		_, err := relay.RelayOnce(ctx)
 		require.NoError(t, err)
@@ -85,92 +84,79 @@ func TestRelayCrashWorkerProcess(t *testing.T) {
 
 func TestRelayCrashMidBatch(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := faultCtx(t)
-			tables := testenv.Schema(t)
-			faultCreateEffects(t, d.DB, tables)
-			out := testenv.Queue(t, "rcrash_out_")
-			conn := testenv.AMQPConn(t)
+	eachDriver(t, func(t *testing.T, e *e2e) {
+		// Fill the outbox in one transaction, as a handler would.
+		uuids := make([]string, relayCrashRows)
+		msgs := make([]*message.Message, relayCrashRows)
+		for i := range msgs {
+			uuids[i] = watermill.NewUUID()
+			msgs[i] = message.NewMessage(uuids[i], fmt.Appendf(nil, `{"n":%d}`, i))
+			msgs[i].SetContext(e.Ctx)
+		}
+		tx := e.Begin(t)
+		ob, err := outbox.NewPublisher(tx, e.DB)
+		require.NoError(t, err)
+		require.NoError(t, ob.Publish(e.Out, msgs...))
+		require.NoError(t, tx.Commit())
+		require.Equal(t, int64(relayCrashRows), outboxPending(t, e.DB))
 
-			// Fill the outbox in one transaction, as a handler would.
-			uuids := make([]string, relayCrashRows)
-			msgs := make([]*message.Message, relayCrashRows)
-			for i := range msgs {
-				uuids[i] = watermill.NewUUID()
-				msgs[i] = message.NewMessage(uuids[i], fmt.Appendf(nil, `{"n":%d}`, i))
-				msgs[i].SetContext(ctx)
-			}
-			tx, err := d.DB.BeginTx(ctx, nil)
-			require.NoError(t, err)
-			ob, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Tables: tables})
-			require.NoError(t, err)
-			require.NoError(t, ob.Publish(out, msgs...))
-			require.NoError(t, tx.Commit())
-			require.Equal(t, int64(relayCrashRows), faultPending(t, d.DB, tables))
-
-			code, output := faultRunWorker(t, "TestRelayCrashWorkerProcess", map[string]string{
-				relayCrashEnvDriver: d.Name, relayCrashEnvSchema: tables.Schema,
-				relayCrashEnvAfter: strconv.Itoa(relayCrashAfter),
-			})
-			require.Equal(t, relayCrashExitCode, code, "the relay worker must die mid-batch; output:\n%s", output)
-
-			// The first batch was deleted; the half-published second one
-			// was rolled back with the dead connection.
-			require.Equal(t, int64(relayCrashRows-relayCrashBatchSize), faultPending(t, d.DB, tables))
-			ready, _ := faultQueueState(t, conn, out)
-			require.Equal(t, relayCrashAfter, ready, "messages the dead relay handed to the broker")
-
-			// Restart the relay with the real publisher until the outbox is empty.
-			relay, err := outbox.NewRelay(outbox.RelayConfig{
-				DB: d.DB, Publisher: testenv.AMQPPublisher(t), Tables: tables, BatchSize: relayCrashBatchSize,
-			})
-			require.NoError(t, err)
-			require.Equal(t, relayCrashRows-relayCrashBatchSize, faultRelayAll(t, relay, d.DB, tables))
-			resent := relayCrashAfter - relayCrashBatchSize
-			ready, _ = faultQueueState(t, conn, out)
-			require.Equal(t, relayCrashRows+resent, ready)
-
-			// A downstream consumer with the exactly-once middleware.
-			var ev faultEvents
-			var deliveries faultDeliveries
-			eo, err := middleware.New(middleware.Config{DB: d.DB, Tables: tables, OnEvent: ev.Observe})
-			require.NoError(t, err)
-			r := faultNewRouter(t)
-			r.AddMiddleware(deliveries.Middleware, eo.Middleware)
-			r.AddConsumerHandler("relay-crash-downstream", out, testenv.AMQPSubscriber(t, 50),
-				func(msg *message.Message) error {
-					return faultInsertEffect(msg.Context(), tables, msg.UUID, "")
-				})
-			testenv.StartRouter(t, r)
-			want := int64(relayCrashRows + resent)
-			testenv.Eventually(t, faultWait, func() bool { return ev.Processed.Load()+ev.Duplicates.Load() == want },
-				"downstream did not settle %d deliveries", want)
-			require.NoError(t, r.Close())
-			faultRequireQueueSettled(t, conn, out, 0)
-
-			// Every row arrived at least once; the re-sent half batch twice.
-			seen := deliveries.Seen()
-			require.Len(t, seen, relayCrashRows)
-			var twice []string
-			for i, u := range uuids {
-				require.GreaterOrEqual(t, seen[u], 1, "message %d (%s) was lost", i, u)
-				if seen[u] > 1 {
-					require.Equal(t, 2, seen[u], "message %d", i)
-					twice = append(twice, u)
-				}
-			}
-			require.Len(t, twice, resent)
-			require.True(t, slices.Equal(uuids[relayCrashBatchSize:relayCrashAfter], twice),
-				"the re-sent messages are the published part of the crashed batch")
-			require.Equal(t, int(want), deliveries.Total())
-
-			// Each effect exactly once.
-			require.Equal(t, int64(relayCrashRows), faultEffects(t, d.DB, tables))
-			require.Equal(t, int64(relayCrashRows), ev.Processed.Load())
-			require.Equal(t, int64(resent), ev.Duplicates.Load())
-			require.Equal(t, int64(0), ev.Failed.Load())
+		code, output := runWorker(t, "TestRelayCrashWorkerProcess", map[string]string{
+			relayCrashEnvDriver: e.Driver.Name, relayCrashEnvSchema: e.DB.Schema,
+			relayCrashEnvAfter: strconv.Itoa(relayCrashAfter),
 		})
-	}
+		require.Equal(t, relayCrashExitCode, code, "the relay worker must die mid-batch; output:\n%s", output)
+
+		// The first batch was deleted; the half-published second one
+		// was rolled back with the dead connection.
+		require.Equal(t, int64(relayCrashRows-relayCrashBatchSize), outboxPending(t, e.DB))
+		ready, _ := queueState(t, e.Conn, e.Out)
+		require.Equal(t, relayCrashAfter, ready, "messages the dead relay handed to the broker")
+
+		// Restart the relay with the real publisher until the outbox is empty.
+		relay := newRelay(t, outbox.RelayConfig{DB: e.DB, Publisher: testenv.AMQPPublisher(t), BatchSize: relayCrashBatchSize})
+		require.Equal(t, relayCrashRows-relayCrashBatchSize, relayAll(t, relay, e.DB))
+		resent := relayCrashAfter - relayCrashBatchSize
+		ready, _ = queueState(t, e.Conn, e.Out)
+		require.Equal(t, relayCrashRows+resent, ready)
+
+		// A downstream consumer with the exactly-once middleware.
+		var deliveries deliveryLog
+		eo := e.Middleware(t, exactlyonce.Config{})
+		r := newRouter(t)
+		r.AddMiddleware(deliveries.Middleware, eo.Middleware)
+		r.AddConsumerHandler("relay-crash-downstream", e.Out, testenv.AMQPSubscriber(t, 50),
+			func(msg *message.Message) error {
+				return e.Effects.Insert(msg.Context(), msg.UUID, 1)
+			})
+		testenv.StartRouter(t, r)
+		want := int64(relayCrashRows + resent)
+		testenv.Eventually(t, waitTimeout, func() bool { return e.Log.Settled() == want },
+			"downstream did not settle %d deliveries", want)
+		closeRouter(t, r)
+		requireQueueSettled(t, e.Conn, e.Out, 0)
+
+		// Every row arrived at least once; the re-sent half batch twice.
+		seen := deliveries.Seen()
+		require.Len(t, seen, relayCrashRows)
+		var twice []string
+		for i, u := range uuids {
+			require.GreaterOrEqual(t, seen[u], 1, "message %d (%s) was lost", i, u)
+			if seen[u] > 1 {
+				require.Equal(t, 2, seen[u], "message %d", i)
+				twice = append(twice, u)
+			}
+		}
+		require.Len(t, twice, resent)
+		require.True(t, slices.Equal(uuids[relayCrashBatchSize:relayCrashAfter], twice),
+			"the re-sent messages are the published part of the crashed batch")
+		require.Equal(t, want, deliveries.Total())
+
+		// Each effect exactly once.
+		require.Equal(t, int64(relayCrashRows), e.Effects.Count(t, ""))
+		require.Equal(t, int64(relayCrashRows), e.Count(t, `SELECT count(DISTINCT msg_key) FROM `+e.Effects.Name))
+		require.Equal(t, int64(relayCrashRows), e.Log.Processed.Load())
+		require.Equal(t, int64(resent), e.Log.Duplicates.Load())
+		require.Equal(t, int64(0), e.Log.Failed.Load())
+		require.Equal(t, int64(0), e.Log.ClaimFailed.Load())
+	})
 }

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // retryFailures is the number of handler runs that fail (after writing
@@ -40,27 +39,26 @@ func retryHandler(e *e2e, runs *runCounter) message.HandlerFunc {
 // outer..., then the exactly-once middleware, and checks that only the
 // successful run's effect and output survive. wantDeliveries is the number
 // of deliveries RabbitMQ makes.
-func runRetryTest(t *testing.T, d testenv.Driver, wantDeliveries int64, outer ...message.HandlerMiddleware) {
-	e := setupE2E(t, d)
-	eo := e.Middleware(t, middleware.Config{})
+func runRetryTest(t *testing.T, e *e2e, wantDeliveries int64, outer ...message.HandlerMiddleware) {
+	eo := e.Middleware(t, exactlyonce.Config{})
 
 	var runs runCounter
-	var deliveries atomic.Int64
+	var deliveries deliveryLog
 	r := newRouter(t)
-	r.AddMiddleware(countDeliveries(&deliveries))
+	r.AddMiddleware(deliveries.Middleware)
 	r.AddMiddleware(outer...)
 	r.AddMiddleware(eo.Middleware)
 	addHandler(t, r, "retry-handler", e.In, e.Out, retryHandler(e, &runs))
 
 	key := watermill.NewUUID()
-	publishCopies(t, testenv.AMQPPublisher(t), e.In, key, []byte(`{"n":1}`), 1)
+	publishCopies(t, e.Pub, e.In, key, []byte(`{"n":1}`), 1)
 	testenv.StartRouter(t, r)
 
 	waitSettled(t, e.Log, 1)
 	closeRouter(t, r)
 	requireQueueDrained(t, e.In)
 
-	require.Equal(t, wantDeliveries, deliveries.Load(), "deliveries by RabbitMQ")
+	require.Equal(t, wantDeliveries, deliveries.Total(), "deliveries by RabbitMQ")
 	require.Equal(t, retryFailures+1, runs.Get(key), "handler runs")
 	require.Equal(t, int64(retryFailures), e.Log.Failed.Load(), "failed runs reported")
 	require.Equal(t, int64(1), e.Log.Processed.Load(), "processed")
@@ -69,9 +67,9 @@ func runRetryTest(t *testing.T, d testenv.Driver, wantDeliveries int64, outer ..
 	require.Equal(t, []int{retryFailures + 1}, e.Effects.Attempts(t, key),
 		"only the effect of the successful run may survive")
 	require.Equal(t, int64(1), e.Effects.Count(t, ""), "effect rows")
-	require.Equal(t, []outboxRow{{Topic: e.Out, UUID: outputUUID(key, retryFailures+1)}}, outboxRows(t, e.Driver, e.Tables),
+	require.Equal(t, []outboxRow{{Topic: e.Out, UUID: outputUUID(key, retryFailures+1)}}, outboxRows(t, e.DB),
 		"only the output of the successful run may be in the outbox")
-	requireExactlyOneOutput(t, e.Driver, e.Tables, e.Out, outputUUID(key, retryFailures+1))
+	requireExactlyOneOutput(t, e.DB, e.Out, outputUUID(key, retryFailures+1))
 }
 
 // TestRetryMiddleware: Watermill's Retry middleware, placed outside the
@@ -79,18 +77,15 @@ func runRetryTest(t *testing.T, d testenv.Driver, wantDeliveries int64, outer ..
 // transaction, so the failed attempts leave no effect and no output.
 func TestRetryMiddleware(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			retry := wmiddleware.Retry{
-				MaxRetries:      3,
-				InitialInterval: time.Millisecond,
-				MaxInterval:     10 * time.Millisecond,
-				Multiplier:      2,
-			}
-			runRetryTest(t, d, 1, retry.Middleware)
-		})
-	}
+	eachDriver(t, func(t *testing.T, e *e2e) {
+		retry := wmiddleware.Retry{
+			MaxRetries:      3,
+			InitialInterval: time.Millisecond,
+			MaxInterval:     10 * time.Millisecond,
+			Multiplier:      2,
+		}
+		runRetryTest(t, e, 1, retry.Middleware)
+	})
 }
 
 // TestRetryRedelivery: without a Retry middleware the router nacks the
@@ -98,10 +93,7 @@ func TestRetryMiddleware(t *testing.T) {
 // no output.
 func TestRetryRedelivery(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			runRetryTest(t, d, retryFailures+1)
-		})
-	}
+	eachDriver(t, func(t *testing.T, e *e2e) {
+		runRetryTest(t, e, retryFailures+1)
+	})
 }

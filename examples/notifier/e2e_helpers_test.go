@@ -97,7 +97,7 @@ type notifierProc struct {
 	client *http.Client
 
 	pool   *pgxpool.Pool
-	tables sqlschema.Config
+	tables sqlschema.DB // the notifier's schema, through the test's pool
 
 	send, sent, dead string
 	sms, email       *testenv.Provider
@@ -143,7 +143,7 @@ func startNotifier(t *testing.T, opts notifierOptions) *notifierProc {
 	if o := opts.same; o != nil {
 		n.tables, n.send, n.sent, n.dead, n.sms, n.email = o.tables, o.send, o.sent, o.dead, o.sms, o.email
 	} else {
-		n.tables = sqlschema.Config{Schema: testenv.Unique(t, "nt_")}
+		n.tables = sqlschema.DB{Conn: wsql.BeginnerFromPgx(n.pool), Schema: testenv.Unique(t, "nt_")}
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -425,7 +425,7 @@ func (n *notifierProc) pending() int64 {
 	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := outbox.PendingStats(ctx, wsql.BeginnerFromPgx(n.pool), n.tables)
+	p, err := outbox.PendingStats(ctx, n.tables)
 	require.NoError(n.t, err)
 	return p.Count
 }

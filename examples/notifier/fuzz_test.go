@@ -1,10 +1,11 @@
 package main
 
 // Fuzz targets of the notifier's input parsers (issue 5): parseRequest (the
-// body of a send request) and identityMarshaler.Unmarshal (any AMQP
-// delivery), plus hostile-input tests through RabbitMQ: a really
-// dead-lettered message (x-death) read by identityMarshaler, and send
-// requests the parser accepts but the notifier cannot store.
+// body of a send request) and the Unmarshal of the notifier's AMQP
+// configuration (rabbitmq.Marshaler: any AMQP delivery), plus hostile-input
+// tests through RabbitMQ: a really dead-lettered message (x-death) read
+// through that configuration, and send requests the parser accepts but the
+// notifier cannot store.
 //
 // Run a target: go test -run '^$' -fuzz FuzzParseRequest -fuzztime 25s ./examples/notifier/
 
@@ -23,13 +24,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // FuzzParseRequest: parseRequest never panics; every error wraps
@@ -182,20 +182,21 @@ func fuzzTable(data []byte, depth, max int) (amqp.Table, []byte) {
 	return tbl, data
 }
 
-// FuzzIdentityMarshaler: identityMarshaler.Unmarshal takes any delivery
-// without panicking or failing (a failing Unmarshal is a nack-and-requeue
-// loop in watermill-amqp). Its identity is the Watermill UUID header when it
-// yields text, else message_id; every other header becomes metadata under
-// the same name, strings and bytes unchanged, nil as "", other values as
-// JSON text when they have a JSON form; the body is kept; and Marshal then
-// Unmarshal keeps the identity and the metadata.
-func FuzzIdentityMarshaler(f *testing.F) {
+// FuzzNotifierMarshaler: the notifier's marshaler (rabbitmq.Marshaler, from
+// amqpConfig) takes any delivery without panicking or failing (a failing
+// Unmarshal is a nack-and-requeue loop in watermill-amqp). Its identity is
+// the Watermill UUID header when it is non-empty text (a string or bytes),
+// else message_id; every other header becomes metadata under the same name,
+// strings and bytes unchanged, nil as "", other values as JSON text when
+// they have a JSON form; the body is kept; and Marshal then Unmarshal keeps
+// the identity and the metadata.
+func FuzzNotifierMarshaler(f *testing.F) {
 	f.Add("mid-1", []byte{}, []byte(`{"k":1}`))
 	f.Add("", []byte{0, 23, '_', 'w', 'a', 't', 'e', 'r', 'm', 'i', 'l', 'l', '_', 'm', 'e', 's', 's', 'a', 'g', 'e', '_', 'u', 'u', 'i', 'd', 0, 4, 'w', 'm', '-', '1'}, []byte{})
 	f.Add("mid", []byte{7, 'x', '-', 'd', 'e', 'a', 't', 'h', 16, 1, 15, 5, 'c', 'o', 'u', 'n', 't', 5, 0, 0, 0, 0, 0, 0, 0, 2}, []byte("\x00\xff"))
 	f.Add("m", []byte{1, 'n', 7, 0x7f, 0xf8, 0, 0, 0, 0, 0, 1, 1, 't', 10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, []byte(nil))
 	f.Add("\xff\x00", []byte{23, '_', 'w', 'a', 't', 'e', 'r', 'm', 'i', 'l', 'l', '_', 'm', 'e', 's', 's', 'a', 'g', 'e', '_', 'u', 'u', 'i', 'd', 4, 0, 0, 0, 42}, []byte("x"))
-	m := identityMarshaler{}
+	m := amqpConfig(testenv.AMQPURL()).Marshaler
 	f.Fuzz(func(t *testing.T, messageID string, headers, body []byte) {
 		tbl, _ := fuzzTable(headers, 0, 8)
 		d := amqp.Delivery{MessageId: messageID, Headers: tbl, Body: body}
@@ -205,8 +206,11 @@ func FuzzIdentityMarshaler(f *testing.F) {
 		require.Equal(t, string(body), string(msg.Payload))
 
 		wantUUID := ""
-		if v, ok := tbl[wamqp.DefaultMessageUUIDHeaderKey]; ok {
-			wantUUID = headerString(v)
+		switch v := tbl[wamqp.DefaultMessageUUIDHeaderKey].(type) {
+		case string:
+			wantUUID = v
+		case []byte:
+			wantUUID = string(v)
 		}
 		if wantUUID == "" {
 			wantUUID = messageID
@@ -255,12 +259,13 @@ func FuzzIdentityMarshaler(f *testing.F) {
 // A message RabbitMQ really dead-lettered (its x-death header is an array
 // of tables, added by the broker), a message with number and nested-table
 // headers, and a message identified only by message_id all go through a
-// router whose watermill-amqp subscriber uses identityMarshaler, and the
-// exactly-once middleware: each is processed once under its own identity,
-// x-death arrives as JSON text, and nothing is left in the queue. (With
+// router whose watermill-amqp subscriber uses the notifier's configuration
+// (rabbitmq.Marshaler), and the exactly-once middleware: each is processed
+// once under its own identity, x-death arrives as JSON text, and nothing is
+// left in the queue. (With
 // watermill-amqp's DefaultMarshaler the same deliveries never reach the
 // router: tests/hostile_test.go, TestHostileNonStringHeadersDefaultMarshaler.)
-func TestIdentityMarshalerRealDeadLetter(t *testing.T) {
+func TestNotifierMarshalerRealDeadLetter(t *testing.T) {
 	t.Parallel()
 	in := testenv.Queue(t, "ntdl_in_")
 	conn := testenv.AMQPConn(t)
@@ -305,13 +310,9 @@ func TestIdentityMarshalerRealDeadLetter(t *testing.T) {
 	publish(in, amqp.Publishing{Headers: amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: "wm-1", "x-death": []any{amqp.Table{"count": int64(1)}}},
 		DeliveryMode: amqp.Persistent, Body: []byte(`{"case":"watermill header"}`)})
 
-	tables := testenv.Schema(t)
-	pool := testenv.Pool(t)
-	eo, err := middleware.New(middleware.Config{DB: wsql.BeginnerFromPgx(pool), Tables: tables, Mode: middleware.Lease})
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: testenv.Schema(t), Lease: &exactlyonce.LeaseConfig{}, Logger: watermill.NopLogger{}})
 	require.NoError(t, err)
-	cfg := wamqp.NewDurableQueueConfig(testenv.AMQPURL())
-	cfg.Marshaler = identityMarshaler{}
-	sub, err := wamqp.NewSubscriber(cfg, watermill.NopLogger{})
+	sub, err := wamqp.NewSubscriber(amqpConfig(testenv.AMQPURL()), watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 

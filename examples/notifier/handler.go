@@ -11,11 +11,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // ErrInvalidRequest marks a send request that can never be processed; such
-// messages go to the dead-letter queue with the reason.
+// messages go to the dead-letter queue with the reason (validate marks them
+// exactlyonce.Permanent, which the dead-letter filter, exactlyonce.IsPermanent,
+// recognises).
 var ErrInvalidRequest = errors.New("invalid send request")
 
 // SendRequest is the body of a message on the send queue.
@@ -65,15 +67,16 @@ func parseRequest(payload []byte) (SendRequest, error) {
 }
 
 // validate rejects, before any claim, what can never succeed: no identity
-// (ErrEmptyKey) and malformed requests (ErrInvalidRequest). The dead-letter
-// middleware outside it moves them aside with the reason.
+// (exactlyonce.ErrInvalidKey) and malformed requests (ErrInvalidRequest,
+// marked Permanent). The dead-letter middleware outside it moves them aside
+// with the reason; nothing is recorded in the inbox for them.
 func validate(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if msg.UUID == "" {
-			return nil, fmt.Errorf("%w: the message has neither the Watermill UUID header nor the AMQP message_id property", middleware.ErrEmptyKey)
+			return nil, fmt.Errorf("%w: the message has neither the Watermill UUID header nor the AMQP message_id property", exactlyonce.ErrInvalidKey)
 		}
 		if _, err := parseRequest(msg.Payload); err != nil {
-			return nil, err
+			return nil, exactlyonce.Permanent(err)
 		}
 		return h(msg)
 	}
@@ -88,39 +91,42 @@ func (s *Service) send(msg *message.Message) ([]*message.Message, error) {
 	if err != nil {
 		return nil, err // validate() already rejected these
 	}
-	lease, ok := middleware.LeaseFromContext(ctx)
-	if !ok {
-		return nil, errors.New("notifier: send must run under the lease-mode middleware")
+	info, err := exactlyonce.InfoFromContext(ctx)
+	if err == nil && info.Attempt == 0 {
+		err = errors.New("transactional mode")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("notifier: send must run under the lease-mode middleware: %w", err)
 	}
 	// A failed attempt is retried with the same idempotency key, up to
 	// MaxAttempts; then the notification is parked for an operator.
 	giveUp := func(err error) error {
-		if lease.Attempt >= s.cfg.MaxAttempts {
-			return middleware.Permanent(fmt.Errorf("giving up after %d attempts: %w", lease.Attempt, err))
+		if info.Attempt >= s.cfg.MaxAttempts {
+			return exactlyonce.Permanent(fmt.Errorf("giving up after %d attempts: %w", info.Attempt, err))
 		}
 		return err
 	}
 	provider := s.providers[req.Channel]
-	if err := provider.Send(ctx, lease.IdempotencyKey, req.To, req.Text); err != nil {
+	if err := provider.Send(ctx, info.IdempotencyKey, req.To, req.Text); err != nil {
 		if errors.Is(err, errRejected) {
-			return nil, middleware.Permanent(err) // parked for an operator, acked
+			return nil, exactlyonce.Permanent(err) // parked for an operator, acked
 		}
 		return nil, giveUp(err)
 	}
 
-	tx, ok := middleware.PgxTxFromContext(ctx)
-	if !ok {
-		return nil, giveUp(errors.New("notifier: no completion transaction"))
+	tx, err := exactlyonce.PgxTxFromContext(ctx)
+	if err != nil {
+		return nil, giveUp(err)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO `+s.logTable+`
 (notification_id, channel, recipient, status, attempts, message_key) VALUES ($1, $2, $3, 'sent', $4, $5)
 ON CONFLICT (notification_id) DO UPDATE SET status = 'sent', attempts = excluded.attempts, updated_at = now()`,
-		req.NotificationID, req.Channel, req.To, lease.Attempt, msg.UUID); err != nil {
+		req.NotificationID, req.Channel, req.To, info.Attempt, msg.UUID); err != nil {
 		return nil, giveUp(err)
 	}
 	event, err := json.Marshal(SentEvent{
 		NotificationID: req.NotificationID, Channel: req.Channel, To: req.To,
-		Attempt: lease.Attempt, IdempotencyKey: lease.IdempotencyKey, SentAt: time.Now().UTC(),
+		Attempt: info.Attempt, IdempotencyKey: info.IdempotencyKey, SentAt: time.Now().UTC(),
 	})
 	if err != nil {
 		return nil, err

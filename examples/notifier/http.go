@@ -49,7 +49,7 @@ func (s *Service) healthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Service) adminInboxStats(w http.ResponseWriter, r *http.Request) {
-	st, err := s.store.Stats(r.Context(), s.db, r.URL.Query().Get("consumer"))
+	st, err := s.store.Stats(r.Context(), r.URL.Query().Get("consumer"))
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
@@ -62,7 +62,7 @@ func (s *Service) adminInboxRecord(w http.ResponseWriter, r *http.Request) {
 	if consumer == "" {
 		consumer = sendConsumer
 	}
-	rec, err := s.store.Lookup(r.Context(), s.db, consumer, key)
+	rec, err := s.store.Get(r.Context(), consumer, key)
 	switch {
 	case errors.Is(err, inbox.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
@@ -75,7 +75,7 @@ func (s *Service) adminInboxRecord(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) adminInboxParked(w http.ResponseWriter, r *http.Request) {
 	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
-	recs, err := s.store.ListParked(r.Context(), s.db, r.URL.Query().Get("consumer"), limit)
+	recs, err := s.store.Parked(r.Context(), r.URL.Query().Get("consumer"), limit)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return

@@ -4,7 +4,7 @@
 // idempotency key), records it in notification_log, and emits a
 // notification.sent event through the transactional outbox.
 //
-// Run `make demo` for a guided run, or `go run ./examples/notifier` for the
+// Run `make demo` for a guided run, or `go run ./notifier` (from examples/) for the
 // service itself. See examples/notifier/README.md for the configuration.
 package main
 
@@ -30,7 +30,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var err error
 	if *demo {
-		err = runDemo(ctx, logger)
+		err = runDemo(ctx, logger, os.Stdout)
 	} else {
 		err = run(ctx, logger)
 	}

@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -28,7 +28,7 @@ func newMetrics(s *Service) *metrics {
 		reg: prometheus.NewRegistry(),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exactlyonce_deliveries_total",
-			Help: "Deliveries seen by the exactly-once middleware, by consumer and outcome (processed, duplicate, failed, busy, parked, rejected, db_unavailable, fail_open).",
+			Help: "Deliveries seen by the exactly-once middleware, by consumer and outcome (processed, duplicate, failed, busy, parked, rejected, db_unavailable, claim_failed, fail_open).",
 		}, []string{"consumer", "outcome"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "exactlyonce_duplicates_blocked_total",
@@ -59,11 +59,11 @@ func newMetrics(s *Service) *metrics {
 		}, func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			n, err := s.store.CountStatus(ctx, s.db, "", inbox.StatusParked)
+			st, err := s.store.Stats(ctx, "")
 			if err != nil {
 				return -1
 			}
-			return float64(n)
+			return float64(st.Rows["parked"])
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "exactlyonce_outbox_pending",
@@ -98,16 +98,36 @@ func newMetrics(s *Service) *metrics {
 	return m
 }
 
+// outcome is the metric label of a delivery: the middleware's Outcome,
+// with the nacked deliveries split by cause (the sentinel Event.Err wraps).
+func outcome(e exactlyonce.Event) string {
+	if e.Outcome != exactlyonce.Nacked {
+		return string(e.Outcome) // processed, duplicate, parked, fail_open
+	}
+	switch {
+	case errors.Is(e.Err, exactlyonce.ErrInvalidKey):
+		return "rejected" // no usable key
+	case errors.Is(e.Err, exactlyonce.ErrDBUnavailable) && !errors.Is(e.Err, exactlyonce.ErrLeaseLost) && e.Attempt == 0:
+		return "db_unavailable" // before the handler ran
+	case errors.Is(e.Err, exactlyonce.ErrClaimFailed):
+		return "claim_failed" // any other database error before the handler ran
+	case errors.Is(e.Err, exactlyonce.ErrLeaseHeld):
+		return "busy" // another worker holds the key's lease
+	default:
+		return "failed" // the handler, its completion or its outputs failed
+	}
+}
+
 // observe is the middleware's OnEvent hook.
-func (m *metrics) observe(e middleware.Event) {
-	outcome := e.Kind.String()
-	m.events.WithLabelValues(e.Consumer, outcome).Inc()
-	m.durations.WithLabelValues(e.Consumer, outcome).Observe(e.Duration.Seconds())
-	switch e.Kind {
-	case middleware.EventDuplicate:
+func (m *metrics) observe(e exactlyonce.Event) {
+	label := outcome(e)
+	m.events.WithLabelValues(e.Consumer, label).Inc()
+	m.durations.WithLabelValues(e.Consumer, label).Observe(e.Duration.Seconds())
+	switch label {
+	case "duplicate":
 		m.duplicates.WithLabelValues(e.Consumer).Inc()
-	case middleware.EventProcessed, middleware.EventFailed:
-		if e.Attempt > 0 {
+	case "processed", "failed":
+		if e.Attempt > 0 { // lease mode: the attempt claimed the key and ran the handler
 			m.claims.WithLabelValues(e.Consumer).Inc()
 		}
 	}
@@ -119,7 +139,7 @@ func (m *metrics) observe(e middleware.Event) {
 func (s *Service) pending() (outbox.Pending, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return outbox.PendingStats(ctx, s.db, s.tables)
+	return outbox.PendingStats(ctx, s.db)
 }
 
 // counterValue reads a counter's current value (for the demo's summary).

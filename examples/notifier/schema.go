@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -14,8 +13,8 @@ import (
 // migrate creates the library's inbox and outbox tables and the notifier's
 // own notification_log, idempotently and safely when several instances start
 // at once.
-func migrate(ctx context.Context, pool *pgxpool.Pool, tables sqlschema.Config) error {
-	if err := sqlschema.Migrate(ctx, wsql.BeginnerFromPgx(pool), tables); err != nil {
+func migrate(ctx context.Context, pool *pgxpool.Pool, db sqlschema.DB) error {
+	if err := sqlschema.Migrate(ctx, db); err != nil {
 		return err
 	}
 	tx, err := pool.Begin(ctx)
@@ -28,7 +27,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, tables sqlschema.Config) e
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('exactlyonce-notifier-migrate'))`); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+logTable(tables)+` (
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+logTable(db)+` (
     notification_id text        PRIMARY KEY,
     channel         text        NOT NULL,
     recipient       text        NOT NULL,
@@ -43,6 +42,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, tables sqlschema.Config) e
 	return tx.Commit(ctx)
 }
 
-func logTable(tables sqlschema.Config) string {
-	return pgx.Identifier{tables.WithDefaults().Schema, "notification_log"}.Sanitize()
+// logTable is the quoted notification_log table, in the library's schema.
+func logTable(db sqlschema.DB) string {
+	return pgx.Identifier{db.WithDefaults().Schema, "notification_log"}.Sanitize()
 }

@@ -14,13 +14,13 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -28,16 +28,21 @@ import (
 // every worker and every instance, so they share one set of keys.
 const sendConsumer = "notifier-send"
 
+// sendHandler is the router handler's name (in logs and in the
+// handler_poisoned header of dead letters).
+const sendHandler = "send"
+
 // Service is one notifier instance.
 type Service struct {
 	cfg      Config
+	hooks    hooks
 	logger   *slog.Logger
 	wlogger  watermill.LoggerAdapter
 	pool     *pgxpool.Pool
-	db       wsql.Beginner
-	tables   sqlschema.Config
+	db       sqlschema.DB // the database and the library's tables: stated once, passed everywhere
 	logTable string
 	store    *inbox.Store
+	receipts *exactlyonce.Middleware
 
 	providers map[string]Provider
 	fakes     []*fakeProvider
@@ -52,47 +57,61 @@ type Service struct {
 	closers []func() error
 }
 
+// hooks let the demo observe and disturb deliveries; the service itself
+// runs with none.
+type hooks struct {
+	// outer, when set, wraps the whole send handler chain (outermost).
+	outer message.HandlerMiddleware
+	// expected lists errors the router logs at debug level instead of
+	// error, beside exactlyonce.ErrLeaseHeld.
+	expected []error
+}
+
 // NewService connects, migrates, declares the queues and wires everything;
 // Run starts it.
-func NewService(ctx context.Context, cfg Config, logger *slog.Logger) (s *Service, err error) {
-	s = &Service{
-		cfg: cfg, logger: logger,
-		wlogger: watermill.NewSlogLogger(logger),
-		tables:  sqlschema.Config{Schema: cfg.Schema},
-	}
+func NewService(ctx context.Context, cfg Config, logger *slog.Logger) (*Service, error) {
+	return newService(ctx, cfg, logger, hooks{})
+}
+
+func newService(ctx context.Context, cfg Config, logger *slog.Logger, h hooks) (s *Service, err error) {
+	s = &Service{cfg: cfg, hooks: h, logger: logger, wlogger: watermill.NewSlogLogger(logger)}
 	defer func() {
 		if err != nil {
 			s.close()
 		}
 	}()
-	if err := s.tables.Validate(); err != nil {
-		return nil, fmt.Errorf("DB_SCHEMA: %w", err)
-	}
-	s.logTable = logTable(s.tables)
-
-	s.pool, err = pgxpool.New(ctx, cfg.DatabaseURL)
+	s.pool, err = pgxpool.New(ctx, cfg.DatabaseURL) // connects lazily
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	s.closers = append(s.closers, func() error { s.pool.Close(); return nil })
+	s.db = sqlschema.DB{Conn: wsql.BeginnerFromPgx(s.pool), Schema: cfg.Schema}
+	if err := s.db.Validate(); err != nil {
+		return nil, fmt.Errorf("DB_SCHEMA: %w", err)
+	}
+	s.logTable = logTable(s.db)
 	if err := s.pool.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("PostgreSQL at DATABASE_URL is unreachable: %w", err)
 	}
-	s.db = wsql.BeginnerFromPgx(s.pool)
-	if err := migrate(ctx, s.pool, s.tables); err != nil {
+	if err := migrate(ctx, s.pool, s.db); err != nil {
 		return nil, fmt.Errorf("migrating: %w", err)
 	}
-	if s.store, err = inbox.NewStore(inbox.Config{Tables: s.tables}); err != nil {
+	if s.store, err = inbox.NewStore(s.db); err != nil {
 		return nil, err
 	}
-	if err := s.declareQueues(); err != nil {
-		return nil, err
+	// Declare the queues up front: RabbitMQ drops what the relay or the
+	// dead-letter middleware publishes to a queue nobody declared yet.
+	if err := rabbitmq.DeclareQueues(ctx, cfg.AMQPURL, cfg.SendQueue, cfg.SentQueue, cfg.DeadQueue); err != nil {
+		return nil, fmt.Errorf("RabbitMQ at AMQP_URL: %w", err)
 	}
 	if err := s.setUpProviders(); err != nil {
 		return nil, err
 	}
 	s.metrics = newMetrics(s)
 	if err := s.setUpRouter(); err != nil {
+		return nil, err
+	}
+	if err := s.setUpReceipts(); err != nil {
 		return nil, err
 	}
 	if cfg.Relay {
@@ -111,30 +130,14 @@ func NewService(ctx context.Context, cfg Config, logger *slog.Logger) (s *Servic
 // HTTPAddr is the address the HTTP server listens on.
 func (s *Service) HTTPAddr() string { return s.httpLn.Addr().String() }
 
-// declareQueues declares the durable queues at start, so that no event is
-// dropped for lack of a queue (watermill-amqp's publisher declares none).
-func (s *Service) declareQueues() error {
-	conn, err := amqp.Dial(s.cfg.AMQPURL)
-	if err != nil {
-		return fmt.Errorf("RabbitMQ at AMQP_URL is unreachable: %w", err)
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	for _, q := range []string{s.cfg.SendQueue, s.cfg.SentQueue, s.cfg.DeadQueue} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("declaring queue %q: %w", q, err)
-		}
-	}
-	return ch.Close()
-}
-
 func (s *Service) setUpProviders() error {
 	client := &http.Client{Timeout: 10 * time.Second}
 	s.providers = map[string]Provider{}
-	for channel, url := range map[string]string{"sms": s.cfg.SMSProviderURL, "email": s.cfg.EmailProviderURL} {
+	for _, channel := range []string{"sms", "email"} {
+		url := s.cfg.SMSProviderURL
+		if channel == "email" {
+			url = s.cfg.EmailProviderURL
+		}
 		if url == "" {
 			f, err := startFakeProvider(channel, s.logger)
 			if err != nil {
@@ -150,38 +153,50 @@ func (s *Service) setUpProviders() error {
 	return nil
 }
 
-func (s *Service) amqpConfig() wamqp.Config {
-	c := wamqp.NewDurableQueueConfig(s.cfg.AMQPURL)
-	c.Marshaler = identityMarshaler{}
+// amqpConfig is the watermill-amqp configuration of every subscriber and
+// publisher: durable queues named like the topic, rabbitmq.Marshaler (the
+// message identity is the Watermill UUID header, else the AMQP message_id
+// property that PHP, Node or Python producers set; headers of any type,
+// such as RabbitMQ's x-death, become text instead of failing the delivery)
+// and publisher confirms.
+func amqpConfig(amqpURL string) wamqp.Config {
+	c := wamqp.NewDurableQueueConfig(amqpURL)
+	c.Marshaler = rabbitmq.Marshaler{}
 	c.Publish.ConfirmDelivery = true
 	// No channel pool: watermill-amqp v3.1.0's pool can lose all its
 	// channels after a broker outage, and Publish then blocks forever
-	// (docs/getting-started.md, "Run the relay").
+	// (upstream fix: ThreeDotsLabs/watermill-amqp#37).
 	c.Publish.ChannelPoolSize = 0
-	c.Consume.Qos.PrefetchCount = 4
 	return c
 }
 
 func (s *Service) setUpRouter() error {
 	var err error
-	s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, s.wlogger)
+	// The router logs every handler error at error level; errors that are
+	// part of normal operation (a held lease: another worker is on the key)
+	// are logged at debug instead. This is how a service quiets the nacks it
+	// expects without hiding the others.
+	routerLogger := quietLogger{LoggerAdapter: s.wlogger, expected: append([]error{exactlyonce.ErrLeaseHeld}, s.hooks.expected...)}
+	s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, routerLogger)
 	if err != nil {
 		return err
 	}
-	deadPub, err := wamqp.NewPublisher(s.amqpConfig(), s.wlogger)
+	// The dead-letter publisher is the router's own, not shared with the
+	// relay.
+	deadPub, err := wamqp.NewPublisher(amqpConfig(s.cfg.AMQPURL), s.wlogger)
 	if err != nil {
 		return fmt.Errorf("RabbitMQ publisher: %w", err)
 	}
 	s.closers = append(s.closers, deadPub.Close)
-	deadLetter, err := wmw.PoisonQueueWithFilter(deadPub, s.cfg.DeadQueue, isDeadLetter)
+	// IsPermanent: no key (or an invalid one), a malformed request
+	// (validate marks it Permanent), output the outbox can never take.
+	deadLetter, err := middleware.PoisonQueueWithFilter(deadPub, s.cfg.DeadQueue, exactlyonce.IsPermanent)
 	if err != nil {
 		return err
 	}
-	eo, err := middleware.New(middleware.Config{
+	eo, err := exactlyonce.New(exactlyonce.Config{
 		DB:           s.db,
-		Tables:       s.tables,
-		Mode:         middleware.Lease,
-		Lease:        s.cfg.Lease,
+		Lease:        &exactlyonce.LeaseConfig{Duration: s.cfg.Lease},
 		Consumer:     sendConsumer,
 		PublishTopic: s.cfg.SentQueue,
 		OnEvent:      s.metrics.observe,
@@ -190,58 +205,62 @@ func (s *Service) setUpRouter() error {
 	if err != nil {
 		return err
 	}
-	retry := wmw.Retry{
+	retry := middleware.Retry{
 		MaxRetries: 2, InitialInterval: 200 * time.Millisecond, Multiplier: 2, Logger: s.wlogger,
-		// Retrying cannot fix a dead letter, and a held lease is the holder's
-		// to finish: nack those at once.
-		ShouldRetry: func(p wmw.RetryParams) bool {
-			return !isDeadLetter(p.Err) && !errors.Is(p.Err, middleware.ErrLeaseHeld)
+		// Retrying cannot fix a permanent error, and a held lease is the
+		// holder's to finish: nack those at once.
+		ShouldRetry: func(p middleware.RetryParams) bool {
+			return !exactlyonce.IsPermanent(p.Err) && !errors.Is(p.Err, exactlyonce.ErrLeaseHeld)
 		},
 	}
 	// Outermost first: dead-letter what can never succeed, validate before
 	// any claim, retry transient failures with a fresh attempt each time.
+	// No Recoverer: the exactly-once middleware recovers handler panics
+	// itself (rolled back and nacked).
+	if s.hooks.outer != nil {
+		s.router.AddMiddleware(s.hooks.outer)
+	}
 	s.router.AddMiddleware(deadLetter, validate, retry.Middleware, eo.Middleware)
 
-	for i := range s.cfg.Workers {
-		sub, err := wamqp.NewSubscriber(s.amqpConfig(), s.wlogger)
-		if err != nil {
-			return fmt.Errorf("RabbitMQ subscriber: %w", err)
-		}
-		s.closers = append(s.closers, sub.Close)
-		// The middleware writes the returned event to the outbox and
-		// returns nothing to the router: the publish topic only names the
-		// event's destination, and the router's publisher is never used.
-		s.router.AddHandler(fmt.Sprintf("send-%d", i), s.cfg.SendQueue, sub, s.cfg.SentQueue, unusedPublisher{}, s.send)
+	sub, err := wamqp.NewSubscriber(amqpConfig(s.cfg.AMQPURL), s.wlogger)
+	if err != nil {
+		return fmt.Errorf("RabbitMQ subscriber: %w", err)
 	}
+	s.closers = append(s.closers, sub.Close)
+	// One handler, Workers deliveries in flight under one consumer name.
+	// The middleware writes the returned event to the outbox; OutboxOnly
+	// only carries the publish topic (the event's destination) and refuses
+	// anything the router would publish itself.
+	s.router.AddHandler(sendHandler, s.cfg.SendQueue, exactlyonce.ConcurrentSubscriber(sub, s.cfg.Workers),
+		s.cfg.SentQueue, exactlyonce.OutboxOnly(), s.send)
 	return nil
 }
 
-// isDeadLetter reports errors that no retry can fix: the message goes to the
-// dead-letter queue with the reason.
-func isDeadLetter(err error) bool {
-	return errors.Is(err, ErrInvalidRequest) || errors.Is(err, middleware.ErrEmptyKey) ||
-		errors.Is(err, middleware.ErrKeyTooLong) || errors.Is(err, middleware.ErrInvalidKey)
+// setUpReceipts builds the exactly-once middleware of the receipts webhook
+// (transactional mode, keyed on the SHA-256 of the body): the same
+// middleware as the queue handler's, called from an HTTP handler.
+func (s *Service) setUpReceipts() error {
+	var err error
+	s.receipts, err = exactlyonce.New(exactlyonce.Config{
+		DB:        s.db,
+		Consumer:  receiptsConsumer,
+		Key:       exactlyonce.KeyFromPayloadSHA256,
+		NackDelay: -1, // the webhook answers at once; the provider retries
+		Logger:    s.wlogger,
+	})
+	return err
 }
-
-// unusedPublisher stands in for the router's publisher of the send
-// handlers (the router closes a handler's publisher when the handler stops,
-// so a shared real one would be closed under the others).
-type unusedPublisher struct{}
-
-func (unusedPublisher) Publish(topic string, _ ...*message.Message) error {
-	return fmt.Errorf("notifier: the router was asked to publish to %q; events go through the outbox", topic)
-}
-
-func (unusedPublisher) Close() error { return nil }
 
 func (s *Service) setUpRelay() error {
-	pub, err := wamqp.NewPublisher(s.amqpConfig(), s.wlogger)
+	// The relay's own publisher: the router closes the publishers of its
+	// handlers when it stops, and the relay must be able to finish.
+	pub, err := wamqp.NewPublisher(amqpConfig(s.cfg.AMQPURL), s.wlogger)
 	if err != nil {
 		return fmt.Errorf("RabbitMQ publisher: %w", err)
 	}
 	s.closers = append(s.closers, pub.Close)
 	s.relay, err = outbox.NewRelay(outbox.RelayConfig{
-		DB: s.db, Publisher: pub, Tables: s.tables, PollInterval: 100 * time.Millisecond, Logger: s.wlogger,
+		DB: s.db, Publisher: pub, PollInterval: 100 * time.Millisecond, Logger: s.wlogger,
 	})
 	return err
 }
@@ -275,14 +294,22 @@ func (s *Service) Run(ctx context.Context) error {
 			errs <- fmt.Errorf("router: %w", err)
 		}
 	}()
+	shutdownHTTP := func() {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.http.Shutdown(shutdownCtx)
+	}
 	select {
 	case <-s.router.Running():
 		s.running.Store(true)
 		s.logger.Info("notifier running", "http", s.HTTPAddr(), "workers", s.cfg.Workers,
 			"send_queue", s.cfg.SendQueue, "sent_queue", s.cfg.SentQueue, "relay", s.relay != nil)
 	case err := <-errs:
+		_ = s.router.Close()
+		<-routerDone
 		stopRelay()
 		<-relayDone
+		shutdownHTTP()
 		return err
 	}
 
@@ -297,9 +324,7 @@ func (s *Service) Run(ctx context.Context) error {
 	<-routerDone
 	stopRelay()
 	<-relayDone
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.http.Shutdown(shutdownCtx)
+	shutdownHTTP()
 	return runErr
 }
 

@@ -10,9 +10,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // receiptsConsumer is the inbox consumer name of the receipts webhook.
@@ -26,7 +27,9 @@ type Receipt struct {
 
 // handleReceipt applies a delivery receipt once: providers retry webhooks
 // with the same body, so the key is the SHA-256 of the body, claimed in the
-// inbox in the same transaction as the status update.
+// inbox in the same transaction as the status update. The claim is the
+// exactly-once middleware's (s.receipts), called on a message made of the
+// body: an HTTP handler gets the same guarantee as a queue handler.
 func (s *Service) handleReceipt(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
@@ -43,9 +46,7 @@ func (s *Service) handleReceipt(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error()+`: want JSON {"notification_id": "...", "status": "delivered"}`, http.StatusBadRequest)
 		return
 	}
-	key, _ := middleware.KeyFromPayloadSHA256()(message.NewMessage("", body))
-
-	result, err := s.applyReceipt(r.Context(), key, rc)
+	result, err := s.applyReceipt(r.Context(), body, rc)
 	switch {
 	case errors.Is(err, errUnknownNotification):
 		// Not ours yet (the receipt can overtake our commit): the provider
@@ -90,26 +91,34 @@ func parseReceipt(body []byte) (Receipt, error) {
 	return rc, nil
 }
 
-func (s *Service) applyReceipt(ctx context.Context, key string, rc Receipt) (string, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
+// applyReceipt runs the status update under the receipts middleware: a body
+// already applied is a duplicate and the update does not run; an error rolls
+// everything back, the claim included, so the provider's retry is applied.
+func (s *Service) applyReceipt(ctx context.Context, body []byte, rc Receipt) (string, error) {
+	applied := false
+	update := func(msg *message.Message) ([]*message.Message, error) {
+		tx, err := exactlyonce.PgxTxFromContext(msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		tag, err := tx.Exec(msg.Context(), `UPDATE `+s.logTable+` SET status = $2, updated_at = now() WHERE notification_id = $1`,
+			rc.NotificationID, strings.ToLower(rc.Status))
+		if err != nil {
+			return nil, err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil, errUnknownNotification
+		}
+		applied = true
+		return nil, nil
+	}
+	msg := message.NewMessage(watermill.NewUUID(), body) // keyed on the body, not the UUID
+	msg.SetContext(ctx)
+	if _, err := s.receipts.Middleware(update)(msg); err != nil {
 		return "", err
 	}
-	defer func() { _ = tx.Rollback() }()
-	claim, err := s.store.ClaimTx(ctx, tx, receiptsConsumer, key)
-	if err != nil {
-		return "", err
+	if !applied {
+		return "duplicate", nil
 	}
-	if !claim.Claimed {
-		return "duplicate", tx.Commit()
-	}
-	res, err := tx.ExecContext(ctx, `UPDATE `+s.logTable+` SET status = $2, updated_at = now() WHERE notification_id = $1`,
-		rc.NotificationID, strings.ToLower(rc.Status))
-	if err != nil {
-		return "", err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return "", errUnknownNotification
-	}
-	return "applied", tx.Commit()
+	return "applied", nil
 }

@@ -1,23 +1,27 @@
 package main
 
 import (
+	"fmt"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// purgeQueues empties the demo's queues so that every run starts clean.
-// Errors are ignored: a queue that does not exist yet has nothing to purge.
-func purgeQueues(url string, queues ...string) {
+// purgeQueues empties the quickstart's queues (declared before), so that
+// every run starts clean.
+func purgeQueues(url string, queues ...string) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
-		return
+		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
 	for _, q := range queues {
-		ch, err := conn.Channel()
-		if err != nil {
-			return
+		if _, err := ch.QueuePurge(q, false); err != nil {
+			return fmt.Errorf("purging queue %s: %w", q, err)
 		}
-		_, _ = ch.QueuePurge(q, false)
-		_ = ch.Close()
 	}
+	return ch.Close()
 }

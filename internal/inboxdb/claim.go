@@ -1,4 +1,4 @@
-package inbox
+package inboxdb
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
@@ -13,10 +14,12 @@ var errNoRows = seam.ErrNoRows
 
 // ClaimResult is the outcome of a claim.
 type ClaimResult struct {
-	// Claimed is true when this transaction inserted the key's row: the
-	// caller owns the key and runs the handler. False means a duplicate.
+	// Claimed is true when this transaction inserted the key's row (or
+	// took over a failed one, released by an operator): the caller owns the
+	// key and runs the handler. False means a duplicate, or a parked key
+	// (Existing.Status says which): ack without running the handler.
 	Claimed bool
-	// Existing is the committed record found for a duplicate (its
+	// Existing is the committed record found when not claimed (its
 	// Duplicates already counts this delivery). Zero when Claimed.
 	Existing Record
 }
@@ -31,8 +34,10 @@ type ClaimResult struct {
 // key, ClaimTx waits for it to end (the primary key serialises them) and then
 // reports a duplicate if it committed, or claims the key if it rolled back.
 //
-// A record in a status other than done (written by lease mode) yields an
-// error wrapping ErrNotDone.
+// A parked record (a Permanent handler error, or lease mode's) is not
+// claimed: Existing says parked. A failed record (released by an operator)
+// is claimed again in tx (attempts+1). A processing record (written by
+// lease mode) yields an error wrapping ErrNotDone.
 //
 // Under REPEATABLE READ or SERIALIZABLE (a database or role default), a
 // claim that waited for another transaction's claim of the same key fails
@@ -48,9 +53,7 @@ func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 VALUES ($1, $2, 'done', 1, now())
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING first_seen_at`
-	update := `UPDATE ` + s.table + ` SET duplicates = duplicates + 1
-WHERE consumer = $1 AND message_key = $2
-RETURNING ` + recordColumns
+	update := s.countDuplicate()
 
 	// The loop runs a second time only if the conflicting row was deleted
 	// (Forget or Purge) between the two statements.
@@ -61,7 +64,7 @@ RETURNING ` + recordColumns
 			return ClaimResult{Claimed: true}, nil
 		}
 		if !notFound(err) {
-			return ClaimResult{}, fmt.Errorf("inbox: claiming %q for %q: %w", key, consumer, err)
+			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
 		}
 		var rec Record
 		err = seam.QueryRow(ctx, tx, update, []any{consumer, key}, rec.scanDest()...)
@@ -69,12 +72,62 @@ RETURNING ` + recordColumns
 			continue
 		}
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("inbox: counting duplicate %q for %q: %w", key, consumer, err)
+			return ClaimResult{}, fmt.Errorf("counting duplicate %q for %q: %w", key, consumer, err)
 		}
-		if rec.Status != StatusDone {
-			return ClaimResult{Existing: rec}, fmt.Errorf("%w: %q for %q is %s (is a lease-mode consumer using the same name?)", ErrNotDone, key, consumer, rec.Status)
+		switch rec.Status {
+		case StatusDone, StatusParked:
+			return ClaimResult{Existing: rec}, nil
+		case StatusFailed:
+			ok, err := s.reclaim(ctx, tx, consumer, key)
+			if err != nil {
+				return ClaimResult{}, fmt.Errorf("claiming released %q for %q: %w", key, consumer, err)
+			}
+			if !ok {
+				continue // changed in between: look again
+			}
+			return ClaimResult{Claimed: true}, nil
 		}
-		return ClaimResult{Existing: rec}, nil
+		return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 	}
-	return ClaimResult{}, fmt.Errorf("inbox: claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
+	return ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
+}
+
+// countDuplicate counts a duplicate delivery of a done or parked record and
+// returns the record (any status: a failed or processing one is returned
+// unchanged).
+func (s *Store) countDuplicate() string {
+	return `UPDATE ` + s.table + ` SET duplicates = duplicates + CASE WHEN status IN ('done', 'parked') THEN 1 ELSE 0 END
+WHERE consumer = $1 AND message_key = $2
+RETURNING ` + recordColumns
+}
+
+// reclaim takes over a failed record (released by an operator) as done in
+// tx, which holds its row lock until it ends; a rollback restores it. It
+// reports false when the record is no longer failed.
+func (s *Store) reclaim(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (bool, error) {
+	n, err := seam.Exec(ctx, tx, `UPDATE `+s.table+` SET status = 'done', attempts = attempts + 1, processed_at = now(),
+lease_until = NULL, lease_token = NULL, last_error = NULL
+WHERE consumer = $1 AND message_key = $2 AND status = 'failed'`, consumer, key)
+	return n == 1, err
+}
+
+func notDone(consumer, key string, rec Record) error {
+	return fmt.Errorf("%w: %q for %q is %s", ErrNotDone, key, consumer, rec.Status)
+}
+
+// Park records (consumer, key) as parked with reason, in a statement of its
+// own: a transactional-mode handler returned a Permanent error, and its
+// transaction was rolled back. A key recorded done in the meantime stays
+// done; a failed (released) one is parked again.
+func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
+	return retryStatement(db, func() error {
+		_, err := seam.Exec(ctx, db, `INSERT INTO `+s.table+` AS t (consumer, message_key, status, attempts, processed_at, last_error)
+VALUES ($1, $2, 'parked', 1, now(), $3)
+ON CONFLICT (consumer, message_key) DO UPDATE SET status = 'parked', attempts = t.attempts + 1, processed_at = now(),
+last_error = EXCLUDED.last_error WHERE t.status = 'failed'`, consumer, key, pgtext.Truncate(reason))
+		if err != nil {
+			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
+		}
+		return nil
+	})
 }

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
@@ -23,7 +23,7 @@ func TestBeginClaimPgxThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	bouncer := testenv.PgBouncer(t, "transaction")
 	tables := testenv.Schema(t)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

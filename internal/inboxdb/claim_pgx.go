@@ -1,12 +1,14 @@
-package inbox
+package inboxdb
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
@@ -38,11 +40,11 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	}
 	qc, err := conn.PgConn().EscapeString(consumer)
 	if err != nil {
-		return nil, ClaimResult{}, fmt.Errorf("inbox: %w", err)
+		return nil, ClaimResult{}, err
 	}
 	qk, err := conn.PgConn().EscapeString(key)
 	if err != nil {
-		return nil, ClaimResult{}, fmt.Errorf("inbox: %w", err)
+		return nil, ClaimResult{}, err
 	}
 	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
 	// query with a unique violation, and the transaction with it.
@@ -57,28 +59,117 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		// A failed BEGIN query may leave conn in an aborted transaction.
 		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
 			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
-				return nil, ClaimResult{}, fmt.Errorf("inbox: rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
+				return nil, ClaimResult{}, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
 			}
 		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation {
-			return nil, ClaimResult{}, fmt.Errorf("inbox: claiming %q for %q: %w", key, consumer, err)
+			return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
 		}
 		// Already recorded: count the duplicate. Zero rows means the record
 		// was deleted (Forget, Purge) in between: claim again.
 		var rec Record
-		err = conn.QueryRow(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + 1
-WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns, consumer, key).Scan(rec.scanDest()...)
+		err = conn.QueryRow(ctx, s.countDuplicate(), consumer, key).Scan(rec.scanDest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
 		if err != nil {
-			return nil, ClaimResult{}, fmt.Errorf("inbox: counting duplicate %q for %q: %w", key, consumer, err)
+			return nil, ClaimResult{}, fmt.Errorf("counting duplicate %q for %q: %w", key, consumer, err)
 		}
-		if rec.Status != StatusDone {
-			return nil, ClaimResult{Existing: rec}, fmt.Errorf("%w: %q for %q is %s (is a lease-mode consumer using the same name?)", ErrNotDone, key, consumer, rec.Status)
+		switch rec.Status {
+		case StatusDone, StatusParked:
+			return nil, ClaimResult{Existing: rec}, nil
+		case StatusFailed:
+			// Released by an operator: rare, so the ordinary two round trips.
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return nil, ClaimResult{}, fmt.Errorf("claiming released %q for %q: begin: %w", key, consumer, err)
+			}
+			ok, err := s.reclaim(ctx, wsql.TxFromPgx(tx), consumer, key)
+			if err != nil || !ok {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				if err != nil {
+					return nil, ClaimResult{}, fmt.Errorf("claiming released %q for %q: %w", key, consumer, err)
+				}
+				continue
+			}
+			return tx, ClaimResult{Claimed: true}, nil
 		}
-		return nil, ClaimResult{Existing: rec}, nil
+		return nil, ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 	}
-	return nil, ClaimResult{}, fmt.Errorf("inbox: claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
+	return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
+}
+
+// PgxPool returns the pool behind db when db is wsql.BeginnerFromPgx(pool):
+// then the middleware begins and claims in one round trip (BeginClaimPool)
+// instead of two.
+func PgxPool(db wsql.Beginner) (*pgxpool.Pool, bool) {
+	var conn wsql.Conn
+	switch b := db.(type) {
+	case wsql.PgxBeginner:
+		conn = b.Conn
+	case *wsql.PgxBeginner:
+		conn = b.Conn
+	default:
+		return nil, false
+	}
+	pool, ok := conn.(*pgxpool.Pool)
+	return pool, ok && pool != nil
+}
+
+// PooledTx is a pgx transaction on a connection acquired from a pool; it
+// releases the connection when it ends. It implements watermill-sql's Tx.
+type PooledTx struct {
+	tx   pgx.Tx
+	conn *pgxpool.Conn
+	ctx  context.Context
+}
+
+var _ wsql.Tx = (*PooledTx)(nil)
+
+func (t *PooledTx) ExecContext(ctx context.Context, query string, args ...any) (wsql.Result, error) {
+	tag, err := t.tx.Exec(ctx, query, args...)
+	return wsql.PgxResult{CommandTag: tag}, err
+}
+
+func (t *PooledTx) QueryContext(ctx context.Context, query string, args ...any) (wsql.Rows, error) {
+	rows, err := t.tx.Query(ctx, query, args...)
+	return wsql.PgxRows{Rows: rows}, err
+}
+
+func (t *PooledTx) Commit() error {
+	defer t.release()
+	return t.tx.Commit(t.ctx)
+}
+
+func (t *PooledTx) Rollback() error {
+	defer t.release()
+	return t.tx.Rollback(context.WithoutCancel(t.ctx))
+}
+
+func (t *PooledTx) release() {
+	if t.conn != nil {
+		t.conn.Release()
+		t.conn = nil
+	}
+}
+
+// Pgx returns the pgx transaction.
+func (t *PooledTx) Pgx() pgx.Tx { return t.tx }
+
+// BeginClaimPool acquires a connection from pool and begins + claims in
+// one round trip (BeginClaimPgx). A nil tx with a nil error means the key
+// was not claimed (a duplicate, or parked); the connection is then back in
+// the pool.
+func (s *Store) BeginClaimPool(ctx context.Context, pool *pgxpool.Pool, consumer, key string) (*PooledTx, ClaimResult, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, ClaimResult{}, err
+	}
+	tx, claim, err := s.BeginClaimPgx(ctx, conn.Conn(), consumer, key)
+	if err != nil || !claim.Claimed {
+		conn.Release()
+		return nil, claim, err
+	}
+	return &PooledTx{tx: tx, conn: conn, ctx: ctx}, claim, nil
 }

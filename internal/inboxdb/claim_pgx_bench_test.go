@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
@@ -34,7 +34,7 @@ import (
 //	go test -run '^$' -bench BenchmarkBeginClaimPgx -benchtime 2000x -count 5 ./inbox/
 func BenchmarkBeginClaimPgx(b *testing.B) {
 	tables := testenv.Schema(b)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	require.NoError(b, err)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())

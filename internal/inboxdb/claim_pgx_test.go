@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
@@ -17,7 +17,7 @@ func TestBeginClaimPgx(t *testing.T) {
 	t.Parallel()
 	tables := testenv.Schema(t)
 	pool := testenv.Pool(t)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -34,7 +34,7 @@ func TestBeginClaimPgx(t *testing.T) {
 	require.True(t, res.Claimed)
 	require.NoError(t, tx.Rollback(ctx))
 	_, err = store.Lookup(ctx, wsql.BeginnerFromPgx(pool), "c1", "k'1")
-	require.ErrorIs(t, err, inbox.ErrNotFound)
+	require.ErrorIs(t, err, inboxdb.ErrNotFound)
 
 	tx, res, err = store.BeginClaimPgx(ctx, c, "c1", "k'1")
 	require.NoError(t, err)
@@ -46,7 +46,7 @@ func TestBeginClaimPgx(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, tx)
 	require.False(t, res.Claimed)
-	require.Equal(t, inbox.StatusDone, res.Existing.Status)
+	require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
 	require.Equal(t, int64(1), res.Existing.Duplicates)
 	idle()
 
@@ -60,23 +60,27 @@ func TestBeginClaimPgx(t *testing.T) {
 	require.True(t, res.Claimed)
 	require.NoError(t, tx.Commit(ctx))
 
-	// A lease-mode record is not a duplicate but an error.
-	_, err = pool.Exec(ctx, "UPDATE "+tables.Inbox()+" SET status = 'failed' WHERE message_key = 'k2'")
+	// A lease-mode record in the middle of an attempt is not a duplicate
+	// but an error.
+	_, err = pool.Exec(ctx, "UPDATE "+tables.Inbox()+" SET status = 'processing', lease_until = now() + interval '1 hour' WHERE message_key = 'k2'")
 	require.NoError(t, err)
-	_, _, err = store.BeginClaimPgx(ctx, c, "c1", "k2")
-	require.ErrorIs(t, err, inbox.ErrNotDone)
+	tx, res, err = store.BeginClaimPgx(ctx, c, "c1", "k2")
+	require.ErrorIs(t, err, inboxdb.ErrNotDone)
+	require.Nil(t, tx)
+	require.False(t, res.Claimed)
+	require.Equal(t, inboxdb.StatusProcessing, res.Existing.Status)
 	idle()
 
 	// Invalid keys never reach the database.
 	_, _, err = store.BeginClaimPgx(ctx, c, "c1", "")
-	require.ErrorIs(t, err, inbox.ErrEmptyKey)
+	require.ErrorIs(t, err, inboxdb.ErrEmptyKey)
 }
 
 func TestBeginClaimPgxConcurrent(t *testing.T) {
 	t.Parallel()
 	tables := testenv.Schema(t)
 	pool := testenv.Pool(t)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -101,7 +105,7 @@ func TestBeginClaimPgxConcurrent(t *testing.T) {
 
 		type result struct {
 			tx  pgx.Tx
-			res inbox.ClaimResult
+			res inboxdb.ClaimResult
 			err error
 		}
 		second := make(chan result, 1)

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
@@ -23,21 +23,21 @@ func TestClaimTx(t *testing.T) {
 		require.Zero(t, res.Existing)
 		rec, err := b.store.Lookup(b.ctx, tx, "c1", "m-1")
 		require.NoError(t, err)
-		require.Equal(t, inbox.StatusDone, rec.Status)
+		require.Equal(t, inboxdb.StatusDone, rec.Status)
 		_, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
-		require.ErrorIs(t, err, inbox.ErrNotFound, "an uncommitted claim is invisible to others")
+		require.ErrorIs(t, err, inboxdb.ErrNotFound, "an uncommitted claim is invisible to others")
 
 		// Rolled back: no row, so the redelivery claims again.
 		require.NoError(t, tx.Rollback())
 		_, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
-		require.ErrorIs(t, err, inbox.ErrNotFound)
+		require.ErrorIs(t, err, inboxdb.ErrNotFound)
 		require.Zero(t, b.count(t, ""))
 
 		res = b.claim(t, "c1", "m-1")
 		require.True(t, res.Claimed, "after a rollback the key is free again")
 		rec, err = b.store.Lookup(b.ctx, b.db, "c1", "m-1")
 		require.NoError(t, err)
-		require.Equal(t, inbox.StatusDone, rec.Status)
+		require.Equal(t, inboxdb.StatusDone, rec.Status)
 		require.Equal(t, 1, rec.Attempts)
 		require.Zero(t, rec.Duplicates)
 		require.NotNil(t, rec.ProcessedAt)
@@ -47,7 +47,7 @@ func TestClaimTx(t *testing.T) {
 		for i := int64(1); i <= 3; i++ {
 			res = b.claim(t, "c1", "m-1")
 			require.False(t, res.Claimed)
-			require.Equal(t, inbox.StatusDone, res.Existing.Status)
+			require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
 			require.Equal(t, "c1", res.Existing.Consumer)
 			require.Equal(t, "m-1", res.Existing.Key)
 			require.Equal(t, i, res.Existing.Duplicates, "the duplicate counter includes this delivery")
@@ -75,13 +75,13 @@ func TestClaimTxConcurrent(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		type outcome struct {
-			res inbox.ClaimResult
+			res inboxdb.ClaimResult
 			err error
 		}
 		// race holds an uncommitted claim in tx1, starts a second claim of
 		// the same key in tx2, waits until PostgreSQL shows tx2 blocked by
 		// tx1, ends tx1 with end, and returns what the second claim saw.
-		race := func(t *testing.T, key string, end func(tx1 wsql.Tx) error) inbox.ClaimResult {
+		race := func(t *testing.T, key string, end func(tx1 wsql.Tx) error) inboxdb.ClaimResult {
 			tx1 := b.begin(t)
 			res, err := b.store.ClaimTx(b.ctx, tx1, "c", key)
 			require.NoError(t, err)
@@ -122,7 +122,7 @@ func TestClaimTxConcurrent(t *testing.T) {
 		t.Run("first commits", func(t *testing.T) {
 			res := race(t, "k-commit", func(tx1 wsql.Tx) error { return tx1.Commit() })
 			require.False(t, res.Claimed, "the loser sees the winner's row: a duplicate")
-			require.Equal(t, inbox.StatusDone, res.Existing.Status)
+			require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
 			require.Equal(t, int64(1), res.Existing.Duplicates)
 			rec, err := b.store.Lookup(b.ctx, b.db, "c", "k-commit")
 			require.NoError(t, err)
@@ -133,23 +133,27 @@ func TestClaimTxConcurrent(t *testing.T) {
 			require.True(t, res.Claimed, "the key is free again once the first transaction rolled back")
 			rec, err := b.store.Lookup(b.ctx, b.db, "c", "k-rollback")
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusDone, rec.Status)
+			require.Equal(t, inboxdb.StatusDone, rec.Status)
 			require.Zero(t, rec.Duplicates)
 		})
 	})
 }
 
+// A record in the middle of a lease-mode attempt (processing) is neither a
+// duplicate nor claimable: transactional and lease mode share a consumer
+// name. (Parked and failed records have claim semantics of their own: see
+// TestClaimTxParked and TestClaimTxReclaimsFailed.)
 func TestClaimTxNotDone(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
-		for _, status := range []inbox.Status{inbox.StatusProcessing, inbox.StatusFailed, inbox.StatusParked} {
-			key := "lease-" + string(status)
+		for _, status := range []string{inboxdb.StatusProcessing} {
+			key := "lease-" + status
 			b.exec(t, "INSERT INTO "+b.store.Table()+" (consumer, message_key, status, attempts, last_error) VALUES ($1, $2, $3, 2, 'boom')",
-				"c", key, string(status))
+				"c", key, status)
 
 			tx := b.begin(t)
 			res, err := b.store.ClaimTx(b.ctx, tx, "c", key)
-			require.ErrorIs(t, err, inbox.ErrNotDone, "status %s", status)
+			require.ErrorIs(t, err, inboxdb.ErrNotDone, "status %s", status)
 			require.Contains(t, err.Error(), string(status))
 			require.False(t, res.Claimed)
 			require.Equal(t, status, res.Existing.Status)

@@ -1,4 +1,4 @@
-// Package inbox is the store behind exactly-once message handling: a
+// Package inboxdb is the store behind exactly-once message handling: a
 // PostgreSQL table with one row per (consumer, message key) that a handler
 // has processed.
 //
@@ -16,9 +16,18 @@
 // github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql wherever a
 // sql.ContextExecutor is asked for.
 //
+// Lease mode's steps ([Store.ClaimLease] with a fencing token, ExtendLease,
+// CompleteTx, Fail, ParkInterrupted, Owns) are here too. The package is
+// internal: using the steps safely needs the unknown-outcome rules of the
+// middleware (middleware/lease.go), and operators use the public inbox
+// package, which wraps the operations below.
+//
+// Errors carry no package prefix; the public package that returns them adds
+// one.
+//
 // Operations: [Store.Lookup] shows a key's record, [Store.Forget] deletes it
 // (the next delivery runs again), [Store.Stats] counts rows by status, and
 // [Store.Purge] deletes old rows in small batches. Retention must outlast the
 // longest time a broker may still redeliver a message: a key purged before
 // its last redelivery is processed again.
-package inbox
+package inboxdb

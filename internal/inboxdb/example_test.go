@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -29,15 +29,15 @@ func ExampleStore_ClaimTx() {
 
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	tables := sqlschema.Config{Schema: "example_inbox_" + hex.EncodeToString(suffix)}
+	tables := sqlschema.DB{Conn: db, Schema: "example_inbox_" + hex.EncodeToString(suffix)}
 	defer func() {
 		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{tables.Schema}.Sanitize()+" CASCADE")
 	}()
-	if err := sqlschema.Migrate(ctx, db, tables); err != nil {
+	if err := sqlschema.Migrate(ctx, tables); err != nil {
 		fmt.Println(err)
 		return
 	}
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	if err != nil {
 		fmt.Println(err)
 		return

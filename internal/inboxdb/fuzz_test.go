@@ -1,10 +1,11 @@
-package inbox_test
+package inboxdb_test
 
 // Fuzz target of the pgx fast path's quoting (issue 5). Run it with
-//   go test -run '^$' -fuzz FuzzBeginClaimPgx -fuzztime 25s ./inbox/
+//   go test -run '^$' -fuzz FuzzBeginClaimPgx -fuzztime 25s ./internal/inboxdb/
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -49,7 +50,7 @@ func FuzzBeginClaimPgx(f *testing.F) {
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)
 	conn, tables := fuzzTempInbox(ctx, f)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables, MaxKeyLength: 2048})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables, MaxKeyLength: 2048})
 	require.NoError(f, err)
 	check := `SELECT consumer, message_key, status, (SELECT count(*) FROM ` + store.Table() + `) FROM ` + store.Table()
 
@@ -80,7 +81,7 @@ func FuzzBeginClaimPgx(f *testing.F) {
 		require.Equal(t, int64(1), rows, "exactly the claimed row")
 		require.True(t, gotConsumer == consumer, "consumer stored as %q, want %q", gotConsumer, consumer)
 		require.True(t, gotKey == key, "key stored as %q, want %q", gotKey, key)
-		require.Equal(t, string(inbox.StatusDone), status)
+		require.Equal(t, string(inboxdb.StatusDone), status)
 		require.NoError(t, tx.Rollback(ctx))
 		require.Equal(t, byte('I'), conn.PgConn().TxStatus())
 	})
@@ -94,7 +95,7 @@ func FuzzBeginClaimPgx(f *testing.F) {
 // connection goes to PostgreSQL itself (DIRECT_DATABASE_URL when the suite
 // runs through PgBouncer, whose transaction pooling would run the next
 // statement in another session).
-func fuzzTempInbox(ctx context.Context, t testing.TB) (*pgx.Conn, sqlschema.Config) {
+func fuzzTempInbox(ctx context.Context, t testing.TB) (*pgx.Conn, sqlschema.DB) {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())
 	require.NoError(t, err)
@@ -103,16 +104,39 @@ func fuzzTempInbox(ctx context.Context, t testing.TB) (*pgx.Conn, sqlschema.Conf
 	require.NoError(t, err)
 	var schema string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema()`).Scan(&schema))
-	tables := sqlschema.Config{Schema: schema}
-	migs, err := sqlschema.Migrations(tables)
-	require.NoError(t, err)
-	for _, m := range migs {
-		if m.Target == "inbox" {
-			_, err := conn.Exec(ctx, m.SQL)
-			require.NoError(t, err, m.Name)
-		}
+	tables := sqlschema.DB{Schema: schema}
+	for _, m := range inboxMigrations(t, tables) {
+		_, err := conn.Exec(ctx, m[1])
+		require.NoError(t, err, m[0])
 	}
 	return conn, tables
+}
+
+// migrationHeader is the comment sqlschema.SQL puts before each migration.
+var migrationHeader = regexp.MustCompile(`(?m)^-- (\S+\.up\.sql) \(target (inbox|outbox), version [0-9]+\)\n`)
+
+// inboxMigrations returns the name and statements of every inbox migration
+// in the script of sqlschema.SQL(db), in order: the inbox table alone,
+// without the script's CREATE SCHEMA (a temporary schema cannot be named
+// in one).
+func inboxMigrations(t testing.TB, db sqlschema.DB) [][2]string {
+	t.Helper()
+	script, err := sqlschema.SQL(db)
+	require.NoError(t, err)
+	heads := migrationHeader.FindAllStringSubmatchIndex(script, -1)
+	var out [][2]string
+	for i, h := range heads {
+		if script[h[4]:h[5]] != "inbox" {
+			continue
+		}
+		end := len(script)
+		if i+1 < len(heads) {
+			end = heads[i+1][0]
+		}
+		out = append(out, [2]string{script[h[2]:h[3]], script[h[1]:end]})
+	}
+	require.NotEmpty(t, out, "no inbox migration in the script of sqlschema.SQL")
+	return out
 }
 
 // The fast path quotes with PostgreSQL's standard_conforming_strings
@@ -124,7 +148,7 @@ func TestBeginClaimPgxRefusesNonStandardSession(t *testing.T) {
 	t.Parallel()
 	tables := testenv.Schema(t)
 	pool := testenv.Pool(t)
-	store, err := inbox.NewStore(inbox.Config{Tables: tables})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

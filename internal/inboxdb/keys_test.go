@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"strings"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -17,15 +17,15 @@ func TestKeyValidation(t *testing.T) {
 		consumer, key string
 		want          error
 	}{
-		{"empty key", "c", "", inbox.ErrEmptyKey},
-		{"empty consumer", "", "k", inbox.ErrEmptyConsumer},
-		{"1025 bytes", "c", strings.Repeat("k", 1025), inbox.ErrKeyTooLong},
-		{"1026 bytes in 513 runes", "c", strings.Repeat("é", 513), inbox.ErrKeyTooLong},
-		{"invalid UTF-8", "c", "k\xff\xfe", inbox.ErrInvalidKey},
-		{"truncated UTF-8", "c", "\xc3", inbox.ErrInvalidKey},
-		{"NUL byte", "c", "a\x00b", inbox.ErrInvalidKey},
-		{"consumer with NUL byte", "c\x00", "k", inbox.ErrInvalidKey},
-		{"consumer not UTF-8", "\xff", "k", inbox.ErrInvalidKey},
+		{"empty key", "c", "", inboxdb.ErrEmptyKey},
+		{"empty consumer", "", "k", inboxdb.ErrEmptyConsumer},
+		{"1025 bytes", "c", strings.Repeat("k", 1025), inboxdb.ErrKeyTooLong},
+		{"1026 bytes in 513 runes", "c", strings.Repeat("é", 513), inboxdb.ErrKeyTooLong},
+		{"invalid UTF-8", "c", "k\xff\xfe", inboxdb.ErrInvalidKey},
+		{"truncated UTF-8", "c", "\xc3", inboxdb.ErrInvalidKey},
+		{"NUL byte", "c", "a\x00b", inboxdb.ErrInvalidKey},
+		{"consumer with NUL byte", "c\x00", "k", inboxdb.ErrInvalidKey},
+		{"consumer not UTF-8", "\xff", "k", inboxdb.ErrInvalidKey},
 	}
 	valid := []struct{ name, key string }{
 		{"1024 bytes", strings.Repeat("k", 1024)},
@@ -35,7 +35,7 @@ func TestKeyValidation(t *testing.T) {
 		{"spaces and quotes", ` a'b"c `},
 	}
 
-	store, err := inbox.NewStore(inbox.Config{})
+	store, err := inboxdb.NewStore(inboxdb.Config{})
 	require.NoError(t, err)
 	for _, tc := range invalid {
 		require.ErrorIs(t, store.ValidateKey(tc.consumer, tc.key), tc.want, tc.name)
@@ -44,10 +44,10 @@ func TestKeyValidation(t *testing.T) {
 		require.NoError(t, store.ValidateKey("c", tc.key), tc.name)
 	}
 
-	short, err := inbox.NewStore(inbox.Config{MaxKeyLength: 8})
+	short, err := inboxdb.NewStore(inboxdb.Config{MaxKeyLength: 8})
 	require.NoError(t, err)
 	require.NoError(t, short.ValidateKey("c", "12345678"))
-	require.ErrorIs(t, short.ValidateKey("c", "123456789"), inbox.ErrKeyTooLong)
+	require.ErrorIs(t, short.ValidateKey("c", "123456789"), inboxdb.ErrKeyTooLong)
 
 	// ClaimTx refuses the same keys and writes nothing; valid ones round-trip
 	// byte for byte.
@@ -74,29 +74,30 @@ func TestKeyValidation(t *testing.T) {
 func TestNewStoreConfig(t *testing.T) {
 	t.Parallel()
 	for _, n := range []int{-1, 2049, 1 << 20} {
-		_, err := inbox.NewStore(inbox.Config{MaxKeyLength: n})
+		_, err := inboxdb.NewStore(inboxdb.Config{MaxKeyLength: n})
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "MaxKeyLength")
 	}
 	for _, n := range []int{0, 1, 2048} {
-		_, err := inbox.NewStore(inbox.Config{MaxKeyLength: n})
+		_, err := inboxdb.NewStore(inboxdb.Config{MaxKeyLength: n})
 		require.NoError(t, err, n)
 	}
 
-	_, err := inbox.NewStore(inbox.Config{Tables: sqlschema.Config{InboxTable: `x"; DROP TABLE y; --`}})
-	require.ErrorIs(t, err, sqlschema.ErrInvalidName)
+	_, err := inboxdb.NewStore(inboxdb.Config{Tables: sqlschema.DB{InboxTable: `x"; DROP TABLE y; --`}})
+	require.ErrorContains(t, err, "invalid SQL identifier")
 	require.Contains(t, err.Error(), "Config.Tables")
 	require.Contains(t, err.Error(), "InboxTable")
 
-	s, err := inbox.NewStore(inbox.Config{Tables: sqlschema.Config{Schema: "s", InboxTable: "In"}})
+	s, err := inboxdb.NewStore(inboxdb.Config{Tables: sqlschema.DB{Schema: "s", InboxTable: "In"}})
 	require.NoError(t, err)
 	require.Equal(t, `"s"."In"`, s.Table())
-	s, err = inbox.NewStore(inbox.Config{})
+	s, err = inboxdb.NewStore(inboxdb.Config{})
 	require.NoError(t, err)
 	require.Equal(t, `"public"."watermill_inbox"`, s.Table())
 
-	cfg := inbox.Config{}
-	require.Equal(t, inbox.DefaultMaxKeyLength, cfg.WithDefaults().MaxKeyLength)
-	require.Equal(t, sqlschema.DefaultInboxTable, cfg.WithDefaults().Tables.InboxTable)
+	cfg := inboxdb.Config{}
+	require.Equal(t, inboxdb.DefaultMaxKeyLength, cfg.WithDefaults().MaxKeyLength)
+	require.Equal(t, "watermill_inbox", cfg.WithDefaults().Tables.InboxTable)
+	require.Equal(t, sqlschema.DB{}.WithDefaults(), cfg.WithDefaults().Tables)
 	require.Zero(t, cfg, "WithDefaults returns a copy")
 }

@@ -1,4 +1,4 @@
-package inbox
+package inboxdb
 
 import (
 	"context"
@@ -19,23 +19,7 @@ import (
 // ErrLeaseLost means the caller's attempt no longer owns the key: its lease
 // expired and another worker took the key over (the key's lease token moved
 // on), or an operator changed or forgot the record.
-var ErrLeaseLost = errors.New("inbox: lease lost")
-
-// ExpiredPolicy decides what ClaimLease does with a key whose lease expired
-// while its record was still processing: the worker died, or hung, in the
-// middle of its attempt, and whether the external effect happened is
-// unknown.
-type ExpiredPolicy int
-
-const (
-	// RetryExpired runs the key again (attempts+1) with the same
-	// idempotency key: right when the external provider deduplicates on
-	// that key. The default. Bounded by LeaseOptions.MaxInterrupted.
-	RetryExpired ExpiredPolicy = iota
-	// ParkExpired records the key as parked and does not run it again
-	// until an operator releases it (Store.Release).
-	ParkExpired
-)
+var ErrLeaseLost = errors.New("lease lost")
 
 // LeaseOutcome is what ClaimLease decided.
 type LeaseOutcome int
@@ -75,10 +59,7 @@ type LeaseOptions struct {
 	// Lease is how long the claim keeps other workers off the key. Required
 	// (> 0).
 	Lease time.Duration
-	// OnExpired is what to do with a key found processing with an expired
-	// lease. Defaults to RetryExpired.
-	OnExpired ExpiredPolicy
-	// MaxInterrupted parks a key, whatever OnExpired says, once this many of
+	// MaxInterrupted parks a key once this many of
 	// its attempts were interrupted. 0 means no bound.
 	MaxInterrupted int
 }
@@ -97,8 +78,8 @@ type LeaseClaim struct {
 	// unknown (its lease expired while processing, or its completion failed
 	// after the handler ran).
 	Interrupted bool
-	// ParkedNow is true when this call parked the key (ParkExpired, or
-	// MaxInterrupted reached).
+	// ParkedNow is true when this call parked the key (MaxInterrupted
+	// reached).
 	ParkedNow bool
 	// LeaseUntil is when the caller's lease ends (LeaseAcquired), or the
 	// holder's (LeaseBusy, when known).
@@ -132,8 +113,8 @@ const lockNotAvailable = "55P03"
 //     longer than a moment: LeaseBusy, nothing changed;
 //   - processing with an expired lease: the attempt was interrupted
 //     (interruptions+1); by policy, processing again with attempts+1 and
-//     Interrupted (RetryExpired), or parked with the reason in last_error
-//     (ParkExpired, or MaxInterrupted reached: LeaseParked with ParkedNow).
+//     Interrupted, or, once MaxInterrupted of its attempts were interrupted,
+//     parked with the reason in last_error (LeaseParked with ParkedNow).
 //
 // Each acquired claim carries a new Token.
 func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key string, opts LeaseOptions) (LeaseClaim, error) {
@@ -141,14 +122,14 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 		return LeaseClaim{}, err
 	}
 	if opts.Lease <= 0 {
-		return LeaseClaim{}, fmt.Errorf("inbox: lease must be > 0, got %s", opts.Lease)
+		return LeaseClaim{}, fmt.Errorf("lease must be > 0, got %s", opts.Lease)
 	}
 	if opts.MaxInterrupted < 0 {
-		return LeaseClaim{}, fmt.Errorf("inbox: MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
+		return LeaseClaim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
 	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
-		return LeaseClaim{}, fmt.Errorf("inbox: lease claim of %q for %q: begin: %w", key, consumer, err)
+		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
 	}
 	lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
 	if err != nil {
@@ -156,10 +137,10 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 		if pgerr.Code(err) == lockNotAvailable {
 			return LeaseClaim{Outcome: LeaseBusy}, nil
 		}
-		return LeaseClaim{}, fmt.Errorf("inbox: lease claim of %q for %q: %w", key, consumer, err)
+		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return LeaseClaim{}, fmt.Errorf("inbox: lease claim of %q for %q: commit: %w", key, consumer, err)
+		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: commit: %w", key, consumer, err)
 	}
 	return lc, nil
 }
@@ -229,11 +210,9 @@ lease_token = $4::uuid, interrupted = false`
 			lc.LeaseUntil = *rec.LeaseUntil
 		}
 		return lc, nil
-	case opts.OnExpired == ParkExpired || (opts.MaxInterrupted > 0 && rec.Interruptions+1 >= opts.MaxInterrupted):
+	case opts.MaxInterrupted > 0 && rec.Interruptions+1 >= opts.MaxInterrupted:
 		reason := fmt.Sprintf("lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown", rec.Attempts)
-		if opts.OnExpired != ParkExpired {
-			reason += fmt.Sprintf(" (%d interrupted attempts; retries stop at %d)", rec.Interruptions+1, opts.MaxInterrupted)
-		}
+		reason += fmt.Sprintf(" (%d interrupted attempts; retries stop at %d)", rec.Interruptions+1, opts.MaxInterrupted)
 		out, err := update(`status = 'parked', lease_until = NULL, lease_token = NULL, interrupted = true,
 interruptions = interruptions + 1, processed_at = now(), last_error = $3`, reason)
 		return LeaseClaim{Outcome: LeaseParked, ParkedNow: true, Attempt: out.Attempts, Record: out}, err
@@ -259,7 +238,7 @@ interruptions = interruptions + 1, processed_at = now(), last_error = $3`, reaso
 // given.
 func (s *Store) ExtendLease(ctx context.Context, db wsql.ContextExecutor, consumer, key, token string, lease time.Duration) (time.Time, error) {
 	if lease <= 0 {
-		return time.Time{}, fmt.Errorf("inbox: lease must be > 0, got %s", lease)
+		return time.Time{}, fmt.Errorf("lease must be > 0, got %s", lease)
 	}
 	var until time.Time
 	err := retryStatement(db, func() error {
@@ -271,7 +250,7 @@ RETURNING lease_until`, []any{consumer, key, tokenArg(token), lease.Seconds()}, 
 		return time.Time{}, fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
 	}
 	if err != nil {
-		return time.Time{}, fmt.Errorf("inbox: extending lease of %q for %q: %w", key, consumer, err)
+		return time.Time{}, fmt.Errorf("extending lease of %q for %q: %w", key, consumer, err)
 	}
 	return until, nil
 }
@@ -285,7 +264,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx wsql.ContextExecutor, consume
 SET status = 'done', processed_at = now(), lease_until = NULL, lease_token = NULL, last_error = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`, consumer, key, tokenArg(token))
 	if err != nil {
-		return fmt.Errorf("inbox: completing %q for %q: %w", key, consumer, err)
+		return fmt.Errorf("completing %q for %q: %w", key, consumer, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
@@ -301,13 +280,10 @@ func (s *Store) Owns(ctx context.Context, db wsql.ContextExecutor, consumer, key
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`,
 		[]any{consumer, key, tokenArg(token)}, &n)
 	if err != nil {
-		return false, fmt.Errorf("inbox: checking the lease of %q for %q: %w", key, consumer, err)
+		return false, fmt.Errorf("checking the lease of %q for %q: %w", key, consumer, err)
 	}
 	return n > 0, nil
 }
-
-// maxErrorText bounds last_error.
-const maxErrorText = 4000
 
 // Fail records that the attempt fenced by token failed with errText: status
 // failed (the next delivery runs it again), or parked when permanent (it
@@ -318,7 +294,7 @@ func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key
 	if permanent {
 		status = StatusParked
 	}
-	return s.finish(ctx, db, consumer, key, token, "recording failure", `status = $4, last_error = $5`, string(status), pgtext.Storable(errText, maxErrorText))
+	return s.finish(ctx, db, consumer, key, token, "recording failure", `status = $4, last_error = $5`, status, pgtext.Truncate(errText))
 }
 
 // ParkInterrupted parks the key of the attempt fenced by token after its
@@ -330,7 +306,7 @@ func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key
 // It returns ErrLeaseLost when the attempt no longer owns the key.
 func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, reason string) error {
 	return s.finish(ctx, db, consumer, key, token, "parking", `status = 'parked', interrupted = true, interruptions = interruptions + 1, last_error = $4`,
-		pgtext.Storable(reason, maxErrorText))
+		pgtext.Truncate(reason))
 }
 
 // finish ends the processing attempt fenced by token with set (its
@@ -346,7 +322,7 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_tok
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("inbox: %s %q for %q: %w", what, key, consumer, err)
+		return fmt.Errorf("%s %q for %q: %w", what, key, consumer, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
@@ -394,19 +370,19 @@ func (s *Store) ListParked(ctx context.Context, db wsql.ContextExecutor, consume
 	q += ` ORDER BY first_seen_at LIMIT $1`
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: listing parked keys: %w", err)
+		return nil, fmt.Errorf("listing parked keys: %w", err)
 	}
 	var out []Record
 	for rows.Next() {
 		var rec Record
 		if err := rows.Scan(rec.scanDest()...); err != nil {
 			_ = rows.Close()
-			return nil, fmt.Errorf("inbox: listing parked keys: %w", err)
+			return nil, fmt.Errorf("listing parked keys: %w", err)
 		}
 		out = append(out, rec)
 	}
 	if err := seam.Close(rows); err != nil {
-		return nil, fmt.Errorf("inbox: listing parked keys: %w", err)
+		return nil, fmt.Errorf("listing parked keys: %w", err)
 	}
 	return out, nil
 }
@@ -419,7 +395,7 @@ func (s *Store) Release(ctx context.Context, db wsql.ContextExecutor, consumer, 
 	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed', processed_at = now()
 WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
 	if err != nil {
-		return false, fmt.Errorf("inbox: releasing %q for %q: %w", key, consumer, err)
+		return false, fmt.Errorf("releasing %q for %q: %w", key, consumer, err)
 	}
 	return n > 0, nil
 }

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"fmt"
@@ -11,7 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
@@ -20,29 +21,37 @@ import (
 // PostgreSQL's now() with the test's clock (same host).
 const leaseSlack = 2 * time.Second
 
+// The two MaxInterrupted settings the tests claim with: retryExpired runs a
+// key whose lease expired again, without bound; parkExpired parks it at its
+// first interrupted attempt (what the removed ParkExpired policy did).
+const (
+	retryExpired = 0
+	parkExpired  = 1
+)
+
 // leaseOutcome is what one concurrent ClaimLease returned.
 type leaseOutcome struct {
-	lc  inbox.LeaseClaim
+	lc  inboxdb.LeaseClaim
 	err error
 }
 
-func leaseClaim(t *testing.T, b bundle, consumer, key string, lease time.Duration, policy inbox.ExpiredPolicy) inbox.LeaseClaim {
+func leaseClaim(t *testing.T, b bundle, consumer, key string, lease time.Duration, maxInterrupted int) inboxdb.LeaseClaim {
 	t.Helper()
-	lc, err := b.store.ClaimLease(b.ctx, b.db, consumer, key, inbox.LeaseOptions{Lease: lease, OnExpired: policy})
+	lc, err := b.store.ClaimLease(b.ctx, b.db, consumer, key, inboxdb.LeaseOptions{Lease: lease, MaxInterrupted: maxInterrupted})
 	require.NoError(t, err)
 	return lc
 }
 
 // leaseAcquire claims a key that must be acquired and checks that its lease
 // ends lease from now.
-func leaseAcquire(t *testing.T, b bundle, consumer, key string, lease time.Duration, policy inbox.ExpiredPolicy) inbox.LeaseClaim {
+func leaseAcquire(t *testing.T, b bundle, consumer, key string, lease time.Duration, maxInterrupted int) inboxdb.LeaseClaim {
 	t.Helper()
 	before := time.Now()
-	lc := leaseClaim(t, b, consumer, key, lease, policy)
+	lc := leaseClaim(t, b, consumer, key, lease, maxInterrupted)
 	after := time.Now()
-	require.Equal(t, inbox.LeaseAcquired, lc.Outcome, "%s/%s", consumer, key)
+	require.Equal(t, inboxdb.LeaseAcquired, lc.Outcome, "%s/%s", consumer, key)
 	leaseAround(t, lc.LeaseUntil, before, after, lease)
-	require.Equal(t, inbox.StatusProcessing, lc.Record.Status)
+	require.Equal(t, inboxdb.StatusProcessing, lc.Record.Status)
 	require.Equal(t, lc.Attempt, lc.Record.Attempts)
 	require.NotNil(t, lc.Record.LeaseUntil)
 	require.True(t, lc.LeaseUntil.Equal(*lc.Record.LeaseUntil))
@@ -50,7 +59,7 @@ func leaseAcquire(t *testing.T, b bundle, consumer, key string, lease time.Durat
 	return lc
 }
 
-func leaseLookup(t *testing.T, b bundle, consumer, key string) inbox.Record {
+func leaseLookup(t *testing.T, b bundle, consumer, key string) inboxdb.Record {
 	t.Helper()
 	rec, err := b.store.Lookup(b.ctx, b.db, consumer, key)
 	require.NoError(t, err)
@@ -82,7 +91,7 @@ func leaseComplete(t *testing.T, b bundle, consumer, key, token string) {
 }
 
 // leaseSame asserts that a record did not change.
-func leaseSame(t *testing.T, want, got inbox.Record) {
+func leaseSame(t *testing.T, want, got inboxdb.Record) {
 	t.Helper()
 	require.Equal(t, want.Status, got.Status)
 	require.Equal(t, want.Attempts, got.Attempts)
@@ -97,11 +106,11 @@ func leaseSame(t *testing.T, want, got inbox.Record) {
 
 func TestLeaseOutcomeString(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "acquired", inbox.LeaseAcquired.String())
-	require.Equal(t, "duplicate", inbox.LeaseDuplicate.String())
-	require.Equal(t, "busy", inbox.LeaseBusy.String())
-	require.Equal(t, "parked", inbox.LeaseParked.String())
-	require.Equal(t, "unknown", inbox.LeaseOutcome(0).String())
+	require.Equal(t, "acquired", inboxdb.LeaseAcquired.String())
+	require.Equal(t, "duplicate", inboxdb.LeaseDuplicate.String())
+	require.Equal(t, "busy", inboxdb.LeaseBusy.String())
+	require.Equal(t, "parked", inboxdb.LeaseParked.String())
+	require.Equal(t, "unknown", inboxdb.LeaseOutcome(0).String())
 }
 
 func TestLeaseClaimStates(t *testing.T) {
@@ -111,7 +120,7 @@ func TestLeaseClaimStates(t *testing.T) {
 		const lease = time.Hour
 
 		t.Run("new key", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-new", lease, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-new", lease, retryExpired)
 			require.Equal(t, 1, lc.Attempt)
 			require.False(t, lc.Interrupted)
 			require.Equal(t, c, lc.Record.Consumer)
@@ -121,38 +130,38 @@ func TestLeaseClaimStates(t *testing.T) {
 			require.Empty(t, lc.Record.LastError)
 
 			rec := leaseLookup(t, b, c, "k-new")
-			require.Equal(t, inbox.StatusProcessing, rec.Status, "the claim is committed before ClaimLease returns")
+			require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the claim is committed before ClaimLease returns")
 			require.True(t, lc.LeaseUntil.Equal(*rec.LeaseUntil))
 
 			// The same key of another consumer is another record.
-			require.Equal(t, 1, leaseAcquire(t, b, "other", "k-new", lease, inbox.RetryExpired).Attempt)
+			require.Equal(t, 1, leaseAcquire(t, b, "other", "k-new", lease, retryExpired).Attempt)
 		})
 
 		t.Run("live lease is busy", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-busy", lease, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-busy", lease, retryExpired)
 			before := leaseLookup(t, b, c, "k-busy")
-			for _, policy := range []inbox.ExpiredPolicy{inbox.RetryExpired, inbox.ParkExpired, inbox.RetryExpired} {
-				busy := leaseClaim(t, b, c, "k-busy", 5*time.Minute, policy)
-				require.Equal(t, inbox.LeaseBusy, busy.Outcome)
+			for _, maxInterrupted := range []int{retryExpired, parkExpired, retryExpired} {
+				busy := leaseClaim(t, b, c, "k-busy", 5*time.Minute, maxInterrupted)
+				require.Equal(t, inboxdb.LeaseBusy, busy.Outcome)
 				require.Equal(t, 1, busy.Attempt)
 				require.False(t, busy.Interrupted)
 				require.False(t, busy.ParkedNow)
 				require.True(t, lc.LeaseUntil.Equal(busy.LeaseUntil), "busy reports the holder's lease end")
-				require.Equal(t, inbox.StatusProcessing, busy.Record.Status)
+				require.Equal(t, inboxdb.StatusProcessing, busy.Record.Status)
 			}
 			leaseSame(t, before, leaseLookup(t, b, c, "k-busy"))
 			require.Zero(t, leaseLookup(t, b, c, "k-busy").Duplicates, "busy is not a duplicate")
 		})
 
 		t.Run("done is a duplicate", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-done", lease, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-done", lease, retryExpired)
 			leaseComplete(t, b, c, "k-done", lc.Token)
-			for i, policy := range []inbox.ExpiredPolicy{inbox.RetryExpired, inbox.ParkExpired, inbox.RetryExpired} {
-				dup := leaseClaim(t, b, c, "k-done", lease, policy)
-				require.Equal(t, inbox.LeaseDuplicate, dup.Outcome)
+			for i, maxInterrupted := range []int{retryExpired, parkExpired, retryExpired} {
+				dup := leaseClaim(t, b, c, "k-done", lease, maxInterrupted)
+				require.Equal(t, inboxdb.LeaseDuplicate, dup.Outcome)
 				require.Equal(t, 1, dup.Attempt)
 				require.True(t, dup.LeaseUntil.IsZero())
-				require.Equal(t, inbox.StatusDone, dup.Record.Status)
+				require.Equal(t, inboxdb.StatusDone, dup.Record.Status)
 				require.Equal(t, "k-done", dup.Record.Key)
 				require.Equal(t, int64(i+1), dup.Record.Duplicates, "the duplicate counter includes this delivery")
 				require.NotNil(t, dup.Record.ProcessedAt)
@@ -160,18 +169,18 @@ func TestLeaseClaimStates(t *testing.T) {
 			}
 			rec := leaseLookup(t, b, c, "k-done")
 			require.Equal(t, int64(3), rec.Duplicates)
-			require.Equal(t, inbox.StatusDone, rec.Status)
+			require.Equal(t, inboxdb.StatusDone, rec.Status)
 		})
 
 		t.Run("failed runs again", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-failed", lease, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-failed", lease, retryExpired)
 			for attempt := 2; attempt <= 4; attempt++ {
 				require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-failed", lc.Token, "boom", false))
-				policy := inbox.RetryExpired
+				maxInterrupted := retryExpired
 				if attempt%2 == 1 {
-					policy = inbox.ParkExpired // the policy is for expired leases only
+					maxInterrupted = parkExpired // the bound is for expired leases only
 				}
-				lc = leaseAcquire(t, b, c, "k-failed", lease, policy)
+				lc = leaseAcquire(t, b, c, "k-failed", lease, maxInterrupted)
 				require.Equal(t, attempt, lc.Attempt)
 				require.False(t, lc.Interrupted, "a failed attempt ended: it was not interrupted")
 				require.Zero(t, lc.Record.Duplicates)
@@ -179,18 +188,18 @@ func TestLeaseClaimStates(t *testing.T) {
 			require.Equal(t, 4, leaseLookup(t, b, c, "k-failed").Attempts)
 		})
 
-		t.Run("expired lease, RetryExpired", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-retry", lease, inbox.RetryExpired)
+		t.Run("expired lease, retried", func(t *testing.T) {
+			lc := leaseAcquire(t, b, c, "k-retry", lease, retryExpired)
 			for attempt := 2; attempt <= 3; attempt++ {
 				leaseExpire(t, b, c, "k-retry")
-				next := leaseAcquire(t, b, c, "k-retry", lease, inbox.RetryExpired)
+				next := leaseAcquire(t, b, c, "k-retry", lease, retryExpired)
 				require.Equal(t, attempt, next.Attempt)
 				require.True(t, next.Interrupted)
 				require.True(t, next.LeaseUntil.After(lc.LeaseUntil.Add(-time.Second)))
 				require.Zero(t, next.Record.Duplicates)
 
-				busy := leaseClaim(t, b, c, "k-retry", lease, inbox.RetryExpired)
-				require.Equal(t, inbox.LeaseBusy, busy.Outcome, "the new lease is live")
+				busy := leaseClaim(t, b, c, "k-retry", lease, retryExpired)
+				require.Equal(t, inboxdb.LeaseBusy, busy.Outcome, "the new lease is live")
 				require.Equal(t, attempt, busy.Attempt)
 				lc = next
 			}
@@ -198,37 +207,37 @@ func TestLeaseClaimStates(t *testing.T) {
 
 		t.Run("processing without a lease end counts as expired", func(t *testing.T) {
 			b.exec(t, "INSERT INTO "+b.store.Table()+" (consumer, message_key, status, attempts, lease_until) VALUES ($1, 'k-null', 'processing', 1, NULL)", c)
-			lc := leaseAcquire(t, b, c, "k-null", lease, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-null", lease, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.True(t, lc.Interrupted)
 		})
 
-		t.Run("expired lease, ParkExpired", func(t *testing.T) {
-			leaseAcquire(t, b, c, "k-park", lease, inbox.ParkExpired)
+		t.Run("expired lease, parked at the first interruption", func(t *testing.T) {
+			leaseAcquire(t, b, c, "k-park", lease, parkExpired)
 			leaseExpire(t, b, c, "k-park")
 
-			parked := leaseClaim(t, b, c, "k-park", lease, inbox.ParkExpired)
-			require.Equal(t, inbox.LeaseParked, parked.Outcome)
+			parked := leaseClaim(t, b, c, "k-park", lease, parkExpired)
+			require.Equal(t, inboxdb.LeaseParked, parked.Outcome)
 			require.True(t, parked.ParkedNow)
 			require.False(t, parked.Interrupted)
 			require.Equal(t, 1, parked.Attempt, "parking does not start an attempt")
 			require.True(t, parked.LeaseUntil.IsZero())
-			require.Equal(t, inbox.StatusParked, parked.Record.Status)
+			require.Equal(t, inboxdb.StatusParked, parked.Record.Status)
 			require.Nil(t, parked.Record.LeaseUntil)
 			require.Zero(t, parked.Record.Duplicates)
 			require.Contains(t, parked.Record.LastError, "lease expired")
 			require.Contains(t, parked.Record.LastError, "attempt 1")
 
-			for i, policy := range []inbox.ExpiredPolicy{inbox.ParkExpired, inbox.RetryExpired} {
-				again := leaseClaim(t, b, c, "k-park", lease, policy)
-				require.Equal(t, inbox.LeaseParked, again.Outcome)
+			for i, maxInterrupted := range []int{parkExpired, retryExpired} {
+				again := leaseClaim(t, b, c, "k-park", lease, maxInterrupted)
+				require.Equal(t, inboxdb.LeaseParked, again.Outcome)
 				require.False(t, again.ParkedNow, "parked earlier, not now")
 				require.Equal(t, 1, again.Attempt)
 				require.Equal(t, int64(i+1), again.Record.Duplicates)
 				require.Equal(t, parked.Record.LastError, again.Record.LastError)
 			}
 			rec := leaseLookup(t, b, c, "k-park")
-			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Equal(t, int64(2), rec.Duplicates)
 		})
 	})
@@ -242,19 +251,19 @@ func TestLeaseClaimInvalid(t *testing.T) {
 			consumer, key string
 			want          error
 		}{
-			{"empty key", "c", "", inbox.ErrEmptyKey},
-			{"empty consumer", "", "k", inbox.ErrEmptyConsumer},
-			{"too long", "c", strings.Repeat("k", inbox.DefaultMaxKeyLength+1), inbox.ErrKeyTooLong},
-			{"invalid UTF-8", "c", "k\xff", inbox.ErrInvalidKey},
-			{"NUL byte", "c", "a\x00b", inbox.ErrInvalidKey},
-			{"consumer with NUL byte", "c\x00", "k", inbox.ErrInvalidKey},
+			{"empty key", "c", "", inboxdb.ErrEmptyKey},
+			{"empty consumer", "", "k", inboxdb.ErrEmptyConsumer},
+			{"too long", "c", strings.Repeat("k", inboxdb.DefaultMaxKeyLength+1), inboxdb.ErrKeyTooLong},
+			{"invalid UTF-8", "c", "k\xff", inboxdb.ErrInvalidKey},
+			{"NUL byte", "c", "a\x00b", inboxdb.ErrInvalidKey},
+			{"consumer with NUL byte", "c\x00", "k", inboxdb.ErrInvalidKey},
 		} {
-			lc, err := b.store.ClaimLease(b.ctx, b.db, tc.consumer, tc.key, inbox.LeaseOptions{Lease: time.Minute})
+			lc, err := b.store.ClaimLease(b.ctx, b.db, tc.consumer, tc.key, inboxdb.LeaseOptions{Lease: time.Minute})
 			require.ErrorIs(t, err, tc.want, tc.name)
 			require.Zero(t, lc, tc.name)
 		}
 		for _, lease := range []time.Duration{0, -time.Second} {
-			lc, err := b.store.ClaimLease(b.ctx, b.db, "c", "k", inbox.LeaseOptions{Lease: lease})
+			lc, err := b.store.ClaimLease(b.ctx, b.db, "c", "k", inboxdb.LeaseOptions{Lease: lease})
 			require.Error(t, err, "lease %s", lease)
 			require.Contains(t, err.Error(), "lease must be > 0")
 			require.Zero(t, lc)
@@ -262,7 +271,7 @@ func TestLeaseClaimInvalid(t *testing.T) {
 		require.Zero(t, b.count(t, ""), "rejected claims write nothing")
 
 		// The longest valid key works.
-		leaseAcquire(t, b, "c", strings.Repeat("k", inbox.DefaultMaxKeyLength), time.Minute, inbox.RetryExpired)
+		leaseAcquire(t, b, "c", strings.Repeat("k", inboxdb.DefaultMaxKeyLength), time.Minute, retryExpired)
 	})
 }
 
@@ -271,7 +280,7 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		const n = 10
 		// race runs n ClaimLease calls of key at once.
-		race := func(t *testing.T, key string, policy inbox.ExpiredPolicy) []leaseOutcome {
+		race := func(t *testing.T, key string, maxInterrupted int) []leaseOutcome {
 			t.Helper()
 			start := make(chan struct{})
 			out := make([]leaseOutcome, n)
@@ -281,7 +290,7 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, inbox.LeaseOptions{Lease: time.Hour, OnExpired: policy})
+					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, inboxdb.LeaseOptions{Lease: time.Hour, MaxInterrupted: maxInterrupted})
 					out[i] = leaseOutcome{lc, err}
 				}()
 			}
@@ -292,7 +301,7 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 			}
 			return out
 		}
-		split := func(out []leaseOutcome, o inbox.LeaseOutcome) (match, rest []inbox.LeaseClaim) {
+		split := func(out []leaseOutcome, o inboxdb.LeaseOutcome) (match, rest []inboxdb.LeaseClaim) {
 			for _, x := range out {
 				if x.lc.Outcome == o {
 					match = append(match, x.lc)
@@ -304,11 +313,11 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 		}
 
 		t.Run("new key", func(t *testing.T) {
-			won, lost := split(race(t, "k-new", inbox.RetryExpired), inbox.LeaseAcquired)
+			won, lost := split(race(t, "k-new", retryExpired), inboxdb.LeaseAcquired)
 			require.Len(t, won, 1, "exactly one worker acquires")
 			require.Equal(t, 1, won[0].Attempt)
 			for _, lc := range lost {
-				require.Equal(t, inbox.LeaseBusy, lc.Outcome)
+				require.Equal(t, inboxdb.LeaseBusy, lc.Outcome)
 				require.Equal(t, 1, lc.Attempt)
 				require.True(t, won[0].LeaseUntil.Equal(lc.LeaseUntil), "busy reports the winner's lease")
 			}
@@ -317,28 +326,28 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 			require.Zero(t, rec.Duplicates)
 		})
 
-		t.Run("expired lease, RetryExpired", func(t *testing.T) {
-			leaseAcquire(t, b, "c", "k-retry", time.Hour, inbox.RetryExpired)
+		t.Run("expired lease, retried", func(t *testing.T) {
+			leaseAcquire(t, b, "c", "k-retry", time.Hour, retryExpired)
 			leaseExpire(t, b, "c", "k-retry")
-			won, lost := split(race(t, "k-retry", inbox.RetryExpired), inbox.LeaseAcquired)
+			won, lost := split(race(t, "k-retry", retryExpired), inboxdb.LeaseAcquired)
 			require.Len(t, won, 1, "exactly one worker takes the expired key over")
 			require.Equal(t, 2, won[0].Attempt)
 			require.True(t, won[0].Interrupted)
 			for _, lc := range lost {
-				require.Equal(t, inbox.LeaseBusy, lc.Outcome)
+				require.Equal(t, inboxdb.LeaseBusy, lc.Outcome)
 				require.Equal(t, 2, lc.Attempt)
 				require.True(t, won[0].LeaseUntil.Equal(lc.LeaseUntil))
 			}
 			require.Equal(t, 2, leaseLookup(t, b, "c", "k-retry").Attempts)
 		})
 
-		t.Run("expired lease, ParkExpired", func(t *testing.T) {
-			leaseAcquire(t, b, "c", "k-park", time.Hour, inbox.ParkExpired)
+		t.Run("expired lease, parked at the first interruption", func(t *testing.T) {
+			leaseAcquire(t, b, "c", "k-park", time.Hour, parkExpired)
 			leaseExpire(t, b, "c", "k-park")
-			out := race(t, "k-park", inbox.ParkExpired)
+			out := race(t, "k-park", parkExpired)
 			now := 0
 			for _, o := range out {
-				require.Equal(t, inbox.LeaseParked, o.lc.Outcome)
+				require.Equal(t, inboxdb.LeaseParked, o.lc.Outcome)
 				require.Equal(t, 1, o.lc.Attempt)
 				if o.lc.ParkedNow {
 					now++
@@ -346,7 +355,7 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 			}
 			require.Equal(t, 1, now, "exactly one worker parks the key")
 			rec := leaseLookup(t, b, "c", "k-park")
-			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Equal(t, int64(n-1), rec.Duplicates)
 		})
 	})
@@ -363,7 +372,7 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 				key = "k-commit"
 			}
 			t.Run(key, func(t *testing.T) {
-				first := leaseAcquire(t, b, "c", key, time.Hour, inbox.RetryExpired)
+				first := leaseAcquire(t, b, "c", key, time.Hour, retryExpired)
 				leaseExpire(t, b, "c", key)
 
 				tx := b.begin(t)
@@ -374,7 +383,7 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 
 				done := make(chan leaseOutcome, 1)
 				go func() {
-					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, inbox.LeaseOptions{Lease: time.Hour})
+					lc, err := b.store.ClaimLease(b.ctx, b.db, "c", key, inboxdb.LeaseOptions{Lease: time.Hour})
 					done <- leaseOutcome{lc, err}
 				}()
 				testenv.Eventually(t, 10*time.Second, func() bool {
@@ -402,11 +411,11 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 				}
 				require.NoError(t, o.err)
 				if commit {
-					require.Equal(t, inbox.LeaseDuplicate, o.lc.Outcome, "the completion committed first")
+					require.Equal(t, inboxdb.LeaseDuplicate, o.lc.Outcome, "the completion committed first")
 					require.Equal(t, 1, o.lc.Attempt)
 					require.Equal(t, int64(1), o.lc.Record.Duplicates)
 				} else {
-					require.Equal(t, inbox.LeaseAcquired, o.lc.Outcome, "the completion rolled back: the key is taken over")
+					require.Equal(t, inboxdb.LeaseAcquired, o.lc.Outcome, "the completion rolled back: the key is taken over")
 					require.Equal(t, 2, o.lc.Attempt)
 					require.True(t, o.lc.Interrupted)
 				}
@@ -423,23 +432,23 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 func TestLeaseClaimBusyWhileRowHeld(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
-		first := leaseAcquire(t, b, "c", "k", time.Hour, inbox.RetryExpired)
+		first := leaseAcquire(t, b, "c", "k", time.Hour, retryExpired)
 		leaseExpire(t, b, "c", "k")
 		tx := b.begin(t)
 		_, err := b.store.ExtendLease(b.ctx, tx, "c", "k", first.Token, time.Millisecond)
 		require.NoError(t, err)
 
 		start := time.Now()
-		lc := leaseClaim(t, b, "c", "k", time.Hour, inbox.RetryExpired)
+		lc := leaseClaim(t, b, "c", "k", time.Hour, retryExpired)
 		took := time.Since(start)
-		require.Equal(t, inbox.LeaseBusy, lc.Outcome, "the holder's row lock says it is alive")
+		require.Equal(t, inboxdb.LeaseBusy, lc.Outcome, "the holder's row lock says it is alive")
 		require.GreaterOrEqual(t, took, 900*time.Millisecond, "the claim waits for a short completion first")
 		require.Less(t, took, 5*time.Second, "and never for as long as the holder works")
 		require.Equal(t, 1, leaseLookup(t, b, "c", "k").Attempts, "not taken over")
 
 		require.NoError(t, tx.Commit())
 		time.Sleep(5 * time.Millisecond) // the 1 ms extension is over
-		lc = leaseAcquire(t, b, "c", "k", time.Hour, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, "c", "k", time.Hour, retryExpired)
 		require.Equal(t, 2, lc.Attempt, "once the holder let go and its lease ended, the key is taken over")
 		require.True(t, lc.Interrupted)
 	})
@@ -449,7 +458,7 @@ func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		const c, k = "c", "k"
-		lc := leaseAcquire(t, b, c, k, 10*time.Second, inbox.RetryExpired)
+		lc := leaseAcquire(t, b, c, k, 10*time.Second, retryExpired)
 
 		for _, lease := range []time.Duration{time.Hour, 30 * time.Second, 1500 * time.Millisecond, 2 * time.Hour} {
 			before := time.Now()
@@ -459,47 +468,47 @@ func TestLeaseExtend(t *testing.T) {
 			leaseAround(t, until, before, after, lease)
 			rec := leaseLookup(t, b, c, k)
 			require.True(t, until.Equal(*rec.LeaseUntil), "the returned end is the stored one")
-			require.Equal(t, inbox.StatusProcessing, rec.Status)
+			require.Equal(t, inboxdb.StatusProcessing, rec.Status)
 			require.Equal(t, 1, rec.Attempts)
 		}
 		extended := leaseLookup(t, b, c, k)
-		busy := leaseClaim(t, b, c, k, time.Minute, inbox.RetryExpired)
-		require.Equal(t, inbox.LeaseBusy, busy.Outcome)
+		busy := leaseClaim(t, b, c, k, time.Minute, retryExpired)
+		require.Equal(t, inboxdb.LeaseBusy, busy.Outcome)
 		require.True(t, extended.LeaseUntil.Equal(busy.LeaseUntil), "others see the extended lease")
 
 		// Invalid leases and wrong tokens change nothing.
 		for _, lease := range []time.Duration{0, -time.Minute} {
 			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, lease)
 			require.Error(t, err)
-			require.NotErrorIs(t, err, inbox.ErrLeaseLost)
+			require.NotErrorIs(t, err, inboxdb.ErrLeaseLost)
 			require.Contains(t, err.Error(), "lease must be > 0")
 			require.True(t, until.IsZero())
 		}
 		for _, token := range wrongTokens(lc.Token) {
 			until, err := b.store.ExtendLease(b.ctx, b.db, c, k, token, time.Hour)
-			require.ErrorIs(t, err, inbox.ErrLeaseLost, "token %q", token)
+			require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "token %q", token)
 			require.True(t, until.IsZero())
 		}
 		_, err := b.store.ExtendLease(b.ctx, b.db, c, "no-such-key", lc.Token, time.Hour)
-		require.ErrorIs(t, err, inbox.ErrLeaseLost)
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost)
 		_, err = b.store.ExtendLease(b.ctx, b.db, "other", k, lc.Token, time.Hour)
-		require.ErrorIs(t, err, inbox.ErrLeaseLost)
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost)
 		leaseSame(t, extended, leaseLookup(t, b, c, k))
 
 		// An expired lease nobody took over can still be extended.
 		leaseExpire(t, b, c, k)
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.NoError(t, err)
-		require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, k, time.Hour, inbox.RetryExpired).Outcome)
+		require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, c, k, time.Hour, retryExpired).Outcome)
 
 		// Taken over: the old attempt lost the key, the new one extends.
 		leaseExpire(t, b, c, k)
 		old := lc
-		lc = leaseAcquire(t, b, c, k, time.Minute, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, c, k, time.Minute, retryExpired)
 		require.Equal(t, 2, lc.Attempt)
 		require.NotEqual(t, old.Token, lc.Token, "every claim has its own token")
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, old.Token, time.Hour)
-		require.ErrorIs(t, err, inbox.ErrLeaseLost)
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost)
 		require.True(t, lc.LeaseUntil.Equal(*leaseLookup(t, b, c, k).LeaseUntil), "the new holder's lease is untouched")
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.NoError(t, err)
@@ -507,19 +516,19 @@ func TestLeaseExtend(t *testing.T) {
 		// Not processing: failed, done, parked.
 		require.NoError(t, b.store.Fail(b.ctx, b.db, c, k, lc.Token, "boom", false))
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
-		require.ErrorIs(t, err, inbox.ErrLeaseLost, "failed")
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "failed")
 		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
 
-		lc = leaseAcquire(t, b, c, k, time.Minute, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, c, k, time.Minute, retryExpired)
 		leaseComplete(t, b, c, k, lc.Token)
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
-		require.ErrorIs(t, err, inbox.ErrLeaseLost, "done")
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "done")
 		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
 
-		lc = leaseAcquire(t, b, c, "k-parked", time.Minute, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, c, "k-parked", time.Minute, retryExpired)
 		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-parked", lc.Token, "permanent", true))
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, "k-parked", lc.Token, time.Hour)
-		require.ErrorIs(t, err, inbox.ErrLeaseLost, "parked")
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "parked")
 		require.Nil(t, leaseLookup(t, b, c, "k-parked").LeaseUntil)
 	})
 }
@@ -532,9 +541,9 @@ func TestLeaseCompleteTx(t *testing.T) {
 		b.exec(t, "CREATE TABLE "+effects+" (k text PRIMARY KEY)")
 
 		t.Run("commit", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
 			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Token, "boom", false))
-			lc = leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
+			lc = leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.Equal(t, "boom", leaseLookup(t, b, c, "k").LastError, "precondition: an error to clear")
 
@@ -545,15 +554,15 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 			inside, err := b.store.Lookup(b.ctx, tx, c, "k")
 			require.NoError(t, err)
-			require.Equal(t, inbox.StatusDone, inside.Status)
+			require.Equal(t, inboxdb.StatusDone, inside.Status)
 			outside := leaseLookup(t, b, c, "k")
-			require.Equal(t, inbox.StatusProcessing, outside.Status, "invisible to others before commit")
+			require.Equal(t, inboxdb.StatusProcessing, outside.Status, "invisible to others before commit")
 			require.NotNil(t, outside.LeaseUntil)
 
 			before := time.Now()
 			require.NoError(t, tx.Commit())
 			rec := leaseLookup(t, b, c, "k")
-			require.Equal(t, inbox.StatusDone, rec.Status)
+			require.Equal(t, inboxdb.StatusDone, rec.Status)
 			require.Equal(t, 2, rec.Attempts)
 			require.NotNil(t, rec.ProcessedAt)
 			require.WithinRange(t, *rec.ProcessedAt, before.Add(-time.Minute), time.Now().Add(leaseSlack))
@@ -564,12 +573,12 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 			// Done: a second completion of the attempt is refused.
 			tx = b.begin(t)
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k", lc.Token), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k", lc.Token), inboxdb.ErrLeaseLost)
 			require.NoError(t, tx.Rollback())
 		})
 
 		t.Run("rollback", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-rb", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-rb", time.Hour, retryExpired)
 			before := leaseLookup(t, b, c, "k-rb")
 			tx := b.begin(t)
 			_, err := tx.ExecContext(b.ctx, "INSERT INTO "+effects+" VALUES ('k-rb')")
@@ -579,44 +588,44 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 			leaseSame(t, before, leaseLookup(t, b, c, "k-rb"))
 			require.Empty(t, b.strings(t, "SELECT k FROM "+effects+" WHERE k = 'k-rb'"))
-			require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, "k-rb", time.Hour, inbox.RetryExpired).Outcome,
+			require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, c, "k-rb", time.Hour, retryExpired).Outcome,
 				"still processing under the same lease")
 
 			// The attempt still owns the key and can complete later.
 			leaseComplete(t, b, c, "k-rb", lc.Token)
-			require.Equal(t, inbox.StatusDone, leaseLookup(t, b, c, "k-rb").Status)
+			require.Equal(t, inboxdb.StatusDone, leaseLookup(t, b, c, "k-rb").Status)
 		})
 
 		t.Run("wrong token", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, retryExpired)
 			before := leaseLookup(t, b, c, "k-wrong")
 			tx := b.begin(t)
 			for _, token := range wrongTokens(lc.Token) {
-				require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-wrong", token), inbox.ErrLeaseLost, "token %q", token)
+				require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-wrong", token), inboxdb.ErrLeaseLost, "token %q", token)
 			}
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, "other", "k-wrong", lc.Token), inbox.ErrLeaseLost)
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "no-such-key", lc.Token), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, "other", "k-wrong", lc.Token), inboxdb.ErrLeaseLost)
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "no-such-key", lc.Token), inboxdb.ErrLeaseLost)
 			require.NoError(t, tx.Commit())
 			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
 		})
 
 		t.Run("taken over", func(t *testing.T) {
-			first := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			first := leaseAcquire(t, b, c, "k-taken", time.Hour, retryExpired)
 			leaseExpire(t, b, c, "k-taken")
-			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.True(t, lc.Interrupted)
 
 			tx := b.begin(t)
-			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-taken", first.Token), inbox.ErrLeaseLost,
+			require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, "k-taken", first.Token), inboxdb.ErrLeaseLost,
 				"the first worker lost the key")
 			require.NoError(t, tx.Rollback())
 			rec := leaseLookup(t, b, c, "k-taken")
-			require.Equal(t, inbox.StatusProcessing, rec.Status)
+			require.Equal(t, inboxdb.StatusProcessing, rec.Status)
 			require.Equal(t, 2, rec.Attempts)
 
 			leaseComplete(t, b, c, "k-taken", lc.Token)
-			require.Equal(t, inbox.StatusDone, leaseLookup(t, b, c, "k-taken").Status)
+			require.Equal(t, inboxdb.StatusDone, leaseLookup(t, b, c, "k-taken").Status)
 		})
 	})
 }
@@ -627,9 +636,9 @@ func TestLeaseFail(t *testing.T) {
 		const c = "c"
 		// fail runs a fresh key's first attempt and fails it with text.
 		var lastToken string
-		fail := func(t *testing.T, key, text string, permanent bool) inbox.Record {
+		fail := func(t *testing.T, key, text string, permanent bool) inboxdb.Record {
 			t.Helper()
-			lc := leaseAcquire(t, b, c, key, time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, key, time.Hour, retryExpired)
 			lastToken = lc.Token
 			require.NoError(t, b.store.Fail(b.ctx, b.db, c, key, lc.Token, text, permanent))
 			rec := leaseLookup(t, b, c, key)
@@ -641,37 +650,43 @@ func TestLeaseFail(t *testing.T) {
 
 		t.Run("failed", func(t *testing.T) {
 			rec := fail(t, "k", "provider answered 503", false)
-			require.Equal(t, inbox.StatusFailed, rec.Status)
+			require.Equal(t, inboxdb.StatusFailed, rec.Status)
 			require.Equal(t, "provider answered 503", rec.LastError)
 
 			// A second Fail of the same attempt: it no longer owns the key.
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k", lastToken, "again", false), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k", lastToken, "again", false), inboxdb.ErrLeaseLost)
 			require.Equal(t, "provider answered 503", leaseLookup(t, b, c, "k").LastError)
 
 			// The next attempt fails in turn; its error replaces the old one.
-			lc := leaseAcquire(t, b, c, "k", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
 			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Token, "timeout", false))
 			rec = leaseLookup(t, b, c, "k")
 			require.Equal(t, 2, rec.Attempts)
 			require.Equal(t, "timeout", rec.LastError)
 		})
 
+		// Stored error texts are bounded by pgtext.MaxErrorText: 2000 bytes,
+		// as the outbox's.
 		t.Run("long text", func(t *testing.T) {
-			rec := fail(t, "k-4000", strings.Repeat("y", 4000), false)
-			require.Equal(t, strings.Repeat("y", 4000), rec.LastError, "4000 bytes are kept whole")
+			require.Equal(t, 2000, pgtext.MaxErrorText)
+			rec := fail(t, "k-2000", strings.Repeat("y", 2000), false)
+			require.Equal(t, strings.Repeat("y", 2000), rec.LastError, "2000 bytes are kept whole")
+
+			rec = fail(t, "k-2001", strings.Repeat("y", 2001), false)
+			require.Equal(t, strings.Repeat("y", 2000)+"...", rec.LastError, "one byte more is cut")
 
 			rec = fail(t, "k-long", strings.Repeat("x", 10000), false)
-			require.Equal(t, strings.Repeat("x", 4000)+"...", rec.LastError)
+			require.Equal(t, strings.Repeat("x", 2000)+"...", rec.LastError)
 
 			// The cut falls on a character boundary.
 			rec = fail(t, "k-cut", "x"+strings.Repeat("é", 3000), false)
 			require.True(t, utf8.ValidString(rec.LastError))
-			require.Equal(t, "x"+strings.Repeat("é", 1999)+"...", rec.LastError)
+			require.Equal(t, "x"+strings.Repeat("é", 999)+"...", rec.LastError)
 
 			// Bad bytes are replaced before the cut, so the limit holds.
 			rec = fail(t, "k-nul", strings.Repeat("\x00", 4000), false)
 			require.True(t, utf8.ValidString(rec.LastError))
-			require.LessOrEqual(t, len(rec.LastError), 4003)
+			require.LessOrEqual(t, len(rec.LastError), 2003)
 		})
 
 		t.Run("invalid text", func(t *testing.T) {
@@ -679,46 +694,46 @@ func TestLeaseFail(t *testing.T) {
 			require.Equal(t, "bad \uFFFD\uFFFD utf-8, nul \uFFFD here", rec.LastError)
 
 			rec = fail(t, "k-bad-long", strings.Repeat("\x00", 3000)+strings.Repeat("\xff", 3000), true)
-			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.True(t, utf8.ValidString(rec.LastError))
 			require.True(t, strings.HasPrefix(rec.LastError, "\uFFFD\uFFFD"))
 			require.True(t, strings.HasSuffix(rec.LastError, "..."))
-			require.LessOrEqual(t, utf8.RuneCountInString(rec.LastError), 4003, "truncated")
+			require.LessOrEqual(t, len(rec.LastError), 2003, "truncated")
 		})
 
 		t.Run("permanent parks", func(t *testing.T) {
 			rec := fail(t, "k-perm", "400 invalid phone number", true)
-			require.Equal(t, inbox.StatusParked, rec.Status)
+			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Equal(t, "400 invalid phone number", rec.LastError)
 
-			again := leaseClaim(t, b, c, "k-perm", time.Hour, inbox.RetryExpired)
-			require.Equal(t, inbox.LeaseParked, again.Outcome)
+			again := leaseClaim(t, b, c, "k-perm", time.Hour, retryExpired)
+			require.Equal(t, inboxdb.LeaseParked, again.Outcome)
 			require.False(t, again.ParkedNow)
 			require.Equal(t, int64(1), again.Record.Duplicates)
 		})
 
 		t.Run("wrong token", func(t *testing.T) {
-			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-wrong", time.Hour, retryExpired)
 			before := leaseLookup(t, b, c, "k-wrong")
 			for _, permanent := range []bool{false, true} {
 				for _, token := range wrongTokens(lc.Token) {
-					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-wrong", token, "x", permanent), inbox.ErrLeaseLost)
+					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-wrong", token, "x", permanent), inboxdb.ErrLeaseLost)
 				}
 			}
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "no-such-key", lc.Token, "x", false), inbox.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "no-such-key", lc.Token, "x", false), inboxdb.ErrLeaseLost)
 			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
 		})
 
 		t.Run("taken over", func(t *testing.T) {
-			first := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			first := leaseAcquire(t, b, c, "k-taken", time.Hour, retryExpired)
 			leaseExpire(t, b, c, "k-taken")
-			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			for _, permanent := range []bool{false, true} {
-				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-taken", first.Token, "late", permanent), inbox.ErrLeaseLost)
+				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-taken", first.Token, "late", permanent), inboxdb.ErrLeaseLost)
 			}
 			rec := leaseLookup(t, b, c, "k-taken")
-			require.Equal(t, inbox.StatusProcessing, rec.Status, "the late worker does not disturb the new holder")
+			require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the late worker does not disturb the new holder")
 			require.Empty(t, rec.LastError)
 			require.True(t, lc.LeaseUntil.Equal(*rec.LeaseUntil))
 		})
@@ -736,14 +751,14 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 				consumer, key, minutes))
 		}
 		park := func(consumer, key string, minutes int) {
-			lc := leaseAcquire(t, b, consumer, key, time.Hour, inbox.RetryExpired)
+			lc := leaseAcquire(t, b, consumer, key, time.Hour, retryExpired)
 			require.NoError(t, b.store.Fail(b.ctx, b.db, consumer, key, lc.Token, "parked "+key, true))
 			age(consumer, key, minutes)
 		}
-		keys := func(recs []inbox.Record) []string {
+		keys := func(recs []inboxdb.Record) []string {
 			out := []string{}
 			for _, r := range recs {
-				require.Equal(t, inbox.StatusParked, r.Status)
+				require.Equal(t, inboxdb.StatusParked, r.Status)
 				out = append(out, r.Consumer+"/"+r.Key)
 			}
 			return out
@@ -759,11 +774,11 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		park("c1", "p-c", 20)
 		park("c2", "p-x", 25)
 		// Older records of c1 in the other statuses are not listed.
-		lc := leaseAcquire(t, b, "c1", "done", time.Hour, inbox.RetryExpired)
+		lc := leaseAcquire(t, b, "c1", "done", time.Hour, retryExpired)
 		leaseComplete(t, b, "c1", "done", lc.Token)
-		lc = leaseAcquire(t, b, "c1", "failed", time.Hour, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, "c1", "failed", time.Hour, retryExpired)
 		require.NoError(t, b.store.Fail(b.ctx, b.db, "c1", "failed", lc.Token, "boom", false))
-		leaseAcquire(t, b, "c1", "processing", time.Hour, inbox.RetryExpired)
+		leaseAcquire(t, b, "c1", "processing", time.Hour, retryExpired)
 		for _, k := range []string{"done", "failed", "processing"} {
 			age("c1", k, 60)
 		}
@@ -788,7 +803,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 		rec := leaseLookup(t, b, "c1", "p-c")
-		require.Equal(t, inbox.StatusFailed, rec.Status)
+		require.Equal(t, inboxdb.StatusFailed, rec.Status)
 		require.Equal(t, 1, rec.Attempts)
 		ok, err = b.store.Release(b.ctx, b.db, "c1", "p-c")
 		require.NoError(t, err)
@@ -797,7 +812,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 
 		// Not parked: nothing found, nothing changed.
 		for _, k := range []string{"done", "failed", "processing", "no-such-key"} {
-			var before *inbox.Record
+			var before *inboxdb.Record
 			if r, err := b.store.Lookup(b.ctx, b.db, "c1", k); err == nil {
 				before = &r
 			}
@@ -811,26 +826,26 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		ok, err = b.store.Release(b.ctx, b.db, "c2", "p-a")
 		require.NoError(t, err)
 		require.False(t, ok, "release is per consumer")
-		require.Equal(t, inbox.StatusParked, leaseLookup(t, b, "c1", "p-a").Status)
+		require.Equal(t, inboxdb.StatusParked, leaseLookup(t, b, "c1", "p-a").Status)
 
 		// The released key runs again; the others stay parked.
-		lc = leaseAcquire(t, b, "c1", "p-c", time.Hour, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, "c1", "p-c", time.Hour, retryExpired)
 		require.Equal(t, 2, lc.Attempt)
 		require.False(t, lc.Interrupted, "parked by a permanent error, not an interruption")
-		require.Equal(t, inbox.LeaseParked, leaseClaim(t, b, "c1", "p-a", time.Hour, inbox.RetryExpired).Outcome)
+		require.Equal(t, inboxdb.LeaseParked, leaseClaim(t, b, "c1", "p-a", time.Hour, retryExpired).Outcome)
 
 		// A key parked because its lease expired is released the same way.
-		leaseAcquire(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired)
+		leaseAcquire(t, b, "c1", "p-expired", time.Hour, parkExpired)
 		leaseExpire(t, b, "c1", "p-expired")
-		require.True(t, leaseClaim(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired).ParkedNow)
+		require.True(t, leaseClaim(t, b, "c1", "p-expired", time.Hour, parkExpired).ParkedNow)
 		ok, err = b.store.Release(b.ctx, b.db, "c1", "p-expired")
 		require.NoError(t, err)
 		require.True(t, ok)
-		lc = leaseAcquire(t, b, "c1", "p-expired", time.Hour, inbox.ParkExpired)
+		lc = leaseAcquire(t, b, "c1", "p-expired", time.Hour, parkExpired)
 		require.Equal(t, 2, lc.Attempt)
 		require.True(t, lc.Interrupted, "the parked attempt was cut off: the released one is told so")
 		leaseComplete(t, b, "c1", "p-expired", lc.Token)
-		require.Equal(t, inbox.StatusDone, leaseLookup(t, b, "c1", "p-expired").Status)
+		require.Equal(t, inboxdb.StatusDone, leaseLookup(t, b, "c1", "p-expired").Status)
 	})
 }
 
@@ -840,35 +855,35 @@ func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		const c = "c"
-		lc := leaseAcquire(t, b, c, "done", time.Hour, inbox.RetryExpired)
+		lc := leaseAcquire(t, b, c, "done", time.Hour, retryExpired)
 		leaseComplete(t, b, c, "done", lc.Token)
-		lc = leaseAcquire(t, b, c, "failed", time.Hour, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, c, "failed", time.Hour, retryExpired)
 		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "failed", lc.Token, "boom", false))
-		leaseAcquire(t, b, c, "live", time.Hour, inbox.RetryExpired)
-		leaseAcquire(t, b, c, "expired", time.Hour, inbox.RetryExpired)
+		leaseAcquire(t, b, c, "live", time.Hour, retryExpired)
+		leaseAcquire(t, b, c, "expired", time.Hour, retryExpired)
 		leaseExpire(t, b, c, "expired")
-		lc = leaseAcquire(t, b, c, "parked", time.Hour, inbox.RetryExpired)
+		lc = leaseAcquire(t, b, c, "parked", time.Hour, retryExpired)
 		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "parked", lc.Token, "permanent", true))
-		leaseAcquire(t, b, c, "parked-expired", time.Hour, inbox.ParkExpired)
+		leaseAcquire(t, b, c, "parked-expired", time.Hour, parkExpired)
 		leaseExpire(t, b, c, "parked-expired")
-		require.True(t, leaseClaim(t, b, c, "parked-expired", time.Hour, inbox.ParkExpired).ParkedNow)
+		require.True(t, leaseClaim(t, b, c, "parked-expired", time.Hour, parkExpired).ParkedNow)
 		require.Equal(t, int64(6), b.exec(t, "UPDATE "+b.store.Table()+
 			" SET first_seen_at = now() - interval '48 hours', processed_at = now() - interval '47 hours'"))
 
-		n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Hour, BatchSize: 1})
+		n, err := b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: time.Hour, BatchSize: 1})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n, "done and failed")
 		require.Equal(t, []string{"expired", "live", "parked", "parked-expired"},
 			b.strings(t, "SELECT message_key FROM "+b.store.Table()+" ORDER BY 1"))
 
 		// The survivors keep their state machine.
-		require.Equal(t, inbox.LeaseBusy, leaseClaim(t, b, c, "live", time.Hour, inbox.RetryExpired).Outcome)
-		lc = leaseAcquire(t, b, c, "expired", time.Hour, inbox.RetryExpired)
+		require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, c, "live", time.Hour, retryExpired).Outcome)
+		lc = leaseAcquire(t, b, c, "expired", time.Hour, retryExpired)
 		require.Equal(t, 2, lc.Attempt)
 		require.True(t, lc.Interrupted)
-		require.Equal(t, inbox.LeaseParked, leaseClaim(t, b, c, "parked", time.Hour, inbox.RetryExpired).Outcome)
+		require.Equal(t, inboxdb.LeaseParked, leaseClaim(t, b, c, "parked", time.Hour, retryExpired).Outcome)
 
-		n, err = b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Nanosecond})
+		n, err = b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: time.Nanosecond})
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, int64(4), b.count(t, ""))
@@ -887,11 +902,11 @@ func TestCountStatus(t *testing.T) {
 		}
 		for _, tc := range []struct {
 			consumer string
-			status   inbox.Status
+			status   string
 			want     int64
 		}{
-			{"", inbox.StatusParked, 3}, {"c1", inbox.StatusParked, 2}, {"c2", inbox.StatusParked, 1},
-			{"", inbox.StatusDone, 2}, {"", inbox.StatusFailed, 1}, {"c1", inbox.StatusProcessing, 1}, {"c3", inbox.StatusParked, 0},
+			{"", inboxdb.StatusParked, 3}, {"c1", inboxdb.StatusParked, 2}, {"c2", inboxdb.StatusParked, 1},
+			{"", inboxdb.StatusDone, 2}, {"", inboxdb.StatusFailed, 1}, {"c1", inboxdb.StatusProcessing, 1}, {"c3", inboxdb.StatusParked, 0},
 		} {
 			n, err := b.store.CountStatus(b.ctx, b.db, tc.consumer, tc.status)
 			require.NoError(t, err)

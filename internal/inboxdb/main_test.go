@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -23,8 +23,8 @@ func TestMain(m *testing.M) {
 type bundle struct {
 	ctx    context.Context
 	db     wsql.Beginner
-	tables sqlschema.Config
-	store  *inbox.Store
+	tables sqlschema.DB
+	store  *inboxdb.Store
 }
 
 // eachDriver runs f once per driver of testenv.Drivers, as parallel
@@ -38,7 +38,7 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 			d := testenv.Drivers(t)[i]
 			require.Equal(t, name, d.Name)
 			tables := testenv.Schema(t)
-			store, err := inbox.NewStore(inbox.Config{Tables: tables})
+			store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			t.Cleanup(cancel)
@@ -58,7 +58,7 @@ func (b bundle) begin(t *testing.T) wsql.Tx {
 }
 
 // claim claims (consumer, key) in a transaction of its own and commits it.
-func (b bundle) claim(t *testing.T, consumer, key string) inbox.ClaimResult {
+func (b bundle) claim(t *testing.T, consumer, key string) inboxdb.ClaimResult {
 	t.Helper()
 	tx := b.begin(t)
 	res, err := b.store.ClaimTx(b.ctx, tx, consumer, key)

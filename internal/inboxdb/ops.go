@@ -1,4 +1,4 @@
-package inbox
+package inboxdb
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 		return Record{}, fmt.Errorf("%w (consumer %q, key %q)", ErrNotFound, consumer, key)
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("inbox: lookup %q for %q: %w", key, consumer, err)
+		return Record{}, fmt.Errorf("lookup %q for %q: %w", key, consumer, err)
 	}
 	return rec, nil
 }
@@ -33,7 +33,7 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
 	n, err := seam.Exec(ctx, db, `DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
 	if err != nil {
-		return false, fmt.Errorf("inbox: forget %q for %q: %w", key, consumer, err)
+		return false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
 	}
 	return n > 0, nil
 }
@@ -41,7 +41,7 @@ func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // Stats summarises the inbox, or one consumer's part of it.
 type Stats struct {
 	// Rows counts records by status.
-	Rows map[Status]int64
+	Rows map[string]int64
 	// Total is the number of records.
 	Total int64
 	// Duplicates is the number of deliveries recognised as duplicates of
@@ -65,18 +65,18 @@ func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer str
 	q += ` GROUP BY status`
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
-	st := Stats{Rows: map[Status]int64{}}
+	st := Stats{Rows: map[string]int64{}}
 	for rows.Next() {
 		var status string
 		var n, dups int64
 		var oldest *time.Time
 		if err := rows.Scan(&status, &n, &dups, &oldest); err != nil {
 			_ = rows.Close()
-			return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+			return Stats{}, fmt.Errorf("stats: %w", err)
 		}
-		st.Rows[Status(status)] = n
+		st.Rows[status] = n
 		st.Total += n
 		st.Duplicates += dups
 		if oldest != nil && (st.OldestFirstSeen == nil || oldest.Before(*st.OldestFirstSeen)) {
@@ -84,7 +84,7 @@ func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer str
 		}
 	}
 	if err := seam.Close(rows); err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
 	return st, nil
 }
@@ -92,9 +92,9 @@ func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer str
 // CountStatus counts the records of consumer (every consumer when empty) in
 // status. For processing, failed and parked it reads a small partial index;
 // for done it scans, like Stats.
-func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consumer string, status Status) (int64, error) {
+func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consumer string, status string) (int64, error) {
 	q := `SELECT count(*) FROM ` + s.table + ` WHERE status = $1`
-	args := []any{string(status)}
+	args := []any{status}
 	if status != StatusDone {
 		q += ` AND status <> 'done'` // lets the planner use the partial index
 	}
@@ -104,7 +104,7 @@ func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consum
 	}
 	var n int64
 	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
-		return 0, fmt.Errorf("inbox: counting %s records: %w", status, err)
+		return 0, fmt.Errorf("counting %s records: %w", status, err)
 	}
 	return n, nil
 }
@@ -139,13 +139,13 @@ type PurgeOptions struct {
 // returns the number of rows deleted, also when ctx ends it early.
 func (s *Store) Purge(ctx context.Context, db wsql.ContextExecutor, opts PurgeOptions) (int64, error) {
 	if opts.OlderThan <= 0 {
-		return 0, errors.New("inbox: PurgeOptions.OlderThan must be > 0")
+		return 0, errors.New("PurgeOptions.OlderThan must be > 0")
 	}
 	if opts.BatchSize == 0 {
 		opts.BatchSize = DefaultPurgeBatchSize
 	}
 	if opts.BatchSize < 0 {
-		return 0, errors.New("inbox: PurgeOptions.BatchSize must be >= 0")
+		return 0, errors.New("PurgeOptions.BatchSize must be >= 0")
 	}
 	// A done or failed record the library wrote always has processed_at;
 	// first_seen_at only stands in for rows written by hand without one.
@@ -166,7 +166,7 @@ LIMIT $2 FOR UPDATE SKIP LOCKED)`
 		}
 		n, err := seam.Exec(ctx, db, q, args...)
 		if err != nil {
-			return total, fmt.Errorf("inbox: purge: %w", err)
+			return total, fmt.Errorf("purge: %w", err)
 		}
 		total += n
 		if n < int64(opts.BatchSize) {

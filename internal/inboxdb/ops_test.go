@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"testing"
@@ -6,14 +6,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 )
 
 func TestLookup(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		_, err := b.store.Lookup(b.ctx, b.db, "c", "missing")
-		require.ErrorIs(t, err, inbox.ErrNotFound)
+		require.ErrorIs(t, err, inboxdb.ErrNotFound)
 		require.Contains(t, err.Error(), "missing")
 
 		before := time.Now()
@@ -22,7 +22,7 @@ func TestLookup(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "c", rec.Consumer)
 		require.Equal(t, "k", rec.Key)
-		require.Equal(t, inbox.StatusDone, rec.Status)
+		require.Equal(t, inboxdb.StatusDone, rec.Status)
 		require.Equal(t, 1, rec.Attempts)
 		require.Zero(t, rec.Duplicates)
 		require.Nil(t, rec.LeaseUntil)
@@ -32,14 +32,14 @@ func TestLookup(t *testing.T) {
 		require.WithinDuration(t, rec.FirstSeenAt, *rec.ProcessedAt, time.Second)
 
 		_, err = b.store.Lookup(b.ctx, b.db, "other", "k")
-		require.ErrorIs(t, err, inbox.ErrNotFound, "keys are per consumer")
+		require.ErrorIs(t, err, inboxdb.ErrNotFound, "keys are per consumer")
 
 		// Lease-mode columns are read back too.
 		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, lease_until, last_error)
 VALUES ('c', 'leased', 'processing', 3, '2030-01-02T03:04:05Z', 'timeout')`)
 		rec, err = b.store.Lookup(b.ctx, b.db, "c", "leased")
 		require.NoError(t, err)
-		require.Equal(t, inbox.StatusProcessing, rec.Status)
+		require.Equal(t, inboxdb.StatusProcessing, rec.Status)
 		require.Equal(t, 3, rec.Attempts)
 		require.Equal(t, "timeout", rec.LastError)
 		require.NotNil(t, rec.LeaseUntil)
@@ -59,7 +59,7 @@ func TestForget(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, existed)
 		_, err = b.store.Lookup(b.ctx, b.db, "c", "k")
-		require.ErrorIs(t, err, inbox.ErrNotFound)
+		require.ErrorIs(t, err, inboxdb.ErrNotFound)
 		_, err = b.store.Lookup(b.ctx, b.db, "c2", "k")
 		require.NoError(t, err, "Forget touches one consumer's key only")
 
@@ -88,7 +88,7 @@ func TestStats(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		empty, err := b.store.Stats(b.ctx, b.db, "")
 		require.NoError(t, err)
-		require.Equal(t, inbox.Stats{Rows: map[inbox.Status]int64{}}, empty)
+		require.Equal(t, inboxdb.Stats{Rows: map[string]int64{}}, empty)
 
 		for _, k := range []string{"a-1", "a-2", "a-3"} {
 			b.claim(t, "a", k)
@@ -106,8 +106,8 @@ func TestStats(t *testing.T) {
 
 		all, err := b.store.Stats(b.ctx, b.db, "")
 		require.NoError(t, err)
-		require.Equal(t, map[inbox.Status]int64{
-			inbox.StatusDone: 4, inbox.StatusFailed: 1, inbox.StatusParked: 1, inbox.StatusProcessing: 1,
+		require.Equal(t, map[string]int64{
+			inboxdb.StatusDone: 4, inboxdb.StatusFailed: 1, inboxdb.StatusParked: 1, inboxdb.StatusProcessing: 1,
 		}, all.Rows)
 		require.Equal(t, int64(7), all.Total)
 		require.Equal(t, int64(3), all.Duplicates)
@@ -116,7 +116,7 @@ func TestStats(t *testing.T) {
 
 		a, err := b.store.Stats(b.ctx, b.db, "a")
 		require.NoError(t, err)
-		require.Equal(t, map[inbox.Status]int64{inbox.StatusDone: 3}, a.Rows)
+		require.Equal(t, map[string]int64{inboxdb.StatusDone: 3}, a.Rows)
 		require.Equal(t, int64(3), a.Total)
 		require.Equal(t, int64(2), a.Duplicates)
 		require.NotNil(t, a.OldestFirstSeen)
@@ -124,8 +124,8 @@ func TestStats(t *testing.T) {
 
 		bs, err := b.store.Stats(b.ctx, b.db, "b")
 		require.NoError(t, err)
-		require.Equal(t, map[inbox.Status]int64{
-			inbox.StatusDone: 1, inbox.StatusFailed: 1, inbox.StatusParked: 1, inbox.StatusProcessing: 1,
+		require.Equal(t, map[string]int64{
+			inboxdb.StatusDone: 1, inboxdb.StatusFailed: 1, inboxdb.StatusParked: 1, inboxdb.StatusProcessing: 1,
 		}, bs.Rows)
 		require.Equal(t, int64(4), bs.Total)
 		require.Equal(t, int64(1), bs.Duplicates)

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxdb_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
@@ -29,7 +29,7 @@ SELECT 'c2', 'old-' || g, 'done' FROM generate_series(1, 7) g`)
 			` SET first_seen_at = now() - interval '48 hours' WHERE message_key LIKE 'old-%'`))
 		require.Equal(t, int64(5109), b.count(t, ""))
 
-		opts := inbox.PurgeOptions{OlderThan: 24 * time.Hour, Consumer: "c1", BatchSize: 500, MaxBatches: 3}
+		opts := inboxdb.PurgeOptions{OlderThan: 24 * time.Hour, Consumer: "c1", BatchSize: 500, MaxBatches: 3}
 		n, err := b.store.Purge(b.ctx, b.db, opts)
 		require.NoError(t, err)
 		require.Equal(t, int64(1500), n, "MaxBatches 3 of 500 rows")
@@ -51,14 +51,14 @@ SELECT 'c2', 'old-' || g, 'done' FROM generate_series(1, 7) g`)
 		require.Zero(t, n, "nothing left to purge for c1")
 
 		// All consumers, default batch size.
-		n, err = b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
+		n, err = b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: 24 * time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, int64(7), n)
 		require.Equal(t, int64(102), b.count(t, ""))
 
 		// A shorter age reaches the recent rows too, but still not the
 		// processing and parked ones.
-		n, err = b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Nanosecond, BatchSize: 30})
+		n, err = b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: time.Nanosecond, BatchSize: 30})
 		require.NoError(t, err)
 		require.Equal(t, int64(100), n)
 		require.Equal(t, int64(2), b.count(t, ""))
@@ -80,7 +80,7 @@ SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`)
 
 		purged := make(chan int64, 1)
 		go func() {
-			n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Hour, BatchSize: 3})
+			n, err := b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: time.Hour, BatchSize: 3})
 			if err != nil {
 				n = -1
 			}
@@ -94,7 +94,7 @@ SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`)
 		}
 		require.NoError(t, tx.Commit())
 
-		n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: time.Hour})
+		n, err := b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n)
 		require.Zero(t, b.count(t, ""))
@@ -108,12 +108,12 @@ func TestPurgeOptions(t *testing.T) {
 VALUES ('c', 'k', now() - interval '2 days')`)
 
 		for _, tc := range []struct {
-			opts  inbox.PurgeOptions
+			opts  inboxdb.PurgeOptions
 			field string
 		}{
-			{inbox.PurgeOptions{}, "OlderThan"},
-			{inbox.PurgeOptions{OlderThan: -time.Hour}, "OlderThan"},
-			{inbox.PurgeOptions{OlderThan: time.Hour, BatchSize: -1}, "BatchSize"},
+			{inboxdb.PurgeOptions{}, "OlderThan"},
+			{inboxdb.PurgeOptions{OlderThan: -time.Hour}, "OlderThan"},
+			{inboxdb.PurgeOptions{OlderThan: time.Hour, BatchSize: -1}, "BatchSize"},
 		} {
 			n, err := b.store.Purge(b.ctx, b.db, tc.opts)
 			require.Error(t, err, "%+v", tc.opts)
@@ -123,7 +123,7 @@ VALUES ('c', 'k', now() - interval '2 days')`)
 
 		cancelled, cancel := context.WithCancel(b.ctx)
 		cancel()
-		n, err := b.store.Purge(cancelled, b.db, inbox.PurgeOptions{OlderThan: time.Hour})
+		n, err := b.store.Purge(cancelled, b.db, inboxdb.PurgeOptions{OlderThan: time.Hour})
 		require.ErrorIs(t, err, context.Canceled)
 		require.Zero(t, n)
 
@@ -145,7 +145,7 @@ func TestPurgeAgesByFinish(t *testing.T) {
 ('c', 'failed-now', 'failed', now() - interval '5 days', now()),
 ('c', 'finished-long-ago', 'done', now() - interval '5 days', now() - interval '3 days'),
 ('c', 'failed-long-ago', 'failed', now() - interval '5 days', now() - interval '3 days')`)
-		n, err := b.store.Purge(b.ctx, b.db, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
+		n, err := b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: 24 * time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n)
 		require.Equal(t, []string{"failed-now", "seen-long-ago-finished-now"},

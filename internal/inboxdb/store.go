@@ -1,4 +1,4 @@
-package inbox
+package inboxdb
 
 import (
 	"errors"
@@ -21,7 +21,7 @@ const DefaultMaxKeyLength = 1024
 type Config struct {
 	// Tables names the schema and tables. Defaults to sqlschema's defaults
 	// (public.watermill_inbox).
-	Tables sqlschema.Config
+	Tables sqlschema.DB
 
 	// MaxKeyLength is the longest accepted message key, in bytes; longer
 	// keys are rejected with ErrKeyTooLong. Consider a SHA-256 key strategy
@@ -40,10 +40,10 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) validate() error {
 	if err := c.Tables.Validate(); err != nil {
-		return fmt.Errorf("inbox: Config.Tables: %w", err)
+		return fmt.Errorf("Config.Tables: %w", err)
 	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > 2048 {
-		return fmt.Errorf("inbox: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
+		return fmt.Errorf("Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
 	}
 	return nil
 }
@@ -99,22 +99,20 @@ func validText(s string) error {
 	return nil
 }
 
-// Status is the state of an inbox record.
-type Status string
-
-// The statuses of a record. Transactional mode writes only StatusDone.
+// The statuses of a record (Record.Status). Transactional mode writes done,
+// and parked for a Permanent handler error.
 const (
-	StatusProcessing Status = "processing"
-	StatusDone       Status = "done"
-	StatusFailed     Status = "failed"
-	StatusParked     Status = "parked"
+	StatusProcessing = "processing"
+	StatusDone       = "done"
+	StatusFailed     = "failed"
+	StatusParked     = "parked"
 )
 
 // Record is one row of the inbox.
 type Record struct {
 	Consumer string
 	Key      string
-	Status   Status
+	Status   string
 	// Attempts counts the runs of the handler that claimed the key.
 	Attempts int
 	// Duplicates counts the deliveries recognised as duplicates.
@@ -136,7 +134,7 @@ type Record struct {
 const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted, interruptions`
 
 func (r *Record) scanDest() []any {
-	return []any{&r.Consumer, &r.Key, (*string)(&r.Status), &r.Attempts, &r.Duplicates,
+	return []any{&r.Consumer, &r.Key, &r.Status, &r.Attempts, &r.Duplicates,
 		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError, &r.Interrupted, &r.Interruptions}
 }
 

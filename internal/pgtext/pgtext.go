@@ -53,3 +53,10 @@ func Storable(s string, max int) string {
 	}
 	return s[:cut] + "..."
 }
+
+// MaxErrorText bounds every error text the library stores (the inbox's and
+// the outbox's last_error), in bytes.
+const MaxErrorText = 2000
+
+// Truncate makes an error text storable and at most MaxErrorText bytes.
+func Truncate(s string) string { return Storable(s, MaxErrorText) }

@@ -120,14 +120,15 @@ func Unique(t testing.TB, prefix string) string {
 }
 
 // Schema creates a fresh schema with the inbox and outbox tables (through
-// sqlschema.Migrate) and drops it at cleanup.
-func Schema(t testing.TB) sqlschema.Config {
+// sqlschema.Migrate) and drops it at cleanup. The DB's Conn is a pgx pool;
+// set Conn to use another driver (see Drivers).
+func Schema(t testing.TB) sqlschema.DB {
 	t.Helper()
 	pool := Pool(t)
-	cfg := sqlschema.Config{Schema: Unique(t, "eo_")}
+	cfg := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: Unique(t, "eo_")}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, sqlschema.Migrate(ctx, wsql.BeginnerFromPgx(pool), cfg))
+	require.NoError(t, sqlschema.Migrate(ctx, cfg))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -90,7 +90,7 @@ type harness struct {
 	bin    string
 	logDir string
 
-	tables             sqlschema.Config
+	tables             sqlschema.DB // its Conn is pool
 	pool               *pgxpool.Pool
 	conn               *amqp.Connection
 	in, out, out2      string
@@ -147,8 +147,8 @@ func runChaos(t *testing.T, s settings, bin string, v variant, stream uint64) {
 		_ = os.RemoveAll(h.logDir)
 	})
 
-	h.tables = testenv.Schema(t)
 	h.pool = testenv.Pool(t)
+	h.tables = testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(h.pool))
 	_, err = h.pool.Exec(ctx, `CREATE TABLE `+h.table("effects")+` (id bigserial PRIMARY KEY, key text NOT NULL,
 attempt int NOT NULL, worker text NOT NULL, out_uuid text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE `+h.table("down_effects")+` (id bigserial PRIMARY KEY, key text NOT NULL, uuid text NOT NULL,
@@ -396,7 +396,7 @@ func (h *harness) state(ctx context.Context) (state, error) {
 	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.table("down_effects")).Scan(&st.downEffect); err != nil {
 		return st, err
 	}
-	p, err := outbox.PendingStats(ctx, wsqlPool(h.pool), h.tables)
+	p, err := outbox.PendingStats(ctx, h.tables)
 	if err != nil {
 		return st, err
 	}
@@ -474,7 +474,7 @@ func (h *harness) trickle(ctx context.Context) {
 		return
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), outbox.PublisherConfig{Tables: h.tables})
+	pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), h.tables)
 	if err != nil {
 		return
 	}
@@ -514,7 +514,7 @@ count(*) FILTER (WHERE next_attempt_at > now()), count(*) FILTER (WHERE quaranti
 		h.t.Logf("outbox rows due %d, deferred %d, quarantined %d", due, deferred, quarantined)
 	}
 	var accepted int64
-	_ = h.pool.QueryRow(ctx, `SELECT last_value FROM `+h.tables.OutboxAcceptedSequence()).Scan(&accepted)
+	_ = h.pool.QueryRow(ctx, `SELECT last_value FROM `+outboxAcceptedSequence(h.tables)).Scan(&accepted)
 	frows, err := h.pool.Query(ctx, `SELECT id, topic, metadata ? $1, failures, attempts, blame_pending, coalesce(fail_mark, -1),
 coalesce((next_attempt_at - now())::text, ''), coalesce(left(last_error, 80), '') FROM `+h.tables.Outbox()+` WHERE quarantined_at IS NULL ORDER BY id LIMIT 10`, poisonMetadata)
 	if err != nil {
@@ -701,7 +701,7 @@ JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 
 	}
 
 	tb.section("outbox, relay, downstream (" + downstreamName + ")")
-	p, err := outbox.PendingStats(ctx, wsqlPool(h.pool), h.tables)
+	p, err := outbox.PendingStats(ctx, h.tables)
 	require.NoError(h.t, err)
 	poison := int64(2 * h.poisonKeys())
 	ob := h.tables.Outbox()
@@ -908,5 +908,11 @@ func roleOf(t *testing.T, dbURL string) string {
 	return u.User.Username()
 }
 
-// wsqlPool adapts the pool for outbox.PendingStats.
-func wsqlPool(p *pgxpool.Pool) wsql.ContextExecutor { return wsql.BeginnerFromPgx(p) }
+// outboxAcceptedSequence is the quoted name of the sequence the relay
+// advances once per batch of which the broker accepted something
+// (migration outbox_003: "<outbox table>_accepted"), for the diagnostics of
+// a run that did not settle.
+func outboxAcceptedSequence(db sqlschema.DB) string {
+	db = db.WithDefaults()
+	return pgx.Identifier{db.Schema, db.OutboxTable + "_accepted"}.Sanitize()
+}

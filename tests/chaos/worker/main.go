@@ -56,7 +56,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/middleware"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -167,7 +167,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"worker": cfg.Name})
-	w := &worker{cfg: cfg, logger: logger, tables: sqlschema.Config{Schema: cfg.Schema}}
+	w := &worker{cfg: cfg, logger: logger}
 	w.sink = &sink{base: cfg.SinkURL, name: cfg.Name, client: &http.Client{Timeout: 10 * time.Second}}
 	w.http = &http.Client{Timeout: 10 * time.Second}
 	w.effects = pgx.Identifier{cfg.Schema, "effects"}.Sanitize()
@@ -179,6 +179,7 @@ func run() int {
 		return 2
 	}
 	defer closeDB()
+	w.tables = sqlschema.DB{Conn: w.db, Schema: cfg.Schema}
 
 	logger.Info("chaos worker starting", watermill.LogFields{"role": cfg.Role, "mode": cfg.Mode, "driver": cfg.Driver, "pid": os.Getpid()})
 	switch cfg.Role {
@@ -202,7 +203,7 @@ func run() int {
 type worker struct {
 	cfg         config
 	logger      watermill.LoggerAdapter
-	tables      sqlschema.Config
+	tables      sqlschema.DB // its Conn is db
 	db          wsql.Beginner
 	sink        *sink
 	http        *http.Client
@@ -283,19 +284,22 @@ func (w *worker) subscriber(ctx context.Context) (*wamqp.Subscriber, error) {
 	})
 }
 
-func (w *worker) middleware(consumer, role string, mode middleware.Mode) (*middleware.Middleware, error) {
-	return middleware.New(middleware.Config{
-		DB:        w.db,
-		Mode:      mode,
-		Lease:     w.cfg.Lease,
-		Tables:    w.tables,
+// middleware returns the exactly-once middleware of role, in lease mode
+// (with the configured lease) when lease is set.
+func (w *worker) middleware(consumer, role string, lease bool) (*exactlyonce.Middleware, error) {
+	cfg := exactlyonce.Config{
+		DB:        w.tables,
 		Consumer:  consumer,
 		NackDelay: 250 * time.Millisecond,
 		Logger:    w.logger,
-		OnEvent: func(ev middleware.Event) {
+		OnEvent: func(ev exactlyonce.Event) {
 			w.sink.event(role, ev)
 		},
-	})
+	}
+	if lease {
+		cfg.Lease = &exactlyonce.LeaseConfig{Duration: w.cfg.Lease}
+	}
+	return exactlyonce.New(cfg)
 }
 
 func (w *worker) newRouter() (*message.Router, error) {
@@ -320,22 +324,8 @@ func runRouter(ctx context.Context, r *message.Router) error {
 	return <-done
 }
 
-// unusedPublisher is the routers' publisher: the middleware writes the
-// handler's output to the outbox and returns nothing to the router.
-type unusedPublisher struct{}
-
-func (unusedPublisher) Publish(topic string, _ ...*message.Message) error {
-	return fmt.Errorf("chaos worker: the router must not publish (topic %q): outputs go through the outbox", topic)
-}
-
-func (unusedPublisher) Close() error { return nil }
-
 func (w *worker) runConsumer(ctx context.Context) error {
-	mode := middleware.Transactional
-	if w.cfg.Mode == "lease" {
-		mode = middleware.Lease
-	}
-	eo, err := w.middleware(ConsumerName, "consumer", mode)
+	eo, err := w.middleware(ConsumerName, "consumer", w.cfg.Mode == "lease")
 	if err != nil {
 		return err
 	}
@@ -349,7 +339,9 @@ func (w *worker) runConsumer(ctx context.Context) error {
 	}
 	r.AddMiddleware(eo.Middleware)
 	for i := range w.cfg.Handlers {
-		r.AddHandler(fmt.Sprintf("%s-h%d", ConsumerName, i), w.cfg.In, sub, w.cfg.Out, unusedPublisher{}, w.handle)
+		// The router's publisher: the middleware writes the handler's output
+		// to the outbox and returns nothing to the router.
+		r.AddHandler(fmt.Sprintf("%s-h%d", ConsumerName, i), w.cfg.In, sub, w.cfg.Out, exactlyonce.OutboxOnly(), w.handle)
 	}
 	return runRouter(ctx, r)
 }
@@ -357,8 +349,15 @@ func (w *worker) runConsumer(ctx context.Context) error {
 // handle is the consumer's handler.
 func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
 	ctx := msg.Context()
-	key := middleware.KeyFromContext(ctx)
-	info, lease := middleware.LeaseFromContext(ctx)
+	info, err := exactlyonce.InfoFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key := info.Key
+	lease := w.cfg.Mode == "lease"
+	if lease && info.Attempt < 1 {
+		return nil, fmt.Errorf("chaos worker: lease mode without a lease attempt for %q", key)
+	}
 
 	// The harness planned the faults; it answers each once per key (poison
 	// on every run).
@@ -377,7 +376,7 @@ func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
 			// Past its lease: a careful handler checks that it still owns
 			// the key before the external call (another worker may have
 			// taken it over, with the same idempotency key).
-			if err := middleware.ExtendLease(ctx, 0); err != nil {
+			if err := exactlyonce.ExtendLease(ctx, 0); err != nil {
 				_, _ = w.sink.post("/event", url.Values{"role": {"handler"}, "kind": {"slow_lease_lost"}, "key": {key},
 					"attempt": {strconv.Itoa(info.Attempt)}})
 				return nil, err
@@ -418,7 +417,7 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 		// Odd keys to the other output queue: a relay batch then holds
 		// several topics, so an outage can begin between two of its
 		// Publish calls.
-		middleware.SetDestination(out, w.cfg.OutB)
+		exactlyonce.SetDestination(out, w.cfg.OutB)
 	}
 	outputs := []*message.Message{out}
 	if poison {
@@ -426,16 +425,12 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 		bad.Metadata.Set(KeyMetadata, key)
 		bad.Metadata.Set(PoisonMetadata, "never")
 		bad2 := bad.Copy()
-		middleware.SetDestination(bad2, w.cfg.Out2)
+		exactlyonce.SetDestination(bad2, w.cfg.Out2)
 		outputs = append(outputs, bad, bad2)
-	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
-		return nil, errors.New("chaos worker: no transaction in the handler's context")
 	}
 	// After the provider call the write must not fail because the router is
 	// closing (it cancels the message's context): the effect happened.
-	if _, err := tx.ExecContext(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
+	if err := testenv.Exec(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
 		key, attempt, w.cfg.Name, out.UUID); err != nil {
 		return nil, fmt.Errorf("chaos worker: inserting the effect of %q: %w", key, err)
 	}
@@ -457,7 +452,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 func (w *worker) runDownstream(ctx context.Context) error {
-	eo, err := w.middleware(DownstreamName, "downstream", middleware.Transactional)
+	eo, err := w.middleware(DownstreamName, "downstream", false)
 	if err != nil {
 		return err
 	}
@@ -477,13 +472,8 @@ func (w *worker) runDownstream(ctx context.Context) error {
 	for i := range w.cfg.Handlers * len(queues) {
 		queue := queues[i%len(queues)]
 		r.AddConsumerHandler(fmt.Sprintf("%s-h%d", DownstreamName, i), queue, sub, func(msg *message.Message) error {
-			tx, ok := middleware.TxFromContext(msg.Context())
-			if !ok {
-				return errors.New("chaos worker: no transaction in the handler's context")
-			}
-			_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+w.downEffects+` (key, uuid, worker) VALUES ($1, $2, $3)`,
+			return testenv.Exec(msg.Context(), `INSERT INTO `+w.downEffects+` (key, uuid, worker) VALUES ($1, $2, $3)`,
 				msg.Metadata.Get(KeyMetadata), msg.UUID, w.cfg.Name)
-			return err
 		})
 	}
 	return runRouter(ctx, r)
@@ -512,9 +502,8 @@ func (w *worker) runRelay(ctx context.Context) error {
 	}
 	defer func() { _ = pub.Close() }()
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		DB:              w.db,
+		DB:              w.tables,
 		Publisher:       countingPublisher{Publisher: pub, sink: w.sink},
-		Tables:          w.tables,
 		BatchSize:       50,
 		PollInterval:    50 * time.Millisecond,
 		ErrorBackoff:    50 * time.Millisecond,
@@ -585,8 +574,9 @@ func (s *sink) call(key string, attempt int, interrupted bool) error {
 	return nil
 }
 
-// event records a middleware event.
-func (s *sink) event(role string, ev middleware.Event) {
-	_, _ = s.post("/event", url.Values{"role": {role}, "kind": {ev.Kind.String()}, "key": {ev.Key},
+// event records a middleware event, by its kind (testenv.EventKind: the
+// outcome, and for a nack its cause).
+func (s *sink) event(role string, ev exactlyonce.Event) {
+	_, _ = s.post("/event", url.Values{"role": {role}, "kind": {testenv.EventKind(ev)}, "key": {ev.Key},
 		"attempt": {strconv.Itoa(ev.Attempt)}, "interrupted": {strconv.FormatBool(ev.Interrupted)}})
 }

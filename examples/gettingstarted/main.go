@@ -1,0 +1,134 @@
+// Command gettingstarted is the complete program of docs/getting-started.md: it consumes orders from
+// RabbitMQ, records each payment exactly once in PostgreSQL, and publishes an event through the outbox.
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+func env(name, def string) string { return cmp.Or(os.Getenv(name), def) }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context) error {
+	dbURL := env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	amqpURL := env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	orders, events, poison := env("ORDERS_QUEUE", "orders"), env("EVENTS_QUEUE", "payments.events"), env("POISON_QUEUE", "payments.poison")
+	logger := watermill.NewSlogLogger(nil)
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The database and the library's tables, stated once and passed everywhere.
+	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: env("DB_SCHEMA", "payments")}
+	if err := sqlschema.Migrate(ctx, db); err != nil { // the inbox and outbox tables
+		return err
+	}
+	payments := pgx.Identifier{db.Schema, "payments"}.Sanitize() // our own table
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+payments+` (
+		order_id text PRIMARY KEY, amount_cents bigint NOT NULL, paid_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return err
+	}
+
+	// rabbitmq.Marshaler: the UUID of a message from a producer that is not Watermill is its message_id.
+	cfg := amqp.NewDurableQueueConfig(amqpURL)
+	cfg.Marshaler = rabbitmq.Marshaler{}
+	cfg.Publish.ConfirmDelivery = true // the relay deletes a row only once RabbitMQ has it
+	cfg.Publish.ChannelPoolSize = 0    // watermill-amqp v3.1.0's channel pool can leak and hang (upstream PR #37)
+	amqpSub, err := amqp.NewSubscriber(cfg, logger)
+	if err != nil {
+		return err
+	}
+	sub := exactlyonce.ConcurrentSubscriber(amqpSub, 8) // 8 deliveries in flight under one handler
+	defer sub.Close()
+	poisonPub, err := amqp.NewPublisher(cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer poisonPub.Close()
+	relayPub, err := amqp.NewPublisher(cfg, logger) // the relay's own
+	if err != nil {
+		return err
+	}
+	defer relayPub.Close()
+	// RabbitMQ drops messages published to a queue nobody declared yet.
+	if err := rabbitmq.DeclareQueues(ctx, amqpURL, events, poison); err != nil {
+		return err
+	}
+
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: db})
+	if err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return err
+	}
+	// Messages no redelivery can fix (no message_id) go to the poison queue. No Recoverer
+	// middleware: the exactly-once middleware recovers a handler's panic (rolled back, nacked).
+	poisonQueue, err := middleware.PoisonQueueWithFilter(poisonPub, poison, exactlyonce.IsPermanent)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(poisonQueue, eo.Middleware)
+	// The returned event goes to the outbox in the handler's transaction, bound for events.
+	router.AddHandler("payments", orders, sub, events, exactlyonce.OutboxOnly(), func(msg *message.Message) ([]*message.Message, error) {
+		var order struct {
+			OrderID     string `json:"order_id"`
+			AmountCents int64  `json:"amount_cents"`
+		}
+		if err := json.Unmarshal(msg.Payload, &order); err != nil {
+			return nil, exactlyonce.Permanent(err) // can never succeed: parked for an operator, acked
+		}
+		tx, err := exactlyonce.PgxTxFromContext(msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+payments+` (order_id, amount_cents) VALUES ($1, $2)`,
+			order.OrderID, order.AmountCents); err != nil {
+			return nil, err // rolled back and redelivered
+		}
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+	})
+
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: relayPub})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(ctx) }()
+	err = router.Run(ctx) // until SIGINT/SIGTERM
+	cancel()
+	return errors.Join(err, <-relayDone)
+}

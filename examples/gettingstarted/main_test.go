@@ -1,0 +1,265 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+)
+
+// requireServices skips the test when PostgreSQL or RabbitMQ is unreachable,
+// and fails it instead when CI=true.
+func requireServices(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var missing []string
+	if conn, err := pgx.Connect(ctx, testenv.DatabaseURL()); err != nil {
+		missing = append(missing, fmt.Sprintf("PostgreSQL at %s: %v", testenv.DatabaseURL(), err))
+	} else {
+		_ = conn.Close(ctx)
+	}
+	if conn, err := amqp091.DialConfig(testenv.AMQPURL(), amqp091.Config{Dial: amqp091.DefaultDial(3 * time.Second)}); err != nil {
+		missing = append(missing, fmt.Sprintf("RabbitMQ at %s: %v", testenv.AMQPURL(), err))
+	} else {
+		_ = conn.Close()
+	}
+	if len(missing) == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("services unreachable (`make services` starts them): %s", strings.Join(missing, "; "))
+	}
+	t.Skipf("services unreachable (run `make services`, or set DATABASE_URL / AMQP_URL): %s", strings.Join(missing, "; "))
+}
+
+// TestGettingStarted runs the program (its run function) on its own schema
+// and queues: 30 orders published by a plain AMQP producer with message_id
+// set, 10 of them twice, become exactly 20 payment rows and 20 events on the
+// events queue; a message without message_id ends on the poison queue; and
+// run returns nil once its context is cancelled.
+func TestGettingStarted(t *testing.T) {
+	requireServices(t)
+	schema := testenv.Unique(t, "gs_")
+	orders, events, poison := testenv.Unique(t, "gs_orders_"), testenv.Unique(t, "gs_events_"), testenv.Unique(t, "gs_poison_")
+	t.Setenv("DATABASE_URL", testenv.DatabaseURL())
+	t.Setenv("AMQP_URL", testenv.AMQPURL())
+	t.Setenv("DB_SCHEMA", schema)
+	t.Setenv("ORDERS_QUEUE", orders)
+	t.Setenv("EVENTS_QUEUE", events)
+	t.Setenv("POISON_QUEUE", poison)
+
+	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	conn, err := amqp091.Dial(testenv.AMQPURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		require.NoError(t, err)
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		for _, q := range []string{orders, events, poison} {
+			_, err := ch.QueueDelete(q, false, false, false)
+			require.NoError(t, err, "deleting queue %s", q)
+		}
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	// Running: the 8 consumers of ConcurrentSubscriber are on the orders queue.
+	waitFor(t, done, 60*time.Second, "the program's 8 consumers", func() bool {
+		probe, err := conn.Channel() // a passive declare of a missing queue closes its channel
+		require.NoError(t, err)
+		defer func() { _ = probe.Close() }()
+		q, err := probe.QueueDeclarePassive(orders, true, false, false, false, nil)
+		return err == nil && q.Consumers == 8
+	})
+
+	publish := func(p amqp091.Publishing) {
+		t.Helper()
+		p.DeliveryMode = amqp091.Persistent
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", orders, false, false, p)
+		require.NoError(t, err)
+		acked, err := dc.WaitContext(ctx)
+		require.NoError(t, err)
+		require.True(t, acked)
+	}
+	order := func(i int) []byte { return fmt.Appendf(nil, `{"order_id": "o-%02d", "amount_cents": %d}`, i, 100*i) }
+	published := 0
+	for i := range 20 {
+		copies := 1
+		if i%2 == 0 { // 10 orders published twice
+			copies = 2
+		}
+		for range copies {
+			publish(amqp091.Publishing{MessageId: fmt.Sprintf("m-%02d", i), ContentType: "application/json", Body: order(i)})
+			published++
+		}
+	}
+	require.Equal(t, 30, published)
+	anonymous := []byte(`{"order_id": "o-anonymous", "amount_cents": 1}`)
+	publish(amqp091.Publishing{Body: anonymous}) // no message_id: cannot be deduplicated
+
+	eventCh, err := conn.Channel()
+	require.NoError(t, err)
+	deliveries, err := eventCh.Consume(events, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	got := map[string]int{} // events per order_id
+	received := 0
+	take := func(d amqp091.Delivery) {
+		var ev struct {
+			OrderID string `json:"order_id"`
+		}
+		require.NoError(t, json.Unmarshal(d.Body, &ev), "%s", d.Body)
+		got[ev.OrderID]++
+		received++
+	}
+	rows := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "payments"}.Sanitize()).Scan(&n))
+		return n
+	}
+	poisoned := func() int {
+		q, err := ch.QueueDeclarePassive(poison, true, false, false, false, nil)
+		require.NoError(t, err)
+		return q.Messages
+	}
+	waitFor(t, done, 60*time.Second, "20 events, 20 payments and the poisoned message", func() bool {
+		for more := true; more; {
+			select {
+			case d := <-deliveries:
+				take(d)
+			default:
+				more = false
+			}
+		}
+		return received >= 20 && rows() >= 20 && poisoned() >= 1
+	})
+	time.Sleep(500 * time.Millisecond) // a repeated event or payment would show by now
+	for more := true; more; {
+		select {
+		case d := <-deliveries:
+			take(d)
+		default:
+			more = false
+		}
+	}
+
+	require.Equal(t, 20, rows(), "one payment per distinct order")
+	require.Equal(t, 20, received, "one event per payment")
+	for i := range 20 {
+		require.Equal(t, 1, got[fmt.Sprintf("o-%02d", i)], "events for o-%02d", i)
+	}
+	require.Equal(t, 1, poisoned())
+	d, ok, err := ch.Get(poison, true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, anonymous, d.Body)
+	require.Contains(t, d.Headers[wmw.ReasonForPoisonedKey], "invalid message key")
+	var anon int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "payments"}.Sanitize()+
+		` WHERE order_id = 'o-anonymous'`).Scan(&anon))
+	require.Zero(t, anon, "the message without message_id was not processed")
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "run after its context was cancelled")
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return within 30s of its context being cancelled")
+	}
+}
+
+// waitFor polls cond until it holds; it fails the test after timeout, or at
+// once if run returned.
+func waitFor(t *testing.T, done <-chan error, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		select {
+		case err := <-done:
+			t.Fatalf("run returned (%v) while waiting for %s", err, what)
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "timed out waiting for %s", what)
+	}
+}
+
+// TestDocsHoldThisFile: docs/getting-started.md shows this program verbatim,
+// as the ```go block that follows the line
+// <!-- examples/gettingstarted/main.go -->.
+func TestDocsHoldThisFile(t *testing.T) {
+	const marker = "<!-- examples/gettingstarted/main.go -->"
+	program, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	f, err := os.Open("../../docs/getting-started.md")
+	require.NoError(t, err)
+	defer func() { _ = f.Close() }()
+
+	var block strings.Builder
+	state := "before marker" // -> "before fence" -> "in block" -> "done"
+	sc := bufio.NewScanner(f)
+	for sc.Scan() && state != "done" {
+		line := sc.Text()
+		switch state {
+		case "before marker":
+			if strings.TrimSpace(line) == marker {
+				state = "before fence"
+			}
+		case "before fence":
+			switch strings.TrimSpace(line) {
+			case "```go":
+				state = "in block"
+			case "":
+			default:
+				t.Fatalf("docs/getting-started.md: expected a ```go fence after %s, found %q", marker, line)
+			}
+		case "in block":
+			if line == "```" {
+				state = "done"
+			} else {
+				block.WriteString(line + "\n")
+			}
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.Equal(t, "done", state, "docs/getting-started.md has no complete ```go block after the line %s", marker)
+	if got := block.String(); got != string(program) {
+		want, have := strings.Split(string(program), "\n"), strings.Split(got, "\n")
+		i := 0
+		for i < len(want) && i < len(have) && want[i] == have[i] {
+			i++
+		}
+		line := func(lines []string) string {
+			if i < len(lines) {
+				return fmt.Sprintf("%q", lines[i])
+			}
+			return "end of text"
+		}
+		t.Fatalf("the ```go block after %s in docs/getting-started.md must be examples/gettingstarted/main.go verbatim "+
+			"(copy the file into it); first difference at line %d: file has %s, docs have %s",
+			marker, i+1, line(want), line(have))
+	}
+}

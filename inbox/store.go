@@ -1,0 +1,182 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// ErrNotFound is returned (wrapped) by Store.Get when the key has no record.
+var ErrNotFound = inboxdb.ErrNotFound
+
+// Store reads and edits the inbox table for operators and retention jobs.
+// It is safe for concurrent use.
+type Store struct {
+	db    sqlschema.DB
+	names pgerr.Tables
+	s     *inboxdb.Store
+}
+
+// NewStore returns a Store for db's inbox table. db.Conn is required; the
+// table must exist (sqlschema.Migrate). It does not touch the database.
+func NewStore(db sqlschema.DB) (*Store, error) {
+	if db.Conn == nil {
+		return nil, errors.New("inbox: NewStore: DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	}
+	db = db.WithDefaults()
+	s, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: NewStore: %w", err)
+	}
+	return &Store{db: db, s: s, names: pgerr.Tables{Schema: db.Schema, Inbox: db.InboxTable, Outbox: db.OutboxTable}}, nil
+}
+
+// Record is one row of the inbox.
+type Record struct {
+	Consumer string
+	Key      string
+	// Status is "processing" (lease mode: an attempt holds the key),
+	// "done", "failed" (lease mode: the last attempt returned an error, or
+	// an operator released the key; the next delivery runs again) or
+	// "parked" (waiting for an operator: see Store.Release).
+	Status string
+	// Attempts counts the runs of the handler that claimed the key.
+	Attempts int
+	// Duplicates counts the deliveries recognised as duplicates.
+	Duplicates int64
+	// LeaseUntil is when a processing attempt's lease ends (lease mode).
+	LeaseUntil *time.Time
+	// FirstSeenAt is when the key was first claimed.
+	FirstSeenAt time.Time
+	// ProcessedAt is when the record last finished: done, failed, parked,
+	// or released. Purge ages records by it.
+	ProcessedAt *time.Time
+	// LastError is the reason of the last failure or of the parking.
+	LastError string
+	// Interrupted is true when the key's latest attempt was cut off (lease
+	// mode): its lease expired mid-attempt, or its completion failed after
+	// the handler ran. Whether its effect happened is unknown.
+	Interrupted bool
+	// Interruptions counts the key's attempts that ended interrupted.
+	Interruptions int
+}
+
+func record(r inboxdb.Record) Record {
+	return Record{Consumer: r.Consumer, Key: r.Key, Status: r.Status, Attempts: r.Attempts, Duplicates: r.Duplicates,
+		LeaseUntil: r.LeaseUntil, FirstSeenAt: r.FirstSeenAt, ProcessedAt: r.ProcessedAt, LastError: r.LastError,
+		Interrupted: r.Interrupted, Interruptions: r.Interruptions}
+}
+
+// Get returns the record of (consumer, key), or an error wrapping
+// ErrNotFound.
+func (s *Store) Get(ctx context.Context, consumer, key string) (Record, error) {
+	r, err := s.s.Lookup(ctx, s.db.Conn, consumer, key)
+	if err != nil {
+		return Record{}, s.fail("get", err)
+	}
+	return record(r), nil
+}
+
+// Forget deletes the record of (consumer, key), so that the next delivery of
+// that key runs the handler again. It reports whether a record existed. Use
+// it to re-process a message on purpose; it undoes no effect.
+func (s *Store) Forget(ctx context.Context, consumer, key string) (bool, error) {
+	ok, err := s.s.Forget(ctx, s.db.Conn, consumer, key)
+	return ok, s.fail("forget", err)
+}
+
+// Parked returns up to limit parked records of consumer (every consumer
+// when empty), oldest first; limit <= 0 means 100.
+func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]Record, error) {
+	rs, err := s.s.ListParked(ctx, s.db.Conn, consumer, limit)
+	if err != nil {
+		return nil, s.fail("parked", err)
+	}
+	out := make([]Record, len(rs))
+	for i, r := range rs {
+		out[i] = record(r)
+	}
+	return out, nil
+}
+
+// Release turns a parked key into failed, so that its next delivery runs
+// again (attempts+1, the same idempotency key in lease mode); for retention
+// the record counts as finished now. It reports whether a parked record was
+// found. The broker acked the parked message: the next delivery is a
+// re-publish or a later duplicate.
+func (s *Store) Release(ctx context.Context, consumer, key string) (bool, error) {
+	ok, err := s.s.Release(ctx, s.db.Conn, consumer, key)
+	return ok, s.fail("release", err)
+}
+
+// Stats summarises the inbox, or one consumer's part of it.
+type Stats struct {
+	// Rows counts records by status ("processing", "done", "failed",
+	// "parked").
+	Rows map[string]int64
+	// Total is the number of records.
+	Total int64
+	// Duplicates is the number of deliveries recognised as duplicates of
+	// the records still in the table.
+	Duplicates int64
+	// OldestFirstSeen is the first_seen_at of the oldest record; nil when
+	// the table is empty.
+	OldestFirstSeen *time.Time
+}
+
+// Stats counts the records of consumer, or of every consumer when consumer
+// is empty. It scans the table (or the consumer's part of the primary key):
+// meant for operators and periodic metrics, not for every message.
+func (s *Store) Stats(ctx context.Context, consumer string) (Stats, error) {
+	st, err := s.s.Stats(ctx, s.db.Conn, consumer)
+	if err != nil {
+		return Stats{}, s.fail("stats", err)
+	}
+	return Stats{Rows: st.Rows, Total: st.Total, Duplicates: st.Duplicates, OldestFirstSeen: st.OldestFirstSeen}, nil
+}
+
+// PurgeOptions selects what Purge deletes.
+type PurgeOptions struct {
+	// OlderThan deletes records that finished (done, or failed) more than
+	// this long ago, however long ago they were first seen. Required (> 0).
+	// Choose it longer than the longest time your broker may still
+	// redeliver a message after it was processed.
+	OlderThan time.Duration
+	// Consumer limits the purge to one consumer. Empty means all.
+	Consumer string
+	// BatchSize is the number of rows each DELETE statement removes; each
+	// batch is its own short statement, so no lock is held for long.
+	// Defaults to 1000.
+	BatchSize int
+	// MaxBatches stops the purge after this many batches (0: until done).
+	MaxBatches int
+}
+
+// Purge deletes records in status done or failed that finished more than
+// opts.OlderThan ago (by processed_at, never by first_seen_at: a key parked
+// for days and completed today is as young as any completed today), in
+// batches, each its own statement that skips rows locked by others. Records
+// processing (a live lease) or parked (waiting for an operator) are never
+// purged. It returns the number of rows deleted, also when ctx ends it
+// early. Run VACUUM (or let autovacuum) afterwards; see docs/operations.
+func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
+	n, err := s.s.Purge(ctx, s.db.Conn, inboxdb.PurgeOptions{
+		OlderThan: opts.OlderThan, Consumer: opts.Consumer, BatchSize: opts.BatchSize, MaxBatches: opts.MaxBatches,
+	})
+	return n, s.fail("purge", err)
+}
+
+// fail gives err one "inbox: " prefix and the not-migrated hint when the
+// table is missing.
+func (s *Store) fail(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	err = pgerr.IfNotMigrated(s.names, err)
+	return fmt.Errorf("inbox: %s: %w", op, err)
+}

@@ -1,0 +1,174 @@
+package exactlyonce
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// Config configures the middleware. DB.Conn is required; every other field
+// has a default (see WithDefaults).
+type Config struct {
+	// DB is the database and the tables: the same sqlschema.DB that
+	// sqlschema.Migrate, outbox.RelayConfig and the operator functions take.
+	// DB.Conn begins the message's transactions:
+	// wsql.BeginnerFromPgx(pool) (the fast path: begin and claim in one
+	// round trip) or wsql.BeginnerFromStdSQL(db). Required.
+	DB sqlschema.DB
+
+	// Lease, when set, selects lease mode: for handlers whose effect is
+	// outside the database (an SMS, an e-mail, a payment). The claim
+	// commits before the handler runs, with a lease; completion (the
+	// handler's writes, its output messages, the done record) commits
+	// after. See docs/choosing-a-mode.md. Nil (the default) is
+	// transactional mode: the claim, the handler's writes and its output
+	// messages commit in one transaction.
+	Lease *LeaseConfig
+
+	// Consumer is the name keys are recorded under. Two handlers that must
+	// each process every message need different names. Defaults to the
+	// router handler's name (message.HandlerNameFromCtx); a message seen
+	// outside a router with no Consumer set is rejected.
+	Consumer string
+
+	// Key derives the deduplication key of a message; an empty key is an
+	// error (ErrInvalidKey), never a shared key. Defaults to the message
+	// UUID. See KeyFromMetadata and KeyFromPayloadSHA256.
+	Key func(msg *message.Message) (string, error)
+
+	// MaxKeyLength is the longest accepted key in bytes, at most 2048.
+	// Defaults to 1024.
+	MaxKeyLength int
+
+	// PublishTopic is the outbox destination of the messages the handler
+	// returns. Defaults to the router handler's publish topic
+	// (message.PublishTopicFromCtx). SetDestination overrides it per message.
+	PublishTopic string
+
+	// FailOpen, when true, runs the handler without deduplication and
+	// without a transaction when the database cannot be reached before the
+	// handler runs (ErrDBUnavailable: connection refused or lost, server
+	// shutting down or full), and returns its messages to the router, which
+	// publishes them with its own publisher (so do not give that handler
+	// OutboxOnly). Any other database error (ErrClaimFailed) is a nack,
+	// never a fail-open run. Duplicates become possible; each run is
+	// reported as Outcome FailOpen. Transactional mode only: New refuses it
+	// with Lease. Defaults to false: fail closed (nack and retry later).
+	FailOpen bool
+
+	// NackDelay is how long the middleware waits before returning the
+	// error of a delivery that a retry at once would not fix (the database
+	// unavailable or the tables not migrated, a rejected key, a held lease,
+	// output messages the outbox refuses or cannot route), so that the
+	// broker does not redeliver it in a tight loop. The wait ends early when
+	// the message's context ends. Handler errors are returned at once: put
+	// Watermill's Retry middleware outside this one for those. Defaults to
+	// 1s; a negative value disables the wait.
+	NackDelay time.Duration
+
+	// OnEvent is called after every delivery with its outcome, for metrics.
+	// It must be fast and safe for concurrent use. Defaults to nothing.
+	OnEvent func(Event)
+
+	// Logger logs failures (error), parked keys (error), fail-open runs
+	// (error), retried interrupted attempts (info) and duplicates (debug).
+	// Defaults to watermill.NewSlogLogger(nil), which writes to
+	// slog.Default(). Pass watermill.NopLogger{} to silence it.
+	Logger watermill.LoggerAdapter
+}
+
+// LeaseConfig configures lease mode (Config.Lease).
+type LeaseConfig struct {
+	// Duration is how long a claim keeps other workers off a key while the
+	// handler runs; a handler that may run longer extends it with
+	// ExtendLease. When a lease expires with its key still processing, the
+	// attempt was interrupted (the worker died or hung), and whether its
+	// effect happened is unknown: the next delivery runs the key again, as
+	// attempt n+1 with the same idempotency key, up to
+	// MaxInterruptedAttempts. At least 1s. Defaults to 30s.
+	Duration time.Duration
+
+	// MaxInterruptedAttempts parks a key for an operator (inbox.Store
+	// lists and releases parked keys) once this many of its attempts were
+	// interrupted: their lease expired mid-attempt, or their completion
+	// failed after the handler ran. Each may have performed its effect. 1
+	// parks a key at its first interruption, for providers that cannot
+	// deduplicate on the idempotency key. Defaults to 3.
+	MaxInterruptedAttempts int
+}
+
+// The defaults of Config and LeaseConfig (see their fields).
+const (
+	defaultNackDelay              = time.Second
+	defaultMaxKeyLength           = 1024
+	defaultLeaseDuration          = 30 * time.Second
+	defaultMaxInterruptedAttempts = 3
+)
+
+// WithDefaults returns a copy of c with empty fields set to their defaults,
+// Lease included. It never changes the caller's struct (Lease is copied).
+func (c Config) WithDefaults() Config {
+	c.DB = c.DB.WithDefaults()
+	if c.Key == nil {
+		c.Key = keyFromUUID
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = defaultMaxKeyLength
+	}
+	if c.NackDelay == 0 {
+		c.NackDelay = defaultNackDelay
+	}
+	if c.OnEvent == nil {
+		c.OnEvent = func(Event) {}
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NewSlogLogger(nil)
+	}
+	if c.Lease != nil {
+		l := c.Lease.WithDefaults()
+		c.Lease = &l
+	}
+	return c
+}
+
+// WithDefaults returns a copy of c with empty fields set to their defaults.
+func (c LeaseConfig) WithDefaults() LeaseConfig {
+	if c.Duration == 0 {
+		c.Duration = defaultLeaseDuration
+	}
+	if c.MaxInterruptedAttempts == 0 {
+		c.MaxInterruptedAttempts = defaultMaxInterruptedAttempts
+	}
+	return c
+}
+
+// validate checks a Config that has its defaults. Errors name the field.
+func (c Config) validate() error {
+	if c.DB.Conn == nil {
+		return errors.New("exactlyonce: Config.DB.Conn is required: wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	}
+	if err := c.DB.Validate(); err != nil {
+		return fmt.Errorf("exactlyonce: Config.DB: %w", err)
+	}
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > 2048 {
+		return fmt.Errorf("exactlyonce: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
+	}
+	if c.Lease == nil {
+		return nil
+	}
+	if c.FailOpen {
+		return errors.New("exactlyonce: Config.FailOpen cannot be used with Config.Lease: running the handler without its claim would let two workers run one key at once")
+	}
+	if c.Lease.Duration < time.Second {
+		return fmt.Errorf("exactlyonce: Config.Lease.Duration is %s, it must be at least 1s", c.Lease.Duration)
+	}
+	if c.Lease.MaxInterruptedAttempts < 1 {
+		return fmt.Errorf("exactlyonce: Config.Lease.MaxInterruptedAttempts is %d, it must be at least 1", c.Lease.MaxInterruptedAttempts)
+	}
+	return nil
+}

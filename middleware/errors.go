@@ -1,0 +1,88 @@
+package exactlyonce
+
+import (
+	"errors"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+)
+
+// Errors the middleware returns to the router, always wrapped in a message
+// that starts with "exactlyonce: " and names the consumer and key. Branch
+// on them with errors.Is; IsPermanent groups the ones that no redelivery
+// can fix. A recovered handler panic is returned as Watermill's
+// middleware.RecoveredPanicError (value and stack), wrapped.
+var (
+	// ErrInvalidKey: the message cannot be deduplicated: its key is empty
+	// (a producer that is not Watermill, with no UUID: see the rabbitmq
+	// package), too long, not valid UTF-8 or contains NUL, or there is no
+	// consumer name. Nacked after NackDelay; a poison queue should take it
+	// (IsPermanent).
+	ErrInvalidKey = inboxdb.ErrInvalidKey
+
+	// ErrDBUnavailable: the database could not be reached before the
+	// handler ran (the connection could not be made or was lost, the server
+	// is shutting down or full). Nothing was processed; nacked after
+	// NackDelay, or run fail-open with Config.FailOpen. docs/guarantees.md
+	// lists the errors that count.
+	ErrDBUnavailable = errors.New("database unavailable")
+
+	// ErrClaimFailed: any other database error before the handler ran (a
+	// serialization failure that kept recurring, a lock or statement
+	// timeout, a pooler's refusal, tables not migrated: then it also wraps
+	// sqlschema.ErrNotMigrated). Nothing was processed; nacked after
+	// NackDelay, never run fail-open.
+	ErrClaimFailed = errors.New("claim failed")
+
+	// ErrLeaseHeld: lease mode, another worker holds a live lease on the
+	// key. Nacked after NackDelay, never acked: the holder may still fail,
+	// and then this copy must run.
+	ErrLeaseHeld = errors.New("another worker holds the lease on this key")
+
+	// ErrLeaseLost: lease mode, the attempt's lease expired and another
+	// worker took the key over (or an operator changed its record) before
+	// this one completed. ExtendLease returns it too: stop, the completion
+	// will be refused.
+	ErrLeaseLost = inboxdb.ErrLeaseLost
+
+	// ErrNoDestination: the handler returned messages, but neither the
+	// handler's publish topic, Config.PublishTopic nor SetDestination gave
+	// them a topic. A configuration error: rolled back and nacked after
+	// NackDelay, so that nothing is lost while you fix it.
+	ErrNoDestination = errors.New("output message has no destination topic")
+)
+
+// errOutput marks errors about the handler's output messages that no retry
+// can fix (a nil message, an empty UUID, text the outbox cannot store):
+// refused before any SQL ran.
+var errOutput = errors.New("invalid output message")
+
+// Permanent marks a handler error that no retry can fix (a phone number the
+// provider rejects, a payload that will never parse). In both modes the
+// handler's transaction is rolled back, the key is recorded as parked with
+// the error as its reason, and the message is acked: later deliveries of
+// the key are acked as parked too, until an operator releases it
+// (inbox.Store.Release). Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err says that redelivering the message can
+// never succeed: its key is invalid (ErrInvalidKey), the handler's output
+// messages cannot be stored, or the error was made by Permanent (returned
+// to the router only when the key could not be parked, or in a fail-open
+// run). Use it as the filter of Watermill's PoisonQueueWithFilter, added
+// before (outside) this middleware. Configuration errors (ErrNoDestination,
+// sqlschema.ErrNotMigrated) are not permanent: the message waits in the
+// queue until the configuration is fixed.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.As(err, &p)
+}

@@ -1,0 +1,118 @@
+package exactlyonce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+)
+
+// Middleware is the exactly-once middleware. Create it with New and attach
+// its Middleware method to a router (router.AddMiddleware) or to one
+// handler (handler.AddMiddleware).
+type Middleware struct {
+	cfg       Config
+	customKey bool // Config.Key was set (not the message UUID)
+	store     *inboxdb.Store
+	names     pgerr.Tables
+	scopes    scopes
+}
+
+// New checks cfg, applies its defaults and returns the middleware. It does
+// not touch the database: tables that are missing are reported per message
+// as ErrClaimFailed wrapping sqlschema.ErrNotMigrated, with the fix (run
+// sqlschema.Check at start-up to learn it earlier).
+func New(cfg Config) (*Middleware, error) {
+	customKey := cfg.Key != nil
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: cfg.DB, MaxKeyLength: cfg.MaxKeyLength})
+	if err != nil {
+		return nil, fmt.Errorf("exactlyonce: %w", err)
+	}
+	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
+	return &Middleware{cfg: cfg, customKey: customKey, store: store, names: names}, nil
+}
+
+// Middleware wraps h. It has the signature of message.HandlerMiddleware.
+func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		ev := Event{MessageUUID: msg.UUID}
+		out, err := m.handle(msg, h, &ev)
+		if err != nil {
+			ev.Err = err
+			if ev.Outcome == "" {
+				ev.Outcome = Nacked
+			}
+		}
+		ev.Duration = time.Since(start)
+		m.cfg.OnEvent(ev)
+		return out, err
+	}
+}
+
+// handle derives the consumer and key and hands the delivery to its mode.
+func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Event) ([]*message.Message, error) {
+	origCtx := msg.Context()
+	consumer := m.cfg.Consumer
+	if consumer == "" {
+		consumer = message.HandlerNameFromCtx(origCtx)
+	}
+	ev.Consumer = consumer
+
+	key, err := m.cfg.Key(msg)
+	if err == nil {
+		err = m.store.ValidateKey(consumer, key)
+	}
+	if err != nil {
+		ev.Outcome = Nacked
+		// Never succeeds on redelivery: the wait keeps a consumer without a
+		// poison queue from spinning on it (it still blocks that consumer).
+		sleep(origCtx, m.cfg.NackDelay)
+		return nil, keyError(msg, consumer, err, m.customKey)
+	}
+	ev.Key = key
+	if m.cfg.Lease != nil {
+		return m.handleLease(msg, h, ev, origCtx, consumer, key)
+	}
+	m.scopes.check(m, msg, consumer)
+	return m.handleTransactional(msg, h, ev, origCtx, consumer, key)
+}
+
+func keyError(msg *message.Message, consumer string, err error, customKey bool) error {
+	if !errors.Is(err, ErrInvalidKey) {
+		// The Key function's own error: say so, and keep it branchable.
+		err = fmt.Errorf("%w: Config.Key: %w", ErrInvalidKey, err)
+	}
+	hint := ""
+	switch {
+	case errors.Is(err, inboxdb.ErrEmptyKey) && customKey:
+		hint = ": Config.Key returned an empty key for this message (a missing metadata field?)"
+	case errors.Is(err, inboxdb.ErrEmptyKey):
+		hint = ": set a UUID on the message (for a RabbitMQ producer that is not Watermill: use rabbitmq.Marshaler, which takes the message_id property) or configure Config.Key"
+	case errors.Is(err, inboxdb.ErrEmptyConsumer):
+		hint = ": set Config.Consumer, or run the handler in a Watermill router"
+	}
+	return fmt.Errorf("exactlyonce: message %q for handler %q cannot be deduplicated: %w%s", msg.UUID, consumer, err, hint)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,148 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// neverMigrated returns the bundle's driver with a schema of its own that
+// nothing ever migrated (dropped at cleanup, should anything create it).
+func (b bundle) neverMigrated(t *testing.T) sqlschema.DB {
+	t.Helper()
+	db := sqlschema.DB{Conn: b.db, Schema: testenv.Unique(t, "eo_none_")}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := b.db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", db.Schema, err)
+		}
+	})
+	return db
+}
+
+// requireNotMigrated asserts that err is sqlschema.ErrNotMigrated with the
+// fix in its text: run Migrate, for this schema and table.
+func requireNotMigrated(t *testing.T, err error, db sqlschema.DB) {
+	t.Helper()
+	db = db.WithDefaults()
+	require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
+	require.ErrorContains(t, err, "run sqlschema.Migrate")
+	require.ErrorContains(t, err, `Schema: "`+db.Schema+`"`, "the error names the schema")
+	require.ErrorContains(t, err, `OutboxTable: "`+db.OutboxTable+`"`, "the error names the table")
+}
+
+// A relay against a schema that was never migrated: RelayOnce returns
+// ErrNotMigrated with the fix, and Run logs it, at error level, saying
+// what to run, and then polls slowly (MaxErrorBackoff) instead of
+// hammering the database.
+func TestRelayNotMigrated(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		db := b.neverMigrated(t)
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, Logger: testenv.Logger(t)})
+		require.NoError(t, err, "NewRelay does not touch the database")
+		n, err := relay.RelayOnce(b.ctx)
+		require.Zero(t, n)
+		requireNotMigrated(t, err, db)
+		require.ErrorContains(t, err, "outbox relay", "the error says who failed")
+		require.ErrorIs(t, relay.Stats().LastError, sqlschema.ErrNotMigrated, "Stats keeps the error as returned, hint included")
+		require.Equal(t, int64(1), relay.Stats().Failures)
+
+		logger := watermill.NewCaptureLogger()
+		rec := &recorder{}
+		relay, err = outbox.NewRelay(outbox.RelayConfig{
+			DB: db, Publisher: rec, Logger: logger,
+			PollInterval: time.Millisecond, ErrorBackoff: time.Millisecond, MaxErrorBackoff: time.Hour,
+		})
+		require.NoError(t, err)
+		stop := runRelay(t, relay)
+		errorLogs := func() []watermill.CapturedMessage { return logger.Captured()[watermill.ErrorLogLevel] }
+		testenv.Eventually(t, 10*time.Second, func() bool { return len(errorLogs()) > 0 },
+			"Run should log that the table is not migrated")
+		time.Sleep(200 * time.Millisecond) // time for more polls, were it not waiting MaxErrorBackoff
+		stop()
+		logs := errorLogs()
+		require.Len(t, logs, 1, "one poll, then a wait of MaxErrorBackoff: %+v", logs)
+		require.Contains(t, logs[0].Msg, "not migrated")
+		require.ErrorIs(t, logs[0].Err, sqlschema.ErrNotMigrated)
+		require.ErrorContains(t, logs[0].Err, "sqlschema.Migrate", "the log says what to run")
+		require.ErrorContains(t, logs[0].Err, db.Schema)
+		require.Zero(t, rec.count())
+	})
+}
+
+// PendingStats and RequeueFailed against a schema that was never migrated:
+// ErrNotMigrated with the fix, never an empty outbox or zero rows.
+func TestOperatorsNotMigrated(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		db := b.neverMigrated(t)
+		p, err := outbox.PendingStats(b.ctx, db)
+		requireNotMigrated(t, err, db)
+		require.True(t, strings.HasPrefix(err.Error(), "outbox: PendingStats: "), err.Error())
+		require.Zero(t, p)
+
+		n, err := outbox.RequeueFailed(b.ctx, db)
+		requireNotMigrated(t, err, db)
+		require.True(t, strings.HasPrefix(err.Error(), "outbox: RequeueFailed: "), err.Error())
+		require.Zero(t, n)
+
+		// Custom names are named in the fix.
+		custom := db
+		custom.OutboxTable = "my_outbox"
+		_, err = outbox.PendingStats(b.ctx, custom)
+		requireNotMigrated(t, err, custom)
+	})
+}
+
+// Tables older than the library (a column or the sequence of a later
+// migration missing) are not migrated either.
+func TestRelayOlderTablesNotMigrated(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.publish(t, "t", message.NewMessage("m1", nil))
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: &recorder{}, Logger: testenv.Logger(t)})
+		require.NoError(t, err)
+
+		seq := pgx.Identifier{b.tables.Schema, b.tables.WithDefaults().OutboxTable + "_accepted"}.Sanitize()
+		b.exec(t, "DROP SEQUENCE "+seq)
+		_, err = relay.RelayOnce(b.ctx)
+		requireNotMigrated(t, err, b.tables)
+
+		b.exec(t, "ALTER TABLE "+b.tables.Outbox()+" DROP COLUMN quarantined_at")
+		_, err = outbox.PendingStats(b.ctx, b.schema())
+		requireNotMigrated(t, err, b.tables)
+		_, err = outbox.RequeueFailed(b.ctx, b.schema())
+		requireNotMigrated(t, err, b.tables)
+	})
+}
+
+// syncBuffer is a strings.Builder safe for the relay's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

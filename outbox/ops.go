@@ -1,0 +1,103 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// Pending describes the outbox backlog.
+type Pending struct {
+	// Count is the number of rows not relayed yet, quarantined ones
+	// included.
+	Count int64
+	// OldestCreatedAt is the creation time of the oldest row not
+	// quarantined: the lag of the live stream. Nil when there is none.
+	OldestCreatedAt *time.Time
+	// OldestAge is now() - OldestCreatedAt as the database sees it; zero
+	// when there is no such row. Alert on it.
+	OldestAge time.Duration
+	// Failing counts rows not quarantined whose publish failed at least
+	// once: they are retried with backoff, without blocking the rows behind
+	// them. A steady number means a broker problem or rows the broker
+	// refuses; read their last_error column.
+	Failing int64
+	// Quarantined counts rows the relay gave up on (see
+	// RelayConfig.MaxAttempts): skipped until RequeueFailed. Alert on it,
+	// read their last_error, fix the cause, then RequeueFailed.
+	Quarantined int64
+}
+
+// acceptedSequence is the quoted, schema-qualified name of the sequence the
+// relay advances once per batch of which the publisher accepted at least
+// one message (migration outbox_003): "<outbox table>_accepted".
+func acceptedSequence(db sqlschema.DB) string {
+	db = db.WithDefaults()
+	return pgx.Identifier{db.Schema, db.OutboxTable + "_accepted"}.Sanitize()
+}
+
+// PendingStats reports the backlog of db's outbox table. The count scans
+// the table, which holds only unrelayed rows. db.Conn is required.
+func PendingStats(ctx context.Context, db sqlschema.DB) (Pending, error) {
+	if err := checkDB(db); err != nil {
+		return Pending{}, fmt.Errorf("outbox: PendingStats: %w", err)
+	}
+	tables := db
+	var p Pending
+	var ageSeconds *float64
+	err := seam.QueryRow(ctx, db.Conn,
+		`SELECT count(*),
+       min(created_at) FILTER (WHERE quarantined_at IS NULL),
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE quarantined_at IS NULL))::float8,
+       count(*) FILTER (WHERE failures > 0 AND quarantined_at IS NULL),
+       count(*) FILTER (WHERE quarantined_at IS NOT NULL)
+FROM `+tables.Outbox(),
+		nil, &p.Count, &p.OldestCreatedAt, &ageSeconds, &p.Failing, &p.Quarantined)
+	if err != nil {
+		return Pending{}, fmt.Errorf("outbox: PendingStats: %w", ifNotMigrated(db, err))
+	}
+	if ageSeconds != nil {
+		p.OldestAge = time.Duration(*ageSeconds * float64(time.Second))
+	}
+	return p, nil
+}
+
+// RequeueFailed clears the failure record of every row of db's outbox table
+// that has one (failures and blamed failures, backoff, quarantine, last
+// error), so that quarantined rows are relayed again and failing rows are
+// due at once. Use it after fixing the cause. It returns the number of rows
+// cleared. db.Conn is required.
+func RequeueFailed(ctx context.Context, db sqlschema.DB) (int64, error) {
+	if err := checkDB(db); err != nil {
+		return 0, fmt.Errorf("outbox: RequeueFailed: %w", err)
+	}
+	tables := db
+	n, err := seam.Exec(ctx, db.Conn, `UPDATE `+tables.Outbox()+` SET failures = 0, attempts = 0, next_attempt_at = NULL,
+  blame_pending = false, fail_mark = NULL, quarantined_at = NULL, last_error = NULL
+WHERE failures > 0 OR attempts > 0 OR quarantined_at IS NOT NULL OR next_attempt_at IS NOT NULL`)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: RequeueFailed: %w", ifNotMigrated(db, err))
+	}
+	return n, nil
+}
+
+func checkDB(db sqlschema.DB) error {
+	if db.Conn == nil {
+		return errors.New("DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	}
+	return db.Validate()
+}
+
+// ifNotMigrated adds the not-migrated hint to an error that says the
+// outbox table (or one of its columns) is missing.
+func ifNotMigrated(db sqlschema.DB, err error) error {
+	db = db.WithDefaults()
+	return pgerr.IfNotMigrated(pgerr.Tables{Schema: db.Schema, Inbox: db.InboxTable, Outbox: db.OutboxTable}, err)
+}

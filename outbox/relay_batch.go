@@ -1,0 +1,79 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+)
+
+// batch is a locked batch: the rows to publish, in id order, and the rows
+// whose metadata cannot be decoded.
+type batch struct {
+	ids      []int64
+	topics   []string
+	msgs     []*message.Message
+	retry    []bool // the row failed before
+	defects  []defect
+	accepted int64 // the accepted sequence's value when the batch was locked
+}
+
+// reordered returns the batch's rows in the given order (indexes into b).
+func (b batch) reordered(order []int) batch {
+	out := batch{defects: b.defects, accepted: b.accepted,
+		ids: make([]int64, len(order)), topics: make([]string, len(order)),
+		msgs: make([]*message.Message, len(order)), retry: make([]bool, len(order))}
+	for j, i := range order {
+		out.ids[j], out.topics[j], out.msgs[j], out.retry[j] = b.ids[i], b.topics[i], b.msgs[i], b.retry[i]
+	}
+	return out
+}
+
+type defect struct {
+	id  int64
+	err error
+}
+
+func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
+	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize)
+	if err != nil {
+		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
+	}
+	var b batch
+	for rows.Next() {
+		var (
+			id      int64
+			topic   string
+			uuid    string
+			payload []byte
+			meta    string
+			retry   bool
+		)
+		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry, &b.accepted); err != nil {
+			_ = rows.Close()
+			return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
+		}
+		msg := message.NewMessage(uuid, payload)
+		if err := json.Unmarshal([]byte(meta), &msg.Metadata); err != nil {
+			// No retry can fix it: quarantined at once, the rest goes on.
+			b.defects = append(b.defects, defect{id, fmt.Errorf("row %d (topic %q, uuid %q) has unreadable metadata: %w", id, topic, uuid, err)})
+			continue
+		}
+		if msg.Metadata == nil {
+			msg.Metadata = message.Metadata{}
+		}
+		msg.SetContext(ctx)
+		b.ids = append(b.ids, id)
+		b.topics = append(b.topics, topic)
+		b.msgs = append(b.msgs, msg)
+		b.retry = append(b.retry, retry)
+	}
+	if err := seam.Close(rows); err != nil {
+		return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,138 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// RelayConfig configures a Relay. DB.Conn and Publisher are required.
+type RelayConfig struct {
+	// DB is the database and the outbox table: the same sqlschema.DB as
+	// the middleware's. DB.Conn is required. The relay's transactions are
+	// READ COMMITTED whatever the database's default.
+	DB sqlschema.DB
+
+	// Publisher receives the messages, with each row's topic. It must return
+	// only once the broker has the messages (for watermill-amqp: set
+	// ConfirmDelivery). Required.
+	Publisher message.Publisher
+
+	// BatchSize is the most rows one transaction locks, publishes and
+	// deletes. Defaults to 100.
+	BatchSize int
+
+	// Workers is the number of batches relayed concurrently by this Relay,
+	// each in its own transaction. Defaults to 1.
+	Workers int
+
+	// PollInterval is the wait after a poll that found less than a full
+	// batch. A full batch of which something was published is followed at
+	// once by the next. Defaults to 100ms.
+	PollInterval time.Duration
+
+	// ErrorBackoff is the first wait of Run after a batch in which publishes
+	// failed and none succeeded (the broker looks down); it doubles with
+	// each such batch in a row up to MaxErrorBackoff. It also paces the
+	// retries of a failing row: after its k-th failed publish a row is
+	// skipped for min(ErrorBackoff * 2^(k-1), MaxErrorBackoff), while the
+	// rows behind it are relayed. Defaults to 500ms.
+	ErrorBackoff time.Duration
+
+	// MaxErrorBackoff caps ErrorBackoff, for Run and for a failing row's
+	// retries. Defaults to 15s.
+	MaxErrorBackoff time.Duration
+
+	// MaxAttempts quarantines a row once this many of its failures were
+	// blamed on it. A failure of a row counts against it only when the
+	// broker accepted other messages both before it (since the row's
+	// previous attempt, or earlier in the same batch) and right after it:
+	// later in the same batch, or, when nothing was published after it in
+	// its batch, before the row's next attempt. The evidence across batches
+	// is shared by every relay of the table (a sequence advanced once per
+	// batch the broker accepted something from), so it holds for
+	// BatchSize 1 and several instances.
+	//
+	// So a message the broker can never take (too large, a header it
+	// refuses) among rows that flow is blamed from its second failure on
+	// and quarantined after MaxAttempts+1 or +2 failures, while an outage,
+	// even one beginning in the middle of a batch, blames no row: the rows
+	// published after a failed one fail too, and its next attempt either
+	// fails again with nothing accepted in between or goes through.
+	// If nothing else is ever published (the outbox holds only rows the
+	// broker refuses), nothing can be proven: those rows keep being retried
+	// with capped backoff, reported by PendingStats.Failing, blocking
+	// nothing. A row whose metadata cannot be decoded is quarantined at
+	// once. A quarantined row is skipped and logged; PendingStats reports it
+	// and RequeueFailed puts it back. Defaults to 5.
+	MaxAttempts int
+
+	// Logger logs failed batches (error), quarantined rows (error) and
+	// missing tables (error). Defaults to watermill.NewSlogLogger(nil),
+	// which writes to slog.Default(): a relay that cannot publish is never
+	// silent. Pass watermill.NopLogger{} to silence it.
+	Logger watermill.LoggerAdapter
+}
+
+// The defaults of RelayConfig (see its fields).
+const (
+	defaultBatchSize       = 100
+	defaultWorkers         = 1
+	defaultPollInterval    = 100 * time.Millisecond
+	defaultErrorBackoff    = 500 * time.Millisecond
+	defaultMaxErrorBackoff = 15 * time.Second
+	defaultMaxAttempts     = 5
+)
+
+// WithDefaults returns a copy of c with empty fields set to their defaults.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	c.DB = c.DB.WithDefaults()
+	if c.BatchSize == 0 {
+		c.BatchSize = defaultBatchSize
+	}
+	if c.Workers == 0 {
+		c.Workers = defaultWorkers
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = defaultPollInterval
+	}
+	if c.ErrorBackoff == 0 {
+		c.ErrorBackoff = defaultErrorBackoff
+	}
+	if c.MaxErrorBackoff == 0 {
+		c.MaxErrorBackoff = defaultMaxErrorBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NewSlogLogger(nil)
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = defaultMaxAttempts
+	}
+	return c
+}
+
+func (c RelayConfig) validate() error {
+	switch {
+	case c.DB.Conn == nil:
+		return errors.New("outbox: RelayConfig.DB.Conn is required: wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	case c.Publisher == nil:
+		return errors.New("outbox: RelayConfig.Publisher is required")
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("outbox: RelayConfig.BatchSize is %d, it must be between 1 and 10000", c.BatchSize)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("outbox: RelayConfig.MaxAttempts is %d, it must be >= 1", c.MaxAttempts)
+	case c.Workers < 1:
+		return fmt.Errorf("outbox: RelayConfig.Workers is %d, it must be >= 1", c.Workers)
+	case c.PollInterval < 0 || c.ErrorBackoff < 0 || c.MaxErrorBackoff < c.ErrorBackoff:
+		return errors.New("outbox: RelayConfig: PollInterval and ErrorBackoff must be >= 0 and MaxErrorBackoff >= ErrorBackoff")
+	}
+	if err := c.DB.Validate(); err != nil {
+		return fmt.Errorf("outbox: RelayConfig.DB: %w", err)
+	}
+	return nil
+}

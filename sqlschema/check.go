@@ -1,0 +1,88 @@
+package sqlschema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+)
+
+// ErrNotMigrated means the library's tables are missing or older than this
+// version of the library: run Migrate with the same DB (schema and table
+// names), or apply SQL with your migration tool. It is a configuration
+// error, not an outage: the middleware and the relay report it as such,
+// never as an unavailable database.
+var ErrNotMigrated = pgerr.ErrNotMigrated
+
+// Check reports whether Migrate has brought db's tables up to this version
+// of the library. It returns an error wrapping ErrNotMigrated that names the
+// schema, the tables and the missing migrations, or the database's error
+// when it cannot tell. Use it at start-up when another process owns the
+// migrations. db.Conn is required.
+func Check(ctx context.Context, db DB) error {
+	if db.Conn == nil {
+		return errors.New("sqlschema: Check: DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	}
+	migs, err := migrations(db)
+	if err != nil {
+		return err
+	}
+	db = db.WithDefaults()
+	exists, err := tableExists(ctx, db, db.migrations())
+	if err != nil {
+		return fmt.Errorf("sqlschema: Check: %w", err)
+	}
+	if !exists {
+		return pgerr.NotMigrated(db.names(), "no migrations table "+db.migrations())
+	}
+	rows, err := db.Conn.QueryContext(ctx, "SELECT target, version FROM "+db.migrations())
+	if err != nil {
+		return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
+	}
+	applied := map[string]bool{}
+	for rows.Next() {
+		var target string
+		var version int
+		if err := rows.Scan(&target, &version); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
+		}
+		applied[target+":"+strconv.Itoa(version)] = true
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
+	}
+	var missing []string
+	for _, m := range migs {
+		if !applied[db.targetName(m.Target)+":"+strconv.Itoa(m.Version)] {
+			missing = append(missing, m.Name)
+		}
+	}
+	if len(missing) > 0 {
+		return pgerr.NotMigrated(db.names(), fmt.Sprintf("missing %v", missing))
+	}
+	return nil
+}
+
+// names is db's names for the hints of pgerr.NotMigrated.
+func (c DB) names() pgerr.Tables {
+	c = c.WithDefaults()
+	return pgerr.Tables{Schema: c.Schema, Inbox: c.InboxTable, Outbox: c.OutboxTable}
+}
+
+func tableExists(ctx context.Context, db DB, quoted string) (bool, error) {
+	rows, err := db.Conn.QueryContext(ctx, "SELECT to_regclass($1) IS NOT NULL", quoted)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = rows.Close() }()
+	var exists bool
+	if rows.Next() {
+		if err := rows.Scan(&exists); err != nil {
+			return false, err
+		}
+	}
+	return exists, rows.Close()
+}
