@@ -154,7 +154,7 @@ func TestClaimTxNotDone(t *testing.T) {
 			tx := b.begin(t)
 			res, err := b.store.ClaimTx(b.ctx, tx, "c", key)
 			require.ErrorIs(t, err, inboxdb.ErrNotDone, "status %s", status)
-			require.Contains(t, err.Error(), string(status))
+			require.Contains(t, err.Error(), status)
 			require.False(t, res.Claimed)
 			require.Equal(t, status, res.Existing.Status)
 			require.Equal(t, 2, res.Existing.Attempts)
