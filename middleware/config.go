@@ -30,6 +30,15 @@ type Config struct {
 	// messages commit in one transaction.
 	Lease *LeaseConfig
 
+	// Batch, when set, turns on group commit in transactional mode: the
+	// deliveries in flight at the same moment share one transaction (their
+	// keys claimed in one statement, their handlers run in turn, one
+	// COMMIT, then every message acked). A failing handler costs only its
+	// own message: the others run again without it. It needs several
+	// deliveries in flight (ConcurrentSubscriber). Not with Lease or
+	// FailOpen. Nil (the default): one transaction per message.
+	Batch *BatchConfig
+
 	// Consumer is the name keys are recorded under. Two handlers that must
 	// each process every message need different names. Defaults to the
 	// router handler's name (message.HandlerNameFromCtx); a message seen
@@ -102,8 +111,22 @@ type LeaseConfig struct {
 	MaxInterruptedAttempts int
 }
 
-// The defaults of Config and LeaseConfig (see their fields).
+// BatchConfig configures group commit (Config.Batch).
+type BatchConfig struct {
+	// MaxSize is the most deliveries one transaction holds, at most 1000.
+	// Defaults to 64.
+	MaxSize int
+
+	// MaxWait is how long the first delivery of a batch waits for others
+	// to join it before the batch runs. With 0 (the default) there is no
+	// artificial wait: a batch takes the deliveries that arrived while the
+	// previous batch of the handler was committing.
+	MaxWait time.Duration
+}
+
+// The defaults of Config, LeaseConfig and BatchConfig (see their fields).
 const (
+	defaultBatchMaxSize           = 64
 	defaultNackDelay              = time.Second
 	defaultMaxKeyLength           = 1024
 	defaultLeaseDuration          = 30 * time.Second
@@ -133,6 +156,18 @@ func (c Config) WithDefaults() Config {
 		l := c.Lease.WithDefaults()
 		c.Lease = &l
 	}
+	if c.Batch != nil {
+		b := c.Batch.WithDefaults()
+		c.Batch = &b
+	}
+	return c
+}
+
+// WithDefaults returns a copy of c with empty fields set to their defaults.
+func (c BatchConfig) WithDefaults() BatchConfig {
+	if c.MaxSize == 0 {
+		c.MaxSize = defaultBatchMaxSize
+	}
 	return c
 }
 
@@ -157,6 +192,18 @@ func (c Config) validate() error {
 	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > 2048 {
 		return fmt.Errorf("exactlyonce: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
+	}
+	if c.Batch != nil {
+		switch {
+		case c.Lease != nil:
+			return errors.New("exactlyonce: Config.Batch cannot be used with Config.Lease: a lease-mode claim must commit on its own before the handler's external call")
+		case c.FailOpen:
+			return errors.New("exactlyonce: Config.Batch cannot be used with Config.FailOpen")
+		case c.Batch.MaxSize < 1 || c.Batch.MaxSize > 1000:
+			return fmt.Errorf("exactlyonce: Config.Batch.MaxSize is %d, it must be between 1 and 1000", c.Batch.MaxSize)
+		case c.Batch.MaxWait < 0:
+			return fmt.Errorf("exactlyonce: Config.Batch.MaxWait is %s, it must not be negative", c.Batch.MaxWait)
+		}
 	}
 	if c.Lease == nil {
 		return nil

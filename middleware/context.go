@@ -11,8 +11,6 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 )
 
 type ctxKey struct{}
@@ -24,8 +22,9 @@ type handlerValues struct {
 	outbox   message.Publisher
 	consumer string
 	key      string
-	lease    *leaseState // lease mode only
-	failOpen bool        // a fail-open run: no tx, no outbox
+	lease    *leaseState   // lease mode only
+	failOpen bool          // a fail-open run: no tx, no outbox
+	queue    *[]queuedStmt // group commit with pgx: Queue appends here
 }
 
 func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
@@ -74,13 +73,8 @@ func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch t := t.(type) {
-	case *inboxdb.PooledTx:
-		return t.Pgx(), nil
-	case *wsql.PgxTx:
-		return t.Tx, nil
-	case wsql.PgxTx:
-		return t.Tx, nil
+	if p, ok := pgxOf(t); ok {
+		return p, nil
 	}
 	return nil, fmt.Errorf("exactlyonce: PgxTxFromContext: Config.DB.Conn is not pgx (it is %T): use StdTxFromContext", t)
 }
@@ -115,6 +109,34 @@ func OutboxFromContext(ctx context.Context) (message.Publisher, error) {
 		return nil, errFailOpen
 	}
 	return v.outbox, nil
+}
+
+// Queue adds a write to the handler's transaction without waiting for its
+// result. With group commit (Config.Batch) and pgx, the statements every
+// handler of the batch queued are sent in one round trip (a pgx batch) after
+// the last handler ran and before the COMMIT; otherwise Queue runs the
+// statement at once, like Exec on the transaction. Use it for writes whose
+// result the handler does not need (an INSERT, an UPDATE), and do not read
+// in the handler what it queued: it has not run yet. A queued statement that fails fails its message as if the handler
+// had returned the error (the rest of the batch runs again without it).
+// Queue returns an error where PgxTxFromContext does.
+func Queue(ctx context.Context, query string, args ...any) error {
+	v := valuesFrom(ctx)
+	switch {
+	case v == nil:
+		return errNotInHandler
+	case v.failOpen:
+		return errFailOpen
+	case v.queue != nil:
+		*v.queue = append(*v.queue, queuedStmt{query: query, args: args})
+		return nil
+	}
+	t, err := tx(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = t.ExecContext(ctx, query, args...)
+	return err
 }
 
 // Info is what a handler knows about its delivery.

@@ -42,6 +42,15 @@
 // docs/guarantees.md states the one window a provider without idempotency
 // keys leaves open.
 //
+// # Group commit (Config.Batch set)
+//
+// Transactional mode, many messages per transaction: the deliveries of a
+// handler in flight at the same moment (ConcurrentSubscriber) share one
+// transaction: one statement claims their keys, their handlers run in turn,
+// one COMMIT, then every message is acked. A failing handler costs only its
+// own message (the batch runs again without it). Queue lets handlers
+// pipeline their writes. Same guarantees, several times the throughput.
+//
 // # Wiring
 //
 // Attach the middleware to the router (router.AddMiddleware(eo.Middleware))

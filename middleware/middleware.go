@@ -43,10 +43,14 @@ func New(cfg Config) (*Middleware, error) {
 
 // Middleware wraps h. It has the signature of message.HandlerMiddleware.
 func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	var b *batcher
+	if m.cfg.Batch != nil {
+		b = newBatcher(m, h)
+	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		ev := Event{MessageUUID: msg.UUID}
-		out, err := m.handle(msg, h, &ev)
+		out, err := m.handle(msg, h, b, &ev)
 		if err != nil {
 			ev.Err = err
 			if ev.Outcome == "" {
@@ -60,7 +64,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // handle derives the consumer and key and hands the delivery to its mode.
-func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Event) ([]*message.Message, error) {
+func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, b *batcher, ev *Event) ([]*message.Message, error) {
 	origCtx := msg.Context()
 	consumer := m.cfg.Consumer
 	if consumer == "" {
@@ -84,6 +88,9 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return m.handleLease(msg, h, ev, origCtx, consumer, key)
 	}
 	m.scopes.check(m, msg, consumer)
+	if b != nil {
+		return b.handleBatched(msg, ev, consumer, key)
+	}
 	return m.handleTransactional(msg, h, ev, origCtx, consumer, key)
 }
 

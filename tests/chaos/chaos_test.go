@@ -41,11 +41,12 @@ import (
 //	CHAOS_MESSAGES   unique messages (default 800)
 //	CHAOS_DUP_RATIO  extra copies per unique message (default 0.2)
 //	CHAOS_FAULTS     at least this many faults of each kind (default 3)
-//	CHAOS_MODES      comma-separated runs, each a mode (transactional, lease)
+//	CHAOS_MODES      comma-separated runs, each a mode (transactional, lease,
+//	                 or batch: transactional with group commit, Config.Batch)
 //	                 with an optional database setup: @repeatable-read (the
 //	                 workers' role defaults to REPEATABLE READ) or
 //	                 @pgbouncer (through PgBouncer in transaction pooling).
-//	                 Default: transactional,lease,lease@repeatable-read,
+//	                 Default: transactional,lease,batch,lease@repeatable-read,
 //	                 transactional@pgbouncer.
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
@@ -54,7 +55,8 @@ import (
 //	                 faults (default 2m)
 //
 // Each run: a fresh schema and queues; PostgreSQL and RabbitMQ behind TCP
-// proxies; 3 consumer processes (4 handlers each, prefetch 10; drivers
+// proxies; 3 consumer processes (4 handlers each, prefetch 10; in batch mode
+// one handler with 16 deliveries in flight; drivers
 // pgxpool, database/sql, pgxpool), 1 relay (database/sql), 1 downstream
 // consumer (pgxpool). The harness publishes the messages with duplicates
 // spread over the fault schedule, injects the faults, waits until every key
@@ -150,7 +152,8 @@ func runChaos(t *testing.T, s settings, bin string, v variant, stream uint64) {
 	h.pool = testenv.Pool(t)
 	h.tables = testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(h.pool))
 	_, err = h.pool.Exec(ctx, `CREATE TABLE `+h.table("effects")+` (id bigserial PRIMARY KEY, key text NOT NULL,
-attempt int NOT NULL, worker text NOT NULL, out_uuid text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+attempt int NOT NULL, worker text NOT NULL, out_uuid text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),
+txid bigint NOT NULL DEFAULT txid_current());
 CREATE TABLE `+h.table("down_effects")+` (id bigserial PRIMARY KEY, key text NOT NULL, uuid text NOT NULL,
 worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
@@ -694,6 +697,12 @@ WHERE NOT EXISTS (SELECT 1 FROM `+effects+` e WHERE e.key = k.key)`, h.keys), 0)
 JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 'done' OR i.attempts <> e.attempt`, consumerName), 0)
 	}
 	tb.info("duplicates recorded by the inbox", h.count(ctx, `SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = $1`, consumerName))
+	if h.mode == "batch" {
+		perTx := `SELECT count(*) AS n FROM ` + effects + ` GROUP BY txid`
+		tb.info("group commit: transactions that committed effects", h.count(ctx, `SELECT count(*) FROM (`+perTx+`) x`))
+		tb.check("group commit: effects of the largest transaction", h.count(ctx, `SELECT coalesce(max(n), 0) FROM (`+perTx+`) x`),
+			"> 1", h.count(ctx, `SELECT coalesce(max(n), 0) FROM (`+perTx+`) x`) > 1)
+	}
 	h.events(tb, "consumer")
 
 	if h.lease() {

@@ -58,7 +58,7 @@ type settings struct {
 // variant is one run of the suite: a mode, and how the workers reach
 // PostgreSQL.
 type variant struct {
-	Mode string // transactional | lease
+	Mode string // transactional | lease | batch (transactional with group commit)
 	// DB is direct (through the harness's TCP proxy), repeatable-read (the
 	// same, as a role whose default transaction isolation is REPEATABLE
 	// READ) or pgbouncer (through a PgBouncer in transaction pooling, whose
@@ -79,9 +79,9 @@ const (
 	dbPgBouncer      = "pgbouncer"
 )
 
-// defaultRuns is the short form's set: both modes directly, and one of
-// each other database setup.
-const defaultRuns = "transactional,lease,lease@repeatable-read,transactional@pgbouncer"
+// defaultRuns is the short form's set: both modes directly, group commit
+// directly, and one of each other database setup.
+const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer"
 
 // parseRuns reads CHAOS_MODES: a comma-separated list of mode or mode@db.
 func parseRuns(v string) ([]variant, error) {
@@ -92,8 +92,8 @@ func parseRuns(v string) ([]variant, error) {
 		if db == "" {
 			db = dbDirect
 		}
-		if mode != "transactional" && mode != "lease" {
-			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional or lease", item)
+		if mode != "transactional" && mode != "lease" && mode != "batch" {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional, lease or batch", item)
 		}
 		if db != dbDirect && db != dbRepeatableRead && db != dbPgBouncer {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s or %s", item, dbDirect, dbRepeatableRead, dbPgBouncer)

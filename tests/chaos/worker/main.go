@@ -8,6 +8,10 @@
 //     consumer name shared by every consumer process. Its handler inserts an
 //     effect row (in lease mode after calling the harness's fake SMS provider
 //     with the attempt's idempotency key) and returns one output message.
+//     Mode batch is transactional mode with group commit (Config.Batch with
+//     its defaults): one handler on exactlyonce.ConcurrentSubscriber with
+//     4 x CHAOS_HANDLERS deliveries in flight, whose effect row is written
+//     with exactlyonce.Queue (pipelined with pgx).
 //   - relay: outbox.Relay from the outbox to the output queue, with publisher
 //     confirms. A "poison" key's handler also returns one message the broker
 //     refuses, fanned out to the output queue and a second queue (two outbox
@@ -79,7 +83,7 @@ const (
 // config is read from the environment (the harness sets it).
 type config struct {
 	Role    string // consumer | relay | downstream
-	Mode    string // transactional | lease
+	Mode    string // transactional | lease | batch (transactional with group commit)
 	Name    string // this process, e.g. consumer-1 (for logs and effect rows)
 	DBURL   string
 	AMQPURL string
@@ -143,8 +147,8 @@ func readConfig() (config, error) {
 			return c, fmt.Errorf("%s is required", k)
 		}
 	}
-	if c.Mode != "transactional" && c.Mode != "lease" {
-		return c, fmt.Errorf("CHAOS_MODE: want transactional or lease, got %q", c.Mode)
+	if c.Mode != "transactional" && c.Mode != "lease" && c.Mode != "batch" {
+		return c, fmt.Errorf("CHAOS_MODE: want transactional, lease or batch, got %q", c.Mode)
 	}
 	if c.Role == "consumer" && c.Mode == "lease" && c.Provider == "" {
 		return c, errors.New("CHAOS_PROVIDER_URL is required in lease mode")
@@ -285,8 +289,9 @@ func (w *worker) subscriber(ctx context.Context) (*wamqp.Subscriber, error) {
 }
 
 // middleware returns the exactly-once middleware of role, in lease mode
-// (with the configured lease) when lease is set.
-func (w *worker) middleware(consumer, role string, lease bool) (*exactlyonce.Middleware, error) {
+// (with the configured lease) when lease is set, with group commit when
+// batch is set.
+func (w *worker) middleware(consumer, role string, lease, batch bool) (*exactlyonce.Middleware, error) {
 	cfg := exactlyonce.Config{
 		DB:        w.tables,
 		Consumer:  consumer,
@@ -298,6 +303,9 @@ func (w *worker) middleware(consumer, role string, lease bool) (*exactlyonce.Mid
 	}
 	if lease {
 		cfg.Lease = &exactlyonce.LeaseConfig{Duration: w.cfg.Lease}
+	}
+	if batch {
+		cfg.Batch = &exactlyonce.BatchConfig{}
 	}
 	return exactlyonce.New(cfg)
 }
@@ -325,7 +333,7 @@ func runRouter(ctx context.Context, r *message.Router) error {
 }
 
 func (w *worker) runConsumer(ctx context.Context) error {
-	eo, err := w.middleware(ConsumerName, "consumer", w.cfg.Mode == "lease")
+	eo, err := w.middleware(ConsumerName, "consumer", w.cfg.Mode == "lease", w.cfg.Mode == "batch")
 	if err != nil {
 		return err
 	}
@@ -338,6 +346,12 @@ func (w *worker) runConsumer(ctx context.Context) error {
 		return err
 	}
 	r.AddMiddleware(eo.Middleware)
+	if w.cfg.Mode == "batch" {
+		// Group commit needs several deliveries of one handler in flight.
+		r.AddHandler(ConsumerName+"-batch", w.cfg.In, exactlyonce.ConcurrentSubscriber(sub, 4*w.cfg.Handlers), w.cfg.Out,
+			exactlyonce.OutboxOnly(), w.handle)
+		return runRouter(ctx, r)
+	}
 	for i := range w.cfg.Handlers {
 		// The router's publisher: the middleware writes the handler's output
 		// to the outbox and returns nothing to the router.
@@ -430,7 +444,11 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 	}
 	// After the provider call the write must not fail because the router is
 	// closing (it cancels the message's context): the effect happened.
-	if err := testenv.Exec(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
+	write := testenv.Exec
+	if w.cfg.Mode == "batch" {
+		write = exactlyonce.Queue // sent with the batch's other writes
+	}
+	if err := write(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
 		key, attempt, w.cfg.Name, out.UUID); err != nil {
 		return nil, fmt.Errorf("chaos worker: inserting the effect of %q: %w", key, err)
 	}
@@ -452,7 +470,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 func (w *worker) runDownstream(ctx context.Context) error {
-	eo, err := w.middleware(DownstreamName, "downstream", false)
+	eo, err := w.middleware(DownstreamName, "downstream", false, false)
 	if err != nil {
 		return err
 	}
