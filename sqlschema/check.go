@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // ErrNotMigrated means the library's tables are missing or older than this
@@ -51,7 +52,7 @@ func Check(ctx context.Context, db DB) error {
 		}
 		applied[target+":"+strconv.Itoa(version)] = true
 	}
-	if err := rows.Close(); err != nil {
+	if err := seam.Close(rows); err != nil {
 		return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
 	}
 	var missing []string
@@ -84,5 +85,5 @@ func tableExists(ctx context.Context, db DB, quoted string) (bool, error) {
 			return false, err
 		}
 	}
-	return exists, rows.Close()
+	return exists, seam.Close(rows)
 }

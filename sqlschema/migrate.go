@@ -13,6 +13,7 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -160,7 +161,7 @@ CREATE TABLE IF NOT EXISTS %s (
 		}
 		applied[target+":"+strconv.Itoa(version)] = true
 	}
-	if err = rows.Close(); err != nil {
+	if err = seam.Close(rows); err != nil {
 		return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
 	}
 
