@@ -17,7 +17,10 @@
 // transaction only after the publisher returned without error. With RabbitMQ,
 // configure publisher confirms (watermill-amqp's ConfirmDelivery) so that
 // "returned without error" means "the broker has it". If a later publish of
-// a batch fails, the rows already accepted are still deleted. A crash
+// a batch fails, the rows already accepted are still deleted. A publisher
+// that also implements BatchPublisher (rabbitmq.Publisher, with a window of
+// outstanding confirms) gets each batch in one call and says message by
+// message which ones the broker confirmed. A crash
 // between publish and commit sends the batch again; every relayed message keeps its original
 // UUID, so the next consumer's inbox drops the repeat.
 //

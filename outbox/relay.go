@@ -19,6 +19,7 @@ import (
 // many) may run against one table: each batch is locked with SKIP LOCKED.
 type Relay struct {
 	cfg         RelayConfig
+	batchPub    BatchPublisher // cfg.Publisher, when it implements BatchPublisher
 	selectSQL   string
 	deleteSQL   string
 	failSQL     string
@@ -44,8 +45,10 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// (1) both before the first call and after it, is_called tells them
 	// apart. Sequences are not transactional: this is the value now.
 	accepted := `(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ` + seq + `)`
+	batchPub, _ := cfg.Publisher.(BatchPublisher)
 	return &Relay{
-		cfg: cfg,
+		cfg:      cfg,
+		batchPub: batchPub,
 		selectSQL: `SELECT id, topic, uuid, payload, metadata::text, failures > 0, ` + accepted + ` FROM ` + table +
 			` WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())` +
 			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
@@ -190,6 +193,12 @@ const finishTimeout = 30 * time.Second
 // two calls in a row fail before anything of the batch was accepted (the
 // broker looks down) does it stop early, leaving the rows not tried as they
 // were.
+//
+// When RelayConfig.Publisher implements BatchPublisher, the whole batch
+// (retried rows first, then the others, each in id order) is handed to
+// PublishBatch in one call instead, and every message of it has an outcome:
+// nothing is left untried, and a failure's evidence before and after it is
+// the confirmed messages earlier and later in the call.
 //
 // In the same transaction, the rows the publisher accepted are deleted, and
 // each row that failed has its failure recorded: it is skipped until its

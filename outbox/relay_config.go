@@ -20,7 +20,10 @@ type RelayConfig struct {
 
 	// Publisher receives the messages, with each row's topic. It must return
 	// only once the broker has the messages (for watermill-amqp: set
-	// ConfirmDelivery). Required.
+	// ConfirmDelivery). If it also implements BatchPublisher (as
+	// rabbitmq.Publisher does), each batch goes out in one PublishBatch call
+	// with many messages awaiting their confirms at once, and Publish is not
+	// used. Required.
 	Publisher message.Publisher
 
 	// BatchSize is the most rows one transaction locks, publishes and

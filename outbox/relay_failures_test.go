@@ -171,13 +171,18 @@ func requireEachOnce(t *testing.T, br *scriptedBroker, want []string) {
 // are the evidence that quarantines it.
 func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayPoisonRowFirstBatchSizeOne(asIs))
+}
+
+// relayPoisonRowFirstBatchSizeOne is the scenario of TestRelayPoisonRowFirstBatchSizeOne, its publisher wrapped by wrap.
+func relayPoisonRowFirstBatchSizeOne(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		poison := message.NewMessage("poison", []byte("{}"))
 		poison.Metadata.Set(badHeader, "1")
 		b.publish(t, "t", poison)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 1, MaxAttempts: 3,
+			DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: 1, MaxAttempts: 3,
 			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 50 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -214,7 +219,7 @@ func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT attempts, failures FROM "+b.tables.Outbox(), nil, &attempts, &failures))
 		require.Equal(t, 3, attempts, "quarantined at MaxAttempts blamed failures")
 		t.Logf("poison row quarantined after %d failures", failures)
-	})
+	}
 }
 
 // Both outputs of one message, fanned out to two topics, carry the same
@@ -222,7 +227,12 @@ func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 // later flow, and both bad rows are quarantined.
 func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayBatchOfOnlyBadRows(asIs))
+}
+
+// relayBatchOfOnlyBadRows is the scenario of TestRelayBatchOfOnlyBadRows, its publisher wrapped by wrap.
+func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
 		pub, err := outbox.NewPublisher(tx, b.tables)
@@ -235,7 +245,7 @@ func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 		require.NoError(t, tx.Commit())
 
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 2,
+			DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), MaxAttempts: 2,
 			ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -265,7 +275,7 @@ func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 2, Quarantined: 2}, p)
 		require.Equal(t, int64(2), relay.Stats().Quarantined)
-	})
+	}
 }
 
 // The broker accepts the first messages of a batch and then fails every
@@ -274,7 +284,12 @@ func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 // blamed, and once the outage ends every row is relayed.
 func TestRelayOutageOnsetsBlameNoHealthyRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayOutageOnsetsBlameNoHealthyRow(asIs))
+}
+
+// relayOutageOnsetsBlameNoHealthyRow is the scenario of TestRelayOutageOnsetsBlameNoHealthyRow, its publisher wrapped by wrap.
+func relayOutageOnsetsBlameNoHealthyRow(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		const (
 			batchSize = 10
 			accepted  = 6 // per onset: the rows failed at the previous one (4) come first
@@ -282,7 +297,7 @@ func TestRelayOutageOnsetsBlameNoHealthyRow(t *testing.T) {
 		)
 		br := newScriptedBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
+			DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
 			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -316,7 +331,7 @@ func TestRelayOutageOnsetsBlameNoHealthyRow(t *testing.T) {
 		requireEachOnce(t, br, rows)
 		require.Zero(t, b.pending(t, b.db))
 		require.Zero(t, relay.Stats().Quarantined)
-	})
+	}
 }
 
 // A flapping broker (runs of good batches, an outage beginning mid-batch,
@@ -324,14 +339,19 @@ func TestRelayOutageOnsetsBlameNoHealthyRow(t *testing.T) {
 // quarantined, no healthy row is, and every healthy row is relayed once.
 func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayFlappingBrokerQuarantinesOnlyThePoisonRow(asIs))
+}
+
+// relayFlappingBrokerQuarantinesOnlyThePoisonRow is the scenario of TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow, its publisher wrapped by wrap.
+func relayFlappingBrokerQuarantinesOnlyThePoisonRow(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		const batchSize = 10
 		br := newScriptedBroker()
 		poison := message.NewMessage("poison", []byte("{}"))
 		poison.Metadata.Set(badHeader, "1")
 		b.publish(t, "b", poison)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
+			DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
 			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -370,7 +390,7 @@ func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
-	})
+	}
 }
 
 // After an outage, every row has failed once and is due again, and no new
@@ -381,7 +401,12 @@ func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 // poison rows, every poll, and the 279 healthy rows behind them never left.)
 func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayRetriesBehindFailingPairAreTried(asIs))
+}
+
+// relayRetriesBehindFailingPairAreTried is the scenario of TestRelayRetriesBehindFailingPairAreTried, its publisher wrapped by wrap.
+func relayRetriesBehindFailingPairAreTried(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
 		pub, err := outbox.NewPublisher(tx, b.tables)
@@ -397,7 +422,7 @@ func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, last_error = 'not connected', next_attempt_at = NULL")
 
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 2,
+			DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 2,
 			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond,
 		})
 		require.NoError(t, err)
@@ -406,7 +431,7 @@ func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 		}
 		requireEachOnce(t, br, good)
 		require.Equal(t, int64(2), b.pending(t, b.db), "only the poison rows are left")
-	})
+	}
 }
 
 // An outage begins mid-batch and goes on for a while, new rows arriving;
@@ -419,10 +444,15 @@ func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 // attempt.)
 func TestRelayOutageAfterBriefRecoveryBlamesNothing(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayOutageAfterBriefRecoveryBlamesNothing(asIs))
+}
+
+// relayOutageAfterBriefRecoveryBlamesNothing is the scenario of TestRelayOutageAfterBriefRecoveryBlamesNothing, its publisher wrapped by wrap.
+func relayOutageAfterBriefRecoveryBlamesNothing(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 1,
+			DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 1,
 			ErrorBackoff: 30 * time.Millisecond, MaxErrorBackoff: 30 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -455,7 +485,7 @@ func TestRelayOutageAfterBriefRecoveryBlamesNothing(t *testing.T) {
 		}
 		requireEachOnce(t, br, rows)
 		require.Zero(t, b.pending(t, b.db))
-	})
+	}
 }
 
 // Several relays (two Relay values, 3 workers each, as two instances would
@@ -465,11 +495,16 @@ func TestRelayOutageAfterBriefRecoveryBlamesNothing(t *testing.T) {
 // no healthy row is (MaxAttempts 1), and every healthy row is relayed once.
 func TestRelayWorkersAndInstancesShareTheEvidence(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayWorkersAndInstancesShareTheEvidence(asIs))
+}
+
+// relayWorkersAndInstancesShareTheEvidence is the scenario of TestRelayWorkersAndInstancesShareTheEvidence, its publisher wrapped by wrap.
+func relayWorkersAndInstancesShareTheEvidence(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		for range 2 {
 			relay, err := outbox.NewRelay(outbox.RelayConfig{
-				DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 10, Workers: 3, MaxAttempts: 1,
+				DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: 10, Workers: 3, MaxAttempts: 1,
 				PollInterval: 2 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
 			})
 			require.NoError(t, err)
@@ -499,5 +534,5 @@ func TestRelayWorkersAndInstancesShareTheEvidence(t *testing.T) {
 		}, "every healthy row relayed and the poison row quarantined")
 		require.Equal(t, []string{"a/poison"}, b.quarantined(t), "no healthy row is quarantined")
 		requireEachOnce(t, br, rows)
-	})
+	}
 }

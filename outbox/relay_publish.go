@@ -42,7 +42,8 @@ type published struct {
 // rows not tried are left untouched. A retried row failing again says
 // nothing about the broker (it may be a poison row), so it never stops the
 // batch. A failure seen once ctx ended may be caused by the cancellation and
-// is not recorded.
+// is not recorded. With a BatchPublisher, the reordered batch goes to
+// publishBatch instead.
 func (r *Relay) publish(ctx context.Context, b batch) (p published) {
 	order := make([]int, 0, len(b.msgs))
 	for pass := range 2 {
@@ -53,6 +54,9 @@ func (r *Relay) publish(ctx context.Context, b batch) (p published) {
 		}
 	}
 	b = b.reordered(order)
+	if r.batchPub != nil {
+		return r.publishBatch(ctx, b)
+	}
 	var (
 		call            int // ordinal of the latest Publish call
 		firstOK, lastOK int // ordinals of the first and last accepted calls, 0 if none
@@ -130,6 +134,96 @@ outer:
 			sa:   lastOK > f.at,
 			last: f.at == call,
 			err:  f.err,
+		})
+	}
+	return p
+}
+
+// publishBatch hands the (reordered) batch to the BatchPublisher in one call
+// and reads the evidence of each failure from the order of the messages in
+// it: sb when a message before it was confirmed, sa when one after it was,
+// last when it was the last message whose outcome is recorded. An outage
+// beginning mid-call leaves its failed rows with confirms before them (sb)
+// and none after, and the last of them is decided at its next attempt, as
+// with the sequential publish.
+//
+// Every message was in flight at once, so nothing can stop early; but when
+// nothing at all was confirmed (the broker looks down), the failures are
+// recorded as the sequential publish would have recorded them before its
+// early stop: the retried rows (they come first, and say nothing about the
+// broker) and the first two runs of one topic of rows that never failed; the
+// rows after those are left as they were, as rows not tried. Recording them
+// all would make, in a long outage, batches of only retried rows whose last
+// row carries evidence from before the outage (the accepted sequence moved
+// since its previous attempt) and has its failure decided at its next
+// attempt, which a broker that comes back and fails again mid-batch would
+// blame on it (TestRelayBatchPublisherScenarios/OutageOnsetsBlameNoHealthyRow).
+//
+// If ctx ended during the call, the confirmed rows are still deleted but no
+// failure is recorded (it may have been caused by the cancellation).
+func (r *Relay) publishBatch(ctx context.Context, b batch) (p published) {
+	if len(b.msgs) == 0 {
+		return p
+	}
+	if err := ctx.Err(); err != nil {
+		p.cancelled = err
+		return p
+	}
+	errs := r.batchPub.PublishBatch(ctx, b.topics, b.msgs)
+	if len(errs) != len(b.msgs) {
+		// A broken publisher: no message of the call counts as confirmed.
+		bad := fmt.Errorf("%T.PublishBatch returned %d outcomes for %d messages (it must return one per message)", r.batchPub, len(errs), len(b.msgs))
+		errs = make([]error, len(b.msgs))
+		for i := range errs {
+			errs[i] = bad
+		}
+	}
+	firstOK, lastOK := -1, -1 // indexes of the first and last confirmed messages
+	for i, err := range errs {
+		if err == nil {
+			p.done = append(p.done, b.ids[i])
+			if firstOK < 0 {
+				firstOK = i
+			}
+			lastOK = i
+		}
+	}
+	if len(p.done) == len(b.msgs) {
+		return p
+	}
+	if err := ctx.Err(); err != nil {
+		p.cancelled = err
+		return p
+	}
+	recorded := len(errs) // the failures before this index are recorded
+	if len(p.done) == 0 {
+		dead := 0 // runs of rows that never failed
+		for start := 0; start < len(errs); {
+			end := outboxrow.RunEnd(len(errs), start, func(j int) bool {
+				return b.topics[j] == b.topics[start] && b.retry[j] == b.retry[start]
+			})
+			if !b.retry[start] {
+				if dead++; dead == 2 {
+					recorded = end
+					break
+				}
+			}
+			start = end
+		}
+	}
+	for i, err := range errs[:recorded] {
+		if err == nil {
+			continue
+		}
+		if p.firstErr == nil {
+			p.firstErr = fmt.Errorf("outbox relay: publishing message %q to %q: %w", b.msgs[i].UUID, b.topics[i], err)
+		}
+		p.failed = append(p.failed, failedRow{
+			id:   b.ids[i],
+			sb:   firstOK >= 0 && firstOK < i,
+			sa:   lastOK > i,
+			last: i == recorded-1,
+			err:  err,
 		})
 	}
 	return p

@@ -153,7 +153,12 @@ func TestRelayWithGoChannel(t *testing.T) {
 
 func TestRelayPublisherFailure(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayPublisherFailure(asIs))
+}
+
+// relayPublisherFailure is the scenario of TestRelayPublisherFailure, its publisher wrapped by wrap.
+func relayPublisherFailure(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		var want []delivered
 		for i := range 10 {
 			topic := "a"
@@ -166,7 +171,7 @@ func TestRelayPublisherFailure(t *testing.T) {
 
 		rec := &recorder{failTopic: "b"}
 		const backoff = 300 * time.Millisecond
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), ErrorBackoff: backoff})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: wrap(rec), Logger: testenv.Logger(t), ErrorBackoff: backoff})
 		require.NoError(t, err)
 
 		polledAt := time.Now()
@@ -208,16 +213,21 @@ func TestRelayPublisherFailure(t *testing.T) {
 		require.Equal(t, int64(10), st.Relayed)
 		require.Equal(t, int64(2), st.Batches)
 		require.ErrorIs(t, st.LastError, errBrokerDown, "LastError keeps the latest failure")
-	})
+	}
 }
 
 func TestRelayRunRetriesFailures(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayRunRetriesFailures(asIs))
+}
+
+// relayRunRetriesFailures is the scenario of TestRelayRunRetriesFailures, its publisher wrapped by wrap.
+func relayRunRetriesFailures(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		b.publishAll(t, mixedMessages(5)) // orders, payments, orders, audit, audit
 		rec := &recorder{failTopic: "payments"}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t),
+			DB: b.schema(), Publisher: wrap(rec), Logger: testenv.Logger(t),
 			PollInterval: 5 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 20 * time.Millisecond,
 		})
 		require.NoError(t, err)
@@ -238,7 +248,7 @@ func TestRelayRunRetriesFailures(t *testing.T) {
 		require.Equal(t, []delivered{want[0], want[2], want[3], want[4], want[1]}, rec.delivered(),
 			"every row delivered once; the failing one after the others")
 		stop()
-	})
+	}
 }
 
 // A row whose metadata cannot be decoded is a defect no retry fixes: it is
@@ -486,12 +496,17 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 // blamed on it; alone in the outbox, its failures prove nothing.
 func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriver(t, relayQuarantinesUnpublishableRow(asIs))
+}
+
+// relayQuarantinesUnpublishableRow is the scenario of TestRelayQuarantinesUnpublishableRow, its publisher wrapped by wrap.
+func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bundle) {
+	return func(t *testing.T, b bundle) {
 		msgs := mixedMessages(3)
 		b.publishAll(t, msgs[:1])
 		rec := &recorder{failUUID: msgs[0].UUID}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), MaxAttempts: 3, BatchSize: 10,
+			DB: b.schema(), Publisher: wrap(rec), Logger: testenv.Logger(t), MaxAttempts: 3, BatchSize: 10,
 			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond, // due again at once
 		})
 		require.NoError(t, err)
@@ -557,5 +572,5 @@ func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		require.Zero(t, b.pending(t, b.db))
-	})
+	}
 }

@@ -39,50 +39,13 @@ func DeclareQueues(ctx context.Context, amqpURL string, queues ...string) error 
 	if len(queues) == 0 {
 		return nil
 	}
-	uri, err := amqp091.ParseURI(amqpURL)
+	conn, addr, stopWatch, err := dialContext(ctx, amqpURL, "watermill-exactlyonce rabbitmq.DeclareQueues")
 	if err != nil {
-		return fmt.Errorf("rabbitmq: DeclareQueues: invalid AMQP URL: %w; expected amqp://user:password@host:5672/vhost", err)
+		return fmt.Errorf("rabbitmq: DeclareQueues: %w", err)
 	}
-	addr := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("rabbitmq: DeclareQueues: not connecting to %s: %w", addr, err)
-	}
-	timeout := defaultConnectionTimeout
-	if uri.ConnectionTimeout > 0 {
-		timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
-	}
-
-	// amqp091-go has no dial with a context: dial with ctx, bound the
-	// handshake with a deadline (amqp091-go clears it once connected), and
-	// close the socket when ctx ends, which fails whatever is in progress.
-	var raw net.Conn
-	stopWatch := func() bool { return false }
-	defer func() { stopWatch() }()
-	dial := func(network, address string) (net.Conn, error) {
-		c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, address)
-		if err != nil {
-			return nil, err
-		}
-		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
-			_ = c.Close()
-			return nil, err
-		}
-		raw = c
-		stopWatch = context.AfterFunc(ctx, func() { _ = c.Close() })
-		return c, nil
-	}
-	props := amqp091.NewConnectionProperties()
-	props.SetClientConnectionName("watermill-exactlyonce rabbitmq.DeclareQueues")
-	conn, err := amqp091.DialConfig(amqpURL, amqp091.Config{Dial: dial, Properties: props})
-	if err != nil {
-		if raw != nil {
-			_ = raw.Close()
-		}
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return fmt.Errorf("rabbitmq: DeclareQueues: connecting to %s: %w (%w)", addr, ctxErr, err)
-		}
-		return fmt.Errorf("rabbitmq: DeclareQueues: cannot connect to %s: %w; check the AMQP URL, the credentials and that RabbitMQ is running and reachable", addr, err)
-	}
+	// The watch stays: closing the socket when ctx ends fails a declaration
+	// in progress.
+	defer stopWatch()
 	defer func() { _ = conn.Close() }()
 
 	ch, err := conn.Channel()
@@ -123,4 +86,60 @@ func declareHint(err error) string {
 		return "; another connection holds the queue as exclusive"
 	}
 	return ""
+}
+
+// dialContext connects to amqpURL as amqp091-go's Dial does, under the
+// connection name connName, with ctx bounding the TCP connect and the
+// handshake (amqp091-go has no dial with a context): it dials with ctx,
+// bounds the handshake with a deadline (amqp091-go clears it once
+// connected), and closes the socket when ctx ends, which fails whatever is
+// in progress on the connection, until stopWatch is called. Without a
+// deadline in ctx, connecting gives up after the URL's connection_timeout
+// (default 30 s). addr is host:port, for error messages; the error does not
+// name the caller.
+func dialContext(ctx context.Context, amqpURL, connName string) (conn *amqp091.Connection, addr string, stopWatch func() bool, err error) {
+	stopWatch = func() bool { return false }
+	uri, err := amqp091.ParseURI(amqpURL)
+	if err != nil {
+		return nil, "", stopWatch, fmt.Errorf("invalid AMQP URL: %w; expected amqp://user:password@host:5672/vhost", err)
+	}
+	addr = net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+	if err := ctx.Err(); err != nil {
+		return nil, addr, stopWatch, fmt.Errorf("not connecting to %s: %w", addr, err)
+	}
+	timeout := defaultConnectionTimeout
+	if uri.ConnectionTimeout > 0 {
+		timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
+	}
+
+	var raw net.Conn
+	dial := func(network, address string) (net.Conn, error) {
+		c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		raw = c
+		stopWatch = context.AfterFunc(ctx, func() { _ = c.Close() })
+		return c, nil
+	}
+	props := amqp091.NewConnectionProperties()
+	props.SetClientConnectionName(connName)
+	// The heartbeat amqp091-go's Dial uses: a connection that went silent
+	// (a peer gone without a FIN) is found dead within about 20 s.
+	conn, err = amqp091.DialConfig(amqpURL, amqp091.Config{Dial: dial, Properties: props, Heartbeat: 10 * time.Second})
+	if err != nil {
+		stopWatch()
+		if raw != nil {
+			_ = raw.Close()
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, addr, stopWatch, fmt.Errorf("connecting to %s: %w (%w)", addr, ctxErr, err)
+		}
+		return nil, addr, stopWatch, fmt.Errorf("cannot connect to %s: %w; check the AMQP URL, the credentials and that RabbitMQ is running and reachable", addr, err)
+	}
+	return conn, addr, stopWatch, nil
 }

@@ -1,7 +1,7 @@
-// Package rabbitmq holds two small helpers for running the exactly-once
-// middleware on RabbitMQ with watermill-amqp v3. The library's other
-// packages do not import it, and it imports no Watermill broker adapter
-// itself: only Watermill and amqp091-go.
+// Package rabbitmq holds helpers for running the exactly-once middleware on
+// RabbitMQ with watermill-amqp v3, and a publisher for the outbox relay. The
+// library's other packages do not import it, and it imports no Watermill
+// broker adapter itself: only Watermill and amqp091-go.
 //
 // # Marshaler: messages from producers that are not Watermill
 //
@@ -41,4 +41,24 @@
 //	if err := rabbitmq.DeclareQueues(ctx, amqpURL, "orders", "orders.poison"); err != nil {
 //		return err
 //	}
+//
+// # Publisher: many confirms in flight
+//
+// watermill-amqp's publisher with ConfirmDelivery waits for each message's
+// publisher confirm before sending the next. Publisher keeps up to Window
+// messages of a call awaiting their confirm and reports, message by message,
+// which ones the broker confirmed. It implements outbox.BatchPublisher, so an
+// outbox Relay configured with it sends each batch in one call:
+//
+//	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
+//	if err != nil {
+//		return err
+//	}
+//	defer pub.Close()
+//	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: pub})
+//
+// It publishes to the default exchange with the topic as routing key,
+// declares each topic's durable queue (as DeclareQueues does) the first time
+// it sees the topic on a connection, and publishes with the mandatory flag,
+// so that a message no queue takes fails instead of vanishing.
 package rabbitmq

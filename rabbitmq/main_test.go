@@ -27,7 +27,7 @@ const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
 // amqpURL returns the broker URL (AMQP_URL, else the local default), skipping
 // the test when RabbitMQ is unreachable, or failing it when CI=true.
-func amqpURL(t *testing.T) string {
+func amqpURL(t testing.TB) string {
 	t.Helper()
 	url := os.Getenv("AMQP_URL")
 	if url == "" {
@@ -53,7 +53,7 @@ func testContext(t *testing.T) context.Context {
 
 // rawChannel is a plain amqp091-go channel, standing in for a producer or
 // consumer that is not Watermill.
-func rawChannel(t *testing.T, url string) *amqp091.Channel {
+func rawChannel(t testing.TB, url string) *amqp091.Channel {
 	t.Helper()
 	conn, err := amqp091.Dial(url)
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func rawChannel(t *testing.T, url string) *amqp091.Channel {
 
 // uniqueQueue returns a fresh queue name, deleting the queue (if anything
 // created it) when the test ends.
-func uniqueQueue(t *testing.T, url, role string) string {
+func uniqueQueue(t testing.TB, url, role string) string {
 	t.Helper()
 	name := "rabbitmq-test-" + role + "-" + watermill.NewShortUUID()
 	t.Cleanup(func() {

@@ -1,0 +1,514 @@
+package outbox_test
+
+// The relay with a BatchPublisher: one call per batch, today's bookkeeping
+// per message, the evidence before and after a failure read from the order
+// of the messages in the call.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+)
+
+// publisherAs turns a test publisher into the one a scenario's relay uses.
+type publisherAs func(message.Publisher) message.Publisher
+
+// asIs is the publisher itself: the relay calls Publish per run of a topic.
+func asIs(p message.Publisher) message.Publisher { return p }
+
+// asBatch wraps the publisher as a BatchPublisher that publishes each message
+// of a PublishBatch call on its own, in order: the same broker, reached
+// through one call per batch.
+func asBatch(p message.Publisher) message.Publisher { return oneByOne{p} }
+
+type oneByOne struct{ message.Publisher }
+
+var _ outbox.BatchPublisher = oneByOne{}
+
+func (o oneByOne) PublishBatch(_ context.Context, topics []string, msgs []*message.Message) []error {
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		errs[i] = o.Publisher.Publish(topics[i], m)
+	}
+	return errs
+}
+
+func (oneByOne) Publish(string, ...*message.Message) error {
+	return errors.New("oneByOne: the relay must call PublishBatch, not Publish")
+}
+
+// The scenarios of the sequential publisher's failure tests, through a
+// BatchPublisher: the same rows are blamed, quarantined and relayed.
+func TestRelayBatchPublisherScenarios(t *testing.T) {
+	t.Parallel()
+	for name, scenario := range map[string]func(publisherAs) func(*testing.T, bundle){
+		"PoisonRowFirstBatchSizeOne":             relayPoisonRowFirstBatchSizeOne,
+		"BatchOfOnlyBadRows":                     relayBatchOfOnlyBadRows,
+		"OutageOnsetsBlameNoHealthyRow":          relayOutageOnsetsBlameNoHealthyRow,
+		"FlappingBrokerQuarantinesOnlyThePoison": relayFlappingBrokerQuarantinesOnlyThePoisonRow,
+		"RetriesBehindFailingPairAreTried":       relayRetriesBehindFailingPairAreTried,
+		"OutageAfterBriefRecoveryBlamesNothing":  relayOutageAfterBriefRecoveryBlamesNothing,
+		"WorkersAndInstancesShareTheEvidence":    relayWorkersAndInstancesShareTheEvidence,
+		"PublisherFailure":                       relayPublisherFailure,
+		"RunRetriesFailures":                     relayRunRetriesFailures,
+		"QuarantinesUnpublishableRow":            relayQuarantinesUnpublishableRow,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			eachDriver(t, scenario(asBatch))
+		})
+	}
+}
+
+// confirmBroker is a BatchPublisher whose confirms the test scripts call by
+// call: each step gives the outcome of the i-th message of a call (nil:
+// confirmed); once the steps are used up every message is confirmed. A
+// message with badHeader is refused whatever the step says (a message the
+// broker can never take). It records every call and counts the confirmed
+// messages by topic/uuid.
+type confirmBroker struct {
+	mu       sync.Mutex
+	steps    []func(ctx context.Context, i int) error
+	calls    [][]string // topic/uuid of each call's messages, in order
+	accepted map[string]int
+	got      []delivered // confirmed messages, in order
+	publish  int         // Publish calls: the relay must not make any
+}
+
+func newConfirmBroker() *confirmBroker { return &confirmBroker{accepted: map[string]int{}} }
+
+var _ outbox.BatchPublisher = (*confirmBroker)(nil)
+
+// script appends steps, one per coming call.
+func (c *confirmBroker) script(steps ...func(ctx context.Context, i int) error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.steps = append(c.steps, steps...)
+}
+
+// upTo confirms the first k messages of a call and fails the others, as an
+// outage beginning after k messages does.
+func upTo(k int) func(context.Context, int) error {
+	return func(_ context.Context, i int) error {
+		if i < k {
+			return nil
+		}
+		return errBrokerDown
+	}
+}
+
+// cancelAfter confirms the first k messages of a call, then cancels the
+// relay's context (SIGTERM while confirms are outstanding): the rest fail
+// with the context's error, as a publisher returns them.
+func cancelAfter(k int, cancel context.CancelFunc) func(context.Context, int) error {
+	return func(ctx context.Context, i int) error {
+		if i < k {
+			return nil
+		}
+		cancel()
+		return ctx.Err()
+	}
+}
+
+func (c *confirmBroker) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	step := func(context.Context, int) error { return nil }
+	if len(c.steps) > 0 {
+		step, c.steps = c.steps[0], c.steps[1:]
+	}
+	errs := make([]error, len(msgs))
+	var call []string
+	for i, m := range msgs {
+		key := topics[i] + "/" + m.UUID
+		call = append(call, key)
+		if m.Metadata.Get(badHeader) != "" {
+			errs[i] = fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable)
+			continue
+		}
+		if errs[i] = step(ctx, i); errs[i] == nil {
+			c.accepted[key]++
+			c.got = append(c.got, delivered{Topic: topics[i], UUID: m.UUID, Payload: string(m.Payload), Metadata: maps.Clone(m.Metadata)})
+		}
+	}
+	c.calls = append(c.calls, call)
+	return errs
+}
+
+func (c *confirmBroker) Publish(string, ...*message.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.publish++
+	return errors.New("confirmBroker: the relay must call PublishBatch")
+}
+
+func (c *confirmBroker) Close() error { return nil }
+
+func (c *confirmBroker) lastCall() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[len(c.calls)-1]
+}
+
+func (c *confirmBroker) callCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.calls)
+}
+
+// requireConfirmedOnce requires that every key in want was confirmed once,
+// and nothing else.
+func (c *confirmBroker) requireConfirmedOnce(t *testing.T, want []string) {
+	t.Helper()
+	c.mu.Lock()
+	got := maps.Clone(c.accepted)
+	c.mu.Unlock()
+	for _, k := range want {
+		require.Equal(t, 1, got[k], "row %s confirmed %d times", k, got[k])
+		delete(got, k)
+	}
+	require.Empty(t, got, "confirmed messages that are not expected rows")
+}
+
+// rowFailures returns attempts (blamed failures) and failures of the row
+// with uuid (of any topic; the tests keep uuids unique).
+func (b bundle) rowFailures(t testing.TB, uuid string) (attempts, failures int) {
+	t.Helper()
+	require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT attempts, failures FROM "+b.tables.Outbox()+" WHERE uuid = $1", []any{uuid}, &attempts, &failures))
+	return attempts, failures
+}
+
+func poisonMessage(uuid string) *message.Message {
+	m := message.NewMessage(uuid, []byte("{}"))
+	m.Metadata.Set(badHeader, "1")
+	return m
+}
+
+// Every batch is one PublishBatch call with its rows in id order (topics
+// interleaved), every message arrives once with its topic, UUID, payload and
+// metadata, and Publish is never called.
+func TestRelayBatchPublisherAllConfirmed(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		want := mixedMessages(250)
+		b.publishAll(t, want)
+		br := newConfirmBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 40})
+		require.NoError(t, err)
+
+		var sizes []int
+		for {
+			n, err := relay.RelayOnce(b.ctx)
+			require.NoError(t, err)
+			if n == 0 {
+				break
+			}
+			sizes = append(sizes, n)
+			require.Len(t, br.lastCall(), n, "one call per batch")
+			require.Less(t, len(sizes), 100, "RelayOnce does not converge")
+		}
+		require.Equal(t, []int{40, 40, 40, 40, 40, 40, 10}, sizes)
+		require.Equal(t, 7, br.callCount(), "an empty poll makes no call")
+		require.Zero(t, br.publish, "Publish is not used")
+		require.Equal(t, want, br.got, "every message once, in id order, with its topic, payload and metadata")
+		require.Zero(t, b.pending(t, b.db))
+		require.Equal(t, outbox.RelayStats{Relayed: 250, Batches: 7}, relay.Stats())
+
+		// A row that failed before comes first in the call, as in the
+		// sequential publish.
+		rows := b.goodRows(t, "t", "r", 0, 3)
+		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, last_error = 'test' WHERE uuid = 'r-00002'")
+		n, err := relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+		require.Equal(t, []string{rows[2], rows[0], rows[1]}, br.lastCall())
+	})
+}
+
+// A poison message among good ones: its failure in the middle of a call has
+// confirmed messages before and after it, so it is blamed at once, and at
+// each retry (first in its batch, the accepted sequence moved since, good
+// messages confirmed after it): quarantined after exactly MaxAttempts
+// failures. A poison message that is the last of its call is decided at its
+// next attempt: two failures blamed then.
+func TestRelayBatchPublisherPoisonAmongGoodOnes(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newConfirmBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 3, BatchSize: 10,
+			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond, // due again at once
+		})
+		require.NoError(t, err)
+
+		good := b.goodRows(t, "t", "g", 0, 2)
+		b.publish(t, "t", poisonMessage("mid"))
+		good = append(good, b.goodRows(t, "t", "g", 2, 2)...)
+		for i := range 3 {
+			n, err := relay.RelayOnce(b.ctx)
+			require.ErrorIs(t, err, errUnpublishable)
+			require.Equal(t, []int{4, 1, 1}[i], n, "batch %d", i)
+			attempts, failures := b.rowFailures(t, "mid")
+			require.Equal(t, i+1, failures, "batch %d", i)
+			require.Equal(t, i+1, attempts, "batch %d: every failure with confirms on both sides is blamed", i)
+			if i > 0 {
+				require.Equal(t, "t/mid", br.lastCall()[0], "batch %d: the retried row comes first", i)
+			}
+			if i < 2 {
+				require.Empty(t, b.quarantined(t), "batch %d", i)
+				good = append(good, b.goodRows(t, "t", "g", 4+i, 1)...)
+			}
+		}
+		require.Equal(t, []string{"t/mid"}, b.quarantined(t), "quarantined after MaxAttempts failures")
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
+
+		// Last of its call: nothing after it yet, so its failure is decided
+		// at its next attempt. Another batch is confirmed in between (the
+		// sequence moves), and that attempt has confirms after it: both
+		// failures are blamed then.
+		good = append(good, b.goodRows(t, "t", "h", 0, 2)...)
+		b.publish(t, "t", poisonMessage("last"))
+		n, err := relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errUnpublishable)
+		require.Equal(t, 2, n)
+		attempts, failures := b.rowFailures(t, "last")
+		require.Equal(t, 0, attempts, "undecided: nothing was confirmed after it yet")
+		require.Equal(t, 1, failures)
+		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() + interval '1 hour' WHERE uuid = 'last'")
+		good = append(good, b.goodRows(t, "t", "h", 2, 1)...)
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "another batch, confirmed while the poison row waits")
+		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = NULL WHERE uuid = 'last'")
+		good = append(good, b.goodRows(t, "t", "h", 3, 1)...)
+		n, err = relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errUnpublishable)
+		require.Equal(t, 1, n)
+		attempts, failures = b.rowFailures(t, "last")
+		require.Equal(t, 2, attempts, "the deferred failure and this one are blamed")
+		require.Equal(t, 2, failures)
+		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET quarantined_at = now() WHERE uuid = 'last'")
+
+		// First of its call, never failed before: nothing was confirmed
+		// before it, so its failure is not blamed, whatever follows it.
+		b.publish(t, "t", poisonMessage("head"))
+		good = append(good, b.goodRows(t, "t", "i", 0, 3)...)
+		n, err = relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errUnpublishable)
+		require.Equal(t, 3, n)
+		require.Equal(t, "t/head", br.lastCall()[0])
+		attempts, failures = b.rowFailures(t, "head")
+		require.Equal(t, 0, attempts, "no confirm before it")
+		require.Equal(t, 1, failures)
+		br.requireConfirmedOnce(t, good)
+	})
+}
+
+// An outage beginning mid-call, again and again: the confirmed prefix is
+// deleted, the rest fail, and no failure is blamed (MaxAttempts 1 would
+// quarantine a row at its first blamed failure). Then nothing is confirmed
+// for two calls. Once the broker is back every row goes out once.
+func TestRelayBatchPublisherOutageMidBatchBlamesNobody(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const (
+			batchSize = 10
+			accepted  = 6
+		)
+		br := newConfirmBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: batchSize, MaxAttempts: 1,
+			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 4 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		rows := b.alternating(t, "row", 0, 2*batchSize)
+		for c := range 20 {
+			rows = append(rows, b.alternating(t, "row", len(rows), accepted)...)
+			time.Sleep(10 * time.Millisecond) // every failed row is due again
+			before, calls := b.pending(t, b.db), br.callCount()
+			br.script(upTo(accepted), upTo(0), upTo(0))
+			n, err := relay.RelayOnce(b.ctx)
+			require.ErrorIs(t, err, errBrokerDown, "cycle %d: the outage begins mid-call", c)
+			require.Equal(t, accepted, n, "cycle %d: the confirmed prefix is relayed", c)
+			require.Len(t, br.lastCall(), batchSize, "cycle %d: every row of the batch was in the call", c)
+			require.Equal(t, before-accepted, b.pending(t, b.db), "cycle %d: the prefix is deleted, the rest stays", c)
+			for range 2 { // the outage goes on: nothing confirmed
+				n, err := relay.RelayOnce(b.ctx)
+				require.Zero(t, n)
+				if err != nil {
+					require.ErrorIs(t, err, errBrokerDown)
+				}
+			}
+			require.Equal(t, calls+3, br.callCount(), "cycle %d: each step of the script was a call", c)
+			require.Zero(t, b.blamed(t), "cycle %d: a failure was blamed on a healthy row", c)
+			require.Empty(t, b.quarantined(t), "cycle %d", c)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for b.pending(t, b.db) > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+			_, err := relay.RelayOnce(b.ctx)
+			require.NoError(t, err)
+		}
+		br.requireConfirmedOnce(t, rows)
+		require.Zero(t, relay.Stats().Quarantined)
+	})
+}
+
+// Nothing confirmed: the broker looks down. No row is deleted or blamed, and
+// the failures are recorded as the sequential publish records them before it
+// stops early: the retried rows, and the first two runs of rows that never
+// failed; the rows after those are left as they were. The batch counts as a
+// failed one (Run's outage backoff). The broker back, every row goes out.
+func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		rows := b.alternating(t, "row", 0, 10) // a, b, a, ...: each row a run of its own
+		br := newConfirmBroker()
+		br.script(upTo(0), upTo(0))
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 1,
+			ErrorBackoff: 50 * time.Millisecond, MaxErrorBackoff: 50 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		failing := func() int64 {
+			p, err := outbox.PendingStats(b.ctx, b.schema())
+			require.NoError(t, err)
+			require.Zero(t, p.Quarantined)
+			return p.Failing
+		}
+		n, err := relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errBrokerDown)
+		require.Contains(t, err.Error(), "2 failed and wait for a retry")
+		require.Zero(t, n)
+		require.Len(t, br.lastCall(), 10, "every row was in the call")
+		require.Equal(t, int64(2), failing(), "the first two runs record their failure, the rest are left as they were")
+		require.Zero(t, b.blamed(t))
+		require.Equal(t, outbox.RelayStats{Batches: 1, Failures: 1, LastError: relay.Stats().LastError}, relay.Stats())
+
+		// The two failed rows wait out their backoff; the others are due.
+		n, err = relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errBrokerDown)
+		require.Zero(t, n)
+		require.Equal(t, rows[2:], br.lastCall())
+		require.Equal(t, int64(4), failing())
+
+		// Once they are due, the retried rows (0-3) come first and all
+		// record their failure, then the first two runs of the others.
+		time.Sleep(60 * time.Millisecond)
+		br.script(upTo(0))
+		n, err = relay.RelayOnce(b.ctx)
+		require.ErrorIs(t, err, errBrokerDown)
+		require.Zero(t, n)
+		require.Equal(t, rows, br.lastCall())
+		require.Equal(t, int64(6), failing())
+		require.Zero(t, b.blamed(t))
+
+		time.Sleep(60 * time.Millisecond)
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 10, n)
+		br.requireConfirmedOnce(t, rows)
+		require.Zero(t, b.pending(t, b.db))
+	})
+}
+
+// The relay's context ends while the call waits for confirms: the confirmed
+// messages' rows are still deleted and committed, the others are left as
+// they were (the failures may be the cancellation's doing: not recorded),
+// and the error is the context's, not counted as a failure.
+func TestRelayBatchPublisherCancelledMidCall(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		rows := b.alternating(t, "row", 0, 10)
+		br := newConfirmBroker()
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		br.script(cancelAfter(3, cancel))
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: br, Logger: testenv.Logger(t)})
+		require.NoError(t, err)
+
+		n, err := relay.RelayOnce(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, 3, n, "the confirmed messages' rows are deleted")
+		require.Equal(t, int64(7), b.pending(t, b.db))
+		p, err := outbox.PendingStats(b.ctx, b.schema())
+		require.NoError(t, err)
+		require.Zero(t, p.Failing, "no failure recorded: the rows are due again at once")
+		require.Zero(t, relay.Stats().Failures, "a shutdown is not a failure")
+		require.Equal(t, int64(3), relay.Stats().Relayed)
+
+		_, err = relay.RelayOnce(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, 1, br.callCount(), "a cancelled context makes no call")
+
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 7, n)
+		br.requireConfirmedOnce(t, rows)
+	})
+}
+
+// A row whose metadata cannot be decoded is quarantined at once and is not
+// part of the call; the rows behind it are relayed.
+func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'u', '\x7b7d', '[1, 2]')`)
+		want := mixedMessages(3)
+		b.publishAll(t, want)
+		br := newConfirmBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: br, Logger: testenv.Logger(t)})
+		require.NoError(t, err)
+		n, err := relay.RelayOnce(b.ctx)
+		require.ErrorContains(t, err, "unreadable metadata")
+		require.Equal(t, 3, n)
+		require.Equal(t, want, br.got)
+		require.Len(t, br.lastCall(), 3, "the unreadable row is not published")
+		require.Equal(t, []string{"t/u"}, b.quarantined(t))
+		require.Equal(t, int64(1), relay.Stats().Quarantined)
+
+		// Only unreadable rows: quarantined, no call at all.
+		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'v', '\x7b7d', '"x"')`)
+		n, err = relay.RelayOnce(b.ctx)
+		require.ErrorContains(t, err, "unreadable metadata")
+		require.Zero(t, n)
+		require.Equal(t, 1, br.callCount())
+		require.Equal(t, []string{"t/u", "t/v"}, b.quarantined(t))
+	})
+}
+
+// shortBatch is a broken BatchPublisher: it returns fewer outcomes than
+// messages.
+type shortBatch struct{ nopPublisher }
+
+func (shortBatch) PublishBatch(_ context.Context, _ []string, msgs []*message.Message) []error {
+	return make([]error, len(msgs)-1)
+}
+
+// A publisher that breaks the contract (one outcome per message) confirms
+// nothing: no row is deleted, each has a failure recorded.
+func TestRelayBatchPublisherWrongOutcomeCount(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.goodRows(t, "t", "row", 0, 4)
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: shortBatch{}, Logger: testenv.Logger(t)})
+		require.NoError(t, err)
+		n, err := relay.RelayOnce(b.ctx)
+		require.ErrorContains(t, err, "returned 3 outcomes for 4 messages")
+		require.Zero(t, n)
+		p, err := outbox.PendingStats(b.ctx, b.schema())
+		require.NoError(t, err)
+		require.Equal(t, int64(4), p.Failing)
+	})
+}

@@ -1,0 +1,736 @@
+package rabbitmq
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// defaultWindow is PublisherConfig.Window's default.
+const defaultWindow = 256
+
+// closeTimeout bounds Publisher.Close's goodbye to the broker.
+const closeTimeout = 5 * time.Second
+
+// PublisherConfig configures a Publisher. URL is required.
+type PublisherConfig struct {
+	// URL is the broker's AMQP URL, amqp://user:password@host:5672/vhost.
+	// Required.
+	URL string
+
+	// Window is the most messages one call keeps awaiting their publisher
+	// confirm: the call publishes until Window messages are unconfirmed,
+	// then publishes the next one each time the oldest is confirmed.
+	// Concurrent calls each have a channel and a window of their own.
+	// Defaults to 256.
+	Window int
+
+	// Marshaler turns a message into an AMQP publishing. Defaults to
+	// Marshaler{} (persistent, the UUID in the _watermill_message_uuid
+	// header and in message_id, metadata as headers); watermill-amqp's
+	// DefaultMarshaler fits too.
+	Marshaler interface {
+		Marshal(msg *message.Message) (amqp091.Publishing, error)
+	}
+
+	// NoQueueDeclare turns off the declaration of each topic's queue. By
+	// default the first message to a topic on a connection declares the
+	// queue named like the topic, durable, not exclusive, not auto-delete,
+	// without arguments (as DeclareQueues and watermill-amqp's
+	// NewDurableQueueConfig do). Turn it off when the queues are declared
+	// elsewhere with other properties (quorum queues, a max length): a
+	// declaration that does not match fails the topic's messages.
+	NoQueueDeclare bool
+}
+
+// Publisher publishes to RabbitMQ with publisher confirms, keeping up to
+// Window messages of a call in flight at once, and says message by message
+// which ones the broker confirmed. It implements message.Publisher and
+// outbox.BatchPublisher (PublishBatch), so an outbox Relay hands it each batch
+// in one call instead of waiting for one confirm per message.
+//
+// A message is published to the default exchange with its topic as the
+// routing key (the topology of watermill-amqp's NewDurableQueueConfig), with
+// the mandatory flag: a message no queue takes is returned by the broker
+// (basic.return) and is a failure for that message, never a success. It
+// succeeds only once the broker confirmed it (basic.ack: with a durable queue
+// and a persistent message, the message is on disk). A nack, a return, a
+// channel or connection lost before the confirm, or the context ending fail
+// that message; a failed message may still have reached the queue (its
+// confirm was lost): the outcome is unknown, and publishing it again is
+// at-least-once.
+//
+// Publisher connects at the first call (NewPublisher does not), and a call
+// after the connection was lost dials again. It is safe for concurrent use:
+// each call publishes on a channel of its own, taken from the idle channels
+// of the connection or opened. Close closes the connection.
+type Publisher struct {
+	cfg PublisherConfig
+
+	dialMu sync.Mutex // one dial at a time
+
+	mu       sync.Mutex
+	closed   bool
+	conn     *amqp091.Connection
+	declared map[string]bool   // topics whose queue was declared on conn
+	idle     []*confirmChannel // channels of conn no call uses
+	bg       sync.WaitGroup    // each channel's drain, and channels closing
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher validates cfg and returns a Publisher. It does not connect:
+// the first call does, so that a relay can start while RabbitMQ is down.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: PublisherConfig.URL is required: amqp://user:password@host:5672/vhost")
+	}
+	if _, err := amqp091.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL: invalid AMQP URL: %w; expected amqp://user:password@host:5672/vhost", err)
+	}
+	if cfg.Window < 0 {
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.Window is %d, it must be >= 1 (0: the default, %d)", cfg.Window, defaultWindow)
+	}
+	if cfg.Window == 0 {
+		cfg.Window = defaultWindow
+	}
+	if cfg.Marshaler == nil {
+		cfg.Marshaler = Marshaler{}
+	}
+	return &Publisher{cfg: cfg}, nil
+}
+
+var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")
+
+// Publish publishes msgs to topic (see PublishBatch) and returns an error if
+// any of them was not confirmed; the others were.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	topics := make([]string, len(msgs))
+	for i := range topics {
+		topics[i] = topic
+	}
+	var first error
+	failed := 0
+	for _, err := range p.PublishBatch(context.Background(), topics, msgs) {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			failed++
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	return fmt.Errorf("rabbitmq: %d of %d message(s) to %q not confirmed, the first: %w", failed, len(msgs), topic, first)
+}
+
+// PublishBatch publishes msgs[i] to the queue topics[i] (the default
+// exchange, routing key topics[i]), in order, on one channel, keeping up to
+// Window of them awaiting their confirm, and returns one error per message:
+// nil when the broker confirmed it, else why not. It returns when every
+// message has an outcome, or soon after ctx ends (the messages not confirmed
+// by then fail with ctx's error).
+//
+// When the broker closes the channel (a message it refuses: a user_id that
+// is not the connection's user, an invalid expiration, a body over
+// max_message_size), the messages published after that one were dropped and
+// those before it may be in the queue without their confirm: each message
+// then unconfirmed is published again on its own channel, so that only the
+// message the broker refuses fails (the others may arrive twice). When the
+// connection is lost, the messages not confirmed fail, and the next call
+// dials again.
+func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
+	b := &outcomes{topics: topics, msgs: msgs, errs: make([]error, len(msgs)), settled: make([]bool, len(msgs))}
+	if len(topics) != len(msgs) {
+		err := fmt.Errorf("rabbitmq: PublishBatch got %d topics for %d messages", len(topics), len(msgs))
+		for i := range b.errs {
+			b.errs[i] = err
+		}
+		return b.errs
+	}
+	b.pubs = make([]amqp091.Publishing, len(msgs))
+	todo := make([]int, 0, len(msgs))
+	for i, m := range msgs {
+		switch {
+		case m == nil:
+			b.set(i, errors.New("rabbitmq: nil message"))
+		case topics[i] == "":
+			b.set(i, fmt.Errorf("rabbitmq: message %q has an empty topic", m.UUID))
+		default:
+			pub, err := p.cfg.Marshaler.Marshal(m)
+			if err != nil {
+				b.set(i, fmt.Errorf("rabbitmq: marshaling message %q: %w", m.UUID, err))
+				continue
+			}
+			if err := checkShortstrs(topics[i], pub); err != nil {
+				// amqp091-go would fail writing it and close the connection.
+				b.set(i, fmt.Errorf("rabbitmq: message %q to %q cannot be sent: %w", m.UUID, topics[i], err))
+				continue
+			}
+			b.pubs[i] = pub
+			todo = append(todo, i)
+		}
+	}
+	if err := p.publish(ctx, b, todo, p.cfg.Window); err != nil {
+		for _, i := range todo {
+			if !b.settled[i] {
+				b.errs[i] = err
+			}
+		}
+	}
+	return b.errs
+}
+
+// Close closes the connection: calls in progress fail their unconfirmed
+// messages, and later calls fail. Calling it again does nothing.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	conn := p.conn
+	p.idle = nil
+	p.mu.Unlock()
+	var err error
+	if conn != nil && !conn.IsClosed() {
+		err = conn.CloseDeadline(time.Now().Add(closeTimeout))
+	}
+	p.bg.Wait()
+	if err != nil && !errors.Is(err, amqp091.ErrClosed) {
+		return fmt.Errorf("rabbitmq: closing the connection: %w", err)
+	}
+	return nil
+}
+
+// outcomes are the messages of one PublishBatch call and what became of
+// them.
+type outcomes struct {
+	topics  []string
+	msgs    []*message.Message
+	pubs    []amqp091.Publishing
+	errs    []error
+	settled []bool
+}
+
+func (b *outcomes) set(i int, err error) {
+	b.errs[i], b.settled[i] = err, true
+}
+
+func (b *outcomes) name(i int) string {
+	return fmt.Sprintf("message %q to %q", b.msgs[i].UUID, b.topics[i])
+}
+
+// publish publishes the messages idx of b, window at a time, until each has
+// an outcome, taking channels as needed. It returns an error (for every
+// message still without an outcome) when it cannot go on: no connection, the
+// connection lost, ctx ended.
+func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window int) error {
+	stalls := 0 // channels in a row closed before anything was sent on them
+	for len(idx) > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("rabbitmq: not published, the context ended: %w", err)
+		}
+		c, err := p.take(ctx)
+		if err != nil {
+			return err
+		}
+		n := len(idx)
+		if idx, err = p.declare(c, b, idx); err != nil {
+			p.discard(c)
+			return err
+		}
+		if len(idx) < n { // a declaration failed, closing the channel
+			p.discard(c)
+			continue
+		}
+		r := c.run(ctx, b, idx, window)
+		for _, topic := range r.noRoute {
+			p.forget(c.conn, topic)
+		}
+		switch {
+		case r.ctxErr != nil:
+			p.discard(c) // confirms outstanding
+			return r.ctxErr
+		case !c.ch.IsClosed():
+			p.release(c)
+			return nil
+		}
+		p.discard(c)
+		reason := c.closeReason()
+		if len(r.unsent) == len(idx) {
+			if stalls++; stalls == 3 {
+				return fmt.Errorf("rabbitmq: not published, the broker closed %d channels in a row before anything was sent on them: %w", stalls, reason)
+			}
+		} else {
+			stalls = 0
+		}
+		if c.conn.IsClosed() {
+			for _, i := range r.lost {
+				b.set(i, fmt.Errorf("rabbitmq: connection lost before %s was confirmed (it may have reached the queue): %w", b.name(i), reason))
+			}
+			return fmt.Errorf("rabbitmq: not published, the connection was lost: %w", reason)
+		}
+		// The broker closed the channel because of one message: those
+		// after it were dropped, those before it may be in the queue.
+		// Each unconfirmed one goes again on its own, so that only that
+		// message fails.
+		if window == 1 || len(r.lost) == 1 {
+			for _, i := range r.lost {
+				b.set(i, fmt.Errorf("rabbitmq: the broker closed the channel before %s was confirmed: %w", b.name(i), reason))
+			}
+		} else if err := p.publish(ctx, b, r.lost, 1); err != nil {
+			return err
+		}
+		idx = r.unsent
+	}
+	return nil
+}
+
+// take returns an idle channel of the current connection, or opens one,
+// dialing when there is no connection or it was lost.
+func (p *Publisher) take(ctx context.Context) (*confirmChannel, error) {
+	for attempt := 0; ; attempt++ {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errPublisherClosed
+		}
+		for len(p.idle) > 0 {
+			c := p.idle[len(p.idle)-1]
+			p.idle = p.idle[:len(p.idle)-1]
+			if c.conn == p.conn && !c.ch.IsClosed() && !c.conn.IsClosed() {
+				p.mu.Unlock()
+				return c, nil
+			}
+		}
+		conn := p.conn
+		p.mu.Unlock()
+
+		if conn == nil || conn.IsClosed() {
+			var err error
+			if conn, err = p.connect(ctx); err != nil {
+				return nil, err
+			}
+		}
+		c, err := p.open(conn)
+		if err == nil {
+			return c, nil
+		}
+		if !conn.IsClosed() || attempt > 0 {
+			return nil, err
+		}
+		// The connection was lost before it was noticed: dial again, once.
+	}
+}
+
+// connect dials, unless another call did meanwhile, and makes the new
+// connection the current one.
+func (p *Publisher) connect(ctx context.Context) (*amqp091.Connection, error) {
+	p.dialMu.Lock()
+	defer p.dialMu.Unlock()
+	p.mu.Lock()
+	closed, conn := p.closed, p.conn
+	p.mu.Unlock()
+	switch {
+	case closed:
+		return nil, errPublisherClosed
+	case conn != nil && !conn.IsClosed():
+		return conn, nil
+	}
+	conn, _, stopWatch, err := dialContext(ctx, p.cfg.URL, "watermill-exactlyonce rabbitmq.Publisher")
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: Publisher: %w", err)
+	}
+	if !stopWatch() && ctx.Err() != nil {
+		// ctx ended as the dial returned: the watch closed the socket.
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+		return nil, fmt.Errorf("rabbitmq: Publisher: connecting: %w", ctx.Err())
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+		return nil, errPublisherClosed
+	}
+	p.conn, p.declared, p.idle = conn, map[string]bool{}, nil
+	p.mu.Unlock()
+	return conn, nil
+}
+
+// open opens a channel on conn in confirm mode, with its returns drained.
+func (p *Publisher) open(conn *amqp091.Connection) (*confirmChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("rabbitmq: putting a channel in confirm mode: %w", err)
+	}
+	c := &confirmChannel{
+		conn:    conn,
+		ch:      ch,
+		closes:  ch.NotifyClose(make(chan *amqp091.Error, 1)),
+		returns: make(chan amqp091.Return), // unbuffered: see drain
+		barrier: make(chan chan struct{}),
+		drained: make(chan struct{}),
+	}
+	ch.NotifyReturn(c.returns)
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = ch.Close()
+		return nil, errPublisherClosed
+	}
+	p.bg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.bg.Done()
+		c.drain()
+	}()
+	return c, nil
+}
+
+// release makes c idle: every message published on it has its confirm.
+func (p *Publisher) release(c *confirmChannel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed && c.conn == p.conn {
+		p.idle = append(p.idle, c)
+		return
+	}
+	p.closeInBackground(c)
+}
+
+// discard closes c, which may have confirms outstanding or be closed.
+func (p *Publisher) discard(c *confirmChannel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeInBackground(c)
+}
+
+// closeInBackground closes c's channel without waiting for the broker's
+// reply (Close waits for it). p.mu is held.
+func (p *Publisher) closeInBackground(c *confirmChannel) {
+	if c.ch.IsClosed() || p.closed {
+		return // (Close closes the connection, and with it the channel)
+	}
+	p.bg.Add(1)
+	go func() {
+		defer p.bg.Done()
+		_ = c.ch.Close()
+	}()
+}
+
+// declare declares the queues of the topics of idx not yet declared on c's
+// connection (unless NoQueueDeclare), and returns the messages left to
+// publish: a failed declaration fails its topic's messages (and closes c's
+// channel). An error means the connection was lost.
+func (p *Publisher) declare(c *confirmChannel, b *outcomes, idx []int) ([]int, error) {
+	if p.cfg.NoQueueDeclare {
+		return idx, nil
+	}
+	var todo []string
+	p.mu.Lock()
+	seen := map[string]bool{}
+	current := c.conn == p.conn
+	for _, i := range idx {
+		if t := b.topics[i]; !seen[t] && (!current || !p.declared[t]) {
+			seen[t] = true
+			todo = append(todo, t)
+		}
+	}
+	p.mu.Unlock()
+	for _, topic := range todo {
+		// As DeclareQueues and watermill-amqp's NewDurableQueueConfig:
+		// durable, not auto-delete, not exclusive, no arguments.
+		_, err := c.ch.QueueDeclare(topic, true, false, false, false, nil)
+		if err == nil {
+			p.mu.Lock()
+			if c.conn == p.conn {
+				p.declared[topic] = true
+			}
+			p.mu.Unlock()
+			continue
+		}
+		if c.conn.IsClosed() {
+			return nil, fmt.Errorf("rabbitmq: declaring queue %q: connection lost: %w", topic, err)
+		}
+		rest := idx[:0:0]
+		for _, i := range idx {
+			if b.topics[i] == topic {
+				b.set(i, fmt.Errorf("rabbitmq: declaring queue %q for %s: %w%s (PublisherConfig.NoQueueDeclare turns declarations off)", topic, b.name(i), err, declareHint(err)))
+			} else {
+				rest = append(rest, i)
+			}
+		}
+		return rest, nil // the channel is closed: declare the others on the next
+	}
+	return idx, nil
+}
+
+// forget makes the next call declare topic's queue again: a message to it
+// came back unroutable, so the queue is gone (deleted since it was declared).
+func (p *Publisher) forget(conn *amqp091.Connection, topic string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if conn == p.conn {
+		delete(p.declared, topic)
+	}
+}
+
+// confirmChannel is a channel in confirm mode that one call at a time
+// publishes on.
+type confirmChannel struct {
+	conn    *amqp091.Connection
+	ch      *amqp091.Channel
+	closes  chan *amqp091.Error
+	reason  error // why the channel closed, once read from closes
+	returns chan amqp091.Return
+	barrier chan chan struct{}
+	drained chan struct{} // closed when drain returned
+
+	mu  sync.Mutex
+	got []amqp091.Return // returned messages not yet taken
+}
+
+// drain receives the channel's returned messages until the channel closes.
+// The broker sends a message's basic.return before its basic.ack, and
+// amqp091-go hands both over in that order from one goroutine; returns is
+// unbuffered, so a return has been received here before the confirm of its
+// message is seen as done. A barrier request, received after it, is answered
+// once it has been stored: see takeReturns.
+func (c *confirmChannel) drain() {
+	defer close(c.drained)
+	for {
+		select {
+		case r, ok := <-c.returns:
+			if !ok {
+				return
+			}
+			c.mu.Lock()
+			c.got = append(c.got, r)
+			c.mu.Unlock()
+		case done := <-c.barrier:
+			close(done)
+		}
+	}
+}
+
+// takeReturns returns the messages returned so far (every return of a
+// message whose confirm was seen is among them) and forgets them.
+func (c *confirmChannel) takeReturns() []amqp091.Return {
+	done := make(chan struct{})
+	select {
+	case c.barrier <- done:
+		<-done
+	case <-c.drained:
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	got := c.got
+	c.got = nil
+	return got
+}
+
+// closeReason says why the closed channel closed.
+func (c *confirmChannel) closeReason() error {
+	if c.reason == nil {
+		select {
+		case e, ok := <-c.closes:
+			if ok && e != nil {
+				c.reason = e
+			}
+		default:
+		}
+		if c.reason == nil {
+			c.reason = amqp091.ErrClosed
+		}
+	}
+	return c.reason
+}
+
+// runResult is what run left undone.
+type runResult struct {
+	lost    []int    // published, the channel closed before their confirm
+	unsent  []int    // not published: the channel closed first
+	ctxErr  error    // ctx ended: every message without an outcome failed with it
+	noRoute []string // topics of messages returned as unroutable
+}
+
+// run publishes the messages idx of b on c, in order, keeping up to window
+// of them unconfirmed, and waits for their confirms. It sets the outcome of
+// each message confirmed, nacked, returned or refused by the client; the
+// others are in the result.
+func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window int) (r runResult) {
+	type inFlight struct {
+		i  int
+		dc *amqp091.DeferredConfirmation
+	}
+	var (
+		queue []inFlight // awaiting their confirm, in publish order
+		sent  []int      // in publish order
+		acked = map[int]bool{}
+	)
+	// await waits for the oldest message in flight; false if ctx ended.
+	await := func() bool {
+		f := queue[0]
+		select {
+		case <-f.dc.Done():
+		case <-ctx.Done():
+			return false
+		}
+		queue = queue[1:]
+		switch {
+		case f.dc.Acked():
+			acked[f.i] = true
+		case c.ch.IsClosed():
+			r.lost = append(r.lost, f.i)
+		default:
+			b.set(f.i, fmt.Errorf("rabbitmq: the broker nacked %s (basic.nack: it could not take it, e.g. the queue is full with overflow reject-publish)", b.name(f.i)))
+		}
+		return true
+	}
+	cancelled := func(unsent []int) runResult {
+		c.settle(b, sent, acked, &r)
+		err := ctx.Err()
+		for _, f := range queue {
+			b.set(f.i, fmt.Errorf("rabbitmq: %s not confirmed before the context ended: %w", b.name(f.i), err))
+		}
+		for _, i := range unsent {
+			b.set(i, fmt.Errorf("rabbitmq: %s not published, the context ended: %w", b.name(i), err))
+		}
+		r.ctxErr = err
+		return r
+	}
+
+	for k, i := range idx {
+		for len(queue) >= window {
+			if !await() {
+				return cancelled(idx[k:])
+			}
+		}
+		if c.ch.IsClosed() {
+			r.unsent = idx[k:]
+			break
+		}
+		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, "", b.topics[i], true, false, b.pubs[i])
+		if err != nil {
+			if ctx.Err() != nil {
+				return cancelled(idx[k:])
+			}
+			if c.ch.IsClosed() || errors.Is(err, amqp091.ErrClosed) {
+				r.unsent = idx[k:]
+				break
+			}
+			// Refused by the client before sending (a header of a type AMQP
+			// cannot carry): this message fails alone.
+			b.set(i, fmt.Errorf("rabbitmq: publishing %s: %w", b.name(i), err))
+			continue
+		}
+		queue = append(queue, inFlight{i, dc})
+		sent = append(sent, i)
+	}
+	for len(queue) > 0 {
+		if !await() {
+			return cancelled(nil)
+		}
+	}
+	c.settle(b, sent, acked, &r)
+	return r
+}
+
+// settle sets the outcome of the acked messages among sent (in publish
+// order): returned, or confirmed.
+func (c *confirmChannel) settle(b *outcomes, sent []int, acked map[int]bool, r *runResult) {
+	// Returns come in publish order, each before its message's confirm:
+	// match each to the next sent message it can be.
+	returned := map[int]*amqp091.Return{}
+	next := 0
+	for _, ret := range c.takeReturns() {
+		j := next
+		for j < len(sent) && !isReturnOf(&ret, b, sent[j]) {
+			j++
+		}
+		if j < len(sent) {
+			returned[sent[j]] = &ret
+			next = j + 1
+			continue
+		}
+		// Cannot tell which message it is: fail every confirmed one it
+		// could be (they are published again: at-least-once, never lost).
+		for _, i := range sent {
+			if acked[i] && b.topics[i] == ret.RoutingKey && returned[i] == nil {
+				returned[i] = &ret
+			}
+		}
+	}
+	for _, i := range sent {
+		if !acked[i] {
+			continue
+		}
+		if ret := returned[i]; ret != nil {
+			if ret.ReplyCode == amqp091.NoRoute {
+				r.noRoute = append(r.noRoute, b.topics[i])
+			}
+			b.set(i, fmt.Errorf("rabbitmq: %s was returned by the broker: %d %s (no queue is bound to routing key %q on the default exchange: declare the queue, see DeclareQueues)", b.name(i), ret.ReplyCode, ret.ReplyText, ret.RoutingKey))
+			continue
+		}
+		b.set(i, nil)
+	}
+}
+
+// isReturnOf reports whether ret can be the return of message i.
+func isReturnOf(ret *amqp091.Return, b *outcomes, i int) bool {
+	return ret.Exchange == "" && ret.RoutingKey == b.topics[i] &&
+		ret.MessageId == b.pubs[i].MessageId && bytes.Equal(ret.Body, b.pubs[i].Body)
+}
+
+// checkShortstrs checks the fields AMQP 0-9-1 encodes as short strings (at
+// most 255 bytes): the routing key, the string properties and the header
+// names, nested tables included. amqp091-go finds out only while writing the
+// frame, and then closes the connection.
+func checkShortstrs(topic string, p amqp091.Publishing) error {
+	for _, f := range [...]struct{ name, value string }{
+		{"the topic (routing key)", topic},
+		{"content_type", p.ContentType}, {"content_encoding", p.ContentEncoding},
+		{"correlation_id", p.CorrelationId}, {"reply_to", p.ReplyTo},
+		{"expiration", p.Expiration}, {"message_id", p.MessageId},
+		{"type", p.Type}, {"user_id", p.UserId}, {"app_id", p.AppId},
+	} {
+		if len(f.value) > 255 {
+			return fmt.Errorf("%s is %d bytes, AMQP allows at most 255", f.name, len(f.value))
+		}
+	}
+	return checkTableKeys(p.Headers)
+}
+
+func checkTableKeys(v any) error {
+	switch t := v.(type) {
+	case amqp091.Table:
+		for k, e := range t {
+			if len(k) > 255 {
+				return fmt.Errorf("header name %.40q... is %d bytes, AMQP allows at most 255", k, len(k))
+			}
+			if err := checkTableKeys(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for _, e := range t {
+			if err := checkTableKeys(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
