@@ -217,13 +217,11 @@ func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
 	return res.relayed, err
 }
 
-// relayBatch relays one batch (see RelayOnce). A missing table or column is
-// reported as sqlschema.ErrNotMigrated, with the fix; the error is counted
-// and kept for Stats.
+// relayBatch relays one batch (see RelayOnce); the error is counted and
+// kept for Stats.
 func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	res, err := r.relayBatchOnce(ctx)
 	if err != nil && ctx.Err() == nil {
-		err = ifNotMigrated(r.cfg.DB, err)
 		r.failures.Add(1)
 		r.lastErrMu.Lock()
 		r.lastErr = err
@@ -248,7 +246,7 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	// meeting a row another relay deleted after the snapshot fails (40001).
 	tx, err := r.cfg.DB.Conn.BeginTx(context.WithoutCancel(ctx), &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
-		return res, fmt.Errorf("outbox relay: begin: %w", err)
+		return res, r.own(fmt.Errorf("outbox relay: begin: %w", err))
 	}
 	committed := false
 	defer func() {
@@ -259,12 +257,12 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 
 	b, err := r.lockBatch(ctx, tx)
 	if err != nil {
-		return res, err
+		return res, r.own(err)
 	}
 	res.locked = len(b.ids) + len(b.defects)
 	if res.locked == 0 {
 		if err := tx.Commit(); err != nil {
-			return res, fmt.Errorf("outbox relay: commit: %w", err)
+			return res, r.own(fmt.Errorf("outbox relay: commit: %w", err))
 		}
 		committed = true
 		return res, nil
@@ -278,18 +276,18 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	defer cancel()
 	if len(p.done) > 0 {
 		if _, err := tx.ExecContext(finishCtx, r.deleteSQL, p.done); err != nil {
-			return res, fmt.Errorf("outbox relay: deleting relayed rows: %w", err)
+			return res, r.own(fmt.Errorf("outbox relay: deleting relayed rows: %w", err))
 		}
 	}
 	var quarantined []quarantinedRow
 	if len(p.failed) > 0 || len(b.defects) > 0 {
 		quarantined, err = r.recordFailures(finishCtx, tx, b, p.failed)
 		if err != nil {
-			return res, err
+			return res, r.own(err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return res, fmt.Errorf("outbox relay: commit: %w", err)
+		return res, r.own(fmt.Errorf("outbox relay: commit: %w", err))
 	}
 	committed = true
 	r.relayed.Add(int64(len(p.done)))
@@ -347,3 +345,8 @@ func (e joinedError) Error() string {
 }
 
 func (e joinedError) Unwrap() []error { return e }
+
+// own marks an error of the relay's own SQL (not the publisher's, which may
+// be SQL-backed too): a missing outbox table or column is reported as
+// sqlschema.ErrNotMigrated, with the fix.
+func (r *Relay) own(err error) error { return ifNotMigrated(r.cfg.DB, err) }
