@@ -21,7 +21,13 @@ type BatchPublisher interface {
 	// the message (it has it: the Relay deletes the row), else why not
 	// (nack, returned as unroutable, channel or connection lost, ctx ended).
 	// A message whose outcome is unknown is a failure: its row stays and is
-	// published again later. PublishBatch returns when every message has an
+	// published again later. When the outcome is unknown for a reason that
+	// is not the message's own (the connection was lost with it in flight),
+	// return an error with a method Unconfirmed() bool that returns true:
+	// the Relay then never blames the row for it (see
+	// RelayConfig.MaxAttempts). Confirms of messages in flight together
+	// arrive in any order, so without the mark a connection lost mid-window
+	// would look like failures with accepted messages around them. PublishBatch returns when every message has an
 	// outcome, and at the latest soon after ctx ends. It must be safe for
 	// concurrent use (RelayConfig.Workers call it concurrently).
 	PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error

@@ -512,3 +512,53 @@ func TestRelayBatchPublisherWrongOutcomeCount(t *testing.T) {
 		require.Equal(t, int64(4), p.Failing)
 	})
 }
+
+// lostInFlight is the error of a message whose confirm was lost with the
+// connection: not the message's own failure (it has Unconfirmed).
+type lostInFlight struct{}
+
+func (lostInFlight) Error() string     { return "connection lost before the confirm" }
+func (lostInFlight) Unconfirmed() bool { return true }
+
+// interleaved confirms the even messages of a call and loses the odd ones'
+// confirms with the connection: confirms of messages in flight together
+// arrive in any order, so the lost ones sit between confirmed ones.
+func interleaved(_ context.Context, i int) error {
+	if i%2 == 0 {
+		return nil
+	}
+	return lostInFlight{}
+}
+
+// TestRelayBatchPublisherConnectionLostBlamesNobody: a connection lost with
+// a window in flight fails messages between confirmed ones. Their position
+// says nothing about them: a BatchPublisher marks such errors Unconfirmed,
+// and the relay must not blame them. Found by the chaos suite's group-commit
+// run (healthy rows quarantined with MaxAttempts 1); it failed before the
+// relay honoured the mark.
+func TestRelayBatchPublisherConnectionLostBlamesNobody(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		br := newConfirmBroker()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 10, MaxAttempts: 1,
+			ErrorBackoff: time.Millisecond, MaxErrorBackoff: 2 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		b.alternating(t, "row", 0, 30)
+		for range 5 {
+			br.script(interleaved)
+			_, _ = relay.RelayOnce(b.ctx)
+			time.Sleep(5 * time.Millisecond) // every failed row is due again
+		}
+		require.Zero(t, b.blamed(t), "a lost confirm was blamed on a healthy row")
+		require.Empty(t, b.quarantined(t))
+		deadline := time.Now().Add(20 * time.Second)
+		for b.pending(t, b.db) > 0 && time.Now().Before(deadline) {
+			time.Sleep(3 * time.Millisecond)
+			_, err := relay.RelayOnce(b.ctx)
+			require.NoError(t, err)
+		}
+		require.Zero(t, b.pending(t, b.db), "every row is relayed in the end")
+	})
+}

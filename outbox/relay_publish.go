@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
@@ -218,15 +219,23 @@ func (r *Relay) publishBatch(ctx context.Context, b batch) (p published) {
 		if p.firstErr == nil {
 			p.firstErr = fmt.Errorf("outbox relay: publishing message %q to %q: %w", b.msgs[i].UUID, b.topics[i], err)
 		}
+		blameable := !unconfirmed(err)
 		p.failed = append(p.failed, failedRow{
 			id:   b.ids[i],
-			sb:   firstOK >= 0 && firstOK < i,
-			sa:   lastOK > i,
-			last: i == recorded-1,
+			sb:   blameable && firstOK >= 0 && firstOK < i,
+			sa:   blameable && lastOK > i,
+			last: blameable && i == recorded-1,
 			err:  err,
 		})
 	}
 	return p
+}
+
+// unconfirmed reports whether a BatchPublisher said that err is not the
+// message's own failure (see BatchPublisher).
+func unconfirmed(err error) bool {
+	var u interface{ Unconfirmed() bool }
+	return errors.As(err, &u) && u.Unconfirmed()
 }
 
 // quarantinedRow is a row recordFailures quarantined.

@@ -179,9 +179,12 @@ func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*m
 		}
 	}
 	if err := p.publish(ctx, b, todo, p.cfg.Window); err != nil {
+		// Not sent, or sent without an outcome, for a reason of the
+		// connection's (it could not be made, it was lost, ctx ended):
+		// not these messages' own failure.
 		for _, i := range todo {
 			if !b.settled[i] {
-				b.errs[i] = err
+				b.errs[i] = unconfirmedError{err}
 			}
 		}
 	}
@@ -275,7 +278,7 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 		}
 		if c.conn.IsClosed() {
 			for _, i := range r.lost {
-				b.set(i, fmt.Errorf("rabbitmq: connection lost before %s was confirmed (it may have reached the queue): %w", b.name(i), reason))
+				b.set(i, unconfirmedError{fmt.Errorf("rabbitmq: connection lost before %s was confirmed (it may have reached the queue): %w", b.name(i), reason)})
 			}
 			return fmt.Errorf("rabbitmq: not published, the connection was lost: %w", reason)
 		}
@@ -734,3 +737,12 @@ func checkTableKeys(v any) error {
 	}
 	return nil
 }
+
+// unconfirmedError marks a message whose outcome is unknown for a reason
+// that is not its own (the connection was lost with it in flight): the
+// outbox relay retries it without blaming it (outbox.BatchPublisher).
+type unconfirmedError struct{ err error }
+
+func (e unconfirmedError) Error() string     { return e.err.Error() }
+func (e unconfirmedError) Unwrap() error     { return e.err }
+func (e unconfirmedError) Unconfirmed() bool { return true }

@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -354,6 +355,9 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 		} else {
 			failed++
 			require.Contains(t, err.Error(), "connection", "why a message failed")
+			var u interface{ Unconfirmed() bool }
+			require.True(t, errors.As(err, &u) && u.Unconfirmed(),
+				"a message lost with the connection is not its own failure: the relay must not blame it (outbox.BatchPublisher)")
 		}
 	}
 	t.Logf("%d confirmed, %d failed when the connection was cut", confirmed, failed)
@@ -363,6 +367,8 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 	// While the broker is unreachable, a call fails at once.
 	for _, err := range pub.PublishBatch(ctx, repeat(q, 2), messages("down", 2)) {
 		require.ErrorContains(t, err, "cannot connect")
+		var u interface{ Unconfirmed() bool }
+		require.True(t, errors.As(err, &u) && u.Unconfirmed(), "not sent for want of a connection: not the message's failure")
 	}
 	proxy.Allow()
 	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 3), messages("after", 3)))
