@@ -68,7 +68,7 @@ func TestSQLMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
-	require.Equal(t, 3, last["inbox"], "inbox has its create, lease, and fencing/retention migrations")
+	require.Equal(t, 4, last["inbox"], "inbox has its create, lease, fencing/retention and transactional-park migrations")
 	require.Equal(t, 3, last["outbox"], "outbox has its create, quarantine and failure-accounting migrations")
 }
 

@@ -35,9 +35,10 @@ type ClaimResult struct {
 // reports a duplicate if it committed, or claims the key if it rolled back.
 //
 // A parked record (a Permanent handler error, or lease mode's) is not
-// claimed: Existing says parked. A failed record (released by an operator)
-// is claimed again in tx (attempts+1). A processing record (written by
-// lease mode) yields an error wrapping ErrNotDone.
+// claimed: Existing says parked. A failed record that a transactional
+// consumer parked and an operator released is claimed again in tx
+// (attempts+1). A processing or failed record written by lease mode yields
+// an error wrapping ErrNotDone.
 //
 // Under REPEATABLE READ or SERIALIZABLE (a database or role default), a
 // claim that waited for another transaction's claim of the same key fails
@@ -78,6 +79,9 @@ RETURNING first_seen_at`
 		case StatusDone, StatusParked:
 			return ClaimResult{Existing: rec}, nil
 		case StatusFailed:
+			if !rec.ParkedByTransaction {
+				return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
+			}
 			ok, err := s.reclaim(ctx, tx, consumer, key)
 			if err != nil {
 				return ClaimResult{}, fmt.Errorf("claiming released %q for %q: %w", key, consumer, err)
@@ -107,7 +111,7 @@ RETURNING ` + recordColumns
 func (s *Store) reclaim(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (bool, error) {
 	n, err := seam.Exec(ctx, tx, `UPDATE `+s.table+` SET status = 'done', attempts = attempts + 1, processed_at = now(),
 lease_until = NULL, lease_token = NULL, last_error = NULL
-WHERE consumer = $1 AND message_key = $2 AND status = 'failed'`, consumer, key)
+WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction`, consumer, key)
 	return n == 1, err
 }
 
@@ -121,10 +125,10 @@ func notDone(consumer, key string, rec Record) error {
 // done; a failed (released) one is parked again.
 func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
 	return retryStatement(db, func() error {
-		_, err := seam.Exec(ctx, db, `INSERT INTO `+s.table+` AS t (consumer, message_key, status, attempts, processed_at, last_error)
-VALUES ($1, $2, 'parked', 1, now(), $3)
+		_, err := seam.Exec(ctx, db, `INSERT INTO `+s.table+` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
+VALUES ($1, $2, 'parked', 1, now(), $3, true)
 ON CONFLICT (consumer, message_key) DO UPDATE SET status = 'parked', attempts = t.attempts + 1, processed_at = now(),
-last_error = EXCLUDED.last_error WHERE t.status = 'failed'`, consumer, key, pgtext.Truncate(reason))
+last_error = EXCLUDED.last_error WHERE t.status = 'failed' AND t.parked_by_transaction`, consumer, key, pgtext.Truncate(reason))
 		if err != nil {
 			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
 		}

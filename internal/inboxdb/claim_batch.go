@@ -119,7 +119,7 @@ RETURNING `+recordColumns, args...)
 			errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
 		case rec.Status == StatusDone, rec.Status == StatusParked:
 			results[i] = ClaimResult{Existing: rec}
-		case rec.Status == StatusFailed:
+		case rec.Status == StatusFailed && rec.ParkedByTransaction:
 			ok, err := s.reclaim(ctx, tx, consumer, k)
 			if err != nil {
 				return nil, nil, fmt.Errorf("claiming released %q for %q: %w", k, consumer, err)

@@ -80,6 +80,9 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		case StatusDone, StatusParked:
 			return nil, ClaimResult{Existing: rec}, nil
 		case StatusFailed:
+			if !rec.ParkedByTransaction {
+				return nil, ClaimResult{Existing: rec}, notDone(consumer, key, rec)
+			}
 			// Released by an operator: rare, so the ordinary two round trips.
 			tx, err := conn.Begin(ctx)
 			if err != nil {

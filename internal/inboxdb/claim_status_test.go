@@ -21,8 +21,11 @@ import (
 // previous run left it.
 func (b bundle) insertRecord(t *testing.T, consumer, key, status string, attempts int, lastError string) inboxdb.Record {
 	t.Helper()
-	b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error)
-VALUES ($1, $2, $3, $4, now() - interval '1 hour', $5)`, consumer, key, status, attempts, lastError)
+	// A failed record here is one a transactional consumer parked and an
+	// operator released (parked_by_transaction); lease mode's own failed
+	// records are TestClaimsRefuseLeaseFailed's.
+	b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
+VALUES ($1, $2, $3, $4, now() - interval '1 hour', $5, $3 = 'failed')`, consumer, key, status, attempts, lastError)
 	rec, err := b.store.Lookup(b.ctx, b.db, consumer, key)
 	require.NoError(t, err)
 	return rec
@@ -336,5 +339,33 @@ func TestPark(t *testing.T) {
 			require.Equal(t, inboxdb.StatusDone, rec.Status)
 			require.Equal(t, 2, rec.Attempts)
 		})
+	})
+}
+
+// TestClaimsRefuseLeaseFailed: a failed record written by lease mode (its
+// handler failed; its next delivery retries) is never taken over by a
+// transactional claim, on any path: ErrNotDone, and the record unchanged.
+func TestClaimsRefuseLeaseFailed(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error)
+VALUES ('c', 'lease-failed', 'failed', 1, now(), 'provider 500')`)
+		tx := b.begin(t)
+		_, err := b.store.ClaimTx(b.ctx, tx, "c", "lease-failed")
+		require.ErrorIs(t, err, inboxdb.ErrNotDone)
+		_ = tx.Rollback()
+
+		tx = b.begin(t)
+		res, errs, err := b.store.ClaimBatchTx(b.ctx, tx, "c", []string{"lease-failed", "new"})
+		require.NoError(t, err)
+		require.ErrorIs(t, errs[0], inboxdb.ErrNotDone)
+		require.False(t, res[0].Claimed)
+		require.True(t, res[1].Claimed)
+		_ = tx.Rollback()
+
+		rec, err := b.store.Lookup(b.ctx, b.db, "c", "lease-failed")
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusFailed, rec.Status)
+		require.Equal(t, 1, rec.Attempts)
 	})
 }

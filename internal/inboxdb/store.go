@@ -129,13 +129,17 @@ type Record struct {
 	Interrupted bool
 	// Interruptions counts the key's attempts that ended interrupted.
 	Interruptions int
+	// ParkedByTransaction is true for a record a transactional-mode
+	// consumer parked (Park): only such a record, once released, is taken
+	// over by a transactional claim.
+	ParkedByTransaction bool
 }
 
-const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted, interruptions`
+const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted, interruptions, parked_by_transaction`
 
 func (r *Record) scanDest() []any {
 	return []any{&r.Consumer, &r.Key, &r.Status, &r.Attempts, &r.Duplicates,
-		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError, &r.Interrupted, &r.Interruptions}
+		&r.LeaseUntil, &r.FirstSeenAt, &r.ProcessedAt, &r.LastError, &r.Interrupted, &r.Interruptions, &r.ParkedByTransaction}
 }
 
 func notFound(err error) bool { return errors.Is(err, errNoRows) }
