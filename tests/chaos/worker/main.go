@@ -62,6 +62,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -315,13 +316,24 @@ func (w *worker) newRouter() (*message.Router, error) {
 }
 
 // runRouter runs r until ctx ends, then closes it gracefully.
+// errNotStarted: the router stopped before it ran its handlers (a
+// subscription failed: the broker connection was cut while the handlers
+// subscribed). A service would be restarted by its supervisor; the worker
+// starts the router again itself (startConsumer).
+var errNotStarted = errors.New("the router stopped before it was running")
+
 func runRouter(ctx context.Context, r *message.Router) error {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	select {
 	case err := <-done:
 		if ctx.Err() == nil {
-			return fmt.Errorf("router stopped: %w", err)
+			select {
+			case <-r.Running():
+				return fmt.Errorf("router stopped: %w", err)
+			default:
+				return fmt.Errorf("%w: %w", errNotStarted, err)
+			}
 		}
 		return err
 	case <-ctx.Done():
@@ -333,6 +345,18 @@ func runRouter(ctx context.Context, r *message.Router) error {
 }
 
 func (w *worker) runConsumer(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := w.runConsumerOnce(ctx)
+		if !errors.Is(err, errNotStarted) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		w.logger.Error("consumer router did not start, starting it again", err, nil)
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (w *worker) runConsumerOnce(ctx context.Context) error {
 	eo, err := w.middleware(ConsumerName, "consumer", w.cfg.Mode == "lease", w.cfg.Mode == "batch")
 	if err != nil {
 		return err
@@ -341,6 +365,7 @@ func (w *worker) runConsumer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer func() { _ = sub.Close() }()
 	r, err := w.newRouter()
 	if err != nil {
 		return err
@@ -498,6 +523,9 @@ func (w *worker) runDownstream(ctx context.Context) error {
 }
 
 func (w *worker) runRelay(ctx context.Context) error {
+	if w.cfg.Mode == "batch" {
+		return w.runWindowedRelay(ctx)
+	}
 	c := w.amqpConfig()
 	c.Publish.ConfirmDelivery = true
 	// A channel per Publish: watermill-amqp v3.1.0's channel pool loses a
@@ -534,6 +562,65 @@ func (w *worker) runRelay(ctx context.Context) error {
 	}
 	return relay.Run(ctx)
 }
+
+// runWindowedRelay is the relay of the group-commit run: throughput
+// settings end to end, so it publishes through rabbitmq.Publisher, with a
+// window of outstanding confirms (outbox.BatchPublisher).
+func (w *worker) runWindowedRelay(ctx context.Context) error {
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: w.cfg.AMQPURL, Window: 64, Marshaler: poisonMarshaler{}})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		DB:              w.tables,
+		Publisher:       countingBatchPublisher{Publisher: pub, sink: w.sink},
+		BatchSize:       50,
+		PollInterval:    50 * time.Millisecond,
+		ErrorBackoff:    50 * time.Millisecond,
+		MaxErrorBackoff: 500 * time.Millisecond,
+		MaxAttempts:     w.cfg.RelayMaxAttempts,
+		Logger:          w.logger,
+	})
+	if err != nil {
+		return err
+	}
+	return relay.Run(ctx)
+}
+
+// poisonMarshaler is rabbitmq.Marshaler with the poison outputs' refused
+// expiration (see the watermill-amqp relay's PostprocessPublishing).
+type poisonMarshaler struct{}
+
+func (poisonMarshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	p, err := rabbitmq.Marshaler{}.Marshal(msg)
+	if v, ok := p.Headers[PoisonMetadata].(string); ok && err == nil {
+		p.Expiration = v // RabbitMQ refuses it: PRECONDITION_FAILED, channel closed
+	}
+	return p, err
+}
+
+// countingBatchPublisher reports every message the broker confirmed.
+type countingBatchPublisher struct {
+	*rabbitmq.Publisher
+	sink *sink
+}
+
+func (p countingBatchPublisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
+	errs := p.Publisher.PublishBatch(ctx, topics, msgs)
+	n := 0
+	for _, err := range errs {
+		if err == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		_, _ = p.sink.post("/relayed", url.Values{"n": {strconv.Itoa(n)}})
+	}
+	return errs
+}
+
+var _ outbox.BatchPublisher = countingBatchPublisher{}
 
 // countingPublisher reports every Publish call the broker confirmed.
 type countingPublisher struct {
