@@ -21,8 +21,8 @@ import (
 // flight at the same moment share one transaction.
 //
 // There is no background goroutine: the first delivery to arrive leads,
-// collects the deliveries that arrive while the handler's previous batch
-// commits (one batch of a handler runs at a time), runs them, and hands the
+// collects the deliveries that arrived while the handler's earlier batches
+// ran (batchesInFlight of a handler run at once), runs them, and hands the
 // lead to the first delivery left waiting. Every delivery waits in its own
 // goroutine (the router's) for its outcome, and returns it to the router,
 // which acks or nacks it as with one transaction per message.
@@ -52,7 +52,7 @@ type batcher struct {
 	pending []*job
 	leading bool          // a delivery collects the next batch
 	full    chan struct{} // closed when pending reaches MaxSize (while a leader waits MaxWait)
-	running sync.Mutex    // one batch of the handler at a time
+	running chan struct{} // a slot per batch of the handler in flight (batchesInFlight)
 }
 
 // job is one delivery in a batch.
@@ -73,8 +73,14 @@ type queuedStmt struct {
 	args  []any
 }
 
+// batchesInFlight is how many batches of one handler run at once: while
+// one waits for the database (a handler's statement, the COMMIT), the next
+// collects and runs, so that a batch of plain handlers (each statement a
+// round trip) is not the only thing in flight.
+const batchesInFlight = 2
+
 func newBatcher(m *Middleware, h message.HandlerFunc) *batcher {
-	return &batcher{m: m, h: h}
+	return &batcher{m: m, h: h, running: make(chan struct{}, batchesInFlight)}
 }
 
 // handleBatched runs one delivery through its handler's batcher.
@@ -133,8 +139,8 @@ func (b *batcher) lead() {
 			b.mu.Unlock()
 		}
 	}
-	b.running.Lock()
-	defer b.running.Unlock()
+	b.running <- struct{}{}
+	defer func() { <-b.running }()
 	b.mu.Lock()
 	n := min(len(b.pending), max)
 	batch := make([]*job, n)

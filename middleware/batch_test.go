@@ -1189,7 +1189,9 @@ func TestBatchThroughRabbitMQ(t *testing.T) {
 	require.Equal(t, int64(400), counters.Processed.Load())
 	require.Equal(t, int64(400), counters.Duplicates.Load())
 	require.Zero(t, counters.Failed.Load()+counters.ClaimFailed.Load())
-	require.Equal(t, int64(1), maxSeen.Load(), "handlers of a batch run in turn")
+	// Handlers of one batch run in turn (TestBatchOneTransaction checks it
+	// inside one batch); two batches of a handler may run at once.
+	require.LessOrEqual(t, maxSeen.Load(), int64(2), "at most two batches of a handler at once, each running its handlers in turn")
 	p, err := outbox.PendingStats(context.Background(), db)
 	require.NoError(t, err)
 	require.Zero(t, p.Count)

@@ -120,7 +120,8 @@ type BatchConfig struct {
 	// MaxWait is how long the first delivery of a batch waits for others
 	// to join it before the batch runs. With 0 (the default) there is no
 	// artificial wait: a batch takes the deliveries that arrived while the
-	// previous batch of the handler was committing.
+	// handler's earlier batches ran (two batches of a handler run at once,
+	// each running its handlers in turn).
 	MaxWait time.Duration
 }
 
