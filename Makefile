@@ -17,9 +17,11 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 AMQP_URL     ?= amqp://guest:guest@127.0.0.1:5672/
 export DATABASE_URL AMQP_URL
 
-# Benchmarks: `make bench BENCH=Outbox BENCHTIME=10s`
+# Benchmarks: `make bench` prints the table (tests/benchtable; BENCH_* variables and
+# BENCHFLAGS, see docs/benchmarks.md); `make bench-go BENCH=Outbox BENCHTIME=10s` runs go test's.
 BENCH     ?= .
 BENCHTIME ?= 3s
+BENCHFLAGS ?=
 
 # golangci-lint: the one on PATH if any, else this pinned v2 release via `go run`.
 GOLANGCI_LINT_VERSION ?= v2.15.0
@@ -27,7 +29,7 @@ GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
 	echo "$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)")
 
 .DEFAULT_GOAL := help
-.PHONY: help services test test-race bench lint fmt demo
+.PHONY: help services test test-race bench bench-go lint fmt demo
 
 help: ## Show this help
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -45,7 +47,10 @@ test-race: services ## Run the tests 3 times with -race (flake hunting)
 	$(GO) test -race -count=3 -timeout 20m ./...
 	$(GO) -C $(EXAMPLES) test -race -count=3 -timeout 20m ./...
 
-bench: services ## Benchmarks (BENCH=regexp, BENCHTIME=3s)
+bench: services ## The benchmark table of docs/benchmarks.md, ~25 min (BENCH_QUICK=1: tiny sizes; BENCHFLAGS=-h: knobs)
+	$(GO) run ./tests/benchtable $(BENCHFLAGS)
+
+bench-go: services ## The go test benchmarks (BENCH=regexp, BENCHTIME=3s)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) ./...
 	$(GO) -C $(EXAMPLES) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) ./...
 

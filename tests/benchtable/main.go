@@ -1,0 +1,318 @@
+// Command benchtable prints the benchmark table of docs/benchmarks.md: every
+// line compares variants measured side by side in one run, in alternating
+// rounds, and reports each variant's median rate (with min–max over the
+// rounds) and the ratio of the medians.
+//
+//	go run ./tests/benchtable            # the full table (make bench)
+//	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
+//	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
+//
+// Sections (-only router,relay,rss):
+//
+//   - router: a Watermill router drains a pre-filled durable RabbitMQ queue
+//     with 64 deliveries in flight (exactlyonce.ConcurrentSubscriber over one
+//     watermill-amqp subscriber, prefetch 64); the handler does one INSERT
+//     into a business table. Variants: no middleware (its own BEGIN/INSERT/
+//     COMMIT on the pool), per-message middleware (PgxTxFromContext), group
+//     commit (Config.Batch, PgxTxFromContext) and group commit with
+//     exactlyonce.Queue.
+//   - relay: an outbox backlog of 10k, 100k and 1M rows (all three tables
+//     exist at once, so that backlogs too are compared side by side) drained
+//     to a RabbitMQ queue by outbox.Relay through rabbitmq.Publisher (the
+//     confirm window), by outbox.Relay through watermill-amqp's publisher
+//     (ConfirmDelivery), and by Watermill's forwarder component (watermill-sql's
+//     default PostgreSQL schema as its storage, watermill-amqp as its
+//     out-publisher), each from a backlog of its own format.
+//   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
+//     (a router with the middleware, group commit + Queue) at a 1k and a 1M
+//     backlog, each a subprocess (this binary re-executed with -child).
+//
+// It is a main package, not a test: it re-executes itself as the relay and
+// consumer processes whose RSS it reads, it must not run under `go test
+// ./...`, and its output is a table, not benchmark lines.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is every knob of the harness. Each flag defaults to its BENCH_*
+// environment variable, then to the full-size value, or with -quick
+// (BENCH_QUICK=1) to the quick-check value.
+type config struct {
+	quick   bool
+	only    map[string]bool
+	rounds  int
+	cpu     bool
+	profDir string
+
+	// router
+	messages int
+	inflight int
+	prefetch int
+	pool     int
+
+	// relay
+	backlogs     []int
+	relayRows    int
+	relayTime    time.Duration
+	relayBatch   int
+	relayWorkers int
+	window       int
+
+	// rss
+	rssBacklogs []int
+	rssMessages int
+
+	dbURL   string
+	amqpURL string
+
+	child childConfig
+}
+
+type childConfig struct {
+	kind   string // "relay" or "consumer"; empty in the parent
+	schema string
+	queue  string
+	count  int
+}
+
+// sizes is a flag's full-size and quick-check defaults.
+type sizes struct{ full, quick string }
+
+func parseConfig(args []string) (*config, error) {
+	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
+	env := func(name, def string) string {
+		if v, ok := os.LookupEnv(name); ok && v != "" {
+			return v
+		}
+		return def
+	}
+	quick := fs.Bool("quick", env("BENCH_QUICK", "") != "" && env("BENCH_QUICK", "") != "0", "quick check with tiny sizes (BENCH_QUICK=1)")
+	s := map[string]*string{}
+	def := func(name, envName string, sz sizes, usage string) {
+		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
+	}
+	table := map[string]sizes{
+		"only":          {"router,relay,rss", "router,relay,rss"},
+		"rounds":        {"5", "5"},
+		"messages":      {"20000", "1000"},
+		"inflight":      {"64", "64"},
+		"prefetch":      {"64", "64"},
+		"pool":          {"20", "20"},
+		"backlogs":      {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":    {"100000", "2000"},
+		"relay-time":    {"15s", "3s"},
+		"relay-batch":   {"500", "500"},
+		"relay-workers": {"4", "4"},
+		"window":        {"256", "256"},
+		"rss-backlogs":  {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":  {"50000", "3000"},
+	}
+	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss")
+	def("rounds", "BENCH_ROUNDS", table["rounds"], "alternating rounds per line (at least 5 for the table)")
+	def("messages", "BENCH_MESSAGES", table["messages"], "router: messages drained per variant per round")
+	def("inflight", "BENCH_INFLIGHT", table["inflight"], "router: deliveries in flight (ConcurrentSubscriber n)")
+	def("prefetch", "BENCH_PREFETCH", table["prefetch"], "router: AMQP prefetch of the subscriber")
+	def("pool", "BENCH_POOL", table["pool"], "router: pgxpool MaxConns (the same for every variant)")
+	def("backlogs", "BENCH_BACKLOGS", table["backlogs"], "relay: pending rows, comma-separated")
+	def("relay-rows", "BENCH_RELAY_ROWS", table["relay-rows"], "relay: rows timed per round (at most the backlog, which is topped up between rounds)")
+	def("relay-time", "BENCH_RELAY_TIME", table["relay-time"], "relay: a round also stops after this long (slow variants)")
+	def("relay-batch", "BENCH_RELAY_BATCH", table["relay-batch"], "relay: RelayConfig.BatchSize of both relay variants")
+	def("relay-workers", "BENCH_RELAY_WORKERS", table["relay-workers"], "relay: RelayConfig.Workers of both relay variants")
+	def("window", "BENCH_WINDOW", table["window"], "relay: rabbitmq.PublisherConfig.Window")
+	def("rss-backlogs", "BENCH_RSS_BACKLOGS", table["rss-backlogs"], "rss: backlogs, comma-separated, ascending: the last is compared with each other")
+	def("rss-messages", "BENCH_RSS_MESSAGES", table["rss-messages"], "rss: messages each relay / consumer process handles")
+	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
+	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
+	child := fs.String("child", "", "internal: run as the relay or consumer process of the rss section")
+	childSchema := fs.String("child-schema", "", "internal")
+	childQueue := fs.String("child-queue", "", "internal")
+	childCount := fs.Int("child-count", 0, "internal")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	get := func(name string) string {
+		if v := *s[name]; v != "" {
+			return v
+		}
+		if *quick {
+			return table[name].quick
+		}
+		return table[name].full
+	}
+	var err error
+	num := func(name string) int {
+		v, e := strconv.Atoi(strings.ReplaceAll(get(name), "_", ""))
+		if e != nil || v <= 0 {
+			err = fmt.Errorf("-%s: want a positive integer, got %q", name, get(name))
+		}
+		return v
+	}
+	list := func(name string) []int {
+		var out []int
+		for _, f := range strings.Split(get(name), ",") {
+			v, e := strconv.Atoi(strings.ReplaceAll(strings.TrimSpace(f), "_", ""))
+			if e != nil || v <= 0 {
+				err = fmt.Errorf("-%s: want positive integers, got %q", name, get(name))
+			}
+			out = append(out, v)
+		}
+		return out
+	}
+	c := &config{
+		quick:        *quick,
+		only:         map[string]bool{},
+		rounds:       num("rounds"),
+		cpu:          *cpu,
+		profDir:      *prof,
+		messages:     num("messages"),
+		inflight:     num("inflight"),
+		prefetch:     num("prefetch"),
+		pool:         num("pool"),
+		backlogs:     list("backlogs"),
+		relayRows:    num("relay-rows"),
+		relayBatch:   num("relay-batch"),
+		relayWorkers: num("relay-workers"),
+		window:       num("window"),
+		rssBacklogs:  list("rss-backlogs"),
+		rssMessages:  num("rss-messages"),
+		dbURL:        env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL:      env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		child:        childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
+	}
+	if err != nil {
+		return nil, err
+	}
+	if c.relayTime, err = time.ParseDuration(get("relay-time")); err != nil {
+		return nil, fmt.Errorf("-relay-time: %w", err)
+	}
+	for _, sec := range strings.Split(get("only"), ",") {
+		sec = strings.TrimSpace(sec)
+		switch sec {
+		case "router", "relay", "rss":
+			c.only[sec] = true
+		case "":
+		default:
+			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss)", sec)
+		}
+	}
+	if len(c.rssBacklogs) < 2 || !slices.IsSorted(c.rssBacklogs) {
+		return nil, fmt.Errorf("-rss-backlogs: want at least two backlogs in ascending order, got %v", c.rssBacklogs)
+	}
+	return c, nil
+}
+
+func main() { os.Exit(mainCode()) }
+
+func mainCode() int {
+	cfg, err := parseConfig(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cfg.child.kind != "" {
+		if err := runChild(ctx, cfg); err != nil {
+			fmt.Fprintln(os.Stderr, "benchtable child:", err)
+			return 1
+		}
+		return 0
+	}
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		return 1
+	}
+	return 0
+}
+
+func run(ctx context.Context, cfg *config) error {
+	h, err := newHarness(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer h.cleanup()
+
+	start := time.Now()
+	loadBefore := loadavg()
+	logf("benchtable: load average before: %s; %d rounds; sections %s", loadBefore, cfg.rounds, sectionList(cfg))
+	var lines []*line
+	if cfg.only["router"] {
+		l, err := h.routerSection(ctx)
+		if err != nil {
+			return fmt.Errorf("router section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
+	if cfg.only["relay"] {
+		l, err := h.relaySection(ctx)
+		if err != nil {
+			return fmt.Errorf("relay section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
+	if cfg.only["rss"] {
+		l, err := h.rssSection(ctx)
+		if err != nil {
+			return fmt.Errorf("rss section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
+	loadAfter := loadavg()
+
+	host, _ := os.Hostname()
+	fmt.Printf("benchtable %s: %s, %s/%s, %d CPUs, host %s; %d alternating rounds per line; %s in all\n",
+		start.Format("2006-01-02 15:04"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, cfg.rounds, time.Since(start).Round(time.Second))
+	fmt.Printf("load average (1, 5, 15 min) before: %s, after: %s\n", loadBefore, loadAfter)
+	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d, pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process\n\n",
+		cfg.messages, cfg.inflight, cfg.prefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages)
+	printTable(os.Stdout, lines)
+	if cfg.cpu {
+		fmt.Println()
+		h.printCPU(os.Stdout)
+	}
+	return nil
+}
+
+func sectionList(cfg *config) string {
+	var s []string
+	for _, k := range []string{"router", "relay", "rss"} {
+		if cfg.only[k] {
+			s = append(s, k)
+		}
+	}
+	return strings.Join(s, ",")
+}
+
+// logf reports progress on stderr; the table goes to stdout.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
+}
+
+// loadavg is the first three fields of /proc/loadavg.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
