@@ -378,7 +378,9 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 		br.script(upTo(0), upTo(0))
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 1,
-			ErrorBackoff: 50 * time.Millisecond, MaxErrorBackoff: 50 * time.Millisecond,
+			// Long enough that the next call comes before the backoff
+			// ends even on a loaded machine (it was 50 ms: flaky in CI).
+			ErrorBackoff: time.Second, MaxErrorBackoff: time.Second,
 		})
 		require.NoError(t, err)
 		failing := func() int64 {
@@ -405,7 +407,7 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 
 		// Once they are due, the retried rows (0-3) come first and all
 		// record their failure, then the first two runs of the others.
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(1100 * time.Millisecond)
 		br.script(upTo(0))
 		n, err = relay.RelayOnce(b.ctx)
 		require.ErrorIs(t, err, errBrokerDown)
@@ -414,7 +416,7 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 		require.Equal(t, int64(6), failing())
 		require.Zero(t, b.blamed(t))
 
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(1100 * time.Millisecond)
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 10, n)
