@@ -13,8 +13,9 @@ import (
 	"strings"
 	"text/template"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 //go:embed migrations/*.up.sql

@@ -2,19 +2,21 @@ package inboxdb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // ErrVanished is a per-key error of ClaimBatchTx: the key's record was
 // deleted (Forget, Purge) between the claim's two statements. Claim it
 // again in a new transaction.
-var ErrVanished = fmt.Errorf("the record disappeared during the claim (concurrent Forget or Purge)")
+var ErrVanished = errors.New("the record disappeared during the claim (concurrent Forget or Purge)")
 
 // ClaimBatchTx claims many keys of one consumer inside tx, the transaction
 // that also holds their handlers' writes (group commit): one multi-row
