@@ -547,9 +547,15 @@ func (w *worker) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = pub.Close() }()
+	return w.relay(ctx, countingPublisher{Publisher: pub, sink: w.sink})
+}
+
+// relay runs the outbox relay through pub, with the suite's settings: fast
+// polls and backoffs, and MaxAttempts small so that a wrong blame shows.
+func (w *worker) relay(ctx context.Context, pub message.Publisher) error {
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		DB:              w.tables,
-		Publisher:       countingPublisher{Publisher: pub, sink: w.sink},
+		Publisher:       pub,
 		BatchSize:       50,
 		PollInterval:    50 * time.Millisecond,
 		ErrorBackoff:    50 * time.Millisecond,
@@ -572,20 +578,7 @@ func (w *worker) runWindowedRelay(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = pub.Close() }()
-	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		DB:              w.tables,
-		Publisher:       countingBatchPublisher{Publisher: pub, sink: w.sink},
-		BatchSize:       50,
-		PollInterval:    50 * time.Millisecond,
-		ErrorBackoff:    50 * time.Millisecond,
-		MaxErrorBackoff: 500 * time.Millisecond,
-		MaxAttempts:     w.cfg.RelayMaxAttempts,
-		Logger:          w.logger,
-	})
-	if err != nil {
-		return err
-	}
-	return relay.Run(ctx)
+	return w.relay(ctx, countingBatchPublisher{Publisher: pub, sink: w.sink})
 }
 
 // poisonMarshaler is rabbitmq.Marshaler with the poison outputs' refused
