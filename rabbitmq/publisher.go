@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -276,7 +277,9 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 		} else {
 			stalls = 0
 		}
-		if c.conn.IsClosed() {
+		if c.conn.IsClosed() || !channelException(reason) {
+			// The connection went (its closing may reach the channel
+			// before the connection says so): not these messages' doing.
 			for _, i := range r.lost {
 				b.set(i, unconfirmedError{fmt.Errorf("rabbitmq: connection lost before %s was confirmed (it may have reached the queue): %w", b.name(i), reason)})
 			}
@@ -631,7 +634,10 @@ func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window
 			if ctx.Err() != nil {
 				return cancelled(idx[k:])
 			}
-			if c.ch.IsClosed() || errors.Is(err, amqp091.ErrClosed) {
+			var netErr net.Error
+			if c.ch.IsClosed() || errors.Is(err, amqp091.ErrClosed) || errors.As(err, &netErr) || c.conn.IsClosed() {
+				// The channel or the connection went (a write on a dead
+				// socket): this message and the rest are unsent.
 				r.unsent = idx[k:]
 				break
 			}
@@ -746,3 +752,20 @@ type unconfirmedError struct{ err error }
 func (e unconfirmedError) Error() string     { return e.err.Error() }
 func (e unconfirmedError) Unwrap() error     { return e.err }
 func (e unconfirmedError) Unconfirmed() bool { return true }
+
+// channelException reports whether the broker closed a channel with a
+// channel-level exception, which one message caused (PRECONDITION_FAILED for
+// an expiration it refuses, say), rather than because the connection went:
+// then amqp091-go closes every channel with the connection's error.
+func channelException(reason error) bool {
+	var e *amqp091.Error
+	if !errors.As(reason, &e) || !e.Server {
+		return false
+	}
+	switch e.Code {
+	case amqp091.ContentTooLarge, amqp091.NoRoute, amqp091.NoConsumers, amqp091.AccessRefused,
+		amqp091.NotFound, amqp091.ResourceLocked, amqp091.PreconditionFailed:
+		return true
+	}
+	return false
+}

@@ -357,7 +357,7 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 			require.Contains(t, err.Error(), "connection", "why a message failed")
 			var u interface{ Unconfirmed() bool }
 			require.True(t, errors.As(err, &u) && u.Unconfirmed(),
-				"a message lost with the connection is not its own failure: the relay must not blame it (outbox.BatchPublisher)")
+				"a message lost with the connection is not its own failure: the relay must not blame it (outbox.BatchPublisher): %v", err)
 		}
 	}
 	t.Logf("%d confirmed, %d failed when the connection was cut", confirmed, failed)
