@@ -39,6 +39,11 @@ type Event struct {
 	FirstSeenAt time.Time
 	// Duration is the time spent in the middleware, handler included.
 	Duration time.Duration
+	// ClaimDuration is the time the inbox check took: the claim
+	// statement(s) and, in group commit, this delivery's share of the
+	// batch's claim (the whole claim's time). Zero when no claim ran (an
+	// invalid key, FailOpen).
+	ClaimDuration time.Duration
 	// Err is the error returned to the router (Nacked, or a failed
 	// FailOpen run), or the reason a key was parked just now (Parked).
 	Err error

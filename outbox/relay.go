@@ -26,6 +26,7 @@ type Relay struct {
 	relayed     atomic.Int64
 	batches     atomic.Int64
 	failures    atomic.Int64
+	failedPubs  atomic.Int64
 	quarantined atomic.Int64
 	lastErrMu   sync.Mutex
 	lastErr     error
@@ -94,6 +95,9 @@ type RelayStats struct {
 	// error: a publish failed, a row was quarantined, or the database
 	// failed. Errors caused by the context ending are not counted.
 	Failures int64
+	// FailedPublishes is the number of messages whose publish failed (each
+	// failure of a row counts; the row is retried after its backoff).
+	FailedPublishes int64
 	// Quarantined is the number of rows this Relay quarantined: their
 	// failures blamed on them reached MaxAttempts, or their metadata could
 	// not be decoded. Each is also logged at Error level.
@@ -109,8 +113,9 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{
 		Relayed:     r.relayed.Load(),
 		Batches:     r.batches.Load(),
-		Failures:    r.failures.Load(),
-		Quarantined: r.quarantined.Load(),
+		Failures:        r.failures.Load(),
+		FailedPublishes: r.failedPubs.Load(),
+		Quarantined:     r.quarantined.Load(),
 		LastError:   r.lastErr,
 	}
 }
@@ -292,6 +297,7 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	committed = true
 	r.relayed.Add(int64(len(p.done)))
 	r.batches.Add(1)
+	r.failedPubs.Add(int64(len(p.failed)))
 	r.quarantined.Add(int64(len(quarantined)))
 	for _, q := range quarantined {
 		r.cfg.Logger.Error("outbox relay: row quarantined; it is skipped until outbox.RequeueFailed",
