@@ -111,12 +111,12 @@ func (r *Relay) Stats() RelayStats {
 	r.lastErrMu.Lock()
 	defer r.lastErrMu.Unlock()
 	return RelayStats{
-		Relayed:     r.relayed.Load(),
-		Batches:     r.batches.Load(),
+		Relayed:         r.relayed.Load(),
+		Batches:         r.batches.Load(),
 		Failures:        r.failures.Load(),
 		FailedPublishes: r.failedPubs.Load(),
 		Quarantined:     r.quarantined.Load(),
-		LastError:   r.lastErr,
+		LastError:       r.lastErr,
 	}
 }
 
