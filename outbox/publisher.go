@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -28,9 +29,12 @@ const maxMessagesPerInsert = 1000
 // have rules of its own (RabbitMQ: routing keys up to 255 bytes); a row it
 // refuses is quarantined by the Relay.
 type Publisher struct {
-	db      wsql.ContextExecutor
-	adapter schemaAdapter
-	closed  atomic.Bool
+	db       wsql.ContextExecutor
+	adapter  schemaAdapter
+	channel  string
+	gate     *atomic.Int64
+	notified bool // a NOTIFY went out through this Publisher (its transaction)
+	closed   atomic.Bool
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -49,7 +53,8 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 	if err := db.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: NewPublisher: %w", err)
 	}
-	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}}, nil
+	ch := channelName(db)
+	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}, channel: ch, gate: notifyGate(ch)}, nil
 }
 
 // Publish writes messages to the outbox with topic as their destination.
@@ -58,6 +63,12 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 // without NUL in the topic, UUID and metadata: the outbox keeps messages
 // byte for byte), so a bad one leaves the
 // transaction as it was. The SQL runs with the first message's context.
+//
+// The first write of a Publisher may also send a NOTIFY on the table's
+// channel (debounced per process; see RelayConfig.ListenConnString), which
+// PostgreSQL delivers to listening Relays when the transaction commits.
+//
+// Publish is not safe for concurrent use (neither is the transaction).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if p.closed.Load() {
 		return wsql.ErrPublisherClosed
@@ -71,7 +82,12 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		if err != nil {
 			return err
 		}
-		if _, err := p.db.ExecContext(messages[0].Context(), q.Query, q.Args...); err != nil {
+		query := q.Query
+		if !p.notified && shouldNotify(p.gate, time.Now()) {
+			query = withNotify(query, p.channel)
+			p.notified = true
+		}
+		if _, err := p.db.ExecContext(messages[0].Context(), query, q.Args...); err != nil {
 			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
 		}
 		messages = messages[n:]

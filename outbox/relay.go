@@ -28,6 +28,9 @@ type Relay struct {
 	failures    atomic.Int64
 	failedPubs  atomic.Int64
 	quarantined atomic.Int64
+	channel     string        // the table's NOTIFY channel
+	wake        chan struct{} // one pending wake of the workers (see listen)
+	listening   atomic.Bool
 	lastErrMu   sync.Mutex
 	lastErr     error
 	runningMux  sync.Mutex
@@ -50,6 +53,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
+		channel:  channelName(cfg.DB),
+		wake:     make(chan struct{}, 1),
 		selectSQL: `SELECT id, topic, uuid, payload, metadata::text, failures > 0, ` + accepted + ` FROM ` + table +
 			` WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())` +
 			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
@@ -104,6 +109,11 @@ type RelayStats struct {
 	Quarantined int64
 	// LastError is the error of the latest failed batch, nil if none.
 	LastError error
+	// Listening is true while Run holds a LISTEN connection: committed
+	// outbox rows wake the relay at once (see RelayConfig.ListenConnString).
+	// False before Run, after it, when LISTEN is not possible with this
+	// configuration, and while the connection is being re-established.
+	Listening bool
 }
 
 // Stats returns the Relay's counters.
@@ -117,6 +127,7 @@ func (r *Relay) Stats() RelayStats {
 		FailedPublishes: r.failedPubs.Load(),
 		Quarantined:     r.quarantined.Load(),
 		LastError:       r.lastErr,
+		Listening:       r.listening.Load(),
 	}
 }
 
@@ -136,6 +147,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.runningMux.Unlock()
 
 	var wg sync.WaitGroup
+	if !r.cfg.NoListen {
+		wg.Go(func() { r.listen(ctx) })
+	}
 	for range r.cfg.Workers {
 		wg.Go(func() { r.work(ctx) })
 	}
@@ -145,9 +159,11 @@ func (r *Relay) Run(ctx context.Context) error {
 
 func (r *Relay) work(ctx context.Context) {
 	backoff := r.cfg.ErrorBackoff
+	var catchUpUntil time.Time
 	for ctx.Err() == nil {
 		res, err := r.relayBatch(ctx)
 		var wait time.Duration
+		wakeable := false
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return
@@ -171,7 +187,23 @@ func (r *Relay) work(ctx context.Context) {
 			if res.locked == r.cfg.BatchSize {
 				continue
 			}
-			wait = r.cfg.PollInterval
+			wait, wakeable = r.cfg.PollInterval, true
+			if r.listening.Load() {
+				// Catch-up (see notifyDebounce): rows of transactions
+				// that skipped their NOTIFY commit shortly after the
+				// notified ones.
+				now := time.Now()
+				if res.relayed > 0 {
+					catchUpUntil = now.Add(catchUpWindow)
+				}
+				if now.Before(catchUpUntil) {
+					wait = min(wait, catchUpPoll)
+				}
+			}
+		}
+		var wake <-chan struct{}
+		if wakeable {
+			wake = r.wake
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -179,6 +211,8 @@ func (r *Relay) work(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-wake:
+			t.Stop()
 		}
 	}
 }

@@ -396,7 +396,7 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 		require.Len(t, br.lastCall(), 10, "every row was in the call")
 		require.Equal(t, int64(2), failing(), "the first two runs record their failure, the rest are left as they were")
 		require.Zero(t, b.blamed(t))
-		require.Equal(t, outbox.RelayStats{Batches: 1, Failures: 1, LastError: relay.Stats().LastError}, relay.Stats())
+		require.Equal(t, outbox.RelayStats{Batches: 1, Failures: 1, FailedPublishes: 2, LastError: relay.Stats().LastError}, relay.Stats())
 
 		// The two failed rows wait out their backoff; the others are due.
 		n, err = relay.RelayOnce(b.ctx)

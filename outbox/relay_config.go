@@ -26,6 +26,27 @@ type RelayConfig struct {
 	// used. Required.
 	Publisher message.Publisher
 
+	// ListenConnString is a PostgreSQL connection string (URL or key=value)
+	// for the relay's LISTEN connection, used by Run for wake-on-commit:
+	// every transaction that writes outbox rows sends a NOTIFY (debounced
+	// per process), and a listening relay relays them when they commit
+	// instead of at its next poll (milliseconds instead of PollInterval/2
+	// on average; figures in docs/benchmarks.md).
+	//
+	// Empty (the default) listens on a connection of DB.Conn's own: taken
+	// out of its pgx pool for good, or held from its database/sql pool
+	// when the driver is pgx's stdlib. Set it when DB.Conn goes through a
+	// connection pooler in transaction mode (PgBouncer), where LISTEN does
+	// not hold: point it at PostgreSQL directly. Without it the relay
+	// detects the pooler, logs that wake-on-commit is off, and polls.
+	// While the LISTEN connection is down (database restart), the relay
+	// polls and reconnects with ErrorBackoff.
+	ListenConnString string
+
+	// NoListen turns wake-on-commit off: Run only polls, every
+	// PollInterval, and opens no connection of its own.
+	NoListen bool
+
 	// BatchSize is the most rows one transaction locks, publishes and
 	// deletes. Defaults to 100.
 	BatchSize int
@@ -35,8 +56,12 @@ type RelayConfig struct {
 	Workers int
 
 	// PollInterval is the wait after a poll that found less than a full
-	// batch. A full batch of which something was published is followed at
-	// once by the next. Defaults to 100ms.
+	// batch, unless a commit wakes the relay first (see ListenConnString).
+	// A full batch of which something was published is followed at once by
+	// the next. With wake-on-commit it bounds the latency of the rare rows
+	// whose NOTIFY was debounced away and that committed long after it
+	// (see notify.go), and of every row while LISTEN is unavailable.
+	// Defaults to 100ms.
 	PollInterval time.Duration
 
 	// ErrorBackoff is the first wait of Run after a batch in which publishes

@@ -1,0 +1,185 @@
+package outbox
+
+import (
+	"context"
+	stdsql "database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+)
+
+// errNoListen says why the relay cannot LISTEN at all with this
+// configuration: it polls, and does not try again.
+type errNoListen struct{ reason string }
+
+func (e errNoListen) Error() string { return e.reason }
+
+// listen keeps a LISTEN connection open on the outbox table's channel while
+// ctx lasts, turning each notification (any number of them) into one
+// pending wake of the workers. When the connection is lost it says so once,
+// reconnects with backoff, and wakes the workers when it is back (rows may
+// have committed meanwhile). When LISTEN cannot work with this
+// configuration (no pgx connection to listen on, or one through a
+// connection pooler), it logs why once and returns: the workers poll.
+func (r *Relay) listen(ctx context.Context) {
+	backoff := r.cfg.ErrorBackoff
+	lost := false
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, func() {
+			backoff = r.cfg.ErrorBackoff
+			if lost {
+				r.cfg.Logger.Info("outbox relay: wake-on-commit is back (LISTEN)", watermill.LogFields{"channel": r.channel})
+				lost = false
+			}
+		})
+		r.listening.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		var no errNoListen
+		if errors.As(err, &no) {
+			r.cfg.Logger.Info("outbox relay: wake-on-commit is off, polling every "+r.cfg.PollInterval.String()+": "+no.reason, nil)
+			return
+		}
+		if !lost {
+			r.cfg.Logger.Error("outbox relay: the LISTEN connection failed; polling every "+r.cfg.PollInterval.String()+" until it is back", err,
+				watermill.LogFields{"retry_in": backoff.String()})
+			lost = true
+		}
+		r.wakeWorkers()
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
+	}
+}
+
+// wakeWorkers makes one waiting (or the next) worker poll now. Wakes do not
+// accumulate: one pending wake stands for any number of notifications.
+func (r *Relay) wakeWorkers() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// listenOnce opens the LISTEN connection, calls up once it listens, and
+// relays notifications until the connection fails or ctx ends.
+func (r *Relay) listenOnce(ctx context.Context, up func()) error {
+	return r.withListenConn(ctx, func(conn *pgx.Conn) error {
+		// A pooler in transaction mode (PgBouncer) hands the client's
+		// statements to any server connection: a LISTEN would stay on one
+		// of them, and its notifications would reach whichever client uses
+		// it next, or nobody. A pooler shows itself by the backend key it
+		// invents: the process id the client was given at startup is not
+		// the server's.
+		var pid uint32
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return fmt.Errorf("reading the backend pid: %w", err)
+		}
+		if pid != conn.PgConn().PID() {
+			return errNoListen{"the relay's connection goes through a connection pooler (PgBouncer?), where LISTEN does not hold; " +
+				"set RelayConfig.ListenConnString to a direct PostgreSQL address to wake on commit"}
+		}
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.channel}.Sanitize()); err != nil {
+			return fmt.Errorf("LISTEN: %w", err)
+		}
+		r.listening.Store(true)
+		up()
+		// Rows committed before the LISTEN took effect sent their NOTIFY to
+		// nobody: look once.
+		r.wakeWorkers()
+		for {
+			if _, err := conn.WaitForNotification(ctx); err != nil {
+				return err
+			}
+			r.wakeWorkers()
+		}
+	})
+}
+
+// withListenConn runs f on a connection of its own: a new one to
+// RelayConfig.ListenConnString if set; else one taken out of DB.Conn's pgx
+// pool (it is not returned; the pool opens another when it needs one); else,
+// for a database/sql DB on the pgx driver (pgx/v5/stdlib), one of its
+// connections, held while f runs. Other drivers cannot LISTEN here.
+func (r *Relay) withListenConn(ctx context.Context, f func(*pgx.Conn) error) error {
+	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if r.cfg.ListenConnString != "" {
+		conn, err := pgx.Connect(connectCtx, r.cfg.ListenConnString)
+		if err != nil {
+			return fmt.Errorf("connecting to RelayConfig.ListenConnString: %w", err)
+		}
+		defer closeConn(conn)
+		return f(conn)
+	}
+	if pool, ok := inboxdb.PgxPool(r.cfg.DB.Conn); ok {
+		pc, err := pool.Acquire(connectCtx)
+		if err != nil {
+			return fmt.Errorf("taking a connection from the pool: %w", err)
+		}
+		conn := pc.Hijack()
+		defer closeConn(conn)
+		return f(conn)
+	}
+	if db, ok := stdDB(r.cfg.DB.Conn); ok {
+		c, err := db.Conn(connectCtx)
+		if err != nil {
+			return fmt.Errorf("taking a connection from the database/sql pool: %w", err)
+		}
+		var ferr error
+		rawErr := c.Raw(func(driverConn any) error {
+			pc, ok := driverConn.(interface{ Conn() *pgx.Conn })
+			if !ok {
+				return errNoListen{fmt.Sprintf("the database/sql driver (%T) is not pgx's stdlib; "+
+					"set RelayConfig.ListenConnString to wake on commit", driverConn)}
+			}
+			ferr = f(pc.Conn())
+			// The connection was LISTENing: do not hand it back to the pool.
+			return driver.ErrBadConn
+		})
+		_ = c.Close()
+		if ferr != nil {
+			return ferr
+		}
+		if errors.Is(rawErr, driver.ErrBadConn) {
+			return nil
+		}
+		return rawErr
+	}
+	return errNoListen{fmt.Sprintf("DB.Conn (%T) is neither a pgx pool nor a database/sql DB; "+
+		"set RelayConfig.ListenConnString to wake on commit", r.cfg.DB.Conn)}
+}
+
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// stdDB returns the *sql.DB behind a wsql.BeginnerFromStdSQL beginner.
+func stdDB(b wsql.Beginner) (*stdsql.DB, bool) {
+	var sb wsql.SQLBeginner
+	switch v := b.(type) {
+	case wsql.StdSQLBeginner:
+		sb = v.SQLBeginner
+	case *wsql.StdSQLBeginner:
+		sb = v.SQLBeginner
+	default:
+		return nil, false
+	}
+	db, ok := sb.(*stdsql.DB)
+	return db, ok && db != nil
+}
