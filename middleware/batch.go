@@ -12,6 +12,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
@@ -276,11 +278,18 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		cerrs  []error
 		err    error
 	)
+	claimStart := time.Now()
+	_, claimSpan := m.tracer.Start(jobs[0].msg.Context(), "exactlyonce.claim",
+		trace.WithLinks(links(jobs)...), trace.WithAttributes(attribute.Int("exactlyonce.batch_size", len(jobs))))
 	for try := 1; ; try++ {
 		tx, claims, cerrs, err = b.beginClaim(ctx, jobs)
 		if err == nil || try == maxClaimTries || !pgerr.SerializationFailure(err) {
 			break
 		}
+	}
+	endSpan(claimSpan, err)
+	for _, j := range jobs {
+		j.ev.ClaimDuration = time.Since(claimStart)
 	}
 	if err != nil {
 		b.claimFailed(jobs, err)
@@ -317,14 +326,14 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	ptx, pipelined := pgxOf(tx)
 	for _, j := range run {
 		j.queued = j.queued[:0]
-		ob := &lazyOutbox{tx: th, db: m.cfg.DB}
+		ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: j.msg.Context(), tracer: m.tracer}
 		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key}
 		if pipelined {
 			vals.queue = &j.queued
 		}
 		orig := j.msg.Context()
 		j.msg.SetContext(withHandlerContext(orig, vals))
-		produced, herr := callHandler(b.h, j.msg)
+		produced, herr := m.callHandler(b.h, j.msg)
 		j.msg.SetContext(orig)
 		if herr == nil {
 			var outputs outputSet
@@ -474,4 +483,16 @@ func pgxOf(tx wsql.Tx) (pgx.Tx, bool) {
 		return t.Tx, t.Tx != nil
 	}
 	return nil, false
+}
+
+// links are the process spans of a batch's deliveries, for the batch's own
+// spans (a batch claim serves them all).
+func links(jobs []*job) []trace.Link {
+	out := make([]trace.Link, 0, len(jobs))
+	for _, j := range jobs {
+		if sc := trace.SpanContextFromContext(j.msg.Context()); sc.IsValid() {
+			out = append(out, trace.Link{SpanContext: sc})
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -89,6 +90,18 @@ type Config struct {
 	// Defaults to watermill.NewSlogLogger(nil), which writes to
 	// slog.Default(). Pass watermill.NopLogger{} to silence it.
 	Logger watermill.LoggerAdapter
+
+	// TracerProvider receives the middleware's OpenTelemetry spans: one
+	// "exactlyonce.process" span per delivery (kind consumer; its parent is
+	// the span in the message's context, else the producer's span whose W3C
+	// trace context the message carries in its metadata, which it also
+	// links to), with children "exactlyonce.claim", "exactlyonce.handler"
+	// (the handler's context holds it) and "exactlyonce.outbox.write". The
+	// outbox rows written get the trace context of the write in their
+	// metadata (traceparent, tracestate), so the next consumer links to it.
+	// Defaults to otel.GetTracerProvider(), a no-op until the application
+	// sets one. The library uses the OpenTelemetry API only.
+	TracerProvider trace.TracerProvider
 }
 
 // LeaseConfig configures lease mode (Config.Lease).

@@ -42,7 +42,7 @@ func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, e
 	m.cfg.Logger.Error("exactlyonce: FAIL-OPEN: running handler without deduplication", err, fields)
 	origCtx := msg.Context()
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: ev.Consumer, key: ev.Key, failOpen: true}))
-	produced, herr := callHandler(h, msg)
+	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if herr != nil {
 		return nil, herr
@@ -77,9 +77,22 @@ func (m *Middleware) failOpenOutputs(msg *message.Message, produced []*message.M
 	return out, nil
 }
 
-// callHandler runs h and turns a panic into Watermill's
+// callHandler runs h in an "exactlyonce.handler" span (the handler's
+// context holds it) and turns a panic into Watermill's
 // middleware.RecoveredPanicError (the value and the stack), wrapped.
-func callHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+func (m *Middleware) callHandler(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	orig := msg.Context()
+	ctx, span := m.tracer.Start(orig, "exactlyonce.handler")
+	msg.SetContext(ctx)
+	produced, err := runHandler(h, msg)
+	msg.SetContext(orig)
+	endSpan(span, err)
+	return produced, err
+}
+
+// runHandler runs h and turns a panic into Watermill's
+// middleware.RecoveredPanicError (the value and the stack), wrapped.
+func runHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
 	panicked := true
 	defer func() {
 		if r := recover(); r != nil || panicked {

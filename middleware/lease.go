@@ -106,9 +106,11 @@ func idempotencyKey(consumer, key string) string {
 }
 
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
+	endClaim := m.startClaim(origCtx, ev)
 	claim, err := m.store.ClaimLease(origCtx, m.cfg.DB.Conn, consumer, key, inboxdb.LeaseOptions{
 		Lease: m.cfg.Lease.Duration, MaxInterrupted: m.cfg.Lease.MaxInterruptedAttempts,
 	})
+	endClaim(err)
 	if err != nil {
 		return m.claimFailure(msg, h, ev, err)
 	}
@@ -154,9 +156,9 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	// (database/sql would roll the transaction back on cancel).
 	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
-	ob := &lazyOutbox{tx: th, db: m.cfg.DB}
+	ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
-	produced, herr := callHandler(h, msg)
+	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	berr := th.beginErr()
 	if herr != nil && berr == nil {

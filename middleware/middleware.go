@@ -7,9 +7,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 )
 
 // Middleware is the exactly-once middleware. Create it with New and attach
@@ -21,6 +25,7 @@ type Middleware struct {
 	store     *inboxdb.Store
 	names     pgerr.Tables
 	scopes    scopes
+	tracer    trace.Tracer
 }
 
 // New checks cfg, applies its defaults and returns the middleware. It does
@@ -38,7 +43,7 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
-	return &Middleware{cfg: cfg, customKey: customKey, store: store, names: names}, nil
+	return &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider)}, nil
 }
 
 // Middleware wraps h. It has the signature of message.HandlerMiddleware.
@@ -50,7 +55,13 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		ev := Event{MessageUUID: msg.UUID}
+		prev := msg.Context()
+		ctx, opts := tracing.ConsumerStart(msg)
+		ctx, span := m.tracer.Start(ctx, "exactlyonce.process", append(opts,
+			trace.WithAttributes(attribute.String("messaging.message.id", msg.UUID)))...)
+		msg.SetContext(ctx)
 		out, err := m.handle(msg, h, b, &ev)
+		msg.SetContext(prev)
 		if err != nil {
 			ev.Err = err
 			if ev.Outcome == "" {
@@ -58,6 +69,13 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		ev.Duration = time.Since(start)
+		span.SetAttributes(
+			attribute.String("exactlyonce.consumer", ev.Consumer),
+			attribute.String("exactlyonce.outcome", string(ev.Outcome)))
+		if ev.Attempt > 0 {
+			span.SetAttributes(attribute.Int("exactlyonce.attempt", ev.Attempt))
+		}
+		endSpan(span, err)
 		m.cfg.OnEvent(ev)
 		return out, err
 	}
@@ -121,5 +139,25 @@ func sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// endSpan records err on span, if any, and ends it.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// startClaim starts the claim's span; the function it returns ends it and
+// records the claim's time in ev.
+func (m *Middleware) startClaim(ctx context.Context, ev *Event) func(error) {
+	start := time.Now()
+	_, span := m.tracer.Start(ctx, "exactlyonce.claim")
+	return func(err error) {
+		ev.ClaimDuration = time.Since(start)
+		endSpan(span, err)
 	}
 }

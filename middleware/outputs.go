@@ -5,8 +5,11 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -101,9 +104,11 @@ func (set outputSet) write(ob *lazyOutbox) error {
 // lazyOutbox creates the outbox publisher on first use: most deliveries
 // of many handlers write no output.
 type lazyOutbox struct {
-	tx  *txHandle
-	db  sqlschema.DB
-	pub *outbox.Publisher
+	tx     *txHandle
+	db     sqlschema.DB
+	pub    *outbox.Publisher
+	ctx    context.Context // the delivery's (its process span)
+	tracer trace.Tracer
 }
 
 func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
@@ -127,7 +132,20 @@ func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 		}
 		l.pub = pub
 	}
-	return l.pub.Publish(topic, messages...)
+	// The rows carry the trace context of the span that wrote them: a
+	// child of the messages' context when the handler gave them one with a
+	// span, else of the delivery's. A message that has a traceparent
+	// already (forwarded) keeps it.
+	parent := l.ctx
+	if len(messages) > 0 && trace.SpanContextFromContext(messages[0].Context()).IsValid() {
+		parent = messages[0].Context()
+	}
+	ctx, span := l.tracer.Start(parent, "exactlyonce.outbox.write", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("messaging.destination.name", topic), attribute.Int("messaging.batch.message_count", len(messages))))
+	tracing.InjectContext(ctx, messages...)
+	err := l.pub.Publish(topic, messages...)
+	endSpan(span, err)
+	return err
 }
 
 // Close closes the underlying publisher, if one was created.

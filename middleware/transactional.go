@@ -20,7 +20,9 @@ const maxClaimTries = 5
 // handleTransactional claims the key, runs the handler and writes its
 // output messages in one transaction, and commits.
 func (m *Middleware) handleTransactional(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
+	endClaim := m.startClaim(origCtx, ev)
 	tx, claim, err := m.beginClaim(origCtx, consumer, key)
+	endClaim(err)
 	if errors.Is(err, inboxdb.ErrNotDone) {
 		ev.Outcome = Nacked
 		sleep(origCtx, m.cfg.NackDelay) // a configuration error: never succeeds on redelivery
@@ -50,9 +52,9 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 		}
 	}()
 
-	ob := &lazyOutbox{tx: readyTx(tx), db: m.cfg.DB}
+	ob := &lazyOutbox{tx: readyTx(tx), db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key}))
-	produced, err := callHandler(h, msg)
+	produced, err := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if err != nil {
 		_ = tx.Rollback()

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -58,7 +59,10 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 }
 
 // Publish writes messages to the outbox with topic as their destination.
-// Each keeps its UUID (which must not be empty) and metadata. Every message
+// Each keeps its UUID (which must not be empty) and metadata, to which
+// Publish adds the W3C trace context (traceparent, tracestate) of the
+// message's context when that holds an OpenTelemetry span and the metadata
+// has no traceparent yet. Every message
 // is checked before any is written (a non-empty topic and UUID, valid UTF-8
 // without NUL in the topic, UUID and metadata: the outbox keeps messages
 // byte for byte), so a bad one leaves the
@@ -73,6 +77,10 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if p.closed.Load() {
 		return wsql.ErrPublisherClosed
 	}
+	// The trace context is captured now, at write time, from each
+	// message's context (msg.SetContext): the consumer's span links to the
+	// span that wrote the row, not to the relay.
+	tracing.Inject(nil, messages...)
 	if err := outboxrow.Validate(topic, messages...); err != nil {
 		return fmt.Errorf("outbox: Publish: %w", err)
 	}

@@ -11,7 +11,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -31,6 +35,7 @@ type Relay struct {
 	channel     string        // the table's NOTIFY channel
 	wake        chan struct{} // one pending wake of the workers (see listen)
 	listening   atomic.Bool
+	tracer      trace.Tracer
 	lastErrMu   sync.Mutex
 	lastErr     error
 	runningMux  sync.Mutex
@@ -55,6 +60,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),
 		wake:     make(chan struct{}, 1),
+		tracer:   tracing.Tracer(cfg.TracerProvider),
 		selectSQL: `SELECT id, topic, uuid, payload, metadata::text, failures > 0, ` + accepted + ` FROM ` + table +
 			` WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())` +
 			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
@@ -306,7 +312,9 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 		committed = true
 		return res, nil
 	}
+	endSpans := r.startPublishSpans(b)
 	p := r.publish(ctx, b)
+	endSpans(p)
 	if len(p.done) == 0 && len(p.failed) == 0 && len(b.defects) == 0 {
 		return res, p.cancelled // cancelled before the first publish: nothing to record
 	}
@@ -390,3 +398,45 @@ func (e joinedError) Unwrap() []error { return e }
 // be SQL-backed too): a missing outbox table or column is reported as
 // sqlschema.ErrNotMigrated, with the fix.
 func (r *Relay) own(err error) error { return ifNotMigrated(r.cfg.DB, err) }
+
+// startPublishSpans starts an "exactlyonce.relay.publish" span per message
+// of b, each a child of the span that wrote its row, and puts it in the
+// message's context; the function returned ends them with their outcome
+// (a message neither published nor failed was not tried: cancelled).
+func (r *Relay) startPublishSpans(b batch) func(published) {
+	spans := make(map[int64]trace.Span, len(b.ids))
+	for i, msg := range b.msgs {
+		parent := msg.Context()
+		if sc := tracing.Extract(msg.Metadata); sc.IsValid() {
+			parent = trace.ContextWithRemoteSpanContext(parent, sc)
+		}
+		ctx, span := r.tracer.Start(parent, "exactlyonce.relay.publish", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(
+				attribute.String("messaging.destination.name", b.topics[i]),
+				attribute.String("messaging.message.id", msg.UUID),
+				attribute.Int64("exactlyonce.outbox.id", b.ids[i]),
+				attribute.Bool("exactlyonce.outbox.retry", b.retry[i])))
+		msg.SetContext(ctx)
+		spans[b.ids[i]] = span
+	}
+	return func(p published) {
+		for _, id := range p.done {
+			if s, ok := spans[id]; ok {
+				s.End()
+				delete(spans, id)
+			}
+		}
+		for _, f := range p.failed {
+			if s, ok := spans[f.id]; ok {
+				s.RecordError(f.err)
+				s.SetStatus(codes.Error, f.err.Error())
+				s.End()
+				delete(spans, f.id)
+			}
+		}
+		for _, s := range spans {
+			s.SetStatus(codes.Error, "not published: the relay stopped before this message")
+			s.End()
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -105,6 +106,14 @@ type RelayConfig struct {
 	// which writes to slog.Default(): a relay that cannot publish is never
 	// silent. Pass watermill.NopLogger{} to silence it.
 	Logger watermill.LoggerAdapter
+
+	// TracerProvider receives an "exactlyonce.relay.publish" span (kind
+	// producer) per message published: a child of the span that wrote the
+	// row (its trace context is in the row's metadata), so the trace shows
+	// the time a message waited in the outbox. The message's context holds
+	// the span while the publisher has it. Defaults to
+	// otel.GetTracerProvider(), a no-op until the application sets one.
+	TracerProvider trace.TracerProvider
 }
 
 // The defaults of RelayConfig (see its fields).
