@@ -35,6 +35,7 @@ type harness struct {
 	cpu     []*cpuAccount
 	cpuByID map[string]*cpuAccount
 	profile map[string]bool // variants already profiled
+	seq     int             // numbers schemas and queues made per round
 }
 
 func newHarness(ctx context.Context, cfg *config) (*harness, error) {

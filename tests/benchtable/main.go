@@ -7,7 +7,7 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,rss):
+// Sections (-only router,relay,rss,wake):
 //
 //   - router: a Watermill router drains a pre-filled durable RabbitMQ queue
 //     with 64 deliveries in flight (exactlyonce.ConcurrentSubscriber over one
@@ -26,6 +26,10 @@
 //   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
 //     (a router with the middleware, group commit + Queue) at a 1k and a 1M
 //     backlog, each a subprocess (this binary re-executed with -child).
+//   - wake: commit-to-consumer latency at a steady 100 events/s, relay with
+//     wake-on-commit against polling every 100 ms; and the writers' cost of
+//     the NOTIFY (one-row outbox transactions from 8 writers, with and
+//     without it). See wake.go.
 //
 // It is a main package, not a test: it re-executes itself as the relay and
 // consumer processes whose RSS it reads, it must not run under `go test
@@ -79,6 +83,12 @@ type config struct {
 	amqpURL string
 
 	child childConfig
+
+	// wake
+	wakeRate      int
+	wakeTime      time.Duration
+	wakeWriters   int
+	wakeWriteTime time.Duration
 }
 
 type childConfig struct {
@@ -105,22 +115,30 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":          {"router,relay,rss", "router,relay,rss"},
-		"rounds":        {"5", "5"},
-		"messages":      {"20000", "1000"},
-		"inflight":      {"64", "64"},
-		"prefetch":      {"64", "64"},
-		"pool":          {"20", "20"},
-		"backlogs":      {"10000,100000,1000000", "1000,5000,20000"},
-		"relay-rows":    {"100000", "2000"},
-		"relay-time":    {"15s", "3s"},
-		"relay-batch":   {"500", "500"},
-		"relay-workers": {"4", "4"},
-		"window":        {"256", "256"},
-		"rss-backlogs":  {"1000,10000,1000000", "1000,5000,20000"},
-		"rss-messages":  {"50000", "3000"},
+		"only":            {"router,relay,rss,wake", "router,relay,rss,wake"},
+		"wake-rate":       {"100", "100"},
+		"wake-time":       {"20s", "3s"},
+		"wake-writers":    {"8", "8"},
+		"wake-write-time": {"5s", "2s"},
+		"rounds":          {"5", "5"},
+		"messages":        {"20000", "1000"},
+		"inflight":        {"64", "64"},
+		"prefetch":        {"64", "64"},
+		"pool":            {"20", "20"},
+		"backlogs":        {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":      {"100000", "2000"},
+		"relay-time":      {"15s", "3s"},
+		"relay-batch":     {"500", "500"},
+		"relay-workers":   {"4", "4"},
+		"window":          {"256", "256"},
+		"rss-backlogs":    {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":    {"50000", "3000"},
 	}
-	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss")
+	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss, wake")
+	def("wake-rate", "BENCH_WAKE_RATE", table["wake-rate"], "wake: events per second written during the latency rounds")
+	def("wake-time", "BENCH_WAKE_TIME", table["wake-time"], "wake: length of a latency round per variant")
+	def("wake-writers", "BENCH_WAKE_WRITERS", table["wake-writers"], "wake: concurrent writers of the NOTIFY cost lines")
+	def("wake-write-time", "BENCH_WAKE_WRITE_TIME", table["wake-write-time"], "wake: length of a NOTIFY cost round per variant")
 	def("rounds", "BENCH_ROUNDS", table["rounds"], "alternating rounds per line (at least 5 for the table)")
 	def("messages", "BENCH_MESSAGES", table["messages"], "router: messages drained per variant per round")
 	def("inflight", "BENCH_INFLIGHT", table["inflight"], "router: deliveries in flight (ConcurrentSubscriber n)")
@@ -188,6 +206,8 @@ func parseConfig(args []string) (*config, error) {
 		window:       num("window"),
 		rssBacklogs:  list("rss-backlogs"),
 		rssMessages:  num("rss-messages"),
+		wakeRate:     num("wake-rate"),
+		wakeWriters:  num("wake-writers"),
 		dbURL:        env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		amqpURL:      env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		child:        childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
@@ -198,14 +218,20 @@ func parseConfig(args []string) (*config, error) {
 	if c.relayTime, err = time.ParseDuration(get("relay-time")); err != nil {
 		return nil, fmt.Errorf("-relay-time: %w", err)
 	}
+	if c.wakeTime, err = time.ParseDuration(get("wake-time")); err != nil {
+		return nil, fmt.Errorf("-wake-time: %w", err)
+	}
+	if c.wakeWriteTime, err = time.ParseDuration(get("wake-write-time")); err != nil {
+		return nil, fmt.Errorf("-wake-write-time: %w", err)
+	}
 	for _, sec := range strings.Split(get("only"), ",") {
 		sec = strings.TrimSpace(sec)
 		switch sec {
-		case "router", "relay", "rss":
+		case "router", "relay", "rss", "wake":
 			c.only[sec] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss)", sec)
+			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss, wake)", sec)
 		}
 	}
 	if len(c.rssBacklogs) < 2 || !slices.IsSorted(c.rssBacklogs) {
@@ -273,6 +299,13 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		lines = append(lines, l...)
 	}
+	if cfg.only["wake"] {
+		l, err := h.wakeSection(ctx)
+		if err != nil {
+			return fmt.Errorf("wake section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
 	loadAfter := loadavg()
 
 	host, _ := os.Hostname()
@@ -291,7 +324,7 @@ func run(ctx context.Context, cfg *config) error {
 
 func sectionList(cfg *config) string {
 	var s []string
-	for _, k := range []string{"router", "relay", "rss"} {
+	for _, k := range []string{"router", "relay", "rss", "wake"} {
 		if cfg.only[k] {
 			s = append(s, k)
 		}

@@ -15,7 +15,7 @@ type line struct {
 	name         string // what is compared, and where
 	aName, bName string
 	a, b         []float64
-	unit         string // "msg/s", "events/s", "MiB"
+	unit         string // "msg/s", "events/s", "tx/s", "MiB", "ms"
 	// target describes the goal; check says whether the medians meet it
 	// (nil: informational line).
 	target string
@@ -50,7 +50,7 @@ func (l *line) verdict() string {
 
 // value formats one measurement in the line's unit.
 func (l *line) value(v float64) string {
-	if l.unit == "MiB" {
+	if l.unit == "MiB" || l.unit == "ms" {
 		return strconv.FormatFloat(v, 'f', 1, 64)
 	}
 	return thousands(int64(math.Round(v)))
