@@ -3,8 +3,11 @@ package exactlyonce
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
 )
 
 // keyFromUUID keys on the Watermill message UUID: the default Config.Key. A
@@ -26,4 +29,39 @@ func KeyFromMetadata(field string) func(msg *message.Message) (string, error) {
 func KeyFromPayloadSHA256(msg *message.Message) (string, error) {
 	sum := sha256.Sum256(msg.Payload)
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// KeyByTenant scopes keys by tenant: the key of a message is its tenant,
+// taken from the metadata field tenantField, a colon, and the key inner
+// derives (the message UUID when inner is nil). Use it as Config.Key when
+// several tenants share a consumer and choose keys themselves (idempotency
+// keys, their own message IDs): without it, a tenant that sends a key
+// before another tenant does makes the other's message a duplicate, and it
+// is acked unprocessed — on purpose (key poisoning) or by accident. The
+// inbox holds one record per tenant and key; inbox.Store selects by tenant
+// (see inbox.TenantKey).
+//
+// The tenant must come from something the tenant cannot forge: set it where
+// the message enters your system, after authentication, never from the
+// tenant's own payload or headers. A message without a tenant, or whose
+// tenant contains a colon, is refused (ErrInvalidKey: nacked after
+// NackDelay; route it to a poison queue).
+func KeyByTenant(tenantField string, inner func(msg *message.Message) (string, error)) func(msg *message.Message) (string, error) {
+	if inner == nil {
+		inner = keyFromUUID
+	}
+	return func(msg *message.Message) (string, error) {
+		t := msg.Metadata.Get(tenantField)
+		if err := tenant.Check(t); err != nil {
+			return "", fmt.Errorf("metadata %q: %w", tenantField, err)
+		}
+		k, err := inner(msg)
+		if err != nil {
+			return "", err
+		}
+		if k == "" {
+			return "", fmt.Errorf("tenant %q: the key within the tenant is empty", t)
+		}
+		return tenant.Key(t, k)
+	}
 }
