@@ -33,7 +33,7 @@ func writeOutbox(t testing.TB, ctx context.Context, db sqlschema.DB, topic strin
 	require.NoError(t, tx.Commit())
 }
 
-func exec(t testing.TB, ctx context.Context, query string, args ...any) {
+func execSQL(t testing.TB, ctx context.Context, query string, args ...any) {
 	t.Helper()
 	_, err := testenv.Pool(t).Exec(ctx, query, args...)
 	require.NoError(t, err)
@@ -59,9 +59,9 @@ func TestWatchOutbox(t *testing.T) {
 	// Four rows: the oldest ten minutes old, one failing, one quarantined
 	// (older still, but not part of the lag).
 	writeOutbox(t, ctx, db, "t", "o-1", "o-2", "o-3", "o-4")
-	exec(t, ctx, "UPDATE "+db.Outbox()+" SET created_at = now() - interval '10 minutes' WHERE uuid = 'o-1'")
-	exec(t, ctx, "UPDATE "+db.Outbox()+" SET failures = 2 WHERE uuid = 'o-2'")
-	exec(t, ctx, "UPDATE "+db.Outbox()+" SET quarantined_at = now(), failures = 5, created_at = now() - interval '1 hour' WHERE uuid = 'o-3'")
+	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET created_at = now() - interval '10 minutes' WHERE uuid = 'o-1'")
+	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET failures = 2 WHERE uuid = 'o-2'")
+	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET quarantined_at = now(), failures = 5, created_at = now() - interval '1 hour' WHERE uuid = 'o-3'")
 	s := withPrefix(scrape(t, reg), "exactlyonce_outbox_")
 	age := s["exactlyonce_outbox_oldest_pending_age_seconds"]
 	require.GreaterOrEqual(t, age, 600.0)
@@ -132,7 +132,7 @@ func TestWatchRelay(t *testing.T) {
 	writeOutbox(t, ctx, db, "ok", "r-1", "r-2", "r-3")
 	writeOutbox(t, ctx, db, "refused", "r-4")
 	writeOutbox(t, ctx, db, "ok", "r-5")
-	exec(t, ctx, "UPDATE "+db.Outbox()+` SET metadata = '{"a": [1]}' WHERE uuid = 'r-5'`)
+	execSQL(t, ctx, "UPDATE "+db.Outbox()+` SET metadata = '{"a": [1]}' WHERE uuid = 'r-5'`)
 	n, err := relay.RelayOnce(ctx)
 	require.Error(t, err)
 	require.Equal(t, 3, n)
@@ -235,7 +235,7 @@ func TestWatchInbox(t *testing.T) {
 	require.Equal(t, float64(5), scrape(t, reg2)[`exactlyonce_inbox_rows{consumer="",status="done"}`])
 
 	// Retention: the rows a purge removed, reported through ObservePurge.
-	exec(t, ctx, "UPDATE "+db.Inbox()+" SET processed_at = now() - interval '2 days' WHERE status = 'done'")
+	execSQL(t, ctx, "UPDATE "+db.Inbox()+" SET processed_at = now() - interval '2 days' WHERE status = 'done'")
 	n, err := store.Purge(ctx, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, int64(5), n)
