@@ -63,18 +63,6 @@ func scrape(t testing.TB, reg prometheus.Gatherer) map[string]float64 {
 	return out
 }
 
-// names lists the metric family names reg exports.
-func names(t testing.TB, reg prometheus.Gatherer) map[string]bool {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	out := map[string]bool{}
-	for _, mf := range mfs {
-		out[mf.GetName()] = true
-	}
-	return out
-}
-
 // withPrefix keeps the series of s whose name starts with one of prefixes.
 func withPrefix(s map[string]float64, prefixes ...string) map[string]float64 {
 	out := map[string]float64{}

@@ -79,7 +79,7 @@ func TestMiddlewareEvents(t *testing.T) {
 	// without a topic, an invalid key.
 	tx := mw(exactlyonce.Config{DB: db, Consumer: "orders"})
 	h := tx.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		switch string(msg.UUID) {
+		switch msg.UUID {
 		case "fail":
 			return nil, errors.New("provider said no")
 		case "panic":

@@ -233,7 +233,7 @@ func TestOperationsFilesUseExportedMetrics(t *testing.T) {
 		families = append(families, name)
 	}
 	for file, pattern := range map[string]*regexp.Regexp{
-		"doc.go":                 regexp.MustCompile(`(?m)^//\s+(exactlyonce_[a-z0-9_]+)`),
+		"doc.go":                regexp.MustCompile(`(?m)^//\s+(exactlyonce_[a-z0-9_]+)`),
 		"../docs/operations.md": regexp.MustCompile("(?m)^\\| `(exactlyonce_[a-z0-9_]+)"),
 	} {
 		raw, err := os.ReadFile(file)
