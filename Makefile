@@ -4,7 +4,7 @@
 # Two Go modules: the library (this directory) and its examples
 # (examples/, with their own go.mod and a replace of the library by ../), so
 # that the library's go.mod does not require what only the examples use
-# (the Prometheus client). Every target covers both, the library first.
+# (watermill-amqp). Every target covers both, the library first.
 
 GO    ?= go
 GOFMT ?= gofmt
@@ -34,7 +34,7 @@ GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
 help: ## Show this help
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-services: ## Make sure PostgreSQL and RabbitMQ are reachable and pgbouncer is installed (starts/installs local ones)
+services: ## Make sure PostgreSQL and RabbitMQ are reachable, pgbouncer and promtool installed (starts/installs local ones)
 	@bash scripts/services.sh
 
 test: services ## go vet, then all tests with the race detector (library, then examples)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the PostgreSQL and RabbitMQ servers the tests need are reachable,
-# and that the pgbouncer binary is installed (tests start their own PgBouncer
-# processes on free loopback ports; this script does not start one).
+# that the pgbouncer binary is installed (tests start their own PgBouncer
+# processes on free loopback ports; this script does not start one), and that
+# promtool is installed (the metrics tests check the alert rules with it).
 #
 #   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 #   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
@@ -245,6 +246,68 @@ ensure_pgbouncer() {
 	say "pgbouncer: $how at $bin (not started: tests start their own)"
 }
 
+# ------------------------------------------------------------------ promtool
+
+# metrics/promtool_test.go runs `promtool check rules` and `promtool test
+# rules` on docs/operations/alerts.yml. Debian ships promtool in the
+# prometheus package, with the server: install it without recommends, and
+# stop and disable the server the package enables (only promtool is wanted).
+# Not installable here: a warning (the tests skip), or an error when CI=true
+# (the tests would fail).
+prometheus_daemon_pids() { pgrep -x prometheus 2>/dev/null || true; }
+
+stop_prometheus_daemon() {
+	if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+		as_root systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+	else
+		as_root invoke-rc.d prometheus stop >/dev/null 2>&1 || true
+		as_root update-rc.d prometheus disable >/dev/null 2>&1 || true
+		# The unit's symlink, for a later boot under systemd (works offline).
+		if command -v systemctl >/dev/null 2>&1; then
+			as_root systemctl disable prometheus.service >/dev/null 2>&1 || true
+		fi
+	fi
+}
+
+ensure_promtool() {
+	local bin before after pid line
+	if bin="$(command -v promtool)"; then
+		say "promtool: installed at $bin"
+		return 0
+	fi
+	if ! can_apt_install; then
+		local -a help=(
+			"The promtool tests of metrics/ skip without it (and fail with CI=true). Install it and re-run:"
+			"  sudo apt-get install -y --no-install-recommends prometheus   (Debian/Ubuntu; then: sudo systemctl disable --now prometheus)"
+			"  or put promtool from https://prometheus.io/download/ in PATH"
+		)
+		if [[ "${CI:-}" == "true" ]]; then
+			die "promtool is not installed and cannot be installed here (needs Debian/Ubuntu with apt-get, as root or with sudo)." "${help[@]}"
+		fi
+		say "promtool: warning: not installed and cannot be installed here (needs Debian/Ubuntu with apt-get, as root or with sudo)."
+		for line in "${help[@]}"; do say "    $line"; done
+		return 0
+	fi
+	before="$(prometheus_daemon_pids)"
+	apt_install prometheus --no-install-recommends
+	stop_prometheus_daemon
+	# A server this install started and the stop above missed: end it by pid.
+	after="$(prometheus_daemon_pids)"
+	for pid in $after; do
+		if ! grep -qx "$pid" <<<"$before"; then
+			as_root kill "$pid" 2>/dev/null || true
+		fi
+	done
+	bin="$(command -v promtool)" || die "promtool: the prometheus package is installed but promtool is not in PATH"
+	for pid in $(prometheus_daemon_pids); do
+		if ! grep -qx "$pid" <<<"$before"; then
+			say "promtool: warning: a prometheus server (pid $pid) started by the package is still running; stop it"
+		fi
+	done
+	say "promtool: installed now at $bin (the prometheus server it came with is stopped and disabled)"
+}
+
 ensure_postgres
 ensure_rabbitmq
 ensure_pgbouncer
+ensure_promtool

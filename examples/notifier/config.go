@@ -27,6 +27,10 @@ type Config struct {
 	SendQueue   string // SEND_QUEUE
 	SentQueue   string // SENT_QUEUE
 	DeadQueue   string // DEAD_QUEUE: malformed or unidentifiable requests
+	// MetricsInboxInterval is the shortest time between two inbox
+	// statistics queries of /metrics (METRICS_INBOX_INTERVAL): each scans
+	// the inbox table, so raise it on a large one.
+	MetricsInboxInterval time.Duration
 }
 
 func env(name, def string) string {
@@ -69,6 +73,10 @@ func LoadConfig() (Config, error) {
 		c.Relay = false
 	default:
 		return c, fmt.Errorf("RELAY=%q: want on or off", os.Getenv("RELAY"))
+	}
+	c.MetricsInboxInterval, err = time.ParseDuration(env("METRICS_INBOX_INTERVAL", "15s"))
+	if err != nil || c.MetricsInboxInterval <= 0 {
+		return c, fmt.Errorf("METRICS_INBOX_INTERVAL=%q: want a positive Go duration, like 15s", os.Getenv("METRICS_INBOX_INTERVAL"))
 	}
 	return c, nil
 }

@@ -185,8 +185,9 @@ func demo(ctx context.Context, logger *slog.Logger, cfg Config, names demoNames)
 		}
 		fig.Events++
 	}
-	metric := func(label string) int {
-		return int(counterValue(svc.metrics.events.WithLabelValues(sendConsumer, label)))
+	metric := func(outcome string) int {
+		v, _ := svc.metrics.counter("exactlyonce_deliveries_total", map[string]string{"consumer": sendConsumer, "outcome": outcome})
+		return int(v)
 	}
 	deadDepth := func() int {
 		q, err := ch.QueueDeclarePassive(cfg.DeadQueue, true, false, false, false, nil)
@@ -363,6 +364,19 @@ func printDemo(w io.Writer, f demoFigures) {
 	if f.exactlyOnce() {
 		_, _ = fmt.Fprintln(w, "  every notification was sent exactly once.")
 	}
+	_, _ = fmt.Fprintln(w)
+	_, _ = fmt.Fprintln(w, "where to look in a running service:")
+	for _, l := range whereToLook {
+		_, _ = fmt.Fprintf(w, "  %-12s %s\n", l[0], l[1])
+	}
+}
+
+// whereToLook is the demo's last block: the operator's tools.
+var whereToLook = [][2]string{
+	{"metrics", "GET /metrics on HTTP_ADDR (default 127.0.0.1:8080): the metrics package's series, names in docs/operations.md#metrics"},
+	{"dashboard", "docs/operations/grafana-dashboard.json (Grafana, any Prometheus data source)"},
+	{"alerts", "docs/operations/alerts.yml (Prometheus rules: duplicates, claim errors, relay lag, quarantined rows, parked keys)"},
+	{"CLI", "go run github.com/exactlyonce/watermill-exactlyonce/cmd/exactlyonce inbox stats"},
 }
 
 // cleanUpDemo drops the demo's schema and deletes its queues, best-effort:

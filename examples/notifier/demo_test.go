@@ -61,6 +61,10 @@ func TestDemo(t *testing.T) {
 	var out bytes.Buffer
 	printDemo(&out, f)
 	require.Contains(t, out.String(), "exactly once")
+	for _, where := range []string{"/metrics", "docs/operations/grafana-dashboard.json", "docs/operations/alerts.yml",
+		"go run github.com/exactlyonce/watermill-exactlyonce/cmd/exactlyonce inbox stats"} {
+		require.Contains(t, out.String(), where, "the demo ends saying where to look")
+	}
 
 	// Nothing left behind.
 	var schemas int

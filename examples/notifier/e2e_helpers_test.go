@@ -171,6 +171,7 @@ func startNotifier(t *testing.T, opts notifierOptions) *notifierProc {
 		"WORKERS=4",
 		"INBOX_LEASE=5s",
 		"RELAY=on",
+		"METRICS_INBOX_INTERVAL=200ms",
 		"DB_SCHEMA="+n.tables.Schema,
 		"SEND_QUEUE="+n.send,
 		"SENT_QUEUE="+n.sent,
@@ -297,7 +298,7 @@ func (n *notifierProc) getJSON(path string, v any) {
 }
 
 // metrics scrapes /metrics into series -> value, e.g.
-// `exactlyonce_duplicates_blocked_total{consumer="notifier-send"}` -> 15.
+// `exactlyonce_deliveries_total{consumer="notifier-send",outcome="duplicate"}` -> 15.
 func (n *notifierProc) metrics() map[string]float64 {
 	n.t.Helper()
 	code, body := n.get("/metrics")
@@ -327,10 +328,11 @@ func (n *notifierProc) metric(series string) float64 {
 }
 
 const (
-	seriesDuplicates = `exactlyonce_duplicates_blocked_total{consumer="notifier-send"}`
+	seriesDuplicates = `exactlyonce_deliveries_total{consumer="notifier-send",outcome="duplicate"}`
 	seriesProcessed  = `exactlyonce_deliveries_total{consumer="notifier-send",outcome="processed"}`
-	seriesClaims     = `exactlyonce_claims_total{consumer="notifier-send"}`
 	seriesTakeovers  = `exactlyonce_lease_takeovers_total{consumer="notifier-send"}`
+	seriesBusy       = `exactlyonce_delivery_errors_total{consumer="notifier-send",reason="lease_held"}`
+	seriesParked     = `exactlyonce_inbox_rows{consumer="notifier-send",status="parked"}`
 )
 
 // publish publishes to the send queue with a plain AMQP client (no

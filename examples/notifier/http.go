@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 func (s *Service) routes() http.Handler {
@@ -103,4 +104,11 @@ func (s *Service) adminOutboxStats(w http.ResponseWriter, r *http.Request) {
 		out["relay_failures"] = st.Failures
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// pending reads the outbox backlog (outbox.PendingStats) for the admin API.
+func (s *Service) pending() (outbox.Pending, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return outbox.PendingStats(ctx, s.db)
 }

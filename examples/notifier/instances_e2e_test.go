@@ -47,8 +47,8 @@ func TestNotifierTwoInstances(t *testing.T) {
 	for i := range total {
 		require.Equal(t, 1, sms[idemKey(fmt.Sprintf("msg-%02d", i))], "provider calls for msg-%02d", i)
 	}
-	claimsA, claimsB := a.metric(seriesClaims), b.metric(seriesClaims)
-	require.Equal(t, float64(total), claimsA+claimsB, "each notification claimed once across both instances")
+	claimsA, claimsB := a.metric(seriesProcessed), b.metric(seriesProcessed)
+	require.Equal(t, float64(total), claimsA+claimsB, "each notification claimed and processed once across both instances")
 	require.Positive(t, claimsA, "instance A took part")
 	require.Positive(t, claimsB, "instance B took part")
 

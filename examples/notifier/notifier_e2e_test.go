@@ -105,7 +105,7 @@ func TestNotifierEndToEnd(t *testing.T) {
 	m := n.metrics()
 	require.Equal(t, float64(extra), m[seriesDuplicates])
 	require.Equal(t, float64(total), m[seriesProcessed])
-	require.Equal(t, float64(total), m[seriesClaims])
+	require.Equal(t, float64(total), m[`exactlyonce_delivery_duration_seconds_count{consumer="notifier-send",outcome="processed"}`])
 	require.Zero(t, m[seriesTakeovers])
 	require.Zero(t, n.depth(n.send), "the send queue is empty")
 
@@ -134,7 +134,7 @@ func TestNotifierEndToEnd(t *testing.T) {
 	// No relay re-send happened (no relay failure here), so no event repeats.
 	require.Len(t, events, total, "notification.sent events")
 
-	t.Logf("copies held back by a live lease (nacked, redelivered): %v", m[`exactlyonce_deliveries_total{consumer="notifier-send",outcome="busy"}`])
+	t.Logf("copies held back by a live lease (nacked, redelivered): %v", m[seriesBusy])
 	// Copies held back while another worker had the key's lease are
 	// expected nacks: never logged as errors.
 	require.NotContains(t, n.out.String(), exactlyonce.ErrLeaseHeld.Error(), "a held lease logged above debug level")
@@ -370,7 +370,7 @@ func TestNotifierAdminAPI(t *testing.T) {
 	n.waitFor(30*time.Second, "two sent, one parked, one duplicate, all relayed", func() (bool, string) {
 		m := n.metrics()
 		rows, pending := len(n.logRows()), n.pending()
-		parked, dups := m["exactlyonce_parked_keys"], m[seriesDuplicates]
+		parked, dups := m[seriesParked], m[seriesDuplicates]
 		return rows == 2 && parked == 1 && dups == 1 && pending == 0,
 			fmt.Sprintf("log rows %d, parked %v, duplicates %v, outbox pending %d", rows, parked, dups, pending)
 	})
@@ -453,9 +453,10 @@ func TestNotifierAdminAPI(t *testing.T) {
 	require.Len(t, n.drain(n.sent), 2)
 
 	m := n.metrics()
-	require.Equal(t, float64(1), m["exactlyonce_parked_keys"])
-	require.Zero(t, m["exactlyonce_outbox_pending"])
-	require.Equal(t, float64(2), m["exactlyonce_outbox_relayed_total"])
+	require.Equal(t, float64(1), m[seriesParked])
+	require.Contains(t, m, "exactlyonce_outbox_pending_rows")
+	require.Zero(t, m["exactlyonce_outbox_pending_rows"])
+	require.Equal(t, float64(2), m["exactlyonce_relay_relayed_total"])
 	require.Equal(t, float64(1), m[`exactlyonce_deliveries_total{consumer="notifier-send",outcome="parked"}`])
 
 	// Read-only: other methods are refused.

@@ -107,7 +107,9 @@ func newService(ctx context.Context, cfg Config, logger *slog.Logger, h hooks) (
 	if err := s.setUpProviders(); err != nil {
 		return nil, err
 	}
-	s.metrics = newMetrics(s)
+	if s.metrics, err = newMetrics(s); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	if err := s.setUpRouter(); err != nil {
 		return nil, err
 	}
@@ -199,7 +201,7 @@ func (s *Service) setUpRouter() error {
 		Lease:        &exactlyonce.LeaseConfig{Duration: s.cfg.Lease},
 		Consumer:     sendConsumer,
 		PublishTopic: s.cfg.SentQueue,
-		OnEvent:      s.metrics.observe,
+		OnEvent:      s.metrics.lib.OnEvent,
 		Logger:       s.wlogger,
 	})
 	if err != nil {
@@ -245,6 +247,7 @@ func (s *Service) setUpReceipts() error {
 		DB:        s.db,
 		Consumer:  receiptsConsumer,
 		Key:       exactlyonce.KeyFromPayloadSHA256,
+		OnEvent:   s.metrics.lib.OnEvent,
 		NackDelay: -1, // the webhook answers at once; the provider retries
 		Logger:    s.wlogger,
 	})
@@ -262,7 +265,10 @@ func (s *Service) setUpRelay() error {
 	s.relay, err = outbox.NewRelay(outbox.RelayConfig{
 		DB: s.db, Publisher: pub, PollInterval: 100 * time.Millisecond, Logger: s.wlogger,
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	return s.metrics.lib.WatchRelay(s.relay)
 }
 
 func (s *Service) routerRunning() bool { return s.running.Load() }
