@@ -83,7 +83,7 @@ type relayCollector struct {
 	mu     sync.Mutex
 	relays []*outbox.Relay
 
-	relayed, batches, failedBatches, failedPublishes, quarantined *prometheus.Desc
+	relayed, batches, failedBatches, failedPublishes, quarantined, listening *prometheus.Desc
 }
 
 func newRelayCollector(ns string) *relayCollector {
@@ -96,6 +96,7 @@ func newRelayCollector(ns string) *relayCollector {
 		failedBatches:   d("failed_batches_total", "Relay batches that returned an error (a publish failed, a row was quarantined, or the database failed)."),
 		failedPublishes: d("failed_publishes_total", "Messages whose publish by the relay failed (each failure of a row counts; the row is retried)."),
 		quarantined:     d("quarantined_total", "Outbox rows the relay quarantined (skipped until outbox.RequeueFailed)."),
+		listening:       d("listening", "Watched relays that hold their wake-on-commit LISTEN connection (the others poll)."),
 	}
 }
 
@@ -105,6 +106,7 @@ func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.failedBatches
 	ch <- c.failedPublishes
 	ch <- c.quarantined
+	ch <- c.listening
 }
 
 func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
@@ -115,8 +117,12 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	var sum outbox.RelayStats
+	listening := 0
 	for _, r := range relays {
 		s := r.Stats()
+		if s.Listening {
+			listening++
+		}
 		sum.Relayed += s.Relayed
 		sum.Batches += s.Batches
 		sum.Failures += s.Failures
@@ -131,6 +137,7 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.failedBatches, sum.Failures)
 	counter(c.failedPublishes, sum.FailedPublishes)
 	counter(c.quarantined, sum.Quarantined)
+	ch <- prometheus.MustNewConstMetric(c.listening, prometheus.GaugeValue, float64(listening))
 }
 
 // outboxCollector runs outbox.PendingStats at scrape.

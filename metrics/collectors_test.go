@@ -124,6 +124,7 @@ func TestWatchRelay(t *testing.T) {
 		"exactlyonce_relay_failed_batches_total":   0,
 		"exactlyonce_relay_failed_publishes_total": 0,
 		"exactlyonce_relay_quarantined_total":      0,
+		"exactlyonce_relay_listening":              0,
 	}
 	require.Equal(t, zero, withPrefix(scrape(t, reg), "exactlyonce_relay_"))
 
@@ -145,6 +146,7 @@ func TestWatchRelay(t *testing.T) {
 		"exactlyonce_relay_failed_batches_total":   1,
 		"exactlyonce_relay_failed_publishes_total": float64(st.FailedPublishes),
 		"exactlyonce_relay_quarantined_total":      1,
+		"exactlyonce_relay_listening":              0,
 	}, withPrefix(scrape(t, reg), "exactlyonce_relay_"))
 	require.Equal(t, int64(1), st.Batches)
 	require.Positive(t, st.FailedPublishes)
@@ -160,8 +162,12 @@ func TestWatchRelay(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return scrape(t, reg)["exactlyonce_relay_relayed_total"] == 4
 	}, "the fourth message relayed")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, reg)["exactlyonce_relay_listening"] == 1
+	}, "a running relay listens (wake-on-commit)")
 	stop()
 	require.NoError(t, <-done)
+	require.Zero(t, scrape(t, reg)["exactlyonce_relay_listening"], "a stopped relay does not")
 
 	// A second relay's counters are added.
 	relay2, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: pub, Logger: watermill.NopLogger{}})
