@@ -172,12 +172,19 @@ func (a *app) relay(cmd *cobra.Command, o relayOptions) error {
 	if o.once {
 		relayUntilIdle(ctx, log, relay, o.workers)
 	} else {
+		ran, stopping := make(chan struct{}), make(chan struct{})
 		go func() {
-			<-ctx.Done()
-			a.stopSignals() // a second signal ends the process at once
-			log.Info("outbox relay stopping: finishing the batches in flight")
+			defer close(stopping)
+			select {
+			case <-ctx.Done():
+				a.stopSignals() // a second signal ends the process at once
+				log.Info("outbox relay stopping: finishing the batches in flight (signal again to exit at once)")
+			case <-ran:
+			}
 		}()
 		_ = relay.Run(ctx) // always nil: errors are logged
+		close(ran)
+		<-stopping
 	}
 	stopReports()
 	st := relay.Stats()
