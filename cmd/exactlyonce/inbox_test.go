@@ -54,6 +54,7 @@ type inboxStatsJSON struct {
 // in text and JSON, what it changes (read back through inbox.Store), and
 // exit status 3 for keys that have no record.
 func TestInboxCommands(t *testing.T) {
+	t.Parallel()
 	requirePostgres(t)
 	db := testenv.Schema(t)
 	env := dbEnv(db.Schema)

@@ -45,6 +45,7 @@ func migrationNames(t *testing.T) []string {
 // idempotent; inbox and outbox commands refuse tables that are not
 // migrated, saying what to run.
 func TestMigrateUpAndStatus(t *testing.T) {
+	t.Parallel()
 	requirePostgres(t)
 	schema := freshSchema(t)
 	env := dbEnv(schema)
@@ -117,6 +118,7 @@ func TestMigrateUpAndStatus(t *testing.T) {
 // Table names from flags and from the environment, flags first; migrate sql
 // prints sqlschema.SQL for them and needs no database.
 func TestMigrateTableNames(t *testing.T) {
+	t.Parallel()
 	requirePostgres(t)
 	schema := freshSchema(t)
 	env := append(dbEnv(schema), envInboxTable+"=env_in", envOutboxTable+"=env_out")
