@@ -25,14 +25,6 @@ func fmtTimeAgo(t time.Time, now time.Time) string {
 	return fmtTime(t) + " (" + fmtDuration(now.Sub(t)) + " ago)"
 }
 
-// fmtOptTime is fmtTime, or "-" for nil.
-func fmtOptTime(t *time.Time) string {
-	if t == nil {
-		return "-"
-	}
-	return fmtTime(*t)
-}
-
 // fmtDuration rounds d for humans: 3d4h, 5h12m, 2m3s, 1.2s, 15ms.
 func fmtDuration(d time.Duration) string {
 	if d < 0 {

@@ -421,10 +421,19 @@ func keyArg(key string) string {
 
 // shellQuote quotes s for a shell command line when it needs it.
 func shellQuote(s string) string {
-	for _, r := range s {
-		if !(r == '-' || r == '_' || r == '.' || r == '/' || r == ':' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')) {
-			return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-		}
+	if s != "" && !strings.ContainsFunc(s, needsQuote) {
+		return s
 	}
-	return s
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// needsQuote reports whether r is special to a shell (or not plain ASCII).
+func needsQuote(r rune) bool {
+	switch {
+	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		return false
+	case strings.ContainsRune("-_./:@+=,", r):
+		return false
+	}
+	return true
 }

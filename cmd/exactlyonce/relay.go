@@ -207,8 +207,12 @@ func (a *app) relay(cmd *cobra.Command, o relayOptions) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("outbox relay --once: interrupted after relaying %d messages", st.Relayed)
 	case st.Failures > 0:
-		return fmt.Errorf("outbox relay --once: %d publishes failed (%d rows quarantined); last error: %v",
-			st.FailedPublishes, st.Quarantined, st.LastError)
+		last := st.LastError
+		if last == nil {
+			last = errors.New("none recorded")
+		}
+		return fmt.Errorf("outbox relay --once: %d publishes failed (%d rows quarantined); last error: %w",
+			st.FailedPublishes, st.Quarantined, last)
 	}
 	return nil
 }
