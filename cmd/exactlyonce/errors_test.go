@@ -3,6 +3,7 @@ package main
 import (
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,7 +115,13 @@ func TestUnreachableDatabase(t *testing.T) {
 		require.Less(t, r.took, 15*time.Second)
 	}
 
-	r := cli(t, url(silentPort), "inbox", "stats", "--connect-timeout", "1s")
+	// Without sslmode pgx tries twice (TLS, then plain) and says so twice:
+	// said once.
+	r := cli(t, []string{envDatabaseURL + "=postgres://postgres@127.0.0.1:" + strconv.Itoa(closedPort) + "/test"}, "inbox", "stats")
+	requireExit(t, r, exitFailed, "cannot connect to PostgreSQL")
+	require.Equal(t, 1, strings.Count(r.stderr, "connection refused"), "%s", r)
+
+	r = cli(t, url(silentPort), "inbox", "stats", "--connect-timeout", "1s")
 	requireExit(t, r, exitFailed, "cannot connect to PostgreSQL")
 	require.Less(t, r.took, 10*time.Second, "the connect timeout bounds it")
 

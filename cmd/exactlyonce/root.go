@@ -97,9 +97,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// oneLine folds an error's text to one line.
+// oneLine folds an error's text to one line, dropping lines that repeat an
+// earlier one (pgx reports each connection attempt on a line of its own,
+// and with sslmode=prefer both attempts fail alike).
 func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
+	var out []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.Join(strings.Fields(line), " ")
+		if line == "" || seen[line] {
+			continue
+		}
+		seen[line] = true
+		out = append(out, line)
+	}
+	return strings.Join(out, " ")
 }
 
 func (a *app) rootCmd() *cobra.Command {
