@@ -211,8 +211,8 @@ func (a *app) relay(cmd *cobra.Command, o relayOptions) error {
 		if last == nil {
 			last = errors.New("none recorded")
 		}
-		return fmt.Errorf("outbox relay --once: %d publishes failed (%d rows quarantined); last error: %w",
-			st.FailedPublishes, st.Quarantined, last)
+		return fmt.Errorf("outbox relay --once: %s failed (%s quarantined); last error: %w",
+			plural(st.FailedPublishes, "publish", "publishes"), plural(st.Quarantined, "row", "rows"), last)
 	}
 	return nil
 }
@@ -291,8 +291,9 @@ func (a *app) printRelaySummary(st outbox.RelayStats, took time.Duration, left o
 			Outbox          *backlog `json:"outbox"`
 		}{st.Relayed, st.Batches, st.Failures, st.FailedPublishes, st.Quarantined, lastErr, took.Seconds(), outboxLeft})
 	}
-	fmt.Fprintf(a.stdout, "Relayed %d messages in %d batches (%s); %d publishes failed, %d rows quarantined.\n",
-		st.Relayed, st.Batches, fmtDuration(took), st.FailedPublishes, st.Quarantined)
+	fmt.Fprintf(a.stdout, "Relayed %s in %s (%s); %s failed, %s quarantined.\n",
+		plural(st.Relayed, "message", "messages"), plural(st.Batches, "batch", "batches"), fmtDuration(took),
+		plural(st.FailedPublishes, "publish", "publishes"), plural(st.Quarantined, "row", "rows"))
 	if leftErr != nil {
 		_, err := fmt.Fprintf(a.stdout, "Outbox now: unknown (%s).\n", oneLine(leftErr.Error()))
 		return err
