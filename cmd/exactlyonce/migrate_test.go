@@ -1,0 +1,152 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+type migrateStatusJSON struct {
+	Schema      string          `json:"schema"`
+	InboxTable  string          `json:"inbox_table"`
+	OutboxTable string          `json:"outbox_table"`
+	UpToDate    bool            `json:"up_to_date"`
+	Pending     int             `json:"pending"`
+	Migrations  []migrationJSON `json:"migrations"`
+}
+
+type migrateUpJSON struct {
+	Schema      string   `json:"schema"`
+	InboxTable  string   `json:"inbox_table"`
+	OutboxTable string   `json:"outbox_table"`
+	Applied     []string `json:"applied"`
+	Total       int      `json:"total"`
+}
+
+// migrationNames are the names of every migration of this version, in the
+// order Migrate applies them.
+func migrationNames(t *testing.T) []string {
+	t.Helper()
+	st, err := sqlschema.Status(testCtx(t), sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t)), Schema: "no_such_schema_here"})
+	require.NoError(t, err)
+	var names []string
+	for _, m := range st {
+		names = append(names, m.Name)
+	}
+	return names
+}
+
+// migrate status before and after migrate up, in text and JSON; up is
+// idempotent; inbox and outbox commands refuse tables that are not
+// migrated, saying what to run.
+func TestMigrateUpAndStatus(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	schema := freshSchema(t)
+	env := dbEnv(schema)
+	names := migrationNames(t)
+
+	r := cli(t, env, "migrate", "status")
+	requireOK(t, r)
+	require.Contains(t, r.stdout, `Schema "`+schema+`"`)
+	require.Contains(t, r.stdout, "run 'exactlyonce migrate up'")
+	for _, n := range names {
+		require.Regexp(t, n+` +pending\n`, r.stdout)
+	}
+
+	var st migrateStatusJSON
+	decode(t, cli(t, env, "migrate", "status", "--json"), &st)
+	require.Equal(t, schema, st.Schema)
+	require.Equal(t, "watermill_inbox", st.InboxTable)
+	require.Equal(t, "watermill_outbox", st.OutboxTable)
+	require.False(t, st.UpToDate)
+	require.Equal(t, len(names), st.Pending)
+	require.Len(t, st.Migrations, len(names))
+	for i, m := range st.Migrations {
+		require.Equal(t, names[i], m.Name)
+		require.False(t, m.Applied)
+		require.Nil(t, m.AppliedAt)
+	}
+
+	for _, args := range [][]string{
+		{"inbox", "stats"}, {"inbox", "parked"}, {"inbox", "show", "-c", "c", "k"},
+		{"outbox", "stats"}, {"outbox", "pending"}, {"outbox", "requeue-failed"},
+	} {
+		requireExit(t, cli(t, env, args...), exitFailed, "run 'exactlyonce migrate up'")
+	}
+
+	before := time.Now()
+	var up migrateUpJSON
+	decode(t, cli(t, env, "migrate", "up", "--json"), &up)
+	require.Equal(t, names, up.Applied)
+	require.Equal(t, len(names), up.Total)
+	require.Equal(t, schema, up.Schema)
+
+	r = cli(t, env, "migrate", "up")
+	requireOK(t, r)
+	require.Contains(t, r.stdout, "Already up to date")
+	decode(t, cli(t, env, "migrate", "up", "--json"), &up)
+	require.Empty(t, up.Applied)
+	require.NotNil(t, up.Applied, "[] rather than null")
+
+	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t)), Schema: schema}
+	require.NoError(t, sqlschema.Check(testCtx(t), db))
+
+	decode(t, cli(t, env, "migrate", "status", "--json"), &st)
+	require.True(t, st.UpToDate)
+	require.Zero(t, st.Pending)
+	for _, m := range st.Migrations {
+		require.True(t, m.Applied, m.Name)
+		require.NotNil(t, m.AppliedAt, m.Name)
+		at, err := time.Parse(time.RFC3339Nano, *m.AppliedAt)
+		require.NoError(t, err)
+		require.WithinDuration(t, before, at, time.Minute)
+	}
+	r = cli(t, env, "migrate", "status")
+	requireOK(t, r)
+	require.Contains(t, r.stdout, "Up to date")
+	require.NotContains(t, r.stdout, "pending")
+
+	requireOK(t, cli(t, env, "inbox", "stats"))
+}
+
+// Table names from flags and from the environment, flags first; migrate sql
+// prints sqlschema.SQL for them and needs no database.
+func TestMigrateTableNames(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	schema := freshSchema(t)
+	env := append(dbEnv(schema), envInboxTable+"=env_in", envOutboxTable+"=env_out")
+
+	var up migrateUpJSON
+	decode(t, cli(t, env, "migrate", "up", "--json", "--inbox-table", "flag_in"), &up)
+	require.Equal(t, "flag_in", up.InboxTable, "the flag wins over the environment")
+	require.Equal(t, "env_out", up.OutboxTable)
+	pool := testenv.Pool(t)
+	require.NoError(t, sqlschema.Check(testCtx(t), sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: schema, InboxTable: "flag_in", OutboxTable: "env_out"}))
+
+	// Other names in the same schema are not migrated.
+	requireExit(t, cli(t, env, "inbox", "stats"), exitFailed, `inbox table "env_in"`)
+	requireOK(t, cli(t, env, "inbox", "stats", "--inbox-table", "flag_in"))
+
+	want, err := sqlschema.SQL(sqlschema.DB{Schema: "other", InboxTable: "i", OutboxTable: "o"})
+	require.NoError(t, err)
+	r := cli(t, nil, "migrate", "sql", "--schema", "other", "--inbox-table", "i", "--outbox-table", "o")
+	requireOK(t, r)
+	require.Equal(t, want, r.stdout, "no database needed")
+
+	var doc struct {
+		Schema      string `json:"schema"`
+		InboxTable  string `json:"inbox_table"`
+		OutboxTable string `json:"outbox_table"`
+		SQL         string `json:"sql"`
+	}
+	decode(t, cli(t, []string{envSchema + "=other", envInboxTable + "=i", envOutboxTable + "=o"}, "migrate", "sql", "--json"), &doc)
+	require.Equal(t, want, doc.SQL)
+	require.Equal(t, "other", doc.Schema)
+}

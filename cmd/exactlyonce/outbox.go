@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+func (a *app) outboxCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "outbox",
+		Short: "Report and repair the outbox backlog, and run the relay: stats, pending, requeue-failed, relay",
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRunE,
+	}
+
+	var pend pendingOptions
+	pending := &cobra.Command{
+		Use:   "pending",
+		Short: "List rows waiting for the relay, oldest first, with their failures and last error",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if pend.limit < 1 {
+				return usageErr("--limit must be at least 1")
+			}
+			if pend.quarantined && pend.failing {
+				return usageErr("--quarantined and --failing exclude each other")
+			}
+			return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
+				return a.outboxPending(ctx, db, pend)
+			})
+		},
+	}
+	pending.Flags().IntVar(&pend.limit, "limit", 50, "list at most this many rows")
+	pending.Flags().BoolVar(&pend.quarantined, "quarantined", false, "only rows the relay gave up on (put back by requeue-failed)")
+	pending.Flags().BoolVar(&pend.failing, "failing", false, "only rows retrying after failed publishes, not quarantined")
+
+	cmd.AddCommand(
+		&cobra.Command{
+			Use:   "stats",
+			Short: "Backlog: rows pending, age of the oldest, failing, quarantined",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.withOutbox(cmd, a.outboxStats)
+			},
+		},
+		pending,
+		&cobra.Command{
+			Use:   "requeue-failed",
+			Short: "Clear the failure record of every failing or quarantined row, so that the relay sends it again now",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.withOutbox(cmd, a.outboxRequeue)
+			},
+		},
+		a.relayCmd(),
+	)
+	return cmd
+}
+
+// withOutbox connects, checks the migrations and runs f.
+func (a *app) withOutbox(cmd *cobra.Command, f func(context.Context, sqlschema.DB) error) error {
+	ctx, cancel := a.opContext(cmd, false)
+	defer cancel()
+	db, closeDB, err := a.open(ctx, cmd, 2, true)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	return f(ctx, db)
+}
+
+func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
+	p, err := outbox.PendingStats(ctx, db)
+	if err != nil {
+		return opErr(ctx, db, "outbox stats", err)
+	}
+	if a.jsonOut {
+		return a.printJSON(struct {
+			Pending          int64   `json:"pending"`
+			OldestCreatedAt  *string `json:"oldest_created_at"`
+			OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+			Failing          int64   `json:"failing"`
+			Quarantined      int64   `json:"quarantined"`
+		}{p.Count, jsonTime(p.OldestCreatedAt), p.OldestAge.Seconds(), p.Failing, p.Quarantined})
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintf(tw, "Outbox %s.%s\n", db.Schema, db.OutboxTable)
+	fmt.Fprintf(tw, "pending\t%d\t(quarantined included)\n", p.Count)
+	if p.OldestCreatedAt != nil {
+		fmt.Fprintf(tw, "oldest\t%s\t(relay lag; quarantined rows excluded)\n", fmtDuration(p.OldestAge))
+	} else {
+		fmt.Fprintf(tw, "oldest\t-\t\n")
+	}
+	fmt.Fprintf(tw, "failing\t%d\t(retrying with backoff)\n", p.Failing)
+	fmt.Fprintf(tw, "quarantined\t%d\t(skipped until requeue-failed)\n", p.Quarantined)
+	if p.Quarantined > 0 || p.Failing > 0 {
+		fmt.Fprintf(tw, "\nRead their errors: exactlyonce outbox pending --quarantined (or --failing); after a fix: exactlyonce outbox requeue-failed\n")
+	}
+	return tw.Flush()
+}
+
+func (a *app) outboxRequeue(ctx context.Context, db sqlschema.DB) error {
+	n, err := outbox.RequeueFailed(ctx, db)
+	if err != nil {
+		return opErr(ctx, db, "outbox requeue-failed", err)
+	}
+	if a.jsonOut {
+		return a.printJSON(struct {
+			Requeued int64 `json:"requeued"`
+		}{n})
+	}
+	if n == 0 {
+		_, err = fmt.Fprintln(a.stdout, "No failing or quarantined rows: nothing to requeue.")
+		return err
+	}
+	_, err = fmt.Fprintf(a.stdout, "Requeued %s: the relay sends them again now.\n", plural(n, "row", "rows"))
+	return err
+}
+
+type pendingOptions struct {
+	limit                int
+	quarantined, failing bool
+}
+
+// pendingRow is one outbox row in `outbox pending`, also its --json form.
+type pendingRow struct {
+	ID             int64   `json:"id"`
+	Topic          string  `json:"topic"`
+	UUID           string  `json:"uuid"`
+	State          string  `json:"state"` // ready, backoff, quarantined
+	CreatedAt      *string `json:"created_at"`
+	AgeSeconds     float64 `json:"age_seconds"`
+	PayloadBytes   int64   `json:"payload_bytes"`
+	Failures       int     `json:"failures"`
+	BlamedFailures int     `json:"blamed_failures"`
+	NextAttemptAt  *string `json:"next_attempt_at"`
+	QuarantinedAt  *string `json:"quarantined_at"`
+	LastError      string  `json:"last_error"`
+
+	nextIn float64
+}
+
+func (a *app) outboxPending(ctx context.Context, db sqlschema.DB, opts pendingOptions) error {
+	where := ""
+	switch {
+	case opts.quarantined:
+		where = "WHERE quarantined_at IS NOT NULL"
+	case opts.failing:
+		where = "WHERE failures > 0 AND quarantined_at IS NULL"
+	}
+	// Ages are the database's (now()), like PendingStats, whatever this
+	// machine's clock says.
+	rows, err := db.Conn.QueryContext(ctx, `SELECT id, topic, uuid, created_at,
+       extract(epoch FROM now() - created_at)::float8, octet_length(payload)::bigint,
+       failures, attempts, next_attempt_at,
+       coalesce(extract(epoch FROM next_attempt_at - now())::float8, 0),
+       quarantined_at, coalesce(last_error, '')
+FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
+	if err != nil {
+		return opErr(ctx, db, "outbox pending", err)
+	}
+	var out []pendingRow
+	for rows.Next() {
+		var r pendingRow
+		var created time.Time
+		var next, quarantined *time.Time
+		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &created, &r.AgeSeconds, &r.PayloadBytes,
+			&r.Failures, &r.BlamedFailures, &next, &r.nextIn, &quarantined, &r.LastError); err != nil {
+			_ = rows.Close()
+			return opErr(ctx, db, "outbox pending", err)
+		}
+		r.CreatedAt, r.NextAttemptAt, r.QuarantinedAt = jsonTime(&created), jsonTime(next), jsonTime(quarantined)
+		switch {
+		case quarantined != nil:
+			r.State = "quarantined"
+		case r.nextIn > 0:
+			r.State = "backoff"
+		default:
+			r.State = "ready"
+		}
+		out = append(out, r)
+	}
+	if err := seam.Close(rows); err != nil {
+		return opErr(ctx, db, "outbox pending", err)
+	}
+	if a.jsonOut {
+		return a.printJSON(struct {
+			Count int          `json:"count"`
+			Limit int          `json:"limit"`
+			Rows  []pendingRow `json:"rows"`
+		}{len(out), opts.limit, nonNil(out)})
+	}
+	if len(out) == 0 {
+		_, err := fmt.Fprintln(a.stdout, "No rows.")
+		return err
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tAGE\tSTATE\tFAILURES\tLAST ERROR")
+	for _, r := range out {
+		state := r.State
+		if state == "backoff" {
+			state = "retry in " + fmtDuration(time.Duration(r.nextIn*float64(time.Second)))
+		}
+		lastErr := r.LastError
+		if lastErr == "" {
+			lastErr = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d (%d blamed)\t%s\n", r.ID, truncate(r.Topic, 40), truncate(r.UUID, 40),
+			fmtDuration(time.Duration(r.AgeSeconds*float64(time.Second))), state, r.Failures, r.BlamedFailures, truncate(lastErr, 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(out) == opts.limit {
+		_, err = fmt.Fprintf(a.stdout, "\nThe first %d rows; --limit for more, 'exactlyonce outbox stats' for the totals.\n", opts.limit)
+	}
+	return err
+}

@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFailed   = 1 // the operation failed: database down, not migrated, relay failures
+	exitUsage    = 2 // bad flags, missing or empty arguments
+	exitNotFound = 3 // inbox show/forget/release: no such record
+)
+
+// Environment variables read when the matching flag is not given.
+const (
+	envDatabaseURL = "DATABASE_URL"
+	envAMQPURL     = "AMQP_URL"
+	envSchema      = "EXACTLYONCE_SCHEMA"
+	envInboxTable  = "EXACTLYONCE_INBOX_TABLE"
+	envOutboxTable = "EXACTLYONCE_OUTBOX_TABLE"
+)
+
+// exitError carries the exit code of a failed command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+func notFoundErr(format string, args ...any) error {
+	return &exitError{code: exitNotFound, err: fmt.Errorf(format, args...)}
+}
+
+// app is one invocation: the global flags and the output streams.
+type app struct {
+	stdout, stderr io.Writer
+
+	databaseURL    string
+	schema         string
+	inboxTable     string
+	outboxTable    string
+	jsonOut        bool
+	timeout        time.Duration
+	connectTimeout time.Duration
+
+	// ctx ends on SIGINT or SIGTERM; stopSignals restores the default
+	// handling (a second signal then kills the process).
+	ctx         context.Context
+	stopSignals context.CancelFunc
+}
+
+// run executes the command line args and returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	a := &app{stdout: stdout, stderr: stderr, ctx: ctx, stopSignals: stop}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return exitOK
+	}
+	code := exitUsage // errors cobra returns itself: unknown commands, flags, arguments
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	fmt.Fprintf(stderr, "exactlyonce: %s\n", oneLine(err.Error()))
+	if code == exitUsage && cmd != nil {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+	}
+	return code
+}
+
+// oneLine folds an error's text to one line, dropping lines that repeat an
+// earlier one (pgx reports each connection attempt on a line of its own,
+// and with sslmode=prefer both attempts fail alike).
+func oneLine(s string) string {
+	var out []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.Join(strings.Fields(line), " ")
+		if line == "" || seen[line] {
+			continue
+		}
+		seen[line] = true
+		out = append(out, line)
+	}
+	return strings.Join(out, " ")
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "exactlyonce",
+		Short: "Operate the inbox and outbox tables of watermill-exactlyonce",
+		Long: `exactlyonce migrates, inspects and repairs the PostgreSQL tables of watermill-exactlyonce,
+and runs the outbox relay standalone.
+
+The database is --database-url or $DATABASE_URL; the schema and table names default like the
+library's sqlschema.DB (public, watermill_inbox, watermill_outbox) and are read from
+$EXACTLYONCE_SCHEMA, $EXACTLYONCE_INBOX_TABLE and $EXACTLYONCE_OUTBOX_TABLE when the flags are
+not given. --json prints one JSON document per command. Exit status: 0 ok, 1 the operation
+failed, 2 usage error, 3 no such record.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          cobra.NoArgs,
+		RunE:          groupRunE,
+		// No completion command: one fewer thing to explain.
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &exitError{code: exitUsage, err: err}
+	})
+	f := root.PersistentFlags()
+	f.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL, postgres://user:password@host:5432/db (default $"+envDatabaseURL+")")
+	f.StringVar(&a.schema, "schema", "", "schema of the tables (default $"+envSchema+", else public)")
+	f.StringVar(&a.inboxTable, "inbox-table", "", "inbox table name (default $"+envInboxTable+", else watermill_inbox)")
+	f.StringVar(&a.outboxTable, "outbox-table", "", "outbox table name (default $"+envOutboxTable+", else watermill_outbox)")
+	f.BoolVar(&a.jsonOut, "json", false, "print one JSON document instead of text")
+	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on the command after this long (0: never; inbox purge and outbox relay: never unless given)")
+	f.DurationVar(&a.connectTimeout, "connect-timeout", 5*time.Second, "give up connecting to PostgreSQL after this long")
+
+	root.AddCommand(a.migrateCmd(), a.inboxCmd(), a.outboxCmd())
+	failuresExit(root)
+	return root
+}
+
+// groupRunE is the RunE of a command that only groups subcommands: called
+// without one, or with an unknown one, it is a usage error (cobra would
+// print the help and succeed).
+func groupRunE(cmd *cobra.Command, args []string) error {
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	if len(args) > 0 {
+		return usageErr("unknown command %q for %q (one of: %s)", args[0], cmd.CommandPath(), strings.Join(names, ", "))
+	}
+	return usageErr("missing command (one of: %s)", strings.Join(names, ", "))
+}
+
+// failuresExit makes every error a RunE of cmd or its subcommands returns
+// an exit status 1 unless it carries its own; the errors cobra returns
+// itself (flags, unknown commands, arguments) stay usage errors.
+func failuresExit(cmd *cobra.Command) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			err := run(c, args)
+			var ee *exitError
+			if err != nil && !errors.As(err, &ee) {
+				return &exitError{code: exitFailed, err: err}
+			}
+			return err
+		}
+	}
+	for _, c := range cmd.Commands() {
+		failuresExit(c)
+	}
+}
+
+// opContext returns the context of a one-shot operation: ended by a signal,
+// and by --timeout. unbounded commands (purge, relay) get the timeout only
+// when --timeout was given.
+func (a *app) opContext(cmd *cobra.Command, unbounded bool) (context.Context, context.CancelFunc) {
+	if a.timeout <= 0 || (unbounded && !cmd.Flags().Changed("timeout")) {
+		return context.WithCancel(a.ctx)
+	}
+	return context.WithTimeout(a.ctx, a.timeout)
+}
+
+// names returns the schema and table names from the flags, the environment
+// and the library's defaults, validated.
+func (a *app) names(cmd *cobra.Command) (sqlschema.DB, error) {
+	db := sqlschema.DB{
+		Schema:      flagOrEnv(cmd.Flags(), "schema", a.schema, envSchema),
+		InboxTable:  flagOrEnv(cmd.Flags(), "inbox-table", a.inboxTable, envInboxTable),
+		OutboxTable: flagOrEnv(cmd.Flags(), "outbox-table", a.outboxTable, envOutboxTable),
+	}.WithDefaults()
+	if err := db.Validate(); err != nil {
+		return db, usageErr("%s", strings.TrimPrefix(err.Error(), "sqlschema: "))
+	}
+	return db, nil
+}
+
+// flagOrEnv is the flag's value when it was given on the command line, else
+// the environment variable's.
+func flagOrEnv(fs *pflag.FlagSet, name, value, env string) string {
+	if fs.Changed(name) {
+		return value
+	}
+	return os.Getenv(env)
+}
+
+// connect opens a pool to the database and checks that it answers within
+// --connect-timeout. maxConns bounds the pool.
+func (a *app) connect(ctx context.Context, cmd *cobra.Command, maxConns int32) (*pgxpool.Pool, error) {
+	url := flagOrEnv(cmd.Flags(), "database-url", a.databaseURL, envDatabaseURL)
+	if url == "" {
+		return nil, usageErr("no database: set %s or --database-url", envDatabaseURL)
+	}
+	if a.connectTimeout <= 0 {
+		return nil, usageErr("--connect-timeout must be positive")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usageErr("invalid database URL: %v", err)
+	}
+	cfg.MaxConns = maxConns
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
+		cfg.ConnConfig.ConnectTimeout = a.connectTimeout
+	}
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "exactlyonce-cli"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to PostgreSQL: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, a.connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		if ctx.Err() == nil && pctx.Err() != nil {
+			return nil, fmt.Errorf("cannot connect to PostgreSQL at %s:%d: no answer within %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, a.connectTimeout)
+		}
+		return nil, fmt.Errorf("cannot connect to PostgreSQL: %w", err)
+	}
+	return pool, nil
+}
+
+// open connects and returns the DB with the names of the flags. When
+// migrated is true it also checks that every migration of this version is
+// applied, so that a command never half-works on old tables.
+func (a *app) open(ctx context.Context, cmd *cobra.Command, maxConns int32, migrated bool) (sqlschema.DB, func(), error) {
+	db, err := a.names(cmd)
+	if err != nil {
+		return db, nil, err
+	}
+	pool, err := a.connect(ctx, cmd, maxConns)
+	if err != nil {
+		return db, nil, err
+	}
+	db.Conn = wsql.BeginnerFromPgx(pool)
+	if migrated {
+		if err := requireMigrated(ctx, db); err != nil {
+			pool.Close()
+			return db, nil, err
+		}
+	}
+	return db, pool.Close, nil
+}
+
+// requireMigrated fails, naming the missing migrations and the command to
+// run, unless every migration of this version is applied.
+func requireMigrated(ctx context.Context, db sqlschema.DB) error {
+	st, err := sqlschema.Status(ctx, db)
+	if err != nil {
+		return opErr(ctx, db, "reading the migrations", err)
+	}
+	var missing []string
+	for _, m := range st {
+		if !m.Applied {
+			missing = append(missing, m.Name)
+		}
+	}
+	if len(missing) == len(st) {
+		return notMigrated(db, "no migration applied")
+	}
+	if len(missing) > 0 {
+		return notMigrated(db, fmt.Sprintf("%d of %d migrations missing (%s)", len(missing), len(st), strings.Join(missing, ", ")))
+	}
+	return nil
+}
+
+func notMigrated(db sqlschema.DB, detail string) error {
+	return fmt.Errorf("tables not migrated in schema %q (inbox table %q, outbox table %q): %s: run 'exactlyonce migrate up' with the same --schema, --inbox-table and --outbox-table",
+		db.Schema, db.InboxTable, db.OutboxTable, detail)
+}
+
+// opErr turns the error of an operation into the CLI's message: the
+// not-migrated hint in CLI terms, the timeout said plainly.
+func opErr(ctx context.Context, db sqlschema.DB, what string, err error) error {
+	switch {
+	case errors.Is(err, sqlschema.ErrNotMigrated):
+		return notMigrated(db, "a table or column is missing")
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("%s: timed out (--timeout): %w", what, err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: interrupted: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// printJSON writes v as one indented JSON document.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// requireArg returns the single positional argument, or a usage error when
+// it is missing or empty.
+func requireArg(args []string, name string) (string, error) {
+	if len(args) != 1 {
+		return "", usageErr("expected exactly one %s argument, got %d", name, len(args))
+	}
+	if args[0] == "" {
+		return "", usageErr("%s must not be empty", name)
+	}
+	return args[0], nil
+}
