@@ -30,10 +30,15 @@ func (e errNoListen) Error() string { return e.reason }
 // connection pooler), it logs why once and returns: the workers poll.
 func (r *Relay) listen(ctx context.Context) {
 	backoff := r.cfg.ErrorBackoff
-	lost := false
+	lost, first := false, true
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, func() {
 			backoff = r.cfg.ErrorBackoff
+			if first {
+				r.cfg.Logger.Info("outbox relay: wake-on-commit is on (LISTEN); polling every "+r.cfg.PollInterval.String()+" as the fallback",
+					watermill.LogFields{"channel": r.channel})
+				first = false
+			}
 			if lost {
 				r.cfg.Logger.Info("outbox relay: wake-on-commit is back (LISTEN)", watermill.LogFields{"channel": r.channel})
 				lost = false

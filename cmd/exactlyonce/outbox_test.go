@@ -294,6 +294,8 @@ func (b *syncBuffer) String() string {
 
 // outbox relay without --once relays rows committed while it runs, and on
 // SIGTERM stops cleanly: exit status 0 and the summary.
+// The relay runs until SIGTERM, waking on commit: with a poll interval of an
+// hour, the rows arrive because their commits woke it.
 func TestRelayRunsUntilSignal(t *testing.T) {
 	t.Parallel()
 	requirePostgres(t)
@@ -302,7 +304,7 @@ func TestRelayRunsUntilSignal(t *testing.T) {
 	queue := uniqueQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "outbox", "relay", "--poll-interval", "20ms", "--workers", "2")
+	cmd := exec.CommandContext(ctx, binary, "outbox", "relay", "--poll-interval", "1h", "--workers", "2")
 	cmd.Env = append(cleanEnv(), append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())...)
 	var stdout, stderr syncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -326,5 +328,6 @@ func TestRelayRunsUntilSignal(t *testing.T) {
 	require.Contains(t, stdout.String(), "Relayed 10 messages")
 	require.Contains(t, stdout.String(), "Outbox now: 0 pending")
 	require.Contains(t, stderr.String(), "outbox relay stopping")
+	require.Contains(t, stderr.String(), "wake-on-commit is on")
 	require.NotContains(t, stderr.String(), "level=ERROR")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -30,6 +31,8 @@ type relayOptions struct {
 	maxAttempts     int
 	errorBackoff    time.Duration
 	maxErrorBackoff time.Duration
+	listenURL       string
+	noListen        bool
 
 	once           bool
 	reportInterval time.Duration
@@ -67,7 +70,9 @@ succeeded, 1 when some failed. Logs go to standard error (slog; JSON with --json
 	f.BoolVar(&o.noQueueDeclare, "no-queue-declare", false, "rabbitmq: do not declare each topic's durable queue")
 	f.IntVar(&o.batchSize, "batch-size", def.BatchSize, "rows locked, published and deleted per transaction (1..10000)")
 	f.IntVar(&o.workers, "workers", def.Workers, "batches relayed concurrently")
-	f.DurationVar(&o.pollInterval, "poll-interval", def.PollInterval, "wait after a poll that found less than a full batch")
+	f.DurationVar(&o.pollInterval, "poll-interval", def.PollInterval, "wait after a poll that found less than a full batch (the fallback of wake-on-commit)")
+	f.StringVar(&o.listenURL, "listen-url", os.Getenv("EXACTLYONCE_LISTEN_URL"), "direct PostgreSQL address for the wake-on-commit LISTEN, when --database-url goes through PgBouncer in transaction mode ($EXACTLYONCE_LISTEN_URL)")
+	f.BoolVar(&o.noListen, "no-listen", false, "no wake-on-commit: only poll")
 	f.IntVar(&o.maxAttempts, "max-attempts", def.MaxAttempts, "failures blamed on a row before it is quarantined")
 	f.DurationVar(&o.errorBackoff, "error-backoff", def.ErrorBackoff, "first wait after a batch of which nothing was published; also paces a failing row's retries")
 	f.DurationVar(&o.maxErrorBackoff, "max-error-backoff", def.MaxErrorBackoff, "cap of --error-backoff's doubling")
@@ -126,15 +131,17 @@ func (a *app) publisher(cmd *cobra.Command, o relayOptions) (message.Publisher, 
 // RelayConfig later get their flags in relayCmd and their field here.)
 func relayConfig(o relayOptions, db sqlschema.DB, pub message.Publisher, log *slog.Logger) outbox.RelayConfig {
 	return outbox.RelayConfig{
-		DB:              db,
-		Publisher:       pub,
-		BatchSize:       o.batchSize,
-		Workers:         o.workers,
-		PollInterval:    o.pollInterval,
-		MaxAttempts:     o.maxAttempts,
-		ErrorBackoff:    o.errorBackoff,
-		MaxErrorBackoff: o.maxErrorBackoff,
-		Logger:          watermill.NewSlogLogger(log),
+		DB:               db,
+		Publisher:        pub,
+		BatchSize:        o.batchSize,
+		Workers:          o.workers,
+		PollInterval:     o.pollInterval,
+		MaxAttempts:      o.maxAttempts,
+		ErrorBackoff:     o.errorBackoff,
+		MaxErrorBackoff:  o.maxErrorBackoff,
+		ListenConnString: o.listenURL,
+		NoListen:         o.noListen,
+		Logger:           watermill.NewSlogLogger(log),
 	}
 }
 
