@@ -54,6 +54,12 @@ func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 VALUES ($1, $2, 'done', 1, now())
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING first_seen_at`
+	if s.part != nil {
+		var err error
+		if insert, err = s.claimInsertPartitioned(ctx, tx, consumer, key); err != nil {
+			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
+		}
+	}
 	update := s.countDuplicate()
 
 	// The loop runs a second time only if the conflicting row was deleted
@@ -124,6 +130,12 @@ func notDone(consumer, key string, rec Record) error {
 // transaction was rolled back. A key recorded done in the meantime stays
 // done; a failed (released) one is parked again.
 func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
+	if s.part != nil {
+		if err := s.parkPartitioned(ctx, db, consumer, key, pgtext.Truncate(reason)); err != nil {
+			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
+		}
+		return nil
+	}
 	return retryStatement(db, func() error {
 		_, err := seam.Exec(ctx, db, `INSERT INTO `+s.table+` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
 VALUES ($1, $2, 'parked', 1, now(), $3, true)
