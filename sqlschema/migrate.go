@@ -181,10 +181,10 @@ CREATE TABLE IF NOT EXISTS %s (
 			return fmt.Errorf("sqlschema: Migrate: recording %s: %w", m.Name, err)
 		}
 	}
+	if err = checkLayout(ctx, tx, cfg); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: %w", err)
+	}
 	if layout, ok := cfg.partitionLayout(); ok {
-		if err = checkLayout(ctx, tx, cfg); err != nil {
-			return fmt.Errorf("sqlschema: Migrate: %w", err)
-		}
 		if _, err = layout.Ensure(ctx, tx); err != nil {
 			return fmt.Errorf("sqlschema: Migrate: %w", err)
 		}
