@@ -50,13 +50,19 @@ func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return ClaimResult{}, err
 	}
+	return s.claimTx(ctx, tx, consumer, key, false)
+}
+
+// claimTx is ClaimTx for a valid key; locked says that tx already holds
+// the key's lock (partitioned layout).
+func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked bool) (ClaimResult, error) {
 	insert := `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at)
 VALUES ($1, $2, 'done', 1, now())
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING first_seen_at`
 	if s.part != nil {
 		var err error
-		if insert, err = s.claimInsertPartitioned(ctx, tx, consumer, key); err != nil {
+		if insert, err = s.claimInsertPartitioned(ctx, tx, consumer, key, locked); err != nil {
 			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
 		}
 	}

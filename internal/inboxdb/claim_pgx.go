@@ -46,13 +46,13 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}
+	if s.part != nil {
+		return s.beginClaimPgxPartitioned(ctx, conn, consumer, key, qc, qk)
+	}
 	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
 	// query with a unique violation, and the transaction with it.
 	begin := `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +
 		qc + `', '` + qk + `', 'done', 1, now())`
-	if s.part != nil {
-		begin = s.beginClaimPgxQuery(ctx, wsql.BeginnerFromPgx(conn), qc, qk)
-	}
 
 	for attempt := 0; attempt < 4; attempt++ {
 		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
@@ -67,7 +67,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation {
-			return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, lockErr(err))
+			return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
 		}
 		// Already recorded: count the duplicate. Zero rows means the record
 		// was deleted (Forget, Purge) in between: claim again.

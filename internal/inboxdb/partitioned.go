@@ -11,6 +11,7 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -106,11 +107,13 @@ func (s *Store) partitionAt(ctx context.Context, db wsql.ContextExecutor) string
 	return `least(clock_timestamp(), ` + inboxpart.Literal(p.newest.Add(-time.Microsecond)) + `)`
 }
 
-// claimInsertPartitioned locks (consumer, key) and returns the insert of a
-// done record that inserts only when the key has no record.
-func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (string, error) {
-	if _, err := tx.ExecContext(ctx, `SELECT `+checkedLock(s.lockKey("$1::text", "$2::text")), consumer, key); err != nil {
-		return "", lockErr(err)
+// claimInsertPartitioned locks (consumer, key) unless locked, and returns
+// the insert of a done record that inserts only when the key has no record.
+func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked bool) (string, error) {
+	if !locked {
+		if _, err := tx.ExecContext(ctx, `SELECT `+checkedLock(s.lockKey("$1::text", "$2::text")), consumer, key); err != nil {
+			return "", lockErr(err)
+		}
 	}
 	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, partition_at)
 SELECT $1, $2, 'done', 1, now(), ` + s.partitionAt(ctx, tx) + `
@@ -118,17 +121,35 @@ WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_
 RETURNING first_seen_at`, nil
 }
 
-// beginClaimPgxQuery is BeginClaimPgx's one-round-trip query on the
-// partitioned layout: BEGIN, the key's lock, and an INSERT that gives a
-// record found in any partition's partition_at to the new row, so that a
-// duplicate fails with a unique violation in that partition exactly as on
-// the plain layout. Retention moves a record between partitions only under
-// the same lock, so the value read is the record's while the lock is held.
-func (s *Store) beginClaimPgxQuery(ctx context.Context, db wsql.ContextExecutor, qc, qk string) string {
-	c, k := `'`+qc+`'`, `'`+qk+`'`
-	return `BEGIN; SELECT ` + checkedLock(s.lockKey(c, k)) + `; INSERT INTO ` + s.table +
-		` (consumer, message_key, status, attempts, processed_at, partition_at) SELECT ` + c + `, ` + k + `, 'done', 1, now(), coalesce((SELECT partition_at FROM ` +
-		s.table + ` WHERE consumer = ` + c + ` AND message_key = ` + k + ` LIMIT 1), ` + s.partitionAt(ctx, db) + `)`
+// beginClaimPgxPartitioned is BeginClaimPgx on the partitioned layout, in
+// two round trips: BEGIN with the key's lock (one simple-protocol query),
+// then ClaimTx's statements, which pgx prepares once per connection. One
+// round trip would need the look-up and insert in the simple protocol,
+// planned anew each time: planning a statement over every partition costs
+// more (about 0.3 ms for 13 partitions) than the second round trip.
+func (s *Store) beginClaimPgxPartitioned(ctx context.Context, conn *pgx.Conn, consumer, key, qc, qk string) (pgx.Tx, ClaimResult, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN; SELECT ` + checkedLock(s.lockKey(`'`+qc+`'`, `'`+qk+`'`))})
+	if err != nil {
+		// A failed BEGIN query may leave conn in an aborted transaction.
+		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
+			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+				return nil, ClaimResult{}, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
+			}
+		}
+		return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, lockErr(err))
+	}
+	claim, err := s.claimTx(ctx, wsql.TxFromPgx(tx), consumer, key, true)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, claim, err
+	}
+	if !claim.Claimed {
+		// The duplicate is counted in tx: commit it (the key is recorded
+		// whether or not the counter commits).
+		_ = tx.Commit(ctx)
+		return nil, claim, nil
+	}
+	return tx, claim, nil
 }
 
 // claimBatchPartitioned locks the keys (sorted by lock key) and inserts

@@ -7,7 +7,7 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,rss):
+// Sections (-only router,relay,rss,retention):
 //
 //   - router: a Watermill router drains a pre-filled durable RabbitMQ queue
 //     with 64 deliveries in flight (exactlyonce.ConcurrentSubscriber over one
@@ -23,6 +23,9 @@
 //     (ConfirmDelivery), and by Watermill's forwarder component (watermill-sql's
 //     default PostgreSQL schema as its storage, watermill-amqp as its
 //     out-publisher), each from a backlog of its own format.
+//   - retention: claim p99 on a large inbox (-retention-rows, 10M) and while
+//     retention removes a day of rows, for the plain table (row purge) and
+//     the daily-partitioned one (partition drop); bytes per row.
 //   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
 //     (a router with the middleware, group commit + Queue) at a 1k and a 1M
 //     backlog, each a subprocess (this binary re-executed with -child).
@@ -75,6 +78,10 @@ type config struct {
 	rssBacklogs []int
 	rssMessages int
 
+	// retention
+	retentionRows   int
+	retentionClaims int
+
 	dbURL   string
 	amqpURL string
 
@@ -105,22 +112,24 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":          {"router,relay,rss", "router,relay,rss"},
-		"rounds":        {"5", "5"},
-		"messages":      {"20000", "1000"},
-		"inflight":      {"64", "64"},
-		"prefetch":      {"64", "64"},
-		"pool":          {"20", "20"},
-		"backlogs":      {"10000,100000,1000000", "1000,5000,20000"},
-		"relay-rows":    {"100000", "2000"},
-		"relay-time":    {"15s", "3s"},
-		"relay-batch":   {"500", "500"},
-		"relay-workers": {"4", "4"},
-		"window":        {"256", "256"},
-		"rss-backlogs":  {"1000,10000,1000000", "1000,5000,20000"},
-		"rss-messages":  {"50000", "3000"},
+		"only":             {"router,relay,rss,retention", "router,relay,rss,retention"},
+		"rounds":           {"5", "5"},
+		"messages":         {"20000", "1000"},
+		"inflight":         {"64", "64"},
+		"prefetch":         {"64", "64"},
+		"pool":             {"20", "20"},
+		"backlogs":         {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":       {"100000", "2000"},
+		"relay-time":       {"15s", "3s"},
+		"relay-batch":      {"500", "500"},
+		"relay-workers":    {"4", "4"},
+		"window":           {"256", "256"},
+		"rss-backlogs":     {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":     {"50000", "3000"},
+		"retention-rows":   {"10000000", "200000"},
+		"retention-claims": {"20000", "3000"},
 	}
-	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss")
+	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss, retention")
 	def("rounds", "BENCH_ROUNDS", table["rounds"], "alternating rounds per line (at least 5 for the table)")
 	def("messages", "BENCH_MESSAGES", table["messages"], "router: messages drained per variant per round")
 	def("inflight", "BENCH_INFLIGHT", table["inflight"], "router: deliveries in flight (ConcurrentSubscriber n)")
@@ -134,6 +143,8 @@ func parseConfig(args []string) (*config, error) {
 	def("window", "BENCH_WINDOW", table["window"], "relay: rabbitmq.PublisherConfig.Window")
 	def("rss-backlogs", "BENCH_RSS_BACKLOGS", table["rss-backlogs"], "rss: backlogs, comma-separated, ascending: the last is compared with each other")
 	def("rss-messages", "BENCH_RSS_MESSAGES", table["rss-messages"], "rss: messages each relay / consumer process handles")
+	def("retention-rows", "BENCH_RETENTION_ROWS", table["retention-rows"], "retention: rows in each layout's inbox (spread over 7 days + one per round)")
+	def("retention-claims", "BENCH_RETENTION_CLAIMS", table["retention-claims"], "retention: claims timed per measurement")
 	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
 	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
 	child := fs.String("child", "", "internal: run as the relay or consumer process of the rss section")
@@ -172,25 +183,27 @@ func parseConfig(args []string) (*config, error) {
 		return out
 	}
 	c := &config{
-		quick:        *quick,
-		only:         map[string]bool{},
-		rounds:       num("rounds"),
-		cpu:          *cpu,
-		profDir:      *prof,
-		messages:     num("messages"),
-		inflight:     num("inflight"),
-		prefetch:     num("prefetch"),
-		pool:         num("pool"),
-		backlogs:     list("backlogs"),
-		relayRows:    num("relay-rows"),
-		relayBatch:   num("relay-batch"),
-		relayWorkers: num("relay-workers"),
-		window:       num("window"),
-		rssBacklogs:  list("rss-backlogs"),
-		rssMessages:  num("rss-messages"),
-		dbURL:        env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		amqpURL:      env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		child:        childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
+		quick:           *quick,
+		only:            map[string]bool{},
+		rounds:          num("rounds"),
+		cpu:             *cpu,
+		profDir:         *prof,
+		messages:        num("messages"),
+		inflight:        num("inflight"),
+		prefetch:        num("prefetch"),
+		pool:            num("pool"),
+		backlogs:        list("backlogs"),
+		relayRows:       num("relay-rows"),
+		relayBatch:      num("relay-batch"),
+		relayWorkers:    num("relay-workers"),
+		window:          num("window"),
+		rssBacklogs:     list("rss-backlogs"),
+		rssMessages:     num("rss-messages"),
+		retentionRows:   num("retention-rows"),
+		retentionClaims: num("retention-claims"),
+		dbURL:           env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL:         env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		child:           childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
 	}
 	if err != nil {
 		return nil, err
@@ -201,11 +214,11 @@ func parseConfig(args []string) (*config, error) {
 	for _, sec := range strings.Split(get("only"), ",") {
 		sec = strings.TrimSpace(sec)
 		switch sec {
-		case "router", "relay", "rss":
+		case "router", "relay", "rss", "retention":
 			c.only[sec] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss)", sec)
+			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss, retention)", sec)
 		}
 	}
 	if len(c.rssBacklogs) < 2 || !slices.IsSorted(c.rssBacklogs) {
@@ -273,14 +286,22 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		lines = append(lines, l...)
 	}
+	if cfg.only["retention"] {
+		l, err := h.retentionSection(ctx)
+		if err != nil {
+			return fmt.Errorf("retention section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
 	loadAfter := loadavg()
 
 	host, _ := os.Hostname()
 	fmt.Printf("benchtable %s: %s, %s/%s, %d CPUs, host %s; %d alternating rounds per line; %s in all\n",
 		start.Format("2006-01-02 15:04"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, cfg.rounds, time.Since(start).Round(time.Second))
 	fmt.Printf("load average (1, 5, 15 min) before: %s, after: %s\n", loadBefore, loadAfter)
-	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d, pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process\n\n",
-		cfg.messages, cfg.inflight, cfg.prefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages)
+	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d, pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %d rows per layout, %d claims per measurement\n\n",
+		cfg.messages, cfg.inflight, cfg.prefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
+		cfg.retentionRows, cfg.retentionClaims)
 	printTable(os.Stdout, lines)
 	if cfg.cpu {
 		fmt.Println()
@@ -291,7 +312,7 @@ func run(ctx context.Context, cfg *config) error {
 
 func sectionList(cfg *config) string {
 	var s []string
-	for _, k := range []string{"router", "relay", "rss"} {
+	for _, k := range []string{"router", "relay", "rss", "retention"} {
 		if cfg.only[k] {
 			s = append(s, k)
 		}
