@@ -28,8 +28,10 @@ func TestPartitionedLayoutModes(t *testing.T) {
 	t.Parallel()
 	modes := map[string]func(*exactlyonce.Config){
 		"transactional": func(*exactlyonce.Config) {},
-		"batch":         func(c *exactlyonce.Config) { c.Batch = &exactlyonce.BatchConfig{MaxSize: 4, MaxWait: 50 * time.Millisecond} },
-		"lease":         func(c *exactlyonce.Config) { c.Lease = &exactlyonce.LeaseConfig{} },
+		"batch": func(c *exactlyonce.Config) {
+			c.Batch = &exactlyonce.BatchConfig{MaxSize: 4, MaxWait: 50 * time.Millisecond}
+		},
+		"lease": func(c *exactlyonce.Config) { c.Lease = &exactlyonce.LeaseConfig{} },
 	}
 	rrURL := testenv.DatabaseURLWithIsolation(t, testenv.RepeatableRead)
 	rrDrivers := testenv.DriversFor(t, rrURL)

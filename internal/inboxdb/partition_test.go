@@ -257,7 +257,6 @@ func TestPartitionedClaimsRefuseSnapshotIsolation(t *testing.T) {
 						type outcome struct {
 							claimed bool
 							err     error
-							end     func() error
 						}
 						copyDone := make(chan outcome, 1)
 						go func() {

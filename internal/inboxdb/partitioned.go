@@ -424,7 +424,10 @@ AND `+keepCondition+` AND NOT `+liveLease, args...)
 		// writes into a past partition); put it back rather than lose one.
 		_, aerr := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
 			` FOR VALUES FROM (`+inboxpart.Literal(p.From)+`) TO (`+inboxpart.Literal(p.To)+`)`)
-		return 0, false, fmt.Errorf("purge: %s still held open records after they were moved; it was attached again (err: %v)", p.Name, aerr)
+		if aerr != nil {
+			return 0, false, fmt.Errorf("purge: %s still held open records after they were moved, and attaching it again failed: %w", p.Name, aerr)
+		}
+		return 0, false, fmt.Errorf("purge: %s still held open records after they were moved; it was attached again", p.Name)
 	}
 	if _, err := db.ExecContext(ctx, `DROP TABLE `+q); err != nil {
 		return 0, false, fmt.Errorf("purge: dropping %s: %w", p.Name, err)
