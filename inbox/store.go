@@ -153,22 +153,59 @@ type PurgeOptions struct {
 	// batch is its own short statement, so no lock is held for long.
 	// Defaults to 1000.
 	BatchSize int
-	// MaxBatches stops the purge after this many batches (0: until done).
+	// MaxBatches stops the purge after this many batches (0: until done);
+	// on the partitioned layout, after this many partitions dropped.
 	MaxBatches int
+	// Progress, when set, is called after each batch (or dropped partition)
+	// with the number of rows it removed (possibly 0 for the last batch):
+	// for metrics and logs. It runs on Purge's goroutine.
+	Progress func(deleted int64)
 }
+
+// ErrPurgeRunning is returned (wrapped) by Purge when another purge of the
+// same inbox table is running (in this process or another): at once,
+// having deleted nothing, when the other held the purge lock at the first
+// batch; or after some batches, with the rows deleted so far, when the other
+// took the lock between two batches. Nothing is wrong: the other purge
+// carries on; schedule the next run as usual.
+var ErrPurgeRunning = inboxdb.ErrPurgeRunning
 
 // Purge deletes records in status done or failed that finished more than
 // opts.OlderThan ago (by processed_at, never by first_seen_at: a key parked
 // for days and completed today is as young as any completed today), in
-// batches, each its own statement that skips rows locked by others. Records
-// processing (a live lease) or parked (waiting for an operator) are never
-// purged. It returns the number of rows deleted, also when ctx ends it
+// batches, each its own short transaction that skips rows locked by others.
+// Records processing (a live lease) or parked (waiting for an operator) are
+// never purged. It returns the number of rows deleted, also when ctx ends it
 // early. Run VACUUM (or let autovacuum) afterwards; see docs/operations.
+//
+// Only one purge of a table runs at a time, across processes: each batch
+// takes a transaction-scoped advisory lock first (it works behind PgBouncer
+// in transaction pooling), and a purge that finds it taken returns an error
+// wrapping ErrPurgeRunning.
+//
+// On the partitioned layout (sqlschema.DB.Partitions) without
+// opts.Consumer, Purge first creates the partitions due (MaintainPartitions),
+// then drops each partition that ended more than OlderThan ago, after moving
+// the records it must keep (not done — processing, failed, parked — or done
+// less than OlderThan ago) into the current partition; a partition holding
+// a record whose lease is still live waits for the next purge. See
+// docs/retention.md. With opts.Consumer it deletes rows as above.
 func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	n, err := s.s.Purge(ctx, s.db.Conn, inboxdb.PurgeOptions{
 		OlderThan: opts.OlderThan, Consumer: opts.Consumer, BatchSize: opts.BatchSize, MaxBatches: opts.MaxBatches,
+		Progress: opts.Progress,
 	})
 	return n, s.fail("purge", err)
+}
+
+// MaintainPartitions creates the partitions of the partitioned layout
+// (sqlschema.DB.Partitions) that are due: the current interval's and the
+// Ahead intervals after it. Migrate and Purge run it too; run it (or Purge)
+// at least every Ahead intervals. It returns the names created, and an
+// error for the plain layout.
+func (s *Store) MaintainPartitions(ctx context.Context) ([]string, error) {
+	created, err := s.s.MaintainPartitions(ctx, s.db.Conn)
+	return created, s.fail("maintain partitions", err)
 }
 
 // fail gives err one "inbox: " prefix and the not-migrated hint when the

@@ -338,3 +338,65 @@ func TestStoreNotMigrated(t *testing.T) {
 		check(err)
 	})
 }
+
+// The operator's view of purge exclusivity and progress: a purge that meets
+// another's lock returns an error wrapping inbox.ErrPurgeRunning (with the
+// "inbox: purge: " prefix); Progress sees every batch. On the partitioned
+// layout MaintainPartitions creates the partitions due, and every Store
+// method works; on the plain one it is refused.
+func TestStorePurgeLockAndPartitions(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.exec(t, "INSERT INTO "+b.db.Inbox()+` (consumer, message_key, status, processed_at)
+SELECT 'c', 'old-' || g, 'done', now() - interval '48 hours' FROM generate_series(1, 25) g`)
+		other, err := b.db.Conn.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = other.Rollback() }()
+		_, err = other.ExecContext(b.ctx, "SELECT pg_advisory_xact_lock(x'656f7075'::int, hashtext($1))", b.db.Inbox())
+		require.NoError(t, err)
+		n, err := b.store.Purge(b.ctx, inbox.PurgeOptions{OlderThan: time.Hour})
+		require.ErrorIs(t, err, inbox.ErrPurgeRunning)
+		require.True(t, strings.HasPrefix(err.Error(), "inbox: purge: "), err.Error())
+		require.Zero(t, n)
+		require.NoError(t, other.Rollback())
+
+		var seen []int64
+		n, err = b.store.Purge(b.ctx, inbox.PurgeOptions{OlderThan: time.Hour, BatchSize: 10, Progress: func(d int64) { seen = append(seen, d) }})
+		require.NoError(t, err)
+		require.Equal(t, int64(25), n)
+		require.Equal(t, []int64{10, 10, 5}, seen)
+
+		_, err = b.store.MaintainPartitions(b.ctx)
+		require.ErrorContains(t, err, "not partitioned")
+
+		pdb := testenv.WithConn(testenv.SchemaWith(t, sqlschema.DB{Partitions: &sqlschema.Partitioning{Interval: sqlschema.Hourly, Ahead: 4}}), b.db.Conn)
+		ps, err := inbox.NewStore(pdb)
+		require.NoError(t, err)
+		created, err := ps.MaintainPartitions(b.ctx)
+		require.NoError(t, err)
+		require.Empty(t, created, "Migrate created them")
+		inner, err := inboxdb.NewStore(inboxdb.Config{Tables: pdb})
+		require.NoError(t, err)
+		pb := bundle{ctx: b.ctx, db: pdb, store: ps, inner: inner}
+		pb.claim(t, "c", "k")
+		rec, err := ps.Get(b.ctx, "c", "k")
+		require.NoError(t, err)
+		require.Equal(t, "done", rec.Status)
+		st, err := ps.Stats(b.ctx, "c")
+		require.NoError(t, err)
+		require.Equal(t, int64(1), st.Total)
+		require.NoError(t, inner.Park(b.ctx, pdb.Conn, "c", "p", "permanent"))
+		parked, err := ps.Parked(b.ctx, "c", 0)
+		require.NoError(t, err)
+		require.Len(t, parked, 1)
+		ok, err := ps.Release(b.ctx, "c", "p")
+		require.NoError(t, err)
+		require.True(t, ok)
+		ok, err = ps.Forget(b.ctx, "c", "k")
+		require.NoError(t, err)
+		require.True(t, ok)
+		n, err = ps.Purge(b.ctx, inbox.PurgeOptions{OlderThan: time.Hour})
+		require.NoError(t, err)
+		require.Zero(t, n, "nothing is past retention")
+	})
+}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
@@ -63,6 +65,32 @@ func Check(ctx context.Context, db DB) error {
 	}
 	if len(missing) > 0 {
 		return pgerr.NotMigrated(db.names(), fmt.Sprintf("missing %v", missing))
+	}
+	return checkLayout(ctx, db.Conn, db)
+}
+
+// errLayout is wrapped by Check and Migrate when the inbox table's layout
+// (partitioned or not) is not the one DB.Partitions states.
+var errLayout = errors.New("the inbox table's layout does not match DB.Partitions")
+
+// checkLayout reports whether the inbox table is partitioned exactly when
+// db.Partitions says so. Every process must agree: a claim written for one
+// layout is refused by a table of the other (docs/retention.md says how to
+// move an existing table to the partitioned layout).
+func checkLayout(ctx context.Context, q wsql.ContextExecutor, db DB) error {
+	var kind string
+	if err := seam.QueryRow(ctx, q, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, []any{db.Inbox()}, &kind); err != nil {
+		if errors.Is(err, seam.ErrNoRows) {
+			return nil // no table: reported as not migrated
+		}
+		return fmt.Errorf("sqlschema: reading the layout of %s: %w", db.Inbox(), err)
+	}
+	partitioned := kind == "p"
+	switch {
+	case partitioned && db.Partitions == nil:
+		return fmt.Errorf("sqlschema: %s is partitioned but DB.Partitions is nil: set it in every process that uses the table: %w", db.Inbox(), errLayout)
+	case !partitioned && db.Partitions != nil:
+		return fmt.Errorf("sqlschema: %s is a plain table but DB.Partitions is set: it was created without partitions (docs/retention.md: moving to the partitioned layout): %w", db.Inbox(), errLayout)
 	}
 	return nil
 }

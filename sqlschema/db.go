@@ -54,6 +54,69 @@ type DB struct {
 
 	// OutboxTable is the outbox table's name. Defaults to "watermill_outbox".
 	OutboxTable string
+
+	// Partitions, when set, selects the time-partitioned inbox layout for
+	// large volumes: Migrate creates the inbox table partitioned by time
+	// (daily or hourly partitions, created ahead), and retention
+	// (inbox.Store.Purge) drops whole partitions instead of deleting rows.
+	// Deduplication stays correct across partition boundaries; the
+	// handler's transaction must then be READ COMMITTED (see
+	// docs/retention.md). It must be the same in every process that uses
+	// the table, and it cannot be switched on for a table created without
+	// it (Check reports the mismatch). Nil (the default): one plain table.
+	Partitions *Partitioning
+}
+
+// PartitionInterval is the time range of one inbox partition.
+type PartitionInterval string
+
+// The partition intervals. Bounds are aligned in UTC.
+const (
+	Daily  PartitionInterval = "daily"
+	Hourly PartitionInterval = "hourly"
+)
+
+// Partitioning configures the time-partitioned inbox layout (DB.Partitions).
+type Partitioning struct {
+	// Interval is the range of one partition: Daily or Hourly. Retention
+	// drops a partition once all of it is older than the purge's
+	// OlderThan, so a record is kept up to OlderThan plus one interval.
+	// Keep the number of partitions (retention / interval + Ahead) below
+	// about 100: every claim looks a key up in each of them. Defaults to
+	// Daily.
+	Interval PartitionInterval
+
+	// Ahead is how many intervals after the current one have their
+	// partition created in advance (by Migrate, Purge and
+	// inbox.Store.MaintainPartitions). A claim at a time with no partition
+	// still succeeds (it is recorded in the newest partition), but run
+	// maintenance at least every Ahead intervals. Defaults to 3.
+	Ahead int
+}
+
+// defaultPartitionsAhead is Partitioning.Ahead's default.
+const defaultPartitionsAhead = 3
+
+// WithDefaults returns a copy of p with empty fields set to their defaults.
+func (p Partitioning) WithDefaults() Partitioning {
+	if p.Interval == "" {
+		p.Interval = Daily
+	}
+	if p.Ahead == 0 {
+		p.Ahead = defaultPartitionsAhead
+	}
+	return p
+}
+
+func (p Partitioning) validate() error {
+	p = p.WithDefaults()
+	if p.Interval != Daily && p.Interval != Hourly {
+		return fmt.Errorf("sqlschema: DB.Partitions.Interval is %q, it must be sqlschema.Daily or sqlschema.Hourly", p.Interval)
+	}
+	if p.Ahead < 1 || p.Ahead > 1000 {
+		return fmt.Errorf("sqlschema: DB.Partitions.Ahead is %d, it must be between 1 and 1000", p.Ahead)
+	}
+	return nil
 }
 
 // WithDefaults returns a copy of c with empty names set to their defaults.
@@ -66,6 +129,10 @@ func (c DB) WithDefaults() DB {
 	}
 	if c.OutboxTable == "" {
 		c.OutboxTable = defaultOutboxTable
+	}
+	if c.Partitions != nil {
+		p := c.Partitions.WithDefaults()
+		c.Partitions = &p
 	}
 	return c
 }
@@ -87,6 +154,9 @@ func (c DB) Validate() error {
 	}
 	if c.InboxTable == c.OutboxTable {
 		return fmt.Errorf("sqlschema: DB.InboxTable and DB.OutboxTable are both %q: %w", c.InboxTable, errInvalidName)
+	}
+	if c.Partitions != nil {
+		return c.Partitions.validate()
 	}
 	return nil
 }

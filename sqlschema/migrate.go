@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
@@ -180,10 +181,28 @@ CREATE TABLE IF NOT EXISTS %s (
 			return fmt.Errorf("sqlschema: Migrate: recording %s: %w", m.Name, err)
 		}
 	}
+	if err = checkLayout(ctx, tx, cfg); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: %w", err)
+	}
+	if layout, ok := cfg.partitionLayout(); ok {
+		if _, err = layout.Ensure(ctx, tx); err != nil {
+			return fmt.Errorf("sqlschema: Migrate: %w", err)
+		}
+	}
 	if err = tx.Commit(); err != nil {
 		return fmt.Errorf("sqlschema: Migrate: commit: %w", err)
 	}
 	return nil
+}
+
+// partitionLayout is the partition manager's view of a partitioned inbox
+// (c with its defaults); ok is false for the plain layout.
+func (c DB) partitionLayout() (inboxpart.Layout, bool) {
+	if c.Partitions == nil {
+		return inboxpart.Layout{}, false
+	}
+	p := c.Partitions.WithDefaults()
+	return inboxpart.Layout{Schema: c.Schema, Table: c.InboxTable, Hourly: p.Interval == Hourly, Ahead: p.Ahead}, true
 }
 
 // targetName keys the migrations table by table, so that several inbox or
@@ -210,6 +229,9 @@ func parseMigrationName(name string) (target string, version int, err error) {
 
 // templateData is what migration templates see.
 type templateData struct{ cfg DB }
+
+// Partitioned is true for the time-partitioned inbox layout (DB.Partitions).
+func (d templateData) Partitioned() bool { return d.cfg.Partitions != nil }
 
 func (d templateData) Inbox() string  { return d.cfg.Inbox() }
 func (d templateData) Outbox() string { return d.cfg.Outbox() }

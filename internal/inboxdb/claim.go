@@ -50,10 +50,22 @@ func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return ClaimResult{}, err
 	}
+	return s.claimTx(ctx, tx, consumer, key, false)
+}
+
+// claimTx is ClaimTx for a valid key; locked says that tx already holds
+// the key's lock (partitioned layout).
+func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked bool) (ClaimResult, error) {
 	insert := `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at)
 VALUES ($1, $2, 'done', 1, now())
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING first_seen_at`
+	if s.part != nil {
+		var err error
+		if insert, err = s.claimInsertPartitioned(ctx, tx, consumer, key, locked); err != nil {
+			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
+		}
+	}
 	update := s.countDuplicate()
 
 	// The loop runs a second time only if the conflicting row was deleted
@@ -124,6 +136,12 @@ func notDone(consumer, key string, rec Record) error {
 // transaction was rolled back. A key recorded done in the meantime stays
 // done; a failed (released) one is parked again.
 func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
+	if s.part != nil {
+		if err := s.parkPartitioned(ctx, db, consumer, key, pgtext.Truncate(reason)); err != nil {
+			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
+		}
+		return nil
+	}
 	return retryStatement(db, func() error {
 		_, err := seam.Exec(ctx, db, `INSERT INTO `+s.table+` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
 VALUES ($1, $2, 'parked', 1, now(), $3, true)

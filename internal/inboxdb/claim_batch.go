@@ -47,34 +47,13 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consu
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 
-	args := make([]any, 0, len(sorted)+1)
-	args = append(args, consumer)
-	var values strings.Builder
-	for i, k := range sorted {
-		if i > 0 {
-			values.WriteString(", ")
-		}
-		values.WriteString("($1, $" + strconv.Itoa(i+2) + ", 'done', 1, now())")
-		args = append(args, k)
+	insert := s.claimBatchPlain
+	if s.part != nil {
+		insert = s.claimBatchPartitioned
 	}
-	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at)
-VALUES `+values.String()+`
-ON CONFLICT (consumer, message_key) DO NOTHING
-RETURNING message_key`, args...)
+	claimed, err := insert(ctx, tx, consumer, sorted)
 	if err != nil {
-		return nil, nil, fmt.Errorf("claiming %d keys for %q: %w", len(keys), consumer, err)
-	}
-	claimed := make(map[string]bool, len(keys))
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			_ = rows.Close()
-			return nil, nil, fmt.Errorf("claiming %d keys for %q: %w", len(keys), consumer, err)
-		}
-		claimed[k] = true
-	}
-	if err := seam.Close(rows); err != nil {
-		return nil, nil, fmt.Errorf("claiming %d keys for %q: %w", len(keys), consumer, err)
+		return nil, nil, err
 	}
 
 	var rest []string
@@ -89,13 +68,14 @@ RETURNING message_key`, args...)
 		return results, errs, nil
 	}
 
-	args = append(args[:1], make([]any, 0, len(rest))...)
+	args := make([]any, 0, len(rest)+1)
+	args = append(args, consumer)
 	placeholders := make([]string, len(rest))
 	for i, k := range rest {
 		placeholders[i] = "$" + strconv.Itoa(i+2)
 		args = append(args, k)
 	}
-	rows, err = tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN ('done', 'parked') THEN 1 ELSE 0 END
+	rows, err := tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN ('done', 'parked') THEN 1 ELSE 0 END
 WHERE consumer = $1 AND message_key IN (`+strings.Join(placeholders, ", ")+`)
 RETURNING `+recordColumns, args...)
 	if err != nil {
@@ -137,4 +117,39 @@ RETURNING `+recordColumns, args...)
 		}
 	}
 	return results, errs, nil
+}
+
+// claimBatchPlain inserts the keys (sorted) on the plain layout, returning
+// the keys inserted.
+func (s *Store) claimBatchPlain(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string) (map[string]bool, error) {
+	args := make([]any, 0, len(sorted)+1)
+	args = append(args, consumer)
+	var values strings.Builder
+	for i, k := range sorted {
+		if i > 0 {
+			values.WriteString(", ")
+		}
+		values.WriteString("($1, $" + strconv.Itoa(i+2) + ", 'done', 1, now())")
+		args = append(args, k)
+	}
+	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at)
+VALUES `+values.String()+`
+ON CONFLICT (consumer, message_key) DO NOTHING
+RETURNING message_key`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+	}
+	claimed := make(map[string]bool, len(sorted))
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			_ = rows.Close()
+			return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+		}
+		claimed[k] = true
+	}
+	if err := seam.Close(rows); err != nil {
+		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+	}
+	return claimed, nil
 }

@@ -46,6 +46,9 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}
+	if s.part != nil {
+		return s.beginClaimPgxPartitioned(ctx, conn, consumer, key, qc, qk)
+	}
 	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
 	// query with a unique violation, and the transaction with it.
 	begin := `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +

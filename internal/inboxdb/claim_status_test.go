@@ -174,75 +174,77 @@ func TestClaimTxReclaimsFailedOnce(t *testing.T) {
 
 func TestBeginClaimPgxParkedAndFailed(t *testing.T) {
 	t.Parallel()
-	tables := testenv.Schema(t)
-	pool := testenv.Pool(t)
-	db := wsql.BeginnerFromPgx(pool)
-	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
-	require.NoError(t, err)
-	b := bundle{db: db, tables: tables, store: store}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b.ctx = ctx
+	eachLayout(t, func(t *testing.T, layout string) {
+		tables := testenv.SchemaLayout(t, layout)
+		pool := testenv.Pool(t)
+		db := wsql.BeginnerFromPgx(pool)
+		store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+		require.NoError(t, err)
+		b := bundle{db: db, tables: tables, store: store}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		b.ctx = ctx
 
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	c := conn.Conn()
-	idle := func() { require.Equal(t, byte('I'), c.PgConn().TxStatus(), "conn must be left outside a transaction") }
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		c := conn.Conn()
+		idle := func() { require.Equal(t, byte('I'), c.PgConn().TxStatus(), "conn must be left outside a transaction") }
 
-	// Parked: not claimed, no tx, the duplicate counted.
-	b.insertRecord(t, "c", "parked", inboxdb.StatusParked, 1, "permanent")
-	for i := int64(1); i <= 2; i++ {
-		tx, res, err := store.BeginClaimPgx(ctx, c, "c", "parked")
+		// Parked: not claimed, no tx, the duplicate counted.
+		b.insertRecord(t, "c", "parked", inboxdb.StatusParked, 1, "permanent")
+		for i := int64(1); i <= 2; i++ {
+			tx, res, err := store.BeginClaimPgx(ctx, c, "c", "parked")
+			require.NoError(t, err)
+			require.Nil(t, tx)
+			require.False(t, res.Claimed)
+			require.Equal(t, inboxdb.StatusParked, res.Existing.Status)
+			require.Equal(t, "permanent", res.Existing.LastError)
+			require.Equal(t, i, res.Existing.Duplicates)
+			idle()
+		}
+		rec, err := store.Lookup(ctx, db, "c", "parked")
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusParked, rec.Status)
+		require.Equal(t, int64(2), rec.Duplicates)
+		require.Equal(t, 1, rec.Attempts)
+
+		// Failed (released): claimed in the returned tx; a rollback restores it.
+		b.insertRecord(t, "c", "failed", inboxdb.StatusFailed, 2, "released")
+		tx, res, err := store.BeginClaimPgx(ctx, c, "c", "failed")
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.NotNil(t, tx)
+		inside, err := store.Lookup(ctx, wsql.TxFromPgx(tx), "c", "failed")
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusDone, inside.Status)
+		require.Equal(t, 3, inside.Attempts)
+		require.Empty(t, inside.LastError)
+		require.NoError(t, tx.Rollback(ctx))
+		idle()
+		rec, err = store.Lookup(ctx, db, "c", "failed")
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusFailed, rec.Status, "the rollback restores the failed record")
+		require.Equal(t, 2, rec.Attempts)
+		require.Equal(t, "released", rec.LastError)
+
+		// Claimed and committed: done; the next delivery is a duplicate.
+		tx, res, err = store.BeginClaimPgx(ctx, c, "c", "failed")
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.NoError(t, tx.Commit(ctx))
+		idle()
+		rec, err = store.Lookup(ctx, db, "c", "failed")
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusDone, rec.Status)
+		require.Equal(t, 3, rec.Attempts)
+		tx, res, err = store.BeginClaimPgx(ctx, c, "c", "failed")
 		require.NoError(t, err)
 		require.Nil(t, tx)
 		require.False(t, res.Claimed)
-		require.Equal(t, inboxdb.StatusParked, res.Existing.Status)
-		require.Equal(t, "permanent", res.Existing.LastError)
-		require.Equal(t, i, res.Existing.Duplicates)
+		require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
 		idle()
-	}
-	rec, err := store.Lookup(ctx, db, "c", "parked")
-	require.NoError(t, err)
-	require.Equal(t, inboxdb.StatusParked, rec.Status)
-	require.Equal(t, int64(2), rec.Duplicates)
-	require.Equal(t, 1, rec.Attempts)
-
-	// Failed (released): claimed in the returned tx; a rollback restores it.
-	b.insertRecord(t, "c", "failed", inboxdb.StatusFailed, 2, "released")
-	tx, res, err := store.BeginClaimPgx(ctx, c, "c", "failed")
-	require.NoError(t, err)
-	require.True(t, res.Claimed)
-	require.NotNil(t, tx)
-	inside, err := store.Lookup(ctx, wsql.TxFromPgx(tx), "c", "failed")
-	require.NoError(t, err)
-	require.Equal(t, inboxdb.StatusDone, inside.Status)
-	require.Equal(t, 3, inside.Attempts)
-	require.Empty(t, inside.LastError)
-	require.NoError(t, tx.Rollback(ctx))
-	idle()
-	rec, err = store.Lookup(ctx, db, "c", "failed")
-	require.NoError(t, err)
-	require.Equal(t, inboxdb.StatusFailed, rec.Status, "the rollback restores the failed record")
-	require.Equal(t, 2, rec.Attempts)
-	require.Equal(t, "released", rec.LastError)
-
-	// Claimed and committed: done; the next delivery is a duplicate.
-	tx, res, err = store.BeginClaimPgx(ctx, c, "c", "failed")
-	require.NoError(t, err)
-	require.True(t, res.Claimed)
-	require.NoError(t, tx.Commit(ctx))
-	idle()
-	rec, err = store.Lookup(ctx, db, "c", "failed")
-	require.NoError(t, err)
-	require.Equal(t, inboxdb.StatusDone, rec.Status)
-	require.Equal(t, 3, rec.Attempts)
-	tx, res, err = store.BeginClaimPgx(ctx, c, "c", "failed")
-	require.NoError(t, err)
-	require.Nil(t, tx)
-	require.False(t, res.Claimed)
-	require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
-	idle()
+	})
 }
 
 func TestPark(t *testing.T) {

@@ -149,13 +149,24 @@ func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string
 	leaseSecs := opts.Lease.Seconds()
 	token := watermill.NewUUID() // random (version 4): every claim its own
 	var rec Record
+	lockTimeout := strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)
 	// The CTE sets the transaction's lock_timeout for the statements that
 	// follow (the row lock below), in the same round trip as the insert.
-	err := seam.QueryRow(ctx, tx, `WITH lock_wait AS (SELECT set_config('lock_timeout', $5, true))
-INSERT INTO `+s.table+` (consumer, message_key, status, attempts, lease_until, lease_token)
+	insert := `WITH lock_wait AS (SELECT set_config('lock_timeout', $5, true))
+INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token)
 SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid FROM lock_wait
 ON CONFLICT (consumer, message_key) DO NOTHING
-RETURNING `+recordColumns, []any{consumer, key, leaseSecs, token, strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)}, rec.scanDest()...)
+RETURNING ` + recordColumns
+	args := []any{consumer, key, leaseSecs, token, lockTimeout}
+	if s.part != nil {
+		// The key's lock, waiting at most lock_timeout, then the insert.
+		var err error
+		if insert, err = s.leaseInsertPartitioned(ctx, tx, consumer, key, lockTimeout); err != nil {
+			return LeaseClaim{}, err
+		}
+		args = args[:4]
+	}
+	err := seam.QueryRow(ctx, tx, insert, args, rec.scanDest()...)
 	if err == nil {
 		return LeaseClaim{Outcome: LeaseAcquired, Attempt: 1, Token: token, LeaseUntil: *rec.LeaseUntil, Record: rec}, nil
 	}

@@ -853,7 +853,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 // processing (even with an expired lease) or parked.
 func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriverPlain(t, func(t *testing.T, b bundle) {
 		const c = "c"
 		lc := leaseAcquire(t, b, c, "done", time.Hour, retryExpired)
 		leaseComplete(t, b, c, "done", lc.Token)

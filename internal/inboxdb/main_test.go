@@ -27,23 +27,51 @@ type bundle struct {
 	store  *inboxdb.Store
 }
 
-// eachDriver runs f once per driver of testenv.Drivers, as parallel
-// subtests, each with its own migrated schema. Connections are opened inside
-// the subtest, so subtests waiting for their turn hold none.
+// eachDriver runs f once per driver of testenv.Drivers and per inbox
+// layout (testenv.Layouts: the plain table and the time-partitioned one),
+// as parallel subtests ("pgxpool/plain", ...), each with its own migrated
+// schema. Connections are opened inside the subtest, so subtests waiting
+// for their turn hold none.
 func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	t.Helper()
-	for i, name := range []string{"pgxpool", "database-sql"} {
-		t.Run(name, func(t *testing.T) {
+	eachDriverOf(t, testenv.Layouts, f)
+}
+
+// eachDriverPlain is eachDriver on the plain layout only: for behaviour the
+// partitioned layout has its own tests of (retention).
+func eachDriverPlain(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	eachDriverOf(t, []string{"plain"}, f)
+}
+
+// eachLayout runs f once per inbox layout (testenv.Layouts), as parallel
+// subtests.
+func eachLayout(t *testing.T, f func(t *testing.T, layout string)) {
+	t.Helper()
+	for _, layout := range testenv.Layouts {
+		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
-			d := testenv.Drivers(t)[i]
-			require.Equal(t, name, d.Name)
-			tables := testenv.Schema(t)
-			store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
-			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			t.Cleanup(cancel)
-			f(t, bundle{ctx: ctx, db: d.DB, tables: tables, store: store})
+			f(t, layout)
 		})
+	}
+}
+
+func eachDriverOf(t *testing.T, layouts []string, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	for i, name := range []string{"pgxpool", "database-sql"} {
+		for _, layout := range layouts {
+			t.Run(name+"/"+layout, func(t *testing.T) {
+				t.Parallel()
+				d := testenv.Drivers(t)[i]
+				require.Equal(t, name, d.Name)
+				tables := testenv.SchemaLayout(t, layout)
+				store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+				require.NoError(t, err)
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				t.Cleanup(cancel)
+				f(t, bundle{ctx: ctx, db: d.DB, tables: tables, store: store})
+			})
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package inboxdb
 
 import (
 	"context"
+	stdsql "database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -112,6 +113,11 @@ func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consum
 // DefaultPurgeBatchSize is the number of rows one purge statement deletes.
 const DefaultPurgeBatchSize = 1000
 
+// ErrPurgeRunning is returned by Purge when another purge of the same inbox
+// table holds the purge lock: at its first batch (nothing was deleted), or
+// between two batches (it stopped; the other purge carries on).
+var ErrPurgeRunning = errors.New("another purge of this inbox table is running")
+
 // PurgeOptions selects what Purge deletes.
 type PurgeOptions struct {
 	// OlderThan deletes records that finished (processed_at: done, failed,
@@ -125,19 +131,58 @@ type PurgeOptions struct {
 	// batch is its own short statement, so no lock is held for long.
 	// Defaults to 1000.
 	BatchSize int
-	// MaxBatches stops the purge after this many batches (0: until done).
+	// MaxBatches stops the purge after this many batches (0: until done);
+	// on the partitioned layout, after this many partitions dropped.
 	MaxBatches int
+	// Progress, when set, is called after each batch (or dropped
+	// partition) with the number of rows it removed.
+	Progress func(deleted int64)
+}
+
+// purgeLockClass is the first key of the purge lock, in the two-key
+// advisory lock space (the claims' per-key locks use the one-key space);
+// the second is a hash of the table's name.
+const purgeLockClass = 0x656f7075 // "eopu"
+
+// underPurgeLock runs fn in a READ COMMITTED transaction of its own that
+// first takes the table's purge lock without waiting. It reports false,
+// running nothing, when another purge holds it. Transaction-scoped, the
+// lock keeps no session state (PgBouncer's transaction pooling).
+func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx wsql.Tx) error) (bool, error) {
+	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	if err != nil {
+		return false, err
+	}
+	var locked bool
+	if err := seam.QueryRow(ctx, tx, `SELECT pg_try_advisory_xact_lock($1, hashtext($2))`, []any{purgeLockClass, s.table}, &locked); err != nil || !locked {
+		_ = tx.Rollback()
+		return false, err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return true, err
+	}
+	return true, tx.Commit()
 }
 
 // Purge deletes records in status done or failed that finished more than
 // opts.OlderThan ago (by processed_at, never by first_seen_at: a key parked
 // for days and completed today is as young as any completed today), in
-// batches of opts.BatchSize rows, each batch its own
-// statement that skips rows locked by others. Records processing (a live
-// lease) or parked (waiting for an operator) are never purged. db must not
-// be a transaction you want to keep short: pass the pool or *sql.DB. It
-// returns the number of rows deleted, also when ctx ends it early.
-func (s *Store) Purge(ctx context.Context, db wsql.ContextExecutor, opts PurgeOptions) (int64, error) {
+// batches of opts.BatchSize rows. Records processing (a live lease) or
+// parked (waiting for an operator) are never purged. db must not be a
+// transaction: pass the pool or *sql.DB. It returns the number of rows
+// deleted, also when ctx ends it early.
+//
+// Each batch is a READ COMMITTED transaction that first takes the table's
+// purge lock (pg_try_advisory_xact_lock), then deletes with SKIP LOCKED: no
+// two purges of one table delete at the same moment. A purge that finds the
+// lock taken returns ErrPurgeRunning: at once when it is its first batch,
+// or, between batches, after the rows it already deleted.
+//
+// On the partitioned layout (without opts.Consumer) whole partitions are
+// dropped instead: see purgePartitions. With opts.Consumer it deletes rows
+// as on the plain layout.
+func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) (int64, error) {
 	if opts.OlderThan <= 0 {
 		return 0, errors.New("PurgeOptions.OlderThan must be > 0")
 	}
@@ -146,6 +191,12 @@ func (s *Store) Purge(ctx context.Context, db wsql.ContextExecutor, opts PurgeOp
 	}
 	if opts.BatchSize < 0 {
 		return 0, errors.New("PurgeOptions.BatchSize must be >= 0")
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if s.part != nil && opts.Consumer == "" {
+		return s.purgePartitions(ctx, db, opts)
 	}
 	// A done or failed record the library wrote always has processed_at;
 	// first_seen_at only stands in for rows written by hand without one.
@@ -164,11 +215,22 @@ LIMIT $2 FOR UPDATE SKIP LOCKED)`
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := seam.Exec(ctx, db, q, args...)
+		var n int64
+		locked, err := s.underPurgeLock(ctx, db, func(tx wsql.Tx) error {
+			var err error
+			n, err = seam.Exec(ctx, tx, q, args...)
+			return err
+		})
 		if err != nil {
 			return total, fmt.Errorf("purge: %w", err)
 		}
+		if !locked {
+			return total, ErrPurgeRunning
+		}
 		total += n
+		if opts.Progress != nil {
+			opts.Progress(n)
+		}
 		if n < int64(opts.BatchSize) {
 			break
 		}

@@ -13,7 +13,7 @@ import (
 
 func TestPurge(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriverPlain(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
 		// Consumer c1: 5,000 old rows (done and failed), 100 recent ones, and
 		// an old row in each status Purge must keep. Consumer c2: 7 old rows.
@@ -67,7 +67,7 @@ SELECT 'c2', 'old-' || g, 'done' FROM generate_series(1, 7) g`)
 
 func TestPurgeSkipsLockedRows(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriverPlain(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
 		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, first_seen_at)
 SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`)
@@ -103,7 +103,7 @@ SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`)
 
 func TestPurgeOptions(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriverPlain(t, func(t *testing.T, b bundle) {
 		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, first_seen_at)
 VALUES ('c', 'k', now() - interval '2 days')`)
 
@@ -138,7 +138,7 @@ VALUES ('c', 'k', now() - interval '2 days')`)
 // finished moments ago is kept; one that finished long ago goes.
 func TestPurgeAgesByFinish(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachDriverPlain(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
 		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, first_seen_at, processed_at) VALUES
 ('c', 'seen-long-ago-finished-now', 'done', now() - interval '5 days', now()),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -54,6 +55,7 @@ func (c Config) validate() error {
 type Store struct {
 	cfg   Config
 	table string
+	part  *partitionState // nil: the plain layout
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -63,7 +65,12 @@ func NewStore(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{cfg: cfg, table: cfg.Tables.Inbox()}, nil
+	s := &Store{cfg: cfg, table: cfg.Tables.Inbox()}
+	if p := cfg.Tables.Partitions; p != nil {
+		s.part = &partitionState{layout: inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
+			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}}
+	}
+	return s, nil
 }
 
 // Table returns the quoted, schema-qualified inbox table name.

@@ -140,6 +140,54 @@ func Schema(t testing.TB) sqlschema.DB {
 	return cfg
 }
 
+// Layouts names the inbox layouts a suite can run against: the plain table
+// and the time-partitioned one (sqlschema.DB.Partitions).
+var Layouts = []string{"plain", "partitioned"}
+
+// SchemaLayout is Schema for the named layout (see Layouts). The
+// partitioned one has daily partitions, two created ahead; for tests that
+// write records by hand, its partition_at column gets the default
+// clock_timestamp() (the library's table has none, so that a claim unaware
+// of the layout fails instead of inserting; the library never relies on
+// it).
+func SchemaLayout(t testing.TB, layout string) sqlschema.DB {
+	t.Helper()
+	switch layout {
+	case "plain":
+		return Schema(t)
+	case "partitioned":
+		db := SchemaWith(t, sqlschema.DB{Partitions: &sqlschema.Partitioning{Interval: sqlschema.Daily, Ahead: 2}})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := db.Conn.ExecContext(ctx, "ALTER TABLE "+db.Inbox()+" ALTER COLUMN partition_at SET DEFAULT clock_timestamp()")
+		require.NoError(t, err)
+		return db
+	}
+	t.Fatalf("unknown layout %q (want one of %v)", layout, Layouts)
+	return sqlschema.DB{}
+}
+
+// SchemaWith is Schema with db's table names and layout (its Conn and
+// Schema are set here).
+func SchemaWith(t testing.TB, db sqlschema.DB) sqlschema.DB {
+	t.Helper()
+	pool := Pool(t)
+	db.Conn = wsql.BeginnerFromPgx(pool)
+	db.Schema = Unique(t, "eo_")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sqlschema.Migrate(ctx, db))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE")
+		if err != nil {
+			t.Errorf("dropping test schema %s: %v", db.Schema, err)
+		}
+	})
+	return db.WithDefaults()
+}
+
 // AMQPConn dials RabbitMQ with amqp091-go; closed at cleanup.
 func AMQPConn(t testing.TB) *amqp.Connection {
 	t.Helper()

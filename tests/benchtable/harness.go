@@ -125,6 +125,18 @@ func (h *harness) newSchema(ctx context.Context, name string) (sqlschema.DB, err
 	return db.WithDefaults(), nil
 }
 
+// newSchemaWith is newSchema with db's table names and layout.
+func (h *harness) newSchemaWith(ctx context.Context, name string, db sqlschema.DB) (sqlschema.DB, error) {
+	s := strings.ToLower("benchtable_" + name + "_" + h.id)
+	h.schema = append(h.schema, s)
+	db.Conn = wsql.BeginnerFromPgx(h.admin)
+	db.Schema = s
+	if err := sqlschema.Migrate(ctx, db); err != nil {
+		return db, err
+	}
+	return db.WithDefaults(), nil
+}
+
 // newQueue declares a durable queue (watermill-amqp's NewDurableQueueConfig
 // properties) deleted by cleanup.
 func (h *harness) newQueue(name string) (string, error) {

@@ -7,7 +7,7 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,rss,wake):
+// Sections (-only router,relay,rss,wake,retention):
 //
 //   - router: a Watermill router drains a pre-filled durable RabbitMQ queue
 //     with 64 deliveries in flight (exactlyonce.ConcurrentSubscriber over one
@@ -23,13 +23,16 @@
 //     (ConfirmDelivery), and by Watermill's forwarder component (watermill-sql's
 //     default PostgreSQL schema as its storage, watermill-amqp as its
 //     out-publisher), each from a backlog of its own format.
-//   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
-//     (a router with the middleware, group commit + Queue) at a 1k and a 1M
-//     backlog, each a subprocess (this binary re-executed with -child).
 //   - wake: commit-to-consumer latency at a steady 100 events/s, relay with
 //     wake-on-commit against polling every 100 ms; and the writers' cost of
 //     the NOTIFY (one-row outbox transactions from 8 writers, with and
 //     without it). See wake.go.
+//   - retention: claim p99 on a large inbox (-retention-rows, 10M) and while
+//     retention removes a day of rows, for the plain table (row purge) and
+//     the daily-partitioned one (partition drop); bytes per row.
+//   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
+//     (a router with the middleware, group commit + Queue) at a 1k and a 1M
+//     backlog, each a subprocess (this binary re-executed with -child).
 //
 // It is a main package, not a test: it re-executes itself as the relay and
 // consumer processes whose RSS it reads, it must not run under `go test
@@ -79,16 +82,20 @@ type config struct {
 	rssBacklogs []int
 	rssMessages int
 
-	dbURL   string
-	amqpURL string
-
-	child childConfig
-
 	// wake
 	wakeRate      int
 	wakeTime      time.Duration
 	wakeWriters   int
 	wakeWriteTime time.Duration
+
+	// retention
+	retentionRows   int
+	retentionClaims int
+
+	dbURL   string
+	amqpURL string
+
+	child childConfig
 }
 
 type childConfig struct {
@@ -115,26 +122,28 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":            {"router,relay,rss,wake", "router,relay,rss,wake"},
-		"wake-rate":       {"100", "100"},
-		"wake-time":       {"20s", "3s"},
-		"wake-writers":    {"8", "8"},
-		"wake-write-time": {"5s", "2s"},
-		"rounds":          {"5", "5"},
-		"messages":        {"20000", "1000"},
-		"inflight":        {"64", "64"},
-		"prefetch":        {"64", "64"},
-		"pool":            {"20", "20"},
-		"backlogs":        {"10000,100000,1000000", "1000,5000,20000"},
-		"relay-rows":      {"100000", "2000"},
-		"relay-time":      {"15s", "3s"},
-		"relay-batch":     {"500", "500"},
-		"relay-workers":   {"4", "4"},
-		"window":          {"256", "256"},
-		"rss-backlogs":    {"1000,10000,1000000", "1000,5000,20000"},
-		"rss-messages":    {"50000", "3000"},
+		"only":             {"router,relay,rss,wake,retention", "router,relay,rss,wake,retention"},
+		"wake-rate":        {"100", "100"},
+		"wake-time":        {"20s", "3s"},
+		"wake-writers":     {"8", "8"},
+		"wake-write-time":  {"5s", "2s"},
+		"rounds":           {"5", "5"},
+		"messages":         {"20000", "1000"},
+		"inflight":         {"64", "64"},
+		"prefetch":         {"64", "64"},
+		"pool":             {"20", "20"},
+		"backlogs":         {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":       {"100000", "2000"},
+		"relay-time":       {"15s", "3s"},
+		"relay-batch":      {"500", "500"},
+		"relay-workers":    {"4", "4"},
+		"window":           {"256", "256"},
+		"rss-backlogs":     {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":     {"50000", "3000"},
+		"retention-rows":   {"10000000", "200000"},
+		"retention-claims": {"20000", "3000"},
 	}
-	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss, wake")
+	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss, wake, retention")
 	def("wake-rate", "BENCH_WAKE_RATE", table["wake-rate"], "wake: events per second written during the latency rounds")
 	def("wake-time", "BENCH_WAKE_TIME", table["wake-time"], "wake: length of a latency round per variant")
 	def("wake-writers", "BENCH_WAKE_WRITERS", table["wake-writers"], "wake: concurrent writers of the NOTIFY cost lines")
@@ -152,6 +161,8 @@ func parseConfig(args []string) (*config, error) {
 	def("window", "BENCH_WINDOW", table["window"], "relay: rabbitmq.PublisherConfig.Window")
 	def("rss-backlogs", "BENCH_RSS_BACKLOGS", table["rss-backlogs"], "rss: backlogs, comma-separated, ascending: the last is compared with each other")
 	def("rss-messages", "BENCH_RSS_MESSAGES", table["rss-messages"], "rss: messages each relay / consumer process handles")
+	def("retention-rows", "BENCH_RETENTION_ROWS", table["retention-rows"], "retention: rows in each layout's inbox (spread over 7 days + one per round)")
+	def("retention-claims", "BENCH_RETENTION_CLAIMS", table["retention-claims"], "retention: claims timed per measurement")
 	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
 	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
 	child := fs.String("child", "", "internal: run as the relay or consumer process of the rss section")
@@ -190,27 +201,29 @@ func parseConfig(args []string) (*config, error) {
 		return out
 	}
 	c := &config{
-		quick:        *quick,
-		only:         map[string]bool{},
-		rounds:       num("rounds"),
-		cpu:          *cpu,
-		profDir:      *prof,
-		messages:     num("messages"),
-		inflight:     num("inflight"),
-		prefetch:     num("prefetch"),
-		pool:         num("pool"),
-		backlogs:     list("backlogs"),
-		relayRows:    num("relay-rows"),
-		relayBatch:   num("relay-batch"),
-		relayWorkers: num("relay-workers"),
-		window:       num("window"),
-		rssBacklogs:  list("rss-backlogs"),
-		rssMessages:  num("rss-messages"),
-		wakeRate:     num("wake-rate"),
-		wakeWriters:  num("wake-writers"),
-		dbURL:        env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		amqpURL:      env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		child:        childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
+		quick:           *quick,
+		only:            map[string]bool{},
+		rounds:          num("rounds"),
+		cpu:             *cpu,
+		profDir:         *prof,
+		messages:        num("messages"),
+		inflight:        num("inflight"),
+		prefetch:        num("prefetch"),
+		pool:            num("pool"),
+		backlogs:        list("backlogs"),
+		relayRows:       num("relay-rows"),
+		relayBatch:      num("relay-batch"),
+		relayWorkers:    num("relay-workers"),
+		window:          num("window"),
+		rssBacklogs:     list("rss-backlogs"),
+		rssMessages:     num("rss-messages"),
+		wakeRate:        num("wake-rate"),
+		wakeWriters:     num("wake-writers"),
+		retentionRows:   num("retention-rows"),
+		retentionClaims: num("retention-claims"),
+		dbURL:           env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL:         env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		child:           childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
 	}
 	if err != nil {
 		return nil, err
@@ -227,11 +240,11 @@ func parseConfig(args []string) (*config, error) {
 	for _, sec := range strings.Split(get("only"), ",") {
 		sec = strings.TrimSpace(sec)
 		switch sec {
-		case "router", "relay", "rss", "wake":
+		case "router", "relay", "rss", "wake", "retention":
 			c.only[sec] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss, wake)", sec)
+			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss, wake, retention)", sec)
 		}
 	}
 	if len(c.rssBacklogs) < 2 || !slices.IsSorted(c.rssBacklogs) {
@@ -306,14 +319,22 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		lines = append(lines, l...)
 	}
+	if cfg.only["retention"] {
+		l, err := h.retentionSection(ctx)
+		if err != nil {
+			return fmt.Errorf("retention section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
 	loadAfter := loadavg()
 
 	host, _ := os.Hostname()
 	fmt.Printf("benchtable %s: %s, %s/%s, %d CPUs, host %s; %d alternating rounds per line; %s in all\n",
 		start.Format("2006-01-02 15:04"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, cfg.rounds, time.Since(start).Round(time.Second))
 	fmt.Printf("load average (1, 5, 15 min) before: %s, after: %s\n", loadBefore, loadAfter)
-	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d, pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process\n\n",
-		cfg.messages, cfg.inflight, cfg.prefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages)
+	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d, pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %d rows per layout, %d claims per measurement\n\n",
+		cfg.messages, cfg.inflight, cfg.prefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
+		cfg.retentionRows, cfg.retentionClaims)
 	printTable(os.Stdout, lines)
 	if cfg.cpu {
 		fmt.Println()
@@ -324,7 +345,7 @@ func run(ctx context.Context, cfg *config) error {
 
 func sectionList(cfg *config) string {
 	var s []string
-	for _, k := range []string{"router", "relay", "rss", "wake"} {
+	for _, k := range []string{"router", "relay", "rss", "wake", "retention"} {
 		if cfg.only[k] {
 			s = append(s, k)
 		}

@@ -1,0 +1,170 @@
+// Package inboxpart manages the partitions of a time-partitioned inbox table
+// (sqlschema.DB.Partitions): their names and bounds, creating them ahead,
+// and listing them. It is shared by sqlschema (Migrate creates the first
+// ones) and inboxdb (claims, maintenance, retention), and imports neither.
+//
+// A partition covers one interval [From, To) of partition_at, aligned in
+// UTC, and is named <table>_pYYYYMMDD (daily) or <table>_pYYYYMMDDHH
+// (hourly), in the inbox table's schema. Partitions are created as plain
+// tables and then attached (ATTACH PARTITION takes a SHARE UPDATE EXCLUSIVE
+// lock on the inbox table, which does not conflict with claims; CREATE
+// TABLE ... PARTITION OF would take an ACCESS EXCLUSIVE one). There is no
+// DEFAULT partition: with one, attaching and detaching would lock it (and
+// through it every claim, which reads every partition) in ACCESS EXCLUSIVE
+// mode, and DETACH ... CONCURRENTLY would be refused.
+package inboxpart
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+)
+
+// Layout is one partitioned inbox table.
+type Layout struct {
+	Schema, Table string
+	// Hourly selects hourly partitions; otherwise daily.
+	Hourly bool
+	// Ahead is how many intervals after the current one are created ahead.
+	Ahead int
+}
+
+// Step is the length of one partition's interval.
+func (l Layout) Step() time.Duration {
+	if l.Hourly {
+		return time.Hour
+	}
+	return 24 * time.Hour
+}
+
+// Parent is the quoted, schema-qualified inbox table.
+func (l Layout) Parent() string { return pgx.Identifier{l.Schema, l.Table}.Sanitize() }
+
+func (l Layout) nameFormat() string {
+	if l.Hourly {
+		return "2006010215"
+	}
+	return "20060102"
+}
+
+// Floor returns the start of the interval holding t.
+func (l Layout) Floor(t time.Time) time.Time { return t.UTC().Truncate(l.Step()) }
+
+// Name is the unqualified name of the partition starting at from.
+func (l Layout) Name(from time.Time) string {
+	return l.Table + "_p" + from.UTC().Format(l.nameFormat())
+}
+
+// Quoted is the quoted, schema-qualified name of a partition.
+func (l Layout) Quoted(name string) string { return pgx.Identifier{l.Schema, name}.Sanitize() }
+
+// Partition is one partition of the table.
+type Partition struct {
+	Name     string
+	From, To time.Time
+	// DetachPending is true when a DETACH ... CONCURRENTLY of it was
+	// interrupted: it must be finalized (Finalize) before anything else.
+	DetachPending bool
+}
+
+// parse reads a partition's bounds from its name; ok is false for a
+// partition this package did not name (it is left alone).
+func (l Layout) parse(name string) (Partition, bool) {
+	prefix := l.Table + "_p"
+	if !strings.HasPrefix(name, prefix) || len(name) != len(prefix)+len(l.nameFormat()) {
+		return Partition{}, false
+	}
+	from, err := time.ParseInLocation(l.nameFormat(), name[len(prefix):], time.UTC)
+	if err != nil {
+		return Partition{}, false
+	}
+	return Partition{Name: name, From: from, To: from.Add(l.Step())}, true
+}
+
+// List returns the table's partitions named by this package, oldest first.
+func (l Layout) List(ctx context.Context, db wsql.ContextExecutor) ([]Partition, error) {
+	rows, err := db.QueryContext(ctx, `SELECT c.relname::text, i.inhdetachpending FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass ORDER BY c.relname`, l.Parent())
+	if err != nil {
+		return nil, fmt.Errorf("listing the partitions of %s: %w", l.Parent(), err)
+	}
+	var out []Partition
+	for rows.Next() {
+		var name string
+		var pending bool
+		if err := rows.Scan(&name, &pending); err != nil {
+			_ = rows.Close()
+			return nil, fmt.Errorf("listing the partitions of %s: %w", l.Parent(), err)
+		}
+		if p, ok := l.parse(name); ok {
+			p.DetachPending = pending
+			out = append(out, p)
+		}
+	}
+	if err := seam.Close(rows); err != nil {
+		return nil, fmt.Errorf("listing the partitions of %s: %w", l.Parent(), err)
+	}
+	return out, nil
+}
+
+// maintenanceLockKey serialises Ensure calls on one table (two would race
+// on CREATE TABLE and ATTACH): a transaction-scoped advisory lock in the
+// two-key space (the claims' per-key locks use the one-key space), keyed by
+// the table's name.
+const maintenanceLockClass = 0x656f706d // "eopm"
+
+// Ensure creates and attaches the partitions, missing among the current
+// interval and Ahead intervals after it, by the database's clock. db must
+// be a transaction (the advisory lock that serialises maintenance is
+// transaction-scoped, and the created tables are attached atomically); the
+// caller commits. It returns the names created.
+func (l Layout) Ensure(ctx context.Context, tx wsql.ContextExecutor) ([]string, error) {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, maintenanceLockClass, l.Parent()); err != nil {
+		return nil, fmt.Errorf("partition maintenance lock: %w", err)
+	}
+	var now time.Time
+	if err := seam.QueryRow(ctx, tx, `SELECT now()`, nil, &now); err != nil {
+		return nil, err
+	}
+	have, err := l.List(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	exists := map[string]bool{}
+	for _, p := range have {
+		exists[p.Name] = true
+	}
+	var created []string
+	from := l.Floor(now)
+	for i := 0; i <= l.Ahead; i++ {
+		lo := from.Add(time.Duration(i) * l.Step())
+		name := l.Name(lo)
+		if exists[name] {
+			continue
+		}
+		q := l.Quoted(name)
+		// A plain table, then ATTACH: see the package comment for the locks.
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE `+q+` (LIKE `+l.Parent()+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`); err != nil {
+			return created, fmt.Errorf("creating partition %s: %w", q, err)
+		}
+		if _, err := tx.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
+			` FOR VALUES FROM (`+Literal(lo)+`) TO (`+Literal(lo.Add(l.Step()))+`)`); err != nil {
+			return created, fmt.Errorf("attaching partition %s: %w", q, err)
+		}
+		created = append(created, name)
+	}
+	return created, nil
+}
+
+// Literal is t as a timestamptz SQL literal, independent of the session's
+// TimeZone.
+func Literal(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
+}
