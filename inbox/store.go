@@ -8,6 +8,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	tenantpkg "github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -140,6 +141,31 @@ func (s *Store) Stats(ctx context.Context, consumer string) (Stats, error) {
 	return Stats{Rows: st.Rows, Total: st.Total, Duplicates: st.Duplicates, OldestFirstSeen: st.OldestFirstSeen}, nil
 }
 
+// TenantStats is Stats of one tenant's keys (keys scoped by
+// exactlyonce.KeyByTenant) of consumer, or of every consumer when consumer
+// is empty. It reads every key of the consumer (the table has no index on
+// the tenant alone): an operator's query.
+func (s *Store) TenantStats(ctx context.Context, consumer, tenant string) (Stats, error) {
+	if tenant == "" {
+		return Stats{}, errors.New("inbox: TenantStats: empty tenant (Stats counts every key)")
+	}
+	st, err := s.s.TenantStats(ctx, s.db.Conn, consumer, tenant)
+	if err != nil {
+		return Stats{}, s.fail("stats", err)
+	}
+	return Stats{Rows: st.Rows, Total: st.Total, Duplicates: st.Duplicates, OldestFirstSeen: st.OldestFirstSeen}, nil
+}
+
+// TenantKey is the inbox key exactlyonce.KeyByTenant records for key within
+// tenant: what Get, Forget and Release take for a tenant-scoped consumer.
+func TenantKey(tenant, key string) (string, error) {
+	k, err := tenantpkg.Key(tenant, key)
+	if err != nil {
+		return "", fmt.Errorf("inbox: TenantKey: %w", err)
+	}
+	return k, nil
+}
+
 // PurgeOptions selects what Purge deletes.
 type PurgeOptions struct {
 	// OlderThan deletes records that finished (done, or failed) more than
@@ -160,6 +186,11 @@ type PurgeOptions struct {
 	// with the number of rows it removed (possibly 0 for the last batch):
 	// for metrics and logs. It runs on Purge's goroutine.
 	Progress func(deleted int64)
+	// Tenant limits the purge to one tenant's keys (keys scoped by
+	// exactlyonce.KeyByTenant). Empty means all. On the partitioned layout
+	// such a purge deletes rows instead of dropping partitions, which hold
+	// every tenant.
+	Tenant string
 }
 
 // ErrPurgeRunning is returned (wrapped) by Purge when another purge of the
@@ -193,7 +224,7 @@ var ErrPurgeRunning = inboxdb.ErrPurgeRunning
 func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	n, err := s.s.Purge(ctx, s.db.Conn, inboxdb.PurgeOptions{
 		OlderThan: opts.OlderThan, Consumer: opts.Consumer, BatchSize: opts.BatchSize, MaxBatches: opts.MaxBatches,
-		Progress: opts.Progress,
+		Progress: opts.Progress, Tenant: opts.Tenant,
 	})
 	return n, s.fail("purge", err)
 }

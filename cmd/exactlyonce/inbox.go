@@ -32,11 +32,27 @@ A key that starts with '-' goes after '--': exactlyonce inbox show -c orders -- 
 		}
 		return c
 	}
+	var tenant string
+	tenantFlag := func(c *cobra.Command) *cobra.Command {
+		c.Flags().StringVar(&tenant, "tenant", "", "keys scoped by exactlyonce.KeyByTenant: only this tenant's (KEY is the key within it)")
+		return c
+	}
 	needConsumer := func() error {
 		if consumer == "" {
 			return usageErr("--consumer is required: records are keyed by (consumer, key)")
 		}
 		return nil
+	}
+	// scoped is KEY as recorded: within --tenant when given.
+	scoped := func(key string) (string, error) {
+		if tenant == "" {
+			return key, nil
+		}
+		k, err := inbox.TenantKey(tenant, key)
+		if err != nil {
+			return "", usageErr("--tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: "))
+		}
+		return k, nil
 	}
 
 	var limit int
@@ -57,7 +73,7 @@ A key that starts with '-' goes after '--': exactlyonce inbox show -c orders -- 
 
 	var purge inbox.PurgeOptions
 	var olderThan string
-	purgeCmd := consumerFlag(&cobra.Command{
+	purgeCmd := tenantFlag(consumerFlag(&cobra.Command{
 		Use:   "purge --older-than DURATION",
 		Short: "Delete done and failed records that finished more than DURATION ago (never processing or parked ones)",
 		Long: `Delete done and failed records that finished (processed_at) more than DURATION ago, in short
@@ -80,28 +96,28 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 			if purge.BatchSize < 1 || purge.MaxBatches < 0 {
 				return usageErr("--batch-size must be at least 1 and --max-batches at least 0")
 			}
-			purge.OlderThan, purge.Consumer = d, consumer
+			purge.OlderThan, purge.Consumer, purge.Tenant = d, consumer, tenant
 			return a.withStore(cmd, true, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
 				return a.inboxPurge(ctx, db, s, purge)
 			})
 		},
-	}, false)
+	}, false))
 	purgeCmd.Flags().StringVar(&olderThan, "older-than", "", "age of the records to delete, since they finished: 720h, 30d (required)")
 	purgeCmd.Flags().IntVar(&purge.BatchSize, "batch-size", 1000, "records deleted per statement")
 	purgeCmd.Flags().IntVar(&purge.MaxBatches, "max-batches", 0, "stop after this many batches (0: until done)")
 
 	cmd.AddCommand(
-		consumerFlag(&cobra.Command{
+		tenantFlag(consumerFlag(&cobra.Command{
 			Use:   "stats",
 			Short: "Count records by status, with duplicates seen and the oldest record",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
-					return a.inboxStats(ctx, db, s, consumer)
+					return a.inboxStats(ctx, db, s, consumer, tenant)
 				})
 			},
-		}, false),
-		consumerFlag(&cobra.Command{
+		}, false)),
+		tenantFlag(consumerFlag(&cobra.Command{
 			Use:   "show --consumer C KEY",
 			Short: "Show the record of one key (exit status 3 when there is none)",
 			Args:  cobra.ArbitraryArgs,
@@ -110,6 +126,9 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 				if err == nil {
 					err = needConsumer()
 				}
+				if err == nil {
+					key, err = scoped(key)
+				}
 				if err != nil {
 					return err
 				}
@@ -117,8 +136,8 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 					return a.inboxShow(ctx, db, s, consumer, key)
 				})
 			},
-		}, true),
-		consumerFlag(&cobra.Command{
+		}, true)),
+		tenantFlag(consumerFlag(&cobra.Command{
 			Use:   "forget --consumer C KEY",
 			Short: "Delete the record of one key, so that its next delivery runs the handler again (exit status 3 when there is none)",
 			Args:  cobra.ArbitraryArgs,
@@ -127,6 +146,9 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 				if err == nil {
 					err = needConsumer()
 				}
+				if err == nil {
+					key, err = scoped(key)
+				}
 				if err != nil {
 					return err
 				}
@@ -134,9 +156,9 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 					return a.inboxForget(ctx, db, s, consumer, key)
 				})
 			},
-		}, true),
+		}, true)),
 		parked,
-		consumerFlag(&cobra.Command{
+		tenantFlag(consumerFlag(&cobra.Command{
 			Use:   "release --consumer C KEY",
 			Short: "Release a parked key, so that its next delivery runs again (exit status 3 when it is not parked)",
 			Args:  cobra.ArbitraryArgs,
@@ -145,6 +167,9 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 				if err == nil {
 					err = needConsumer()
 				}
+				if err == nil {
+					key, err = scoped(key)
+				}
 				if err != nil {
 					return err
 				}
@@ -152,7 +177,7 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 					return a.inboxRelease(ctx, db, s, consumer, key)
 				})
 			},
-		}, true),
+		}, true)),
 		purgeCmd,
 	)
 	return cmd
@@ -198,8 +223,17 @@ func toRecordJSON(r inbox.Record) recordJSON {
 // statuses are the inbox statuses, in the order they are printed.
 var statuses = []string{"done", "processing", "failed", "parked"}
 
-func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer string) error {
-	st, err := s.Stats(ctx, consumer)
+func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, tenant string) error {
+	var st inbox.Stats
+	var err error
+	if tenant != "" {
+		if _, kerr := inbox.TenantKey(tenant, "k"); kerr != nil {
+			return usageErr("--tenant: %v", strings.TrimPrefix(kerr.Error(), "inbox: TenantKey: "))
+		}
+		st, err = s.TenantStats(ctx, consumer, tenant)
+	} else {
+		st, err = s.Stats(ctx, consumer)
+	}
 	if err != nil {
 		return opErr(ctx, db, "inbox stats", err)
 	}
@@ -213,15 +247,19 @@ func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, c
 	if a.jsonOut {
 		return a.printJSON(struct {
 			Consumer        string           `json:"consumer"`
+			Tenant          string           `json:"tenant,omitempty"`
 			Total           int64            `json:"total"`
 			Rows            map[string]int64 `json:"rows"`
 			Duplicates      int64            `json:"duplicates"`
 			OldestFirstSeen *string          `json:"oldest_first_seen_at"`
-		}{consumer, st.Total, rows, st.Duplicates, jsonTime(st.OldestFirstSeen)})
+		}{consumer, tenant, st.Total, rows, st.Duplicates, jsonTime(st.OldestFirstSeen)})
 	}
 	who := "every consumer"
 	if consumer != "" {
 		who = fmt.Sprintf("consumer %q", consumer)
+	}
+	if tenant != "" {
+		who += fmt.Sprintf(", tenant %q", tenant)
 	}
 	tw := newTable(a.stdout)
 	fmt.Fprintf(tw, "Inbox %s.%s, %s\n", db.Schema, db.InboxTable, who)

@@ -98,7 +98,7 @@ func cleanEnv() []string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case envDatabaseURL, envAMQPURL, envSchema, envInboxTable, envOutboxTable:
+		case envDatabaseURL, envAMQPURL, envSchema, envInboxTable, envOutboxTable, envPartitions:
 			continue
 		}
 		out = append(out, kv)

@@ -35,6 +35,7 @@ const (
 	envSchema      = "EXACTLYONCE_SCHEMA"
 	envInboxTable  = "EXACTLYONCE_INBOX_TABLE"
 	envOutboxTable = "EXACTLYONCE_OUTBOX_TABLE"
+	envPartitions  = "EXACTLYONCE_PARTITIONS"
 )
 
 // exitError carries the exit code of a failed command.
@@ -62,6 +63,8 @@ type app struct {
 	schema         string
 	inboxTable     string
 	outboxTable    string
+	partitions     string
+	ahead          int
 	jsonOut        bool
 	timeout        time.Duration
 	connectTimeout time.Duration
@@ -141,6 +144,8 @@ failed, 2 usage error, 3 no such record.`,
 	f.StringVar(&a.schema, "schema", "", "schema of the tables (default $"+envSchema+", else public)")
 	f.StringVar(&a.inboxTable, "inbox-table", "", "inbox table name (default $"+envInboxTable+", else watermill_inbox)")
 	f.StringVar(&a.outboxTable, "outbox-table", "", "outbox table name (default $"+envOutboxTable+", else watermill_outbox)")
+	f.StringVar(&a.partitions, "partitions", "", "the inbox's partitioned layout, as the service's sqlschema.DB.Partitions: daily or hourly (default $"+envPartitions+", else the plain table)")
+	f.IntVar(&a.ahead, "partitions-ahead", 3, "with --partitions: partitions created ahead (Partitioning.Ahead)")
 	f.BoolVar(&a.jsonOut, "json", false, "print one JSON document instead of text")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on the command after this long (0: never; inbox purge and outbox relay: never unless given)")
 	f.DurationVar(&a.connectTimeout, "connect-timeout", 5*time.Second, "give up connecting to PostgreSQL after this long")
@@ -202,7 +207,15 @@ func (a *app) names(cmd *cobra.Command) (sqlschema.DB, error) {
 		Schema:      flagOrEnv(cmd.Flags(), "schema", a.schema, envSchema),
 		InboxTable:  flagOrEnv(cmd.Flags(), "inbox-table", a.inboxTable, envInboxTable),
 		OutboxTable: flagOrEnv(cmd.Flags(), "outbox-table", a.outboxTable, envOutboxTable),
-	}.WithDefaults()
+	}
+	switch p := flagOrEnv(cmd.Flags(), "partitions", a.partitions, envPartitions); p {
+	case "":
+	case string(sqlschema.Daily), string(sqlschema.Hourly):
+		db.Partitions = &sqlschema.Partitioning{Interval: sqlschema.PartitionInterval(p), Ahead: a.ahead}
+	default:
+		return db, usageErr("--partitions is %q: daily or hourly (or empty for the plain table)", p)
+	}
+	db = db.WithDefaults()
 	if err := db.Validate(); err != nil {
 		return db, usageErr("%s", strings.TrimPrefix(err.Error(), "sqlschema: "))
 	}

@@ -5,11 +5,13 @@ import (
 	stdsql "database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
 )
 
 // Lookup returns the record of (consumer, key), or an error wrapping
@@ -57,11 +59,24 @@ type Stats struct {
 // is empty. It scans the table (or the consumer's part of the primary key):
 // meant for operators and periodic metrics, not for every message.
 func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer string) (Stats, error) {
-	q := `SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM ` + s.table
+	return s.TenantStats(ctx, db, consumer, "")
+}
+
+// TenantStats is Stats of the keys of one tenant (keys scoped by
+// exactlyonce.KeyByTenant); an empty tenant means every key.
+func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consumer, tenantName string) (Stats, error) {
+	q := `SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM ` + s.table + ` WHERE true`
 	var args []any
 	if consumer != "" {
-		q += ` WHERE consumer = $1`
 		args = append(args, consumer)
+		q += ` AND consumer = $` + strconv.Itoa(len(args))
+	}
+	if tenantName != "" {
+		if err := tenant.Check(tenantName); err != nil {
+			return Stats{}, err
+		}
+		args = append(args, tenant.Prefix(tenantName))
+		q += ` AND starts_with(message_key, $` + strconv.Itoa(len(args)) + `)`
 	}
 	q += ` GROUP BY status`
 	rows, err := db.QueryContext(ctx, q, args...)
@@ -137,6 +152,10 @@ type PurgeOptions struct {
 	// Progress, when set, is called after each batch (or dropped
 	// partition) with the number of rows it removed.
 	Progress func(deleted int64)
+	// Tenant limits the purge to the keys of one tenant (see
+	// exactlyonce.KeyByTenant). Empty means all. On the partitioned layout
+	// it deletes rows, as Consumer does: a partition holds every tenant.
+	Tenant string
 }
 
 // purgeLockClass is the first key of the purge lock, in the two-key
@@ -195,7 +214,7 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	if s.part != nil && opts.Consumer == "" {
+	if s.part != nil && opts.Consumer == "" && opts.Tenant == "" {
 		return s.purgePartitions(ctx, db, opts)
 	}
 	// A done or failed record the library wrote always has processed_at;
@@ -203,8 +222,15 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 	filter := `coalesce(processed_at, first_seen_at) < now() - make_interval(secs => $1) AND status IN ('done', 'failed')`
 	args := []any{opts.OlderThan.Seconds(), opts.BatchSize}
 	if opts.Consumer != "" {
-		filter += ` AND consumer = $3`
 		args = append(args, opts.Consumer)
+		filter += ` AND consumer = $` + strconv.Itoa(len(args))
+	}
+	if opts.Tenant != "" {
+		if err := tenant.Check(opts.Tenant); err != nil {
+			return 0, fmt.Errorf("PurgeOptions.Tenant: %w", err)
+		}
+		args = append(args, tenant.Prefix(opts.Tenant))
+		filter += ` AND starts_with(message_key, $` + strconv.Itoa(len(args)) + `)`
 	}
 	q := `DELETE FROM ` + s.table + ` WHERE (consumer, message_key) IN (
 SELECT consumer, message_key FROM ` + s.table + ` WHERE ` + filter + `
