@@ -75,7 +75,12 @@ VALUES ('c', 'old', 'done', $1::timestamptz, $1::timestamptz)`, yesterday.Add(ti
 				require.NoError(t, err)
 				h := eo.Middleware(handler)
 
-				for _, r := range deliver(t, h, msgs("old", "new", "new", "new")...) {
+				for i, r := range deliver(t, h, msgs("old", "new", "new", "new")...) {
+					if name == "lease" && errors.Is(r.err, exactlyonce.ErrLeaseHeld) {
+						// A copy that met the first one's lease: nacked,
+						// and its redelivery is a duplicate.
+						_, r.err = h(msgs("old", "new", "new", "new")[i])
+					}
 					require.NoError(t, r.err)
 				}
 				for range 2 {

@@ -39,7 +39,8 @@ func waitDelivered(t *testing.T, rec *recorder, n int, d time.Duration, what str
 func TestRelayWakesOnCommit(t *testing.T) {
 	eachDriver(t, func(t *testing.T, b bundle) {
 		rec := &recorder{}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, PollInterval: slowPoll, Logger: testenv.Logger(t)})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, PollInterval: slowPoll, Logger: testenv.Logger(t),
+			ListenConnString: testenv.ListenConnString()})
 		require.NoError(t, err)
 		runRelay(t, relay)
 		waitListening(t, relay)
@@ -74,7 +75,7 @@ func TestRelayListenReconnects(t *testing.T) {
 		rec := &recorder{}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			DB: b.schema(), Publisher: rec, PollInterval: slowPoll,
-			ErrorBackoff: 200 * time.Millisecond, Logger: logs,
+			ErrorBackoff: 200 * time.Millisecond, Logger: logs, ListenConnString: testenv.ListenConnString(),
 		})
 		require.NoError(t, err)
 		runRelay(t, relay)

@@ -32,6 +32,15 @@ func DirectDatabaseURL() string {
 	return DatabaseURL()
 }
 
+// ListenConnString is what a test's outbox.RelayConfig.ListenConnString
+// should be for the relay to wake on commit: empty (listen on a connection
+// of DB.Conn's own) when the suite talks to PostgreSQL directly, the direct
+// address when it runs through PgBouncer (DIRECT_DATABASE_URL set), where
+// a LISTEN on DB.Conn cannot hold — as a user behind PgBouncer would set it.
+func ListenConnString() string {
+	return os.Getenv("DIRECT_DATABASE_URL")
+}
+
 // PgBouncerExecMode is the pgx default_query_exec_mode that PgBouncer URLs
 // carry. PgBouncer 1.18 in transaction pooling does not keep protocol-level
 // prepared statements (pgx's default cache_statement mode names them per
