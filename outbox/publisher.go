@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -80,7 +81,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	// The trace context is captured now, at write time, from each
 	// message's context (msg.SetContext): the consumer's span links to the
 	// span that wrote the row, not to the relay.
-	tracing.Inject(nil, messages...)
+	tracing.Inject(context.Background(), messages...)
 	if err := outboxrow.Validate(topic, messages...); err != nil {
 		return fmt.Errorf("outbox: Publish: %w", err)
 	}

@@ -40,8 +40,8 @@ func Tracer(tp trace.TracerProvider) trace.Tracer {
 // the metadata has a traceparent already (the message is being forwarded,
 // or the application set it). The context is the message's own when it
 // holds a span (msg.SetContext), else fallback (the handler's, when the
-// middleware writes a handler's outputs). Without a span in either, nothing
-// is written.
+// middleware writes a handler's outputs; context.Background() for none).
+// Without a span in either, nothing is written.
 func Inject(fallback context.Context, msgs ...*message.Message) {
 	for _, msg := range msgs {
 		if msg == nil || msg.Metadata.Get(TraceParent) != "" {
@@ -51,7 +51,7 @@ func Inject(fallback context.Context, msgs ...*message.Message) {
 		if !trace.SpanContextFromContext(ctx).IsValid() {
 			ctx = fallback
 		}
-		if ctx == nil || !trace.SpanContextFromContext(ctx).IsValid() {
+		if !trace.SpanContextFromContext(ctx).IsValid() {
 			continue
 		}
 		if msg.Metadata == nil {

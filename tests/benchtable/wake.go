@@ -148,7 +148,12 @@ func (h *harness) wakeRound(ctx context.Context, pool *pgxpool.Pool, pub *rabbit
 	rctx, stop := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(rctx) }()
-	defer func() { stop(); <-relayDone }()
+	defer func() {
+		stop()
+		if err := <-relayDone; err != nil {
+			logf("wake: relay: %v", err)
+		}
+	}()
 	if v == wakeOnCommit {
 		for deadline := time.Now().Add(10 * time.Second); !relay.Stats().Listening; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
