@@ -23,12 +23,12 @@ type handlerValues struct {
 	outbox   message.Publisher
 	consumer string
 	key      string
-	lease    *leaseState   // lease mode only
-	failOpen bool          // a fail-open run: no tx, no outbox
+	lease    *leaseState // lease mode only
+	failOpen bool        // a fail-open run: no tx, no outbox
 	// storeOnly is set in lease mode with a store that is not PostgreSQL:
 	// no tx, no outbox; asking for them is recorded.
 	storeOnly *storeOnlyUse
-	queue    *[]queuedStmt // group commit with pgx: Queue appends here
+	queue     *[]queuedStmt // group commit with pgx: Queue appends here
 }
 
 func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
