@@ -64,8 +64,10 @@ func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	a := l.attempt()
-	if tx, ok := th.current(); ok {
-		a.Tx = tx
+	if th != nil { // nil: a store that is not PostgreSQL, no transaction
+		if tx, ok := th.current(); ok {
+			a.Tx = tx
+		}
 	}
 	deadline := l.info.leaseUntil
 	if wait := time.Now().Add(minExtendWait); deadline.Before(wait) {
