@@ -28,7 +28,8 @@ import (
 // every other worker off the key until the transaction ends. Before that, it runs on its own,
 // and never waits for a connection past the current lease's end: then it
 // returns an error (the lease may be lost; stop if the effect must not run
-// twice).
+// twice). With a Redis store (LeaseConfig.Store) it is one script, bounded
+// the same way.
 func ExtendLease(ctx context.Context, d time.Duration) error {
 	v := valuesFrom(ctx)
 	if v == nil || v.lease == nil {
