@@ -15,7 +15,8 @@ EXAMPLES ?= examples
 # Servers the tests talk to; override from the environment or the command line.
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 AMQP_URL     ?= amqp://guest:guest@127.0.0.1:5672/
-export DATABASE_URL AMQP_URL
+REDIS_URL    ?= redis://127.0.0.1:6379/0
+export DATABASE_URL AMQP_URL REDIS_URL
 
 # Benchmarks: `make bench` prints the table (tests/benchtable; BENCH_* variables and
 # BENCHFLAGS, see docs/benchmarks.md); `make bench-go BENCH=Outbox BENCHTIME=10s` runs go test's.
@@ -34,7 +35,7 @@ GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
 help: ## Show this help
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-services: ## Make sure PostgreSQL and RabbitMQ are reachable, pgbouncer and promtool installed (starts/installs local ones)
+services: ## Make sure PostgreSQL, RabbitMQ and Redis are reachable, pgbouncer and promtool installed (starts/installs local ones)
 	@bash scripts/services.sh
 
 test: services ## go vet, then all tests with the race detector (library, then examples)
@@ -66,9 +67,9 @@ fmt: ## Format all Go files with gofmt
 	$(GOFMT) -w .
 
 .PHONY: chaos
-CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer
+CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis
 
-chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ and through PgBouncer (CHAOS_MESSAGES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
+chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store (CHAOS_MESSAGES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
 	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) \
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
 	$(GO) test -run TestChaos -count=1 -timeout 80m -v ./tests/chaos/

@@ -9,17 +9,20 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// Config configures the middleware. DB.Conn is required; every other field
-// has a default (see WithDefaults).
+// Config configures the middleware. DB.Conn is required (except in lease
+// mode with LeaseConfig.Store); every other field has a default (see
+// WithDefaults).
 type Config struct {
 	// DB is the database and the tables: the same sqlschema.DB that
 	// sqlschema.Migrate, outbox.RelayConfig and the operator functions take.
 	// DB.Conn begins the message's transactions:
 	// wsql.BeginnerFromPgx(pool) (the fast path: begin and claim in one
-	// round trip) or wsql.BeginnerFromStdSQL(db). Required.
+	// round trip) or wsql.BeginnerFromStdSQL(db). Required, except in lease
+	// mode with a LeaseConfig.Store, where it must be left empty.
 	DB sqlschema.DB
 
 	// Lease, when set, selects lease mode: for handlers whose effect is
@@ -122,6 +125,34 @@ type LeaseConfig struct {
 	// parks a key at its first interruption, for providers that cannot
 	// deduplicate on the idempotency key. Defaults to 3.
 	MaxInterruptedAttempts int
+
+	// Store is where lease mode keeps its records. Nil (the default) is the
+	// PostgreSQL inbox table of Config.DB, whose completion is one
+	// transaction with the handler's writes and output messages. A Redis
+	// store (redisstore.New) keeps them in Redis instead, for handlers
+	// whose only effect is external: Config.DB must then be left empty,
+	// and the handler gets no transaction and no outbox (see LeaseStore).
+	Store LeaseStore
+}
+
+// LeaseStore is a lease-mode store other than the PostgreSQL inbox table:
+// redisstore.New returns one. The claim, its lease and fencing token, the
+// done record, the Retry and Park rules and the attempt numbers are the
+// same as with PostgreSQL; what differs is the completion: it records only
+// the done record, in the store, so it cannot hold database writes or
+// output messages. With such a store, New refuses Config.DB, Batch,
+// FailOpen and PublishTopic; a handler that asks for a transaction or an
+// outbox (PgxTxFromContext, StdTxFromContext, OutboxFromContext, Queue)
+// gets an error, and one that returns output messages or asked for them
+// is not completed: the delivery is nacked and the key stays processing
+// until its lease expires, then runs again as an interrupted attempt, or
+// is parked after MaxInterruptedAttempts (docs/redis.md).
+//
+// Only this module's packages implement it: its method returns a type
+// internal to the module.
+type LeaseStore interface {
+	// LeaseBackend returns the store's implementation.
+	LeaseBackend() leasestore.Backend
 }
 
 // BatchConfig configures group commit (Config.Batch).
@@ -196,9 +227,30 @@ func (c LeaseConfig) WithDefaults() LeaseConfig {
 	return c
 }
 
+// storeOnly reports whether c is lease mode with a store of its own (not
+// the PostgreSQL inbox of Config.DB).
+func (c Config) storeOnly() bool { return c.Lease != nil && c.Lease.Store != nil }
+
+// validateStoreOnly checks c (before its defaults) for what a lease store
+// other than PostgreSQL cannot honour.
+func (c Config) validateStoreOnly() error {
+	const why = "the lease store (Config.Lease.Store) is not PostgreSQL: its completion records only the done record, and cannot join a database transaction"
+	switch {
+	case c.DB.Conn != nil || c.DB.Schema != "" || c.DB.InboxTable != "" || c.DB.OutboxTable != "":
+		return errors.New("exactlyonce: Config.DB must be empty with Config.Lease.Store: " + why + "; a handler that writes to PostgreSQL or returns output messages needs the PostgreSQL lease store (leave Lease.Store nil)")
+	case c.Batch != nil:
+		return errors.New("exactlyonce: Config.Batch cannot be used with Config.Lease")
+	case c.FailOpen:
+		return errors.New("exactlyonce: Config.FailOpen cannot be used with Config.Lease: running the handler without its claim would let two workers run one key at once")
+	case c.PublishTopic != "":
+		return errors.New("exactlyonce: Config.PublishTopic cannot be used with Config.Lease.Store: " + why + ", so there is no outbox for output messages")
+	}
+	return nil
+}
+
 // validate checks a Config that has its defaults. Errors name the field.
 func (c Config) validate() error {
-	if c.DB.Conn == nil {
+	if c.DB.Conn == nil && !c.storeOnly() {
 		return errors.New("exactlyonce: Config.DB.Conn is required: wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
 	}
 	if err := c.DB.Validate(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -22,9 +23,12 @@ type handlerValues struct {
 	outbox   message.Publisher
 	consumer string
 	key      string
-	lease    *leaseState   // lease mode only
-	failOpen bool          // a fail-open run: no tx, no outbox
-	queue    *[]queuedStmt // group commit with pgx: Queue appends here
+	lease    *leaseState // lease mode only
+	failOpen bool        // a fail-open run: no tx, no outbox
+	// storeOnly is set in lease mode with a store that is not PostgreSQL:
+	// no tx, no outbox; asking for them is recorded.
+	storeOnly *storeOnlyUse
+	queue     *[]queuedStmt // group commit with pgx: Queue appends here
 }
 
 func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
@@ -43,6 +47,14 @@ var errNotInHandler = errors.New("exactlyonce: the context is not a handler's un
 // errFailOpen is returned by the transaction helpers in a fail-open run.
 var errFailOpen = fmt.Errorf("exactlyonce: no transaction: this run is fail-open (%w); return the error to have the message redelivered", ErrDBUnavailable)
 
+// errStoreOnly is returned by the transaction and outbox helpers in lease
+// mode with a store that is not PostgreSQL (Config.Lease.Store).
+var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL, and its completion cannot hold database writes or output messages; this delivery will not be completed (it is nacked, and the key runs again after its lease, or is parked): use the PostgreSQL lease store for this handler")
+
+// storeOnlyUse records that a handler under a store-only lease asked for
+// what the store cannot give.
+type storeOnlyUse struct{ asked atomic.Bool }
+
 // tx returns the handler's transaction, beginning it in lease mode.
 func tx(ctx context.Context) (wsql.Tx, error) {
 	v := valuesFrom(ctx)
@@ -51,6 +63,9 @@ func tx(ctx context.Context) (wsql.Tx, error) {
 		return nil, errNotInHandler
 	case v.failOpen:
 		return nil, errFailOpen
+	case v.storeOnly != nil:
+		v.storeOnly.asked.Store(true)
+		return nil, errStoreOnly
 	}
 	t, err := v.tx.get()
 	if err != nil {
@@ -66,8 +81,11 @@ func tx(ctx context.Context) (wsql.Tx, error) {
 // handler holds no connection while it waits for an external provider.
 //
 // It returns an error outside a handler under the middleware, in a
-// fail-open run (no database), when the driver is database/sql, or when
-// the transaction cannot begin: return it, and the message is redelivered.
+// fail-open run (no database), when the driver is database/sql, when
+// the transaction cannot begin, or in lease mode with a store that is not
+// PostgreSQL (LeaseConfig.Store: there is no transaction; asking for one
+// keeps the delivery from completing): return it, and the message is
+// redelivered.
 func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
 	t, err := tx(ctx)
 	if err != nil {
@@ -107,6 +125,9 @@ func OutboxFromContext(ctx context.Context) (message.Publisher, error) {
 		return nil, errNotInHandler
 	case v.failOpen:
 		return nil, errFailOpen
+	case v.storeOnly != nil:
+		v.storeOnly.asked.Store(true)
+		return nil, errStoreOnly
 	}
 	return v.outbox, nil
 }

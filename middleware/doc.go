@@ -40,7 +40,10 @@
 // mid-attempt is retried after its lease expires, with Info.Interrupted
 // set, and parked after LeaseConfig.MaxInterruptedAttempts.
 // docs/guarantees.md states the one window a provider without idempotency
-// keys leaves open.
+// keys leaves open. The records live in the PostgreSQL inbox by default, or
+// in Redis with LeaseConfig.Store (package redisstore) for handlers whose
+// only effect is external: the same rules, but a completion that holds
+// only the done record (see LeaseStore, docs/redis.md).
 //
 // # Group commit (Config.Batch set)
 //

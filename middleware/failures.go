@@ -20,7 +20,7 @@ import (
 func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
 	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
 	where := fmt.Sprintf("exactlyonce: claim of %q for %q", ev.Key, ev.Consumer)
-	if !pgerr.Unreachable(cause) {
+	if !m.unreachable(cause) {
 		ev.Outcome = Nacked
 		err := fmt.Errorf("%s: %w: %w", where, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
 		if errors.Is(err, pgerr.ErrNotMigrated) {
@@ -48,6 +48,15 @@ func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, e
 		return nil, herr
 	}
 	return m.failOpenOutputs(msg, produced)
+}
+
+// unreachable reports whether cause means the store could not be reached:
+// lease mode asks its store, transactional mode pgerr.
+func (m *Middleware) unreachable(cause error) bool {
+	if m.lease != nil {
+		return m.lease.Unreachable(cause)
+	}
+	return pgerr.Unreachable(cause)
 }
 
 // failOpenOutputs returns the fail-open handler's messages to the router,

@@ -13,7 +13,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
@@ -28,7 +28,8 @@ import (
 // every other worker off the key until the transaction ends. Before that, it runs on its own,
 // and never waits for a connection past the current lease's end: then it
 // returns an error (the lease may be lost; stop if the effect must not run
-// twice).
+// twice). With a Redis store (LeaseConfig.Store) it is one script, bounded
+// the same way.
 func ExtendLease(ctx context.Context, d time.Duration) error {
 	v := valuesFrom(ctx)
 	if v == nil || v.lease == nil {
@@ -63,11 +64,11 @@ func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) 
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var db wsql.ContextExecutor
-	if tx, ok := th.current(); ok {
-		db = tx
-	} else {
-		db = l.m.cfg.DB.Conn
+	a := l.attempt()
+	if th != nil { // nil: a store that is not PostgreSQL, no transaction
+		if tx, ok := th.current(); ok {
+			a.Tx = tx
+		}
 	}
 	deadline := l.info.leaseUntil
 	if wait := time.Now().Add(minExtendWait); deadline.Before(wait) {
@@ -75,19 +76,24 @@ func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) 
 	}
 	ectx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	until, err := l.m.store.ExtendLease(ectx, db, l.consumer, l.key, l.token, d)
+	until, err := l.m.lease.Extend(ectx, a, d)
 	if err != nil {
-		if errors.Is(err, inboxdb.ErrLeaseLost) {
+		if errors.Is(err, leasestore.ErrLeaseLost) {
 			return fmt.Errorf("exactlyonce: extending the lease of %q for %q: %w", l.key, l.consumer, err)
 		}
 		if ectx.Err() != nil && ctx.Err() == nil {
-			return fmt.Errorf("exactlyonce: extending the lease of %q for %q: no database connection before the lease ends at %s: %w",
+			return fmt.Errorf("exactlyonce: extending the lease of %q for %q: no answer from the store before the lease ends at %s: %w",
 				l.key, l.consumer, l.info.leaseUntil.Format(time.RFC3339Nano), err)
 		}
 		return fmt.Errorf("exactlyonce: extending the lease of %q for %q: %w", l.key, l.consumer, err)
 	}
 	l.info.leaseUntil = until
 	return nil
+}
+
+// attempt names the attempt for the store.
+func (l *leaseState) attempt() leasestore.Attempt {
+	return leasestore.Attempt{Consumer: l.consumer, Key: l.key, Token: l.token}
 }
 
 func (l *leaseState) snapshot() leaseInfo {
@@ -107,7 +113,7 @@ func idempotencyKey(consumer, key string) string {
 
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
 	endClaim := m.startClaim(origCtx, ev)
-	claim, err := m.store.ClaimLease(origCtx, m.cfg.DB.Conn, consumer, key, inboxdb.LeaseOptions{
+	claim, err := m.lease.Claim(origCtx, consumer, key, leasestore.Options{
 		Lease: m.cfg.Lease.Duration, MaxInterrupted: m.cfg.Lease.MaxInterruptedAttempts,
 	})
 	endClaim(err)
@@ -116,11 +122,11 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	}
 	ev.Attempt = claim.Attempt
 	switch claim.Outcome {
-	case inboxdb.LeaseDuplicate:
+	case leasestore.Duplicate:
 		ev.Outcome = Duplicate
 		ev.FirstSeenAt = claim.Record.FirstSeenAt
 		return nil, nil
-	case inboxdb.LeaseParked:
+	case leasestore.Parked:
 		ev.Outcome = Parked
 		if claim.ParkedNow {
 			ev.Err = errors.New(claim.Record.LastError)
@@ -128,7 +134,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 				errors.New(claim.Record.LastError), watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt})
 		}
 		return nil, nil
-	case inboxdb.LeaseBusy:
+	case leasestore.Busy:
 		ev.Outcome = Nacked
 		sleep(origCtx, m.cfg.NackDelay)
 		if claim.LeaseUntil.IsZero() {
@@ -148,6 +154,9 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		interrupted: claim.Interrupted,
 		leaseUntil:  claim.LeaseUntil,
 	}}
+	if !m.lease.Transactional() {
+		return m.handleStoreOnly(msg, h, ev, origCtx, lease)
+	}
 	// The completion transaction begins when the handler first asks for it
 	// (or at completion), so no connection is held during an external call
 	// that comes before the handler's writes. It does not end with the
@@ -165,20 +174,73 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		// The handler's own failure: it knows whether its call happened,
 		// and chose a retry (or, with Permanent, an operator).
 		th.rollback()
-		var perm *permanentError
-		if errors.As(herr, &perm) {
-			if ferr := m.recordFailure(origCtx, lease, herr, true); ferr != nil {
-				// Not recorded: nack, so that the key is not lost.
-				ev.Outcome = Nacked
-				return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", key, consumer, ferr, herr)
-			}
-			return m.parkedNow(ev, herr, consumer, key, claim.Attempt)
-		}
-		ev.Outcome = Nacked
-		_ = m.recordFailure(origCtx, lease, herr, false)
-		return nil, m.handlerFailed(msg, herr, consumer, key)
+		return m.leaseHandlerFailed(msg, ev, lease, herr)
 	}
 	return m.completeLease(msg, ev, lease, th, ob, produced, herr, berr)
+}
+
+// leaseHandlerFailed records the handler's error: parked for Permanent
+// (acked), failed otherwise (nacked; the next delivery runs attempt n+1).
+func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *leaseState, herr error) ([]*message.Message, error) {
+	consumer, key := lease.consumer, lease.key
+	var perm *permanentError
+	if errors.As(herr, &perm) {
+		if ferr := m.recordFailure(msg.Context(), lease, herr, true); ferr != nil {
+			// Not recorded: nack, so that the key is not lost.
+			ev.Outcome = Nacked
+			return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", key, consumer, ferr, herr)
+		}
+		return m.parkedNow(ev, herr, consumer, key, lease.info.attempt)
+	}
+	ev.Outcome = Nacked
+	_ = m.recordFailure(msg.Context(), lease, herr, false)
+	return nil, m.handlerFailed(msg, herr, consumer, key)
+}
+
+// handleStoreOnly runs the handler of a lease whose store is not
+// PostgreSQL (LeaseConfig.Store) and records its completion there. The
+// handler gets no transaction and no outbox: one that asked for them, or
+// returned output messages, cannot be completed as it meant to be. Its
+// external effect may have happened, so it is treated like a completion
+// whose outcome is unknown: nothing is recorded, the delivery is nacked
+// after NackDelay, and the key runs again once its lease expired (an
+// interrupted attempt), or is parked after MaxInterruptedAttempts.
+func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
+	consumer, key := lease.consumer, lease.key
+	use := &storeOnlyUse{}
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, lease: lease, storeOnly: use}))
+	produced, herr := m.callHandler(h, msg)
+	msg.SetContext(origCtx)
+	if use.asked.Load() || len(produced) > 0 {
+		ev.Outcome = Nacked
+		what := "asked for a transaction or an outbox"
+		if len(produced) > 0 {
+			what = fmt.Sprintf("returned %d output messages", len(produced))
+		}
+		err := fmt.Errorf("exactlyonce: %q for %q: the handler %s, which the lease store (Config.Lease.Store) cannot record with its completion: not completed; the key stays processing until its lease expires, then runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts); use the PostgreSQL lease store for a handler with database writes or outputs", key, consumer, what)
+		if herr != nil {
+			err = fmt.Errorf("%w (handler: %w)", err, herr)
+		}
+		m.cfg.Logger.Error("exactlyonce: handler needs what a store-only lease cannot give, message will be redelivered", err,
+			watermill.LogFields{"consumer": consumer, "key": key, "attempt": lease.info.attempt})
+		sleep(origCtx, m.cfg.NackDelay)
+		return nil, err
+	}
+	if herr != nil {
+		return m.leaseHandlerFailed(msg, ev, lease, herr)
+	}
+	// Like the PostgreSQL completion, it outlives the message's context.
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(origCtx), completionTimeout)
+	defer cancel()
+	if err := m.lease.Complete(finishCtx, lease.attempt()); err != nil {
+		ev.Outcome = Nacked
+		if errors.Is(err, leasestore.ErrLeaseLost) {
+			return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w", key, consumer, err)
+		}
+		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, err)
+	}
+	ev.Outcome = Processed
+	return nil, nil
 }
 
 // completeLease commits the completion of an attempt whose handler
@@ -211,8 +273,8 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	park := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
-		if err := m.store.ParkInterrupted(finishCtx, m.cfg.DB.Conn, consumer, key, lease.token, reason); err != nil {
-			if errors.Is(err, inboxdb.ErrLeaseLost) {
+		if err := m.lease.ParkInterrupted(finishCtx, lease.attempt(), reason); err != nil {
+			if errors.Is(err, leasestore.ErrLeaseLost) {
 				ev.Outcome = Nacked
 				return nil, fmt.Errorf("exactlyonce: %q for %q: %w (completion: %w)", key, consumer, err, cause)
 			}
@@ -241,9 +303,11 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	if err != nil {
 		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, err))
 	}
-	if err := m.store.CompleteTx(finishCtx, tx, consumer, key, lease.token); err != nil {
+	a := lease.attempt()
+	a.Tx = tx
+	if err := m.lease.Complete(finishCtx, a); err != nil {
 		switch {
-		case errors.Is(err, inboxdb.ErrLeaseLost):
+		case errors.Is(err, leasestore.ErrLeaseLost):
 			th.rollback()
 			ev.Outcome = Nacked
 			return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w", key, consumer, err)
@@ -252,9 +316,9 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 			// after this transaction's snapshot. Only a takeover or an
 			// operator changes a held record; check in a fresh statement.
 			th.rollback()
-			if owns, oerr := m.store.Owns(finishCtx, m.cfg.DB.Conn, consumer, key, lease.token); oerr == nil && !owns {
+			if owns, oerr := m.lease.Owns(finishCtx, lease.attempt()); oerr == nil && !owns {
 				ev.Outcome = Nacked
-				return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w (%w)", key, consumer, inboxdb.ErrLeaseLost, err)
+				return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w (%w)", key, consumer, leasestore.ErrLeaseLost, err)
 			}
 			return unknown(err)
 		case pgerr.Deterministic(err):
@@ -283,7 +347,7 @@ const completionTimeout = 30 * time.Second
 // at once instead of waiting for the lease to expire. If it cannot be
 // recorded, the lease expiry covers it; the error is logged and returned.
 func (m *Middleware) recordFailure(ctx context.Context, l *leaseState, cause error, permanent bool) error {
-	err := m.store.Fail(context.WithoutCancel(ctx), m.cfg.DB.Conn, l.consumer, l.key, l.token, cause.Error(), permanent)
+	err := m.lease.Fail(context.WithoutCancel(ctx), l.attempt(), cause.Error(), permanent)
 	if err != nil {
 		m.cfg.Logger.Error("exactlyonce: could not record the failed attempt; the lease expiry will release the key", err,
 			watermill.LogFields{"consumer": l.consumer, "key": l.key, "attempt": l.info.attempt})

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 )
@@ -23,6 +24,7 @@ type Middleware struct {
 	cfg       Config
 	customKey bool // Config.Key was set (not the message UUID)
 	store     *inboxdb.Store
+	lease     leasestore.Backend // lease mode's store
 	names     pgerr.Tables
 	scopes    scopes
 	tracer    trace.Tracer
@@ -34,6 +36,11 @@ type Middleware struct {
 // sqlschema.Check at start-up to learn it earlier).
 func New(cfg Config) (*Middleware, error) {
 	customKey := cfg.Key != nil
+	if cfg.storeOnly() {
+		if err := cfg.validateStoreOnly(); err != nil {
+			return nil, err
+		}
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -43,7 +50,16 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
-	return &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider)}, nil
+	m := &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider)}
+	switch {
+	case cfg.storeOnly():
+		if m.lease = cfg.Lease.Store.LeaseBackend(); m.lease == nil {
+			return nil, errors.New("exactlyonce: Config.Lease.Store has no backend (use redisstore.New)")
+		}
+	case cfg.Lease != nil:
+		m.lease = &leasestore.Postgres{Store: store, DB: cfg.DB.Conn}
+	}
+	return m, nil
 }
 
 // Middleware wraps h. It has the signature of message.HandlerMiddleware.

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Make sure the PostgreSQL and RabbitMQ servers the tests need are reachable,
+# Make sure the PostgreSQL, RabbitMQ and Redis servers the tests need are reachable,
 # that the pgbouncer binary is installed (tests start their own PgBouncer
 # processes on free loopback ports; this script does not start one), and that
 # promtool is installed (the metrics tests check the alert rules with it).
 #
 #   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 #   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
+#   REDIS_URL     default redis://127.0.0.1:6379/0
 #   SERVICES_WAIT seconds to wait for a server we started (default 60)
 #
 # For each URL: if its TCP port answers, fine. Otherwise, when the host is
@@ -16,6 +17,7 @@ set -euo pipefail
 
 DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
 AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
+REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 WAIT="${SERVICES_WAIT:-60}"
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -222,6 +224,39 @@ ensure_rabbitmq() {
 	say "rabbitmq: $how at $U_HOST:$U_PORT"
 }
 
+# --------------------------------------------------------------------- Redis
+
+redis_installed() { command -v redis-server >/dev/null 2>&1; }
+
+redis_start() {
+	# Loopback only, on the URL's port, in the background. The test data is
+	# disposable: no snapshots, no append-only file (docs/redis.md says what
+	# a production Redis needs instead).
+	as_root redis-server --bind 127.0.0.1 --port "$U_PORT" --daemonize yes \
+		--save '' --appendonly no --dir /tmp --logfile "/tmp/redis-exactlyonce-test-$U_PORT.log" --pidfile "/tmp/redis-exactlyonce-test-$U_PORT.pid"
+}
+
+ensure_redis() {
+	parse_url "$REDIS_URL" 6379
+	local how="reachable"
+	if ! port_open "$U_HOST" "$U_PORT"; then
+		is_loopback "$U_HOST" || unreachable_help redis "$U_HOST" "$U_PORT" redis-server REDIS_URL
+		if redis_installed; then
+			say "redis: not answering on $U_HOST:$U_PORT, starting the local server"
+			how="started"
+		elif can_apt_install; then
+			apt_install redis-server
+			how="installed"
+		else
+			unreachable_help redis "$U_HOST" "$U_PORT" redis-server REDIS_URL
+		fi
+		redis_start || die "redis: could not start the local server (see /tmp/redis-exactlyonce-test-$U_PORT.log)"
+		wait_port "$U_HOST" "$U_PORT" "$WAIT" ||
+			die "redis: local server started but $U_HOST:$U_PORT did not answer within ${WAIT}s (see /tmp/redis-exactlyonce-test-$U_PORT.log)"
+	fi
+	say "redis: $how at $U_HOST:$U_PORT"
+}
+
 # ----------------------------------------------------------------- PgBouncer
 
 # Tests (internal/testenv.PgBouncer) look for pgbouncer in PATH, then in
@@ -309,5 +344,6 @@ ensure_promtool() {
 
 ensure_postgres
 ensure_rabbitmq
+ensure_redis
 ensure_pgbouncer
 ensure_promtool

@@ -132,24 +132,32 @@ type leaseCrashBundle struct {
 func leaseCrashSetup(t *testing.T, e *e2e) *leaseCrashBundle {
 	t.Helper()
 	b := &leaseCrashBundle{
-		e2e:              e,
-		provider:         testenv.NewProvider(t),
-		inFlight:         make(chan string, 1),
-		firstCallAborted: make(chan struct{}),
-		msgUUID:          watermill.NewUUID(),
-		payload:          []byte(`{"order":42,"phone":"+15550100"}`),
+		e2e:     e,
+		msgUUID: watermill.NewUUID(),
+		payload: []byte(`{"order":42,"phone":"+15550100"}`),
 	}
+	b.provider, b.inFlight, b.firstCallAborted = leaseCrashProvider(t)
+	return b
+}
+
+// leaseCrashProvider returns the fake provider of a crash scenario: its
+// first request hangs until its client goes away (inFlight receives that
+// request's idempotency key; firstCallAborted is closed when the client
+// went away), and its later requests succeed.
+func leaseCrashProvider(t *testing.T) (provider *testenv.Provider, inFlight chan string, firstCallAborted chan struct{}) {
+	t.Helper()
+	provider, inFlight, firstCallAborted = testenv.NewProvider(t), make(chan string, 1), make(chan struct{})
 	var hung atomic.Bool
-	b.provider.OnRequest = func(r *http.Request, key string, call int) int {
+	provider.OnRequest = func(r *http.Request, key string, call int) int {
 		// Only the very first request hangs (whatever its key, so that a
 		// wrong key on a later attempt fails the assertions, not a wait).
 		if !hung.CompareAndSwap(false, true) {
 			return http.StatusOK
 		}
-		b.inFlight <- key
+		inFlight <- key
 		select {
 		case <-r.Context().Done(): // the worker died mid-call
-			close(b.firstCallAborted)
+			close(firstCallAborted)
 			return http.StatusServiceUnavailable
 		case <-time.After(waitTimeout):
 			return http.StatusGatewayTimeout
@@ -157,8 +165,8 @@ func leaseCrashSetup(t *testing.T, e *e2e) *leaseCrashBundle {
 	}
 	// Provider's serve reads OnRequest after taking its mutex: this call
 	// orders the assignment above before every request (race detector).
-	_ = b.provider.Calls("")
-	return b
+	_ = provider.Calls("")
+	return provider, inFlight, firstCallAborted
 }
 
 // key is the expected idempotency key: "<consumer>:<message UUID>".

@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
@@ -45,9 +46,14 @@ import (
 //	                 or batch: transactional with group commit, Config.Batch)
 //	                 with an optional database setup: @repeatable-read (the
 //	                 workers' role defaults to REPEATABLE READ) or
-//	                 @pgbouncer (through PgBouncer in transaction pooling).
+//	                 @pgbouncer (through PgBouncer in transaction pooling),
+//	                 or, for lease mode only, @redis (lease@redis: the
+//	                 consumers keep lease records in Redis with redisstore,
+//	                 reached through a proxy whose connections are cut; the
+//	                 handler only calls the provider, so no relay and no
+//	                 downstream run).
 //	                 Default: transactional,lease,batch,lease@repeatable-read,
-//	                 transactional@pgbouncer.
+//	                 transactional@pgbouncer,lease@redis.
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
 //	                 reproducible; the plan is.
@@ -102,7 +108,11 @@ type harness struct {
 	pgProxy, amqpProxy *testenv.Proxy
 	relayAMQPProxy     *testenv.Proxy // the relay's own, for outages mid-batch
 	bouncer            *testenv.PgBouncerSupervisor
-	workerDBURL        string // what the workers dial (before the proxy or PgBouncer)
+	redis              *redis.Client  // lease@redis: the harness's own client
+	redisProxy         *testenv.Proxy // lease@redis: the workers' way to Redis
+	redisPrefix        string         // lease@redis: the run's key prefix
+	redisCut           int64          // lease@redis: Redis connections cut
+	workerDBURL        string         // what the workers dial (before the proxy or PgBouncer)
 	provider           *testenv.Provider
 	sink               *sink
 
@@ -175,6 +185,11 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 		require.NoError(t, h.pool.QueryRow(ctx, `SELECT s.setconfig::text FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
 WHERE r.rolname = $1`, roleOf(t, h.workerDBURL)).Scan(&iso))
 		require.Contains(t, iso, "repeatable read", "the workers' role defaults to REPEATABLE READ")
+	case dbRedis:
+		h.workerDBURL = h.pgProxy.RewriteURL(testenv.DatabaseURL()) // unused by the consumers
+		h.redis = testenv.Redis(t)
+		h.redisPrefix = testenv.RedisPrefix(t, h.redis)
+		h.redisProxy = testenv.NewProxy(t, hostPort(t, testenv.RedisURL(), "6379"))
 	case dbPgBouncer:
 		h.bouncer = &testenv.PgBouncerSupervisor{}
 		// PgBouncer's server connections go through the proxy, so that the
@@ -307,6 +322,11 @@ func (h *harness) startWorkers() {
 	if h.lease() {
 		common["CHAOS_PROVIDER_URL"] = h.provider.URL()
 	}
+	if h.v.DB == dbRedis {
+		common["CHAOS_STORE"] = "redis"
+		common["CHAOS_REDIS_URL"] = h.redisProxy.RewriteURL(testenv.RedisURL())
+		common["CHAOS_REDIS_PREFIX"] = h.redisPrefix
+	}
 	env := func(role, driver string, handlers int) map[string]string {
 		e := map[string]string{"CHAOS_ROLE": role, "CHAOS_DB_URL": dbURL(role), "CHAOS_DRIVER": driver,
 			"CHAOS_HANDLERS": strconv.Itoa(handlers)}
@@ -322,10 +342,12 @@ func (h *harness) startWorkers() {
 		}
 		h.consumers = append(h.consumers, h.newProc(fmt.Sprintf("consumer-%d", i), env("consumer", driver, h.s.Handlers)))
 	}
-	relayEnv := env("relay", "database-sql", 1)
-	relayEnv["CHAOS_AMQP_URL"] = h.relayAMQPProxy.RewriteURL(testenv.AMQPURL())
-	h.relay = h.newProc("relay", relayEnv)
-	h.downstream = h.newProc("downstream", env("downstream", "pgxpool", 2))
+	if h.v.DB != dbRedis { // lease@redis: no outbox, so no relay and no downstream
+		relayEnv := env("relay", "database-sql", 1)
+		relayEnv["CHAOS_AMQP_URL"] = h.relayAMQPProxy.RewriteURL(testenv.AMQPURL())
+		h.relay = h.newProc("relay", relayEnv)
+		h.downstream = h.newProc("downstream", env("downstream", "pgxpool", 2))
+	}
 	t.Cleanup(func() {
 		for _, p := range h.procs() {
 			if !p.exited() {
@@ -355,7 +377,7 @@ func (h *harness) stopWorkers() {
 		wg.Wait()
 	}
 	stop(h.consumers...)
-	stop(h.relay, h.downstream)
+	stop(h.procs()[len(h.consumers):]...)
 }
 
 // state is what the harness polls while the system settles.
@@ -375,6 +397,9 @@ func (s state) String() string {
 }
 
 func (h *harness) state(ctx context.Context) (state, error) {
+	if h.v.DB == dbRedis {
+		return h.redisState(ctx)
+	}
 	st := state{consumer: map[string]int64{}}
 	rows, err := h.pool.Query(ctx, `SELECT status, count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 GROUP BY status`, consumerName)
 	if err != nil {
@@ -447,10 +472,13 @@ func (h *harness) awaitSettled(ctx context.Context) bool {
 		st, err := h.state(ctx)
 		if err == nil {
 			last = st
-			if st.settled(h.s.Messages, 2*h.poisonKeys()) {
+			if h.v.DB == dbRedis && st.settledRedis(h.s.Messages) {
 				return true
 			}
-			if st.quarantined < int64(2*h.poisonKeys()) {
+			if h.v.DB != dbRedis && st.settled(h.s.Messages, 2*h.poisonKeys()) {
+				return true
+			}
+			if h.v.DB != dbRedis && st.quarantined < int64(2*h.poisonKeys()) {
 				h.trickle(ctx)
 			}
 		}
@@ -555,6 +583,9 @@ func queueState(conn *amqp.Connection, queue string) (int, int, error) {
 // left in the output queue only when downstream already processed its UUID.
 func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut int) {
 	t := h.t
+	if h.v.DB == dbRedis {
+		return h.redisLeftovers(ctx)
+	}
 	for _, q := range []string{h.in, h.out, h.outB} {
 		testenv.Eventually(t, 30*time.Second, func() bool {
 			_, consumers, err := queueState(h.conn, q)
@@ -672,6 +703,9 @@ func (h *harness) count(ctx context.Context, q string, args ...any) int64 {
 }
 
 func (h *harness) invariants(ctx context.Context, settled bool, leftIn, badIn, leftOut, badOut, left2 int) *table {
+	if h.v.DB == dbRedis {
+		return h.redisInvariants(ctx, settled, leftIn, badIn)
+	}
 	s, n := h.s, int64(h.s.Messages)
 	effects, down, inbox := h.table("effects"), h.table("down_effects"), h.tables.Inbox()
 	tb := &table{title: fmt.Sprintf("chaos run: %s seed=%d messages=%d dup-ratio=%.2f faults>=%d consumers=%dx%d handlers (prefetch %d), lease %s, slow %s/%s (lease/tx)",
@@ -745,9 +779,16 @@ WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
 	tb.eq("output queue: messages left not processed downstream", int64(badOut), 0)
 	tb.eq("second output queue: messages (only poison is sent there)", int64(left2), 0)
 
+	h.faultRows(tb)
+	return tb
+}
+
+// faultRows adds the faults injected and the health of the workers.
+func (h *harness) faultRows(tb *table) {
+	s := h.s
 	tb.section("faults injected (each >= " + strconv.Itoa(s.Faults) + ")")
 	f := int64(s.Faults)
-	for _, k := range scheduledKinds {
+	for _, k := range h.kinds() {
 		tb.atLeast(k, int64(h.injected[k]), f)
 	}
 	h.sink.mu.Lock()
@@ -759,7 +800,11 @@ WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
 		slowName = fmt.Sprintf("slow handlers (%s, outliving the %s lease)", s.SlowLease, s.Lease)
 	}
 	tb.atLeast(slowName, slows, f)
-	tb.info("backends terminated / AMQP connections cut", fmt.Sprintf("%d / %d", h.terminated, h.amqpCut))
+	if h.v.DB == dbRedis {
+		tb.info("AMQP / Redis connections cut", fmt.Sprintf("%d / %d", h.amqpCut, h.redisCut))
+	} else {
+		tb.info("backends terminated / AMQP connections cut", fmt.Sprintf("%d / %d", h.terminated, h.amqpCut))
+	}
 	h.exitMu.Lock()
 	exits := slices.Clone(h.exits)
 	h.exitMu.Unlock()
@@ -779,7 +824,6 @@ WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
 	h.sink.mu.Lock()
 	tb.eq("malformed reports to the event sink", int64(len(h.sink.bad)), 0)
 	h.sink.mu.Unlock()
-	return tb
 }
 
 // events adds the middleware events a role reported, one row per kind, and
@@ -825,16 +869,7 @@ func (h *harness) leaseInvariants(ctx context.Context, tb *table) {
 	tb.eq("keys never called", missing, 0)
 	tb.info("calls (total)", total)
 
-	doneAttempt := map[string]int{}
-	rows, err := h.pool.Query(ctx, `SELECT message_key, attempts FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`, consumerName)
-	require.NoError(h.t, err)
-	for rows.Next() {
-		var k string
-		var a int
-		require.NoError(h.t, rows.Scan(&k, &a))
-		doneAttempt[k] = a
-	}
-	require.NoError(h.t, rows.Err())
+	doneAttempt := h.doneAttempts(ctx)
 
 	h.sink.mu.Lock()
 	defer h.sink.mu.Unlock()
@@ -924,4 +959,27 @@ func roleOf(t *testing.T, dbURL string) string {
 func outboxAcceptedSequence(db sqlschema.DB) string {
 	db = db.WithDefaults()
 	return pgx.Identifier{db.Schema, db.OutboxTable + "_accepted"}.Sanitize()
+}
+
+// doneAttempts returns the attempt each done key completed with.
+func (h *harness) doneAttempts(ctx context.Context) map[string]int {
+	done := map[string]int{}
+	if h.v.DB == dbRedis {
+		for k, rec := range h.redisRecords(ctx) {
+			if rec["status"] == "done" {
+				done[k], _ = strconv.Atoi(rec["attempts"])
+			}
+		}
+		return done
+	}
+	rows, err := h.pool.Query(ctx, `SELECT message_key, attempts FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`, consumerName)
+	require.NoError(h.t, err)
+	for rows.Next() {
+		var k string
+		var a int
+		require.NoError(h.t, rows.Scan(&k, &a))
+		done[k] = a
+	}
+	require.NoError(h.t, rows.Err())
+	return done
 }

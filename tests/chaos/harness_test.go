@@ -62,7 +62,9 @@ type variant struct {
 	// DB is direct (through the harness's TCP proxy), repeatable-read (the
 	// same, as a role whose default transaction isolation is REPEATABLE
 	// READ) or pgbouncer (through a PgBouncer in transaction pooling, whose
-	// server connections go through the proxy).
+	// server connections go through the proxy), or redis (lease mode only:
+	// the consumers keep lease records in Redis, through a proxy of the
+	// harness, and use no database; no relay, no downstream).
 	DB string
 }
 
@@ -77,11 +79,12 @@ const (
 	dbDirect         = "direct"
 	dbRepeatableRead = "repeatable-read"
 	dbPgBouncer      = "pgbouncer"
+	dbRedis          = "redis"
 )
 
 // defaultRuns is the short form's set: both modes directly, group commit
 // directly, and one of each other database setup.
-const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer"
+const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer,lease@redis"
 
 // parseRuns reads CHAOS_MODES: a comma-separated list of mode or mode@db.
 func parseRuns(v string) ([]variant, error) {
@@ -95,8 +98,11 @@ func parseRuns(v string) ([]variant, error) {
 		if mode != "transactional" && mode != "lease" && mode != "batch" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional, lease or batch", item)
 		}
-		if db != dbDirect && db != dbRepeatableRead && db != dbPgBouncer {
-			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s or %s", item, dbDirect, dbRepeatableRead, dbPgBouncer)
+		if db != dbDirect && db != dbRepeatableRead && db != dbPgBouncer && db != dbRedis {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s, %s or %s", item, dbDirect, dbRepeatableRead, dbPgBouncer, dbRedis)
+		}
+		if db == dbRedis && mode != "lease" {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the Redis store is for lease mode only (lease@redis)", item)
 		}
 		out = append(out, variant{Mode: mode, DB: db})
 	}
@@ -413,7 +419,13 @@ func (h *harness) reviveCrashed() {
 }
 
 func (h *harness) procs() []*proc {
-	return append(slices.Clone(h.consumers), h.relay, h.downstream)
+	ps := slices.Clone(h.consumers)
+	for _, p := range []*proc{h.relay, h.downstream} {
+		if p != nil { // none in a lease@redis run
+			ps = append(ps, p)
+		}
+	}
+	return ps
 }
 
 // ---------------------------------------------------------------------------
@@ -578,7 +590,23 @@ const (
 	faultRelayOutage = "RabbitMQ outage mid-batch, twice (relay)"
 )
 
+// faultRedisRefuse makes Redis look down (lease@redis): the harness's
+// proxy closes every live connection and refuses new ones for a while.
+const faultRedisRefuse = "Redis refusing (connections cut)"
+
 var scheduledKinds = []string{faultConsumerKill, faultRelayKill, faultPGTerminate, faultPGRefuse, faultAMQPClose, faultRelayOutage}
+
+// redisKinds are the faults of a lease@redis run: no database, relay or
+// downstream to fault.
+var redisKinds = []string{faultConsumerKill, faultAMQPClose, faultRedisRefuse}
+
+// kinds are the fault kinds the run's scheduler injects.
+func (h *harness) kinds() []string {
+	if h.v.DB == dbRedis {
+		return redisKinds
+	}
+	return scheduledKinds
+}
 
 type faultStep struct {
 	Kind   string
@@ -597,7 +625,7 @@ type faultStep struct {
 func (h *harness) planFaults() ([]faultStep, time.Duration) {
 	var steps []faultStep
 	var total time.Duration
-	for _, kind := range scheduledKinds {
+	for _, kind := range h.kinds() {
 		for range h.s.Faults {
 			st := faultStep{Kind: kind, Gap: time.Duration(200+h.rng.IntN(500)) * time.Millisecond}
 			switch kind {
@@ -606,7 +634,7 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 				st.Hold = time.Duration(200+h.rng.IntN(600)) * time.Millisecond
 			case faultRelayKill:
 				st.Hold = time.Duration(200+h.rng.IntN(600)) * time.Millisecond
-			case faultPGRefuse:
+			case faultPGRefuse, faultRedisRefuse:
 				st.Hold = time.Duration(1000+h.rng.IntN(1000)) * time.Millisecond
 			case faultAMQPClose:
 				st.Hold = time.Duration(800+h.rng.IntN(400)) * time.Millisecond
@@ -669,6 +697,11 @@ FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid
 		h.pgProxy.Refuse()
 		pause(st.Hold)
 		h.pgProxy.Allow()
+	case faultRedisRefuse:
+		h.redisCut += int64(h.redisProxy.Stats().Live)
+		h.redisProxy.Refuse()
+		pause(st.Hold)
+		h.redisProxy.Allow()
 	case faultAMQPClose:
 		h.amqpCut += int64(h.amqpProxy.Stats().Live + h.relayAMQPProxy.Stats().Live)
 		h.amqpProxy.Refuse()

@@ -20,6 +20,11 @@
 //     middleware under its own consumer name, inserting one downstream effect
 //     row per output message it processes.
 //
+// With CHAOS_STORE=redis (the chaos run lease@redis) the consumers keep
+// lease mode's records in Redis (redisstore, prefix CHAOS_REDIS_PREFIX,
+// reached at CHAOS_REDIS_URL) and use no database: their handler only
+// calls the provider, and no relay or downstream process runs.
+//
 // Every process reaches PostgreSQL and RabbitMQ through the harness's TCP
 // proxies (CHAOS_DB_URL, CHAOS_AMQP_URL), so that the harness can cut them,
 // and tags its PostgreSQL connections with an application_name (set in
@@ -58,11 +63,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -102,6 +109,11 @@ type config struct {
 	Lease            time.Duration // lease mode: Config.Lease
 	Slow             time.Duration // how long a "slow" fault sleeps
 	Work             time.Duration // transactional mode: simulated work per message
+	// Store is "postgres" (the default) or "redis" (lease mode's records
+	// in Redis: RedisURL, RedisPrefix; no database).
+	Store       string
+	RedisURL    string
+	RedisPrefix string
 }
 
 func env(key, def string) string {
@@ -126,6 +138,10 @@ func readConfig() (config, error) {
 		Out2:     os.Getenv("CHAOS_OUT2"),
 		SinkURL:  os.Getenv("CHAOS_SINK_URL"),
 		Provider: os.Getenv("CHAOS_PROVIDER_URL"),
+		Store:    env("CHAOS_STORE", "postgres"),
+		RedisURL: os.Getenv("CHAOS_REDIS_URL"),
+
+		RedisPrefix: os.Getenv("CHAOS_REDIS_PREFIX"),
 	}
 	var err error
 	ints := map[string]*int{"CHAOS_HANDLERS": &c.Handlers, "CHAOS_PREFETCH": &c.Prefetch, "CHAOS_RELAY_MAX_ATTEMPTS": &c.RelayMaxAttempts}
@@ -142,8 +158,20 @@ func readConfig() (config, error) {
 			return c, fmt.Errorf("%s: %w", k, err)
 		}
 	}
-	for k, v := range map[string]string{"CHAOS_ROLE": c.Role, "CHAOS_DB_URL": c.DBURL, "CHAOS_AMQP_URL": c.AMQPURL,
-		"CHAOS_SCHEMA": c.Schema, "CHAOS_SINK_URL": c.SinkURL} {
+	required := map[string]string{"CHAOS_ROLE": c.Role, "CHAOS_DB_URL": c.DBURL, "CHAOS_AMQP_URL": c.AMQPURL,
+		"CHAOS_SCHEMA": c.Schema, "CHAOS_SINK_URL": c.SinkURL}
+	switch c.Store {
+	case "postgres":
+	case "redis":
+		if c.Role != "consumer" || c.Mode != "lease" {
+			return c, errors.New("CHAOS_STORE=redis: only lease-mode consumers")
+		}
+		required = map[string]string{"CHAOS_AMQP_URL": c.AMQPURL, "CHAOS_SINK_URL": c.SinkURL,
+			"CHAOS_REDIS_URL": c.RedisURL, "CHAOS_REDIS_PREFIX": c.RedisPrefix}
+	default:
+		return c, fmt.Errorf("CHAOS_STORE: want postgres or redis, got %q", c.Store)
+	}
+	for k, v := range required {
 		if v == "" {
 			return c, fmt.Errorf("%s is required", k)
 		}
@@ -178,13 +206,22 @@ func run() int {
 	w.effects = pgx.Identifier{cfg.Schema, "effects"}.Sanitize()
 	w.downEffects = pgx.Identifier{cfg.Schema, "down_effects"}.Sanitize()
 
-	closeDB, err := w.openDB()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos worker:", err)
-		return 2
+	if cfg.Store == "redis" {
+		closeRedis, err := w.openRedis()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos worker:", err)
+			return 2
+		}
+		defer closeRedis()
+	} else {
+		closeDB, err := w.openDB()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos worker:", err)
+			return 2
+		}
+		defer closeDB()
+		w.tables = sqlschema.DB{Conn: w.db, Schema: cfg.Schema}
 	}
-	defer closeDB()
-	w.tables = sqlschema.DB{Conn: w.db, Schema: cfg.Schema}
 
 	logger.Info("chaos worker starting", watermill.LogFields{"role": cfg.Role, "mode": cfg.Mode, "driver": cfg.Driver, "pid": os.Getpid()})
 	switch cfg.Role {
@@ -214,6 +251,26 @@ type worker struct {
 	http        *http.Client
 	effects     string
 	downEffects string
+	redisStore  *redisstore.Store // CHAOS_STORE=redis
+}
+
+// openRedis makes the Redis store of CHAOS_STORE=redis, without
+// connecting (the proxy may be refusing at this moment). Short timeouts:
+// a cut connection is a failed command, not a hang.
+func (w *worker) openRedis() (func(), error) {
+	opts, err := redis.ParseURL(w.cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("CHAOS_REDIS_URL: %w", err)
+	}
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
+	opts.PoolSize = w.cfg.Handlers + 4
+	client := redis.NewClient(opts)
+	w.redisStore, err = redisstore.New(redisstore.Config{Client: client, Prefix: w.cfg.RedisPrefix})
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return func() { _ = client.Close() }, nil
 }
 
 // openDB opens the driver's pool without connecting (the proxy may be
@@ -304,6 +361,9 @@ func (w *worker) middleware(consumer, role string, lease, batch bool) (*exactlyo
 	}
 	if lease {
 		cfg.Lease = &exactlyonce.LeaseConfig{Duration: w.cfg.Lease}
+		if w.redisStore != nil {
+			cfg.DB, cfg.Lease.Store = sqlschema.DB{}, w.redisStore
+		}
 	}
 	if batch {
 		cfg.Batch = &exactlyonce.BatchConfig{}
@@ -429,6 +489,9 @@ func (w *worker) handle(msg *message.Message) ([]*message.Message, error) {
 		}
 		if err := testenv.SendSMS(ctx, w.http, w.cfg.Provider, info.IdempotencyKey, "+46700000000", "chaos "+key); err != nil {
 			return nil, err
+		}
+		if w.redisStore != nil {
+			return nil, nil // the SMS is the only effect: Redis records it done
 		}
 		out, err := w.complete(ctx, key, info.Attempt, fault == "poison")
 		if err != nil {

@@ -1,0 +1,115 @@
+// Package leasestore is the seam between lease mode (the middleware) and
+// where it keeps its records: the PostgreSQL inbox table (Postgres, the
+// default) or Redis (package redisstore). Both implement Backend with the
+// same semantics, which the middleware's lease-mode behaviour suite checks
+// store by store.
+//
+// The package is internal so that only this module provides stores: the
+// middleware's exported LeaseStore handle returns a Backend, a type other
+// modules cannot name.
+package leasestore
+
+import (
+	"context"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+)
+
+// ErrLeaseLost means the attempt no longer owns the key: its lease expired
+// and another worker took the key over (the key's fencing token moved on),
+// or an operator changed or forgot the record. Every Backend returns it
+// (wrapped) for a refused Extend, Complete, Fail or ParkInterrupted.
+var ErrLeaseLost = inboxdb.ErrLeaseLost
+
+// Outcome is what a claim decided.
+type Outcome = inboxdb.LeaseOutcome
+
+// The outcomes of a claim.
+const (
+	// Acquired: the caller owns the key until LeaseUntil and runs attempt
+	// Attempt, fenced by Token.
+	Acquired = inboxdb.LeaseAcquired
+	// Duplicate: the key is done; do not run it.
+	Duplicate = inboxdb.LeaseDuplicate
+	// Busy: another worker holds a live lease (or is in the middle of a
+	// claim or completion); do not run it, and do not ack it.
+	Busy = inboxdb.LeaseBusy
+	// Parked: the key is parked (now or earlier) for an operator.
+	Parked = inboxdb.LeaseParked
+)
+
+// Options configures a claim.
+type Options = inboxdb.LeaseOptions
+
+// Claim is the result of a claim: see inboxdb.LeaseClaim, whose fields every
+// Backend fills the same way (Record with at least Status, Attempts,
+// FirstSeenAt and LastError).
+type Claim = inboxdb.LeaseClaim
+
+// Record is a key's record, in the PostgreSQL inbox's vocabulary (status
+// processing, done, failed or parked).
+type Record = inboxdb.Record
+
+// Attempt names one acquired attempt: the key and its fencing token.
+type Attempt struct {
+	Consumer, Key, Token string
+	// Tx is the handler's completion transaction when it has begun
+	// (Postgres only): Extend and Complete then write in it. Nil
+	// otherwise.
+	Tx wsql.ContextExecutor
+}
+
+// Backend is a lease-mode store. Every method is safe for concurrent use.
+// The rules, identical for every store:
+//
+//   - Claim: no record, or failed (an error, or an operator's release):
+//     acquired as attempt 1, or attempts+1 (Interrupted when the failed
+//     record was interrupted); done: Duplicate (duplicates+1); parked:
+//     Parked (duplicates+1); processing with a live lease: Busy, unchanged;
+//     processing with an expired lease: interrupted (interruptions+1), then
+//     acquired as attempts+1 with Interrupted, or parked with ParkedNow once
+//     MaxInterrupted attempts were interrupted. Every acquired claim gets a
+//     new random Token.
+//   - Extend, Complete, Fail, ParkInterrupted act only while the record is
+//     processing with the attempt's Token; otherwise ErrLeaseLost.
+//   - Fail records failed (the next claim runs again) or, when permanent,
+//     parked; ParkInterrupted parks and marks the record interrupted.
+//   - Release turns a parked record into failed.
+type Backend interface {
+	// Claim claims (consumer, key), durably before it returns.
+	Claim(ctx context.Context, consumer, key string, opts Options) (Claim, error)
+	// Extend moves the attempt's lease to now + d and returns its new end.
+	Extend(ctx context.Context, a Attempt, d time.Duration) (time.Time, error)
+	// Complete records the attempt done. Transactional backends need
+	// a.Tx and write there (the caller commits); others commit at once.
+	Complete(ctx context.Context, a Attempt) error
+	// Owns reports whether the attempt still owns the key.
+	Owns(ctx context.Context, a Attempt) (bool, error)
+	// Fail records a failed attempt: failed, or parked when permanent.
+	Fail(ctx context.Context, a Attempt, errText string, permanent bool) error
+	// ParkInterrupted parks the key of an attempt whose handler ran but
+	// whose completion can never be recorded, marking it interrupted.
+	ParkInterrupted(ctx context.Context, a Attempt, reason string) error
+	// Get returns the key's record, or an error wrapping
+	// inboxdb.ErrNotFound.
+	Get(ctx context.Context, consumer, key string) (Record, error)
+	// Forget deletes the key's record; it reports whether one existed.
+	Forget(ctx context.Context, consumer, key string) (bool, error)
+	// Parked lists up to limit parked records of consumer, oldest first.
+	Parked(ctx context.Context, consumer string, limit int) ([]Record, error)
+	// Release turns a parked record into failed; it reports whether a
+	// parked record was found.
+	Release(ctx context.Context, consumer, key string) (bool, error)
+
+	// Unreachable reports whether err means the store could not be
+	// reached (ErrDBUnavailable) rather than that it answered with an
+	// error (ErrClaimFailed).
+	Unreachable(err error) bool
+	// Transactional reports whether the completion is a PostgreSQL
+	// transaction that also holds the handler's writes and output
+	// messages. When false the handler gets no transaction and no outbox.
+	Transactional() bool
+}
