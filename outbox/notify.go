@@ -61,14 +61,19 @@ func notifyGate(channel string) *atomic.Int64 {
 }
 
 // shouldNotify reports whether a writer should send a NOTIFY now, and if so
-// records it: at most one caller per notifyDebounce gets true.
-func shouldNotify(gate *atomic.Int64, now time.Time) bool {
+// records it: at most one caller per notifyDebounce gets true. The function
+// returned (when true) takes the record back, for a NOTIFY that did not go
+// out after all (its statement failed), so that the next writer sends one.
+func shouldNotify(gate *atomic.Int64, now time.Time) (bool, func()) {
 	last := gate.Load()
 	t := now.UnixNano()
 	if t-last < int64(notifyDebounce) {
-		return false
+		return false, nil
 	}
-	return gate.CompareAndSwap(last, t)
+	if !gate.CompareAndSwap(last, t) {
+		return false, nil
+	}
+	return true, func() { gate.CompareAndSwap(t, last) }
 }
 
 // withNotify wraps an INSERT so that the same statement also sends the

@@ -34,7 +34,7 @@ type Publisher struct {
 	adapter  schemaAdapter
 	channel  string
 	gate     *atomic.Int64
-	notified bool // a NOTIFY went out through this Publisher (its transaction)
+	notified bool // a write of this Publisher (its transaction) sent a NOTIFY
 	closed   atomic.Bool
 }
 
@@ -68,9 +68,13 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 // byte for byte), so a bad one leaves the
 // transaction as it was. The SQL runs with the first message's context.
 //
-// The first write of a Publisher may also send a NOTIFY on the table's
-// channel (debounced per process; see RelayConfig.ListenConnString), which
-// PostgreSQL delivers to listening Relays when the transaction commits.
+// A write may also send a NOTIFY on the table's channel (debounced per
+// process; see RelayConfig.ListenConnString), which PostgreSQL delivers to
+// listening Relays when the transaction commits. A write that failed sent
+// none and leaves the debounce as it was; once one was sent, the later
+// writes of the Publisher repeat it (PostgreSQL delivers one per
+// transaction), so a ROLLBACK TO SAVEPOINT that discarded it does not leave
+// the transaction without one.
 //
 // Publish is not safe for concurrent use (neither is the transaction).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
@@ -90,14 +94,25 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		if err != nil {
 			return err
 		}
+		// Once the transaction has a NOTIFY, every INSERT of it repeats
+		// it: PostgreSQL sends one per transaction and channel anyway
+		// (its cost, at commit, is paid already), and a ROLLBACK TO
+		// SAVEPOINT may have discarded the earlier one with its rows.
 		query := q.Query
-		if !p.notified && shouldNotify(p.gate, time.Now()) {
+		notify, undo := p.notified, func() {}
+		if !notify {
+			notify, undo = shouldNotify(p.gate, time.Now())
+		}
+		if notify {
 			query = withNotify(query, p.channel)
-			p.notified = true
 		}
 		if _, err := p.db.ExecContext(messages[0].Context(), query, q.Args...); err != nil {
+			if notify && !p.notified {
+				undo() // no NOTIFY went out: the next writer sends one
+			}
 			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
 		}
+		p.notified = p.notified || notify
 		messages = messages[n:]
 	}
 	return nil
