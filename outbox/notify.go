@@ -29,6 +29,17 @@ import (
 // notified one leaves within catchUpPoll. A row committed later than that
 // without a NOTIFY of its own waits for the PollInterval poll, as it would
 // without wake-on-commit: polling stays the fallback and the bound.
+//
+// When the debounce is decided matters. The transactions of the
+// middleware decide it right before their commit (outboxnotify.AtCommit: a
+// separate statement, sent at most once per notifyDebounce), so a
+// transaction that skips relies on one that commits at the same moment. A
+// Publisher in the application's own transaction cannot know when that
+// commits: it decides at its INSERT, with no extra round trip. Its NOTIFY
+// is then only as early as its commit: a transaction that wrote its rows
+// and goes on for long, or rolls back, leaves the rows other writers of the
+// process committed in the next notifyDebounce waiting for its commit, or
+// for the poll.
 const (
 	notifyDebounce = 10 * time.Millisecond
 	catchUpWindow  = 40 * time.Millisecond

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -35,6 +37,8 @@ type Publisher struct {
 	channel  string
 	gate     *atomic.Int64
 	notified bool // a write of this Publisher (its transaction) sent a NOTIFY
+	atCommit bool // the writes send none: beforeCommit does (outboxnotify)
+	wrote    bool // a write succeeded
 	closed   atomic.Bool
 }
 
@@ -100,7 +104,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		// SAVEPOINT may have discarded the earlier one with its rows.
 		query := q.Query
 		notify, undo := p.notified, func() {}
-		if !notify {
+		if !notify && !p.atCommit {
 			notify, undo = shouldNotify(p.gate, time.Now())
 		}
 		if notify {
@@ -113,6 +117,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
 		}
 		p.notified = p.notified || notify
+		p.wrote = true
 		messages = messages[n:]
 	}
 	return nil
@@ -121,5 +126,38 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 // Close makes later Publish calls fail. It does not touch the transaction.
 func (p *Publisher) Close() error {
 	p.closed.Store(true)
+	return nil
+}
+
+func init() {
+	outboxnotify.AtCommit = func(tx wsql.ContextExecutor, db sqlschema.DB) (message.Publisher, func(context.Context) error, error) {
+		p, err := NewPublisher(tx, db)
+		if err != nil {
+			return nil, nil, err
+		}
+		p.atCommit = true
+		return p, p.beforeCommit, nil
+	}
+}
+
+// beforeCommit sends the NOTIFY of a Publisher made by
+// outboxnotify.AtCommit, right before its transaction commits: the
+// debounce is then decided when the commit is one round trip away, so a
+// transaction that skips its NOTIFY relies on one that commits at the same
+// moment, not on one that wrote its rows earlier and may still run for
+// long, or roll back.
+func (p *Publisher) beforeCommit(ctx context.Context) error {
+	if !p.wrote || p.notified {
+		return nil
+	}
+	ok, undo := shouldNotify(p.gate, time.Now())
+	if !ok {
+		return nil
+	}
+	if _, err := p.db.ExecContext(ctx, "SELECT pg_notify("+quoteLiteral(p.channel)+", '')"); err != nil {
+		undo()
+		return fmt.Errorf("outbox: NOTIFY: %w", err)
+	}
+	p.notified = true
 	return nil
 }
