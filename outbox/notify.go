@@ -3,6 +3,7 @@ package outbox
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,15 +60,29 @@ func channelName(db sqlschema.DB) string {
 	return "exactlyonce." + hex.EncodeToString(sum[:16])
 }
 
-// notifyGates holds, per channel, the time of the latest NOTIFY a writer of
-// this process sent (unix nanoseconds).
-var notifyGates sync.Map // channel name -> *atomic.Int64
+// notifyGates holds, per channel and database, the time of the latest
+// NOTIFY a writer of this process sent (unix nanoseconds).
+var notifyGates sync.Map // gateKey -> *atomic.Int64
 
-func notifyGate(channel string) *atomic.Int64 {
-	if g, ok := notifyGates.Load(channel); ok {
+// gateKey tells the debounces apart: one table name in two databases (a
+// database per tenant or shard) has two relays, and a NOTIFY sent to one
+// wakes nothing in the other. A database is known by its sqlschema.DB.Conn;
+// writers given none (or one that cannot be compared) share the table
+// name's.
+type gateKey struct {
+	channel string
+	conn    any
+}
+
+func notifyGate(db sqlschema.DB, channel string) *atomic.Int64 {
+	key := gateKey{channel: channel}
+	if db.Conn != nil && reflect.ValueOf(db.Conn).Comparable() {
+		key.conn = db.Conn
+	}
+	if g, ok := notifyGates.Load(key); ok {
 		return g.(*atomic.Int64)
 	}
-	g, _ := notifyGates.LoadOrStore(channel, new(atomic.Int64))
+	g, _ := notifyGates.LoadOrStore(key, new(atomic.Int64))
 	return g.(*atomic.Int64)
 }
 

@@ -46,8 +46,12 @@ var _ message.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher that writes to db's outbox table through
 // tx: wsql.TxFromPgx(tx) or wsql.TxFromStdSQL(tx) from
-// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. db names the table (its
-// Conn is not used). Any wsql.ContextExecutor works as tx, but outside a
+// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. db names the table; its
+// Conn runs no SQL here, but tells databases apart for the wake-on-commit
+// debounce: when one process writes to outbox tables of the same name in
+// several databases, give each Publisher the sqlschema.DB (with Conn) its
+// database's Relay has, or a write to one database can skip the NOTIFY
+// that the other's Relay waits for. Any wsql.ContextExecutor works as tx, but outside a
 // transaction each Publish commits on its own, and the atomicity with your
 // other writes is gone. Inside a handler under the exactly-once middleware,
 // use exactlyonce.OutboxFromContext instead.
@@ -59,7 +63,7 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 		return nil, fmt.Errorf("outbox: NewPublisher: %w", err)
 	}
 	ch := channelName(db)
-	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}, channel: ch, gate: notifyGate(ch)}, nil
+	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}, channel: ch, gate: notifyGate(db, ch)}, nil
 }
 
 // Publish writes messages to the outbox with topic as their destination.
