@@ -324,6 +324,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 
 	th := readyTx(tx)
 	ptx, pipelined := pgxOf(tx)
+	var wrote *lazyOutbox // one whose rows the batch's NOTIFY is for
 	for _, j := range run {
 		j.queued = j.queued[:0]
 		ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: j.msg.Context(), tracer: m.tracer}
@@ -341,6 +342,9 @@ func (b *batcher) runOnce(jobs []*job) *job {
 				herr = outputs.write(ob)
 			}
 		}
+		if wrote == nil && ob.notify != nil {
+			wrote = ob
+		}
 		if herr != nil {
 			_ = tx.Rollback()
 			ended = true
@@ -355,6 +359,9 @@ func (b *batcher) runOnce(jobs []*job) *job {
 			b.failed(j, fmt.Errorf("exactlyonce: a statement queued with Queue failed: %w", qerr))
 			return j
 		}
+	}
+	if wrote != nil {
+		wrote.beforeCommit(ctx)
 	}
 	ended = true
 	if err := tx.Commit(); err != nil {

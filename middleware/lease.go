@@ -326,6 +326,7 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 		}
 		return unknown(err)
 	}
+	ob.beforeCommit(finishCtx)
 	if err := th.commit(); err != nil {
 		if pgerr.Deterministic(err) {
 			// The server refused the commit (a deferred constraint): it

@@ -8,9 +8,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	_ "github.com/exactlyonce/watermill-exactlyonce/outbox" // sets outboxnotify.AtCommit
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -106,8 +107,9 @@ func (set outputSet) write(ob *lazyOutbox) error {
 type lazyOutbox struct {
 	tx     *txHandle
 	db     sqlschema.DB
-	pub    *outbox.Publisher
-	ctx    context.Context // the delivery's (its process span)
+	pub    message.Publisher
+	notify func(context.Context) error // the NOTIFY, right before the commit
+	ctx    context.Context             // the delivery's (its process span)
 	tracer trace.Tracer
 }
 
@@ -126,11 +128,11 @@ func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 		if err != nil {
 			return fmt.Errorf("exactlyonce: outbox: %w", err)
 		}
-		pub, err := outbox.NewPublisher(tx, l.db)
+		pub, notify, err := outboxnotify.AtCommit(tx, l.db)
 		if err != nil {
 			return err
 		}
-		l.pub = pub
+		l.pub, l.notify = pub, notify
 	}
 	// The rows carry the trace context of the span that wrote them: a
 	// child of the messages' context when the handler gave them one with a
@@ -146,6 +148,18 @@ func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 	err := l.pub.Publish(topic, messages...)
 	endSpan(span, err)
 	return err
+}
+
+// beforeCommit sends the wake-on-commit NOTIFY of the rows written, if any
+// (debounced per process). Call it right before the transaction commits;
+// the middleware decides it there, not at the first write, because it owns
+// the commit: a handler may write its rows long before it returns, or fail
+// after (see package outbox's notify.go). A failure only means that no
+// NOTIFY went out; the commit reports an aborted transaction.
+func (l *lazyOutbox) beforeCommit(ctx context.Context) {
+	if l.notify != nil {
+		_ = l.notify(ctx)
+	}
 }
 
 // Close closes the underlying publisher, if one was created.

@@ -82,6 +82,7 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 		}
 		return nil, err
 	}
+	ob.beforeCommit(context.WithoutCancel(origCtx))
 	done = true
 	if err := tx.Commit(); err != nil {
 		ev.Outcome = Nacked

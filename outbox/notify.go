@@ -3,6 +3,7 @@ package outbox
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,17 @@ import (
 // notified one leaves within catchUpPoll. A row committed later than that
 // without a NOTIFY of its own waits for the PollInterval poll, as it would
 // without wake-on-commit: polling stays the fallback and the bound.
+//
+// When the debounce is decided matters. The transactions of the
+// middleware decide it right before their commit (outboxnotify.AtCommit: a
+// separate statement, sent at most once per notifyDebounce), so a
+// transaction that skips relies on one that commits at the same moment. A
+// Publisher in the application's own transaction cannot know when that
+// commits: it decides at its INSERT, with no extra round trip. Its NOTIFY
+// is then only as early as its commit: a transaction that wrote its rows
+// and goes on for long, or rolls back, leaves the rows other writers of the
+// process committed in the next notifyDebounce waiting for its commit, or
+// for the poll.
 const (
 	notifyDebounce = 10 * time.Millisecond
 	catchUpWindow  = 40 * time.Millisecond
@@ -48,27 +60,46 @@ func channelName(db sqlschema.DB) string {
 	return "exactlyonce." + hex.EncodeToString(sum[:16])
 }
 
-// notifyGates holds, per channel, the time of the latest NOTIFY a writer of
-// this process sent (unix nanoseconds).
-var notifyGates sync.Map // channel name -> *atomic.Int64
+// notifyGates holds, per channel and database, the time of the latest
+// NOTIFY a writer of this process sent (unix nanoseconds).
+var notifyGates sync.Map // gateKey -> *atomic.Int64
 
-func notifyGate(channel string) *atomic.Int64 {
-	if g, ok := notifyGates.Load(channel); ok {
+// gateKey tells the debounces apart: one table name in two databases (a
+// database per tenant or shard) has two relays, and a NOTIFY sent to one
+// wakes nothing in the other. A database is known by its sqlschema.DB.Conn;
+// writers given none (or one that cannot be compared) share the table
+// name's.
+type gateKey struct {
+	channel string
+	conn    any
+}
+
+func notifyGate(db sqlschema.DB, channel string) *atomic.Int64 {
+	key := gateKey{channel: channel}
+	if db.Conn != nil && reflect.ValueOf(db.Conn).Comparable() {
+		key.conn = db.Conn
+	}
+	if g, ok := notifyGates.Load(key); ok {
 		return g.(*atomic.Int64)
 	}
-	g, _ := notifyGates.LoadOrStore(channel, new(atomic.Int64))
+	g, _ := notifyGates.LoadOrStore(key, new(atomic.Int64))
 	return g.(*atomic.Int64)
 }
 
 // shouldNotify reports whether a writer should send a NOTIFY now, and if so
-// records it: at most one caller per notifyDebounce gets true.
-func shouldNotify(gate *atomic.Int64, now time.Time) bool {
+// records it: at most one caller per notifyDebounce gets true. The function
+// returned (when true) takes the record back, for a NOTIFY that did not go
+// out after all (its statement failed), so that the next writer sends one.
+func shouldNotify(gate *atomic.Int64, now time.Time) (bool, func()) {
 	last := gate.Load()
 	t := now.UnixNano()
 	if t-last < int64(notifyDebounce) {
-		return false
+		return false, nil
 	}
-	return gate.CompareAndSwap(last, t)
+	if !gate.CompareAndSwap(last, t) {
+		return false, nil
+	}
+	return true, func() { gate.CompareAndSwap(t, last) }
 }
 
 // withNotify wraps an INSERT so that the same statement also sends the

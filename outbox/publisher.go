@@ -10,6 +10,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -35,7 +36,9 @@ type Publisher struct {
 	adapter  schemaAdapter
 	channel  string
 	gate     *atomic.Int64
-	notified bool // a NOTIFY went out through this Publisher (its transaction)
+	notified bool // a write of this Publisher (its transaction) sent a NOTIFY
+	atCommit bool // the writes send none: beforeCommit does (outboxnotify)
+	wrote    bool // a write succeeded
 	closed   atomic.Bool
 }
 
@@ -43,8 +46,12 @@ var _ message.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher that writes to db's outbox table through
 // tx: wsql.TxFromPgx(tx) or wsql.TxFromStdSQL(tx) from
-// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. db names the table (its
-// Conn is not used). Any wsql.ContextExecutor works as tx, but outside a
+// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql. db names the table; its
+// Conn runs no SQL here, but tells databases apart for the wake-on-commit
+// debounce: when one process writes to outbox tables of the same name in
+// several databases, give each Publisher the sqlschema.DB (with Conn) its
+// database's Relay has, or a write to one database can skip the NOTIFY
+// that the other's Relay waits for. Any wsql.ContextExecutor works as tx, but outside a
 // transaction each Publish commits on its own, and the atomicity with your
 // other writes is gone. Inside a handler under the exactly-once middleware,
 // use exactlyonce.OutboxFromContext instead.
@@ -56,7 +63,7 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 		return nil, fmt.Errorf("outbox: NewPublisher: %w", err)
 	}
 	ch := channelName(db)
-	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}, channel: ch, gate: notifyGate(ch)}, nil
+	return &Publisher{db: tx, adapter: schemaAdapter{table: db.Outbox()}, channel: ch, gate: notifyGate(db, ch)}, nil
 }
 
 // Publish writes messages to the outbox with topic as their destination.
@@ -69,9 +76,13 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 // byte for byte), so a bad one leaves the
 // transaction as it was. The SQL runs with the first message's context.
 //
-// The first write of a Publisher may also send a NOTIFY on the table's
-// channel (debounced per process; see RelayConfig.ListenConnString), which
-// PostgreSQL delivers to listening Relays when the transaction commits.
+// A write may also send a NOTIFY on the table's channel (debounced per
+// process; see RelayConfig.ListenConnString), which PostgreSQL delivers to
+// listening Relays when the transaction commits. A write that failed sent
+// none and leaves the debounce as it was; once one was sent, the later
+// writes of the Publisher repeat it (PostgreSQL delivers one per
+// transaction), so a ROLLBACK TO SAVEPOINT that discarded it does not leave
+// the transaction without one.
 //
 // Publish is not safe for concurrent use (neither is the transaction).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
@@ -91,14 +102,26 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		if err != nil {
 			return err
 		}
+		// Once the transaction has a NOTIFY, every INSERT of it repeats
+		// it: PostgreSQL sends one per transaction and channel anyway
+		// (its cost, at commit, is paid already), and a ROLLBACK TO
+		// SAVEPOINT may have discarded the earlier one with its rows.
 		query := q.Query
-		if !p.notified && shouldNotify(p.gate, time.Now()) {
+		notify, undo := p.notified, func() {}
+		if !notify && !p.atCommit {
+			notify, undo = shouldNotify(p.gate, time.Now())
+		}
+		if notify {
 			query = withNotify(query, p.channel)
-			p.notified = true
 		}
 		if _, err := p.db.ExecContext(messages[0].Context(), query, q.Args...); err != nil {
+			if notify && !p.notified {
+				undo() // no NOTIFY went out: the next writer sends one
+			}
 			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
 		}
+		p.notified = p.notified || notify
+		p.wrote = true
 		messages = messages[n:]
 	}
 	return nil
@@ -107,5 +130,38 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 // Close makes later Publish calls fail. It does not touch the transaction.
 func (p *Publisher) Close() error {
 	p.closed.Store(true)
+	return nil
+}
+
+func init() {
+	outboxnotify.AtCommit = func(tx wsql.ContextExecutor, db sqlschema.DB) (message.Publisher, func(context.Context) error, error) {
+		p, err := NewPublisher(tx, db)
+		if err != nil {
+			return nil, nil, err
+		}
+		p.atCommit = true
+		return p, p.beforeCommit, nil
+	}
+}
+
+// beforeCommit sends the NOTIFY of a Publisher made by
+// outboxnotify.AtCommit, right before its transaction commits: the
+// debounce is then decided when the commit is one round trip away, so a
+// transaction that skips its NOTIFY relies on one that commits at the same
+// moment, not on one that wrote its rows earlier and may still run for
+// long, or roll back.
+func (p *Publisher) beforeCommit(ctx context.Context) error {
+	if !p.wrote || p.notified {
+		return nil
+	}
+	ok, undo := shouldNotify(p.gate, time.Now())
+	if !ok {
+		return nil
+	}
+	if _, err := p.db.ExecContext(ctx, "SELECT pg_notify("+quoteLiteral(p.channel)+", '')"); err != nil {
+		undo()
+		return fmt.Errorf("outbox: NOTIFY: %w", err)
+	}
+	p.notified = true
 	return nil
 }

@@ -35,8 +35,10 @@ type RelayConfig struct {
 	// on average; figures in docs/benchmarks.md).
 	//
 	// Empty (the default) listens on a connection of DB.Conn's own: taken
-	// out of its pgx pool for good, or held from its database/sql pool
-	// when the driver is pgx's stdlib. Set it when DB.Conn goes through a
+	// out of its pgx pool for good (the pool opens another when it needs
+	// one), or, when DB.Conn is a database/sql pool on pgx's stdlib, a new
+	// connection with the configuration of the pool's, outside the pool (it
+	// does not count against SetMaxOpenConns). Set it when DB.Conn goes through a
 	// connection pooler in transaction mode (PgBouncer), where LISTEN does
 	// not hold: point it at PostgreSQL directly. Without it the relay
 	// detects the pooler, logs that wake-on-commit is off, and polls.

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	stdsql "database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -117,8 +116,9 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 // withListenConn runs f on a connection of its own: a new one to
 // RelayConfig.ListenConnString if set; else one taken out of DB.Conn's pgx
 // pool (it is not returned; the pool opens another when it needs one); else,
-// for a database/sql DB on the pgx driver (pgx/v5/stdlib), one of its
-// connections, held while f runs. Other drivers cannot LISTEN here.
+// for a database/sql DB on the pgx driver (pgx/v5/stdlib), a new connection
+// with the configuration of the pool's (outside the pool: it does not count
+// against SetMaxOpenConns). Other drivers cannot LISTEN here.
 func (r *Relay) withListenConn(ctx context.Context, f func(*pgx.Conn) error) error {
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -140,29 +140,34 @@ func (r *Relay) withListenConn(ctx context.Context, f func(*pgx.Conn) error) err
 		return f(conn)
 	}
 	if db, ok := stdDB(r.cfg.DB.Conn); ok {
+		// Not one of the pool's connections: held for as long as Run
+		// lasts, it would count against SetMaxOpenConns for good (with
+		// one open connection per worker, the batches would wait for it
+		// forever). A pooled connection only lends its configuration.
 		c, err := db.Conn(connectCtx)
 		if err != nil {
 			return fmt.Errorf("taking a connection from the database/sql pool: %w", err)
 		}
-		var ferr error
+		var cfg *pgx.ConnConfig
 		rawErr := c.Raw(func(driverConn any) error {
 			pc, ok := driverConn.(interface{ Conn() *pgx.Conn })
 			if !ok {
 				return errNoListen{fmt.Sprintf("the database/sql driver (%T) is not pgx's stdlib; "+
 					"set RelayConfig.ListenConnString to wake on commit", driverConn)}
 			}
-			ferr = f(pc.Conn())
-			// The connection was LISTENing: do not hand it back to the pool.
-			return driver.ErrBadConn
+			cfg = pc.Conn().Config()
+			return nil
 		})
 		_ = c.Close()
-		if ferr != nil {
-			return ferr
+		if rawErr != nil {
+			return rawErr
 		}
-		if errors.Is(rawErr, driver.ErrBadConn) {
-			return nil
+		conn, err := pgx.ConnectConfig(connectCtx, cfg)
+		if err != nil {
+			return fmt.Errorf("connecting with the database/sql pool's configuration: %w", err)
 		}
-		return rawErr
+		defer closeConn(conn)
+		return f(conn)
 	}
 	return errNoListen{fmt.Sprintf("DB.Conn (%T) is neither a pgx pool nor a database/sql DB; "+
 		"set RelayConfig.ListenConnString to wake on commit", r.cfg.DB.Conn)}
