@@ -39,8 +39,10 @@ func KeyFromPayloadSHA256(msg *message.Message) (string, error) {
 // before another tenant does makes the other's message a duplicate, and it
 // is acked unprocessed — on purpose (key poisoning) or by accident. The
 // inbox holds one record per tenant and key, under the key
-// tenant + ":" + key (give that to inbox.Store's Get, Forget and Release).
-// Config.MaxKeyLength counts all of it: the tenant and the colon too.
+// tenant + ":" + key (inbox.TenantKey makes it for inbox.Store's Get,
+// Forget and Release; Store.TenantStats and PurgeOptions.Tenant select a
+// tenant). Config.MaxKeyLength counts all of it: the tenant and the colon
+// too.
 //
 // The tenant must come from something the tenant cannot forge: set it where
 // the message enters your system, after authentication, never from the
