@@ -40,9 +40,10 @@ type Event struct {
 	// Duration is the time spent in the middleware, handler included.
 	Duration time.Duration
 	// ClaimDuration is the time the inbox check took: the claim
-	// statement(s) and, in group commit, this delivery's share of the
-	// batch's claim (the whole claim's time). Zero when no claim ran (an
-	// invalid key, FailOpen).
+	// statement(s), retries after a serialization failure included; in
+	// group commit, the batch's claim (the last one, when the batch was
+	// rerun without a failed delivery). Zero when no claim ran (an invalid
+	// key, FailOpen).
 	ClaimDuration time.Duration
 	// Err is the error returned to the router (Nacked, or a failed
 	// FailOpen run), or the reason a key was parked just now (Parked).

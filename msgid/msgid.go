@@ -51,6 +51,10 @@ func Named(namespace, name string) (string, error) {
 // Namespace returns the namespace UUID Named uses for namespace: the UUID
 // itself if it parses as one, else UUIDv5(NameSpaceURL,
 // "urn:exactlyonce:"+namespace). It lets another system reproduce the IDs.
+// Parsing accepts the forms github.com/google/uuid does: the canonical
+// 8-4-4-4-12 form, and also "urn:uuid:"-prefixed, braced and 32 hex digits
+// without dashes — so a name of 32 hex digits is taken as a UUID. Another
+// language reproducing the IDs should pass the canonical form.
 func Namespace(namespace string) uuid.UUID {
 	if u, err := uuid.Parse(namespace); err == nil {
 		return u

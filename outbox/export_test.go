@@ -1,4 +1,14 @@
 package outbox
 
+import "time"
+
 // ChannelName exposes channelName to the tests of package outbox_test.
 var ChannelName = channelName
+
+// SetListenPing shortens the LISTEN connection's ping interval and timeout
+// for a test, and returns a function that restores them.
+func SetListenPing(every, timeout time.Duration) (restore func()) {
+	oldEvery, oldTimeout := listenPing, listenPingTimeout
+	listenPing, listenPingTimeout = every, timeout
+	return func() { listenPing, listenPingTimeout = oldEvery, oldTimeout }
+}

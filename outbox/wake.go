@@ -10,8 +10,18 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+)
+
+// listenPing is how long the LISTEN connection may stay silent before the
+// relay pings the server over it; listenPingTimeout is how long the ping may
+// take before the connection is taken for dead and replaced. Variables for
+// the tests.
+var (
+	listenPing        = 30 * time.Second
+	listenPingTimeout = 10 * time.Second
 )
 
 // errNoListen says why the relay cannot LISTEN at all with this
@@ -105,7 +115,24 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 		// nobody: look once.
 		r.wakeWorkers()
 		for {
-			if _, err := conn.WaitForNotification(ctx); err != nil {
+			// A connection that died without a word (a half-open TCP
+			// connection: a failover, a NAT dropping it) would leave the
+			// relay believing it listens until TCP keepalive noticed,
+			// minutes later. So it pings the server after each
+			// listenPing without a notification.
+			waitCtx, cancel := context.WithTimeout(ctx, listenPing)
+			_, err := conn.WaitForNotification(waitCtx)
+			cancel()
+			if err != nil && ctx.Err() == nil && pgconn.Timeout(err) {
+				pingCtx, cancel := context.WithTimeout(ctx, listenPingTimeout)
+				err = conn.Ping(pingCtx)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("the LISTEN connection did not answer a ping within %s: %w", listenPingTimeout, err)
+				}
+				continue
+			}
+			if err != nil {
 				return err
 			}
 			r.wakeWorkers()

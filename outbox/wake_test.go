@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -176,3 +177,43 @@ func (l *logCapture) Trace(msg string, f watermill.LogFields)            {}
 func (l *logCapture) With(watermill.LogFields) watermill.LoggerAdapter   { return l }
 func (l *logCapture) has(s string) bool                                  { return strings.Contains(l.buf.String(), s) }
 func (l *logCapture) String() string                                     { return l.buf.String() }
+
+// A LISTEN connection that dies without a word (a partition leaving both
+// TCP ends open: nothing arrives, nothing is refused) is found by the ping
+// after a silent interval and replaced: rows committed meanwhile are
+// relayed without waiting for the poll. Not parallel: it shortens the
+// package's ping interval.
+func TestRelayListenSilentConnectionIsReplaced(t *testing.T) {
+	restore := outbox.SetListenPing(300*time.Millisecond, 300*time.Millisecond)
+	defer restore()
+	proxy := testenv.NewProxy(t, hostPort(t, testenv.DirectDatabaseURL()))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	logs := &logCapture{}
+	rec := &recorder{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		DB: b.schema(), Publisher: rec, PollInterval: slowPoll, ErrorBackoff: 100 * time.Millisecond,
+		ListenConnString: proxy.RewriteURL(testenv.DirectDatabaseURL()), Logger: logs,
+	})
+	require.NoError(t, err)
+	runRelay(t, relay)
+	waitListening(t, relay)
+
+	proxy.Blackhole()
+	b.publish(t, "t", message.NewMessage("during-partition", nil))
+	testenv.Eventually(t, 10*time.Second, func() bool { return logs.has("did not answer a ping") }, "the silent LISTEN connection was never found out")
+	proxy.Allow()
+	waitDelivered(t, rec, 1, 10*time.Second, "a row committed while the LISTEN connection was silent")
+	waitListening(t, relay)
+	b.publish(t, "t", message.NewMessage("after", nil))
+	waitDelivered(t, rec, 2, 2*time.Second, "a row committed after the new LISTEN connection")
+}
+
+// hostPort is the host:port of a PostgreSQL URL.
+func hostPort(t *testing.T, rawURL string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	return u.Host
+}

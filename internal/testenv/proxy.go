@@ -2,10 +2,10 @@ package testenv
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -24,6 +24,8 @@ import (
 type Proxy struct {
 	ln     net.Listener
 	target string
+
+	dropping atomic.Bool // Blackhole: bytes of live connections vanish
 
 	mu       sync.Mutex
 	refusing bool
@@ -90,8 +92,15 @@ func (p *Proxy) Refuse() {
 	}
 }
 
-// Allow makes the proxy forward new connections again.
+// Blackhole makes the live connections silent without closing them: what
+// either side sends is read and dropped, as in a network partition that
+// leaves both ends' TCP connections open (no EOF, no reset). Allow ends it.
+func (p *Proxy) Blackhole() { p.dropping.Store(true) }
+
+// Allow makes the proxy forward new connections again (and ends a
+// Blackhole).
 func (p *Proxy) Allow() {
+	p.dropping.Store(false)
 	p.mu.Lock()
 	p.refusing = false
 	p.mu.Unlock()
@@ -191,7 +200,18 @@ func (p *Proxy) forward(client net.Conn) {
 	var wg sync.WaitGroup
 	pipe := func(dst, src net.Conn) {
 		defer wg.Done()
-		_, _ = io.Copy(dst, src)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && !p.dropping.Load() {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
 		// One direction ended (EOF, or Refuse closed a side): end both.
 		_ = dst.Close()
 		_ = src.Close()
