@@ -89,8 +89,9 @@ type config struct {
 	wakeWriteTime time.Duration
 
 	// retention
-	retentionRows   int
-	retentionClaims int
+	retentionRows    int
+	retentionClaims  int
+	retentionWorkers int
 
 	dbURL   string
 	amqpURL string
@@ -122,26 +123,27 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":             {"router,relay,rss,wake,retention", "router,relay,rss,wake,retention"},
-		"wake-rate":        {"100", "100"},
-		"wake-time":        {"20s", "3s"},
-		"wake-writers":     {"8", "8"},
-		"wake-write-time":  {"5s", "2s"},
-		"rounds":           {"5", "5"},
-		"messages":         {"20000", "1000"},
-		"inflight":         {"64", "64"},
-		"prefetch":         {"64", "64"},
-		"pool":             {"20", "20"},
-		"backlogs":         {"10000,100000,1000000", "1000,5000,20000"},
-		"relay-rows":       {"100000", "2000"},
-		"relay-time":       {"15s", "3s"},
-		"relay-batch":      {"500", "500"},
-		"relay-workers":    {"4", "4"},
-		"window":           {"256", "256"},
-		"rss-backlogs":     {"1000,10000,1000000", "1000,5000,20000"},
-		"rss-messages":     {"50000", "3000"},
-		"retention-rows":   {"10000000", "200000"},
-		"retention-claims": {"20000", "3000"},
+		"only":              {"router,relay,rss,wake,retention", "router,relay,rss,wake,retention"},
+		"wake-rate":         {"100", "100"},
+		"wake-time":         {"20s", "3s"},
+		"wake-writers":      {"8", "8"},
+		"wake-write-time":   {"5s", "2s"},
+		"rounds":            {"5", "5"},
+		"messages":          {"20000", "1000"},
+		"inflight":          {"64", "64"},
+		"prefetch":          {"64", "64"},
+		"pool":              {"20", "20"},
+		"backlogs":          {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":        {"100000", "2000"},
+		"relay-time":        {"15s", "3s"},
+		"relay-batch":       {"500", "500"},
+		"relay-workers":     {"4", "4"},
+		"window":            {"256", "256"},
+		"rss-backlogs":      {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":      {"50000", "3000"},
+		"retention-rows":    {"10000000", "200000"},
+		"retention-claims":  {"20000", "3000"},
+		"retention-workers": {"1", "1"},
 	}
 	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss, wake, retention")
 	def("wake-rate", "BENCH_WAKE_RATE", table["wake-rate"], "wake: events per second written during the latency rounds")
@@ -163,6 +165,7 @@ func parseConfig(args []string) (*config, error) {
 	def("rss-messages", "BENCH_RSS_MESSAGES", table["rss-messages"], "rss: messages each relay / consumer process handles")
 	def("retention-rows", "BENCH_RETENTION_ROWS", table["retention-rows"], "retention: rows in each layout's inbox (spread over 7 days + one per round)")
 	def("retention-claims", "BENCH_RETENTION_CLAIMS", table["retention-claims"], "retention: claims timed per measurement")
+	def("retention-workers", "BENCH_RETENTION_WORKERS", table["retention-workers"], "retention: concurrent claimers (1: the claim's own latency; more: with CPU contention on small machines)")
 	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
 	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
 	child := fs.String("child", "", "internal: run as the relay or consumer process of the rss section")
@@ -201,29 +204,30 @@ func parseConfig(args []string) (*config, error) {
 		return out
 	}
 	c := &config{
-		quick:           *quick,
-		only:            map[string]bool{},
-		rounds:          num("rounds"),
-		cpu:             *cpu,
-		profDir:         *prof,
-		messages:        num("messages"),
-		inflight:        num("inflight"),
-		prefetch:        num("prefetch"),
-		pool:            num("pool"),
-		backlogs:        list("backlogs"),
-		relayRows:       num("relay-rows"),
-		relayBatch:      num("relay-batch"),
-		relayWorkers:    num("relay-workers"),
-		window:          num("window"),
-		rssBacklogs:     list("rss-backlogs"),
-		rssMessages:     num("rss-messages"),
-		wakeRate:        num("wake-rate"),
-		wakeWriters:     num("wake-writers"),
-		retentionRows:   num("retention-rows"),
-		retentionClaims: num("retention-claims"),
-		dbURL:           env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		amqpURL:         env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		child:           childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
+		quick:            *quick,
+		only:             map[string]bool{},
+		rounds:           num("rounds"),
+		cpu:              *cpu,
+		profDir:          *prof,
+		messages:         num("messages"),
+		inflight:         num("inflight"),
+		prefetch:         num("prefetch"),
+		pool:             num("pool"),
+		backlogs:         list("backlogs"),
+		relayRows:        num("relay-rows"),
+		relayBatch:       num("relay-batch"),
+		relayWorkers:     num("relay-workers"),
+		window:           num("window"),
+		rssBacklogs:      list("rss-backlogs"),
+		rssMessages:      num("rss-messages"),
+		wakeRate:         num("wake-rate"),
+		wakeWriters:      num("wake-writers"),
+		retentionRows:    num("retention-rows"),
+		retentionClaims:  num("retention-claims"),
+		retentionWorkers: num("retention-workers"),
+		dbURL:            env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL:          env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		child:            childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
 	}
 	if err != nil {
 		return nil, err

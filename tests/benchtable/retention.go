@@ -31,31 +31,31 @@ import (
 // spread evenly over keepDays + rounds days: the last keepDays days are
 // inside retention, and each round's purge removes the oldest remaining
 // day. A round times -retention-claims claims (the middleware's pgx
-// one-round-trip claim, from 4 workers, each followed by its COMMIT, which
+// one-round-trip claim, from -retention-workers workers (default 1), each followed by its COMMIT, which
 // is not timed: it costs the same WAL flush whatever the inbox; one in ten
 // a redelivery of a recorded key) first on the idle inbox, then while that
 // round's purge runs (claims continue until the purge has ended and at
 // least as many were timed). The values are each round's p99.
 
 const (
-	keepDays         = 7
-	retentionWorkers = 4
+	keepDays = 7
 )
 
 type retentionLayout struct {
-	name   string
-	db     sqlschema.DB
-	store  *inboxdb.Store
-	layout *inboxpart.Layout
-	days   int
-	perDay int
-	t0     time.Time // start of the oldest day
-	bytes  float64   // bytes per row once filled
+	name    string
+	db      sqlschema.DB
+	store   *inboxdb.Store
+	layout  *inboxpart.Layout
+	days    int
+	perDay  int
+	workers int       // concurrent claimers
+	t0      time.Time // start of the oldest day
+	bytes   float64   // bytes per row once filled
 }
 
 func (h *harness) retentionSection(ctx context.Context) ([]*line, error) {
 	cfg := h.cfg
-	pool, err := newPool(ctx, cfg.dbURL, retentionWorkers+4, "")
+	pool, err := newPool(ctx, cfg.dbURL, cfg.retentionWorkers+4, "")
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +150,7 @@ func (h *harness) newRetentionLayout(ctx context.Context, pool *pgxpool.Pool, na
 	if err != nil {
 		return nil, err
 	}
-	l := &retentionLayout{name: name, db: db, store: store, days: days, perDay: perDay}
+	l := &retentionLayout{name: name, db: db, store: store, days: days, perDay: perDay, workers: h.cfg.retentionWorkers}
 	var now time.Time
 	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
 		return nil, err
@@ -200,7 +200,7 @@ FROM generate_series($1::bigint, $2::bigint) g, LATERAL (SELECT $3::timestamptz 
 }
 
 // claims times n claims (at least; and, with during, until during has
-// returned) from retentionWorkers workers and returns their p99 in µs and
+// returned) from l.workers workers and returns their p99 in µs and
 // during's error.
 func (l *retentionLayout) claims(ctx context.Context, pool *pgxpool.Pool, n int, during func() error) (float64, error, error) {
 	var (
@@ -221,7 +221,7 @@ func (l *retentionLayout) claims(ctx context.Context, pool *pgxpool.Pool, n int,
 		})
 	}
 	total := int64(l.days * l.perDay)
-	for w := range retentionWorkers {
+	for w := range l.workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
 			for count.Load() < int64(n) || !duringOK.Load() {
