@@ -36,7 +36,8 @@ func TestOutputsWakeTheRelayWhateverOtherTransactionsDo(t *testing.T) {
 	defer cancel()
 
 	pub := &capturePublisher{}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: tables, Publisher: pub, PollInterval: time.Hour, Logger: testenv.Logger(t)})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: tables, Publisher: pub, PollInterval: time.Hour, Logger: testenv.Logger(t),
+		ListenConnString: testenv.ListenConnString()})
 	require.NoError(t, err)
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
@@ -134,7 +135,8 @@ func TestOutputsWakeTheRelayInEveryMode(t *testing.T) {
 			tables := testenv.Schema(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			pub := &capturePublisher{}
-			relay, err := outbox.NewRelay(outbox.RelayConfig{DB: tables, Publisher: pub, PollInterval: time.Hour, Logger: testenv.Logger(t)})
+			relay, err := outbox.NewRelay(outbox.RelayConfig{DB: tables, Publisher: pub, PollInterval: time.Hour, Logger: testenv.Logger(t),
+				ListenConnString: testenv.ListenConnString()})
 			require.NoError(t, err)
 			relayDone := make(chan error, 1)
 			go func() { relayDone <- relay.Run(ctx) }()

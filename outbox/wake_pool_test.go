@@ -19,7 +19,10 @@ import (
 // application's other users of the pool).
 func TestRelayListenDoesNotTakeAPoolConnection(t *testing.T) {
 	tables := testenv.Schema(t)
-	db := testenv.StdDB(t)
+	// Directly to PostgreSQL even in the suite's run through PgBouncer:
+	// what is tested is the database/sql pool's LISTEN connection, which a
+	// pooler would turn off.
+	db := testenv.StdDBFor(t, testenv.DirectDatabaseURL())
 	db.SetMaxOpenConns(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
