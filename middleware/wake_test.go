@@ -72,7 +72,8 @@ func TestOutputsWakeTheRelayWhateverOtherTransactionsDo(t *testing.T) {
 		}
 		select {
 		case wrote <- struct{}{}:
-		case <-release:
+		case err := <-release:
+			return nil, err
 		}
 		return nil, <-release // an external call, then success or failure
 	})
