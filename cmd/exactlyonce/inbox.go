@@ -53,6 +53,29 @@ A key that starts with '-' goes after '--': exactlyonce inbox show -c orders -- 
 			return "", usageErr("--tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: "))
 		}
 		return k, nil
+	} // keyCmd is a command on one key of one consumer: show, forget,
+	// release.
+	keyCmd := func(use, short string, run func(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string) error) *cobra.Command {
+		return tenantFlag(consumerFlag(&cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  cobra.ArbitraryArgs,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				key, err := requireArg(args, "KEY")
+				if err == nil {
+					err = needConsumer()
+				}
+				if err == nil {
+					key, err = scoped(key)
+				}
+				if err != nil {
+					return err
+				}
+				return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
+					return run(ctx, db, s, consumer, key)
+				})
+			},
+		}, true))
 	}
 
 	var limit int
@@ -117,67 +140,10 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 				})
 			},
 		}, false)),
-		tenantFlag(consumerFlag(&cobra.Command{
-			Use:   "show --consumer C KEY",
-			Short: "Show the record of one key (exit status 3 when there is none)",
-			Args:  cobra.ArbitraryArgs,
-			RunE: func(cmd *cobra.Command, args []string) error {
-				key, err := requireArg(args, "KEY")
-				if err == nil {
-					err = needConsumer()
-				}
-				if err == nil {
-					key, err = scoped(key)
-				}
-				if err != nil {
-					return err
-				}
-				return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
-					return a.inboxShow(ctx, db, s, consumer, key)
-				})
-			},
-		}, true)),
-		tenantFlag(consumerFlag(&cobra.Command{
-			Use:   "forget --consumer C KEY",
-			Short: "Delete the record of one key, so that its next delivery runs the handler again (exit status 3 when there is none)",
-			Args:  cobra.ArbitraryArgs,
-			RunE: func(cmd *cobra.Command, args []string) error {
-				key, err := requireArg(args, "KEY")
-				if err == nil {
-					err = needConsumer()
-				}
-				if err == nil {
-					key, err = scoped(key)
-				}
-				if err != nil {
-					return err
-				}
-				return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
-					return a.inboxForget(ctx, db, s, consumer, key)
-				})
-			},
-		}, true)),
+		keyCmd("show --consumer C KEY", "Show the record of one key (exit status 3 when there is none)", a.inboxShow),
+		keyCmd("forget --consumer C KEY", "Delete the record of one key, so that its next delivery runs the handler again (exit status 3 when there is none)", a.inboxForget),
 		parked,
-		tenantFlag(consumerFlag(&cobra.Command{
-			Use:   "release --consumer C KEY",
-			Short: "Release a parked key, so that its next delivery runs again (exit status 3 when it is not parked)",
-			Args:  cobra.ArbitraryArgs,
-			RunE: func(cmd *cobra.Command, args []string) error {
-				key, err := requireArg(args, "KEY")
-				if err == nil {
-					err = needConsumer()
-				}
-				if err == nil {
-					key, err = scoped(key)
-				}
-				if err != nil {
-					return err
-				}
-				return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
-					return a.inboxRelease(ctx, db, s, consumer, key)
-				})
-			},
-		}, true)),
+		keyCmd("release --consumer C KEY", "Release a parked key, so that its next delivery runs again (exit status 3 when it is not parked)", a.inboxRelease),
 		purgeCmd,
 	)
 	return cmd
