@@ -136,20 +136,27 @@ func (s *Store) claimBatchPlain(ctx context.Context, tx wsql.ContextExecutor, co
 VALUES `+values.String()+`
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING message_key`, args...)
+	return claimedKeys(rows, err, len(sorted), consumer)
+}
+
+// claimedKeys reads the keys a batch claim's INSERT ... RETURNING
+// message_key returned (rows and err are the query's): the keys this
+// transaction claimed.
+func claimedKeys(rows wsql.Rows, err error, n int, consumer string) (map[string]bool, error) {
 	if err != nil {
-		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+		return nil, fmt.Errorf("claiming %d keys for %q: %w", n, consumer, err)
 	}
-	claimed := make(map[string]bool, len(sorted))
+	claimed := make(map[string]bool, n)
 	for rows.Next() {
 		var k string
 		if err := rows.Scan(&k); err != nil {
 			_ = rows.Close()
-			return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+			return nil, fmt.Errorf("claiming %d keys for %q: %w", n, consumer, err)
 		}
 		claimed[k] = true
 	}
 	if err := seam.Close(rows); err != nil {
-		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+		return nil, fmt.Errorf("claiming %d keys for %q: %w", n, consumer, err)
 	}
 	return claimed, nil
 }

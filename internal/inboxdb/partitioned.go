@@ -173,22 +173,7 @@ func (s *Store) claimBatchPartitioned(ctx context.Context, tx wsql.ContextExecut
 SELECT $1, v.k, 'done', 1, now(), `+s.partitionAt(ctx, tx)+` FROM (VALUES `+values.String()+`) v(k)
 WHERE NOT EXISTS (SELECT 1 FROM `+s.table+` t WHERE t.consumer = $1 AND t.message_key = v.k)
 RETURNING message_key`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
-	}
-	claimed := make(map[string]bool, len(sorted))
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			_ = rows.Close()
-			return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
-		}
-		claimed[k] = true
-	}
-	if err := seam.Close(rows); err != nil {
-		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
-	}
-	return claimed, nil
+	return claimedKeys(rows, err, len(sorted), consumer)
 }
 
 // leaseInsertPartitioned locks (consumer, key), waiting at most
