@@ -7,6 +7,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
@@ -39,4 +40,33 @@ func TestRelayListenDoesNotTakeAPoolConnection(t *testing.T) {
 	pb.publish(t, "t", message.NewMessage("m1", nil))
 	waitDelivered(t, rec, 1, 3*time.Second, "a relay whose database/sql pool has one connection")
 	_ = db
+}
+
+// The same with a pgx pool of one connection: the LISTEN connection is
+// taken out of the pool (hijacked), which then opens another for the
+// batches, so a relay given a one-connection pool still relays, at commit.
+func TestRelayListenWithAOneConnectionPgxPool(t *testing.T) {
+	tables := testenv.Schema(t)
+	cfg, err := pgxpool.ParseConfig(testenv.DirectDatabaseURL())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	b := bundle{ctx: ctx, db: wsql.BeginnerFromPgx(pool), tables: tables}
+
+	rec := &recorder{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, PollInterval: slowPoll, Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	stop := runRelay(t, relay)
+	defer stop()
+	waitListening(t, relay)
+
+	pb := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: tables}
+	for i := range 3 {
+		pb.publish(t, "t", message.NewMessage("m"+string(rune('1'+i)), nil))
+		waitDelivered(t, rec, i+1, 3*time.Second, "a relay whose pgx pool has one connection")
+	}
 }
