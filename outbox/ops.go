@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -29,18 +27,11 @@ type Pending struct {
 	// them. A steady number means a broker problem or rows the broker
 	// refuses; read their last_error column.
 	Failing int64
-	// Quarantined counts rows the relay gave up on (see
-	// RelayConfig.MaxAttempts): skipped until RequeueFailed. Alert on it,
-	// read their last_error, fix the cause, then RequeueFailed.
+	// Quarantined counts rows the relay gave up on, for failures that were
+	// the message's own (see RelayConfig.MaxAttempts): skipped until
+	// RequeueFailed. Alert on it, read their last_error, fix the cause,
+	// then RequeueFailed.
 	Quarantined int64
-}
-
-// acceptedSequence is the quoted, schema-qualified name of the sequence the
-// relay advances once per batch of which the publisher accepted at least
-// one message (migration outbox_003): "<outbox table>_accepted".
-func acceptedSequence(db sqlschema.DB) string {
-	db = db.WithDefaults()
-	return pgx.Identifier{db.Schema, db.OutboxTable + "_accepted"}.Sanitize()
 }
 
 // PendingStats reports the backlog of db's outbox table. The count scans
@@ -70,7 +61,7 @@ FROM `+tables.Outbox(),
 }
 
 // RequeueFailed clears the failure record of every row of db's outbox table
-// that has one (failures and blamed failures, backoff, quarantine, last
+// that has one (failures and permanent failures, backoff, quarantine, last
 // error), so that quarantined rows are relayed again and failing rows are
 // due at once. Use it after fixing the cause. It returns the number of rows
 // cleared. db.Conn is required.
@@ -80,7 +71,7 @@ func RequeueFailed(ctx context.Context, db sqlschema.DB) (int64, error) {
 	}
 	tables := db
 	n, err := seam.Exec(ctx, db.Conn, `UPDATE `+tables.Outbox()+` SET failures = 0, attempts = 0, next_attempt_at = NULL,
-  blame_pending = false, fail_mark = NULL, quarantined_at = NULL, last_error = NULL
+  quarantined_at = NULL, last_error = NULL
 WHERE failures > 0 OR attempts > 0 OR quarantined_at IS NOT NULL OR next_attempt_at IS NOT NULL`)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: RequeueFailed: %w", ifNotMigrated(db, err))

@@ -42,55 +42,48 @@ type Relay struct {
 }
 
 // NewRelay validates cfg and returns a Relay. The outbox table must exist,
-// migrated by sqlschema.Migrate to its latest version (outbox_003).
+// migrated by sqlschema.Migrate to its latest version (outbox_004).
 func NewRelay(cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	table := cfg.DB.Outbox()
-	seq := acceptedSequence(cfg.DB)
-	// The number of nextval calls so far: last_value is the start value
-	// (1) both before the first call and after it, is_called tells them
-	// apart. Sequences are not transactional: this is the value now.
-	accepted := `(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ` + seq + `)`
 	batchPub, _ := cfg.Publisher.(BatchPublisher)
+	const columns = `id, topic, uuid, payload, metadata::text, failures > 0`
+	retryDue := `failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())`
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),
 		wake:     make(chan struct{}, 1),
 		tracer:   tracing.Tracer(cfg.TracerProvider),
-		selectSQL: `SELECT id, topic, uuid, payload, metadata::text, failures > 0, ` + accepted + ` FROM ` + table +
-			` WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())` +
-			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
-		// One round trip deletes the relayed rows and records that the
-		// broker accepted something (the table names are validated plain
-		// identifiers: no quote can end the literal).
-		deleteSQL: `WITH d AS (DELETE FROM ` + table + ` WHERE id = ANY($1) RETURNING 1)` +
-			` SELECT nextval('` + seq + `'), (SELECT count(*) FROM d)`,
-		failSQL: `WITH f AS (
-  SELECT * FROM unnest($1::bigint[], $2::boolean[], $3::boolean[], $4::boolean[], $5::text[], $10::boolean[])
-    AS f(id, sb, sa, defect, err, last)
-), g AS (
-  SELECT o.id, f.sa, f.defect, f.err, f.last,
-         f.sb OR (o.failures > 0 AND coalesce(o.fail_mark < $6, false)) AS gap
-  FROM ` + table + ` o JOIN f ON f.id = o.id
-), h AS (
-  SELECT g.*, CASE WHEN g.defect THEN 0 ELSE
-           (CASE WHEN o.blame_pending AND g.gap THEN 1 ELSE 0 END) +
-           (CASE WHEN NOT g.last AND g.gap AND g.sa THEN 1 ELSE 0 END) END AS blamed
-  FROM g JOIN ` + table + ` o ON o.id = g.id
+		// A batch ($1 rows) is the oldest rows that never failed, and the
+		// oldest failed rows whose backoff is over, these at most half the
+		// batch ($2) when there are enough of the others: failing rows never
+		// crowd out the rows behind them, and have the whole batch when
+		// nothing else waits. (A quarantined row has failures > 0.)
+		selectSQL: `WITH due AS (
+  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` LIMIT $2) d
+), fresh AS (
+  SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0
+  ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
+), retry AS (
+  SELECT ` + columns + ` FROM ` + table + ` WHERE ` + retryDue + `
+  ORDER BY id LIMIT $1 - (SELECT count(*) FROM fresh) FOR UPDATE SKIP LOCKED
 )
-UPDATE ` + table + ` o SET
-  attempts = o.attempts + h.blamed,
-  blame_pending = h.last AND h.gap AND NOT h.defect,
-  fail_mark = CASE WHEN h.sa THEN $6 ELSE ` + accepted + ` END,
+SELECT * FROM fresh UNION ALL SELECT * FROM retry ORDER BY 1`,
+		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+		// Each failed row waits out its backoff; a permanent failure counts
+		// towards MaxAttempts ($4); unreadable metadata quarantines at once.
+		failSQL: `UPDATE ` + table + ` o SET
   failures = o.failures + 1,
-  next_attempt_at = clock_timestamp() + least($7::float8 * power(2::float8, least(o.failures, 62)), $8::float8) * interval '1 microsecond',
-  last_error = h.err,
-  quarantined_at = CASE WHEN h.defect OR o.attempts + h.blamed >= $9 THEN clock_timestamp() END
-FROM h WHERE o.id = h.id
+  attempts = o.attempts + f.permanent::int,
+  next_attempt_at = clock_timestamp() + least($5::float8 * power(2::float8, least(o.failures, 62)), $6::float8) * interval '1 microsecond',
+  last_error = f.err,
+  quarantined_at = CASE WHEN f.defect OR (f.permanent AND o.attempts + 1 >= $7) THEN clock_timestamp() END
+FROM unnest($1::bigint[], $2::boolean[], $3::boolean[], $4::text[]) AS f(id, permanent, defect, err)
+WHERE o.id = f.id
 RETURNING o.id, o.topic, o.uuid, o.attempts, o.failures, o.quarantined_at IS NOT NULL, coalesce(o.last_error, '')`,
 	}, nil
 }
@@ -110,8 +103,8 @@ type RelayStats struct {
 	// failure of a row counts; the row is retried after its backoff).
 	FailedPublishes int64
 	// Quarantined is the number of rows this Relay quarantined: their
-	// failures blamed on them reached MaxAttempts, or their metadata could
-	// not be decoded. Each is also logged at Error level.
+	// permanent failures reached MaxAttempts, or their metadata could not
+	// be decoded. Each is also logged at Error level.
 	Quarantined int64
 	// LastError is the error of the latest failed batch, nil if none.
 	LastError error
@@ -139,13 +132,12 @@ func (r *Relay) Stats() RelayStats {
 
 // Run relays until ctx is done, then returns nil after the batches in
 // flight finished (each either committed or rolled back). Errors are
-// logged, not returned. A batch of which something was published is
-// followed at once by the next if it was full; a batch in which publishes
-// failed and none succeeded (the broker looks down) is followed by a wait
-// of ErrorBackoff, doubling to MaxErrorBackoff while it lasts. Rows that
-// failed wait out their own backoff (see RelayConfig.ErrorBackoff) while
-// the rows behind them are relayed. Run may be called once at a time per
-// Relay.
+// logged, not returned. A full batch of which something was published is
+// followed at once by the next; a batch of which nothing was published and
+// something failed (the broker looks down) is followed by a wait of
+// ErrorBackoff, doubling to MaxErrorBackoff while it lasts. Rows that failed
+// wait out their own backoff (see RelayConfig.ErrorBackoff) while the rows
+// behind them are relayed. Run may be called once at a time per Relay.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.runningMux.TryLock() {
 		return errors.New("outbox: Relay.Run is already running")
@@ -180,14 +172,12 @@ func (r *Relay) work(ctx context.Context) {
 			wait = r.cfg.MaxErrorBackoff
 		case err != nil && res.relayed == 0 && (res.failed > 0 || res.defects == 0):
 			// Nothing went through: the broker (or the database) looks down.
-			r.cfg.Logger.Error("outbox relay: batch failed, will retry", err, watermill.LogFields{"backoff": backoff.String()})
+			r.cfg.Logger.Error("outbox relay: nothing published, will retry", err, r.failureFields(res, watermill.LogFields{"backoff": backoff.String()}))
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
 		default:
 			if err != nil {
-				r.cfg.Logger.Error("outbox relay: rows failed, each is retried after its own backoff", err, watermill.LogFields{
-					"relayed": res.relayed, "failed": res.failed, "quarantined": res.quarantined,
-				})
+				r.cfg.Logger.Error("outbox relay: rows failed, each is retried after its own backoff", err, r.failureFields(res, nil))
 			}
 			backoff = r.cfg.ErrorBackoff
 			if res.locked == r.cfg.BatchSize {
@@ -223,36 +213,39 @@ func (r *Relay) work(ctx context.Context) {
 	}
 }
 
+// logSample is how many failed rows' UUIDs a failure's log line names.
+const logSample = 5
+
 // finishTimeout bounds the DELETE and UPDATE that follow a publish. It does
 // not depend on the caller's context: once the broker has a batch, deleting
 // its rows is worth finishing even while the relay shuts down.
 const finishTimeout = 30 * time.Second
 
 // RelayOnce relays at most one batch in one transaction and returns how
-// many messages it published and deleted. The batch is the first BatchSize
-// rows in id order that are neither quarantined nor waiting out the backoff
-// of an earlier failure. They are published in id order, consecutive rows
-// of one topic in one Publish call; when a call fails, its messages are
-// published one at a time, so that a message the broker can never take
-// fails on its own, and the rest of the batch is still published. Only when
-// two calls in a row fail before anything of the batch was accepted (the
-// broker looks down) does it stop early, leaving the rows not tried as they
-// were.
+// many messages it published and deleted. The batch is the oldest
+// BatchSize rows that are neither quarantined nor waiting out the backoff of
+// an earlier failure; rows that failed before take at most half of it when
+// enough others wait. They are published in id order, the rows that failed
+// before first, each of those in a Publish call of its own, the others with
+// consecutive rows of one topic in one call. When a call of several
+// messages fails, its messages are published one at a time, so that a
+// message the broker can never take fails on its own and the rest still
+// go. When two calls in a row fail, before anything of the batch was
+// published, for reasons that are not the messages' own (the broker looks
+// down), it stops early, leaving the rows not tried as they were.
 //
 // When RelayConfig.Publisher implements BatchPublisher, the whole batch
 // (retried rows first, then the others, each in id order) is handed to
-// PublishBatch in one call instead, and every message of it has an outcome:
-// nothing is left untried, and a failure's evidence before and after it is
-// the confirmed messages earlier and later in the call.
+// PublishBatch in one call instead, and every message of it has an outcome.
 //
 // In the same transaction, the rows the publisher accepted are deleted, and
 // each row that failed has its failure recorded: it is skipped until its
-// backoff ends (see RelayConfig.ErrorBackoff), and quarantined when the
-// failures blamed on it reach RelayConfig.MaxAttempts (see there for the
-// rule). A row whose metadata cannot be decoded is quarantined at once. The
-// error returned, if any, describes the failures; the count is still that
-// of the rows relayed. A crash (or a failed commit) after a publish leaves
-// rows that were sent: they are sent again later (at-least-once).
+// backoff ends (see RelayConfig.ErrorBackoff), and quarantined when its
+// permanent failures (RelayConfig.IsPermanent) reach RelayConfig.MaxAttempts.
+// A row whose metadata cannot be decoded is quarantined at once. The error
+// returned, if any, describes the failures; the count is still that of the
+// rows relayed. A crash (or a failed commit) after a publish leaves rows
+// that were sent: they are sent again later (at-least-once).
 //
 // Cancelling ctx stops RelayOnce before the next poll or publish, but what
 // the publisher already accepted is still deleted and committed. An error
@@ -277,11 +270,22 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 
 // batchResult is what one batch did.
 type batchResult struct {
-	locked      int // rows locked, including unreadable ones
-	relayed     int // rows published and deleted
-	failed      int // rows whose publish failed, recorded
-	defects     int // rows quarantined at once (unreadable metadata)
-	quarantined int // rows quarantined, defects included
+	locked      int      // rows locked, including unreadable ones
+	relayed     int      // rows published and deleted
+	failed      int      // rows whose publish failed, recorded
+	permanent   int      // of those, failures that were the message's own
+	defects     int      // rows quarantined at once (unreadable metadata)
+	quarantined int      // rows quarantined, defects included
+	sample      []string // UUIDs of the first failed rows, for the log
+}
+
+// failureFields are the log fields of a batch with failures: what was
+// published, what failed (the first few UUIDs), what was quarantined.
+func (r *Relay) failureFields(res batchResult, fields watermill.LogFields) watermill.LogFields {
+	return fields.Add(watermill.LogFields{
+		"relayed": res.relayed, "failed": res.failed, "permanent": res.permanent,
+		"quarantined": res.quarantined, "failed_uuids": strings.Join(res.sample, ","),
+	})
 }
 
 func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error) {
@@ -344,10 +348,18 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	for _, q := range quarantined {
 		r.cfg.Logger.Error("outbox relay: row quarantined; it is skipped until outbox.RequeueFailed",
 			errors.New(q.lastError), watermill.LogFields{
-				"id": q.id, "topic": q.topic, "uuid": q.uuid, "blamed_failures": q.attempts, "failures": q.failures,
+				"id": q.id, "topic": q.topic, "uuid": q.uuid, "permanent_failures": q.attempts, "failures": q.failures,
 			})
 	}
 	res.relayed, res.failed, res.defects, res.quarantined = len(p.done), len(p.failed), len(b.defects), len(quarantined)
+	for _, f := range p.failed {
+		if f.permanent {
+			res.permanent++
+		}
+		if len(res.sample) < logSample {
+			res.sample = append(res.sample, f.uuid)
+		}
+	}
 	return res, r.batchError(b, p, res)
 }
 
@@ -362,9 +374,10 @@ func (r *Relay) batchError(b batch, p published, res batchResult) error {
 		if res.relayed > 0 {
 			note = append(note, fmt.Sprintf("%d published", res.relayed))
 		}
-		note = append(note, fmt.Sprintf("%d failed and wait for a retry", res.failed))
-		if q := res.quarantined - res.defects; q > 0 {
-			note = append(note, fmt.Sprintf("%d quarantined after %d blamed failures", q, r.cfg.MaxAttempts))
+		q := res.quarantined - res.defects
+		note = append(note, fmt.Sprintf("%d failed and wait for a retry", res.failed-q))
+		if q > 0 {
+			note = append(note, fmt.Sprintf("%d quarantined after %d permanent failures", q, r.cfg.MaxAttempts))
 		}
 		errs = append(errs, fmt.Errorf("%w (%s)", p.firstErr, strings.Join(note, ", ")))
 	}

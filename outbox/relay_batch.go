@@ -14,17 +14,16 @@ import (
 // batch is a locked batch: the rows to publish, in id order, and the rows
 // whose metadata cannot be decoded.
 type batch struct {
-	ids      []int64
-	topics   []string
-	msgs     []*message.Message
-	retry    []bool // the row failed before
-	defects  []defect
-	accepted int64 // the accepted sequence's value when the batch was locked
+	ids     []int64
+	topics  []string
+	msgs    []*message.Message
+	retry   []bool // the row failed before
+	defects []defect
 }
 
 // reordered returns the batch's rows in the given order (indexes into b).
 func (b batch) reordered(order []int) batch {
-	out := batch{defects: b.defects, accepted: b.accepted,
+	out := batch{defects: b.defects,
 		ids: make([]int64, len(order)), topics: make([]string, len(order)),
 		msgs: make([]*message.Message, len(order)), retry: make([]bool, len(order))}
 	for j, i := range order {
@@ -39,7 +38,7 @@ type defect struct {
 }
 
 func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
-	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize)
+	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, (r.cfg.BatchSize+1)/2)
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
@@ -53,7 +52,7 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 			meta    string
 			retry   bool
 		)
-		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry, &b.accepted); err != nil {
+		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry); err != nil {
 			_ = rows.Close()
 			return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
 		}

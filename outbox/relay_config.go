@@ -67,49 +67,48 @@ type RelayConfig struct {
 	// Defaults to 100ms.
 	PollInterval time.Duration
 
-	// ErrorBackoff is the first wait of Run after a batch in which publishes
-	// failed and none succeeded (the broker looks down); it doubles with
-	// each such batch in a row up to MaxErrorBackoff. It also paces the
-	// retries of a failing row: after its k-th failed publish a row is
-	// skipped for min(ErrorBackoff * 2^(k-1), MaxErrorBackoff), while the
-	// rows behind it are relayed. Defaults to 500ms.
+	// ErrorBackoff is the first wait of Run after a batch of which nothing
+	// was published and something failed (the broker looks down); it
+	// doubles with each such batch in a row up to MaxErrorBackoff. It also
+	// paces the retries of a failing row: after its k-th failed publish a
+	// row is skipped for min(ErrorBackoff * 2^(k-1), MaxErrorBackoff),
+	// while the rows behind it are relayed. Defaults to 500ms.
 	ErrorBackoff time.Duration
 
 	// MaxErrorBackoff caps ErrorBackoff, for Run and for a failing row's
 	// retries. Defaults to 15s.
 	MaxErrorBackoff time.Duration
 
-	// MaxAttempts quarantines a row once this many of its failures were
-	// blamed on it. A failure of a row counts against it only when the
-	// broker accepted other messages both before it (since the row's
-	// previous attempt, or earlier in the same batch) and right after it:
-	// later in the same batch, or, when nothing was published after it in
-	// its batch, before the row's next attempt. The evidence across batches
-	// is shared by every relay of the table (a sequence advanced once per
-	// batch the broker accepted something from), so it holds for
-	// BatchSize 1 and several instances.
+	// IsPermanent reports whether a publish error is the message's own: the
+	// broker refused this message in a way that will repeat (see
+	// Permanent). Only such failures count towards MaxAttempts. Defaults to
+	// IsPermanent, which recognises errors the publisher marked:
+	// rabbitmq.Publisher marks a message the broker closed the channel for
+	// (too large, a property it rejects) and one it cannot marshal or
+	// send. A publisher that does not mark its errors (watermill-amqp's)
+	// needs a predicate of yours to quarantine anything, for example
 	//
-	// So a message the broker can never take (too large, a header it
-	// refuses) among rows that flow is blamed from its second failure on
-	// and quarantined after MaxAttempts+1 or +2 failures, while an outage,
-	// even one beginning in the middle of a batch, blames no row: the rows
-	// published after a failed one fail too, and its next attempt either
-	// fails again with nothing accepted in between or goes through.
-	// The exception is a broker that flaps: a row that was its batch's last
-	// publish when it failed at the onset of one outage, and is retried
-	// exactly at the onset of the next, after the broker accepted other
-	// messages in between, has that failure blamed on it (the evidence
-	// "accepted right after" is taken at the row's next attempt). The
-	// chaos suite met it once in the last session's CI runs (MaxAttempts 1
-	// there); with the default 5, it takes five such coincidences. A
-	// BatchPublisher that reports connection loss as Unconfirmed (as
-	// rabbitmq.Publisher does) is never blamed for it.
-	// If nothing else is ever published (the outbox holds only rows the
-	// broker refuses), nothing can be proven: those rows keep being retried
-	// with capped backoff, reported by PendingStats.Failing, blocking
-	// nothing. A row whose metadata cannot be decoded is quarantined at
-	// once. A quarantined row is skipped and logged; PendingStats reports it
-	// and RequeueFailed puts it back. Defaults to 5.
+	//	IsPermanent: func(err error) bool {
+	//		var e *amqp091.Error
+	//		return errors.As(err, &e) && e.Code == amqp091.PreconditionFailed
+	//	},
+	//
+	// without one, no publish error quarantines a row: each is retried with
+	// the row's backoff, visible in PendingStats.Failing. Unreadable stored
+	// metadata always quarantines (no retry can change it).
+	IsPermanent func(err error) bool
+
+	// MaxAttempts quarantines a row after this many permanent failures (see
+	// IsPermanent). Every other failure (connection or channel lost, a
+	// timeout, a nack or a full queue, an unroutable message, an unknown
+	// outcome) is the broker's state, not the message's: the row is retried
+	// after its backoff, for as long as it lasts, never blocks the rows
+	// behind it, and is never quarantined for it. A row whose metadata
+	// cannot be decoded is quarantined at once. A quarantined row is
+	// skipped and logged; PendingStats reports it and RequeueFailed puts it
+	// back. Defaults to 5 (a permanent failure repeats by definition; the
+	// retries cover a predicate that calls an error permanent that is not
+	// always, and cost nothing to the rows behind).
 	MaxAttempts int
 
 	// Logger logs failed batches (error), quarantined rows (error) and
@@ -160,6 +159,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = defaultMaxAttempts
+	}
+	if c.IsPermanent == nil {
+		c.IsPermanent = IsPermanent
 	}
 	return c
 }

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -191,7 +192,7 @@ func relayPublisherFailure(wrap publisherAs) func(t *testing.T, b bundle) {
 		require.NoError(t, err)
 		require.Equal(t, int64(5), p.Failing, "topic b's rows failed once and wait out their backoff")
 		require.Zero(t, p.Quarantined)
-		require.Zero(t, b.blamed(t), "no failure is blamed yet: nothing was accepted after them")
+		require.Zero(t, b.permanentFailures(t), "the broker's failures are not the messages' own")
 
 		// The failed rows wait out their backoff instead of being retried at
 		// once: this poll begins within it.
@@ -492,8 +493,10 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 }
 
 // A message the broker can never take fails on its own, without blocking the
-// rows behind it, and is quarantined once MaxAttempts of its failures are
-// blamed on it; alone in the outbox, its failures prove nothing.
+// rows behind it. Its publisher does not say the failure is the message's
+// own: the row is retried with its backoff and reported as failing, never
+// quarantined. With RelayConfig.IsPermanent recognising the error, it is
+// quarantined after MaxAttempts failures, and the rows behind it go out.
 func TestRelayQuarantinesUnpublishableRow(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, relayQuarantinesUnpublishableRow(asIs))
@@ -505,14 +508,15 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		msgs := mixedMessages(3)
 		b.publishAll(t, msgs[:1])
 		rec := &recorder{failUUID: msgs[0].UUID}
-		relay, err := outbox.NewRelay(outbox.RelayConfig{
+		cfg := outbox.RelayConfig{
 			DB: b.schema(), Publisher: wrap(rec), Logger: testenv.Logger(t), MaxAttempts: 3, BatchSize: 10,
 			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond, // due again at once
-		})
+		}
+		relay, err := outbox.NewRelay(cfg)
 		require.NoError(t, err)
 
-		// Alone in the outbox, its failures prove nothing: none is blamed,
-		// and it is reported as failing.
+		// Nothing says the error is the message's own: retried, reported as
+		// failing, never quarantined.
 		for range 4 {
 			_, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
@@ -521,22 +525,20 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Failing)
 		require.Zero(t, p.Quarantined)
-		require.Zero(t, b.blamed(t))
+		require.Zero(t, b.permanentFailures(t))
 
-		// With a good row in each batch, the good rows go out every time,
-		// first (a row that failed before is retried after the rows that never
-		// did). So each failure of the bad row has a message accepted just
-		// before it; the first such failure is not blamed (nothing is known
-		// yet about what follows it), and from the second batch on each one
-		// shows messages accepted on both sides of the previous failure, which
-		// is blamed: the fourth batch (MaxAttempts+1) quarantines it.
-		for i := range 4 {
+		// The user's predicate says it is: each failure counts, and the
+		// third quarantines it, while a good row goes out in every batch.
+		cfg.IsPermanent = func(err error) bool { return errors.Is(err, errUnpublishable) }
+		relay, err = outbox.NewRelay(cfg)
+		require.NoError(t, err)
+		for i := range 3 {
 			b.publishAll(t, []delivered{{Topic: "orders", UUID: fmt.Sprint("good-", i), Payload: "{}", Metadata: map[string]string{}}})
 			n, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 			require.Equal(t, 1, n)
-			require.Equal(t, int64(i), b.blamed(t), "batch %d", i)
-			if i < 3 {
+			require.Equal(t, int64(i+1), b.permanentFailures(t), "batch %d", i)
+			if i < 2 {
 				require.Empty(t, b.quarantined(t), "batch %d", i)
 			}
 		}
@@ -555,7 +557,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		var failures int
 		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT last_error, failures FROM "+b.tables.Outbox(), nil, &lastErr, &failures))
 		require.Contains(t, lastErr, "too large for the broker")
-		require.Equal(t, 8, failures)
+		require.Equal(t, 7, failures)
 
 		// Fixed: requeue, and it goes out.
 		rec.mu.Lock()
@@ -567,7 +569,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		p, err = outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge}, p, "nothing failing or quarantined")
-		require.Zero(t, b.blamed(t))
+		require.Zero(t, b.permanentFailures(t))
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)

@@ -126,7 +126,7 @@ func TestMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
 	require.Equal(t, 4, last["inbox"], "inbox has its create, lease, fencing/retention and transactional-park migrations")
-	require.Equal(t, 3, last["outbox"], "outbox has its create, quarantine and failure-accounting migrations")
+	require.Equal(t, 4, last["outbox"], "outbox has its create, quarantine, failure-accounting and failure-cause migrations")
 }
 
 // SQL is the schema followed by every migration, in order, each under a

@@ -36,6 +36,7 @@ func ExampleSQL() {
 	// CREATE INDEX IF NOT EXISTS "inbox_open"
 	// CREATE TABLE IF NOT EXISTS "billing"."outbox" (
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."outbox_accepted" AS bigint CACHE 1;
+	// CREATE INDEX IF NOT EXISTS "outbox_failing" ON "billing"."outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;
 }
 
 func ExampleDB_Validate() {
@@ -104,6 +105,7 @@ func ExampleMigrate() {
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql
+	// outbox:outbox 4 outbox_004_failure_causes.up.sql
 }
 
 // Check at start-up when another process owns the migrations: tables that

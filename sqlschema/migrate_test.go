@@ -69,7 +69,7 @@ func TestSQLMigrations(t *testing.T) {
 		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
 	require.Equal(t, 4, last["inbox"], "inbox has its create, lease, fencing/retention and transactional-park migrations")
-	require.Equal(t, 3, last["outbox"], "outbox has its create, quarantine and failure-accounting migrations")
+	require.Equal(t, 4, last["outbox"], "outbox has its create, quarantine, failure-accounting and failure-cause migrations")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
@@ -259,6 +259,8 @@ func TestSQL(t *testing.T) {
 		`PRIMARY KEY (consumer, message_key)`,
 		`id         bigserial   PRIMARY KEY`,
 		`CREATE SEQUENCE IF NOT EXISTS "custom_s"."my_outbox_accepted" AS bigint CACHE 1;`,
+		`DROP SEQUENCE IF EXISTS "custom_s"."my_outbox_accepted";`,
+		`CREATE INDEX IF NOT EXISTS "my_outbox_failing" ON "custom_s"."my_outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;`,
 	} {
 		require.Contains(t, text, want)
 	}
@@ -346,19 +348,67 @@ VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
 			` WHERE message_key = 'old-failed'`, nil, &recent))
 		require.True(t, recent, "a failed record gets a finish time, so retention keeps it a full period")
 
-		// The outbox row gets the columns of outbox_002 and outbox_003 with
+		// The outbox row gets the columns of outbox_002 to outbox_004 with
 		// their defaults: no failure, due now, not quarantined.
 		var attempts, failures int
-		var blamePending, due, quarantined bool
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT attempts, failures, blame_pending, next_attempt_at IS NULL AND fail_mark IS NULL,
-			quarantined_at IS NOT NULL FROM `+cfg.Outbox()+` WHERE uuid = 'old'`, nil, &attempts, &failures, &blamePending, &due, &quarantined))
+		var due, quarantined bool
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT attempts, failures, next_attempt_at IS NULL,
+			quarantined_at IS NOT NULL FROM `+cfg.Outbox()+` WHERE uuid = 'old'`, nil, &attempts, &failures, &due, &quarantined))
 		require.Zero(t, attempts)
 		require.Zero(t, failures)
-		require.False(t, blamePending)
 		require.True(t, due)
 		require.False(t, quarantined)
-		var accepted int64
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT nextval('`+pgx.Identifier{cfg.Schema, defaultOutboxTable + "_accepted"}.Sanitize()+`')`, nil, &accepted))
-		require.Equal(t, int64(1), accepted, "the accepted sequence exists and starts at 1")
+	})
+}
+
+// outbox_004 drops what outbox_003 kept to infer blame from timing (two
+// columns and a sequence), forgets the failures it blamed on rows that are
+// not quarantined, and keeps the quarantined ones quarantined.
+func TestMigrateOutbox004ForgetsBlame(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
+		_, err := d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
+CREATE TABLE `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+` (
+    target text NOT NULL, version integer NOT NULL, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version))`)
+		require.NoError(t, err)
+		for _, m := range scriptMigrations(t, cfg) {
+			if m.Target == "outbox" && m.Version > 3 {
+				continue
+			}
+			_, err := d.DB.ExecContext(ctx, m.SQL)
+			require.NoError(t, err, m.Name)
+			target := "inbox:" + defaultInboxTable
+			if m.Target == "outbox" {
+				target = "outbox:" + defaultOutboxTable
+			}
+			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+
+				` (target, version, name) VALUES ($1, $2, $3)`, target, m.Version, m.Name)
+			require.NoError(t, err)
+		}
+		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload, failures, attempts, blame_pending, fail_mark, next_attempt_at)
+VALUES ('t', 'blamed', '', 3, 2, true, 7, now() + interval '1 minute')`)
+		require.NoError(t, err)
+		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload, failures, attempts, quarantined_at)
+VALUES ('t', 'quarantined', '', 6, 5, now())`)
+		require.NoError(t, err)
+
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
+		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+		var attempts, failures int
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT attempts, failures FROM `+cfg.Outbox()+` WHERE uuid = 'blamed'`, nil, &attempts, &failures))
+		require.Zero(t, attempts, "blamed failures are forgotten")
+		require.Equal(t, 3, failures, "the backoff goes on")
+		var quarantined bool
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT quarantined_at IS NOT NULL AND attempts = 5 FROM `+cfg.Outbox()+` WHERE uuid = 'quarantined'`, nil, &quarantined))
+		require.True(t, quarantined, "a quarantined row stays quarantined until requeued")
+		var leftovers int
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT (SELECT count(*) FROM information_schema.columns
+  WHERE table_schema = $1 AND table_name = $2 AND column_name IN ('blame_pending', 'fail_mark'))
+  + (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 || '_accepted')`,
+			[]any{cfg.Schema, defaultOutboxTable}, &leftovers))
+		require.Zero(t, leftovers, "the blame columns and the accepted sequence are dropped")
 	})
 }

@@ -637,18 +637,26 @@ func TestHostileOutputMetadataNotJSONText(t *testing.T) {
 }
 
 // hostileShortstrPublisher refuses, as the AMQP client would, a message
-// with a header name over 255 bytes, before it reaches the client: with
+// with a header name over 255 bytes, before it reaches the client (with
+// permanent, marked as the message's own: outbox.Permanent): with
 // watermill-amqp v3.1.0 the client's own refusal tears the connection down,
 // and the publisher's reconnect logic then has a data race
 // (ConnectionWrapper.handleConnectionClose writes the connected flag that
 // IsConnected reads without synchronisation), which -race reports.
-type hostileShortstrPublisher struct{ message.Publisher }
+type hostileShortstrPublisher struct {
+	message.Publisher
+	permanent bool
+}
 
 func (p hostileShortstrPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		for k := range m.Metadata {
 			if len(k) > 255 {
-				return fmt.Errorf("amqp: shortstr %q... exceeds 255 bytes", k[:16])
+				err := fmt.Errorf("amqp: shortstr %q... exceeds 255 bytes", k[:16])
+				if p.permanent {
+					err = outbox.Permanent(err)
+				}
+				return err
 			}
 		}
 	}
@@ -657,9 +665,11 @@ func (p hostileShortstrPublisher) Publish(topic string, msgs ...*message.Message
 
 // TestHostileOutboxRowUnpublishable: an output message the broker can never
 // take (a header name over AMQP's 255 bytes) does not block the rows behind
-// it: they are relayed to RabbitMQ while it waits out its backoff, and once
-// the accepted messages around its failures prove it at fault, it is
-// quarantined and reported. Failing alone, it is retried, not blamed.
+// it: they are relayed to RabbitMQ while it waits out its backoff. When the
+// publisher says the failure is the message's own (as rabbitmq.Publisher
+// does, and as a wrapper that checks what AMQP cannot carry can), it is
+// quarantined after MaxAttempts failures and reported; when nothing says so,
+// it is retried and reported as failing, never quarantined.
 func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	t.Parallel()
 	d := testenv.DriverNamed(t, "pgxpool")
@@ -682,10 +692,11 @@ func TestHostileOutboxRowUnpublishable(t *testing.T) {
 
 	collector := collect(t, e.Out)
 	const maxAttempts = 2
-	relay := newRelay(t, outbox.RelayConfig{
-		DB: e.DB, Publisher: hostileShortstrPublisher{testenv.AMQPPublisher(t)}, MaxAttempts: maxAttempts,
+	cfg := outbox.RelayConfig{
+		DB: e.DB, Publisher: hostileShortstrPublisher{Publisher: testenv.AMQPPublisher(t)}, MaxAttempts: maxAttempts,
 		ErrorBackoff: time.Millisecond, MaxErrorBackoff: time.Millisecond,
-	})
+	}
+	relay := newRelay(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	n, err := relay.RelayOnce(ctx)
@@ -695,22 +706,26 @@ func TestHostileOutboxRowUnpublishable(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return len(collector.Get(good+"-echo")) == 1 },
 		"the good message written after the unpublishable row was not relayed")
 
-	// Alone now, its failure blames nothing.
-	time.Sleep(5 * time.Millisecond)
-	_, err = relay.RelayOnce(ctx)
-	require.Error(t, err)
+	// Nothing says the failure is the message's own: failing, not quarantined.
+	for range 3 {
+		time.Sleep(5 * time.Millisecond)
+		_, err = relay.RelayOnce(ctx)
+		require.Error(t, err)
+	}
 	p, err := outbox.PendingStats(ctx, e.DB)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge, Failing: 1}, p,
 		"failing, retried with backoff, not quarantined")
 
-	// With good rows behind it, the broker's acceptances on both sides of
-	// its failures blame them; MaxAttempts blamed failures quarantine it.
+	// The wrapper marks what AMQP cannot carry as permanent: MaxAttempts
+	// such failures quarantine it, while good rows behind it flow.
+	cfg.Publisher = hostileShortstrPublisher{Publisher: testenv.AMQPPublisher(t), permanent: true}
+	relay = newRelay(t, cfg)
 	direct, err := outbox.NewPublisher(d.DB, e.DB)
 	require.NoError(t, err)
 	var goods []string
 	for i := 0; p.Quarantined == 0; i++ {
-		require.Less(t, i, maxAttempts+3, "not quarantined after %d batches with good rows behind it", i)
+		require.Less(t, i, maxAttempts, "not quarantined after %d permanent failures", i)
 		goods = append(goods, "good-"+watermill.NewUUID())
 		require.NoError(t, direct.Publish(e.Out, message.NewMessage(goods[i], []byte(`{}`))))
 		time.Sleep(5 * time.Millisecond) // its backoff is over

@@ -131,18 +131,18 @@ type pendingOptions struct {
 
 // pendingRow is one outbox row in `outbox pending`, also its --json form.
 type pendingRow struct {
-	ID             int64   `json:"id"`
-	Topic          string  `json:"topic"`
-	UUID           string  `json:"uuid"`
-	State          string  `json:"state"` // ready, backoff, quarantined
-	CreatedAt      *string `json:"created_at"`
-	AgeSeconds     float64 `json:"age_seconds"`
-	PayloadBytes   int64   `json:"payload_bytes"`
-	Failures       int     `json:"failures"`
-	BlamedFailures int     `json:"blamed_failures"`
-	NextAttemptAt  *string `json:"next_attempt_at"`
-	QuarantinedAt  *string `json:"quarantined_at"`
-	LastError      string  `json:"last_error"`
+	ID                int64   `json:"id"`
+	Topic             string  `json:"topic"`
+	UUID              string  `json:"uuid"`
+	State             string  `json:"state"` // ready, backoff, quarantined
+	CreatedAt         *string `json:"created_at"`
+	AgeSeconds        float64 `json:"age_seconds"`
+	PayloadBytes      int64   `json:"payload_bytes"`
+	Failures          int     `json:"failures"`
+	PermanentFailures int     `json:"permanent_failures"`
+	NextAttemptAt     *string `json:"next_attempt_at"`
+	QuarantinedAt     *string `json:"quarantined_at"`
+	LastError         string  `json:"last_error"`
 
 	nextIn float64
 }
@@ -172,7 +172,7 @@ FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
 		var created time.Time
 		var next, quarantined *time.Time
 		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &created, &r.AgeSeconds, &r.PayloadBytes,
-			&r.Failures, &r.BlamedFailures, &next, &r.nextIn, &quarantined, &r.LastError); err != nil {
+			&r.Failures, &r.PermanentFailures, &next, &r.nextIn, &quarantined, &r.LastError); err != nil {
 			_ = rows.Close()
 			return opErr(ctx, db, "outbox pending", err)
 		}
@@ -212,8 +212,8 @@ FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
 		if lastErr == "" {
 			lastErr = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d (%d blamed)\t%s\n", r.ID, truncate(r.Topic, 40), truncate(r.UUID, 40),
-			fmtDuration(time.Duration(r.AgeSeconds*float64(time.Second))), state, r.Failures, r.BlamedFailures, truncate(lastErr, 80))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d (%d permanent)\t%s\n", r.ID, truncate(r.Topic, 40), truncate(r.UUID, 40),
+			fmtDuration(time.Duration(r.AgeSeconds*float64(time.Second))), state, r.Failures, r.PermanentFailures, truncate(lastErr, 80))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

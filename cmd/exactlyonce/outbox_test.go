@@ -81,7 +81,7 @@ func TestOutboxCommands(t *testing.T) {
 	_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = now(),
  last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = $1`, uuids[1])
 	require.NoError(t, err)
-	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 2, attempts = 1, next_attempt_at = now() + interval '1 hour',
+	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 2, attempts = 0, next_attempt_at = now() + interval '1 hour',
  last_error = 'NO_ROUTE' WHERE uuid = $1`, uuids[2])
 	require.NoError(t, err)
 
@@ -110,7 +110,7 @@ func TestOutboxCommands(t *testing.T) {
 	require.Equal(t, []string{"ready", "quarantined", "backoff", "ready"},
 		[]string{p.Rows[0].State, p.Rows[1].State, p.Rows[2].State, p.Rows[3].State})
 	require.Equal(t, 6, p.Rows[1].Failures)
-	require.Equal(t, 5, p.Rows[1].BlamedFailures)
+	require.Equal(t, 5, p.Rows[1].PermanentFailures)
 	require.NotNil(t, p.Rows[1].QuarantinedAt)
 	require.Contains(t, p.Rows[1].LastError, "PRECONDITION_FAILED")
 	require.NotNil(t, p.Rows[2].NextAttemptAt)
@@ -126,8 +126,8 @@ func TestOutboxCommands(t *testing.T) {
 
 	r = cli(t, env, "outbox", "pending", "--limit", "3")
 	requireOK(t, r)
-	require.Regexp(t, `orders.charged +orders.charged-001 +\S+ +quarantined +6 \(5 blamed\) +Exception \(406\) PRECONDITION_FAILED`, r.stdout)
-	require.Regexp(t, `orders.charged-002 +\S+ +retry in 5\dm\S* +2 \(1 blamed\) +NO_ROUTE`, r.stdout)
+	require.Regexp(t, `orders.charged +orders.charged-001 +\S+ +quarantined +6 \(5 permanent\) +Exception \(406\) PRECONDITION_FAILED`, r.stdout)
+	require.Regexp(t, `orders.charged-002 +\S+ +retry in (5\dm\S*|1h) +2 \(0 permanent\) +NO_ROUTE`, r.stdout)
 	require.Contains(t, r.stdout, "The first 3 rows")
 
 	var rq struct {

@@ -73,7 +73,7 @@ succeeded, 1 when some failed. Logs go to standard error (slog; JSON with --json
 	f.DurationVar(&o.pollInterval, "poll-interval", def.PollInterval, "wait after a poll that found less than a full batch (the fallback of wake-on-commit)")
 	f.StringVar(&o.listenURL, "listen-url", os.Getenv("EXACTLYONCE_LISTEN_URL"), "direct PostgreSQL address for the wake-on-commit LISTEN, when --database-url goes through PgBouncer in transaction mode ($EXACTLYONCE_LISTEN_URL)")
 	f.BoolVar(&o.noListen, "no-listen", false, "no wake-on-commit: only poll")
-	f.IntVar(&o.maxAttempts, "max-attempts", def.MaxAttempts, "failures blamed on a row before it is quarantined")
+	f.IntVar(&o.maxAttempts, "max-attempts", def.MaxAttempts, "permanent failures (the broker refused the message itself) before a row is quarantined; other failures never quarantine")
 	f.DurationVar(&o.errorBackoff, "error-backoff", def.ErrorBackoff, "first wait after a batch of which nothing was published; also paces a failing row's retries")
 	f.DurationVar(&o.maxErrorBackoff, "max-error-backoff", def.MaxErrorBackoff, "cap of --error-backoff's doubling")
 	f.BoolVar(&o.once, "once", false, "relay until no row is ready, then exit (for scripts)")
@@ -233,7 +233,7 @@ func relayUntilIdle(ctx context.Context, log *slog.Logger, relay *outbox.Relay, 
 			for ctx.Err() == nil {
 				n, err := relay.RelayOnce(ctx)
 				if err != nil && ctx.Err() == nil {
-					log.Error("outbox relay: batch failed", "error", err, "relayed", n)
+					log.Error("outbox relay: rows failed, each is retried after its own backoff", "error", err, "relayed", n)
 				}
 				if n == 0 {
 					return

@@ -496,9 +496,7 @@ func (h *harness) awaitSettled(ctx context.Context) bool {
 }
 
 // trickle writes one healthy event to the outbox, for the ticks queue: a
-// live system's traffic goes on after the test's input ends, and a poison
-// row is quarantined only on evidence that the broker accepts other
-// messages between its attempts.
+// live system's traffic goes on after the test's input ends.
 func (h *harness) trickle(ctx context.Context) {
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
@@ -544,21 +542,19 @@ GROUP BY 1, 2, 3, 4, 5`, h.tables.Outbox(), h.tables.Inbox())
 count(*) FILTER (WHERE next_attempt_at > now()), count(*) FILTER (WHERE quarantined_at IS NOT NULL) FROM `+h.tables.Outbox()).Scan(&due, &deferred, &quarantined); err == nil {
 		h.t.Logf("outbox rows due %d, deferred %d, quarantined %d", due, deferred, quarantined)
 	}
-	var accepted int64
-	_ = h.pool.QueryRow(ctx, `SELECT last_value FROM `+outboxAcceptedSequence(h.tables)).Scan(&accepted)
-	frows, err := h.pool.Query(ctx, `SELECT id, topic, metadata ? $1, failures, attempts, blame_pending, coalesce(fail_mark, -1),
+	frows, err := h.pool.Query(ctx, `SELECT id, topic, metadata ? $1, failures, attempts,
 coalesce((next_attempt_at - now())::text, ''), coalesce(left(last_error, 80), '') FROM `+h.tables.Outbox()+` WHERE quarantined_at IS NULL ORDER BY id LIMIT 10`, poisonMetadata)
 	if err != nil {
 		return
 	}
 	defer frows.Close()
 	for frows.Next() {
-		var id, failures, attempts, mark int64
-		var poison, pending bool
+		var id, failures, attempts int64
+		var poison bool
 		var topic, next, lastErr string
-		if err := frows.Scan(&id, &topic, &poison, &failures, &attempts, &pending, &mark, &next, &lastErr); err == nil {
-			h.t.Logf("row %d topic %s poison %v: failures %d, blamed %d, blame pending %v, fail mark %d (accepted now %d), next in %s: %s",
-				id, topic, poison, failures, attempts, pending, mark, accepted, next, lastErr)
+		if err := frows.Scan(&id, &topic, &poison, &failures, &attempts, &next, &lastErr); err == nil {
+			h.t.Logf("row %d topic %s poison %v: failures %d, permanent %d, next in %s: %s",
+				id, topic, poison, failures, attempts, next, lastErr)
 		}
 	}
 }
@@ -750,7 +746,7 @@ JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 
 	ob := h.tables.Outbox()
 	tb.eq("outbox rows pending (not quarantined)", p.Count-p.Quarantined, 0)
 	tb.info("poison keys (one output refused by the broker, fanned out to two topics)", h.poisonKeys())
-	tb.info("healthy events written during the settle (traffic for the quarantine's evidence)", h.ticksSent)
+	tb.info("healthy events written during the settle (live traffic)", h.ticksSent)
 	tb.eq("poison rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND metadata ? $1`, poisonMetadata), poison)
 	tb.eq("poison rows quarantined, by topic: "+h.out+" / "+h.out2+" (each)", h.count(ctx, `SELECT count(*) FROM `+ob+
 		` WHERE quarantined_at IS NOT NULL AND metadata ? $1 AND topic = $2`, poisonMetadata, h.out2), poison/2)
@@ -950,15 +946,6 @@ func roleOf(t *testing.T, dbURL string) string {
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
 	return u.User.Username()
-}
-
-// outboxAcceptedSequence is the quoted name of the sequence the relay
-// advances once per batch of which the broker accepted something
-// (migration outbox_003: "<outbox table>_accepted"), for the diagnostics of
-// a run that did not settle.
-func outboxAcceptedSequence(db sqlschema.DB) string {
-	db = db.WithDefaults()
-	return pgx.Identifier{db.Schema, db.OutboxTable + "_accepted"}.Sanitize()
 }
 
 // doneAttempts returns the attempt each done key completed with.

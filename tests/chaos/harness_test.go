@@ -50,8 +50,9 @@ type settings struct {
 	Lease     time.Duration
 	SlowLease time.Duration // a slow handler in lease mode: longer than Lease
 	SlowTx    time.Duration // a slow handler in transactional mode
-	// RelayMaxAttempts is the relay's MaxAttempts: small, so that a healthy
-	// row blamed for a broker outage would be quarantined within the run.
+	// RelayMaxAttempts is the relay's MaxAttempts: small, so that a
+	// failure of a healthy row counted as permanent would quarantine it
+	// within the run.
 	RelayMaxAttempts int
 }
 
@@ -459,9 +460,7 @@ func (h *harness) planInput() {
 	}
 	// At least Faults of each, spread over the run. Poison keys (whose
 	// handler also writes outputs the broker refuses) are exactly Faults,
-	// between 10% and 60% of the stream: their rows are quarantined only on
-	// evidence that the broker takes other messages meanwhile, so healthy
-	// traffic must follow them.
+	// between 10% and 60% of the stream, with healthy traffic around them.
 	for fi, fault := range []string{"panic", "slow", "poison"} {
 		for j := 0; counts[fault] < s.Faults; j++ {
 			i := (j*s.Messages/s.Faults + (2*fi+1)*s.Messages/(6*s.Faults)) % s.Messages

@@ -610,11 +610,33 @@ func (w *worker) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = pub.Close() }()
-	return w.relay(ctx, countingPublisher{Publisher: pub, sink: w.sink})
+	// watermill-amqp says "delivery not confirmed" for a nack, a lost
+	// connection and a message the broker refused alike: nothing it
+	// returns can be told to be the message's own. A user who knows what
+	// the broker refuses checks it before publishing, and marks it.
+	return w.relay(ctx, expirationCheck{countingPublisher{Publisher: pub, sink: w.sink}})
+}
+
+// expirationCheck refuses, before publishing, a message whose expiration
+// RabbitMQ would refuse (not a number of milliseconds), marking the error
+// as the message's own (outbox.Permanent): what a user of a publisher that
+// cannot tell causes apart does for the refusals they know.
+type expirationCheck struct{ message.Publisher }
+
+func (p expirationCheck) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if v := m.Metadata.Get(PoisonMetadata); v != "" {
+			if _, err := strconv.ParseUint(v, 10, 32); err != nil {
+				return outbox.Permanent(fmt.Errorf("message %s: expiration %q is not a number of milliseconds: RabbitMQ refuses it", m.UUID, v))
+			}
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
 }
 
 // relay runs the outbox relay through pub, with the suite's settings: fast
-// polls and backoffs, and MaxAttempts small so that a wrong blame shows.
+// polls and backoffs, and MaxAttempts small so that a failure of a healthy
+// row counted as permanent would show.
 func (w *worker) relay(ctx context.Context, pub message.Publisher) error {
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		DB:              w.tables,

@@ -1,0 +1,260 @@
+package outbox_test
+
+// A row is quarantined only for a cause that is the message's own. These
+// scenarios script a broker whose failures are its own state (an outage, a
+// blip, a flapping connection): whatever the timing of other rows'
+// acceptance around them, and with MaxAttempts 1, no row is quarantined, and
+// every row is relayed once the broker takes messages again.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+)
+
+// errTransient is a failure of the broker's, not of the message (a
+// connection lost, a timeout, a nack): nothing marks it as the message's own.
+var errTransient = errors.New("connection lost before the confirm (test)")
+
+// stepBroker is a message.Publisher whose outcome for each message is
+// decided by a script, called with the message, in publish order. A
+// Publish call stops at its first failing message (those before it were
+// accepted, as with a real broker). It records what it accepted.
+type stepBroker struct {
+	mu       sync.Mutex
+	script   func(topic string, m *message.Message) error
+	accepted map[string]int
+}
+
+func newStepBroker(script func(topic string, m *message.Message) error) *stepBroker {
+	return &stepBroker{script: script, accepted: map[string]int{}}
+}
+
+func (s *stepBroker) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		s.mu.Lock()
+		script := s.script
+		s.mu.Unlock()
+		if err := script(topic, m); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.accepted[topic+"/"+m.UUID]++
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *stepBroker) Close() error { return nil }
+
+func (s *stepBroker) setScript(script func(topic string, m *message.Message) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script = script
+}
+
+func (s *stepBroker) requireEachOnce(t *testing.T, want []string) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range want {
+		require.Equal(t, 1, s.accepted[k], "%s accepted once", k)
+	}
+	require.Len(t, s.accepted, len(want), "nothing else accepted")
+}
+
+func up(string, *message.Message) error   { return nil }
+func down(string, *message.Message) error { return errTransient }
+
+// makeDue makes the failed rows due now, whatever their backoff.
+func (b bundle) makeDue(t testing.TB) {
+	t.Helper()
+	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() - interval '1 second' WHERE next_attempt_at IS NOT NULL")
+}
+
+// holdBack keeps the failed rows from being due for a long while.
+func (b bundle) holdBack(t testing.TB) {
+	t.Helper()
+	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() + interval '1 hour' WHERE next_attempt_at IS NOT NULL")
+}
+
+// drain relays until the outbox is empty, making failed rows due.
+func (b bundle) drain(t *testing.T, relay *outbox.Relay) {
+	t.Helper()
+	for i := 0; b.pending(t, b.db) > 0; i++ {
+		require.Less(t, i, 200, "the outbox does not drain")
+		b.makeDue(t)
+		_, _ = relay.RelayOnce(b.ctx)
+	}
+}
+
+// The broker takes 3 messages of a batch of 10, fails the next 3 (its
+// connection is being re-established), then takes the rest. The 3 rows that
+// failed are healthy: with MaxAttempts 1 none is quarantined, and each is
+// relayed at its next attempt.
+func TestRelayBlipInsideBatchQuarantinesNothing(t *testing.T) {
+	t.Parallel()
+	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			eachDriver(t, func(t *testing.T, b bundle) {
+				rows := b.alternating(t, "row", 0, 10)
+				n := 0
+				br := newStepBroker(func(string, *message.Message) error {
+					n++
+					if n > 3 && n <= 6 {
+						return errTransient
+					}
+					return nil
+				})
+				relay, err := outbox.NewRelay(outbox.RelayConfig{
+					DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: 10, MaxAttempts: 1,
+				})
+				require.NoError(t, err)
+
+				relayed, err := relay.RelayOnce(b.ctx)
+				require.ErrorIs(t, err, errTransient)
+				require.Equal(t, 7, relayed)
+				require.Empty(t, b.quarantined(t), "a blip of the broker's quarantines no row")
+				require.Zero(t, relay.Stats().Quarantined)
+
+				b.drain(t, relay)
+				br.requireEachOnce(t, rows)
+				require.Empty(t, b.quarantined(t))
+			})
+		})
+	}
+}
+
+// The broker flaps: row X fails as the last publish of its batch at the
+// onset of an outage, other rows flow while the broker is up, and X is
+// retried exactly as the next outage begins, cycle after cycle. Its
+// failures are the broker's: with the default MaxAttempts it is never
+// quarantined, and it is relayed once the broker stays up.
+func TestRelayFlappingRetriedAtOutageOnsetQuarantinesNothing(t *testing.T) {
+	t.Parallel()
+	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			eachDriver(t, func(t *testing.T, b bundle) {
+				for _, batchSize := range []int{1, 100} {
+					b.exec(t, "DELETE FROM "+b.tables.Outbox())
+					br := newStepBroker(up)
+					relay, err := outbox.NewRelay(outbox.RelayConfig{
+						DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: batchSize,
+					})
+					require.NoError(t, err)
+					x := fmt.Sprintf("x-%d", batchSize)
+					b.publish(t, "x", message.NewMessage(x, []byte("{}")))
+					want := []string{"x/" + x}
+					for cycle := range 12 {
+						// The outage begins as X is retried: its only row.
+						br.setScript(down)
+						b.makeDue(t)
+						_, err := relay.RelayOnce(b.ctx)
+						require.ErrorIs(t, err, errTransient, "cycle %d", cycle)
+						require.Empty(t, b.quarantined(t), "cycle %d: X is quarantined for the broker's outages", cycle)
+						// The broker is up: other rows flow while X waits.
+						br.setScript(up)
+						b.holdBack(t)
+						want = append(want, b.goodRows(t, "y", fmt.Sprintf("y-%d-%d", batchSize, cycle), 0, 3)...)
+						for b.pending(t, b.db) > 1 {
+							_, err := relay.RelayOnce(b.ctx)
+							require.NoError(t, err)
+						}
+					}
+					b.drain(t, relay)
+					br.requireEachOnce(t, want)
+					require.Zero(t, relay.Stats().Quarantined)
+				}
+			})
+		})
+	}
+}
+
+// Two relays share the table. Relay B's message is accepted before an
+// outage begins, but B deletes its row and commits only after relay A
+// recorded row X's failure at the outage's onset; X's next attempt is still
+// in the outage. Nothing about X is its own: with MaxAttempts 1 it is not
+// quarantined.
+func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
+	t.Parallel()
+	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			eachDriver(t, func(t *testing.T, b bundle) {
+				// In id order: Y (relay B's), W and X (relay A's); each its own topic.
+				b.publish(t, "y", message.NewMessage("y", []byte("{}")))
+				b.publish(t, "w", message.NewMessage("w", []byte("{}")))
+				b.publish(t, "x", message.NewMessage("x", []byte("{}")))
+
+				var (
+					mu         sync.Mutex
+					isDown     bool
+					yAccepted  = make(chan struct{})
+					releaseY   = make(chan struct{})
+					yCompleted bool
+				)
+				br := newStepBroker(func(topic string, m *message.Message) error {
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case m.UUID == "y" && !yCompleted:
+						// Accepted; B's Publish returns only when released.
+						yCompleted = true
+						close(yAccepted)
+						mu.Unlock()
+						<-releaseY
+						mu.Lock()
+						return nil
+					case isDown:
+						return errTransient
+					case m.UUID == "w":
+						isDown = true // the outage begins right after W
+					}
+					return nil
+				})
+				pub := wrap(br)
+				relayA, err := outbox.NewRelay(outbox.RelayConfig{
+					DB: b.schema(), Publisher: pub, Logger: testenv.Logger(t), BatchSize: 2, MaxAttempts: 1,
+				})
+				require.NoError(t, err)
+				relayB, err := outbox.NewRelay(outbox.RelayConfig{
+					DB: b.schema(), Publisher: pub, Logger: testenv.Logger(t), BatchSize: 1, MaxAttempts: 1,
+				})
+				require.NoError(t, err)
+
+				bDone := make(chan error, 1)
+				go func() {
+					_, err := relayB.RelayOnce(context.Background())
+					bDone <- err
+				}()
+				<-yAccepted
+				relayedA, err := relayA.RelayOnce(b.ctx) // W accepted, X fails: the outage began
+				require.ErrorIs(t, err, errTransient)
+				require.Equal(t, 1, relayedA)
+				close(releaseY)
+				require.NoError(t, <-bDone)
+
+				b.makeDue(t)
+				_, err = relayA.RelayOnce(b.ctx) // still in the outage
+				require.ErrorIs(t, err, errTransient)
+				require.Empty(t, b.quarantined(t), "X is quarantined for an outage")
+
+				mu.Lock()
+				isDown = false
+				mu.Unlock()
+				b.drain(t, relayA)
+				br.requireEachOnce(t, []string{"y/y", "w/w", "x/x"})
+			})
+		})
+	}
+}
