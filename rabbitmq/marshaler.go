@@ -79,7 +79,8 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 //
 // The UUID is the UUID header when it is a non-empty string (or byte array),
 // else the message_id property, else empty; an empty UUID is left for the
-// exactly-once middleware to reject. Every other header becomes metadata,
+// exactly-once middleware to reject. Every other header but Publisher's
+// PublishingHeader (its own bookkeeping) becomes metadata,
 // converted to a string: strings as they are, byte arrays as text, numbers
 // and booleans in decimal/true/false, timestamps as RFC 3339 in UTC, tables
 // and arrays (such as x-death) as compact JSON with sorted keys. The
@@ -102,7 +103,7 @@ func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 
 	msg := message.NewMessage(uuid, d.Body)
 	for k, v := range d.Headers {
-		if k == uuidKey {
+		if k == uuidKey || k == PublishingHeader {
 			continue
 		}
 		msg.Metadata[k] = headerString(v)

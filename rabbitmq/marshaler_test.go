@@ -106,6 +106,15 @@ func TestUnmarshalUUID(t *testing.T) {
 	}
 }
 
+// The Publisher's own stamp on every publishing is not the message's
+// metadata.
+func TestUnmarshalLeavesOutThePublishingHeader(t *testing.T) {
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp091.Delivery{
+		Headers: amqp091.Table{rabbitmq.PublishingHeader: "abc-1", "order_id": "42"}, MessageId: "m"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"order_id": "42"}, map[string]string(msg.Metadata))
+}
+
 func TestUnmarshalAMQPProperties(t *testing.T) {
 	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp091.Delivery{
 		ContentType:   "application/json",

@@ -1,12 +1,16 @@
 package rabbitmq
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -61,18 +65,35 @@ type PublisherConfig struct {
 // the mandatory flag: a message no queue takes is returned by the broker
 // (basic.return) and is a failure for that message, never a success. It
 // succeeds only once the broker confirmed it (basic.ack: with a durable queue
-// and a persistent message, the message is on disk). A nack, a return, a
-// channel or connection lost before the confirm, or the context ending fail
-// that message; a failed message may still have reached the queue (its
-// confirm was lost): the outcome is unknown, and publishing it again is
+// and a persistent message, the message is on disk). Every publishing
+// carries PublishingHeader, an identifier of the Publisher's own, so that a
+// return fails exactly the message it belongs to, whatever the marshaler
+// sets; confirms are matched by delivery tag. A nack, a return, a channel or
+// connection lost before the confirm, or the context ending fail that
+// message; a failed message may still have reached the queue (its confirm
+// was lost): the outcome is unknown, and publishing it again is
 // at-least-once.
+//
+// Failures that are the message's own are marked permanent (a method
+// Permanent() bool, which outbox.IsPermanent recognises, so that the outbox
+// relay quarantines the row after RelayConfig.MaxAttempts of them): a
+// message the broker closed the channel for when it was alone on it
+// (PRECONDITION_FAILED or CONTENT_TOO_LARGE: over max_message_size, an
+// invalid expiration, a user_id that is not the connection's), one the
+// client cannot send (a header of a type AMQP cannot carry, a field over 255
+// bytes), one the marshaler refuses, a nil message or an empty topic. A
+// nack, a return, a failed queue declaration, a connection or channel lost,
+// and the context ending are the broker's or the destination's state, never
+// the message's: not permanent.
 //
 // Publisher connects at the first call (NewPublisher does not), and a call
 // after the connection was lost dials again. It is safe for concurrent use:
 // each call publishes on a channel of its own, taken from the idle channels
 // of the connection or opened. Close closes the connection.
 type Publisher struct {
-	cfg PublisherConfig
+	cfg    PublisherConfig
+	prefix string        // of this Publisher's PublishingHeader values
+	stamps atomic.Uint64 // publishings stamped
 
 	dialMu sync.Mutex // one dial at a time
 
@@ -104,7 +125,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = Marshaler{}
 	}
-	return &Publisher{cfg: cfg}, nil
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	return &Publisher{cfg: cfg, prefix: hex.EncodeToString(r[:]) + "-"}, nil
 }
 
 var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")
@@ -144,9 +167,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // max_message_size), the messages published after that one were dropped and
 // those before it may be in the queue without their confirm: each message
 // then unconfirmed is published again on its own channel, so that only the
-// message the broker refuses fails (the others may arrive twice). When the
-// connection is lost, the messages not confirmed fail, and the next call
-// dials again.
+// message the broker refuses fails, permanently (the others may arrive
+// twice). When the connection is lost, the messages not confirmed fail, and
+// the next call dials again.
 func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
 	b := &outcomes{topics: topics, msgs: msgs, errs: make([]error, len(msgs)), settled: make([]bool, len(msgs))}
 	if len(topics) != len(msgs) {
@@ -161,31 +184,30 @@ func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*m
 	for i, m := range msgs {
 		switch {
 		case m == nil:
-			b.set(i, errors.New("rabbitmq: nil message"))
+			b.set(i, permanent(errors.New("rabbitmq: nil message")))
 		case topics[i] == "":
-			b.set(i, fmt.Errorf("rabbitmq: message %q has an empty topic", m.UUID))
+			b.set(i, permanent(fmt.Errorf("rabbitmq: message %q has an empty topic", m.UUID)))
 		default:
 			pub, err := p.cfg.Marshaler.Marshal(m)
 			if err != nil {
-				b.set(i, fmt.Errorf("rabbitmq: marshaling message %q: %w", m.UUID, err))
+				b.set(i, permanent(fmt.Errorf("rabbitmq: marshaling message %q: %w", m.UUID, err)))
 				continue
 			}
 			if err := checkShortstrs(topics[i], pub); err != nil {
 				// amqp091-go would fail writing it and close the connection.
-				b.set(i, fmt.Errorf("rabbitmq: message %q to %q cannot be sent: %w", m.UUID, topics[i], err))
+				b.set(i, permanent(fmt.Errorf("rabbitmq: message %q to %q cannot be sent: %w", m.UUID, topics[i], err)))
 				continue
 			}
-			b.pubs[i] = pub
+			b.pubs[i] = p.stamp(pub)
 			todo = append(todo, i)
 		}
 	}
 	if err := p.publish(ctx, b, todo, p.cfg.Window); err != nil {
 		// Not sent, or sent without an outcome, for a reason of the
-		// connection's (it could not be made, it was lost, ctx ended):
-		// not these messages' own failure.
+		// connection's (it could not be made, it was lost, ctx ended).
 		for _, i := range todo {
 			if !b.settled[i] {
-				b.errs[i] = unconfirmedError{err}
+				b.errs[i] = err
 			}
 		}
 	}
@@ -281,17 +303,23 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 			// The connection went (its closing may reach the channel
 			// before the connection says so): not these messages' doing.
 			for _, i := range r.lost {
-				b.set(i, unconfirmedError{fmt.Errorf("rabbitmq: connection lost before %s was confirmed (it may have reached the queue): %w", b.name(i), reason)})
+				b.set(i, fmt.Errorf("rabbitmq: connection lost before %s was confirmed (it may have reached the queue): %w", b.name(i), reason))
 			}
 			return fmt.Errorf("rabbitmq: not published, the connection was lost: %w", reason)
 		}
 		// The broker closed the channel because of one message: those
 		// after it were dropped, those before it may be in the queue.
 		// Each unconfirmed one goes again on its own, so that only that
-		// message fails.
+		// message fails. Alone on its channel, it is the cause: when the
+		// broker refused the message itself (its size, a property), the
+		// failure is permanent.
 		if window == 1 || len(r.lost) == 1 {
 			for _, i := range r.lost {
-				b.set(i, fmt.Errorf("rabbitmq: the broker closed the channel before %s was confirmed: %w", b.name(i), reason))
+				err := fmt.Errorf("rabbitmq: the broker closed the channel before %s was confirmed: %w", b.name(i), reason)
+				if refusesMessage(reason) {
+					err = permanent(err)
+				}
+				b.set(i, err)
 			}
 		} else if err := p.publish(ctx, b, r.lost, 1); err != nil {
 			return err
@@ -643,7 +671,7 @@ func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window
 			}
 			// Refused by the client before sending (a header of a type AMQP
 			// cannot carry): this message fails alone.
-			b.set(i, fmt.Errorf("rabbitmq: publishing %s: %w", b.name(i), err))
+			b.set(i, permanent(fmt.Errorf("rabbitmq: publishing %s: %w", b.name(i), err)))
 			continue
 		}
 		queue = append(queue, inFlight{i, dc})
@@ -658,28 +686,31 @@ func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window
 	return r
 }
 
-// settle sets the outcome of the acked messages among sent (in publish
-// order): returned, or confirmed.
+// settle sets the outcome of the acked messages among sent: returned, or
+// confirmed. A return names its publishing by the PublishingHeader stamped
+// on it (see stamp): it fails exactly that message, whatever the marshaler
+// set (many publishings may share a routing key, a message_id and a body).
+// A return without the stamp cannot be attributed: every acked message to
+// its routing key fails then (unconfirmed, published again: at-least-once,
+// never lost).
 func (c *confirmChannel) settle(b *outcomes, sent []int, acked map[int]bool, r *runResult) {
-	// Returns come in publish order, each before its message's confirm:
-	// match each to the next sent message it can be.
+	returns := c.takeReturns()
 	returned := map[int]*amqp091.Return{}
-	next := 0
-	for _, ret := range c.takeReturns() {
-		j := next
-		for j < len(sent) && !isReturnOf(&ret, b, sent[j]) {
-			j++
-		}
-		if j < len(sent) {
-			returned[sent[j]] = &ret
-			next = j + 1
-			continue
-		}
-		// Cannot tell which message it is: fail every confirmed one it
-		// could be (they are published again: at-least-once, never lost).
+	if len(returns) > 0 {
+		byID := make(map[string]int, len(sent))
 		for _, i := range sent {
-			if acked[i] && b.topics[i] == ret.RoutingKey && returned[i] == nil {
-				returned[i] = &ret
+			byID[publishingID(b.pubs[i].Headers)] = i
+		}
+		for k := range returns {
+			ret := &returns[k]
+			if i, ok := byID[publishingID(ret.Headers)]; ok {
+				returned[i] = ret
+				continue
+			}
+			for _, i := range sent {
+				if b.topics[i] == ret.RoutingKey && returned[i] == nil {
+					returned[i] = ret
+				}
 			}
 		}
 	}
@@ -698,10 +729,26 @@ func (c *confirmChannel) settle(b *outcomes, sent []int, acked map[int]bool, r *
 	}
 }
 
-// isReturnOf reports whether ret can be the return of message i.
-func isReturnOf(ret *amqp091.Return, b *outcomes, i int) bool {
-	return ret.Exchange == "" && ret.RoutingKey == b.topics[i] &&
-		ret.MessageId == b.pubs[i].MessageId && bytes.Equal(ret.Body, b.pubs[i].Body)
+// PublishingHeader is the header Publisher stamps on every publishing with
+// an identifier of its own (unique per Publisher), so that a message the
+// broker returns (basic.return carries the properties and the body, not the
+// delivery tag) is matched to exactly the publishing it belongs to.
+// Consumers see it; Marshaler.Unmarshal leaves it out of the metadata.
+const PublishingHeader = "_exactlyonce_publishing"
+
+// stamp returns pub with its own PublishingHeader, on a copy of its headers.
+func (p *Publisher) stamp(pub amqp091.Publishing) amqp091.Publishing {
+	headers := make(amqp091.Table, len(pub.Headers)+1)
+	maps.Copy(headers, pub.Headers)
+	headers[PublishingHeader] = p.prefix + strconv.FormatUint(p.stamps.Add(1), 36)
+	pub.Headers = headers
+	return pub
+}
+
+// publishingID is the PublishingHeader of headers, "" when absent.
+func publishingID(headers amqp091.Table) string {
+	id, _ := headers[PublishingHeader].(string)
+	return id
 }
 
 // checkShortstrs checks the fields AMQP 0-9-1 encodes as short strings (at
@@ -744,14 +791,27 @@ func checkTableKeys(v any) error {
 	return nil
 }
 
-// unconfirmedError marks a message whose outcome is unknown for a reason
-// that is not its own (the connection was lost with it in flight): the
-// outbox relay retries it without blaming it (outbox.BatchPublisher).
-type unconfirmedError struct{ err error }
+// permanentError marks a failure that is the message's own: it repeats
+// whenever the message is published (the outbox relay counts it towards
+// RelayConfig.MaxAttempts; see outbox.IsPermanent).
+type permanentError struct{ err error }
 
-func (e unconfirmedError) Error() string     { return e.err.Error() }
-func (e unconfirmedError) Unwrap() error     { return e.err }
-func (e unconfirmedError) Unconfirmed() bool { return true }
+func permanent(err error) error { return permanentError{err} }
+
+func (e permanentError) Error() string   { return e.err.Error() }
+func (e permanentError) Unwrap() error   { return e.err }
+func (e permanentError) Permanent() bool { return true }
+
+// refusesMessage reports whether the broker closed a channel because of the
+// message published on it, not the broker's or the destination's state: a
+// body over max_message_size (CONTENT_TOO_LARGE, or PRECONDITION_FAILED as
+// RabbitMQ reports it), an expiration or user_id it rejects
+// (PRECONDITION_FAILED). Access refused, a missing exchange or a locked
+// resource are the destination's, and may change.
+func refusesMessage(reason error) bool {
+	var e *amqp091.Error
+	return errors.As(reason, &e) && e.Server && (e.Code == amqp091.PreconditionFailed || e.Code == amqp091.ContentTooLarge)
+}
 
 // channelException reports whether the broker closed a channel with a
 // channel-level exception, which one message caused (PRECONDITION_FAILED for

@@ -170,8 +170,9 @@ func TestRelayThroughPublisherAcrossAConnectionCut(t *testing.T) {
 }
 
 // A row the broker closes the channel for, among rows that flow: it fails
-// alone (the messages in flight with it are published again), is blamed for
-// each failure, and is quarantined; no other row is, and every other row
+// alone (the messages in flight with it are published again), each failure
+// is permanent (the broker refused the message itself), and it is
+// quarantined after MaxAttempts; no other row is, and every other row
 // arrives.
 func TestRelayQuarantinesARowTheBrokerClosesTheChannelFor(t *testing.T) {
 	amqpURL := amqpURL(t)

@@ -1,0 +1,223 @@
+package rabbitmq_test
+
+// Outcomes attributed to exactly the publishing they belong to, and the
+// broker's own state (a queue gone, a full queue) never blamed on a message.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+)
+
+// drainUUIDs consumes every message in queue and returns the UUIDs read
+// from watermill-amqp's UUID header.
+func drainUUIDs(t *testing.T, amqpURL, queue string) map[string]int {
+	t.Helper()
+	ch := rawChannel(t, amqpURL)
+	got := map[string]int{}
+	for {
+		d, ok, err := ch.Get(queue, true)
+		require.NoError(t, err)
+		if !ok {
+			return got
+		}
+		uuid, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+		require.NotEmpty(t, uuid, "a message without the UUID header")
+		got[uuid]++
+	}
+}
+
+// One PublishBatch call of identical bodies with a marshaler that sets no
+// message_id (watermill-amqp's DefaultMarshaler), while the queue is deleted
+// and declared again: the messages published while it is gone come back
+// (basic.return). Each return must fail the message it belongs to: a
+// message reported returned is not in the queue, and a message reported
+// confirmed was enqueued (in the queue that was deleted, or in the new one).
+func TestPublisherAttributesReturnsWithoutMessageID(t *testing.T) {
+	amqpURL := amqpURL(t)
+	ctx := testContext(t)
+	q := uniqueQueue(t, amqpURL, "returns")
+	admin := rawChannel(t, amqpURL)
+	_, err := admin.QueueDeclare(q, true, false, false, false, nil)
+	require.NoError(t, err)
+	const (
+		n      = 4000
+		window = 16
+	)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{
+		URL: amqpURL, Window: window, NoQueueDeclare: true, Marshaler: wamqp.DefaultMarshaler{},
+	})
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("same-body-%05d", i), []byte(`{"same":true}`))
+	}
+
+	// A consumer records what reaches the queue until the queue is deleted;
+	// once it has a quarter, the queue is deleted (with what the consumer
+	// has not taken yet) and declared again a moment later.
+	consumer := rawChannel(t, amqpURL)
+	require.NoError(t, consumer.Qos(500, 0, false))
+	deliveries, err := consumer.Consume(q, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	delivered := map[string]int{}
+	consumedQuarter := make(chan struct{})
+	consumerDone := make(chan struct{})
+	go func() {
+		defer close(consumerDone)
+		for d := range deliveries {
+			uuid, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+			mu.Lock()
+			delivered[uuid]++
+			if len(delivered) == n/4 {
+				close(consumedQuarter)
+			}
+			mu.Unlock()
+		}
+	}()
+	deleted := make(chan int, 1)
+	go func() {
+		defer close(deleted)
+		select {
+		case <-consumedQuarter:
+		case <-time.After(20 * time.Second):
+			return
+		}
+		purged, err := admin.QueueDelete(q, false, false, false)
+		if err != nil {
+			return
+		}
+		time.Sleep(30 * time.Millisecond) // the gap: publishings meanwhile are unroutable
+		if _, err := admin.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return
+		}
+		deleted <- purged
+	}()
+	errs := pub.PublishBatch(ctx, repeat(q, n), msgs)
+	purged, ok := <-deleted
+	require.True(t, ok, "the queue was not deleted and declared again during the call")
+	<-consumerDone // the deletion cancelled the consumer
+
+	for uuid, k := range drainUUIDs(t, amqpURL, q) {
+		delivered[uuid] += k
+	}
+	var confirmed, returned, other, confirmedNotDelivered int
+	var returnedButDelivered []string
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			confirmed++
+			if delivered[msgs[i].UUID] == 0 {
+				confirmedNotDelivered++
+			}
+		case strings.Contains(err.Error(), "returned"):
+			returned++
+			if delivered[msgs[i].UUID] > 0 {
+				returnedButDelivered = append(returnedButDelivered, msgs[i].UUID)
+			}
+		default:
+			other++
+			t.Logf("message %d: %v", i, err)
+		}
+	}
+	t.Logf("%d confirmed, %d returned, %d other; %d delivered, %d purged with the queue; %d confirmed and not delivered, %d returned and delivered",
+		confirmed, returned, other, len(delivered), purged, confirmedNotDelivered, len(returnedButDelivered))
+	require.Positive(t, returned, "no message came back: the scenario did not happen")
+	require.Zero(t, len(returnedButDelivered), "messages reported returned although they were delivered, e.g. %v",
+		returnedButDelivered[:min(5, len(returnedButDelivered))])
+	// A confirmed message was delivered, or purged with the old queue before
+	// the consumer took it (or routed to the old queue as it was being
+	// deleted: at most the window in flight then).
+	require.LessOrEqual(t, confirmedNotDelivered, purged+window,
+		"messages reported confirmed that reached no queue (lost: their rows would be deleted)")
+	require.Zero(t, other)
+}
+
+// A queue with a length limit and overflow reject-publish nacks while its
+// consumer is behind: the broker's back-pressure, not the messages' fault.
+// The relay retries the nacked rows with their backoff; with the default
+// MaxAttempts none is quarantined, and every row reaches the slow consumer.
+func TestRelayBackPressureQuarantinesNothing(t *testing.T) {
+	amqpURL := amqpURL(t)
+	db := schema(t)
+	ctx := testContext(t)
+	q := uniqueQueue(t, amqpURL, "backpressure")
+	admin := rawChannel(t, amqpURL)
+	_, err := admin.QueueDeclare(q, true, false, false, false, amqp091.Table{
+		"x-max-length": int32(10), "x-overflow": "reject-publish",
+	})
+	require.NoError(t, err)
+
+	const rows = 200
+	want := writeRows(t, ctx, db, "bp", rows, q)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, NoQueueDeclare: true})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		DB: db, Publisher: pub, Logger: testenv.Logger(t), BatchSize: 50,
+		PollInterval: 10 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, MaxErrorBackoff: 400 * time.Millisecond,
+	})
+	require.NoError(t, err)
+
+	// The slow consumer: one message at a time, 20 ms each.
+	var mu sync.Mutex
+	got := map[string]int{}
+	consumer := rawChannel(t, amqpURL)
+	require.NoError(t, consumer.Qos(1, 0, false))
+	deliveries, err := consumer.Consume(q, "", false, false, false, false, nil)
+	require.NoError(t, err)
+	cctx, cancel := context.WithCancel(context.Background())
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case d, ok := <-deliveries:
+				if !ok {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+				m, err := rabbitmq.Marshaler{}.Unmarshal(d)
+				if err == nil {
+					mu.Lock()
+					got[q+"/"+m.UUID]++
+					mu.Unlock()
+				}
+				_ = d.Ack(false)
+			}
+		}
+	}()
+	defer func() { cancel(); <-consumed }()
+
+	stop := runRelay(t, relay)
+	arrived := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	testenv.Eventually(t, 45*time.Second, func() bool { return arrived() == rows || pending(t, db).Quarantined > 0 },
+		"every row reaches the slow consumer")
+	stop()
+	st := relay.Stats()
+	t.Logf("relay: %d relayed, %d failed publishes, %d quarantined", st.Relayed, st.FailedPublishes, st.Quarantined)
+	require.Positive(t, st.FailedPublishes, "the queue never pushed back: the scenario did not happen")
+	require.Zero(t, pending(t, db).Quarantined, "rows quarantined for the broker's back-pressure")
+	require.Zero(t, st.Quarantined)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, k := range want {
+		require.Positive(t, got[k], "row %s never arrived", k)
+	}
+}
