@@ -273,6 +273,9 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	park := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
+		if pgerr.InFailedTransaction(cause) {
+			reason = "completion failed after the handler ran (its effect probably happened): a statement of the handler's transaction failed and the handler did not return the error, which aborted the transaction: " + cause.Error()
+		}
 		if err := m.lease.ParkInterrupted(finishCtx, lease.attempt(), reason); err != nil {
 			if errors.Is(err, leasestore.ErrLeaseLost) {
 				ev.Outcome = Nacked
@@ -330,11 +333,19 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	if err := th.commit(); err != nil {
 		if pgerr.Deterministic(err) {
 			// The server refused the commit (a deferred constraint): it
-			// did not happen.
+			// did not happen, and would not happen again.
 			return park(fmt.Errorf("commit: %w", err))
 		}
 		ev.Outcome = Nacked
-		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires, then it runs again as an interrupted attempt, or is parked): %w", key, consumer, err)
+		what := "failed, its outcome is unknown"
+		if pgerr.CommitRefused(err) {
+			// Nothing committed, but whether it would again is unknown
+			// (the statement that aborted the transaction is not known):
+			// the attempt's effect probably happened, so it is treated as
+			// interrupted, never retried blindly.
+			what = "refused by the server, nothing committed (" + refusalCause(err) + ")"
+		}
+		return nil, fmt.Errorf("exactlyonce: completion of %q for %q %s; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, what, err)
 	}
 	ev.Outcome = Processed
 	return nil, nil
