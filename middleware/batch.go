@@ -77,6 +77,7 @@ type job struct {
 	err           error
 	wait          bool // wait NackDelay before returning err
 	park          bool // a Permanent handler error: park the key
+	formerKey     bool // claimed a released record with the former key format
 	queued        []queuedStmt
 }
 
@@ -331,6 +332,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 				j.ev.Outcome = Parked
 			}
 		default:
+			j.formerKey = claims[i].FormerKeyFormat
 			run = append(run, j)
 		}
 	}
@@ -341,7 +343,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	for i, j := range run {
 		j.queued = j.queued[:0]
 		ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: j.msg.Context(), tracer: m.tracer}
-		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key}
+		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key, formerKey: j.formerKey}
 		if pipelined {
 			vals.queue = &j.queued
 		}

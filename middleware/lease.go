@@ -2,8 +2,6 @@ package exactlyonce
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -43,6 +41,7 @@ type leaseState struct {
 	m             *Middleware
 	consumer, key string
 	token         string
+	formerKey     bool // the record has the former idempotency key format
 	mu            sync.Mutex
 	info          leaseInfo
 }
@@ -102,15 +101,6 @@ func (l *leaseState) snapshot() leaseInfo {
 	return l.info
 }
 
-func idempotencyKey(consumer, key string) string {
-	k := consumer + ":" + key
-	if len(k) <= 255 {
-		return k
-	}
-	sum := sha256.Sum256([]byte(consumer + "\x00" + key))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
 	endClaim := m.startClaim(origCtx, ev)
 	claim, err := m.lease.Claim(origCtx, consumer, key, leasestore.Options{
@@ -149,7 +139,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, info: leaseInfo{
+	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, formerKey: claim.FormerKeyFormat, info: leaseInfo{
 		attempt:     claim.Attempt,
 		interrupted: claim.Interrupted,
 		leaseUntil:  claim.LeaseUntil,
@@ -166,7 +156,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
 	ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, formerKey: lease.formerKey, lease: lease}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	berr := th.beginErr()
@@ -208,7 +198,7 @@ func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *
 func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
 	use := &storeOnlyUse{}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, lease: lease, storeOnly: use}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, formerKey: lease.formerKey, lease: lease, storeOnly: use}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if use.asked.Load() || len(produced) > 0 {

@@ -54,7 +54,7 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 	}()
 
 	ob := &lazyOutbox{tx: readyTx(tx), db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key, formerKey: claim.FormerKeyFormat}))
 	produced, err := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if err != nil {
