@@ -38,6 +38,16 @@ import (
 // a handler again is safe): one failure costs its own message and a rerun,
 // never the others' messages. After maxBatchReruns reruns the rest of the
 // batch runs one message per transaction.
+//
+// A failure that cannot be pinned on one message, although nothing
+// committed, makes the batch run again one message per transaction: a
+// COMMIT the server refused (pgerr.CommitRefused: a deferred constraint, or
+// a transaction that a handler aborted with a statement whose error it
+// ignored), and a statement refused only because an earlier one had aborted
+// the transaction (pgerr.InFailedTransaction, 25P02: the handler that got
+// it may be innocent). Only a COMMIT whose outcome is unknown (a lost
+// connection) nacks every message of the batch: redelivery finds what
+// committed.
 
 // maxBatchReruns bounds the reruns of one batch after handler failures.
 const maxBatchReruns = 3
@@ -67,6 +77,7 @@ type job struct {
 	err           error
 	wait          bool // wait NackDelay before returning err
 	park          bool // a Permanent handler error: park the key
+	formerKey     bool // claimed a released record with the former key format
 	queued        []queuedStmt
 }
 
@@ -210,8 +221,8 @@ func (b *batcher) runJobs(jobs []*job) {
 		}
 		failed := b.runOnce(group)
 		if failed == errSplit {
-			// A commit the server refused (a deferred constraint that
-			// one of the handlers broke): find it one message at a time.
+			// Nothing committed, and the cause is one of the messages:
+			// find it one message at a time.
 			for _, j := range group {
 				b.runJobs1(j)
 			}
@@ -234,10 +245,12 @@ func (b *batcher) runJobs(jobs []*job) {
 	}
 }
 
-// errSplit is what runOnce returns when the batch's COMMIT was refused for
-// a reason that would refuse it again (pgerr.Deterministic): the batch must
-// run again one message per transaction, so that the refusal costs only the
-// message that caused it.
+// errSplit is what runOnce returns when nothing of the batch committed and
+// the failure cannot be pinned on one message: the server refused the
+// COMMIT (pgerr.CommitRefused), or a statement was refused because an
+// earlier one of another handler had aborted the transaction
+// (pgerr.InFailedTransaction). The batch must run again one message per
+// transaction, so that the failure costs only the message that caused it.
 var errSplit = &job{}
 
 // runJobs1 runs one job in a transaction of its own.
@@ -264,9 +277,10 @@ func (b *batcher) parkIfPermanent(j *job) {
 
 // runOnce runs jobs in one transaction. It returns the job whose handler
 // (or output, or queued statement) failed, with its outcome set, after
-// rolling back: the others must run again. Otherwise every job's outcome is
-// set: processed, duplicate or parked when the transaction committed, or
-// nacked with the reason when the claim or the commit failed.
+// rolling back: the others must run again. It returns errSplit when nothing
+// committed and the failure may be another job's. Otherwise every job's
+// outcome is set: processed, duplicate or parked when the transaction
+// committed, or nacked with the reason when the claim or the commit failed.
 func (b *batcher) runOnce(jobs []*job) *job {
 	m := b.m
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobs[0].msg.Context()), batchTimeout)
@@ -318,6 +332,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 				j.ev.Outcome = Parked
 			}
 		default:
+			j.formerKey = claims[i].FormerKeyFormat
 			run = append(run, j)
 		}
 	}
@@ -325,10 +340,10 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	th := readyTx(tx)
 	ptx, pipelined := pgxOf(tx)
 	var wrote *lazyOutbox // one whose rows the batch's NOTIFY is for
-	for _, j := range run {
+	for i, j := range run {
 		j.queued = j.queued[:0]
 		ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: j.msg.Context(), tracer: m.tracer}
-		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key}
+		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key, formerKey: j.formerKey}
 		if pipelined {
 			vals.queue = &j.queued
 		}
@@ -348,6 +363,11 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		if herr != nil {
 			_ = tx.Rollback()
 			ended = true
+			if i > 0 && pgerr.InFailedTransaction(herr) {
+				// An earlier handler may have aborted the transaction
+				// (and ignored its statement's error).
+				return errSplit
+			}
 			b.failed(j, herr)
 			return j
 		}
@@ -356,6 +376,10 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		if j, qerr := sendQueued(ctx, ptx, run); qerr != nil {
 			_ = tx.Rollback()
 			ended = true
+			if len(run) > 1 && pgerr.InFailedTransaction(qerr) {
+				// Aborted by any handler's own statement before.
+				return errSplit
+			}
 			b.failed(j, fmt.Errorf("exactlyonce: a statement queued with Queue failed: %w", qerr))
 			return j
 		}
@@ -365,12 +389,20 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	}
 	ended = true
 	if err := tx.Commit(); err != nil {
-		if pgerr.Deterministic(err) && len(run) > 1 {
+		refused := pgerr.CommitRefused(err)
+		if refused && len(run) > 1 {
 			return errSplit
 		}
 		for _, j := range run {
 			j.ev.Outcome = Nacked
-			j.err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, the messages will be redelivered: %w", len(run), j.key, j.consumer, err)
+			switch {
+			case refused:
+				j.err = fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
+					j.key, j.consumer, refusalCause(err), err)
+			default:
+				j.err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, its outcome is unknown, the messages will be redelivered: %w",
+					len(run), j.key, j.consumer, err)
+			}
 		}
 		return nil
 	}

@@ -1196,3 +1196,114 @@ func TestBatchThroughRabbitMQ(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, p.Count)
 }
+
+// TestBatchHandlerIgnoresFailedStatement: one handler of a batch of 7 runs a
+// statement that fails and ignores its error (the "a unique violation means
+// it is already there" pattern). That aborts the batch's transaction: the
+// statements after it fail with 25P02, and PostgreSQL answers the COMMIT
+// with ROLLBACK (pgx.ErrTxCommitRollback, which has no SQLSTATE). Neither
+// is an unknown outcome: nothing committed, so the batch runs again one
+// message per transaction, and in the first round the 6 healthy messages
+// are processed (one effect each) and only the one that ignored its error
+// is nacked. The abort is met by the COMMIT (the healthy handlers run no
+// statement), by the healthy handlers' own statements (they insert their
+// effect and return its error), or by the statements they queued (Queue:
+// with pgx, sent in one round trip before the COMMIT).
+//
+// The same handler without group commit: the 6 are processed, the bad one
+// is nacked on each delivery. In lease mode: the 6 are processed, and the
+// bad one's completion fails with 25P02, which repeats: its key is parked
+// (acked, interrupted) with the reason.
+func TestBatchHandlerIgnoresFailedStatement(t *testing.T) {
+	t.Parallel()
+	const bad = "x-3"
+	for _, healthy := range []string{"no statement", "exec", "queue"} {
+		healthyWrites := healthy != "no statement"
+		t.Run(strings.ReplaceAll(healthy, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+				effects, taken := b.Table("effects"), b.Table("taken")
+				b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
+				b.Exec(t, "CREATE TABLE "+taken+" (id text PRIMARY KEY)")
+				b.Exec(t, "INSERT INTO "+taken+" VALUES ('taken')")
+				h := func(msg *message.Message) ([]*message.Message, error) {
+					if msg.UUID == bad {
+						// Already there: fine, says the handler.
+						_ = testenv.Exec(msg.Context(), "INSERT INTO "+taken+" (id) VALUES ('taken')")
+						return nil, nil
+					}
+					switch healthy {
+					case "exec":
+						return nil, testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
+					case "queue":
+						return nil, exactlyonce.Queue(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
+					}
+					return nil, nil
+				}
+				keys := keyRange("x-", 7)
+				check := func(t *testing.T, mode string, log *eventLog, ds []delivery, badOutcome exactlyonce.Outcome) {
+					t.Helper()
+					nacked := 0
+					for i, k := range keys {
+						if k == bad {
+							require.Equal(t, []exactlyonce.Outcome{badOutcome}, log.outcomes(k), "%s: %s", mode, k)
+							continue
+						}
+						if ds[i].err != nil {
+							nacked++
+							t.Logf("%s: healthy %s nacked: %v", mode, k, ds[i].err)
+							continue
+						}
+						require.Equal(t, []exactlyonce.Outcome{exactlyonce.Processed}, log.outcomes(k), "%s: %s", mode, k)
+					}
+					require.Zero(t, nacked, "%s: of 6 healthy messages, %d nacked in the first round", mode, nacked)
+				}
+				effectsOnce := func(t *testing.T, consumer string) {
+					t.Helper()
+					for _, k := range keys {
+						want := int64(1)
+						if k == bad {
+							want = 0
+						}
+						if healthyWrites {
+							require.Equal(t, want, b.Count(t, "SELECT count(*) FROM "+effects+" WHERE id = $1", k), "%s: %s's effects", consumer, k)
+						}
+						require.Equal(t, want, b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE consumer = $1 AND message_key = $2 AND status = 'done'", consumer, k),
+							"%s: %s recorded done", consumer, k)
+					}
+					b.Exec(t, "DELETE FROM "+effects)
+				}
+
+				// Group commit: one batch of 7.
+				var log eventLog
+				handler := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 7, MaxWait: forever}, &log).Middleware(h)
+				ds := deliver(t, handler, msgs(keys...)...)
+				requireOneBatch(t, ds)
+				check(t, "group commit", &log, ds, exactlyonce.Nacked)
+				badErr := ds[slices.Index(keys, bad)].err
+				require.Error(t, badErr)
+				require.True(t, errors.Is(badErr, pgx.ErrTxCommitRollback) || pgCode(badErr) == "25P02", "%v", badErr)
+				effectsOnce(t, "c")
+
+				// One transaction per message.
+				log = eventLog{}
+				eo, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Consumer: "per-message", NackDelay: -1, OnEvent: log.observe, Logger: testenv.Logger(t)})
+				require.NoError(t, err)
+				ds = deliver(t, eo.Middleware(h), msgs(keys...)...)
+				check(t, "per message", &log, ds, exactlyonce.Nacked)
+				effectsOnce(t, "per-message")
+
+				// Lease mode: the bad one's completion can never commit.
+				log = eventLog{}
+				eo, err = exactlyonce.New(exactlyonce.Config{DB: b.DB, Consumer: "lease", Lease: &exactlyonce.LeaseConfig{Duration: time.Minute},
+					NackDelay: -1, OnEvent: log.observe, Logger: testenv.Logger(t)})
+				require.NoError(t, err)
+				ds = deliver(t, eo.Middleware(h), msgs(keys...)...)
+				check(t, "lease", &log, ds, exactlyonce.Parked)
+				require.NoError(t, ds[slices.Index(keys, bad)].err, "lease: parked and acked")
+				require.ErrorContains(t, log.of(bad)[0].Err, "25P02")
+				effectsOnce(t, "lease")
+			})
+		})
+	}
+}

@@ -2,8 +2,6 @@ package exactlyonce
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -43,6 +41,7 @@ type leaseState struct {
 	m             *Middleware
 	consumer, key string
 	token         string
+	formerKey     bool // the record has the former idempotency key format
 	mu            sync.Mutex
 	info          leaseInfo
 }
@@ -102,15 +101,6 @@ func (l *leaseState) snapshot() leaseInfo {
 	return l.info
 }
 
-func idempotencyKey(consumer, key string) string {
-	k := consumer + ":" + key
-	if len(k) <= 255 {
-		return k
-	}
-	sum := sha256.Sum256([]byte(consumer + "\x00" + key))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
 	endClaim := m.startClaim(origCtx, ev)
 	claim, err := m.lease.Claim(origCtx, consumer, key, leasestore.Options{
@@ -149,7 +139,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, info: leaseInfo{
+	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, formerKey: claim.FormerKeyFormat, info: leaseInfo{
 		attempt:     claim.Attempt,
 		interrupted: claim.Interrupted,
 		leaseUntil:  claim.LeaseUntil,
@@ -166,7 +156,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
 	ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, formerKey: lease.formerKey, lease: lease}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	berr := th.beginErr()
@@ -208,7 +198,7 @@ func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *
 func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
 	use := &storeOnlyUse{}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, lease: lease, storeOnly: use}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, formerKey: lease.formerKey, lease: lease, storeOnly: use}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if use.asked.Load() || len(produced) > 0 {
@@ -273,6 +263,9 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	park := func(cause error) ([]*message.Message, error) {
 		th.rollback()
 		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
+		if pgerr.InFailedTransaction(cause) {
+			reason = "completion failed after the handler ran (its effect probably happened): a statement of the handler's transaction failed and the handler did not return the error, which aborted the transaction: " + cause.Error()
+		}
 		if err := m.lease.ParkInterrupted(finishCtx, lease.attempt(), reason); err != nil {
 			if errors.Is(err, leasestore.ErrLeaseLost) {
 				ev.Outcome = Nacked
@@ -330,11 +323,19 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 	if err := th.commit(); err != nil {
 		if pgerr.Deterministic(err) {
 			// The server refused the commit (a deferred constraint): it
-			// did not happen.
+			// did not happen, and would not happen again.
 			return park(fmt.Errorf("commit: %w", err))
 		}
 		ev.Outcome = Nacked
-		return nil, fmt.Errorf("exactlyonce: completion of %q for %q not committed (the key stays processing until its lease expires, then it runs again as an interrupted attempt, or is parked): %w", key, consumer, err)
+		what := "failed, its outcome is unknown"
+		if pgerr.CommitRefused(err) {
+			// Nothing committed, but whether it would again is unknown
+			// (the statement that aborted the transaction is not known):
+			// the attempt's effect probably happened, so it is treated as
+			// interrupted, never retried blindly.
+			what = "refused by the server, nothing committed (" + refusalCause(err) + ")"
+		}
+		return nil, fmt.Errorf("exactlyonce: completion of %q for %q %s; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, what, err)
 	}
 	ev.Outcome = Processed
 	return nil, nil

@@ -32,11 +32,17 @@ type leaseStore struct {
 	// with puts the store in cfg: Config.DB (PostgreSQL) or
 	// Config.Lease.Store (Redis).
 	with func(cfg *exactlyonce.Config)
-	// expire ends the key's live lease now, as if its worker had stopped
-	// long ago.
-	expire func(t *testing.T, key string)
+	// expireOf ends the live lease of consumer's key now, as if its worker
+	// had stopped long ago.
+	expireOf func(t *testing.T, consumer, key string)
+	// unmark makes consumer's record of key look created by a version
+	// that wrote no idempotency key format (the record's marker is gone).
+	unmark func(t *testing.T, consumer, key string)
 	ev     testenv.Counters
 }
+
+// expire ends the live lease of suiteConsumer's key now.
+func (s *leaseStore) expire(t *testing.T, key string) { s.expireOf(t, suiteConsumer, key) }
 
 // suiteConsumer is the consumer name of the suite's middlewares.
 const suiteConsumer = "sms"
@@ -49,9 +55,14 @@ func postgresLeaseStore(t *testing.T) *leaseStore {
 		name:    "postgres",
 		backend: &leasestore.Postgres{Store: store, DB: tables.Conn},
 		with:    func(cfg *exactlyonce.Config) { cfg.DB = tables },
-		expire: func(t *testing.T, key string) {
+		expireOf: func(t *testing.T, consumer, key string) {
 			_, err := tables.Conn.ExecContext(context.Background(), "UPDATE "+tables.Inbox()+
-				" SET lease_until = now() - interval '1 second' WHERE consumer = $1 AND message_key = $2 AND status = 'processing'", suiteConsumer, key)
+				" SET lease_until = now() - interval '1 second' WHERE consumer = $1 AND message_key = $2 AND status = 'processing'", consumer, key)
+			require.NoError(t, err)
+		},
+		unmark: func(t *testing.T, consumer, key string) {
+			_, err := tables.Conn.ExecContext(context.Background(), "UPDATE "+tables.Inbox()+
+				" SET idempotency_key_format = NULL WHERE consumer = $1 AND message_key = $2", consumer, key)
 			require.NoError(t, err)
 		},
 	}
@@ -66,13 +77,18 @@ func redisLeaseStore(t *testing.T) *leaseStore {
 		name:    "redis",
 		backend: store.LeaseBackend(),
 		with:    func(cfg *exactlyonce.Config) { cfg.Lease.Store = store },
-		expire: func(t *testing.T, key string) {
+		expireOf: func(t *testing.T, consumer, key string) {
 			// The record's layout is redisstore's (see its package doc).
 			err := c.Eval(context.Background(), `if redis.call('HGET', KEYS[1], 'status') == 'processing' then
-redis.call('HSET', KEYS[1], 'lease_until_ms', 1) end`, []string{prefix + "{" + suiteConsumer + "}:k:" + key}).Err()
+redis.call('HSET', KEYS[1], 'lease_until_ms', 1) end`, []string{prefix + "{" + consumer + "}:k:" + key}).Err()
 			if err != nil && err.Error() != "redis: nil" {
 				require.NoError(t, err)
 			}
+		},
+		unmark: func(t *testing.T, consumer, key string) {
+			n, err := c.HDel(context.Background(), prefix+"{"+consumer+"}:k:"+key, "key_format").Result()
+			require.NoError(t, err)
+			require.Equal(t, int64(1), n, "the record had a key format")
 		},
 	}
 }
@@ -92,10 +108,13 @@ func eachLeaseStore(t *testing.T, f func(t *testing.T, s *leaseStore)) {
 }
 
 // middleware returns a lease-mode middleware on the store (consumer
-// suiteConsumer, a 5s lease unless cfg.Lease says otherwise, no nack delay).
+// suiteConsumer unless cfg says otherwise, a 5s lease unless cfg.Lease says otherwise, no nack delay).
 func (s *leaseStore) middleware(t *testing.T, cfg exactlyonce.Config) *exactlyonce.Middleware {
 	t.Helper()
-	cfg.Consumer, cfg.NackDelay, cfg.OnEvent = suiteConsumer, -1, s.ev.Observe
+	if cfg.Consumer == "" {
+		cfg.Consumer = suiteConsumer
+	}
+	cfg.NackDelay, cfg.OnEvent = -1, s.ev.Observe
 	if cfg.Lease == nil {
 		cfg.Lease = &exactlyonce.LeaseConfig{Duration: 5 * time.Second}
 	}

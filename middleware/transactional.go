@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
@@ -53,7 +54,7 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 	}()
 
 	ob := &lazyOutbox{tx: readyTx(tx), db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key, formerKey: claim.FormerKeyFormat}))
 	produced, err := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if err != nil {
@@ -86,7 +87,11 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 	done = true
 	if err := tx.Commit(); err != nil {
 		ev.Outcome = Nacked
-		return nil, fmt.Errorf("exactlyonce: commit of %q for %q failed, the message will be redelivered: %w", key, consumer, err)
+		if pgerr.CommitRefused(err) {
+			return nil, fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
+				key, consumer, refusalCause(err), err)
+		}
+		return nil, fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown, the message will be redelivered: %w", key, consumer, err)
 	}
 	ev.Outcome = Processed
 	return nil, nil
@@ -151,6 +156,15 @@ func (m *Middleware) beginClaimOnce(ctx context.Context, consumer, key string) (
 		return nil, claim, err
 	}
 	return tx, claim, nil
+}
+
+// refusalCause says why the server refused a COMMIT (pgerr.CommitRefused),
+// for the error the delivery is nacked with.
+func refusalCause(err error) string {
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return "the server answered ROLLBACK: a statement of the transaction had failed and its error was ignored, by the handler most likely"
+	}
+	return "SQLSTATE " + pgerr.Code(err)
 }
 
 // handlerFailed returns the handler's error. When it is one of the

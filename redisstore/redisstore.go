@@ -242,11 +242,11 @@ func (b *backend) Claim(ctx context.Context, consumer, key string, opts leasesto
 		return leasestore.Claim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
 	token := watermill.NewUUID() // random (version 4): every claim its own
-	res, err := claimScript.Run(ctx, b.c, b.keys(consumer, key), token, ms(opts.Lease), opts.MaxInterrupted, key).Slice()
+	res, err := claimScript.Run(ctx, b.c, b.keys(consumer, key), token, ms(opts.Lease), opts.MaxInterrupted, key, inboxdb.KeyFormat).Slice()
 	if err != nil {
 		return leasestore.Claim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
 	}
-	if len(res) != 7 {
+	if len(res) != 8 {
 		return leasestore.Claim{}, fmt.Errorf("lease claim of %q for %q: unexpected reply %v", key, consumer, res)
 	}
 	outcome, _ := res[0].(string)
@@ -256,11 +256,12 @@ func (b *backend) Claim(ctx context.Context, consumer, key string, opts leasesto
 	parkedNow, _ := res[4].(int64)
 	firstSeen, _ := res[5].(int64)
 	lastErr, _ := res[6].(string)
+	former, _ := res[7].(int64)
 	c := leasestore.Claim{Attempt: int(attempts), Interrupted: interrupted == 1, ParkedNow: parkedNow == 1}
 	c.Record = leasestore.Record{Consumer: consumer, Key: key, Attempts: int(attempts), FirstSeenAt: fromMS(firstSeen), LastError: lastErr}
 	switch outcome {
 	case "acquired":
-		c.Outcome, c.Token, c.LeaseUntil = leasestore.Acquired, token, fromMS(until)
+		c.Outcome, c.Token, c.LeaseUntil, c.FormerKeyFormat = leasestore.Acquired, token, fromMS(until), former == 1
 		c.Record.Status, c.Record.LeaseUntil = inboxdb.StatusProcessing, &c.LeaseUntil
 	case "duplicate":
 		c.Outcome, c.Record.Status = leasestore.Duplicate, inboxdb.StatusDone

@@ -11,7 +11,10 @@ import "github.com/redis/go-redis/v9"
 // Record fields: status (processing, done, failed, parked), attempts,
 // token (the fencing token of the processing attempt), lease_until_ms,
 // first_seen_ms, processed_at_ms, last_error, interrupted (0/1),
-// interruptions, duplicates. Times are Unix milliseconds of the server.
+// interruptions, duplicates, key_format (the idempotency key encoding of
+// the record's attempts, inboxdb.KeyFormat; absent on a record an earlier
+// version created, whose attempts keep the former key). Times are Unix
+// milliseconds of the server.
 
 // luaNow is the prologue of every script that needs the time.
 const luaNow = `local t = redis.call('TIME')
@@ -19,27 +22,30 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 `
 
 // claimScript: ARGV token, lease ms, max interrupted (0: no bound), the
-// message key (the parked set's member).
+// message key (the parked set's member), the key format of a new record.
 // Returns {outcome, attempts, lease_until_ms, interrupted, parked_now,
-// first_seen_ms, last_error}.
+// first_seen_ms, last_error, former} (former: 1 when the record has no
+// key_format).
 var claimScript = redis.NewScript(luaNow + `
 local rec, token, lease, maxi, member = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local until_ms = now + lease
-local f = redis.call('HMGET', rec, 'status', 'attempts', 'lease_until_ms', 'first_seen_ms', 'interrupted', 'interruptions', 'last_error')
+local f = redis.call('HMGET', rec, 'status', 'attempts', 'lease_until_ms', 'first_seen_ms', 'interrupted', 'interruptions', 'last_error', 'key_format')
 local status = f[1]
 if not status then
 	redis.call('DEL', rec)
 	redis.call('HSET', rec, 'status', 'processing', 'attempts', 1, 'token', token, 'lease_until_ms', until_ms,
-		'first_seen_ms', now, 'interrupted', 0, 'interruptions', 0, 'duplicates', 0)
-	return {'acquired', 1, until_ms, 0, 0, now, ''}
+		'first_seen_ms', now, 'interrupted', 0, 'interruptions', 0, 'duplicates', 0, 'key_format', ARGV[5])
+	return {'acquired', 1, until_ms, 0, 0, now, '', 0}
 end
 local attempts, lu, fs = tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0
 local interrupted, interruptions, last_error = f[5] == '1', tonumber(f[6]) or 0, f[7] or ''
+local former = 0
+if not f[8] then former = 1 end
 if status == 'done' or status == 'parked' then
 	redis.call('HINCRBY', rec, 'duplicates', 1)
 	local outcome = 'duplicate'
 	if status == 'parked' then outcome = 'parked' end
-	return {outcome, attempts, 0, 0, 0, fs, last_error}
+	return {outcome, attempts, 0, 0, 0, fs, last_error, former}
 end
 if status == 'failed' then
 	-- A failed record that was parked after an interrupted attempt and then
@@ -48,10 +54,10 @@ if status == 'failed' then
 	redis.call('PERSIST', rec)
 	local was = 0
 	if interrupted then was = 1 end
-	return {'acquired', attempts + 1, until_ms, was, 0, fs, last_error}
+	return {'acquired', attempts + 1, until_ms, was, 0, fs, last_error, former}
 end
 if lu >= now then
-	return {'busy', attempts, lu, 0, 0, fs, last_error}
+	return {'busy', attempts, lu, 0, 0, fs, last_error, former}
 end
 -- Processing with an expired lease: the attempt was interrupted.
 if maxi > 0 and interruptions + 1 >= maxi then
@@ -60,10 +66,10 @@ if maxi > 0 and interruptions + 1 >= maxi then
 	redis.call('HSET', rec, 'status', 'parked', 'interrupted', 1, 'interruptions', interruptions + 1, 'processed_at_ms', now, 'last_error', reason)
 	redis.call('HDEL', rec, 'token', 'lease_until_ms')
 	redis.call('ZADD', KEYS[2], fs, member)
-	return {'parked', attempts, 0, 1, 1, fs, reason}
+	return {'parked', attempts, 0, 1, 1, fs, reason, former}
 end
 redis.call('HSET', rec, 'attempts', attempts + 1, 'token', token, 'lease_until_ms', until_ms, 'interrupted', 0, 'interruptions', interruptions + 1)
-return {'acquired', attempts + 1, until_ms, 1, 0, fs, last_error}
+return {'acquired', attempts + 1, until_ms, 1, 0, fs, last_error, former}
 `)
 
 // luaOwned is the fencing check: the record is processing with ARGV[1].

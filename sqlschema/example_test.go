@@ -102,6 +102,7 @@ func ExampleMigrate() {
 	// inbox:inbox 2 inbox_002_lease.up.sql
 	// inbox:inbox 3 inbox_003_fencing_retention.up.sql
 	// inbox:inbox 4 inbox_004_transactional_park.up.sql
+	// inbox:inbox 5 inbox_005_idempotency_key_format.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql

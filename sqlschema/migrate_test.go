@@ -68,7 +68,7 @@ func TestSQLMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
-	require.Equal(t, 4, last["inbox"], "inbox has its create, lease, fencing/retention and transactional-park migrations")
+	require.Equal(t, 5, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park and idempotency-key-format migrations")
 	require.Equal(t, 4, last["outbox"], "outbox has its create, quarantine, failure-accounting and failure-cause migrations")
 }
 
@@ -343,6 +343,9 @@ VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
 			nil, &interrupted, &interruptions))
 		require.False(t, interrupted, "the old row is kept and gets the new columns' defaults")
 		require.Zero(t, interruptions)
+		var formerKey bool
+		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT idempotency_key_format IS NULL FROM `+cfg.Inbox()+` WHERE message_key = 'old'`, nil, &formerKey))
+		require.True(t, formerKey, "a record of an earlier version has no idempotency key format: its attempts keep the former key")
 		var recent bool
 		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT processed_at > now() - interval '1 hour' FROM `+cfg.Inbox()+
 			` WHERE message_key = 'old-failed'`, nil, &recent))

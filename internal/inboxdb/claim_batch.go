@@ -102,12 +102,12 @@ RETURNING `+recordColumns, args...)
 		case rec.Status == StatusDone, rec.Status == StatusParked:
 			results[i] = ClaimResult{Existing: rec}
 		case rec.Status == StatusFailed && rec.ParkedByTransaction:
-			ok, err := s.reclaim(ctx, tx, consumer, k)
+			ok, former, err := s.reclaim(ctx, tx, consumer, k)
 			if err != nil {
 				return nil, nil, fmt.Errorf("claiming released %q for %q: %w", k, consumer, err)
 			}
 			if ok {
-				results[i] = ClaimResult{Claimed: true}
+				results[i] = ClaimResult{Claimed: true, FormerKeyFormat: former}
 			} else {
 				errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
 			}

@@ -185,8 +185,8 @@ func (s *Store) leaseInsertPartitioned(ctx context.Context, tx wsql.ContextExecu
 		`) FROM (SELECT set_config('lock_timeout', $3, true)) l`, consumer, key, lockTimeout); err != nil {
 		return "", err
 	}
-	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, partition_at)
-SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + s.partitionAt(ctx, tx) + `
+	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, idempotency_key_format, partition_at)
+SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + keyFormatLiteral + `, ` + s.partitionAt(ctx, tx) + `
 WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2)
 RETURNING ` + recordColumns, nil
 }
@@ -201,8 +201,8 @@ func (s *Store) parkPartitioned(ctx context.Context, db wsql.ContextExecutor, co
 		_, err := seam.Exec(ctx, tx, `WITH released AS (
 UPDATE `+s.table+` SET status = 'parked', attempts = attempts + 1, processed_at = now(), last_error = $3
 WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction RETURNING 1)
-INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, partition_at)
-SELECT $1, $2, 'parked', 1, now(), $3, true, `+s.partitionAt(ctx, tx)+`
+INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format, partition_at)
+SELECT $1, $2, 'parked', 1, now(), $3, true, `+keyFormatLiteral+`, `+s.partitionAt(ctx, tx)+`
 WHERE NOT EXISTS (SELECT 1 FROM `+s.table+` WHERE consumer = $1 AND message_key = $2)`, consumer, key, reason)
 		return err
 	}

@@ -1,6 +1,6 @@
 // Package pgerr classifies the errors the library gets from PostgreSQL, the
 // drivers (pgx/v5, database/sql) and poolers in front of them. It decides
-// three things, each on the error alone:
+// these things, each on the error alone:
 //
 //   - Unreachable: the database cannot be reached right now (the connection
 //     could not be made, was lost, or the server is shutting down or full).
@@ -10,6 +10,12 @@
 //     succeed.
 //   - Deterministic: the statement will fail the same way if repeated (a
 //     constraint, a data error, a missing table, an aborted transaction).
+//   - CommitRefused: the server refused a COMMIT, so nothing of the
+//     transaction committed (a definite outcome), as opposed to a COMMIT
+//     whose outcome is unknown (a lost connection, a timeout).
+//   - InFailedTransaction: the statement was refused only because an
+//     earlier statement of its transaction had failed (25P02): the cause is
+//     elsewhere in the transaction.
 //
 // Drivers other than pgx are recognised through the SQLState() method that
 // pgconn.PgError and lib/pq's Error both have, and through the standard
@@ -24,6 +30,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -115,3 +122,46 @@ func Deterministic(err error) bool {
 	code := Code(err)
 	return len(code) == 5 && deterministicClasses[code[:2]]
 }
+
+// refusedAtCommit are the SQLSTATEs, besides the Deterministic classes,
+// with which PostgreSQL refuses a COMMIT and rolls the transaction back: a
+// serialization failure found at commit (40001), a deadlock in a deferred
+// trigger (40P01), a transaction integrity violation (40002). Not 40003
+// (statement completion unknown).
+var refusedAtCommit = map[string]bool{"40001": true, "40P01": true, "40002": true}
+
+// CommitRefused reports whether err, returned by a transaction's COMMIT,
+// means that the server refused to commit: the transaction was rolled back
+// and nothing of it is visible to anyone. This is a definite outcome:
+// redoing the transaction's work is safe. It is true for
+//
+//   - pgx.ErrTxCommitRollback: the server answered COMMIT with ROLLBACK,
+//     because a statement of the transaction had failed earlier and its
+//     error was ignored (a handler that treats a unique violation as "already
+//     there"). pgx returns it for database/sql through its stdlib driver
+//     too. It carries no SQLSTATE, so Deterministic is false for it;
+//   - an error with a Deterministic SQLSTATE (a deferred constraint or
+//     trigger refused the commit; 25P02 for a statement in a transaction an
+//     earlier one aborted), or 40001, 40P01, 40002.
+//
+// It is false for everything else, whose outcome is unknown: a connection
+// lost or refused during the commit, a timeout, a server shutting down (a
+// session terminated during the commit may have committed locally), a
+// pooler's own errors (08P01), an internal error.
+func CommitRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return true
+	}
+	return Deterministic(err) || refusedAtCommit[Code(err)]
+}
+
+// InFailedTransaction reports whether err is PostgreSQL's refusal of a
+// statement in a transaction that an earlier statement aborted (25P02,
+// in_failed_sql_transaction: "current transaction is aborted, commands
+// ignored until end of transaction block"). The statement itself is not the
+// cause: in a transaction shared by several units of work, the one that
+// got this error may be innocent.
+func InFailedTransaction(err error) bool { return Code(err) == "25P02" }

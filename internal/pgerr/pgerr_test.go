@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
@@ -127,4 +129,122 @@ func TestConnectTimeoutIsUnreachable(t *testing.T) {
 	_, err = pgx.Connect(context.Background(), "postgres://postgres@"+ln.Addr().String()+"/test?connect_timeout=1")
 	require.Error(t, err)
 	require.True(t, pgerr.Unreachable(err), "connect timeout: %v", err)
+}
+
+// pgFatal is a server error of severity FATAL, as pgx reports it.
+func pgFatal(code string) error {
+	return fmt.Errorf("wrapped: %w", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code, Message: "m"})
+}
+
+// CommitRefused tells a COMMIT the server refused (nothing committed) from
+// one whose outcome is unknown; InFailedTransaction tells a statement that
+// failed only because an earlier one had aborted the transaction.
+func TestCommitClassification(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name          string
+		err           error
+		refused       bool
+		inFailedTx    bool
+		deterministic bool
+	}{
+		{name: "nil"},
+		// COMMIT of an aborted transaction: PostgreSQL answers ROLLBACK.
+		// pgx returns ErrTxCommitRollback, also through database/sql's
+		// stdlib driver (which returns it as is); it has no SQLSTATE.
+		{name: "pgx ErrTxCommitRollback", err: pgx.ErrTxCommitRollback, refused: true},
+		{name: "ErrTxCommitRollback wrapped", err: fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), refused: true},
+		// A statement after the abort, pgx or lib/pq style.
+		{name: "25P02 aborted transaction", err: pg("25P02"), refused: true, inFailedTx: true, deterministic: true},
+		{name: "lib/pq style 25P02", err: sqlState("25P02"), refused: true, inFailedTx: true, deterministic: true},
+		// Refusals at COMMIT itself.
+		{name: "23505 deferred unique constraint", err: pg("23505"), refused: true, deterministic: true},
+		{name: "23503 deferred foreign key", err: pg("23503"), refused: true, deterministic: true},
+		{name: "lib/pq style 23505", err: sqlState("23505"), refused: true, deterministic: true},
+		{name: "P0001 deferred trigger raises", err: pg("P0001"), refused: true, deterministic: true},
+		{name: "40001 serialization failure at commit", err: pg("40001"), refused: true},
+		{name: "40P01 deadlock in a deferred trigger", err: pg("40P01"), refused: true},
+		// Unknown outcomes: the commit may have happened.
+		{name: "40003 statement completion unknown", err: pg("40003")},
+		{name: "57P01 FATAL admin shutdown during commit", err: pgFatal("57P01")},
+		{name: "08006 connection failure", err: pg("08006")},
+		{name: "08P01 PgBouncer: server connection lost", err: pg("08P01")},
+		{name: "XX000 internal error", err: pg("XX000")},
+		{name: "57014 query canceled", err: pg("57014")},
+		{name: "EOF", err: io.ErrUnexpectedEOF},
+		{name: "bad conn", err: driver.ErrBadConn},
+		{name: "conn closed", err: pgconn.ErrConnClosed},
+		{name: "deadline exceeded", err: context.DeadlineExceeded},
+		{name: "plain error", err: errors.New("commit failed")},
+	} {
+		require.Equal(t, c.refused, pgerr.CommitRefused(c.err), "%s: CommitRefused", c.name)
+		require.Equal(t, c.inFailedTx, pgerr.InFailedTransaction(c.err), "%s: InFailedTransaction", c.name)
+		require.Equal(t, c.deterministic, pgerr.Deterministic(c.err), "%s: Deterministic", c.name)
+	}
+}
+
+// The errors a real COMMIT returns, through pgx and through database/sql
+// over pgx's stdlib driver.
+func TestCommitClassificationOfRealErrors(t *testing.T) {
+	t.Parallel()
+	for _, name := range testenv.DriverNames {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			db := testenv.DriverNamed(t, name).DB
+			table := testenv.Unique(t, "commit_refused")
+			_, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (id int, CONSTRAINT "+table+"_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)")
+			require.NoError(t, err)
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE "+table) })
+			_, err = db.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)")
+			require.NoError(t, err)
+
+			// A statement fails and its error is ignored: the next
+			// statement is refused (25P02), and so is the COMMIT.
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			_, err = tx.ExecContext(ctx, "SELECT 1/0")
+			require.Equal(t, "22012", pgerr.Code(err))
+			_, err = tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (2)")
+			require.True(t, pgerr.InFailedTransaction(err), "%v", err)
+			require.True(t, pgerr.CommitRefused(err), "%v", err)
+			err = tx.Commit()
+			require.Error(t, err)
+			require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
+			require.Empty(t, pgerr.Code(err), "no SQLSTATE: %v", err)
+			require.False(t, pgerr.Deterministic(err))
+			require.True(t, pgerr.CommitRefused(err), "%v", err)
+
+			// A deferred constraint refuses the COMMIT.
+			tx, err = db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			_, err = tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)")
+			require.NoError(t, err)
+			err = tx.Commit()
+			require.Equal(t, "23505", pgerr.Code(err), "%v", err)
+			require.True(t, pgerr.CommitRefused(err), "%v", err)
+
+			// The session is terminated before the COMMIT: the client
+			// cannot tell what happened.
+			tx, err = db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			var pid int
+			require.NoError(t, seam.QueryRow(ctx, tx, "SELECT pg_backend_pid()", nil, &pid))
+			_, err = testenv.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+			require.NoError(t, err)
+			err = tx.Commit()
+			require.Error(t, err)
+			require.False(t, pgerr.CommitRefused(err), "%v", err)
+			require.True(t, pgerr.Unreachable(err), "%v", err)
+			require.Equal(t, int64(1), countRows(ctx, t, db, table), "nothing of the three transactions committed")
+		})
+	}
+}
+
+func countRows(ctx context.Context, t *testing.T, db wsql.Beginner, table string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, seam.QueryRow(ctx, db, "SELECT count(*) FROM "+table, nil, &n))
+	return n
 }

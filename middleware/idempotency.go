@@ -1,0 +1,70 @@
+package exactlyonce
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+)
+
+// maxIdempotencyKey is the longest idempotency key, in bytes; a longer one
+// is replaced by its SHA-256 (many providers limit the Idempotency-Key
+// header to 255 characters).
+const maxIdempotencyKey = 255
+
+// idempotencyKey is Info.IdempotencyKey of (consumer, key). former says
+// that the key's record was created by a version of the library before the
+// current encoding (lease mode: a record with no key format; transactional
+// mode: a parked record with none, released): its attempts keep the former
+// key.
+//
+// The encoding, for a consumer that contains no ':' and is not "sha256"
+// (and, with former, for any consumer):
+//
+//	<consumer>:<key>                  at most 255 bytes
+//	sha256:<hex SHA-256 of consumer NUL key>   otherwise
+//
+// and for a consumer that contains ':' or is "sha256":
+//
+//	:<len(consumer) in decimal>:<consumer>:<key>   at most 255 bytes
+//	:sha256:<hex SHA-256 of that string>           otherwise
+//
+// It is injective (two different (consumer, key) pairs never share a key,
+// save for a SHA-256 collision), without former:
+//
+//   - A first-form key starts with its consumer, which is not empty (the
+//     middleware refuses an empty consumer before any mode runs: ValidateKey)
+//     and has no ':', so it never starts with ':'; a second-form key always
+//     does. The two forms never meet.
+//   - First form, short: the first ':' ends the consumer (it has none), the
+//     rest is the key. Its consumer is never "sha256", so it never meets
+//     the hashed first form, whose first field is "sha256". Hashed: the
+//     input consumer NUL key is unambiguous (a consumer has no NUL).
+//   - Second form, short: the digits up to the second ':' give the
+//     consumer's length n (written by strconv.Itoa: no sign, no leading
+//     zero), the n bytes after that ':' are the consumer, then one ':',
+//     then the key. Its second field is digits, never "sha256", so it never
+//     meets the hashed second form, whose input is the short second form,
+//     itself injective.
+//
+// The first form is the only encoding of versions before this one, byte
+// for byte: consumers without ':' other than "sha256" (nearly all) keep
+// their keys across the upgrade. Only the others could collide, and only
+// they moved. A record created by an older version keeps the former key
+// (former), with the ambiguity it always had.
+func idempotencyKey(consumer, key string, former bool) string {
+	if former || !(strings.Contains(consumer, ":") || consumer == "sha256") {
+		k := consumer + ":" + key
+		if len(k) <= maxIdempotencyKey {
+			return k
+		}
+		sum := sha256.Sum256([]byte(consumer + "\x00" + key))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	k := ":" + strconv.Itoa(len(consumer)) + ":" + consumer + ":" + key
+	if len(k) <= maxIdempotencyKey {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return ":sha256:" + hex.EncodeToString(sum[:])
+}
