@@ -221,3 +221,56 @@ func TestRelayBackPressureQuarantinesNothing(t *testing.T) {
 		require.Positive(t, got[k], "row %s never arrived", k)
 	}
 }
+
+// The connection is cut right after a call left its channel idle, and the
+// next call starts at once: it may take that channel and write on the dead
+// socket before the client noticed the connection closing. Whenever the cut
+// comes, a message reported confirmed is in the queue. (A write that failed
+// that way, with nothing else in flight, once left the messages not sent
+// without an outcome, reported as confirmed: their rows were deleted, and
+// they were lost.)
+func TestPublisherConfirmsOnlyWhatReachedTheQueueAcrossCuts(t *testing.T) {
+	amqpURL := amqpURL(t)
+	ctx := testContext(t)
+	q := uniqueQueue(t, amqpURL, "cuts")
+	require.NoError(t, rabbitmq.DeclareQueues(ctx, amqpURL, q))
+	proxy, viaProxy := proxied(t, amqpURL)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: viaProxy, NoQueueDeclare: true})
+
+	const rounds, callers, perCall = 150, 4, 5
+	confirmed := map[string]bool{}
+	var mu sync.Mutex
+	call := func(prefix string) {
+		msgs := messages(prefix, perCall)
+		for i, err := range pub.PublishBatch(ctx, repeat(q, perCall), msgs) {
+			if err == nil {
+				mu.Lock()
+				confirmed[msgs[i].UUID] = true
+				mu.Unlock()
+			}
+		}
+	}
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for c := range callers { // channels left idle
+			wg.Go(func() { call(fmt.Sprintf("warm-%03d-%d", r, c)) })
+		}
+		wg.Wait()
+		proxy.Refuse()
+		for c := range callers { // at once, on the idle channels of a dead connection
+			wg.Go(func() { call(fmt.Sprintf("cut-%03d-%d", r, c)) })
+		}
+		wg.Wait()
+		proxy.Allow()
+	}
+	got := queueUUIDs(t, amqpURL, q)
+	var lost []string
+	for uuid := range confirmed {
+		if got[uuid] == 0 {
+			lost = append(lost, uuid)
+		}
+	}
+	t.Logf("%d cuts, %d messages confirmed, %d in the queue, %d lost", rounds, len(confirmed), len(got), len(lost))
+	require.Positive(t, len(confirmed))
+	require.Empty(t, lost, "messages reported confirmed that are in no queue (lost)")
+}

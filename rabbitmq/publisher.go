@@ -202,13 +202,17 @@ func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*m
 			todo = append(todo, i)
 		}
 	}
-	if err := p.publish(ctx, b, todo, p.cfg.Window); err != nil {
-		// Not sent, or sent without an outcome, for a reason of the
-		// connection's (it could not be made, it was lost, ctx ended).
-		for _, i := range todo {
-			if !b.settled[i] {
-				b.errs[i] = err
+	err := p.publish(ctx, b, todo, p.cfg.Window)
+	for _, i := range todo {
+		if !b.settled[i] {
+			// Not sent, or sent without an outcome, for a reason of the
+			// connection's (it could not be made, it was lost, ctx
+			// ended). Only a confirm makes a success: a message without
+			// an outcome is never reported confirmed.
+			if err == nil {
+				err = errors.New("rabbitmq: no outcome for the message (not confirmed)")
 			}
+			b.errs[i] = err
 		}
 	}
 	return b.errs
@@ -286,10 +290,12 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 		case r.ctxErr != nil:
 			p.discard(c) // confirms outstanding
 			return r.ctxErr
-		case !c.ch.IsClosed():
-			p.release(c)
+		case len(r.lost) == 0 && len(r.unsent) == 0:
+			p.release(c) // every message has its outcome
 			return nil
 		}
+		// The channel or its connection went: it may not say so yet (a
+		// write on a socket whose closing the client has not read).
 		p.discard(c)
 		reason := c.closeReason()
 		if len(r.unsent) == len(idx) {
