@@ -116,7 +116,8 @@ const lockNotAvailable = "55P03"
 //     Interrupted, or, once MaxInterrupted of its attempts were interrupted,
 //     parked with the reason in last_error (LeaseParked with ParkedNow).
 //
-// Each acquired claim carries a new Token.
+// Each acquired claim carries a new Token. On the partitioned layout, a
+// claim that met ErrPartitionsChanged runs again in a new transaction.
 func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key string, opts LeaseOptions) (LeaseClaim, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return LeaseClaim{}, err
@@ -127,22 +128,27 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 	if opts.MaxInterrupted < 0 {
 		return LeaseClaim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
-	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
-	if err != nil {
-		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
-	}
-	lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
-	if err != nil {
-		_ = tx.Rollback()
-		if pgerr.Code(err) == lockNotAvailable {
-			return LeaseClaim{Outcome: LeaseBusy}, nil
+	for try := 1; ; try++ {
+		tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+		if err != nil {
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
 		}
-		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
+		lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
+		if err != nil {
+			_ = tx.Rollback()
+			if pgerr.Code(err) == lockNotAvailable {
+				return LeaseClaim{Outcome: LeaseBusy}, nil
+			}
+			if err = s.partitionsChanged(err); try < claimRetries && errors.Is(err, ErrPartitionsChanged) {
+				continue // the partitions changed: claim again where the database says
+			}
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: commit: %w", key, consumer, err)
+		}
+		return lc, nil
 	}
-	if err := tx.Commit(); err != nil {
-		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: commit: %w", key, consumer, err)
-	}
-	return lc, nil
 }
 
 func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string, opts LeaseOptions, tries int) (LeaseClaim, error) {

@@ -199,8 +199,12 @@ func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx
 // or, between batches, after the rows it already deleted.
 //
 // On the partitioned layout (without opts.Consumer) whole partitions are
-// dropped instead: see purgePartitions. With opts.Consumer it deletes rows
-// as on the plain layout.
+// dropped instead: see purgePartitions. No record that finished within
+// OlderThan is removed, also when it commits into a partition while that
+// partition is being removed: the purge first makes sure a partition covers
+// now, then waits for the claims in flight into older partitions, and only
+// then moves the records to keep out of the partitions it removes. With
+// opts.Consumer it deletes rows as on the plain layout.
 func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) (int64, error) {
 	if opts.OlderThan <= 0 {
 		return 0, errors.New("PurgeOptions.OlderThan must be > 0")
