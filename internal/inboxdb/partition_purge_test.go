@@ -280,3 +280,87 @@ func TestPartitionedClaimRetriesWhenNoPartitionTakesTheRow(t *testing.T) {
 		}
 	})
 }
+
+// A lease-mode attempt whose lease expired is still running when a purge
+// moves its record out of a partition past retention; its completion (or
+// an extension in its transaction) meets the move. PostgreSQL cannot
+// follow a row that an UPDATE moved to another partition: a statement
+// that waited for the move fails with a serialization failure ("tuple to
+// be locked was already moved to another partition due to concurrent
+// update", SQLSTATE 40001), which fails the completion after the handler
+// ran, and the attempt runs again. The completion and the extension take
+// the key's lock first, as the move does, and then find the record where
+// it went. The race is made deterministic: another transaction holds the
+// row lock of a second record the same move batch takes, so the move
+// holds the first record's row lock (and its key's lock) while the
+// completion starts.
+func TestPartitionedLeaseCompletionRacingTheMove(t *testing.T) {
+	t.Parallel()
+	for _, step := range []string{"CompleteTx", "ExtendLease"} {
+		t.Run(step, func(t *testing.T) {
+			t.Parallel()
+			eachDriverPartitioned(t, func(t *testing.T, b bundle) {
+				table := b.store.Table()
+				l := b.layout()
+				p := b.addPastPartition(t, 3)
+				const token = "6f1c3c52-8f7a-4d3e-9a51-3a0c2f0e9b11"
+				b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, first_seen_at, partition_at, lease_until, lease_token)
+VALUES ('c', 'a', 'processing', $1, $1, now() - interval '1 minute', $2)`, p.Add(time.Hour), token)
+				b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, first_seen_at, processed_at, partition_at, parked_by_transaction)
+VALUES ('c', 'b', 'parked', $1, $1, $1, true)`, p.Add(time.Hour))
+
+				holder := b.begin(t)
+				require.Len(t, b.strings(t, "SELECT 'locked'"), 1)
+				var one int
+				require.NoError(t, seam.QueryRow(b.ctx, holder, "SELECT 1 FROM "+table+" WHERE consumer = 'c' AND message_key = 'b' FOR UPDATE", nil, &one))
+				purged := b.purgeAsync(b.store, inboxdb.PurgeOptions{OlderThan: time.Hour})
+				b.awaitBlocked(t, b.backendPID(t, holder), "the move waits for b's row lock")
+				probe := b.begin(t)
+				err := seam.QueryRow(b.ctx, probe, "SELECT 1 FROM "+table+" WHERE consumer = 'c' AND message_key = 'a' FOR UPDATE NOWAIT", nil, &one)
+				require.ErrorContains(t, err, "55P03", "the move holds a's row lock")
+				require.NoError(t, probe.Rollback())
+
+				completion := b.begin(t)
+				pid := b.backendPID(t, completion)
+				done := make(chan error, 1)
+				go func() {
+					if step == "CompleteTx" {
+						done <- b.store.CompleteTx(b.ctx, completion, "c", "a", token)
+					} else {
+						_, err := b.store.ExtendLease(b.ctx, completion, "c", "a", token, time.Hour)
+						done <- err
+					}
+				}()
+				testenv.Eventually(t, 10*time.Second, func() bool {
+					var n int
+					err := seam.QueryRow(b.ctx, b.db, "SELECT cardinality(pg_blocking_pids($1))", []any{pid}, &n)
+					return err == nil && n > 0
+				}, "the %s waits for the move", step)
+				require.NoError(t, holder.Rollback())
+				require.NoError(t, <-done, "the %s met the move of its record", step)
+				require.NoError(t, completion.Commit())
+				r := <-purged
+				require.NoError(t, r.err)
+
+				rec, err := b.store.Lookup(b.ctx, b.db, "c", "a")
+				require.NoError(t, err)
+				if step == "CompleteTx" {
+					require.Equal(t, inboxdb.StatusDone, rec.Status)
+				} else {
+					require.Equal(t, inboxdb.StatusProcessing, rec.Status)
+					require.True(t, rec.LeaseUntil.After(time.Now().Add(30*time.Minute)), "extended")
+				}
+				require.Contains(t, b.partitionOf(t, "c", "a"), l.Name(b.today(t)), "moved")
+				require.Contains(t, b.partitionOf(t, "c", "b"), l.Name(b.today(t)), "moved")
+				if step == "CompleteTx" {
+					require.Equal(t, int64(0), r.n)
+					parts, err := l.List(b.ctx, b.db)
+					require.NoError(t, err)
+					for _, q := range parts {
+						require.NotEqual(t, l.Name(p), q.Name, "dropped once its records were moved")
+					}
+				}
+			})
+		})
+	}
+}

@@ -456,8 +456,9 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 const keepCondition = `(status <> 'done' OR coalesce(processed_at, first_seen_at) >= $1)`
 
 // liveLease selects lease-mode records whose attempt still holds its lease:
-// they are not moved (a completion racing the move would fail), so their
-// partition waits for the next purge.
+// they are not moved, so their partition waits for the next purge. (An
+// attempt whose lease expired may still complete after its record moved:
+// its completion takes the key's lock first, see CompleteTx.)
 const liveLease = `(status = 'processing' AND lease_until > now())`
 
 // purgePartitions is Purge on the partitioned layout: every partition that
