@@ -654,19 +654,31 @@ AND `+keepCondition+` AND NOT `+liveLease, args...)
 func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.Partition, keep string, args ...any) (int64, error) {
 	l := s.part.layout
 	q := l.Quoted(p.Name)
+	// Each statement runs again after a deadlock: another process's
+	// MaintainPartitions may be finishing the same detach (its DETACH ...
+	// FINALIZE waits for older snapshots, this statement's included), and
+	// gives up once it sees the partition detached.
 	var n, kept int64
-	if err := seam.QueryRow(ctx, db, `SELECT count(*), count(*) FILTER (WHERE `+keep+`) FROM `+q, args, &n, &kept); err != nil {
+	if err := retryStatement(db, func() error {
+		return seam.QueryRow(ctx, db, `SELECT count(*), count(*) FILTER (WHERE `+keep+`) FROM `+q, args, &n, &kept)
+	}); err != nil {
 		return 0, fmt.Errorf("counting the records of %s: %w", p.Name, err)
 	}
 	if kept > 0 {
-		_, aerr := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
-			` FOR VALUES FROM (`+inboxpart.Literal(p.From)+`) TO (`+inboxpart.Literal(p.To)+`)`)
+		aerr := retryStatement(db, func() error {
+			_, err := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
+				` FOR VALUES FROM (`+inboxpart.Literal(p.From)+`) TO (`+inboxpart.Literal(p.To)+`)`)
+			return err
+		})
 		if aerr != nil {
 			return 0, fmt.Errorf("%s, detached, still holds %d records to keep, and attaching it again failed (attach it by hand: it must not be dropped): %w", p.Name, kept, aerr)
 		}
 		return 0, fmt.Errorf("%s still held %d records to keep after they were moved; it was attached again", p.Name, kept)
 	}
-	if _, err := db.ExecContext(ctx, `DROP TABLE `+q); err != nil {
+	if err := retryStatement(db, func() error {
+		_, err := db.ExecContext(ctx, `DROP TABLE `+q)
+		return err
+	}); err != nil {
 		return 0, fmt.Errorf("dropping %s: %w", p.Name, err)
 	}
 	return n, nil
