@@ -219,8 +219,12 @@ var ErrPurgeRunning = inboxdb.ErrPurgeRunning
 // then drops each partition that ended more than OlderThan ago, after moving
 // the records it must keep (not done — processing, failed, parked — or done
 // less than OlderThan ago) into the current partition; a partition holding
-// a record whose lease is still live waits for the next purge. See
-// docs/retention.md. With opts.Consumer it deletes rows as above.
+// a record whose lease is still live waits for the next purge. A claim
+// that commits into a partition while it is being removed (partition
+// maintenance was behind, so claims went into the newest, old partition) is
+// kept too: the purge waits for such claims before it looks for the records
+// to keep. See docs/retention.md. With opts.Consumer it deletes rows as
+// above.
 func (s *Store) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	n, err := s.s.Purge(ctx, s.db.Conn, inboxdb.PurgeOptions{
 		OlderThan: opts.OlderThan, Consumer: opts.Consumer, BatchSize: opts.BatchSize, MaxBatches: opts.MaxBatches,

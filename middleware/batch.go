@@ -297,7 +297,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		trace.WithLinks(links(jobs)...), trace.WithAttributes(attribute.Int("exactlyonce.batch_size", len(jobs))))
 	for try := 1; ; try++ {
 		tx, claims, cerrs, err = b.beginClaim(ctx, jobs)
-		if err == nil || try == maxClaimTries || !pgerr.SerializationFailure(err) {
+		if err == nil || try == maxClaimTries || !claimAgain(err) {
 			break
 		}
 	}

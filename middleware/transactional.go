@@ -121,13 +121,25 @@ func (m *Middleware) parkTransactional(ctx context.Context, ev *Event, herr erro
 // statement, so nothing is lost by rolling back and claiming again in a new
 // transaction, whose snapshot sees the winner's row: the delivery is then a
 // duplicate, exactly as under READ COMMITTED.
+//
+// On the partitioned layout, a claim that found no partition for its record
+// (inboxdb.ErrPartitionsChanged: the partitions changed since the store
+// last looked) is retried the same way; the next one asks the database
+// where the record goes.
 func (m *Middleware) beginClaim(ctx context.Context, consumer, key string) (wsql.Tx, inboxdb.ClaimResult, error) {
 	for try := 1; ; try++ {
 		tx, claim, err := m.beginClaimOnce(ctx, consumer, key)
-		if err == nil || try == maxClaimTries || !pgerr.SerializationFailure(err) || ctx.Err() != nil {
+		if err == nil || try == maxClaimTries || !claimAgain(err) || ctx.Err() != nil {
 			return tx, claim, err
 		}
 	}
+}
+
+// claimAgain reports whether a claim that failed with err, as the first
+// statements of its transaction, succeeds in a new transaction: it lost a
+// race under REPEATABLE READ or SERIALIZABLE, or met a partition change.
+func claimAgain(err error) bool {
+	return pgerr.SerializationFailure(err) || errors.Is(err, inboxdb.ErrPartitionsChanged)
 }
 
 func (m *Middleware) beginClaimOnce(ctx context.Context, consumer, key string) (wsql.Tx, inboxdb.ClaimResult, error) {

@@ -52,16 +52,26 @@ type ClaimResult struct {
 // row is not in tx's snapshot. Make the claim tx's first statement, roll
 // back, and claim again in a new transaction, which sees the row; the
 // middleware does exactly that.
+//
+// On the partitioned layout, a claim that finds no partition for its record
+// (the store's knowledge of the partitions was out of date) fails with an
+// error wrapping ErrPartitionsChanged: roll back and claim again in a new
+// transaction, as for a serialization failure. While partition maintenance
+// is behind, a claim may wait for a purge that is about to remove the
+// partition it would write into (until the claims already writing into it
+// have ended): make it the first statement of tx, so that it holds nothing
+// others wait for meanwhile.
 func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ClaimResult, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return ClaimResult{}, err
 	}
-	return s.claimTx(ctx, tx, consumer, key, false)
+	return s.claimTx(ctx, tx, consumer, key, nil)
 }
 
-// claimTx is ClaimTx for a valid key; locked says that tx already holds
-// the key's lock (partitioned layout).
-func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked bool) (ClaimResult, error) {
+// claimTx is ClaimTx for a valid key; a non-nil locked says that tx
+// already holds the key's lock, taken for that placement (partitioned
+// layout).
+func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked *placement) (ClaimResult, error) {
 	insert := `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at)
 VALUES ($1, $2, 'done', 1, now())
 ON CONFLICT (consumer, message_key) DO NOTHING
@@ -83,7 +93,7 @@ RETURNING first_seen_at`
 			return ClaimResult{Claimed: true}, nil
 		}
 		if !notFound(err) {
-			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
+			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, s.partitionsChanged(err))
 		}
 		var rec Record
 		err = seam.QueryRow(ctx, tx, update, []any{consumer, key}, rec.scanDest()...)

@@ -33,7 +33,7 @@ var ErrVanished = errors.New("the record disappeared during the claim (concurren
 // themselves; then nothing is claimed. Under REPEATABLE READ or
 // SERIALIZABLE, a key claimed by another transaction that commits while
 // this one waits fails the statement with 40001: roll back and claim again
-// (see ClaimTx).
+// (see ClaimTx); so does ErrPartitionsChanged on the partitioned layout.
 func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consumer string, keys []string) ([]ClaimResult, []error, error) {
 	results := make([]ClaimResult, len(keys))
 	errs := make([]error, len(keys))

@@ -34,6 +34,9 @@ const uniqueViolation = "23505"
 // setting) and makes one round trip for a claim, so it works through
 // PgBouncer in transaction pooling, where consecutive round trips outside a
 // transaction may run on different server connections.
+//
+// On the partitioned layout it makes two (see beginClaimPgxPartitioned),
+// and claims again in a new transaction after ErrPartitionsChanged.
 func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, ClaimResult, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return nil, ClaimResult{}, err

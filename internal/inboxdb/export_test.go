@@ -2,14 +2,28 @@ package inboxdb
 
 import "time"
 
-// PretendNewestPartitionEnds makes the store believe that the newest
-// partition ends at end (and not re-read it for an hour): its claims are
+// PretendNewestPartitionEnds makes the store's claims fallback writes
+// whose newest partition ends at end, whatever the catalog says: they are
 // then recorded just before end, in the partition ending there, as when
 // maintenance fell behind. Tests use it to place a claim in a past
-// partition, across a boundary from another store's claims.
+// partition, across a boundary from another store's claims. A zero end
+// undoes it (and the store re-reads the partitions at its next claim).
 func (s *Store) PretendNewestPartitionEnds(end time.Time) {
 	s.part.mu.Lock()
 	defer s.part.mu.Unlock()
+	s.part.pinned = end
+	s.part.newest = time.Time{}
+	s.part.checked = time.Time{}
+}
+
+// PretendPartitionsEnd makes the store believe, for an hour, that its
+// newest partition ends at end, without asking the database: with end far
+// ahead, its claims are recorded at clock_timestamp(), as when an operator
+// removed partitions the store knew of.
+func (s *Store) PretendPartitionsEnd(end time.Time) {
+	s.part.mu.Lock()
+	defer s.part.mu.Unlock()
+	s.part.pinned = time.Time{}
 	s.part.newest = end
 	s.part.checked = time.Now().Add(time.Hour)
 }

@@ -122,7 +122,8 @@ const lockNotAvailable = "55P03"
 //     Interrupted, or, once MaxInterrupted of its attempts were interrupted,
 //     parked with the reason in last_error (LeaseParked with ParkedNow).
 //
-// Each acquired claim carries a new Token.
+// Each acquired claim carries a new Token. On the partitioned layout, a
+// claim that met ErrPartitionsChanged runs again in a new transaction.
 func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key string, opts LeaseOptions) (LeaseClaim, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return LeaseClaim{}, err
@@ -133,22 +134,27 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 	if opts.MaxInterrupted < 0 {
 		return LeaseClaim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
-	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
-	if err != nil {
-		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
-	}
-	lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
-	if err != nil {
-		_ = tx.Rollback()
-		if pgerr.Code(err) == lockNotAvailable {
-			return LeaseClaim{Outcome: LeaseBusy}, nil
+	for try := 1; ; try++ {
+		tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+		if err != nil {
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
 		}
-		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
+		lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
+		if err != nil {
+			_ = tx.Rollback()
+			if pgerr.Code(err) == lockNotAvailable {
+				return LeaseClaim{Outcome: LeaseBusy}, nil
+			}
+			if err = s.partitionsChanged(err); try < claimRetries && errors.Is(err, ErrPartitionsChanged) {
+				continue // the partitions changed: claim again where the database says
+			}
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: commit: %w", key, consumer, err)
+		}
+		return lc, nil
 	}
-	if err := tx.Commit(); err != nil {
-		return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: commit: %w", key, consumer, err)
-	}
-	return lc, nil
 }
 
 func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string, opts LeaseOptions, tries int) (LeaseClaim, error) {
@@ -257,6 +263,9 @@ func (s *Store) ExtendLease(ctx context.Context, db wsql.ContextExecutor, consum
 	if lease <= 0 {
 		return time.Time{}, fmt.Errorf("lease must be > 0, got %s", lease)
 	}
+	if err := s.lockRecord(ctx, db, consumer, key); err != nil {
+		return time.Time{}, fmt.Errorf("extending lease of %q for %q: %w", key, consumer, err)
+	}
 	var until time.Time
 	err := retryStatement(db, func() error {
 		return seam.QueryRow(ctx, db, `UPDATE `+s.table+` SET lease_until = now() + make_interval(secs => $4)
@@ -275,8 +284,13 @@ RETURNING lease_until`, []any{consumer, key, tokenArg(token), lease.Seconds()}, 
 // CompleteTx records the attempt fenced by token as done inside tx, the
 // transaction that also holds the handler's writes and output messages. It
 // returns ErrLeaseLost (and the caller must roll back) when the attempt no
-// longer owns the key.
+// longer owns the key. On the partitioned layout it first takes the key's
+// lock in tx, so that it finds the record where a purge moved it (see
+// lockRecord); ExtendLease does the same in a transaction.
 func (s *Store) CompleteTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key, token string) error {
+	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
+		return fmt.Errorf("completing %q for %q: %w", key, consumer, err)
+	}
 	n, err := seam.Exec(ctx, tx, `UPDATE `+s.table+`
 SET status = 'done', processed_at = now(), lease_until = NULL, lease_token = NULL, last_error = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`, consumer, key, tokenArg(token))
@@ -329,6 +343,9 @@ func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, co
 // finish ends the processing attempt fenced by token with set (its
 // arguments from $4), releasing the lease and stamping processed_at.
 func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, what, set string, args ...any) error {
+	if err := s.lockRecord(ctx, db, consumer, key); err != nil {
+		return fmt.Errorf("%s %q for %q: %w", what, key, consumer, err)
+	}
 	var n int64
 	err := retryStatement(db, func() error {
 		var err error
@@ -354,6 +371,34 @@ func tokenArg(token string) any {
 		return nil
 	}
 	return token
+}
+
+// lockRecord takes the key's lock in db when db is a transaction on the
+// partitioned layout, before a statement that updates the key's record by
+// (consumer, key) without creating one (an extension, completion or
+// failure of a lease-mode attempt). Retention moves a record to another
+// partition with one UPDATE under the key's lock, and PostgreSQL cannot
+// follow a moved row: an UPDATE that waited for the move, or whose snapshot
+// predates it, fails with a serialization failure ("tuple to be locked was
+// already moved to another partition due to concurrent update", 40001),
+// which would fail the attempt's completion after its handler ran. With
+// the lock taken first, the UPDATE is a later statement that, under READ
+// COMMITTED, sees the record where the move put it. (Under REPEATABLE READ
+// or SERIALIZABLE the transaction's snapshot may still predate the move:
+// the 40001 remains possible there.) A statement that is its own
+// transaction needs no lock: retryStatement runs it again after a 40001.
+//
+// The lock is taken before any row lock on the record, in the order the
+// move takes them, so the two cannot deadlock.
+func (s *Store) lockRecord(ctx context.Context, db wsql.ContextExecutor, consumer, key string) error {
+	if s.part == nil {
+		return nil
+	}
+	if _, inTx := db.(wsql.Tx); !inTx {
+		return nil
+	}
+	_, err := db.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`, consumer, key)
+	return err
 }
 
 // retryStatement runs one statement that is its own transaction (db is a
@@ -409,8 +454,13 @@ func (s *Store) ListParked(ctx context.Context, db wsql.ContextExecutor, consume
 // counts as finished now. It reports whether a parked record was found. The broker acked the parked message: the next
 // delivery is a re-publish or a later duplicate.
 func (s *Store) Release(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	n, err := seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed', processed_at = now()
+	var n int64
+	err := retryStatement(db, func() error { // a purge's move of the record: see Forget
+		var err error
+		n, err = seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed', processed_at = now()
 WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("releasing %q for %q: %w", key, consumer, err)
 	}

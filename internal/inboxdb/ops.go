@@ -33,8 +33,17 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // Forget deletes the record of (consumer, key), so that the next delivery of
 // that key runs the handler again. It reports whether a record existed. Use
 // it to re-process a message on purpose; it does not undo effects.
+//
+// On the partitioned layout a purge may move the record to another
+// partition meanwhile; a DELETE that met the move fails with a
+// serialization failure, and is run again when db is not a transaction.
 func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	n, err := seam.Exec(ctx, db, `DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
+	var n int64
+	err := retryStatement(db, func() error {
+		var err error
+		n, err = seam.Exec(ctx, db, `DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
 	}
@@ -199,8 +208,12 @@ func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx
 // or, between batches, after the rows it already deleted.
 //
 // On the partitioned layout (without opts.Consumer) whole partitions are
-// dropped instead: see purgePartitions. With opts.Consumer it deletes rows
-// as on the plain layout.
+// dropped instead: see purgePartitions. No record that finished within
+// OlderThan is removed, also when it commits into a partition while that
+// partition is being removed: the purge first makes sure a partition covers
+// now, then waits for the claims in flight into older partitions, and only
+// then moves the records to keep out of the partitions it removes. With
+// opts.Consumer it deletes rows as on the plain layout.
 func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) (int64, error) {
 	if opts.OlderThan <= 0 {
 		return 0, errors.New("PurgeOptions.OlderThan must be > 0")

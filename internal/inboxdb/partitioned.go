@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
@@ -49,16 +50,166 @@ const isolationMarker = "watermill-exactlyonce: the partitioned inbox needs READ
 // refreshEvery bounds how often a Store re-reads the newest partition's end.
 const refreshEvery = 10 * time.Second
 
-// partitionState caches the end of the newest partition, so that a claim
-// at a time with no partition (maintenance fell behind) is recorded in the
-// newest one instead of failing.
+// fallbackLockClass is the first key of the fallback lock, in the two-key
+// advisory lock space (the claims' per-key locks use the one-key space);
+// the second is a hash of the table's name. Every statement that may
+// record a key in the newest partition rather than in the one covering now
+// (a fallback write, see placement) holds it shared from its transaction's
+// first statement to its end; Purge takes it exclusively, once a partition
+// covers now, before it looks for the records a partition past retention
+// must keep (fenceFallbackWrites).
+const fallbackLockClass = 0x656f7066 // "eopf"
+
+// partitionState caches the end of the newest partition, so that claims
+// can tell, without asking the database, whether a partition covers now
+// (the usual case: they record their key at clock_timestamp()) or
+// maintenance fell behind (they record it in the newest partition, see
+// placement).
 type partitionState struct {
 	layout inboxpart.Layout
+	// newestEnd is the SQL expression of the newest attached partition's
+	// end, read from the catalog by the statement that uses it.
+	newestEnd string
 
 	mu      sync.Mutex
 	newest  time.Time // end of the newest partition; zero: unknown
 	checked time.Time
+	pinned  time.Time // tests only: the newest partition's end, instead of newestEnd
 }
+
+// newestEndSQL is the SQL expression of the end of l's newest attached
+// partition (detached or being detached ones excluded), read from the
+// catalog: partition names encode their start (inboxpart), and the largest
+// name is the newest. NULL when the table has none.
+func newestEndSQL(l inboxpart.Layout) string {
+	digits, hour, step := "8", "0", "1 day"
+	if l.Hourly {
+		digits, hour, step = "10", "substr(n.d, 9, 2)::int", "1 hour"
+	}
+	prefix := l.Table + "_p"
+	// relname::text keeps the planner from scanning pg_class's name index
+	// for the prefix in every schema: the look-up starts from pg_inherits.
+	return `(SELECT make_timestamptz(substr(n.d, 1, 4)::int, substr(n.d, 5, 2)::int, substr(n.d, 7, 2)::int, ` + hour + `, 0, 0, 'UTC') + interval '` + step + `'
+FROM (SELECT substr(max(c.relname::text), ` + strconv.Itoa(len(prefix)+1) + `) AS d FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = '` + l.Parent() + `'::regclass AND NOT i.inhdetachpending AND c.relname::text ~ '^` + prefix + `[0-9]{` + digits + `}$') n)`
+}
+
+// placement is where a claim records a new key, decided once per claim
+// before its first statement, so that its lock statement and its insert
+// agree.
+//
+// Usually a partition covers now and the record goes in at
+// clock_timestamp(): retention never removes that partition (it ends after
+// now, so after any cutoff). When maintenance fell behind (no partition
+// covers now, or the newest ends within one interval), the record goes into
+// the newest partition, at least(clock_timestamp(), its end - 1µs): a
+// fallback write. That partition may be past retention and about to be
+// removed, so a fallback write
+//
+//  1. holds the fallback lock shared, taken in its transaction's first
+//     statement, the one that takes the key's lock, before any access to the
+//     table; and
+//  2. reads the newest partition's end from the catalog in its insert, a
+//     later statement, never from this cache, which may predate the
+//     partitions a purge just created.
+//
+// Purge creates the partitions due, then takes the fallback lock
+// exclusively (and lets it go): every fallback write that began before has
+// committed or rolled back by then, and is seen by the purge's look-up of
+// the records to keep; every later one reads a catalog in which the newest
+// partition covers now, and never writes into a partition past retention.
+type placement struct {
+	fallback bool
+}
+
+// lockSQL is what the placement adds to the claim's lock statement, before
+// the key locks: the fallback lock, shared. Empty for a write at now.
+func (s *Store) lockSQL(pl placement) string {
+	if !pl.fallback {
+		return ""
+	}
+	return `pg_advisory_xact_lock_shared(` + strconv.Itoa(fallbackLockClass) + `, hashtext('` + s.table + `'))`
+}
+
+// partitionAtSQL is the SQL expression of a new record's partition_at.
+func (s *Store) partitionAtSQL(pl placement) string {
+	if !pl.fallback {
+		return `clock_timestamp()`
+	}
+	return s.fallbackAt()
+}
+
+// fallbackAt is the partition_at of a fallback write: the clock, or just
+// before the end of the newest partition when the clock has passed it.
+// Only under the fallback lock (or in a purge, after its partitions were
+// created).
+func (s *Store) fallbackAt() string {
+	p := s.part
+	p.mu.Lock()
+	pinned := p.pinned
+	p.mu.Unlock()
+	end := p.newestEnd
+	if !pinned.IsZero() {
+		end = inboxpart.Literal(pinned)
+	}
+	return `least(clock_timestamp(), ` + end + ` - interval '1 microsecond')`
+}
+
+// place decides where a new record of a claim made now goes: a fallback
+// write when no partition is known to cover now and the next interval. It
+// re-reads the partitions through db at most every refreshEvery, and only
+// near or past the newest one's end.
+func (s *Store) place(ctx context.Context, db wsql.ContextExecutor) placement {
+	p := s.part
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.pinned.IsZero() {
+		return placement{fallback: true}
+	}
+	now := time.Now()
+	if (p.newest.IsZero() || now.Add(p.layout.Step()).After(p.newest)) && now.Sub(p.checked) > refreshEvery {
+		p.checked = now
+		if parts, err := p.layout.List(ctx, db); err == nil && len(parts) > 0 {
+			p.newest = parts[len(parts)-1].To
+		}
+	}
+	return placement{fallback: p.newest.IsZero() || !now.Add(p.layout.Step()).Before(p.newest)}
+}
+
+// ErrPartitionsChanged is returned (wrapped) by a claim on the partitioned
+// layout that found no partition for its record (SQLSTATE 23514): the
+// partitions changed since the store last looked (removed by hand, or a
+// clock far from the database's). The store forgot what it knew; the claim
+// succeeds in a new transaction, which records the key wherever the
+// database says. The claims that run in a transaction of the store's own
+// (BeginClaimPgx, ClaimLease, Park) retry by themselves; the middleware
+// retries ClaimTx and ClaimBatchTx.
+var ErrPartitionsChanged = errors.New("no partition of the inbox table takes the record (its partitions changed); claim again in a new transaction")
+
+// noPartition is SQLSTATE check_violation, which an insert into the
+// partitioned inbox raises for a row no partition takes (the status CHECK
+// constraint cannot fail for the library's own statuses).
+const noPartition = "23514"
+
+// partitionsChanged wraps err in ErrPartitionsChanged when no partition
+// took the record, and makes the store's next claims fallback writes,
+// which ask the catalog, until it next re-reads the partitions.
+func (s *Store) partitionsChanged(err error) error {
+	if s.part == nil || pgerr.Code(err) != noPartition {
+		return err
+	}
+	p := s.part
+	p.mu.Lock()
+	p.newest = time.Time{}
+	p.checked = time.Now()
+	p.mu.Unlock()
+	return fmt.Errorf("%w: %w", ErrPartitionsChanged, err)
+}
+
+// claimRetries bounds the attempts of a claim in a transaction of the
+// store's own that met ErrPartitionsChanged; the second one is a fallback
+// write, which the database places.
+const claimRetries = 3
 
 // Partitioned reports whether the store's table uses the partitioned layout.
 func (s *Store) Partitioned() bool { return s.part != nil }
@@ -87,38 +238,36 @@ func lockErr(err error) error {
 	return err
 }
 
-// partitionAt is the SQL expression of a new record's partition_at: the
-// clock, or the end of the newest partition when the clock has passed it
-// (no partition was created ahead for now).
-func (s *Store) partitionAt(ctx context.Context, db wsql.ContextExecutor) string {
-	p := s.part
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	if (p.newest.IsZero() || now.Add(p.layout.Step()).After(p.newest)) && now.Sub(p.checked) > refreshEvery {
-		p.checked = now
-		if parts, err := p.layout.List(ctx, db); err == nil && len(parts) > 0 {
-			p.newest = parts[len(parts)-1].To
-		}
-	}
-	if p.newest.IsZero() || now.Add(p.layout.Step()).Before(p.newest) {
-		return `clock_timestamp()`
-	}
-	return `least(clock_timestamp(), ` + inboxpart.Literal(p.newest.Add(-time.Microsecond)) + `)`
-}
-
-// claimInsertPartitioned locks (consumer, key) unless locked, and returns
+// claimInsertPartitioned locks (consumer, key) with pl unless locked
+// (then pl is the placement the lock statement was made for), and returns
 // the insert of a done record that inserts only when the key has no record.
-func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked bool) (string, error) {
-	if !locked {
-		if _, err := tx.ExecContext(ctx, `SELECT `+checkedLock(s.lockKey("$1::text", "$2::text")), consumer, key); err != nil {
+func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked *placement) (string, error) {
+	var pl placement
+	if locked != nil {
+		pl = *locked
+	} else {
+		pl = s.place(ctx, tx)
+		if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), checkedLock(s.lockKey("$1::text", "$2::text"))), consumer, key); err != nil {
 			return "", lockErr(err)
 		}
 	}
 	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, partition_at)
-SELECT $1, $2, 'done', 1, now(), ` + s.partitionAt(ctx, tx) + `
+SELECT $1, $2, 'done', 1, now(), ` + s.partitionAtSQL(pl) + `
 WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2)
 RETURNING first_seen_at`, nil
+}
+
+// join joins the non-empty SQL select-list items with commas, in order:
+// PostgreSQL evaluates a select list left to right, so the locks in it are
+// taken in that order.
+func join(items ...string) string {
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		if it != "" {
+			out = append(out, it)
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // beginClaimPgxPartitioned is BeginClaimPgx on the partitioned layout, in
@@ -128,7 +277,17 @@ RETURNING first_seen_at`, nil
 // planned anew each time: planning a statement over every partition costs
 // more (about 0.3 ms for 13 partitions) than the second round trip.
 func (s *Store) beginClaimPgxPartitioned(ctx context.Context, conn *pgx.Conn, consumer, key, qc, qk string) (pgx.Tx, ClaimResult, error) {
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN; SELECT ` + checkedLock(s.lockKey(`'`+qc+`'`, `'`+qk+`'`))})
+	for try := 1; ; try++ {
+		tx, claim, err := s.beginClaimPgxPartitionedOnce(ctx, conn, consumer, key, qc, qk)
+		if try == claimRetries || !errors.Is(err, ErrPartitionsChanged) {
+			return tx, claim, err
+		}
+	}
+}
+
+func (s *Store) beginClaimPgxPartitionedOnce(ctx context.Context, conn *pgx.Conn, consumer, key, qc, qk string) (pgx.Tx, ClaimResult, error) {
+	pl := s.place(ctx, wsql.BeginnerFromPgx(conn))
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN; SELECT ` + join(s.lockSQL(pl), checkedLock(s.lockKey(`'`+qc+`'`, `'`+qk+`'`)))})
 	if err != nil {
 		// A failed BEGIN query may leave conn in an aborted transaction.
 		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
@@ -138,7 +297,7 @@ func (s *Store) beginClaimPgxPartitioned(ctx context.Context, conn *pgx.Conn, co
 		}
 		return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, lockErr(err))
 	}
-	claim, err := s.claimTx(ctx, wsql.TxFromPgx(tx), consumer, key, true)
+	claim, err := s.claimTx(ctx, wsql.TxFromPgx(tx), consumer, key, &pl)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, claim, err
@@ -165,15 +324,23 @@ func (s *Store) claimBatchPartitioned(ctx context.Context, tx wsql.ContextExecut
 		values.WriteString("($" + strconv.Itoa(i+2) + "::text)")
 		args = append(args, k)
 	}
+	// A fallback write takes the fallback lock first, in an init plan that
+	// runs before the key locks.
+	pl := s.place(ctx, tx)
+	fence := ""
+	if f := s.lockSQL(pl); f != "" {
+		fence = ` WHERE (SELECT ` + f + `) IS NOT NULL`
+	}
 	if _, err := tx.ExecContext(ctx, `SELECT `+checkedLock("h")+` FROM (SELECT DISTINCT `+s.lockKey("$1::text", "v.k")+
-		` AS h FROM (VALUES `+values.String()+`) v(k) ORDER BY 1) l`, args...); err != nil {
+		` AS h FROM (VALUES `+values.String()+`) v(k) ORDER BY 1) l`+fence, args...); err != nil {
 		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, lockErr(err))
 	}
 	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at, partition_at)
-SELECT $1, v.k, 'done', 1, now(), `+s.partitionAt(ctx, tx)+` FROM (VALUES `+values.String()+`) v(k)
+SELECT $1, v.k, 'done', 1, now(), `+s.partitionAtSQL(pl)+` FROM (VALUES `+values.String()+`) v(k)
 WHERE NOT EXISTS (SELECT 1 FROM `+s.table+` t WHERE t.consumer = $1 AND t.message_key = v.k)
 RETURNING message_key`, args...)
-	return claimedKeys(rows, err, len(sorted), consumer)
+	keys, err := claimedKeys(rows, err, len(sorted), consumer)
+	return keys, s.partitionsChanged(err)
 }
 
 // leaseInsertPartitioned locks (consumer, key), waiting at most
@@ -181,52 +348,63 @@ RETURNING message_key`, args...)
 // processing record for an absent key ($1 consumer, $2 key, $3 lease
 // seconds, $4 token).
 func (s *Store) leaseInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key, lockTimeout string) (string, error) {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+
-		`) FROM (SELECT set_config('lock_timeout', $3, true)) l`, consumer, key, lockTimeout); err != nil {
+	// The fallback lock (if any) is taken before lock_timeout is set: a
+	// purge's fence may make it wait for longer than a moment.
+	pl := s.place(ctx, tx)
+	if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), `set_config('lock_timeout', $3, true)`,
+		`pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`), consumer, key, lockTimeout); err != nil {
 		return "", err
 	}
 	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, idempotency_key_format, partition_at)
-SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + keyFormatLiteral + `, ` + s.partitionAt(ctx, tx) + `
+SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + keyFormatLiteral + `, ` + s.partitionAtSQL(pl) + `
 WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2)
 RETURNING ` + recordColumns, nil
 }
 
 // parkPartitioned is Park on the partitioned layout, in a READ COMMITTED
-// transaction of its own when db can begin one.
+// transaction of its own when db can begin one (then it retries after
+// ErrPartitionsChanged).
 func (s *Store) parkPartitioned(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
 	run := func(tx wsql.ContextExecutor) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`, consumer, key); err != nil {
+		pl := s.place(ctx, tx)
+		if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), `pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`), consumer, key); err != nil {
 			return err
 		}
 		_, err := seam.Exec(ctx, tx, `WITH released AS (
 UPDATE `+s.table+` SET status = 'parked', attempts = attempts + 1, processed_at = now(), last_error = $3
 WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction RETURNING 1)
 INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format, partition_at)
-SELECT $1, $2, 'parked', 1, now(), $3, true, `+keyFormatLiteral+`, `+s.partitionAt(ctx, tx)+`
+SELECT $1, $2, 'parked', 1, now(), $3, true, `+keyFormatLiteral+`, `+s.partitionAtSQL(pl)+`
 WHERE NOT EXISTS (SELECT 1 FROM `+s.table+` WHERE consumer = $1 AND message_key = $2)`, consumer, key, reason)
-		return err
+		return s.partitionsChanged(err)
 	}
 	b, ok := db.(wsql.Beginner)
 	if !ok {
 		return run(db)
 	}
-	tx, err := b.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
-	if err != nil {
-		return err
+	for try := 1; ; try++ {
+		tx, err := b.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+		if err != nil {
+			return err
+		}
+		if err := run(tx); err != nil {
+			_ = tx.Rollback()
+			if try < claimRetries && errors.Is(err, ErrPartitionsChanged) {
+				continue
+			}
+			return err
+		}
+		return tx.Commit()
 	}
-	if err := run(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }
 
 // MaintainPartitions creates the partitions missing among the current
 // interval and the Ahead intervals after it, and finishes the removal of a
 // partition whose DETACH ... CONCURRENTLY was interrupted (it was being
-// dropped by retention: every record it still holds is past retention). It
-// returns the names of the partitions created. db must not be a
-// transaction.
+// dropped by retention, after the records it had to keep were moved out;
+// should it still hold a record that is not done, it is attached again and
+// MaintainPartitions fails). It returns the names of the partitions
+// created. db must not be a transaction.
 func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]string, error) {
 	if s.part == nil {
 		return nil, errors.New("the inbox table is not partitioned (sqlschema.DB.Partitions is nil)")
@@ -239,10 +417,13 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 	for _, p := range parts {
 		if p.DetachPending {
 			if _, err := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` DETACH PARTITION `+l.Quoted(p.Name)+` FINALIZE`); err != nil {
+				if pending, lerr := s.detachPending(ctx, db, p.Name); lerr == nil && !pending {
+					continue // the purge that was detaching it finished it
+				}
 				return nil, fmt.Errorf("finishing the detach of %s: %w", p.Name, err)
 			}
-			if _, err := db.ExecContext(ctx, `DROP TABLE `+l.Quoted(p.Name)); err != nil {
-				return nil, fmt.Errorf("dropping %s: %w", p.Name, err)
+			if _, err := s.dropDetached(ctx, db, p, `status <> 'done'`); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -268,17 +449,29 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 // partition is past retention: not done (processing, failed, parked), or
 // done but finished after the cutoff ($1). It uses the partial index of
 // open records and the BRIN index of finish times.
+//
+// A record finished at processed_at, the start (now()) of the transaction
+// that finished it, which commits later: a record whose transaction was
+// open for longer than OlderThan is past retention when it commits.
 const keepCondition = `(status <> 'done' OR coalesce(processed_at, first_seen_at) >= $1)`
 
 // liveLease selects lease-mode records whose attempt still holds its lease:
-// they are not moved (a completion racing the move would fail), so their
-// partition waits for the next purge.
+// they are not moved, so their partition waits for the next purge. (An
+// attempt whose lease expired may still complete after its record moved:
+// its completion takes the key's lock first, see CompleteTx.)
 const liveLease = `(status = 'processing' AND lease_until > now())`
 
 // purgePartitions is Purge on the partitioned layout: every partition that
 // ended before the cutoff has the records it must keep moved into the
 // current partition (under their keys' locks), then is detached
 // concurrently and dropped.
+//
+// The order is what keeps a record that commits meanwhile: the partitions
+// due are created first (MaintainPartitions: a partition covers now), then
+// the fallback writes are fenced (fenceFallbackWrites: no write in flight
+// or to come targets a partition past retention), and only then does the
+// purge look for the records to keep; after the detach, the detached table
+// is checked once more before it is dropped.
 func (s *Store) purgePartitions(ctx context.Context, db wsql.Beginner, opts PurgeOptions) (int64, error) {
 	l := s.part.layout
 	var cutoff time.Time
@@ -301,24 +494,61 @@ func (s *Store) purgePartitions(ctx context.Context, db wsql.Beginner, opts Purg
 		return 0, fmt.Errorf("purge: %w", err)
 	}
 
+	var due []inboxpart.Partition
+	for _, p := range parts {
+		if !p.To.After(cutoff) && !p.DetachPending {
+			due = append(due, p)
+		}
+	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	if err := s.fenceFallbackWrites(ctx, db); err != nil {
+		return 0, fmt.Errorf("purge: %w", err)
+	}
 	var total int64
 	dropped := 0
-	for _, p := range parts {
-		if !p.To.After(cutoff) && !p.DetachPending && (opts.MaxBatches == 0 || dropped < opts.MaxBatches) {
-			n, done, err := s.dropPartition(ctx, db, p, cutoff, opts.BatchSize)
-			total += n
-			if err != nil {
-				return total, err
-			}
-			if done {
-				dropped++
-				if opts.Progress != nil {
-					opts.Progress(n)
-				}
+	for _, p := range due {
+		if opts.MaxBatches != 0 && dropped >= opts.MaxBatches {
+			break
+		}
+		n, done, err := s.dropPartition(ctx, db, p, cutoff, opts.BatchSize)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if done {
+			dropped++
+			if opts.Progress != nil {
+				opts.Progress(n)
 			}
 		}
 	}
 	return total, nil
+}
+
+// fenceFallbackWrites waits until every fallback write in flight has
+// committed or rolled back, in a transaction that takes the fallback lock
+// exclusively and commits. Called once a partition covers now: fallback
+// writes that begin later read the newest partition's end from the catalog
+// in a statement that starts after the lock was granted to them, so they
+// see the partitions created, and never target a partition past retention
+// (see placement).
+//
+// While it waits, new fallback writes wait for it (PostgreSQL queues them
+// behind the exclusive request); they hold nothing yet, since the fallback
+// lock is the first lock of their transaction. The fence holds nothing
+// else, and ends at once when it is granted.
+func (s *Store) fenceFallbackWrites(ctx context.Context, db wsql.Beginner) error {
+	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, fallbackLockClass, s.table); err != nil {
+		_ = tx.Rollback()
+		return fmt.Errorf("waiting for the claims in flight into past partitions: %w", err)
+	}
+	return tx.Commit()
 }
 
 // dropPartition moves the records p must keep, then detaches and drops p.
@@ -328,14 +558,20 @@ func (s *Store) dropPartition(ctx context.Context, db wsql.Beginner, p inboxpart
 	l := s.part.layout
 	q := l.Quoted(p.Name)
 	inRange := `partition_at >= ` + inboxpart.Literal(p.From) + ` AND partition_at < ` + inboxpart.Literal(p.To)
+	// Batches until one finds nothing to move: a batch may move fewer
+	// records than it found (a record changed while the batch waited for
+	// its key's lock), and only a look-up that finds none shows that none
+	// is left.
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, false, err
 		}
-		var moved int64
+		var found int
 		var live bool
 		locked, err := s.underPurgeLock(ctx, db, func(tx wsql.Tx) error {
-			rows, err := tx.QueryContext(ctx, `SELECT consumer, message_key FROM `+q+` WHERE `+keepCondition+` AND NOT `+liveLease+` LIMIT $2`, cutoff, batch)
+			// Through the parent: a partition another purge detached in the
+			// meantime has nothing left to move.
+			rows, err := tx.QueryContext(ctx, `SELECT consumer, message_key FROM `+s.table+` WHERE `+inRange+` AND `+keepCondition+` AND NOT `+liveLease+` LIMIT $2`, cutoff, batch)
 			if err != nil {
 				return err
 			}
@@ -353,8 +589,9 @@ func (s *Store) dropPartition(ctx context.Context, db wsql.Beginner, p inboxpart
 			if err := seam.Close(rows); err != nil {
 				return err
 			}
-			if len(cs) == 0 {
-				return seam.QueryRow(ctx, tx, `SELECT EXISTS (SELECT 1 FROM `+q+` WHERE `+liveLease+`)`, nil, &live)
+			found = len(cs)
+			if found == 0 {
+				return seam.QueryRow(ctx, tx, `SELECT EXISTS (SELECT 1 FROM `+s.table+` WHERE `+inRange+` AND `+liveLease+`)`, nil, &live)
 			}
 			args := []any{cutoff}
 			for i := range cs {
@@ -371,7 +608,9 @@ func (s *Store) dropPartition(ctx context.Context, db wsql.Beginner, p inboxpart
 				` AS h FROM (VALUES `+strings.Join(lockVals, ", ")+`) v(c, k) ORDER BY 1) l`, args[1:]...); err != nil {
 				return err
 			}
-			moved, err = seam.Exec(ctx, tx, `UPDATE `+s.table+` SET partition_at = `+s.partitionAt(ctx, tx)+`
+			// Into the newest partition, read from the catalog: the
+			// partitions due were created, so it is not past retention.
+			_, err = seam.Exec(ctx, tx, `UPDATE `+s.table+` SET partition_at = `+s.fallbackAt()+`
 WHERE `+inRange+` AND (consumer, message_key) IN (SELECT v.c, v.k FROM (VALUES `+vals+`) v(c, k))
 AND `+keepCondition+` AND NOT `+liveLease, args...)
 			return err
@@ -385,7 +624,7 @@ AND `+keepCondition+` AND NOT `+liveLease, args...)
 		if live {
 			return 0, false, nil
 		}
-		if moved == 0 {
+		if found == 0 {
 			break
 		}
 	}
@@ -399,25 +638,65 @@ AND `+keepCondition+` AND NOT `+liveLease, args...)
 		}
 		return 0, false, fmt.Errorf("purge: detaching %s: %w", p.Name, err)
 	}
-	var n int64
-	var open bool
-	if err := seam.QueryRow(ctx, db, `SELECT count(*), coalesce(bool_or(status <> 'done'), false) FROM `+q, nil, &n, &open); err != nil {
-		return 0, false, fmt.Errorf("purge: counting %s: %w", p.Name, err)
-	}
-	if open {
-		// Never expected (the records to keep were moved, and no claim
-		// writes into a past partition); put it back rather than lose one.
-		_, aerr := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
-			` FOR VALUES FROM (`+inboxpart.Literal(p.From)+`) TO (`+inboxpart.Literal(p.To)+`)`)
-		if aerr != nil {
-			return 0, false, fmt.Errorf("purge: %s still held open records after they were moved, and attaching it again failed: %w", p.Name, aerr)
-		}
-		return 0, false, fmt.Errorf("purge: %s still held open records after they were moved; it was attached again", p.Name)
-	}
-	if _, err := db.ExecContext(ctx, `DROP TABLE `+q); err != nil {
-		return 0, false, fmt.Errorf("purge: dropping %s: %w", p.Name, err)
+	n, err := s.dropDetached(ctx, db, p, keepCondition, cutoff)
+	if err != nil {
+		return 0, false, fmt.Errorf("purge: %w", err)
 	}
 	return n, true, nil
+}
+
+// dropDetached drops p, a partition just detached, and returns the rows it
+// held; unless a record in it matches keep (a condition whose parameters
+// are args), which is never expected (the records to keep were moved out,
+// and no claim writes into a partition past retention once the fallback
+// writes were fenced): then it attaches p again and fails, and the record
+// stays.
+func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.Partition, keep string, args ...any) (int64, error) {
+	l := s.part.layout
+	q := l.Quoted(p.Name)
+	// Each statement runs again after a deadlock: another process's
+	// MaintainPartitions may be finishing the same detach (its DETACH ...
+	// FINALIZE waits for older snapshots, this statement's included), and
+	// gives up once it sees the partition detached.
+	var n, kept int64
+	if err := retryStatement(db, func() error {
+		return seam.QueryRow(ctx, db, `SELECT count(*), count(*) FILTER (WHERE `+keep+`) FROM `+q, args, &n, &kept)
+	}); err != nil {
+		return 0, fmt.Errorf("counting the records of %s: %w", p.Name, err)
+	}
+	if kept > 0 {
+		aerr := retryStatement(db, func() error {
+			_, err := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
+				` FOR VALUES FROM (`+inboxpart.Literal(p.From)+`) TO (`+inboxpart.Literal(p.To)+`)`)
+			return err
+		})
+		if aerr != nil {
+			return 0, fmt.Errorf("%s, detached, still holds %d records to keep, and attaching it again failed (attach it by hand: it must not be dropped): %w", p.Name, kept, aerr)
+		}
+		return 0, fmt.Errorf("%s still held %d records to keep after they were moved; it was attached again", p.Name, kept)
+	}
+	if err := retryStatement(db, func() error {
+		_, err := db.ExecContext(ctx, `DROP TABLE `+q)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("dropping %s: %w", p.Name, err)
+	}
+	return n, nil
+}
+
+// detachPending reports whether name is still a partition of the table
+// whose detach is pending.
+func (s *Store) detachPending(ctx context.Context, db wsql.ContextExecutor, name string) (bool, error) {
+	parts, err := s.part.layout.List(ctx, db)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range parts {
+		if p.Name == name && p.DetachPending {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // attached reports whether name is still an attached partition of the table.

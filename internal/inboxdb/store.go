@@ -67,8 +67,9 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, table: cfg.Tables.Inbox()}
 	if p := cfg.Tables.Partitions; p != nil {
-		s.part = &partitionState{layout: inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
-			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}}
+		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
+			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
+		s.part = &partitionState{layout: l, newestEnd: newestEndSQL(l)}
 	}
 	return s, nil
 }
