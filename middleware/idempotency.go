@@ -53,7 +53,7 @@ const maxIdempotencyKey = 255
 // they moved. A record created by an older version keeps the former key
 // (former), with the ambiguity it always had.
 func idempotencyKey(consumer, key string, former bool) string {
-	if former || !(strings.Contains(consumer, ":") || consumer == "sha256") {
+	if former || (!strings.Contains(consumer, ":") && consumer != "sha256") {
 		k := consumer + ":" + key
 		if len(k) <= maxIdempotencyKey {
 			return k
