@@ -134,8 +134,9 @@ func (r *Relay) Stats() RelayStats {
 // flight finished (each either committed or rolled back). Errors are
 // logged, not returned. A full batch of which something was published is
 // followed at once by the next; a batch of which nothing was published and
-// something failed (the broker looks down) is followed by a wait of
-// ErrorBackoff, doubling to MaxErrorBackoff while it lasts. Rows that failed
+// rows that never failed before failed for reasons not their own (the broker
+// looks down) is followed by a wait of ErrorBackoff, doubling to
+// MaxErrorBackoff while it lasts. Rows that failed
 // wait out their own backoff (see RelayConfig.ErrorBackoff) while the rows
 // behind them are relayed. Run may be called once at a time per Relay.
 func (r *Relay) Run(ctx context.Context) error {
@@ -170,8 +171,13 @@ func (r *Relay) work(ctx context.Context) {
 			// poll slowly until someone does it.
 			r.cfg.Logger.Error("outbox relay: the outbox table is not migrated", err, nil)
 			wait = r.cfg.MaxErrorBackoff
-		case err != nil && res.relayed == 0 && (res.failed > 0 || res.defects == 0):
-			// Nothing went through: the broker (or the database) looks down.
+		case err != nil && res.relayed == 0 && (res.freshFailed > 0 || res.failed+res.defects == 0):
+			// Nothing went through, and rows that never failed before
+			// could not be published (or the database failed): the broker
+			// (or the database) looks down. Rows that failed before
+			// failing again say nothing about the broker (they may be
+			// poison its publisher does not mark): they wait out their
+			// own backoff, and Run goes on.
 			r.cfg.Logger.Error("outbox relay: nothing published, will retry", err, r.failureFields(res, watermill.LogFields{"backoff": backoff.String()}))
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
@@ -274,6 +280,7 @@ type batchResult struct {
 	relayed     int      // rows published and deleted
 	failed      int      // rows whose publish failed, recorded
 	permanent   int      // of those, failures that were the message's own
+	freshFailed int      // of those, rows that never failed before, failing for the broker's reasons
 	defects     int      // rows quarantined at once (unreadable metadata)
 	quarantined int      // rows quarantined, defects included
 	sample      []string // UUIDs of the first failed rows, for the log
@@ -355,6 +362,8 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	for _, f := range p.failed {
 		if f.permanent {
 			res.permanent++
+		} else if !f.retry {
+			res.freshFailed++
 		}
 		if len(res.sample) < logSample {
 			res.sample = append(res.sample, f.uuid)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -257,4 +258,38 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A row that keeps failing for a reason its publisher does not mark (a
+// poison message behind watermill-amqp's publisher, say) is retried alone
+// after its backoff. Its failure says nothing about the broker: Run must
+// not take it for an outage and sleep ErrorBackoff while new rows wait.
+func TestRelayRunRetriedRowFailingIsNoOutage(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.publish(t, "t", message.NewMessage("poison", []byte("{}")))
+		b.publish(t, "u", message.NewMessage("good", []byte("{}"))) // relayed in the first batch
+		br := newStepBroker(func(_ string, m *message.Message) error {
+			if m.UUID == "poison" {
+				return errTransient
+			}
+			return nil
+		})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), NoListen: true, PollInterval: 20 * time.Millisecond,
+			// An outage backoff far longer than the wait below; the row's own
+			// backoff starts at it too, so it is made due by hand.
+			ErrorBackoff: 20 * time.Second, MaxErrorBackoff: 20 * time.Second,
+		})
+		require.NoError(t, err)
+		runRelay(t, relay)
+		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().FailedPublishes >= 1 }, "the poison row failed once")
+		// Retried alone, it fails again: the only row of its batch.
+		b.makeDue(t)
+		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().FailedPublishes >= 2 }, "the poison row failed again")
+		b.publish(t, "t", message.NewMessage("fresh", []byte("{}")))
+		testenv.Eventually(t, 5*time.Second, func() bool { return b.pending(t, b.db) == 1 },
+			"a new row waits behind Run's outage backoff after a retried row failed alone")
+		br.requireEachOnce(t, []string{"u/good", "t/fresh"})
+	})
 }

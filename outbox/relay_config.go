@@ -68,7 +68,8 @@ type RelayConfig struct {
 	PollInterval time.Duration
 
 	// ErrorBackoff is the first wait of Run after a batch of which nothing
-	// was published and something failed (the broker looks down); it
+	// was published and rows that never failed before failed (the broker
+	// looks down); it
 	// doubles with each such batch in a row up to MaxErrorBackoff. It also
 	// paces the retries of a failing row: after its k-th failed publish a
 	// row is skipped for min(ErrorBackoff * 2^(k-1), MaxErrorBackoff),

@@ -18,6 +18,7 @@ type failedRow struct {
 	id        int64
 	uuid      string
 	permanent bool
+	retry     bool // the row had failed before
 	err       error
 }
 
@@ -34,7 +35,7 @@ func (r *Relay) fail(p *published, b batch, i int, err error) {
 	if p.firstErr == nil {
 		p.firstErr = fmt.Errorf("outbox relay: publishing message %q to %q: %w", b.msgs[i].UUID, b.topics[i], err)
 	}
-	p.failed = append(p.failed, failedRow{id: b.ids[i], uuid: b.msgs[i].UUID, permanent: r.cfg.IsPermanent(err), err: err})
+	p.failed = append(p.failed, failedRow{id: b.ids[i], uuid: b.msgs[i].UUID, permanent: r.cfg.IsPermanent(err), retry: b.retry[i], err: err})
 }
 
 // publish hands the batch to the publisher: first the rows retried after a
