@@ -8,6 +8,11 @@
 // invariants (nothing lost, no duplicate effect, lease-mode repeats only
 // where an attempt was interrupted, ...) and prints them as one table.
 //
+// Two tests stress one part in process: TestChaosRelay (two relays under a
+// flapping broker, back-pressure and poison rows) and
+// TestPartitionedChaosPurgesDuringTraffic (the partitioned inbox purged
+// during traffic while partition maintenance is behind).
+//
 // `make test` runs the short form (800 messages, 3 faults of each kind);
 // `make chaos` the full one (5,000 messages, 10 faults of each kind). See
 // TestChaos for the environment variables.

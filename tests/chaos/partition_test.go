@@ -1,4 +1,4 @@
-package tests
+package chaos
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -315,7 +316,9 @@ func chaosMiddleware(t *testing.T, tables sqlschema.DB, db wsql.Beginner, c *cha
 	t.Helper()
 	cfg := exactlyonce.Config{DB: testenv.WithConn(tables, db), Consumer: c.name, NackDelay: -1, OnEvent: c.events.Observe}
 	c.mode(&cfg)
-	eo := newMiddleware(t, cfg)
+	cfg.Logger = watermill.NopLogger{}
+	eo, err := exactlyonce.New(cfg)
+	require.NoError(t, err)
 	return eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		if err := testenv.Exec(ctx, "INSERT INTO "+effects+" (consumer, key) VALUES ($1, $2)", c.name, msg.UUID); err != nil {
