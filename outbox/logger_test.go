@@ -54,7 +54,7 @@ func TestRelayLogsToSlogDefaultWithoutLogger(t *testing.T) {
 		}
 	}
 	require.Contains(t, line, "level=ERROR")
-	require.Contains(t, line, "outbox relay: nothing published, will retry")
+	require.Contains(t, line, "outbox relay: rows failed, each is retried after its own backoff")
 	require.Positive(t, relay.Stats().Failures)
 	require.Equal(t, int64(1), b.pending(t, b.db), "nothing was relayed")
 }

@@ -32,6 +32,8 @@ type Relay struct {
 	failures    atomic.Int64
 	failedPubs  atomic.Int64
 	quarantined atomic.Int64
+	pauses      *topicPauses
+	alternate   atomic.Uint64 // BatchSize 1: retried and fresh rows take turns
 	channel     string        // the table's NOTIFY channel
 	wake        chan struct{} // one pending wake of the workers (see listen)
 	listening   atomic.Bool
@@ -51,22 +53,24 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	table := cfg.DB.Outbox()
 	batchPub, _ := cfg.Publisher.(BatchPublisher)
 	const columns = `id, topic, uuid, payload, metadata::text, failures > 0`
-	retryDue := `failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())`
+	retryDue := `failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now()) AND topic <> ALL($3::text[])`
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),
+		pauses:   newTopicPauses(cfg.ErrorBackoff, cfg.MaxErrorBackoff),
 		wake:     make(chan struct{}, 1),
 		tracer:   tracing.Tracer(cfg.TracerProvider),
 		// A batch ($1 rows) is the oldest rows that never failed, and the
 		// oldest failed rows whose backoff is over, these at most half the
 		// batch ($2) when there are enough of the others: failing rows never
 		// crowd out the rows behind them, and have the whole batch when
-		// nothing else waits. (A quarantined row has failures > 0.)
+		// nothing else waits. (A quarantined row has failures > 0.) The
+		// topics paused ($3, see topicPauses) wait.
 		selectSQL: `WITH due AS (
   SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` LIMIT $2) d
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0
+  SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0 AND topic <> ALL($3::text[])
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
   SELECT ` + columns + ` FROM ` + table + ` WHERE ` + retryDue + `
@@ -171,14 +175,10 @@ func (r *Relay) work(ctx context.Context) {
 			// poll slowly until someone does it.
 			r.cfg.Logger.Error("outbox relay: the outbox table is not migrated", err, nil)
 			wait = r.cfg.MaxErrorBackoff
-		case err != nil && res.relayed == 0 && (res.freshFailed > 0 || res.failed+res.defects == 0):
-			// Nothing went through, and rows that never failed before
-			// could not be published (or the database failed): the broker
-			// (or the database) looks down. Rows that failed before
-			// failing again say nothing about the broker (they may be
-			// poison its publisher does not mark): they wait out their
-			// own backoff, and Run goes on.
-			r.cfg.Logger.Error("outbox relay: nothing published, will retry", err, r.failureFields(res, watermill.LogFields{"backoff": backoff.String()}))
+		case err != nil && res.locked == 0:
+			// The database failed (publish failures are paced per row
+			// and per topic: see topicPauses).
+			r.cfg.Logger.Error("outbox relay: batch failed, will retry", err, watermill.LogFields{"backoff": backoff.String()})
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
 		default:
@@ -280,7 +280,7 @@ type batchResult struct {
 	relayed     int      // rows published and deleted
 	failed      int      // rows whose publish failed, recorded
 	permanent   int      // of those, failures that were the message's own
-	freshFailed int      // of those, rows that never failed before, failing for the broker's reasons
+	paused      []string // topics paused after this batch (see topicPauses)
 	defects     int      // rows quarantined at once (unreadable metadata)
 	quarantined int      // rows quarantined, defects included
 	sample      []string // UUIDs of the first failed rows, for the log
@@ -292,6 +292,7 @@ func (r *Relay) failureFields(res batchResult, fields watermill.LogFields) water
 	return fields.Add(watermill.LogFields{
 		"relayed": res.relayed, "failed": res.failed, "permanent": res.permanent,
 		"quarantined": res.quarantined, "failed_uuids": strings.Join(res.sample, ","),
+		"paused_topics": strings.Join(res.paused, ","),
 	})
 }
 
@@ -359,11 +360,23 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 			})
 	}
 	res.relayed, res.failed, res.defects, res.quarantined = len(p.done), len(p.failed), len(b.defects), len(quarantined)
+	published, freshFailed := map[string]bool{}, map[string]bool{}
+	topicOf := make(map[int64]string, len(b.ids))
+	for i, id := range b.ids {
+		topicOf[id] = b.topics[i]
+	}
+	for _, id := range p.done {
+		published[topicOf[id]] = true
+	}
+	for _, f := range p.failed {
+		if !f.permanent && !f.retry {
+			freshFailed[f.topic] = true
+		}
+	}
+	res.paused = r.pauses.record(time.Now(), published, freshFailed)
 	for _, f := range p.failed {
 		if f.permanent {
 			res.permanent++
-		} else if !f.retry {
-			res.freshFailed++
 		}
 		if len(res.sample) < logSample {
 			res.sample = append(res.sample, f.uuid)

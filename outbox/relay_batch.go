@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -38,7 +39,14 @@ type defect struct {
 }
 
 func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
-	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, (r.cfg.BatchSize+1)/2)
+	// Rows that failed before take at most half a batch when enough others
+	// wait; with BatchSize 1, every other batch.
+	half := r.cfg.BatchSize / 2
+	if r.cfg.BatchSize == 1 {
+		half = int(r.alternate.Add(1) % 2)
+	}
+	paused := r.pauses.active(time.Now())
+	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, half, paused)
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}

@@ -97,6 +97,13 @@ func (c *confirmBroker) script(steps ...func(ctx context.Context, i int) error) 
 	c.steps = append(c.steps, steps...)
 }
 
+// unscript drops the steps no call used.
+func (c *confirmBroker) unscript() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.steps = nil
+}
+
 // upTo confirms the first k messages of a call and fails the others, as an
 // outage beginning after k messages does.
 func upTo(k int) func(context.Context, int) error {
@@ -314,7 +321,10 @@ func TestRelayBatchPublisherOutageMidBatchQuarantinesNothing(t *testing.T) {
 					require.ErrorIs(t, err, errBrokerDown)
 				}
 			}
-			require.Equal(t, calls+3, br.callCount(), "cycle %d: each step of the script was a call", c)
+			// A topic that failed is paused (topicPauses): the outage's
+			// later polls may make no call; their steps are dropped.
+			require.GreaterOrEqual(t, br.callCount(), calls+1, "cycle %d", c)
+			br.unscript()
 			require.Zero(t, b.permanentFailures(t), "cycle %d: a failure counted against a healthy row", c)
 			require.Empty(t, b.quarantined(t), "cycle %d", c)
 		}
@@ -330,9 +340,8 @@ func TestRelayBatchPublisherOutageMidBatchQuarantinesNothing(t *testing.T) {
 }
 
 // Nothing confirmed: the broker looks down. No row is deleted or counted
-// against, each has its failure recorded and waits out its backoff, and
-// the batch counts as a failed one (Run's outage backoff). The broker back,
-// every row goes out.
+// against, each has its failure recorded and waits out its backoff, and its
+// topics are paused. The broker back, every row goes out.
 func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
@@ -343,7 +352,7 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 1,
 			// Long enough that the next call comes before the backoff
 			// ends even on a loaded machine.
-			ErrorBackoff: time.Second, MaxErrorBackoff: time.Second,
+			ErrorBackoff: 600 * time.Millisecond, MaxErrorBackoff: 600 * time.Millisecond,
 		})
 		require.NoError(t, err)
 		n, err := relay.RelayOnce(b.ctx)
@@ -364,7 +373,14 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 		require.Zero(t, n)
 		require.Equal(t, 1, br.callCount())
 
+		// The rows due, the topics are still paused.
 		b.makeDue(t)
+		n, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, 1, br.callCount())
+
+		time.Sleep(650 * time.Millisecond) // the pauses end
 		n, err = relay.RelayOnce(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 10, n)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,6 +152,7 @@ func TestRelayFlappingRetriedAtOutageOnsetQuarantinesNothing(t *testing.T) {
 					br := newStepBroker(up)
 					relay, err := outbox.NewRelay(outbox.RelayConfig{
 						DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), BatchSize: batchSize,
+						ErrorBackoff: time.Millisecond, MaxErrorBackoff: time.Millisecond, // X's topic pause
 					})
 					require.NoError(t, err)
 					x := fmt.Sprintf("x-%d", batchSize)
@@ -160,6 +162,7 @@ func TestRelayFlappingRetriedAtOutageOnsetQuarantinesNothing(t *testing.T) {
 						// The outage begins as X is retried: its only row.
 						br.setScript(down)
 						b.makeDue(t)
+						time.Sleep(2 * time.Millisecond) // its topic's pause ended
 						_, err := relay.RelayOnce(b.ctx)
 						require.ErrorIs(t, err, errTransient, "cycle %d", cycle)
 						require.Empty(t, b.quarantined(t), "cycle %d: X is quarantined for the broker's outages", cycle)
@@ -226,6 +229,7 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 				pub := wrap(br)
 				relayA, err := outbox.NewRelay(outbox.RelayConfig{
 					DB: b.schema(), Publisher: pub, Logger: testenv.Logger(t), BatchSize: 2, MaxAttempts: 1,
+					ErrorBackoff: time.Millisecond, MaxErrorBackoff: time.Millisecond, // X's topic pause
 				})
 				require.NoError(t, err)
 				relayB, err := outbox.NewRelay(outbox.RelayConfig{
@@ -246,6 +250,7 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 				require.NoError(t, <-bDone)
 
 				b.makeDue(t)
+				time.Sleep(2 * time.Millisecond) // X's topic pause ended
 				_, err = relayA.RelayOnce(b.ctx) // still in the outage
 				require.ErrorIs(t, err, errTransient)
 				require.Empty(t, b.quarantined(t), "X is quarantined for an outage")
@@ -260,15 +265,14 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 	}
 }
 
-// A row that keeps failing for a reason its publisher does not mark (a
-// poison message behind watermill-amqp's publisher, say) is retried alone
-// after its backoff. Its failure says nothing about the broker: Run must
-// not take it for an outage and sleep ErrorBackoff while new rows wait.
-func TestRelayRunRetriedRowFailingIsNoOutage(t *testing.T) {
+// A destination that is not taking messages (here a row its publisher
+// fails without marking it the message's own) delays no other topic: its
+// topic is paused (and the row waits out its backoff), while Run goes on
+// relaying the others at once, however long ErrorBackoff is.
+func TestRelayRunFailingTopicDelaysNoOtherTopic(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		b.publish(t, "t", message.NewMessage("poison", []byte("{}")))
-		b.publish(t, "u", message.NewMessage("good", []byte("{}"))) // relayed in the first batch
 		br := newStepBroker(func(_ string, m *message.Message) error {
 			if m.UUID == "poison" {
 				return errTransient
@@ -277,19 +281,78 @@ func TestRelayRunRetriedRowFailingIsNoOutage(t *testing.T) {
 		})
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), NoListen: true, PollInterval: 20 * time.Millisecond,
-			// An outage backoff far longer than the wait below; the row's own
-			// backoff starts at it too, so it is made due by hand.
 			ErrorBackoff: 20 * time.Second, MaxErrorBackoff: 20 * time.Second,
 		})
 		require.NoError(t, err)
 		runRelay(t, relay)
-		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().FailedPublishes >= 1 }, "the poison row failed once")
-		// Retried alone, it fails again: the only row of its batch.
-		b.makeDue(t)
-		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().FailedPublishes >= 2 }, "the poison row failed again")
-		b.publish(t, "t", message.NewMessage("fresh", []byte("{}")))
+		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().FailedPublishes >= 1 }, "the poison row failed")
+		b.publish(t, "u", message.NewMessage("fresh", []byte("{}")))
 		testenv.Eventually(t, 5*time.Second, func() bool { return b.pending(t, b.db) == 1 },
-			"a new row waits behind Run's outage backoff after a retried row failed alone")
-		br.requireEachOnce(t, []string{"u/good", "t/fresh"})
+			"a row of another topic waits behind a failing one")
+		br.requireEachOnce(t, []string{"u/fresh"})
+	})
+}
+
+// A long run of rows of one destination the broker is not taking (a full
+// or missing queue: failures that are not the messages' own) heads the
+// outbox. The rows of other topics behind it flow at once: the failing
+// topic is paused, not the relay.
+func TestRelayFailingTopicRunHoldsNoOtherTopic(t *testing.T) {
+	t.Parallel()
+	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			eachDriver(t, func(t *testing.T, b bundle) {
+				b.goodRows(t, "full", "bad", 0, 1000)
+				want := b.goodRows(t, "ok", "good", 0, 5)
+				br := newStepBroker(func(topic string, _ *message.Message) error {
+					if topic == "full" {
+						return errTransient
+					}
+					return nil
+				})
+				relay, err := outbox.NewRelay(outbox.RelayConfig{
+					DB: b.schema(), Publisher: wrap(br), Logger: testenv.Logger(t), NoListen: true,
+					PollInterval: 10 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, MaxErrorBackoff: 400 * time.Millisecond,
+				})
+				require.NoError(t, err)
+				runRelay(t, relay)
+				testenv.Eventually(t, 5*time.Second, func() bool { return b.pending(t, b.db) == 1000 },
+					"the rows of a healthy topic wait behind 1,000 rows of a failing one")
+				br.requireEachOnce(t, want)
+				require.Empty(t, b.quarantined(t))
+			})
+		})
+	}
+}
+
+// BatchSize 1: rows that keep failing (each failure taking a moment, as a
+// publish timeout does) and come due again and again do not starve a
+// healthy row: retried and fresh rows take turns.
+func TestRelayBatchSizeOneFailingRowsStarveNothing(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		for i := range 12 {
+			// Each its own topic: no pause holds them back as a group.
+			b.publish(t, fmt.Sprintf("slow-%d", i), message.NewMessage(fmt.Sprintf("bad-%d", i), []byte("{}")))
+		}
+		br := newStepBroker(func(topic string, _ *message.Message) error {
+			if strings.HasPrefix(topic, "slow-") {
+				time.Sleep(50 * time.Millisecond)
+				return errTransient
+			}
+			return nil
+		})
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 1, NoListen: true,
+			PollInterval: 10 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, MaxErrorBackoff: 400 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		runRelay(t, relay)
+		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().FailedPublishes >= 24 }, "the failing rows failed twice each")
+		b.publish(t, "ok", message.NewMessage("good", []byte("{}")))
+		testenv.Eventually(t, 5*time.Second, func() bool { return b.pending(t, b.db) == 12 },
+			"a healthy row starves behind rows that keep failing")
+		br.requireEachOnce(t, []string{"ok/good"})
 	})
 }

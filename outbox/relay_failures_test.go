@@ -170,6 +170,22 @@ func requireEachOnce(t *testing.T, br *scriptedBroker, want []string) {
 	require.Empty(t, got, "the broker accepted messages that are not healthy rows")
 }
 
+// requireEachAtLeastOnce requires that the broker accepted every key in
+// want, and nothing else.
+func requireEachAtLeastOnce(t *testing.T, br *scriptedBroker, want []string) {
+	t.Helper()
+	got := br.acceptedCopy()
+	var missing []string
+	for _, k := range want {
+		if got[k] == 0 {
+			missing = append(missing, k)
+		}
+		delete(got, k)
+	}
+	require.Empty(t, missing, "%d of %d healthy rows were never relayed", len(missing), len(want))
+	require.Empty(t, got, "the broker accepted messages that are not healthy rows")
+}
+
 // A poison row at the head and BatchSize 1: the rows behind it are relayed
 // while it waits out its backoff, and its permanent failures quarantine it.
 func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
@@ -310,7 +326,10 @@ func relayOutageOnsetsQuarantineNoHealthyRow(wrap publisherAs) func(t *testing.T
 			br.setBudget(accepted)
 			n, err := relay.RelayOnce(b.ctx)
 			require.ErrorIs(t, err, errBrokerDown, "cycle %d: the outage begins mid-batch", c)
-			require.Equal(t, accepted, n, "cycle %d", c)
+			// A call of several rows of one topic that the outage cut
+			// leaves rows the broker took counted as failed: at-least-once.
+			require.LessOrEqual(t, n, accepted, "cycle %d", c)
+			require.Positive(t, n, "cycle %d", c)
 			for range 2 { // the outage goes on
 				n, err := relay.RelayOnce(b.ctx)
 				require.Zero(t, n)
@@ -330,7 +349,7 @@ func relayOutageOnsetsQuarantineNoHealthyRow(wrap publisherAs) func(t *testing.T
 			_, err := relay.RelayOnce(b.ctx)
 			require.NoError(t, err)
 		}
-		requireEachOnce(t, br, rows)
+		requireEachAtLeastOnce(t, br, rows)
 		require.Zero(t, b.pending(t, b.db))
 		require.Zero(t, relay.Stats().Quarantined)
 	}

@@ -16,6 +16,7 @@ import (
 // the failure is the message's own (RelayConfig.IsPermanent).
 type failedRow struct {
 	id        int64
+	topic     string
 	uuid      string
 	permanent bool
 	retry     bool // the row had failed before
@@ -35,7 +36,7 @@ func (r *Relay) fail(p *published, b batch, i int, err error) {
 	if p.firstErr == nil {
 		p.firstErr = fmt.Errorf("outbox relay: publishing message %q to %q: %w", b.msgs[i].UUID, b.topics[i], err)
 	}
-	p.failed = append(p.failed, failedRow{id: b.ids[i], uuid: b.msgs[i].UUID, permanent: r.cfg.IsPermanent(err), retry: b.retry[i], err: err})
+	p.failed = append(p.failed, failedRow{id: b.ids[i], topic: b.topics[i], uuid: b.msgs[i].UUID, permanent: r.cfg.IsPermanent(err), retry: b.retry[i], err: err})
 }
 
 // publish hands the batch to the publisher: first the rows retried after a
@@ -47,12 +48,12 @@ func (r *Relay) fail(p *published, b batch, i int, err error) {
 // for the same reason: whatever the publisher says of its error, a row that
 // keeps failing never takes others down with it.
 //
-// Two messages in a row, each published alone, that fail for reasons that
-// are not their own, before anything of the batch was accepted, look like
-// an outage: it stops there, and the rows not tried are left untouched
-// (they are tried by the next batch; Run waits first). A retried row failing says nothing about
-// the broker (it may be a poison row its publisher does not mark), so it
-// never stops the batch. A failure seen once ctx ended may be caused by the
+// Within a topic, two messages in a row, each published alone, that fail
+// for reasons that are not their own, before anything of that topic was
+// accepted in the batch, say its destination is not taking messages (a full
+// or missing queue, the broker down): the topic's remaining rows in the
+// batch are left untouched, and the other topics go on (see topicPauses
+// for the batches after). A failure seen once ctx ended may be caused by the
 // cancellation and is not recorded. With a BatchPublisher, the reordered
 // batch goes to publishBatch instead.
 func (r *Relay) publish(ctx context.Context, b batch) (p published) {
@@ -68,16 +69,28 @@ func (r *Relay) publish(ctx context.Context, b batch) (p published) {
 	if r.batchPub != nil {
 		return r.publishBatch(ctx, b)
 	}
-	accepted := false // a call of this batch succeeded
-	dead := 0         // failed calls of one message in a row (see outage)
-	// outage counts a failed call of one row that never failed; true when
-	// it is the second in a row before anything was accepted.
-	outage := func(err error, retry bool) bool {
-		if retry || accepted || r.cfg.IsPermanent(err) {
-			return false
+	// Per topic in this batch: whether a call succeeded, and the failed
+	// calls of one message in a row since, for reasons not the message's
+	// own; at two, the topic's destination looks unavailable (a full or
+	// missing queue, or the broker down): its remaining rows are left as
+	// they were, and the other topics go on.
+	type topicState struct {
+		accepted bool
+		dead     int
+	}
+	topics := map[string]*topicState{}
+	state := func(topic string) *topicState {
+		st := topics[topic]
+		if st == nil {
+			st = &topicState{}
+			topics[topic] = st
 		}
-		dead++
-		return dead == 2
+		return st
+	}
+	failedAlone := func(topic string, err error) {
+		if st := state(topic); !st.accepted && !r.cfg.IsPermanent(err) {
+			st.dead++
+		}
 	}
 	for start := 0; start < len(b.msgs); {
 		if err := ctx.Err(); err != nil {
@@ -91,28 +104,32 @@ func (r *Relay) publish(ctx context.Context, b batch) (p published) {
 			})
 		}
 		topic := b.topics[start]
+		if st := state(topic); !st.accepted && st.dead >= 2 {
+			start = end // its destination looks unavailable
+			continue
+		}
 		err := r.cfg.Publisher.Publish(topic, b.msgs[start:end]...)
 		switch {
 		case err == nil:
 			p.done = append(p.done, b.ids[start:end]...)
-			accepted, dead = true, 0
+			state(topic).accepted = true
 		case ctx.Err() != nil:
 			p.cancelled = ctx.Err()
 			return p
 		case end-start == 1:
 			r.fail(&p, b, start, err)
-			if outage(err, b.retry[start]) {
-				return p // nothing gets through: an outage, most likely
-			}
+			failedAlone(topic, err)
 		default:
 			// Which message failed? Each on its own (the call's failure
-			// does not count towards an outage: one message may have
-			// caused it).
+			// does not count: one message may have caused it).
 			for j := start; j < end; j++ {
+				if st := state(topic); !st.accepted && st.dead >= 2 {
+					break
+				}
 				e := r.cfg.Publisher.Publish(topic, b.msgs[j])
 				if e == nil {
 					p.done = append(p.done, b.ids[j])
-					accepted, dead = true, 0
+					state(topic).accepted = true
 					continue
 				}
 				if ctx.Err() != nil {
@@ -120,9 +137,7 @@ func (r *Relay) publish(ctx context.Context, b batch) (p published) {
 					return p
 				}
 				r.fail(&p, b, j, e)
-				if outage(e, false) {
-					return p
-				}
+				failedAlone(topic, e)
 			}
 		}
 		start = end
