@@ -5,9 +5,14 @@ package rabbitmq_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -273,4 +278,163 @@ func TestPublisherConfirmsOnlyWhatReachedTheQueueAcrossCuts(t *testing.T) {
 	t.Logf("%d cuts, %d messages confirmed, %d in the queue, %d lost", rounds, len(confirmed), len(got), len(lost))
 	require.Positive(t, len(confirmed))
 	require.Empty(t, lost, "messages reported confirmed that are in no queue (lost)")
+}
+
+// frameProxy forwards AMQP between a client and RabbitMQ, frame by frame on
+// the way back, so that a test can drop the broker's confirms (basic.ack:
+// a broker that keeps the connection alive and confirms nothing, as a
+// quorum queue without a majority) or tell the client the connection is
+// blocked (connection.blocked: a memory or disk alarm).
+type frameProxy struct {
+	ln       net.Listener
+	dropAcks atomic.Bool
+	mu       sync.Mutex
+	clients  []net.Conn
+	wg       sync.WaitGroup
+}
+
+func newFrameProxy(t *testing.T, amqpURL string) (*frameProxy, string) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &frameProxy{ln: ln}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", u.Host)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.clients = append(p.clients, c)
+			p.mu.Unlock()
+			p.wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close() })
+			p.wg.Go(func() {
+				defer func() { _ = c.Close() }()
+				for {
+					hdr := make([]byte, 7)
+					if _, err := io.ReadFull(s, hdr); err != nil {
+						return
+					}
+					rest := make([]byte, binary.BigEndian.Uint32(hdr[3:7])+1)
+					if _, err := io.ReadFull(s, rest); err != nil {
+						return
+					}
+					if hdr[0] == 1 && len(rest) >= 5 && binary.BigEndian.Uint16(rest[0:2]) == 60 &&
+						binary.BigEndian.Uint16(rest[2:4]) == 80 && p.dropAcks.Load() {
+						continue // basic.ack
+					}
+					p.mu.Lock()
+					_, err := c.Write(append(hdr, rest...))
+					p.mu.Unlock()
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, c := range p.clients {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p, "amqp://" + u.User.String() + "@" + ln.Addr().String() + u.Path
+}
+
+// block tells every client connection it is blocked (connection.blocked).
+func (p *frameProxy) block() {
+	reason := "low on memory (test)"
+	payload := append([]byte{0, 10, 0, 60, byte(len(reason))}, reason...)
+	frame := append([]byte{1, 0, 0, 0, 0, 0, byte(len(payload))}, payload...)
+	frame = append(frame, 0xCE)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.clients {
+		_, _ = c.Write(frame)
+	}
+}
+
+// A broker that keeps the connection alive but confirms nothing: the call
+// returns after ConfirmTimeout, its messages failed with an unknown outcome
+// (not permanent), instead of holding the relay's batch for ever.
+func TestPublisherConfirmTimeout(t *testing.T) {
+	amqpURL := amqpURL(t)
+	q := uniqueQueue(t, amqpURL, "noack")
+	require.NoError(t, rabbitmq.DeclareQueues(testContext(t), amqpURL, q))
+	proxy, viaProxy := newFrameProxy(t, amqpURL)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: viaProxy, NoQueueDeclare: true, ConfirmTimeout: 300 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 2), messages("before", 2)))
+
+	proxy.dropAcks.Store(true)
+	start := time.Now()
+	errs := pub.PublishBatch(ctx, repeat(q, 5), messages("noack", 5))
+	took := time.Since(start)
+	require.NoError(t, ctx.Err(), "the call returned only when its context ended")
+	for i, err := range errs {
+		require.ErrorContains(t, err, "no confirm", "message %d", i)
+		require.False(t, outbox.IsPermanent(err), "an outcome unknown is not the message's own failure")
+	}
+	t.Logf("returned after %v", took)
+
+	proxy.dropAcks.Store(false)
+	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 2), messages("after", 2)))
+}
+
+// A broker that blocks the connection (a resource alarm) stops taking
+// messages: the call fails the messages it has not published at once, not
+// permanently, instead of blocking on a write.
+func TestPublisherBlockedConnection(t *testing.T) {
+	amqpURL := amqpURL(t)
+	q := uniqueQueue(t, amqpURL, "blocked")
+	require.NoError(t, rabbitmq.DeclareQueues(testContext(t), amqpURL, q))
+	proxy, viaProxy := newFrameProxy(t, amqpURL)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: viaProxy, NoQueueDeclare: true})
+	ctx := testContext(t)
+	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 2), messages("before", 2)))
+
+	proxy.block()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		errs := pub.PublishBatch(ctx, repeat(q, 3), messages(fmt.Sprintf("blocked-%d", time.Now().UnixNano()), 3))
+		if errs[0] != nil {
+			for i, err := range errs {
+				require.ErrorContains(t, err, "blocked the connection", "message %d", i)
+				require.False(t, outbox.IsPermanent(err))
+			}
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the blocked notice never took effect")
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A message whose headers would not fit in one frame fails alone, as the
+// message's own (RabbitMQ would close the whole connection on it, failing
+// every call on it again at each retry); the others are confirmed.
+func TestPublisherHeadersOverFrameSizeFailAlone(t *testing.T) {
+	amqpURL := amqpURL(t)
+	q := uniqueQueue(t, amqpURL, "frame")
+	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL})
+	msgs := messages("f", 3)
+	msgs[1].Metadata.Set("big", strings.Repeat("h", 200_000))
+	errs := pub.PublishBatch(testContext(t), repeat(q, 3), msgs)
+	require.NoError(t, errs[0])
+	require.ErrorContains(t, errs[1], "frame size")
+	require.True(t, outbox.IsPermanent(errs[1]))
+	require.NoError(t, errs[2])
+	got := queueUUIDs(t, amqpURL, q)
+	require.Equal(t, map[string]int{msgs[0].UUID: 1, msgs[2].UUID: 1}, got)
 }

@@ -20,6 +20,9 @@ import (
 // defaultWindow is PublisherConfig.Window's default.
 const defaultWindow = 256
 
+// defaultConfirmTimeout is PublisherConfig.ConfirmTimeout's default.
+const defaultConfirmTimeout = 30 * time.Second
+
 // closeTimeout bounds Publisher.Close's goodbye to the broker.
 const closeTimeout = 5 * time.Second
 
@@ -43,6 +46,13 @@ type PublisherConfig struct {
 	Marshaler interface {
 		Marshal(msg *message.Message) (amqp091.Publishing, error)
 	}
+
+	// ConfirmTimeout bounds the wait for a message's confirm, from its
+	// publish: a broker that keeps the connection alive but confirms
+	// nothing (a quorum queue without a majority, say) fails the messages
+	// still unconfirmed then ("no confirm", their outcome unknown: not
+	// permanent), and their channel is closed. Defaults to 30s.
+	ConfirmTimeout time.Duration
 
 	// NoQueueDeclare turns off the declaration of each topic's queue. By
 	// default the first message to a topic on a connection declares the
@@ -100,6 +110,7 @@ type Publisher struct {
 	mu       sync.Mutex
 	closed   bool
 	conn     *amqp091.Connection
+	blocked  *atomic.Bool      // conn is blocked by a resource alarm (connection.blocked)
 	declared map[string]bool   // topics whose queue was declared on conn
 	idle     []*confirmChannel // channels of conn no call uses
 	bg       sync.WaitGroup    // each channel's drain, and channels closing
@@ -121,6 +132,12 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	if cfg.Window == 0 {
 		cfg.Window = defaultWindow
+	}
+	if cfg.ConfirmTimeout < 0 {
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.ConfirmTimeout is %s, it must be > 0 (0: the default, %s)", cfg.ConfirmTimeout, defaultConfirmTimeout)
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = defaultConfirmTimeout
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = Marshaler{}
@@ -190,7 +207,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*m
 		default:
 			pub, err := p.cfg.Marshaler.Marshal(m)
 			if err != nil {
-				b.set(i, permanent(fmt.Errorf("rabbitmq: marshaling message %q: %w", m.UUID, err)))
+				// Permanent only when the marshaler says so (Permanent()
+				// bool): a marshaler may fail for a while (a schema
+				// registry, a key service down).
+				b.set(i, fmt.Errorf("rabbitmq: marshaling message %q: %w", m.UUID, err))
 				continue
 			}
 			if err := checkShortstrs(topics[i], pub); err != nil {
@@ -290,6 +310,15 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 		case r.ctxErr != nil:
 			p.discard(c) // confirms outstanding
 			return r.ctxErr
+		case r.timeout != nil:
+			p.discard(c) // confirms outstanding, maybe for ever
+			for _, i := range r.lost {
+				b.set(i, r.timeout)
+			}
+			return r.timeout
+		case r.blocked && len(r.lost) == 0 && !c.ch.IsClosed():
+			p.release(c)
+			return errors.New("rabbitmq: not published: the broker blocked the connection (a memory or disk alarm); it takes messages again once the alarm clears")
 		case len(r.lost) == 0 && len(r.unsent) == 0:
 			p.release(c) // every message has its outcome
 			return nil
@@ -401,7 +430,16 @@ func (p *Publisher) connect(ctx context.Context) (*amqp091.Connection, error) {
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return nil, errPublisherClosed
 	}
-	p.conn, p.declared, p.idle = conn, map[string]bool{}, nil
+	blocked := new(atomic.Bool)
+	notes := conn.NotifyBlocked(make(chan amqp091.Blocking, 1))
+	p.bg.Add(1)
+	go func() { // until the connection closes (amqp091 closes notes then)
+		defer p.bg.Done()
+		for n := range notes {
+			blocked.Store(n.Active)
+		}
+	}()
+	p.conn, p.blocked, p.declared, p.idle = conn, blocked, map[string]bool{}, nil
 	p.mu.Unlock()
 	return conn, nil
 }
@@ -416,13 +454,21 @@ func (p *Publisher) open(conn *amqp091.Connection) (*confirmChannel, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("rabbitmq: putting a channel in confirm mode: %w", err)
 	}
+	p.mu.Lock()
+	blocked := p.blocked
+	if conn != p.conn || blocked == nil {
+		blocked = new(atomic.Bool)
+	}
+	p.mu.Unlock()
 	c := &confirmChannel{
-		conn:    conn,
-		ch:      ch,
-		closes:  ch.NotifyClose(make(chan *amqp091.Error, 1)),
-		returns: make(chan amqp091.Return), // unbuffered: see drain
-		barrier: make(chan chan struct{}),
-		drained: make(chan struct{}),
+		conn:           conn,
+		blocked:        blocked,
+		confirmTimeout: p.cfg.ConfirmTimeout,
+		ch:             ch,
+		closes:         ch.NotifyClose(make(chan *amqp091.Error, 1)),
+		returns:        make(chan amqp091.Return), // unbuffered: see drain
+		barrier:        make(chan chan struct{}),
+		drained:        make(chan struct{}),
 	}
 	ch.NotifyReturn(c.returns)
 	p.mu.Lock()
@@ -531,19 +577,24 @@ func (p *Publisher) forget(conn *amqp091.Connection, topic string) {
 // confirmChannel is a channel in confirm mode that one call at a time
 // publishes on.
 type confirmChannel struct {
-	conn    *amqp091.Connection
-	ch      *amqp091.Channel
-	closes  chan *amqp091.Error
-	reason  error // why the channel closed, once read from closes
-	returns chan amqp091.Return
-	barrier chan chan struct{}
-	drained chan struct{} // closed when drain returned
+	conn           *amqp091.Connection
+	blocked        *atomic.Bool // the connection's
+	confirmTimeout time.Duration
+	ch             *amqp091.Channel
+	closes         chan *amqp091.Error
+	reason         error // why the channel closed, once read from closes
+	returns        chan amqp091.Return
+	barrier        chan chan struct{}
+	drained        chan struct{} // closed when drain returned
 
 	mu  sync.Mutex
 	got []amqp091.Return // returned messages not yet taken
 }
 
 // drain receives the channel's returned messages until the channel closes.
+// It is always ready to receive: amqp091-go drops a return its listener has
+// not taken within 5 s, and a dropped return would leave its message looking
+// confirmed.
 // The broker sends a message's basic.return before its basic.ack, and
 // amqp091-go hands both over in that order from one goroutine; returns is
 // unbuffered, so a return has been received here before the confirm of its
@@ -582,7 +633,10 @@ func (c *confirmChannel) takeReturns() []amqp091.Return {
 	return got
 }
 
-// closeReason says why the closed channel closed.
+// closeReason says why the closed channel closed. amqp091-go marks a
+// channel closed before it hands over the reason, so it waits a moment for
+// the reason (or for the notification channel to close, when there is
+// none).
 func (c *confirmChannel) closeReason() error {
 	if c.reason == nil {
 		select {
@@ -590,7 +644,7 @@ func (c *confirmChannel) closeReason() error {
 			if ok && e != nil {
 				c.reason = e
 			}
-		default:
+		case <-time.After(closeReasonWait):
 		}
 		if c.reason == nil {
 			c.reason = amqp091.ErrClosed
@@ -599,11 +653,16 @@ func (c *confirmChannel) closeReason() error {
 	return c.reason
 }
 
+// closeReasonWait bounds closeReason's wait for a reason.
+const closeReasonWait = time.Second
+
 // runResult is what run left undone.
 type runResult struct {
-	lost    []int    // published, the channel closed before their confirm
-	unsent  []int    // not published: the channel closed first
+	lost    []int    // published, the channel closed (or no confirm came) before their confirm
+	unsent  []int    // not published: the channel closed first, or the connection is blocked
 	ctxErr  error    // ctx ended: every message without an outcome failed with it
+	timeout error    // no confirm within ConfirmTimeout: the channel must go
+	blocked bool     // stopped publishing: the broker blocked the connection
 	noRoute []string // topics of messages returned as unroutable
 }
 
@@ -615,18 +674,25 @@ func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window
 	type inFlight struct {
 		i  int
 		dc *amqp091.DeferredConfirmation
+		at time.Time
 	}
 	var (
 		queue []inFlight // awaiting their confirm, in publish order
 		sent  []int      // in publish order
 		acked = map[int]bool{}
 	)
-	// await waits for the oldest message in flight; false if ctx ended.
+	// await waits for the oldest message in flight; false if ctx ended or
+	// its confirm did not come within ConfirmTimeout (r.timeout).
 	await := func() bool {
 		f := queue[0]
+		timer := time.NewTimer(time.Until(f.at.Add(c.confirmTimeout)))
+		defer timer.Stop()
 		select {
 		case <-f.dc.Done():
 		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			r.timeout = fmt.Errorf("rabbitmq: no confirm for %s within %s (PublisherConfig.ConfirmTimeout): the broker keeps the connection but confirms nothing; the outcome is unknown", b.name(f.i), c.confirmTimeout)
 			return false
 		}
 		queue = queue[1:]
@@ -652,16 +718,40 @@ func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window
 		r.ctxErr = err
 		return r
 	}
+	// stopped ends the run after await returned false: a timeout leaves
+	// the messages in flight without an outcome (lost) and the rest
+	// unsent; otherwise ctx ended.
+	stopped := func(unsent []int) runResult {
+		if r.timeout == nil {
+			return cancelled(unsent)
+		}
+		c.settle(b, sent, acked, &r)
+		for _, f := range queue {
+			r.lost = append(r.lost, f.i)
+		}
+		r.unsent = unsent
+		return r
+	}
 
 	for k, i := range idx {
 		for len(queue) >= window {
 			if !await() {
-				return cancelled(idx[k:])
+				return stopped(idx[k:])
 			}
 		}
 		if c.ch.IsClosed() {
 			r.unsent = idx[k:]
 			break
+		}
+		if c.blocked.Load() {
+			// A resource alarm: the broker stopped reading from
+			// publishers (a write would block until it ends).
+			r.unsent, r.blocked = idx[k:], true
+			break
+		}
+		if err := frameFits(c.conn, b.topics[i], b.pubs[i]); err != nil {
+			b.set(i, permanent(fmt.Errorf("rabbitmq: %s cannot be sent: %w", b.name(i), err)))
+			continue
 		}
 		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, "", b.topics[i], true, false, b.pubs[i])
 		if err != nil {
@@ -680,12 +770,12 @@ func (c *confirmChannel) run(ctx context.Context, b *outcomes, idx []int, window
 			b.set(i, permanent(fmt.Errorf("rabbitmq: publishing %s: %w", b.name(i), err)))
 			continue
 		}
-		queue = append(queue, inFlight{i, dc})
+		queue = append(queue, inFlight{i, dc, time.Now()})
 		sent = append(sent, i)
 	}
 	for len(queue) > 0 {
 		if !await() {
-			return cancelled(nil)
+			return stopped(r.unsent)
 		}
 	}
 	c.settle(b, sent, acked, &r)
@@ -834,4 +924,59 @@ func channelException(reason error) bool {
 		return true
 	}
 	return false
+}
+
+// frameFits reports an error when pub's content header would not fit in one
+// frame of conn (its negotiated frame_max): RabbitMQ closes the whole
+// connection on such a frame (501 FRAME_ERROR), failing every call on it,
+// again at each retry. A message with that much in its headers can never
+// be sent.
+func frameFits(conn *amqp091.Connection, topic string, pub amqp091.Publishing) error {
+	frameMax := conn.Config.FrameSize
+	if frameMax <= 0 {
+		return nil
+	}
+	// Frame header (7) and end (1); class, weight, body size (12); the
+	// property flags (2) and the properties.
+	size := 7 + 1 + 12 + 2 + 1 + 1 + 8 // delivery mode, priority, timestamp
+	for _, v := range []string{pub.ContentType, pub.ContentEncoding, pub.CorrelationId, pub.ReplyTo,
+		pub.Expiration, pub.MessageId, pub.Type, pub.UserId, pub.AppId} {
+		size += 1 + len(v)
+	}
+	size += tableSize(pub.Headers)
+	if size > frameMax {
+		return fmt.Errorf("its properties and headers take about %d bytes, more than the connection's frame size (%d): RabbitMQ would close the connection", size, frameMax)
+	}
+	return nil
+}
+
+// tableSize is the encoded size of an AMQP field table (an upper bound for
+// the types amqp091-go encodes).
+func tableSize(t amqp091.Table) int {
+	n := 4
+	for k, v := range t {
+		n += 1 + len(k) + 1 + valueSize(v)
+	}
+	return n
+}
+
+func valueSize(v any) int {
+	switch x := v.(type) {
+	case string:
+		return 4 + len(x)
+	case []byte:
+		return 4 + len(x)
+	case amqp091.Table:
+		return tableSize(x)
+	case []any:
+		n := 4
+		for _, e := range x {
+			n += 1 + valueSize(e)
+		}
+		return n
+	case amqp091.Decimal:
+		return 5
+	default: // numbers, booleans, timestamps, nil
+		return 8
+	}
 }
