@@ -27,11 +27,14 @@
 // Rows are picked in id order through the primary key, so the cost of a poll
 // does not grow with the backlog, and no transaction-id ordering is used: a
 // long transaction elsewhere in the database does not stall the relay.
-// Ordering is by insertion, not by commit; per-topic order is kept within a
-// batch but not guaranteed across concurrent writers or relay workers, nor
-// across a failure: a row whose publish failed waits out a backoff while the
-// rows behind it are relayed, and a row the broker can never take is
-// quarantined (see RelayConfig.MaxAttempts) instead of blocking them.
+// Ordering is by insertion, not by commit; per-topic order is kept among the
+// rows of a batch that never failed, but not guaranteed across concurrent
+// writers or relay workers, nor across a failure: a row whose publish failed
+// waits out a backoff while the rows behind it are relayed (and is published
+// ahead of the fresh rows of its next batch), a topic whose destination is
+// not taking messages is paused while the other topics flow, and a row the
+// broker can never take is quarantined (see RelayConfig.MaxAttempts) instead
+// of blocking them.
 //
 // PendingStats reports the backlog (alert on Pending.OldestAge and
 // Pending.Quarantined); RequeueFailed puts quarantined rows back after the
