@@ -12,3 +12,7 @@ func SetListenPing(every, timeout time.Duration) (restore func()) {
 	listenPing, listenPingTimeout = every, timeout
 	return func() { listenPing, listenPingTimeout = oldEvery, oldTimeout }
 }
+
+// SelectSQL is the statement that locks a relay's batch ($1 batch size, $2
+// the most retried rows, $3 the paused topics).
+func SelectSQL(r *Relay) string { return r.selectSQL }
