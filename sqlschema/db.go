@@ -155,6 +155,9 @@ func (c DB) Validate() error {
 	if c.InboxTable == c.OutboxTable {
 		return fmt.Errorf("sqlschema: DB.InboxTable and DB.OutboxTable are both %q: %w", c.InboxTable, errInvalidName)
 	}
+	if c.OutboxTable == c.InboxTable+"_parked" {
+		return fmt.Errorf("sqlschema: DB.OutboxTable %q is the name of the inbox's table of parked messages (DB.InboxTable + \"_parked\"): %w", c.OutboxTable, errInvalidName)
+	}
 	if c.Partitions != nil {
 		return c.Partitions.validate()
 	}

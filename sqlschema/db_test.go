@@ -125,7 +125,7 @@ func TestMigrations(t *testing.T) {
 		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
-	require.Equal(t, 5, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park and idempotency-key-format migrations")
+	require.Equal(t, 6, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format and parked-messages migrations")
 	require.Equal(t, 4, last["outbox"], "outbox has its create, quarantine, failure-accounting and failure-cause migrations")
 }
 

@@ -234,6 +234,12 @@ type templateData struct{ cfg DB }
 func (d templateData) Partitioned() bool { return d.cfg.Partitions != nil }
 
 func (d templateData) Inbox() string  { return d.cfg.Inbox() }
+
+// InboxParked is the table of parked messages: the inbox table's name with
+// "_parked", schema-qualified.
+func (d templateData) InboxParked() string {
+	return pgx.Identifier{d.cfg.Schema, d.cfg.InboxTable + "_parked"}.Sanitize()
+}
 func (d templateData) Outbox() string { return d.cfg.Outbox() }
 
 // InboxIndex names an index of the inbox table (unqualified: PostgreSQL
