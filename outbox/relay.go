@@ -44,7 +44,7 @@ type Relay struct {
 }
 
 // NewRelay validates cfg and returns a Relay. The outbox table must exist,
-// migrated by sqlschema.Migrate to its latest version (outbox_004).
+// migrated by sqlschema.Migrate to its latest version (outbox_005).
 func NewRelay(cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {

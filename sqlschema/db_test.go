@@ -126,7 +126,7 @@ func TestMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
 	require.Equal(t, 6, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format and parked-messages migrations")
-	require.Equal(t, 4, last["outbox"], "outbox has its create, quarantine, failure-accounting and failure-cause migrations")
+	require.Equal(t, 5, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause and quarantine-search migrations")
 }
 
 // SQL is the schema followed by every migration, in order, each under a

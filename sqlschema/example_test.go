@@ -41,6 +41,9 @@ func ExampleSQL() {
 	// CREATE TABLE IF NOT EXISTS "billing"."outbox" (
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."outbox_accepted" AS bigint CACHE 1;
 	// CREATE INDEX IF NOT EXISTS "outbox_failing" ON "billing"."outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;
+	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_at" ON "billing"."outbox" (quarantined_at) WHERE quarantined_at IS NOT NULL;
+	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_uuid" ON "billing"."outbox" (uuid) WHERE quarantined_at IS NOT NULL;
+	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_metadata" ON "billing"."outbox" USING gin (metadata jsonb_path_ops) WHERE quarantined_at IS NOT NULL;
 }
 
 func ExampleDB_Validate() {
@@ -112,6 +115,7 @@ func ExampleMigrate() {
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql
 	// outbox:outbox 4 outbox_004_failure_causes.up.sql
+	// outbox:outbox 5 outbox_005_quarantine_search.up.sql
 }
 
 // Check at start-up when another process owns the migrations: tables that

@@ -69,7 +69,7 @@ func TestSQLMigrations(t *testing.T) {
 		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
 	require.Equal(t, 6, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format and parked-messages migrations")
-	require.Equal(t, 4, last["outbox"], "outbox has its create, quarantine, failure-accounting and failure-cause migrations")
+	require.Equal(t, 5, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause and quarantine-search migrations")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
@@ -261,6 +261,7 @@ func TestSQL(t *testing.T) {
 		`CREATE SEQUENCE IF NOT EXISTS "custom_s"."my_outbox_accepted" AS bigint CACHE 1;`,
 		`DROP SEQUENCE IF EXISTS "custom_s"."my_outbox_accepted";`,
 		`CREATE INDEX IF NOT EXISTS "my_outbox_failing" ON "custom_s"."my_outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;`,
+		`CREATE INDEX IF NOT EXISTS "my_outbox_quarantined_metadata" ON "custom_s"."my_outbox" USING gin (metadata jsonb_path_ops) WHERE quarantined_at IS NOT NULL;`,
 	} {
 		require.Contains(t, text, want)
 	}
