@@ -1,6 +1,10 @@
 package outbox
 
-import "time"
+import (
+	"time"
+
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
 
 // ChannelName exposes channelName to the tests of package outbox_test.
 var ChannelName = channelName
@@ -16,3 +20,16 @@ func SetListenPing(every, timeout time.Duration) (restore func()) {
 // SelectSQL is the statement that locks a relay's batch ($1 batch size, $2
 // the most retried rows, $3 the paused topics).
 func SelectSQL(r *Relay) string { return r.selectSQL }
+
+// FindSQL is the query of FindRows for f: up to limit rows with ids above
+// after, and its arguments.
+func FindSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
+	return findSQL(db, f, after, limit)
+}
+
+// CountSQL is the query of CountRows for f, and its arguments.
+func CountSQL(db sqlschema.DB, f RowFilter) (string, []any) { return countSQL(db, f) }
+
+// MatchingBatch is how many rows RequeueMatching and DiscardMatching change
+// per statement.
+const MatchingBatch = matchingBatch

@@ -1,0 +1,555 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// The operator's view of the rows the relay gave up on (quarantined) or is
+// retrying (failing): find them by id, topic, message UUID, error text,
+// quarantine time or a metadata field such as a business id; read one with
+// its payload; requeue it (the relay sends it again at once) or discard it
+// (it is never published), one by one or every row a filter selects.
+// Searches of quarantined rows use the partial indexes of migration
+// outbox_005, which hold quarantined rows only: measured on 50,000 rows of
+// which 1,000 quarantined, a search by a metadata field or a UUID takes
+// under 0.1 ms (a sequential scan of 8-14 ms without them).
+
+var (
+	// ErrRowNotFound is returned (wrapped) by GetRow, Requeue and Discard
+	// for an id that has no outbox row: it was relayed (rows are deleted
+	// once published), discarded, or never existed.
+	ErrRowNotFound = errors.New("no such outbox row: relayed, discarded, or never written")
+	// ErrNotQuarantined is returned (wrapped) by Requeue and Discard for a
+	// row that exists but is not quarantined: the relay still owns it (it
+	// is in the live backlog, or failing and retried after its backoff),
+	// or another operator requeued it first. Nothing was changed.
+	ErrNotQuarantined = errors.New("outbox row is not quarantined")
+)
+
+// RowState selects outbox rows by their failure record.
+type RowState string
+
+const (
+	// StateQuarantined selects the rows the relay gave up on, for failures
+	// that were the message's own (see RelayConfig.MaxAttempts): it skips
+	// them until they are requeued or discarded. The default.
+	StateQuarantined RowState = "quarantined"
+	// StateFailing selects the rows whose publish failed at least once and
+	// that are not quarantined: the relay retries each after its backoff.
+	StateFailing RowState = "failing"
+	// StateAll selects both: every row with a failure record. Rows that
+	// never failed (the live backlog, which PendingStats counts) are never
+	// selected.
+	StateAll RowState = "all"
+)
+
+// Limits of the operator functions.
+const (
+	// DefaultRowLimit is the page size of FindRows when Paging.Limit is 0.
+	DefaultRowLimit = 100
+	// MaxRowLimit is the largest Paging.Limit (a page holds the payloads).
+	MaxRowLimit = 1000
+	// MaxFilterIDs is the most ids a RowFilter may name.
+	MaxFilterIDs = 10000
+	// matchingBatch is how many rows RequeueMatching and DiscardMatching
+	// change per statement (each its own short transaction).
+	matchingBatch = 500
+)
+
+// Row is an outbox row as stored, with its failure record.
+type Row struct {
+	// ID is the row's id: the order of insertion, and what Requeue,
+	// Discard and RowFilter.IDs take.
+	ID int64
+	// Topic is the destination topic.
+	Topic string
+	// UUID is the message's UUID, which the relay publishes it with.
+	UUID string
+	// Payload is the message's payload.
+	Payload []byte
+	// Metadata is the message's metadata; nil when the stored metadata is
+	// not a JSON object of strings (the relay quarantines such a row at
+	// once, and its LastError says so).
+	Metadata map[string]string
+	// RawMetadata is the metadata as stored (JSON).
+	RawMetadata json.RawMessage
+	// CreatedAt is when the row was written.
+	CreatedAt time.Time
+	// QuarantinedAt is when the relay quarantined the row; nil when it is
+	// not quarantined.
+	QuarantinedAt *time.Time
+	// Failures counts every failed publish of the row (it drives the
+	// backoff).
+	Failures int
+	// PermanentFailures counts the failures that were the message's own;
+	// at RelayConfig.MaxAttempts the row is quarantined.
+	PermanentFailures int
+	// NextAttemptAt is when the relay tries a failing row again; nil when
+	// it is due now (or quarantined: the relay skips it).
+	NextAttemptAt *time.Time
+	// LastError is the error of the row's latest failed publish; "" when
+	// none.
+	LastError string
+}
+
+// Quarantined reports whether the relay gave up on the row.
+func (r Row) Quarantined() bool { return r.QuarantinedAt != nil }
+
+// RowFilter selects outbox rows by their failure record. Every field set
+// must match (AND); an empty field matches every row. The zero RowFilter
+// selects every quarantined row.
+type RowFilter struct {
+	// State is StateQuarantined, StateFailing or StateAll. Defaults to
+	// StateQuarantined.
+	State RowState
+	// IDs, when not empty, selects these rows only (at most MaxFilterIDs).
+	IDs []int64
+	// Topic selects the rows of this destination topic.
+	Topic string
+	// UUID selects the rows of this message UUID (a message fanned out to
+	// several topics has one row per topic).
+	UUID string
+	// Reason selects the rows whose last error contains this text, ignoring
+	// case.
+	Reason string
+	// QuarantinedSince selects the rows quarantined at or after this time.
+	// A time range selects quarantined rows only: with StateAll, the
+	// failing rows do not match it; with StateFailing it is an error.
+	QuarantinedSince time.Time
+	// QuarantinedBefore selects the rows quarantined before this time (see
+	// QuarantinedSince).
+	QuarantinedBefore time.Time
+	// Metadata selects the rows whose metadata has every one of these
+	// fields with exactly this value (a business id such as "order_id"
+	// that the producer set, say).
+	Metadata map[string]string
+}
+
+// Paging is a page of FindRows: rows with ids above After, oldest (lowest
+// id) first.
+type Paging struct {
+	// After is the keyset cursor: only rows with a larger id are read. Use
+	// the RowPage.Next of the previous page. Defaults to 0 (the first
+	// page).
+	After int64
+	// Limit is the most rows on the page, at most MaxRowLimit. Defaults to
+	// DefaultRowLimit.
+	Limit int
+}
+
+// RowPage is a page of rows, oldest first.
+type RowPage struct {
+	// Rows are the rows of the page, in id order.
+	Rows []Row
+	// Next is the Paging.After that reads the next page; 0 when this page
+	// is the last.
+	Next int64
+}
+
+// FindRows returns a page of the rows of db's outbox table that f selects
+// (by default the quarantined ones), oldest first, with their payloads.
+// A row relayed, requeued or discarded between two pages is not shown
+// twice: paging goes by id. db.Conn is required.
+func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowPage, error) {
+	const op = "FindRows"
+	if err := checkDB(db); err != nil {
+		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if err := f.validate(op); err != nil {
+		return RowPage{}, err
+	}
+	if p.After < 0 {
+		return RowPage{}, fmt.Errorf("outbox: %s: Paging.After is %d: use 0 for the first page, RowPage.Next for the next", op, p.After)
+	}
+	if p.Limit < 0 || p.Limit > MaxRowLimit {
+		return RowPage{}, fmt.Errorf("outbox: %s: Paging.Limit is %d: it must be between 1 and %d (0 for %d)", op, p.Limit, MaxRowLimit, DefaultRowLimit)
+	}
+	limit := p.Limit
+	if limit == 0 {
+		limit = DefaultRowLimit
+	}
+	query, args := findSQL(db, f, p.After, limit+1)
+	rs, err := db.Conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	var page RowPage
+	for rs.Next() {
+		r, err := scanRow(rs)
+		if err != nil {
+			_ = rs.Close()
+			return RowPage{}, fmt.Errorf("outbox: %s: %w", op, err)
+		}
+		page.Rows = append(page.Rows, r)
+	}
+	if err := seam.Close(rs); err != nil {
+		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	if len(page.Rows) > limit {
+		page.Rows = page.Rows[:limit]
+		page.Next = page.Rows[limit-1].ID
+	}
+	return page, nil
+}
+
+// CountRows returns the number of rows of db's outbox table that f selects
+// (by default the quarantined ones). Count before RequeueMatching or
+// DiscardMatching, and confirm; to act on no row quarantined after the
+// count, set f.QuarantinedBefore to a time taken before it. db.Conn is
+// required.
+func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
+	const op = "CountRows"
+	if err := checkDB(db); err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if err := f.validate(op); err != nil {
+		return 0, err
+	}
+	query, args := countSQL(db, f)
+	var n int64
+	if err := seam.QueryRow(ctx, db.Conn, query, args, &n); err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	return n, nil
+}
+
+// GetRow returns the row of db's outbox table with this id, whatever its
+// state (Row.Quarantined, Row.Failures tell it), or ErrRowNotFound. db.Conn
+// is required.
+func GetRow(ctx context.Context, db sqlschema.DB, id int64) (Row, error) {
+	const op = "GetRow"
+	if err := checkID(op, db, id); err != nil {
+		return Row{}, err
+	}
+	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+db.Outbox()+` WHERE id = $1`, id)
+	if err != nil {
+		return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	if !rs.Next() {
+		if err := seam.Close(rs); err != nil {
+			return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		}
+		return Row{}, fmt.Errorf("outbox: %s: row %d: %w", op, id, ErrRowNotFound)
+	}
+	r, err := scanRow(rs)
+	if err != nil {
+		_ = rs.Close()
+		return Row{}, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if err := seam.Close(rs); err != nil {
+		return Row{}, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	return r, nil
+}
+
+// Requeue puts the quarantined row with this id back in the relay's
+// stream: its failure record is cleared (failures, permanent failures,
+// backoff, quarantine, last error), and the relays of the table are woken
+// (they LISTEN for it; otherwise their next poll finds it), so the message
+// is published again at once, with its UUID, ahead of the rows written
+// after it. Fix the cause first: a row that fails for its own reasons again
+// is quarantined again after RelayConfig.MaxAttempts.
+//
+// Only a quarantined row is requeued. Requeue returns ErrRowNotFound when
+// there is no row with this id, and ErrNotQuarantined when the row is not
+// quarantined (the relay is still trying it, or another operator requeued it
+// first): nothing is changed then. To make failing rows due at once, use
+// RequeueMatching with StateFailing. db.Conn is required.
+func Requeue(ctx context.Context, db sqlschema.DB, id int64) error {
+	const op = "Requeue"
+	if err := checkID(op, db, id); err != nil {
+		return err
+	}
+	return actOnQuarantined(ctx, db, op, id, `WITH acted AS (
+  UPDATE `+db.Outbox()+` SET `+clearFailures+`
+  WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
+)
+SELECT n, (CASE WHEN n > 0 THEN pg_notify(`+quoteLiteral(channelName(db))+`, '') END) IS NULL
+FROM (SELECT count(*) AS n FROM acted) c`)
+}
+
+// Discard deletes the quarantined row with this id: its message is then
+// never published (the relay cannot see it any more, and nothing keeps a
+// copy). It returns ErrRowNotFound when there is no row with this id, and
+// ErrNotQuarantined when the row is not quarantined (the relay may be
+// publishing it at this moment; a failing row cannot be discarded): nothing
+// is changed then. db.Conn is required.
+func Discard(ctx context.Context, db sqlschema.DB, id int64) error {
+	const op = "Discard"
+	if err := checkID(op, db, id); err != nil {
+		return err
+	}
+	return actOnQuarantined(ctx, db, op, id, `WITH acted AS (
+  DELETE FROM `+db.Outbox()+` WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
+)
+SELECT n, true FROM (SELECT count(*) AS n FROM acted) c`)
+}
+
+// RequeueMatching requeues (see Requeue) every row that f selects: by
+// default the quarantined ones; with StateFailing or StateAll, failing rows
+// too, which are then due at once, their failure count and backoff reset.
+// The zero RowFilter requeues every quarantined row. It works in batches of
+// a few hundred rows, each its own short transaction, and returns the
+// number of rows requeued; after an error, the number requeued by the
+// batches before it. Rows a relay holds at that moment (it is publishing
+// them) are skipped. db.Conn is required.
+func RequeueMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
+	const op = "RequeueMatching"
+	if err := checkDB(db); err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if err := f.validate(op); err != nil {
+		return 0, err
+	}
+	return actOnMatching(ctx, db, op, f, func(picked string) string {
+		return `UPDATE ` + db.Outbox() + ` o SET ` + clearFailures + ` FROM ` + picked + ` p WHERE o.id = p.id RETURNING o.id`
+	}, true)
+}
+
+// DiscardMatching deletes every quarantined row that f selects: their
+// messages are then never published. f.State must be StateQuarantined (or
+// empty): a failing row is still the relay's. f must name at least one
+// criterion (to discard every quarantined row on purpose, set
+// QuarantinedBefore to the current time). It works in batches of a few
+// hundred rows, each its own short transaction, and returns the number of
+// rows deleted; after an error, the number deleted by the batches before
+// it. db.Conn is required.
+func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
+	const op = "DiscardMatching"
+	if err := checkDB(db); err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if err := f.validate(op); err != nil {
+		return 0, err
+	}
+	if f.State != "" && f.State != StateQuarantined {
+		return 0, fmt.Errorf("outbox: %s: RowFilter.State is %q: only quarantined rows can be discarded (a failing row is still the relay's, which may be publishing it)", op, f.State)
+	}
+	if f.empty() {
+		return 0, fmt.Errorf("outbox: %s: the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set QuarantinedBefore to the current time)", op)
+	}
+	return actOnMatching(ctx, db, op, f, func(picked string) string {
+		return `DELETE FROM ` + db.Outbox() + ` o USING ` + picked + ` p WHERE o.id = p.id RETURNING o.id`
+	}, false)
+}
+
+// findSQL is FindRows' query: up to limit rows that f selects with ids
+// above after, in id order.
+func findSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
+	where, args := f.where()
+	args = append(args, after, limit)
+	return `SELECT ` + rowColumns + ` FROM ` + db.Outbox() + `
+WHERE ` + where + ` AND id > $` + strconv.Itoa(len(args)-1) + `
+ORDER BY id LIMIT $` + strconv.Itoa(len(args)), args
+}
+
+// countSQL is CountRows' query.
+func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
+	where, args := f.where()
+	return `SELECT count(*) FROM ` + db.Outbox() + ` WHERE ` + where, args
+}
+
+// clearFailures is the SET list that clears a row's failure record, as
+// RequeueFailed does.
+const clearFailures = `failures = 0, attempts = 0, next_attempt_at = NULL, quarantined_at = NULL, last_error = NULL`
+
+// rowColumns are the columns scanRow reads.
+const rowColumns = `id, topic, uuid, payload, metadata::text, created_at, quarantined_at, failures, attempts, next_attempt_at, coalesce(last_error, '')`
+
+// scanner is the Scan of both drivers' rows.
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRow(rs scanner) (Row, error) {
+	var r Row
+	var meta string
+	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &meta, &r.CreatedAt, &r.QuarantinedAt,
+		&r.Failures, &r.PermanentFailures, &r.NextAttemptAt, &r.LastError); err != nil {
+		return Row{}, err
+	}
+	r.RawMetadata = json.RawMessage(meta)
+	var m map[string]string
+	if json.Unmarshal(r.RawMetadata, &m) == nil {
+		r.Metadata = m
+	}
+	return r, nil
+}
+
+func checkID(op string, db sqlschema.DB, id int64) error {
+	if err := checkDB(db); err != nil {
+		return fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if id <= 0 {
+		return fmt.Errorf("outbox: %s: row id %d: ids are positive (Row.ID, as FindRows returns it)", op, id)
+	}
+	return nil
+}
+
+// actOnQuarantined runs stmt, which requeues or deletes row id if it is
+// quarantined and returns how many it changed, and says why when it changed
+// none.
+func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64, stmt string) error {
+	// A row found quarantined after the statement missed it was
+	// requeued and quarantined again in between: try again.
+	for range 3 {
+		var n int64
+		var ignored bool
+		if err := seam.QueryRow(ctx, db.Conn, stmt, []any{id}, &n, &ignored); err != nil {
+			return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		}
+		if n > 0 {
+			return nil
+		}
+		var quarantined, failing bool
+		err := seam.QueryRow(ctx, db.Conn, `SELECT quarantined_at IS NOT NULL, failures > 0 FROM `+db.Outbox()+` WHERE id = $1`,
+			[]any{id}, &quarantined, &failing)
+		switch {
+		case errors.Is(err, seam.ErrNoRows):
+			return fmt.Errorf("outbox: %s: row %d: %w", op, id, ErrRowNotFound)
+		case err != nil:
+			return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		case failing && !quarantined:
+			return fmt.Errorf("outbox: %s: row %d: %w: it is failing, and the relay retries it after its backoff", op, id, ErrNotQuarantined)
+		case !quarantined:
+			return fmt.Errorf("outbox: %s: row %d: %w: it has no failure record (the relay publishes it with the live backlog)", op, id, ErrNotQuarantined)
+		}
+	}
+	return fmt.Errorf("outbox: %s: row %d was quarantined again each time it was changed: try again", op, id)
+}
+
+// actOnMatching runs the statement that act builds over batches of the rows
+// f selects, in id order, each batch one statement (its own transaction).
+// act gets the name of the batch's locked ids and returns a data-modifying
+// statement with RETURNING. notify sends the table's NOTIFY with each batch
+// that changed a row.
+func actOnMatching(ctx context.Context, db sqlschema.DB, op string, f RowFilter, act func(picked string) string, notify bool) (int64, error) {
+	where, args := f.where()
+	cursor, batch := len(args)+1, len(args)+2
+	notice := "true"
+	if notify {
+		notice = `(CASE WHEN (SELECT count(*) FROM acted) > 0 THEN pg_notify(` + quoteLiteral(channelName(db)) + `, '') END) IS NULL`
+	}
+	stmt := `WITH picked AS (
+  SELECT id FROM ` + db.Outbox() + ` WHERE ` + where + ` AND id > $` + strconv.Itoa(cursor) + `
+  ORDER BY id LIMIT $` + strconv.Itoa(batch) + ` FOR UPDATE SKIP LOCKED
+), acted AS (` + act("picked") + `)
+SELECT (SELECT count(*) FROM acted), (SELECT count(*) FROM picked), (SELECT coalesce(max(id), 0) FROM picked), ` + notice
+	var total, after int64
+	for {
+		var acted, picked, last int64
+		var ignored bool
+		batchArgs := append(args[:len(args):len(args)], after, matchingBatch)
+		err := seam.QueryRow(ctx, db.Conn, stmt, batchArgs, &acted, &picked, &last, &ignored)
+		if err != nil {
+			return total, fmt.Errorf("outbox: %s: after %d rows: %w", op, total, ifNotMigrated(db, err))
+		}
+		total += acted
+		if picked < matchingBatch {
+			return total, nil
+		}
+		after = last
+	}
+}
+
+// validate reports the first field of f that is not valid, naming it.
+func (f RowFilter) validate(op string) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("outbox: %s: RowFilter."+format, append([]any{op}, a...)...)
+	}
+	switch f.State {
+	case "", StateQuarantined, StateFailing, StateAll:
+	default:
+		return bad("State is %q: want %q (the default), %q or %q", f.State, StateQuarantined, StateFailing, StateAll)
+	}
+	if len(f.IDs) > MaxFilterIDs {
+		return bad("IDs names %d rows, at most %d: act on them in several calls", len(f.IDs), MaxFilterIDs)
+	}
+	for _, id := range f.IDs {
+		if id <= 0 {
+			return bad("IDs has %d: ids are positive (Row.ID)", id)
+		}
+	}
+	for _, s := range []struct{ field, value string }{{"Topic", f.Topic}, {"UUID", f.UUID}, {"Reason", f.Reason}} {
+		if err := pgtext.Check(s.value); err != nil {
+			return bad("%s %w", s.field, err)
+		}
+	}
+	if f.State == StateFailing && (!f.QuarantinedSince.IsZero() || !f.QuarantinedBefore.IsZero()) {
+		return bad("QuarantinedSince/QuarantinedBefore are set with State %q: failing rows are not quarantined, so none would match", StateFailing)
+	}
+	if !f.QuarantinedSince.IsZero() && !f.QuarantinedBefore.IsZero() && !f.QuarantinedSince.Before(f.QuarantinedBefore) {
+		return bad("QuarantinedSince (%s) is not before QuarantinedBefore (%s): the range is empty",
+			f.QuarantinedSince.Format(time.RFC3339Nano), f.QuarantinedBefore.Format(time.RFC3339Nano))
+	}
+	for k, v := range f.Metadata {
+		if k == "" {
+			return bad("Metadata has an empty key")
+		}
+		if err := pgtext.Check(k); err != nil {
+			return bad("Metadata key %q %w", k, err)
+		}
+		if err := pgtext.Check(v); err != nil {
+			return bad("Metadata[%q]: value %w", k, err)
+		}
+	}
+	return nil
+}
+
+// empty reports whether f names no criterion besides its state.
+func (f RowFilter) empty() bool {
+	return len(f.IDs) == 0 && f.Topic == "" && f.UUID == "" && f.Reason == "" &&
+		f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0
+}
+
+// where returns f as an SQL condition and its arguments ($1, $2...): only
+// the criteria set, each in the form the partial indexes of outbox_004 and
+// outbox_005 serve. f must be valid.
+func (f RowFilter) where() (string, []any) {
+	var conds []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	switch f.State {
+	case StateFailing:
+		conds = append(conds, `failures > 0 AND quarantined_at IS NULL`)
+	case StateAll:
+		// Each arm the predicate of a partial index (a BitmapOr of both).
+		conds = append(conds, `(quarantined_at IS NOT NULL OR (failures > 0 AND quarantined_at IS NULL))`)
+	default:
+		conds = append(conds, `quarantined_at IS NOT NULL`)
+	}
+	if len(f.IDs) > 0 {
+		conds = append(conds, `id = ANY(`+arg(f.IDs)+`::bigint[])`)
+	}
+	if f.Topic != "" {
+		conds = append(conds, `topic = `+arg(f.Topic))
+	}
+	if f.UUID != "" {
+		conds = append(conds, `uuid = `+arg(f.UUID))
+	}
+	if f.Reason != "" {
+		conds = append(conds, `strpos(lower(last_error), lower(`+arg(f.Reason)+`)) > 0`)
+	}
+	if !f.QuarantinedSince.IsZero() {
+		conds = append(conds, `quarantined_at >= `+arg(f.QuarantinedSince))
+	}
+	if !f.QuarantinedBefore.IsZero() {
+		conds = append(conds, `quarantined_at < `+arg(f.QuarantinedBefore))
+	}
+	if len(f.Metadata) > 0 {
+		js, _ := json.Marshal(f.Metadata) // a map of strings always encodes
+		conds = append(conds, `metadata @> `+arg(string(js))+`::jsonb`)
+	}
+	return strings.Join(conds, " AND "), args
+}
