@@ -264,12 +264,24 @@ func TestRowFilterValidation(t *testing.T) {
 		{"metadata value", find(outbox.RowFilter{Metadata: map[string]string{"k": "\xff"}}), `RowFilter.Metadata["k"]: value not valid UTF-8`},
 		{"empty range", find(outbox.RowFilter{QuarantinedSince: now, QuarantinedBefore: now}), "is not before QuarantinedBefore"},
 		{"range of failing rows", find(outbox.RowFilter{State: outbox.StateFailing, QuarantinedBefore: now}), "failing rows are not quarantined"},
-		{"limit", func() error { _, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{Limit: outbox.MaxRowLimit + 1}); return err }(),
+		{"limit", func() error {
+			_, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{Limit: outbox.MaxRowLimit + 1})
+			return err
+		}(),
 			"Paging.Limit is 1001: it must be between 1 and 1000 (0 for 100)"},
-		{"negative limit", func() error { _, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{Limit: -1}); return err }(), "Paging.Limit is -1"},
-		{"after", func() error { _, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{After: -1}); return err }(), "Paging.After is -1"},
+		{"negative limit", func() error {
+			_, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{Limit: -1})
+			return err
+		}(), "Paging.Limit is -1"},
+		{"after", func() error {
+			_, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{After: -1})
+			return err
+		}(), "Paging.After is -1"},
 		{"count", func() error { _, err := outbox.CountRows(ctx, db, outbox.RowFilter{State: "x"}); return err }(), "outbox: CountRows: RowFilter.State"},
-		{"requeue matching", func() error { _, err := outbox.RequeueMatching(ctx, db, outbox.RowFilter{IDs: []int64{-1}}); return err }(), "outbox: RequeueMatching: RowFilter.IDs has -1"},
+		{"requeue matching", func() error {
+			_, err := outbox.RequeueMatching(ctx, db, outbox.RowFilter{IDs: []int64{-1}})
+			return err
+		}(), "outbox: RequeueMatching: RowFilter.IDs has -1"},
 		{"discard failing", func() error {
 			_, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{State: outbox.StateFailing, Topic: "t"})
 			return err
@@ -284,7 +296,10 @@ func TestRowFilterValidation(t *testing.T) {
 		{"requeue id", outbox.Requeue(ctx, db, -2), "outbox: Requeue: row id -2: ids are positive"},
 		{"discard id", outbox.Discard(ctx, db, 0), "outbox: Discard: row id 0: ids are positive"},
 		{"no conn", outbox.Requeue(ctx, sqlschema.DB{}, 1), "outbox: Requeue: DB.Conn is nil"},
-		{"bad table", func() error { _, err := outbox.CountRows(ctx, sqlschema.DB{Conn: txConn{}, OutboxTable: "a-b"}, outbox.RowFilter{}); return err }(), "DB.OutboxTable"},
+		{"bad table", func() error {
+			_, err := outbox.CountRows(ctx, sqlschema.DB{Conn: txConn{}, OutboxTable: "a-b"}, outbox.RowFilter{})
+			return err
+		}(), "DB.OutboxTable"},
 	} {
 		require.ErrorContains(t, c.err, c.want, c.name)
 	}
