@@ -9,7 +9,8 @@
 // metadata and destination topic. Either everything commits or nothing does.
 //
 // State the database once (a sqlschema.DB) and hand the same value to the
-// middleware, NewRelay, PendingStats and RequeueFailed.
+// middleware, NewRelay and the operator functions (PendingStats,
+// RequeueFailed, FindRows and the others below).
 //
 // The Relay is at-least-once towards the broker: it locks a batch of rows
 // (FOR UPDATE SKIP LOCKED, so several relays share the work without sending a
@@ -37,8 +38,13 @@
 // of blocking them.
 //
 // PendingStats reports the backlog (alert on Pending.OldestAge and
-// Pending.Quarantined); RequeueFailed puts quarantined rows back after the
-// cause is fixed. The relay logs its failures through slog.Default() unless
-// RelayConfig.Logger says otherwise, and reports tables that were never
-// migrated as sqlschema.ErrNotMigrated.
+// Pending.Quarantined); RequeueFailed puts every quarantined row back after
+// the cause is fixed. For one row or a few, FindRows, CountRows and GetRow
+// find quarantined (or failing) rows by id, topic, message UUID, error text,
+// quarantine time or a metadata field such as a business id, with their
+// payloads; Requeue and RequeueMatching send them again, at once and with
+// their UUIDs; Discard and DiscardMatching delete them, and their messages
+// are never published. The relay logs its failures through slog.Default()
+// unless RelayConfig.Logger says otherwise, and reports tables that were
+// never migrated as sqlschema.ErrNotMigrated.
 package outbox

@@ -29,8 +29,9 @@ type Pending struct {
 	Failing int64
 	// Quarantined counts rows the relay gave up on, for failures that were
 	// the message's own (see RelayConfig.MaxAttempts): skipped until
-	// RequeueFailed. Alert on it, read their last_error, fix the cause,
-	// then RequeueFailed.
+	// requeued. Alert on it, read their LastError (FindRows), fix the
+	// cause, then RequeueFailed, or Requeue and Discard them one by one
+	// or by filter.
 	Quarantined int64
 }
 
