@@ -116,3 +116,102 @@ func Example() {
 	// order-42-confirmed {"order":42} acme
 	// pending: 0
 }
+
+// refusing is a destination that refuses every message for good
+// (outbox.Permanent) until it is fixed, and keeps what it accepts.
+type refusing struct {
+	fixed bool
+	got   []string
+}
+
+func (r *refusing) Publish(topic string, msgs ...*message.Message) error {
+	if !r.fixed {
+		return outbox.Permanent(fmt.Errorf("%s refused: header over the broker's limit", topic))
+	}
+	for _, m := range msgs {
+		r.got = append(r.got, topic+" "+m.UUID)
+	}
+	return nil
+}
+
+func (r *refusing) Close() error { return nil }
+
+// An operator finds a quarantined row by the business id its producer set in
+// the metadata, and requeues it once the cause is fixed: the relay sends it
+// again at once, with its UUID. (Discard would delete it: never published.)
+func ExampleFindRows() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.DatabaseURL())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: "example_quarantine_" + hex.EncodeToString(suffix)}
+	defer func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE")
+	}()
+	if err := sqlschema.Migrate(ctx, db); err != nil {
+		fmt.Println(err)
+		return
+	}
+	tx, err := db.Conn.BeginTx(ctx, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	pub, err := outbox.NewPublisher(tx, db)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	msg := message.NewMessage("order-42-shipped", []byte(`{"order":42}`))
+	msg.Metadata.Set("order_id", "42")
+	if err := pub.Publish("orders.shipped", msg); err != nil {
+		_ = tx.Rollback()
+		fmt.Println(err)
+		return
+	}
+	if err := tx.Commit(); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The destination refuses it for good: quarantined.
+	dest := &refusing{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: dest, MaxAttempts: 1, Logger: watermill.NopLogger{}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err = relay.RelayOnce(ctx)
+	fmt.Println("relay failed:", err != nil)
+
+	// Find it by its business id.
+	page, err := outbox.FindRows(ctx, db, outbox.RowFilter{Metadata: map[string]string{"order_id": "42"}}, outbox.Paging{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, row := range page.Rows {
+		fmt.Println(row.Topic, row.UUID, string(row.Payload), row.Quarantined(), row.LastError)
+	}
+
+	// Fixed: requeue it, and the relay sends it.
+	dest.fixed = true
+	if err := outbox.Requeue(ctx, db, page.Rows[0].ID); err != nil {
+		fmt.Println(err)
+		return
+	}
+	n, err := relay.RelayOnce(ctx)
+	fmt.Println("relayed:", n, err, dest.got)
+	left, err := outbox.CountRows(ctx, db, outbox.RowFilter{State: outbox.StateAll})
+	fmt.Println("quarantined or failing:", left, err)
+	// Output:
+	// relay failed: true
+	// orders.shipped order-42-shipped {"order":42} true orders.shipped refused: header over the broker's limit
+	// relayed: 1 <nil> [orders.shipped order-42-shipped]
+	// quarantined or failing: 0 <nil>
+}
