@@ -15,7 +15,7 @@ import (
 func (a *app) outboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "outbox",
-		Short: "Report and repair the outbox backlog, and run the relay: stats, pending, requeue-failed, relay",
+		Short: "Report and repair the outbox backlog, and run the relay: stats, pending, rows, show, requeue, discard, requeue-failed, relay",
 		Args:  cobra.ArbitraryArgs,
 		RunE:  groupRunE,
 	}
@@ -61,6 +61,7 @@ func (a *app) outboxCmd() *cobra.Command {
 		},
 		a.relayCmd(),
 	)
+	cmd.AddCommand(a.rowCmds()...)
 	return cmd
 }
 

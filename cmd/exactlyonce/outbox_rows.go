@@ -1,0 +1,301 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// rowFlags select outbox rows that failed: quarantined (the default),
+// failing, or both.
+type rowFlags struct {
+	searchFlags
+	topic string
+	state string
+	after int64
+}
+
+func (f *rowFlags) register(cmd *cobra.Command, bulk bool) {
+	f.searchFlags.register(cmd, bulk)
+	cmd.Flags().StringVar(&f.topic, "topic", "", "the row's topic")
+	cmd.Flags().StringVar(&f.state, "state", string(outbox.StateQuarantined), "quarantined, failing (retrying, not quarantined) or all")
+	if !bulk {
+		cmd.Flags().Int64Var(&f.after, "after", 0, "list the rows after this id (the next page)")
+	}
+}
+
+func (f *rowFlags) filter(now time.Time) (outbox.RowFilter, error) {
+	meta, err := f.metadata()
+	if err != nil {
+		return outbox.RowFilter{}, err
+	}
+	since, until, err := f.window(now)
+	if err != nil {
+		return outbox.RowFilter{}, err
+	}
+	switch outbox.RowState(f.state) {
+	case outbox.StateQuarantined, outbox.StateFailing, outbox.StateAll:
+	default:
+		return outbox.RowFilter{}, usageErr("--state %q: one of quarantined, failing, all", f.state)
+	}
+	return outbox.RowFilter{State: outbox.RowState(f.state), Topic: f.topic, UUID: f.uuid, Reason: f.reason,
+		QuarantinedSince: since, QuarantinedBefore: until, Metadata: meta}, nil
+}
+
+func (f *rowFlags) anyCriterion() bool { return f.searchFlags.any() || f.topic != "" }
+
+// rowCmds are outbox rows, show, requeue and discard.
+func (a *app) rowCmds() []*cobra.Command {
+	var list rowFlags
+	rows := &cobra.Command{
+		Use:   "rows",
+		Short: "Find quarantined (or failing) rows by topic, UUID, reason, time or a metadata field",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := list.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
+				return a.outboxRows(ctx, db, f, outbox.Paging{After: list.after, Limit: list.limit})
+			})
+		},
+	}
+	list.register(rows, false)
+
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "One outbox row: its message (payload pretty-printed when JSON), metadata, failures and last error",
+		Args:  exactArgs(1, "the row's id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := rowID(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
+				return a.outboxShow(ctx, db, id)
+			})
+		},
+	}
+
+	var rq, dc rowFlags
+	requeue := &cobra.Command{
+		Use:   "requeue [ID]",
+		Short: "Send quarantined rows again now: one by id, or every row matching the criteria (--yes)",
+		Args:  maxArgs(1, "the row's id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.rowAction(cmd, args, &rq, "requeue")
+		},
+	}
+	rq.register(requeue, true)
+	discard := &cobra.Command{
+		Use:   "discard [ID]",
+		Short: "Delete quarantined rows (their messages are never sent): one by id, or every row matching the criteria (--yes)",
+		Args:  maxArgs(1, "the row's id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.rowAction(cmd, args, &dc, "discard")
+		},
+	}
+	dc.register(discard, true)
+	return []*cobra.Command{rows, show, requeue, discard}
+}
+
+func rowID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, usageErr("%q is not a row id (a positive integer, as outbox rows prints it)", s)
+	}
+	return id, nil
+}
+
+type rowJSON struct {
+	ID                int64             `json:"id"`
+	Topic             string            `json:"topic"`
+	UUID              string            `json:"uuid"`
+	State             string            `json:"state"`
+	CreatedAt         *string           `json:"created_at"`
+	QuarantinedAt     *string           `json:"quarantined_at"`
+	NextAttemptAt     *string           `json:"next_attempt_at"`
+	Failures          int               `json:"failures"`
+	PermanentFailures int               `json:"permanent_failures"`
+	LastError         string            `json:"last_error"`
+	Metadata          map[string]string `json:"metadata"`
+	PayloadBytes      int               `json:"payload_bytes"`
+	Payload           *payloadJSON      `json:"payload,omitempty"`
+}
+
+func rowDoc(r outbox.Row, withPayload bool) rowJSON {
+	state := "failing"
+	if r.Quarantined() {
+		state = "quarantined"
+	}
+	created := r.CreatedAt
+	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: state, CreatedAt: jsonTime(&created),
+		QuarantinedAt: jsonTime(r.QuarantinedAt), NextAttemptAt: jsonTime(r.NextAttemptAt), Failures: r.Failures,
+		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: len(r.Payload)}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	if withPayload {
+		d.Payload = payloadDoc(r.Payload)
+	}
+	return d
+}
+
+func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilter, p outbox.Paging) error {
+	page, err := outbox.FindRows(ctx, db, f, p)
+	if err != nil {
+		return rowErr(ctx, db, "outbox rows", err)
+	}
+	if a.jsonOut {
+		docs := make([]rowJSON, len(page.Rows))
+		for i, r := range page.Rows {
+			docs[i] = rowDoc(r, false)
+		}
+		return a.printJSON(struct {
+			Rows []rowJSON `json:"rows"`
+			Next int64     `json:"next_after,omitempty"`
+		}{docs, page.Next})
+	}
+	if len(page.Rows) == 0 {
+		_, err := fmt.Fprintln(a.stdout, "No rows.")
+		return err
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tSTATE\tFAILURES\tLAST ERROR")
+	for _, r := range page.Rows {
+		doc := rowDoc(r, false)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d (%d permanent)\t%s\n", r.ID, truncate(r.Topic, 40), truncate(r.UUID, 40),
+			doc.State, r.Failures, r.PermanentFailures, truncate(r.LastError, 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next != 0 {
+		_, err = fmt.Fprintf(a.stdout, "\nMore: the same command with --after %d.\n", page.Next)
+	}
+	return err
+}
+
+func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64) error {
+	r, err := outbox.GetRow(ctx, db, id)
+	if err != nil {
+		return rowErr(ctx, db, "outbox show", err)
+	}
+	doc := rowDoc(r, true)
+	if a.jsonOut {
+		return a.printJSON(doc)
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintf(tw, "id\t%d\n", r.ID)
+	fmt.Fprintf(tw, "topic\t%s\n", r.Topic)
+	fmt.Fprintf(tw, "uuid\t%s\n", r.UUID)
+	fmt.Fprintf(tw, "state\t%s\n", doc.State)
+	fmt.Fprintf(tw, "written\t%s\n", fmtTime(r.CreatedAt))
+	if r.QuarantinedAt != nil {
+		fmt.Fprintf(tw, "quarantined\t%s\n", fmtTime(*r.QuarantinedAt))
+	}
+	fmt.Fprintf(tw, "failures\t%d (%d permanent)\n", r.Failures, r.PermanentFailures)
+	fmt.Fprintf(tw, "last error\t%s\n", r.LastError)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(a.stdout, "metadata:\n%spayload (%d bytes):\n%s\n", metadataLines(r.Metadata), len(r.Payload), prettyPayload(r.Payload))
+	return err
+}
+
+// rowAction requeues or discards one row (by id) or every row matching the
+// criteria (with --yes; without, it says how many match).
+func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, verb string) error {
+	return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
+		if len(args) == 1 {
+			if f.anyCriterion() || f.yes {
+				return usageErr("give a row id or criteria, not both")
+			}
+			id, err := rowID(args[0])
+			if err != nil {
+				return err
+			}
+			if verb == "requeue" {
+				err = outbox.Requeue(ctx, db, id)
+			} else {
+				err = outbox.Discard(ctx, db, id)
+			}
+			if err != nil {
+				return rowErr(ctx, db, "outbox "+verb, err)
+			}
+			return a.actionDone(verb, 1, "row", "rows")
+		}
+		if !f.anyCriterion() {
+			return usageErr("give a row id, or criteria (--topic, --uuid, --reason, --since, --until, --meta) with --yes")
+		}
+		filter, err := f.filter(time.Now())
+		if err != nil {
+			return err
+		}
+		if !f.yes {
+			n, err := outbox.CountRows(ctx, db, filter)
+			if err != nil {
+				return rowErr(ctx, db, "outbox "+verb, err)
+			}
+			return a.wouldDo(verb, n, "row", "rows")
+		}
+		var n int64
+		if verb == "requeue" {
+			n, err = outbox.RequeueMatching(ctx, db, filter)
+		} else {
+			n, err = outbox.DiscardMatching(ctx, db, filter)
+		}
+		if err != nil {
+			return rowErr(ctx, db, fmt.Sprintf("outbox %s (%d done before the error)", verb, n), err)
+		}
+		return a.actionDone(verb, n, "row", "rows")
+	})
+}
+
+// wouldDo reports a bulk action's count without acting.
+func (a *app) wouldDo(verb string, n int64, one, many string) error {
+	if a.jsonOut {
+		return a.printJSON(struct {
+			Matching int64 `json:"matching"`
+			Done     bool  `json:"done"`
+		}{n, false})
+	}
+	verbs := "match"
+	if n == 1 {
+		verbs = "matches"
+	}
+	_, err := fmt.Fprintf(a.stdout, "%s %s. Nothing done: the same command with --yes will %s them.\n", plural(n, one, many), verbs, verb)
+	return err
+}
+
+// actionDone reports what an action did.
+func (a *app) actionDone(verb string, n int64, one, many string) error {
+	past := map[string]string{"requeue": "Requeued", "discard": "Discarded", "replay": "Replayed", "release": "Released"}[verb]
+	if a.jsonOut {
+		return a.printJSON(struct {
+			Count int64 `json:"count"`
+			Done  bool  `json:"done"`
+		}{n, true})
+	}
+	_, err := fmt.Fprintf(a.stdout, "%s %s.\n", past, plural(n, one, many))
+	return err
+}
+
+// rowErr maps the outbox functions' errors to exit codes.
+func rowErr(ctx context.Context, db sqlschema.DB, what string, err error) error {
+	switch {
+	case errors.Is(err, outbox.ErrRowNotFound):
+		return notFoundErr("%s: %v", what, err)
+	case errors.Is(err, outbox.ErrNotQuarantined):
+		return &exitError{code: exitFailed, err: fmt.Errorf("%s: %w", what, err)}
+	}
+	return opErr(ctx, db, what, err)
+}
