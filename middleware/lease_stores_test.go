@@ -68,7 +68,9 @@ func postgresLeaseStore(t *testing.T) *leaseStore {
 				" SET idempotency_key_format = NULL WHERE consumer = $1 AND message_key = $2", consumer, key)
 			require.NoError(t, err)
 		},
-		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) { return keptInPostgres(t, tables, consumer, key) },
+		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) {
+			return keptInPostgres(t, tables, consumer, key)
+		},
 	}
 }
 
