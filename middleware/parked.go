@@ -8,10 +8,11 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 )
 
-// parkedMessage is what a park of msg keeps (Config.MaxParkedPayload): the
-// message as it is when parked, its payload left out when over the limit.
-// It refers to msg's payload and metadata; the store encodes them only when
-// it parks.
+// parkedMessage is what a park of msg keeps (Config.MaxParkedPayload): its
+// UUID, the topic it was consumed from, its payload (left out when over the
+// limit) and metadata. It refers to msg's payload and metadata, not copies
+// (a handler that changes them in place changes what a later park keeps);
+// the store encodes them only when it parks.
 func (m *Middleware) parkedMessage(msg *message.Message) *inboxdb.ParkedMessage {
 	pm := &inboxdb.ParkedMessage{
 		UUID:        msg.UUID,
