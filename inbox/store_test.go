@@ -62,7 +62,7 @@ func (b bundle) claim(t *testing.T, consumer, key string) {
 // ago.
 func (b bundle) park(t *testing.T, consumer, key, reason string, minutes int) {
 	t.Helper()
-	require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, consumer, key, reason))
+	require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, consumer, key, reason, nil))
 	b.exec(t, "UPDATE "+b.db.Inbox()+" SET first_seen_at = now() - make_interval(mins => $3) WHERE consumer = $1 AND message_key = $2",
 		consumer, key, minutes)
 }
@@ -385,7 +385,7 @@ SELECT 'c', 'old-' || g, 'done', now() - interval '48 hours' FROM generate_serie
 		st, err := ps.Stats(b.ctx, "c")
 		require.NoError(t, err)
 		require.Equal(t, int64(1), st.Total)
-		require.NoError(t, inner.Park(b.ctx, pdb.Conn, "c", "p", "permanent"))
+		require.NoError(t, inner.Park(b.ctx, pdb.Conn, "c", "p", "permanent", nil))
 		parked, err := ps.Parked(b.ctx, "c", 0)
 		require.NoError(t, err)
 		require.Len(t, parked, 1)

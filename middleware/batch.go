@@ -261,14 +261,15 @@ func (b *batcher) runJobs1(j *job) {
 }
 
 // parkIfPermanent parks the key of a job whose handler returned a
-// Permanent error, once its transaction was rolled back, and acks it; if
-// the key cannot be parked, the delivery stays nacked.
+// Permanent error, once its transaction was rolled back, keeping its
+// message (parkTransactional), and acks it; if the key cannot be parked,
+// the delivery stays nacked.
 func (b *batcher) parkIfPermanent(j *job) {
 	if !j.park {
 		return
 	}
 	j.park = false
-	if _, err := b.m.parkTransactional(j.msg.Context(), j.ev, j.err, j.consumer, j.key); err != nil {
+	if _, err := b.m.parkTransactional(j.msg, j.ev, j.err, j.consumer, j.key); err != nil {
 		j.err = err
 		return
 	}

@@ -58,6 +58,25 @@ type Config struct {
 	// Defaults to 1024.
 	MaxKeyLength int
 
+	// MaxParkedPayload is the largest payload, in bytes, that a parked
+	// message keeps. Whenever the middleware parks a key (a Permanent
+	// handler error, too many interrupted attempts, a completion that can
+	// never commit), it keeps the message with the park, atomically: its
+	// UUID, payload, metadata and the topic it was consumed from, with the
+	// reason, attempts, and when it was first seen and parked, so that an
+	// operator can find it and replay it. A larger payload is not kept,
+	// only its size: the park still happens, the message is acked, and it
+	// cannot be replayed (re-publish it from its source). Metadata is
+	// always kept, whole up to 1 MiB of JSON (brokers keep headers far
+	// smaller: RabbitMQ's fit one 128 KiB frame by default); beyond that,
+	// its fields in key order while they fit, each cut to 256 bytes. A
+	// UUID, topic or metadata that PostgreSQL text cannot hold (invalid
+	// UTF-8, NUL) is kept with U+FFFD in place of those bytes. A message
+	// whose UUID, topic or metadata had to be changed is kept without its
+	// payload, so that it is never replayed as a message it was not. A
+	// negative value keeps no payload. At most 64 MiB. Defaults to 1 MiB.
+	MaxParkedPayload int
+
 	// PublishTopic is the outbox destination of the messages the handler
 	// returns. Defaults to the router handler's publish topic
 	// (message.PublishTopicFromCtx). SetDestination overrides it per message.
@@ -174,6 +193,8 @@ const (
 	defaultBatchMaxSize           = 64
 	defaultNackDelay              = time.Second
 	defaultMaxKeyLength           = 1024
+	defaultMaxParkedPayload       = 1 << 20
+	maxMaxParkedPayload           = 64 << 20
 	defaultLeaseDuration          = 30 * time.Second
 	defaultMaxInterruptedAttempts = 3
 )
@@ -187,6 +208,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxKeyLength == 0 {
 		c.MaxKeyLength = defaultMaxKeyLength
+	}
+	if c.MaxParkedPayload == 0 {
+		c.MaxParkedPayload = defaultMaxParkedPayload
 	}
 	if c.NackDelay == 0 {
 		c.NackDelay = defaultNackDelay
@@ -258,6 +282,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > 2048 {
 		return fmt.Errorf("exactlyonce: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
+	}
+	if c.MaxParkedPayload > maxMaxParkedPayload {
+		return fmt.Errorf("exactlyonce: Config.MaxParkedPayload is %d, it must be at most %d (64 MiB): a parked message is written with its park, in one statement", c.MaxParkedPayload, maxMaxParkedPayload)
 	}
 	if c.Batch != nil {
 		switch {

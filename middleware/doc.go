@@ -26,7 +26,8 @@
 //     UUIDs, so the next consumer's inbox drops a re-sent one;
 //  5. commits and returns nil: the router acks. A handler error or panic
 //     rolls everything back and is returned: the router nacks and the broker
-//     redelivers. Permanent(err) parks the key for an operator and acks.
+//     redelivers. Permanent(err) parks the key for an operator, keeping
+//     the message with it, and acks.
 //
 // # Lease mode (Config.Lease set)
 //

@@ -59,9 +59,10 @@ var errOutput = errors.New("invalid output message")
 // Permanent marks a handler error that no retry can fix (a phone number the
 // provider rejects, a payload that will never parse). In both modes the
 // handler's transaction is rolled back, the key is recorded as parked with
-// the error as its reason, and the message is acked: later deliveries of
-// the key are acked as parked too, until an operator releases it
-// (inbox.Store.Release). Permanent(nil) is nil.
+// the error as its reason, and the message is kept with it (see
+// Config.MaxParkedPayload) and acked: later deliveries of the key are acked
+// as parked too, until an operator replays the kept message or releases
+// the key (inbox.Store.Release). Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil

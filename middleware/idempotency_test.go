@@ -279,7 +279,7 @@ func TestIdempotencyKeyStableAcrossRelease(t *testing.T) {
 			require.Equal(t, want, runs[1].IdempotencyKey, "after the release: the key of the attempt that parked it")
 
 			// Parked by an older version (no key format), released.
-			require.NoError(t, store.Park(b.Ctx, b.DB.Conn, cons, "old", "invalid phone number"))
+			require.NoError(t, store.Park(b.Ctx, b.DB.Conn, cons, "old", "invalid phone number", nil))
 			b.Exec(t, "UPDATE "+b.DB.Inbox()+" SET idempotency_key_format = NULL WHERE consumer = $1 AND message_key = 'old'", cons)
 			released, err = store.Release(b.Ctx, b.DB.Conn, cons, "old")
 			require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
@@ -41,7 +42,8 @@ type leaseState struct {
 	m             *Middleware
 	consumer, key string
 	token         string
-	formerKey     bool // the record has the former idempotency key format
+	formerKey     bool                   // the record has the former idempotency key format
+	parked        *inboxdb.ParkedMessage // what a park of the attempt keeps
 	mu            sync.Mutex
 	info          leaseInfo
 }
@@ -90,9 +92,10 @@ func (l *leaseState) extend(ctx context.Context, th *txHandle, d time.Duration) 
 	return nil
 }
 
-// attempt names the attempt for the store.
+// attempt names the attempt for the store, with the message a park of it
+// keeps.
 func (l *leaseState) attempt() leasestore.Attempt {
-	return leasestore.Attempt{Consumer: l.consumer, Key: l.key, Token: l.token}
+	return leasestore.Attempt{Consumer: l.consumer, Key: l.key, Token: l.token, Message: l.parked}
 }
 
 func (l *leaseState) snapshot() leaseInfo {
@@ -103,8 +106,9 @@ func (l *leaseState) snapshot() leaseInfo {
 
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
 	endClaim := m.startClaim(origCtx, ev)
+	parked := m.parkedMessage(msg)
 	claim, err := m.lease.Claim(origCtx, consumer, key, leasestore.Options{
-		Lease: m.cfg.Lease.Duration, MaxInterrupted: m.cfg.Lease.MaxInterruptedAttempts,
+		Lease: m.cfg.Lease.Duration, MaxInterrupted: m.cfg.Lease.MaxInterruptedAttempts, Message: parked,
 	})
 	endClaim(err)
 	if err != nil {
@@ -120,8 +124,9 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		ev.Outcome = Parked
 		if claim.ParkedNow {
 			ev.Err = errors.New(claim.Record.LastError)
-			m.cfg.Logger.Error("exactlyonce: lease expired mid-attempt, key parked for an operator",
-				errors.New(claim.Record.LastError), watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt})
+			show, replay := m.parkedCommands(consumer, key)
+			m.cfg.Logger.Error("exactlyonce: lease expired mid-attempt, key parked for an operator with its message; show it: "+show+"; replay it: "+replay,
+				ev.Err, watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt, "message_uuid": msg.UUID})
 		}
 		return nil, nil
 	case leasestore.Busy:
@@ -139,7 +144,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, formerKey: claim.FormerKeyFormat, info: leaseInfo{
+	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, formerKey: claim.FormerKeyFormat, parked: parked, info: leaseInfo{
 		attempt:     claim.Attempt,
 		interrupted: claim.Interrupted,
 		leaseUntil:  claim.LeaseUntil,
@@ -180,7 +185,7 @@ func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *
 			ev.Outcome = Nacked
 			return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", key, consumer, ferr, herr)
 		}
-		return m.parkedNow(ev, herr, consumer, key, lease.info.attempt)
+		return m.parkedNow(msg, ev, herr, consumer, key, lease.info.attempt)
 	}
 	ev.Outcome = Nacked
 	_ = m.recordFailure(msg.Context(), lease, herr, false)
@@ -273,7 +278,7 @@ func (m *Middleware) completeLease(msg *message.Message, ev *Event, lease *lease
 			}
 			return unknown(fmt.Errorf("%w (and parking failed: %w)", cause, err))
 		}
-		return m.parkedNow(ev, fmt.Errorf("completion can never commit: %w", cause), consumer, key, lease.info.attempt)
+		return m.parkedNow(msg, ev, fmt.Errorf("completion can never commit: %w", cause), consumer, key, lease.info.attempt)
 	}
 	switch {
 	case berr != nil && herr != nil:
@@ -358,11 +363,13 @@ func (m *Middleware) recordFailure(ctx context.Context, l *leaseState, cause err
 }
 
 // parkedNow reports a key parked by this delivery (a Permanent handler
-// error, or a completion that can never commit): logged, acked.
-func (m *Middleware) parkedNow(ev *Event, reason error, consumer, key string, attempt int) ([]*message.Message, error) {
+// error, or a completion that can never commit), its message kept with
+// it: logged with the commands that show and replay it, acked.
+func (m *Middleware) parkedNow(msg *message.Message, ev *Event, reason error, consumer, key string, attempt int) ([]*message.Message, error) {
 	ev.Outcome = Parked
 	ev.Err = reason
-	m.cfg.Logger.Error("exactlyonce: key parked for an operator, message acked (inbox.Store.Release runs it again)", reason,
-		watermill.LogFields{"consumer": consumer, "key": key, "attempt": attempt})
+	show, replay := m.parkedCommands(consumer, key)
+	m.cfg.Logger.Error("exactlyonce: key parked for an operator with its message, message acked; show it: "+show+"; replay it: "+replay, reason,
+		watermill.LogFields{"consumer": consumer, "key": key, "attempt": attempt, "message_uuid": msg.UUID})
 	return nil, nil
 }

@@ -38,7 +38,10 @@ type leaseStore struct {
 	// unmark makes consumer's record of key look created by a version
 	// that wrote no idempotency key format (the record's marker is gone).
 	unmark func(t *testing.T, consumer, key string)
-	ev     testenv.Counters
+	// kept reads the message kept with the park of consumer's key (see
+	// keptMessage); false when none.
+	kept func(t *testing.T, consumer, key string) (keptMessage, bool)
+	ev   testenv.Counters
 }
 
 // expire ends the live lease of suiteConsumer's key now.
@@ -65,6 +68,9 @@ func postgresLeaseStore(t *testing.T) *leaseStore {
 				" SET idempotency_key_format = NULL WHERE consumer = $1 AND message_key = $2", consumer, key)
 			require.NoError(t, err)
 		},
+		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) {
+			return keptInPostgres(t, tables, consumer, key)
+		},
 	}
 }
 
@@ -89,6 +95,9 @@ redis.call('HSET', KEYS[1], 'lease_until_ms', 1) end`, []string{prefix + "{" + c
 			n, err := c.HDel(context.Background(), prefix+"{"+consumer+"}:k:"+key, "key_format").Result()
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n, "the record had a key format")
+		},
+		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) {
+			return keptInRedis(t, c, prefix, consumer, key)
 		},
 	}
 }

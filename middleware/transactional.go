@@ -62,7 +62,7 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 		done = true
 		var perm *permanentError
 		if errors.As(err, &perm) {
-			return m.parkTransactional(origCtx, ev, err, consumer, key)
+			return m.parkTransactional(msg, ev, err, consumer, key)
 		}
 		ev.Outcome = Nacked
 		return nil, m.handlerFailed(msg, err, consumer, key)
@@ -98,15 +98,17 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 }
 
 // parkTransactional records the key parked after the handler returned a
-// Permanent error (its transaction is rolled back), and acks. If the
-// record cannot be written, the delivery is nacked: nothing is lost.
-func (m *Middleware) parkTransactional(ctx context.Context, ev *Event, herr error, consumer, key string) ([]*message.Message, error) {
-	if err := m.store.Park(context.WithoutCancel(ctx), m.cfg.DB.Conn, consumer, key, herr.Error()); err != nil {
+// Permanent error (its transaction is rolled back), keeping msg with it in
+// the same statement, and acks. If the record cannot be written, the
+// delivery is nacked: nothing is lost.
+func (m *Middleware) parkTransactional(msg *message.Message, ev *Event, herr error, consumer, key string) ([]*message.Message, error) {
+	ctx := context.WithoutCancel(msg.Context())
+	if err := m.store.Park(ctx, m.cfg.DB.Conn, consumer, key, herr.Error(), m.parkedMessage(msg)); err != nil {
 		ev.Outcome = Nacked
 		return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)",
 			key, consumer, pgerr.IfNotMigrated(m.names, err), herr)
 	}
-	return m.parkedNow(ev, herr, consumer, key, 0)
+	return m.parkedNow(msg, ev, herr, consumer, key, 0)
 }
 
 // beginClaim begins the message's transaction and claims the key in it.

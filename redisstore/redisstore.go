@@ -13,8 +13,9 @@
 // completion and failure only by the holder of the token (each one Lua
 // script, atomic on the server); interrupted attempts retried with the same
 // idempotency key up to MaxInterruptedAttempts, then parked; Permanent
-// errors parked; parked keys listed and released (Store.Parked,
-// Store.Release). The middleware's lease-mode behaviour suite runs against
+// errors parked, with the message they were parked with (its payload up to
+// exactlyonce.Config.MaxParkedPayload); parked keys listed and released
+// (Store.Parked, Store.Release). The middleware's lease-mode behaviour suite runs against
 // both stores.
 //
 // What differs: the completion records only the done record. It cannot
@@ -30,9 +31,10 @@
 // noeviction may evict them, and a failover may lose acknowledged writes.
 // docs/redis.md states what each setting does and which ones keep it.
 //
-// Keys: <Prefix>{<consumer>}:k:<message key> is a key's record (a hash),
-// <Prefix>{<consumer>}:parked its consumer's parked keys (a sorted set by
-// first-seen time). The braces are a Redis Cluster hash tag: a consumer's
+// Keys: <Prefix>{<consumer>}:k:<message key> is a key's record (a hash;
+// once parked, it also holds the message it was parked with, written by
+// the script that parks: see scripts.go), <Prefix>{<consumer>}:parked its
+// consumer's parked keys (a sorted set by first-seen time). The braces are a Redis Cluster hash tag: a consumer's
 // records and its parked set share one slot, so that parking is atomic
 // with the record, at the price of one consumer's keys living on one node.
 // The package does not import the middleware; the middleware does not
@@ -242,7 +244,14 @@ func (b *backend) Claim(ctx context.Context, consumer, key string, opts leasesto
 		return leasestore.Claim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
 	token := watermill.NewUUID() // random (version 4): every claim its own
-	res, err := claimScript.Run(ctx, b.c, b.keys(consumer, key), token, ms(opts.Lease), opts.MaxInterrupted, key, inboxdb.KeyFormat).Slice()
+	args := []any{token, ms(opts.Lease), opts.MaxInterrupted, key, inboxdb.KeyFormat, "0"}
+	if opts.Message != nil {
+		args[5] = "?" // sent only to the claim that parks (see claimScript)
+	}
+	res, err := claimScript.Run(ctx, b.c, b.keys(consumer, key), args...).Slice()
+	if err == nil && len(res) == 8 && res[0] == "message" {
+		res, err = claimScript.Run(ctx, b.c, b.keys(consumer, key), append(args[:5:5], messageArgs(opts.Message)...)...).Slice()
+	}
 	if err != nil {
 		return leasestore.Claim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
 	}
@@ -274,6 +283,20 @@ func (b *backend) Claim(ctx context.Context, consumer, key string, opts leasesto
 		return leasestore.Claim{}, fmt.Errorf("lease claim of %q for %q: unexpected outcome %q", key, consumer, outcome)
 	}
 	return c, nil
+}
+
+// messageArgs are the script arguments that keep msg with a park (see
+// luaKeep): "0" alone for none.
+func messageArgs(msg *inboxdb.ParkedMessage) []any {
+	if msg == nil {
+		return []any{"0", "", "", "0", "", 0, "{}"}
+	}
+	r := msg.Row()
+	kept := "0"
+	if r.Payload != nil {
+		kept = "1"
+	}
+	return []any{"1", r.UUID, r.Topic, kept, r.Payload, r.PayloadSize, r.Metadata}
 }
 
 // fenced runs a script that answers -1 when the attempt no longer owns the
@@ -319,19 +342,26 @@ func (b *backend) Owns(ctx context.Context, a leasestore.Attempt) (bool, error) 
 	return v[0] == inboxdb.StatusProcessing && v[1] == a.Token, nil
 }
 
-// Fail records failed (expiring after DoneTTL) or parked.
+// Fail records failed (expiring after DoneTTL) or parked, keeping
+// a.Message with the park.
 func (b *backend) Fail(ctx context.Context, a leasestore.Attempt, errText string, permanent bool) error {
 	park := "0"
 	if permanent {
 		park = "1"
 	}
-	_, err := b.fenced(ctx, "recording failure of", a, failScript, pgtext.Truncate(errText), park, ms(b.ttl), a.Key)
+	args := []any{pgtext.Truncate(errText), park, ms(b.ttl), a.Key}
+	if permanent {
+		args = append(args, messageArgs(a.Message)...)
+	} else {
+		args = append(args, messageArgs(nil)...)
+	}
+	_, err := b.fenced(ctx, "recording failure of", a, failScript, args...)
 	return err
 }
 
-// ParkInterrupted parks the key, marked interrupted.
+// ParkInterrupted parks the key, marked interrupted, keeping a.Message.
 func (b *backend) ParkInterrupted(ctx context.Context, a leasestore.Attempt, reason string) error {
-	_, err := b.fenced(ctx, "parking", a, parkInterruptedScript, pgtext.Truncate(reason), a.Key)
+	_, err := b.fenced(ctx, "parking", a, parkInterruptedScript, append([]any{pgtext.Truncate(reason), a.Key}, messageArgs(a.Message)...)...)
 	return err
 }
 
@@ -366,7 +396,8 @@ func parseRecord(consumer, key string, m map[string]string) leasestore.Record {
 	}
 }
 
-// Forget deletes the record and its parked entry.
+// Forget deletes the record (with the message its park kept) and its
+// parked entry.
 func (b *backend) Forget(ctx context.Context, consumer, key string) (bool, error) {
 	n, err := forgetScript.Run(ctx, b.c, b.keys(consumer, key), key).Int64()
 	if err != nil {

@@ -15,18 +15,45 @@ import "github.com/redis/go-redis/v9"
 // the record's attempts, inboxdb.KeyFormat; absent on a record an earlier
 // version created, whose attempts keep the former key). Times are Unix
 // milliseconds of the server.
+//
+// A park also keeps the message it parked (inboxdb.ParkedMessage, as
+// inboxdb.ParkedMessage.Row makes it): m_uuid, m_topic, m_payload (absent
+// when the payload is not kept), m_size (the payload's size in bytes),
+// m_meta (a JSON object of strings) and parked_at_ms, written by the
+// script that parks, replacing what an earlier park kept. They go with the
+// record: Forget deletes them, a release leaves them until the record is
+// parked again or expires.
 
 // luaNow is the prologue of every script that needs the time.
 const luaNow = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 `
 
+// luaKeep defines keep(rec, i): when ARGV[i] is '1', the parked message in
+// ARGV[i+1..i+6] (uuid, topic, '1' when the payload is kept, payload, size,
+// metadata JSON) is written into the record; '0' keeps nothing. See
+// messageArgs.
+const luaKeep = `local function keep(rec, i)
+	if ARGV[i] ~= '1' then return end
+	redis.call('HSET', rec, 'm_uuid', ARGV[i+1], 'm_topic', ARGV[i+2], 'm_size', ARGV[i+5], 'm_meta', ARGV[i+6], 'parked_at_ms', now)
+	if ARGV[i+3] == '1' then
+		redis.call('HSET', rec, 'm_payload', ARGV[i+4])
+	else
+		redis.call('HDEL', rec, 'm_payload')
+	end
+end
+`
+
 // claimScript: ARGV token, lease ms, max interrupted (0: no bound), the
-// message key (the parked set's member), the key format of a new record.
-// Returns {outcome, attempts, lease_until_ms, interrupted, parked_now,
-// first_seen_ms, last_error, former} (former: 1 when the record has no
-// key_format).
-var claimScript = redis.NewScript(luaNow + `
+// message key (the parked set's member), the key format of a new record,
+// then the message to keep if the claim parks: ARGV[6] '1' with the
+// message (see luaKeep), '0' for none, or '?' when the caller has one but
+// did not send it (the usual case: most claims do not park): a claim that
+// would park then changes nothing and returns the outcome 'message', and
+// the caller runs it again with the message. Returns {outcome, attempts,
+// lease_until_ms, interrupted, parked_now, first_seen_ms, last_error,
+// former} (former: 1 when the record has no key_format).
+var claimScript = redis.NewScript(luaNow + luaKeep + `
 local rec, token, lease, maxi, member = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local until_ms = now + lease
 local f = redis.call('HMGET', rec, 'status', 'attempts', 'lease_until_ms', 'first_seen_ms', 'interrupted', 'interruptions', 'last_error', 'key_format')
@@ -61,11 +88,15 @@ if lu >= now then
 end
 -- Processing with an expired lease: the attempt was interrupted.
 if maxi > 0 and interruptions + 1 >= maxi then
+	if ARGV[6] == '?' then
+		return {'message', attempts, 0, 0, 0, fs, last_error, former}
+	end
 	local reason = string.format('lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown (%d interrupted attempts; retries stop at %d)',
 		attempts, interruptions + 1, maxi)
 	redis.call('HSET', rec, 'status', 'parked', 'interrupted', 1, 'interruptions', interruptions + 1, 'processed_at_ms', now, 'last_error', reason)
 	redis.call('HDEL', rec, 'token', 'lease_until_ms')
 	redis.call('ZADD', KEYS[2], fs, member)
+	keep(rec, 6)
 	return {'parked', attempts, 0, 1, 1, fs, reason, former}
 end
 redis.call('HSET', rec, 'attempts', attempts + 1, 'token', token, 'lease_until_ms', until_ms, 'interrupted', 0, 'interruptions', interruptions + 1)
@@ -95,15 +126,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
-// failScript: ARGV token, error text, "1" to park, done TTL ms, member.
-// Returns 1, or -1 when the attempt no longer owns the key.
-var failScript = redis.NewScript(luaOwned + luaNow + `
+// failScript: ARGV token, error text, "1" to park, done TTL ms, member,
+// then the message a park keeps (ARGV[6..12], see luaKeep). Returns 1, or
+// -1 when the attempt no longer owns the key.
+var failScript = redis.NewScript(luaOwned + luaNow + luaKeep + `
 local rec = KEYS[1]
 redis.call('HDEL', rec, 'token', 'lease_until_ms')
 redis.call('HSET', rec, 'last_error', ARGV[2], 'processed_at_ms', now)
 if ARGV[3] == '1' then
 	redis.call('HSET', rec, 'status', 'parked')
 	redis.call('ZADD', KEYS[2], tonumber(redis.call('HGET', rec, 'first_seen_ms')) or now, ARGV[5])
+	keep(rec, 6)
 else
 	redis.call('HSET', rec, 'status', 'failed')
 	redis.call('PEXPIRE', rec, ARGV[4])
@@ -111,14 +144,16 @@ end
 return 1
 `)
 
-// parkInterruptedScript: ARGV token, reason, member. Returns 1, or -1 when
-// the attempt no longer owns the key.
-var parkInterruptedScript = redis.NewScript(luaOwned + luaNow + `
+// parkInterruptedScript: ARGV token, reason, member, then the message to
+// keep (ARGV[4..10], see luaKeep). Returns 1, or -1 when the attempt no
+// longer owns the key.
+var parkInterruptedScript = redis.NewScript(luaOwned + luaNow + luaKeep + `
 local rec = KEYS[1]
 redis.call('HDEL', rec, 'token', 'lease_until_ms')
 redis.call('HSET', rec, 'status', 'parked', 'interrupted', 1, 'last_error', ARGV[2], 'processed_at_ms', now)
 redis.call('HINCRBY', rec, 'interruptions', 1)
 redis.call('ZADD', KEYS[2], tonumber(redis.call('HGET', rec, 'first_seen_ms')) or now, ARGV[3])
+keep(rec, 4)
 return 1
 `)
 
@@ -133,8 +168,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
-// forgetScript: ARGV member. Deletes the record and its parked entry.
-// Returns 1 when a record existed.
+// forgetScript: ARGV member. Deletes the record (with the message a park
+// kept in it) and its parked entry. Returns 1 when a record existed.
 var forgetScript = redis.NewScript(`
 redis.call('ZREM', KEYS[2], ARGV[1])
 return redis.call('DEL', KEYS[1])

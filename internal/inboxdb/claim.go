@@ -158,19 +158,33 @@ func notDone(consumer, key string, rec Record) error {
 // done; a failed (released) one is parked again. A record it creates has
 // the current idempotency key format (the attempt that parked it used it);
 // one parked again keeps its own.
-func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
+//
+// The same statement keeps msg, the message the key was parked with, in
+// the table of parked messages (replacing what an earlier park of the key
+// kept), with the reason, the record's attempts, first-seen time and
+// parked time (see ParkedMessage.Row for what is kept of it). A key left
+// alone (done, processing, or parked already) keeps nothing new. A nil msg
+// keeps nothing.
+func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string, msg *ParkedMessage) error {
 	if s.part != nil {
-		if err := s.parkPartitioned(ctx, db, consumer, key, pgtext.Truncate(reason)); err != nil {
+		if err := s.parkPartitioned(ctx, db, consumer, key, pgtext.Truncate(reason), msg); err != nil {
 			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
 		}
 		return nil
 	}
-	return retryStatement(db, func() error {
-		_, err := seam.Exec(ctx, db, `INSERT INTO `+s.table+` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format)
-VALUES ($1, $2, 'parked', 1, now(), $3, true, `+keyFormatLiteral+`)
+	q := `INSERT INTO ` + s.table + ` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format)
+VALUES ($1, $2, 'parked', 1, now(), $3, true, ` + keyFormatLiteral + `)
 ON CONFLICT (consumer, message_key) DO UPDATE SET status = 'parked', attempts = t.attempts + 1, processed_at = now(),
-last_error = EXCLUDED.last_error WHERE t.status = 'failed' AND t.parked_by_transaction`, consumer, key, pgtext.Truncate(reason))
-		if err != nil {
+last_error = EXCLUDED.last_error WHERE t.status = 'failed' AND t.parked_by_transaction`
+	args := []any{consumer, key, pgtext.Truncate(reason)}
+	if msg != nil {
+		q = `WITH parked AS (` + q + `
+RETURNING ` + parkedReturning + `)
+` + s.keepParked("parked", 4)
+		args = append(args, msg.Row().args()...)
+	}
+	return retryStatement(db, func() error {
+		if _, err := seam.Exec(ctx, db, q, args...); err != nil {
 			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
 		}
 		return nil

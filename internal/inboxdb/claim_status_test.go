@@ -259,7 +259,7 @@ func TestPark(t *testing.T) {
 
 		t.Run("new key", func(t *testing.T) {
 			start := time.Now()
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "new", "400 invalid phone number"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "new", "400 invalid phone number", nil))
 			rec := lookup("new")
 			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Equal(t, "400 invalid phone number", rec.LastError)
@@ -278,7 +278,7 @@ func TestPark(t *testing.T) {
 		t.Run("done stays done", func(t *testing.T) {
 			require.True(t, b.claim(t, "c", "done").Claimed)
 			before := lookup("done")
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "done", "too late"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "done", "too late", nil))
 			rec := lookup("done")
 			require.Equal(t, inboxdb.StatusDone, rec.Status, "a key done in the meantime keeps its outcome")
 			require.Empty(t, rec.LastError)
@@ -288,7 +288,7 @@ func TestPark(t *testing.T) {
 
 		t.Run("failed is parked again", func(t *testing.T) {
 			b.insertRecord(t, "c", "failed", inboxdb.StatusFailed, 2, "released by an operator")
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "failed", "still invalid"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "failed", "still invalid", nil))
 			rec := lookup("failed")
 			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Equal(t, "still invalid", rec.LastError, "the new reason replaces the old one")
@@ -297,9 +297,9 @@ func TestPark(t *testing.T) {
 		})
 
 		t.Run("parked and processing are left alone", func(t *testing.T) {
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "parked", "first reason"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "parked", "first reason", nil))
 			before := lookup("parked")
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "parked", "second reason"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "parked", "second reason", nil))
 			rec := lookup("parked")
 			require.Equal(t, inboxdb.StatusParked, rec.Status)
 			require.Equal(t, "first reason", rec.LastError)
@@ -308,7 +308,7 @@ func TestPark(t *testing.T) {
 			lc, err := b.store.ClaimLease(b.ctx, b.db, "c", "leased", inboxdb.LeaseOptions{Lease: time.Hour})
 			require.NoError(t, err)
 			require.Equal(t, inboxdb.LeaseAcquired, lc.Outcome)
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "leased", "not mine"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "leased", "not mine", nil))
 			rec = lookup("leased")
 			require.Equal(t, inboxdb.StatusProcessing, rec.Status, "a lease-mode attempt in flight is not disturbed")
 			require.Empty(t, rec.LastError)
@@ -318,20 +318,20 @@ func TestPark(t *testing.T) {
 		})
 
 		t.Run("reason made storable", func(t *testing.T) {
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "bad-text", "bad \xff byte, nul \x00 here"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "bad-text", "bad \xff byte, nul \x00 here", nil))
 			require.Equal(t, "bad \uFFFD byte, nul \uFFFD here", lookup("bad-text").LastError)
 		})
 
 		t.Run("in a transaction that rolls back", func(t *testing.T) {
 			tx := b.begin(t)
-			require.NoError(t, b.store.Park(b.ctx, tx, "c", "rolled-back", "x"))
+			require.NoError(t, b.store.Park(b.ctx, tx, "c", "rolled-back", "x", nil))
 			require.NoError(t, tx.Rollback())
 			_, err := b.store.Lookup(b.ctx, b.db, "c", "rolled-back")
 			require.ErrorIs(t, err, inboxdb.ErrNotFound)
 		})
 
 		t.Run("released, claimed again", func(t *testing.T) {
-			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "cycle", "permanent"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "cycle", "permanent", nil))
 			ok, err := b.store.Release(b.ctx, b.db, "c", "cycle")
 			require.NoError(t, err)
 			require.True(t, ok)

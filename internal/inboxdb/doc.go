@@ -25,8 +25,13 @@
 // Errors carry no package prefix; the public package that returns them adds
 // one.
 //
+// Every statement that parks a key (Park, Fail with permanent,
+// ParkInterrupted, the lease claim that parks) also writes the message it
+// was parked with ([ParkedMessage]) into the table of parked messages,
+// <inbox>_parked, in the same statement (parked_write.go).
+//
 // Operations: [Store.Lookup] shows a key's record, [Store.Forget] deletes it
-// (the next delivery runs again), [Store.Stats] counts rows by status, and
+// and the message its park kept (the next delivery runs again), [Store.Stats] counts rows by status, and
 // [Store.Purge] deletes old rows in small batches. Retention must outlast the
 // longest time a broker may still redeliver a message: a key purged before
 // its last redelivery is processed again.

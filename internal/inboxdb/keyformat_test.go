@@ -37,7 +37,7 @@ func TestKeyFormat(t *testing.T) {
 		lc := leaseAcquire(t, b, "l", "k", time.Minute, retryExpired)
 		require.False(t, lc.FormerKeyFormat)
 		require.Equal(t, want, keyFormat(t, b, "l", "k"))
-		require.NoError(t, b.store.Fail(b.ctx, b.db, "l", "k", lc.Token, "503", false))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, "l", "k", lc.Token, "503", false, nil))
 		lc = leaseAcquire(t, b, "l", "k", time.Minute, retryExpired)
 		require.False(t, lc.FormerKeyFormat, "failed, claimed again")
 		unmark(t, b, "l", "k")
@@ -45,7 +45,7 @@ func TestKeyFormat(t *testing.T) {
 		lc = leaseAcquire(t, b, "l", "k", time.Minute, retryExpired)
 		require.True(t, lc.Interrupted)
 		require.True(t, lc.FormerKeyFormat, "created by an earlier version, interrupted")
-		require.NoError(t, b.store.Fail(b.ctx, b.db, "l", "k", lc.Token, "503", false))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, "l", "k", lc.Token, "503", false, nil))
 		lc = leaseAcquire(t, b, "l", "k", time.Minute, retryExpired)
 		require.True(t, lc.FormerKeyFormat, "created by an earlier version, failed")
 		require.Equal(t, "", keyFormat(t, b, "l", "k"), "a claim never changes a record's format")
@@ -56,7 +56,7 @@ func TestKeyFormat(t *testing.T) {
 
 		// Parked by this version or an earlier one, released, claimed.
 		for _, key := range []string{"new", "old", "new-batch", "old-batch"} {
-			require.NoError(t, b.store.Park(b.ctx, b.db, "t", key, "invalid phone number"))
+			require.NoError(t, b.store.Park(b.ctx, b.db, "t", key, "invalid phone number", nil))
 			require.Equal(t, want, keyFormat(t, b, "t", key))
 			former := key == "old" || key == "old-batch"
 			if former {

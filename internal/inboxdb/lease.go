@@ -62,6 +62,10 @@ type LeaseOptions struct {
 	// MaxInterrupted parks a key once this many of
 	// its attempts were interrupted. 0 means no bound.
 	MaxInterrupted int
+	// Message is the message being delivered: the claim that parks the
+	// key (MaxInterrupted reached) keeps it with the park, as Park does.
+	// Nil keeps nothing.
+	Message *ParkedMessage
 }
 
 // LeaseClaim is the result of ClaimLease.
@@ -236,8 +240,18 @@ lease_token = $4::uuid, interrupted = false`
 	case opts.MaxInterrupted > 0 && rec.Interruptions+1 >= opts.MaxInterrupted:
 		reason := fmt.Sprintf("lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown", rec.Attempts)
 		reason += fmt.Sprintf(" (%d interrupted attempts; retries stop at %d)", rec.Interruptions+1, opts.MaxInterrupted)
-		out, err := update(`status = 'parked', lease_until = NULL, lease_token = NULL, interrupted = true,
-interruptions = interruptions + 1, processed_at = now(), last_error = $3`, reason)
+		set := `status = 'parked', lease_until = NULL, lease_token = NULL, interrupted = true,
+interruptions = interruptions + 1, processed_at = now(), last_error = $3`
+		var out Record
+		var err error
+		if opts.Message == nil {
+			out, err = update(set, reason)
+		} else {
+			// The message is kept by the same statement.
+			err = seam.QueryRow(ctx, tx, `WITH u AS (UPDATE `+s.table+` SET `+set+`
+WHERE consumer = $1 AND message_key = $2 RETURNING *), kept AS (`+s.keepParked("u", 4)+`)
+SELECT `+recordColumns+` FROM u`, append([]any{consumer, key, reason}, opts.Message.Row().args()...), out.scanDest()...)
+		}
 		return LeaseClaim{Outcome: LeaseParked, ParkedNow: true, Attempt: out.Attempts, Record: out}, err
 	default:
 		out, err := update(retry+`, interruptions = interruptions + 1`, leaseSecs, token)
@@ -318,14 +332,14 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_tok
 
 // Fail records that the attempt fenced by token failed with errText: status
 // failed (the next delivery runs it again), or parked when permanent (it
-// waits for an operator). It returns ErrLeaseLost when the attempt no longer
-// owns the key.
-func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, errText string, permanent bool) error {
-	status := StatusFailed
-	if permanent {
-		status = StatusParked
+// waits for an operator), keeping msg, the attempt's message, with the
+// park in the same statement (as Park does; nil keeps nothing). It returns
+// ErrLeaseLost when the attempt no longer owns the key.
+func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, errText string, permanent bool, msg *ParkedMessage) error {
+	if !permanent {
+		return s.finish(ctx, db, consumer, key, token, "recording failure", nil, `status = 'failed', last_error = $4`, pgtext.Truncate(errText))
 	}
-	return s.finish(ctx, db, consumer, key, token, "recording failure", `status = $4, last_error = $5`, status, pgtext.Truncate(errText))
+	return s.finish(ctx, db, consumer, key, token, "recording failure", msg, `status = 'parked', last_error = $4`, pgtext.Truncate(errText))
 }
 
 // ParkInterrupted parks the key of the attempt fenced by token after its
@@ -333,26 +347,36 @@ func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key
 // refuses, a constraint failing at COMMIT): the external effect probably
 // happened and is not recorded, and repeating the attempt would repeat the
 // effect and fail the same way. The record is parked with reason, marked
-// interrupted (a released attempt is told), and its interruptions counted.
-// It returns ErrLeaseLost when the attempt no longer owns the key.
-func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, reason string) error {
-	return s.finish(ctx, db, consumer, key, token, "parking", `status = 'parked', interrupted = true, interruptions = interruptions + 1, last_error = $4`,
+// interrupted (a released attempt is told), and its interruptions counted;
+// msg, the attempt's message, is kept with it in the same statement (as
+// Park does; nil keeps nothing). It returns ErrLeaseLost when the attempt
+// no longer owns the key.
+func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, reason string, msg *ParkedMessage) error {
+	return s.finish(ctx, db, consumer, key, token, "parking", msg, `status = 'parked', interrupted = true, interruptions = interruptions + 1, last_error = $4`,
 		pgtext.Truncate(reason))
 }
 
 // finish ends the processing attempt fenced by token with set (its
-// arguments from $4), releasing the lease and stamping processed_at.
-func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, what, set string, args ...any) error {
+// arguments from $4), releasing the lease and stamping processed_at. With
+// a parking set, msg (if any) is kept by the same statement.
+func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, what string, msg *ParkedMessage, set string, args ...any) error {
 	if err := s.lockRecord(ctx, db, consumer, key); err != nil {
 		return fmt.Errorf("%s %q for %q: %w", what, key, consumer, err)
+	}
+	q := `UPDATE ` + s.table + `
+SET ` + set + `, lease_until = NULL, lease_token = NULL, processed_at = now()
+WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`
+	args = append([]any{consumer, key, tokenArg(token)}, args...)
+	if msg != nil {
+		// One row kept per record parked: the count is the update's.
+		q = `WITH parked AS (` + q + ` RETURNING ` + parkedReturning + `)
+` + s.keepParked("parked", len(args)+1)
+		args = append(args, msg.Row().args()...)
 	}
 	var n int64
 	err := retryStatement(db, func() error {
 		var err error
-		n, err = seam.Exec(ctx, db, `UPDATE `+s.table+`
-SET `+set+`, lease_until = NULL, lease_token = NULL, processed_at = now()
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`,
-			append([]any{consumer, key, tokenArg(token)}, args...)...)
+		n, err = seam.Exec(ctx, db, q, args...)
 		return err
 	})
 	if err != nil {

@@ -31,7 +31,8 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 }
 
 // Forget deletes the record of (consumer, key), so that the next delivery of
-// that key runs the handler again. It reports whether a record existed. Use
+// that key runs the handler again, and, in the same statement, the message
+// kept when the key was parked. It reports whether a record existed. Use
 // it to re-process a message on purpose; it does not undo effects.
 //
 // On the partitioned layout a purge may move the record to another
@@ -41,7 +42,8 @@ func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, k
 	var n int64
 	err := retryStatement(db, func() error {
 		var err error
-		n, err = seam.Exec(ctx, db, `DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
+		n, err = seam.Exec(ctx, db, `WITH kept AS (DELETE FROM `+s.parked+` WHERE consumer = $1 AND message_key = $2)
+DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
 		return err
 	})
 	if err != nil {

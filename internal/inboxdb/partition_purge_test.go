@@ -222,7 +222,7 @@ func (b bundle) claimEveryPath(t *testing.T, store *inboxdb.Store, prefix string
 	require.NoError(t, err, "ClaimLease")
 	require.Equal(t, inboxdb.LeaseAcquired, lc.Outcome)
 
-	require.NoError(t, store.Park(b.ctx, b.db, "c", k("park"), "permanent"), "Park")
+	require.NoError(t, store.Park(b.ctx, b.db, "c", k("park"), "permanent", nil), "Park")
 
 	for _, path := range []string{"tx", "batch", "batch2", "pgx", "lease", "park"} {
 		require.Equal(t, int64(1), b.count(t, "message_key = $1", k(path)), "one record of %q", k(path))
@@ -273,7 +273,7 @@ func TestPartitionedClaimRetriesWhenNoPartitionTakesTheRow(t *testing.T) {
 		require.Equal(t, inboxdb.LeaseAcquired, lc.Outcome)
 
 		b.store.PretendPartitionsEnd(far)
-		require.NoError(t, b.store.Park(b.ctx, b.db, "c", "park", "permanent"), "Park")
+		require.NoError(t, b.store.Park(b.ctx, b.db, "c", "park", "permanent", nil), "Park")
 
 		for _, k := range []string{"pgx", "lease", "park"} {
 			require.Contains(t, b.partitionOf(t, "c", k), b.layout().Name(old), k)

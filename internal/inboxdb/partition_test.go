@@ -106,7 +106,7 @@ VALUES ('c', $1, $2, $3::timestamptz, $3::timestamptz)`, k, status, yesterday.Ad
 		lc := leaseClaim(t, b, "c", "lease", time.Hour, retryExpired)
 		require.Equal(t, inboxdb.LeaseDuplicate, lc.Outcome, "ClaimLease: recorded yesterday")
 
-		require.NoError(t, b.store.Park(b.ctx, b.db, "c", "park", "permanent"))
+		require.NoError(t, b.store.Park(b.ctx, b.db, "c", "park", "permanent", nil))
 		rec, err := b.store.Lookup(b.ctx, b.db, "c", "park")
 		require.NoError(t, err)
 		require.Equal(t, inboxdb.StatusDone, rec.Status, "Park leaves a done record done")

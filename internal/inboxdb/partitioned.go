@@ -364,18 +364,30 @@ RETURNING ` + recordColumns, nil
 // parkPartitioned is Park on the partitioned layout, in a READ COMMITTED
 // transaction of its own when db can begin one (then it retries after
 // ErrPartitionsChanged).
-func (s *Store) parkPartitioned(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string) error {
+func (s *Store) parkPartitioned(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string, msg *ParkedMessage) error {
+	// Both branches see the statement's snapshot: when released parks the
+	// record, the insert finds it and creates none.
+	q := `WITH released AS (
+UPDATE ` + s.table + ` SET status = 'parked', attempts = attempts + 1, processed_at = now(), last_error = $3
+WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction RETURNING ` + parkedReturning + `),
+created AS (
+INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format, partition_at)
+SELECT $1, $2, 'parked', 1, now(), $3, true, ` + keyFormatLiteral + `, {{partition_at}}
+WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2) RETURNING ` + parkedReturning + `)
+`
+	args := []any{consumer, key, reason}
+	if msg != nil {
+		q += s.keepParked(`(SELECT * FROM released UNION ALL SELECT * FROM created) parked`, 4)
+		args = append(args, msg.Row().args()...)
+	} else {
+		q += `SELECT 1` // data-modifying CTEs run whether or not they are read
+	}
 	run := func(tx wsql.ContextExecutor) error {
 		pl := s.place(ctx, tx)
 		if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), `pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`), consumer, key); err != nil {
 			return err
 		}
-		_, err := seam.Exec(ctx, tx, `WITH released AS (
-UPDATE `+s.table+` SET status = 'parked', attempts = attempts + 1, processed_at = now(), last_error = $3
-WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction RETURNING 1)
-INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format, partition_at)
-SELECT $1, $2, 'parked', 1, now(), $3, true, `+keyFormatLiteral+`, `+s.partitionAtSQL(pl)+`
-WHERE NOT EXISTS (SELECT 1 FROM `+s.table+` WHERE consumer = $1 AND message_key = $2)`, consumer, key, reason)
+		_, err := seam.Exec(ctx, tx, strings.Replace(q, "{{partition_at}}", s.partitionAtSQL(pl), 1), args...)
 		return s.partitionsChanged(err)
 	}
 	b, ok := db.(wsql.Beginner)

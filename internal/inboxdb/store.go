@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -53,9 +55,10 @@ func (c Config) validate() error {
 // method takes the database handle or transaction to work on. A Store is
 // safe for concurrent use.
 type Store struct {
-	cfg   Config
-	table string
-	part  *partitionState // nil: the plain layout
+	cfg    Config
+	table  string
+	parked string          // the table of parked messages
+	part   *partitionState // nil: the plain layout
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -65,7 +68,8 @@ func NewStore(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, table: cfg.Tables.Inbox()}
+	s := &Store{cfg: cfg, table: cfg.Tables.Inbox(),
+		parked: pgx.Identifier{cfg.Tables.Schema, cfg.Tables.InboxTable + "_parked"}.Sanitize()}
 	if p := cfg.Tables.Partitions; p != nil {
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
 			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
@@ -76,6 +80,10 @@ func NewStore(cfg Config) (*Store, error) {
 
 // Table returns the quoted, schema-qualified inbox table name.
 func (s *Store) Table() string { return s.table }
+
+// ParkedTable returns the quoted, schema-qualified name of the table of
+// parked messages (the inbox table's name with "_parked").
+func (s *Store) ParkedTable() string { return s.parked }
 
 // ValidateKey reports whether consumer and key can be stored: both
 // non-empty, valid UTF-8 without NUL bytes, and key at most MaxKeyLength

@@ -60,6 +60,10 @@ type Attempt struct {
 	// (Postgres only): Extend and Complete then write in it. Nil
 	// otherwise.
 	Tx wsql.ContextExecutor
+	// Message is the message the attempt processes: Fail (permanent) and
+	// ParkInterrupted keep it with the park, atomically. Nil keeps
+	// nothing.
+	Message *inboxdb.ParkedMessage
 }
 
 // Backend is a lease-mode store. Every method is safe for concurrent use.
@@ -71,7 +75,8 @@ type Attempt struct {
 //     Parked (duplicates+1); processing with a live lease: Busy, unchanged;
 //     processing with an expired lease: interrupted (interruptions+1), then
 //     acquired as attempts+1 with Interrupted, or parked with ParkedNow once
-//     MaxInterrupted attempts were interrupted. Every acquired claim gets a
+//     MaxInterrupted attempts were interrupted (keeping Options.Message
+//     with the park, atomically). Every acquired claim gets a
 //     new random Token. A record the claim creates carries the current
 //     idempotency key format (inboxdb.KeyFormat); an acquired claim of a
 //     record without one (created by an earlier version) reports
@@ -79,7 +84,12 @@ type Attempt struct {
 //   - Extend, Complete, Fail, ParkInterrupted act only while the record is
 //     processing with the attempt's Token; otherwise ErrLeaseLost.
 //   - Fail records failed (the next claim runs again) or, when permanent,
-//     parked; ParkInterrupted parks and marks the record interrupted.
+//     parked; ParkInterrupted parks and marks the record interrupted. Both
+//     keep Attempt.Message with the park, atomically.
+//   - Every park keeps the message (inboxdb.ParkedMessage.Row) with the
+//     record's reason, attempts, first-seen and parked times, replacing
+//     what an earlier park of the key kept; Forget deletes it with the
+//     record.
 //   - Release turns a parked record into failed.
 type Backend interface {
 	// Claim claims (consumer, key), durably before it returns.
@@ -99,7 +109,8 @@ type Backend interface {
 	// Get returns the key's record, or an error wrapping
 	// inboxdb.ErrNotFound.
 	Get(ctx context.Context, consumer, key string) (Record, error)
-	// Forget deletes the key's record; it reports whether one existed.
+	// Forget deletes the key's record and the message its park kept; it
+	// reports whether a record existed.
 	Forget(ctx context.Context, consumer, key string) (bool, error)
 	// Parked lists up to limit parked records of consumer, oldest first.
 	Parked(ctx context.Context, consumer string, limit int) ([]Record, error)

@@ -56,12 +56,12 @@ func (p *Postgres) Owns(ctx context.Context, a Attempt) (bool, error) {
 
 // Fail commits at once.
 func (p *Postgres) Fail(ctx context.Context, a Attempt, errText string, permanent bool) error {
-	return p.Store.Fail(ctx, p.DB, a.Consumer, a.Key, a.Token, errText, permanent)
+	return p.Store.Fail(ctx, p.DB, a.Consumer, a.Key, a.Token, errText, permanent, a.Message)
 }
 
 // ParkInterrupted commits at once.
 func (p *Postgres) ParkInterrupted(ctx context.Context, a Attempt, reason string) error {
-	return p.Store.ParkInterrupted(ctx, p.DB, a.Consumer, a.Key, a.Token, reason)
+	return p.Store.ParkInterrupted(ctx, p.DB, a.Consumer, a.Key, a.Token, reason, a.Message)
 }
 
 // Get looks the record up.
@@ -69,7 +69,7 @@ func (p *Postgres) Get(ctx context.Context, consumer, key string) (Record, error
 	return p.Store.Lookup(ctx, p.DB, consumer, key)
 }
 
-// Forget deletes the record.
+// Forget deletes the record and the message its park kept.
 func (p *Postgres) Forget(ctx context.Context, consumer, key string) (bool, error) {
 	return p.Store.Forget(ctx, p.DB, consumer, key)
 }
