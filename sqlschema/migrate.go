@@ -233,7 +233,7 @@ type templateData struct{ cfg DB }
 // Partitioned is true for the time-partitioned inbox layout (DB.Partitions).
 func (d templateData) Partitioned() bool { return d.cfg.Partitions != nil }
 
-func (d templateData) Inbox() string  { return d.cfg.Inbox() }
+func (d templateData) Inbox() string { return d.cfg.Inbox() }
 
 // InboxParked is the table of parked messages: the inbox table's name with
 // "_parked", schema-qualified.
