@@ -36,7 +36,9 @@ func newParked(t *testing.T, cfg redisstore.Config) parkedBundle {
 	return parkedBundle{ctx: ctx, s: s, c: c, prefix: prefix}
 }
 
-func (b parkedBundle) rec(consumer, key string) string { return b.prefix + "{" + consumer + "}:k:" + key }
+func (b parkedBundle) rec(consumer, key string) string {
+	return b.prefix + "{" + consumer + "}:k:" + key
+}
 
 // redisMsg is a parked message to seed, as the middleware keeps it.
 type redisMsg struct {
