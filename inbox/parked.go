@@ -199,10 +199,13 @@ type DiscardOptions struct {
 }
 
 // FindParked returns a page of the parked messages that match f, oldest
-// parked first; ParkedPage.Next reads the next one. Every filter field is
-// served by the table's indexes alone or together with the consumer's (a
-// metadata field by a GIN index, the reason and the tenant by a scan of
-// what the other fields select).
+// parked first; ParkedPage.Next reads the next one. The table's indexes
+// serve the consumer (with or without the key), the message UUID, the
+// metadata fields (a GIN index: a business id among a million parked
+// messages is found in about a millisecond) and the time range; the
+// reason, the tenant and a key without its consumer are checked on the
+// rows the other fields select, or on every row: give a consumer or a
+// time range with them on a large table.
 func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedPage, error) {
 	pf := f.internal()
 	if err := pf.Validate(); err != nil {
