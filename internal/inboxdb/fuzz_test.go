@@ -183,5 +183,5 @@ func TestBeginClaimPgxRefusesNonStandardSession(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+store.Table()).Scan(&n))
 	require.Zero(t, n)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, tables.Schema).Scan(&n))
-	require.Equal(t, 3, n, "inbox, outbox and migrations tables still there")
+	require.Equal(t, 4, n, "inbox, parked messages, outbox and migrations tables still there")
 }
