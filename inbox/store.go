@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	tenantpkg "github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
@@ -84,15 +86,23 @@ func (s *Store) Get(ctx context.Context, consumer, key string) (Record, error) {
 }
 
 // Forget deletes the record of (consumer, key), so that the next delivery of
-// that key runs the handler again. It reports whether a record existed. Use
-// it to re-process a message on purpose; it undoes no effect.
+// that key runs the handler again, and the key's parked message (see
+// FindParked) if it has one, in one transaction. It reports whether a
+// record or a parked message existed. Use it to re-process a message on
+// purpose; it undoes no effect.
 func (s *Store) Forget(ctx context.Context, consumer, key string) (bool, error) {
-	ok, err := s.s.Forget(ctx, s.db.Conn, consumer, key)
-	return ok, s.fail("forget", err)
+	var found bool
+	err := s.inTx(ctx, func(tx wsql.Tx) error {
+		record, message, err := s.s.ForgetTx(ctx, tx, consumer, key)
+		found = record || message
+		return err
+	})
+	return found, s.fail("forget", err)
 }
 
 // Parked returns up to limit parked records of consumer (every consumer
-// when empty), oldest first; limit <= 0 means 100.
+// when empty), oldest first; limit <= 0 means 100. These are the keys;
+// FindParked finds the messages they were parked with.
 func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]Record, error) {
 	rs, err := s.s.ListParked(ctx, s.db.Conn, consumer, limit)
 	if err != nil {
@@ -109,7 +119,12 @@ func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]Recor
 // again (attempts+1, the same idempotency key in lease mode); for retention
 // the record counts as finished now. It reports whether a parked record was
 // found. The broker acked the parked message: the next delivery is a
-// re-publish or a later duplicate.
+// re-publish or a later duplicate; ReplayParked releases the key and
+// re-publishes the parked message in one step.
+//
+// Release keeps the key's parked message: it stays listed (FindParked,
+// with the key's status: failed, then done once a delivery processed it)
+// until it is replayed or discarded (DiscardParked), or the key forgotten.
 func (s *Store) Release(ctx context.Context, consumer, key string) (bool, error) {
 	ok, err := s.s.Release(ctx, s.db.Conn, consumer, key)
 	return ok, s.fail("release", err)

@@ -7,6 +7,7 @@
 //	err = m.WatchRelay(relay)      // the relay's counters, read at scrape
 //	err = m.WatchOutbox(db)        // the outbox backlog, queried at scrape
 //	err = m.WatchInbox(store)      // inbox rows by status, queried at most once per Config.InboxInterval
+//	err = m.WatchRedisStore(redisStore, "send-sms") // the Redis lease store's parked keys, likewise
 //	n, err := store.Purge(ctx, inbox.PurgeOptions{OlderThan: 14 * 24 * time.Hour, Progress: m.ObservePurge})
 //
 // To keep a hook of your own next to OnEvent, call both:
@@ -68,6 +69,13 @@
 //
 //	exactlyonce_inbox_rows{consumer,status}  gauge    records by status: processing, done, failed, parked (parked keys wait for an operator)
 //	exactlyonce_inbox_scrape_errors_total    counter  Stats queries that failed; the gauges are then absent until the next successful query
+//
+// From WatchRedisStore, redisstore.Store.CountParkedKeys per consumer, at
+// most once per Config.InboxInterval (each count reads the consumer's
+// parked set and the status of each member):
+//
+//	exactlyonce_redis_parked_keys{consumer}  gauge    parked keys of the Redis lease store (keys waiting for an operator)
+//	exactlyonce_redis_scrape_errors_total    counter  counts that failed; the gauges are then absent until the next successful count
 //
 // From ObservePurge (inbox.PurgeOptions.Progress):
 //

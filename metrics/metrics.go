@@ -24,13 +24,15 @@ type Config struct {
 	Namespace string
 
 	// ScrapeTimeout bounds each database query made during a scrape
-	// (WatchOutbox, WatchInbox). Defaults to 5s.
+	// (WatchOutbox, WatchInbox), and each round of counts of
+	// WatchRedisStore. Defaults to 5s.
 	ScrapeTimeout time.Duration
 
 	// InboxInterval is the shortest time between two inbox.Store.Stats
-	// queries of WatchInbox: scrapes in between export the last result.
-	// Stats scans the inbox table; keep this well above the scrape interval
-	// on a large table. Defaults to 1m.
+	// queries of WatchInbox (and two counts of WatchRedisStore): scrapes
+	// in between export the last result. Stats scans the inbox table;
+	// keep this well above the scrape interval on a large table. Defaults
+	// to 1m.
 	InboxInterval time.Duration
 
 	// Logger logs the database queries of a scrape that failed (warning
@@ -72,6 +74,7 @@ type Metrics struct {
 	relay  *relayCollector
 	outbox *outboxCollector
 	inbox  *inboxCollector
+	redis  *redisCollector
 }
 
 // Buckets of the duration histograms, in seconds. A delivery includes the
@@ -121,10 +124,11 @@ func New(cfg Config) (*Metrics, error) {
 		relay:  newRelayCollector(ns),
 		outbox: newOutboxCollector(ns, cfg.ScrapeTimeout, cfg.Logger),
 		inbox:  newInboxCollector(ns, cfg.ScrapeTimeout, cfg.InboxInterval, cfg.Logger),
+		redis:  newRedisCollector(ns, cfg.ScrapeTimeout, cfg.InboxInterval, cfg.Logger),
 	}
 	cs := []prometheus.Collector{
 		m.deliveries, m.errors, m.deliveryDuration, m.claimDuration, m.takeovers, m.parked,
-		m.purged, m.relay, m.outbox, m.inbox,
+		m.purged, m.relay, m.outbox, m.inbox, m.redis,
 	}
 	for i, c := range cs {
 		if err := cfg.Registerer.Register(c); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 
 // opsDir holds the dashboard, the alert rules and their unit tests.
@@ -156,6 +157,10 @@ func everything(t *testing.T) exported {
 	store, err := inbox.NewStore(db)
 	require.NoError(t, err)
 	require.NoError(t, m.WatchInbox(store, "c"))
+	rdb := testenv.Redis(t)
+	rstore, err := redisstore.New(redisstore.Config{Client: rdb, Prefix: testenv.RedisPrefix(t, rdb)})
+	require.NoError(t, err)
+	require.NoError(t, m.WatchRedisStore(rstore, "c"))
 	m.ObservePurge(3)
 
 	mfs, err := reg.Gather()

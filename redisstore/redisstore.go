@@ -18,6 +18,18 @@
 // (Store.Parked, Store.Release). The middleware's lease-mode behaviour suite runs against
 // both stores.
 //
+// A parked key keeps the message it was parked with, in its record: the
+// operators' view finds it (Store.FindParked, CountParked, GetParked: by
+// key, message UUID, tenant, reason, time, or a metadata field such as a
+// business id; Redis has no index for these, so each find, count or bulk
+// operation reads the record of every parked key of the consumer, without
+// payloads, 1000 per round trip, and filters in Go: its cost grows with
+// the consumer's parked keys, whatever the filter), replays it through a
+// message.Publisher the operator passes (Store.ReplayParked: the key is
+// released and the message published with its UUID, payload and
+// metadata), or discards it (Store.DiscardParked), with inbox.Store's
+// types and errors.
+//
 // What differs: the completion records only the done record. It cannot
 // hold database writes or output messages, so exactlyonce.New refuses
 // Config.DB, Batch, FailOpen and PublishTopic with this store, and a
@@ -34,7 +46,8 @@
 // Keys: <Prefix>{<consumer>}:k:<message key> is a key's record (a hash;
 // once parked, it also holds the message it was parked with, written by
 // the script that parks: see scripts.go), <Prefix>{<consumer>}:parked its
-// consumer's parked keys (a sorted set by first-seen time). The braces are a Redis Cluster hash tag: a consumer's
+// consumer's parked keys and the released keys whose parked message is
+// kept (a sorted set by first-seen time). The braces are a Redis Cluster hash tag: a consumer's
 // records and its parked set share one slot, so that parking is atomic
 // with the record, at the price of one consumer's keys living on one node.
 // The package does not import the middleware; the middleware does not
@@ -81,11 +94,22 @@ type Config struct {
 	// again at attempt 1); processing and parked records never expire. At
 	// least 1s. Defaults to 7 days.
 	DoneTTL time.Duration
+
+	// ReplayTimeout bounds a replay of a parked message (ReplayParked):
+	// its publish runs with a context that ends then, and while it runs a
+	// second replay or a discard of the message is refused
+	// (ErrReplayInProgress). Should the replaying process stop between
+	// the release and the end of the replay, the key stays released with
+	// its message kept, and the message can be replayed (or discarded)
+	// again once ReplayTimeout has passed. At least 1s. Defaults to 1
+	// minute.
+	ReplayTimeout time.Duration
 }
 
 const (
-	defaultPrefix  = "exactlyonce:"
-	defaultDoneTTL = 7 * 24 * time.Hour
+	defaultPrefix        = "exactlyonce:"
+	defaultDoneTTL       = 7 * 24 * time.Hour
+	defaultReplayTimeout = time.Minute
 )
 
 // WithDefaults returns a copy of c with empty fields set to their defaults.
@@ -95,6 +119,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DoneTTL == 0 {
 		c.DoneTTL = defaultDoneTTL
+	}
+	if c.ReplayTimeout == 0 {
+		c.ReplayTimeout = defaultReplayTimeout
 	}
 	return c
 }
@@ -109,6 +136,9 @@ func (c Config) validate() error {
 	if c.DoneTTL < time.Second {
 		return fmt.Errorf("redisstore: Config.DoneTTL is %s, it must be at least 1s", c.DoneTTL)
 	}
+	if c.ReplayTimeout < time.Second {
+		return fmt.Errorf("redisstore: Config.ReplayTimeout is %s, it must be at least 1s", c.ReplayTimeout)
+	}
 	return nil
 }
 
@@ -117,7 +147,8 @@ func (c Config) validate() error {
 // equivalent of inbox.Store for the PostgreSQL store). Safe for concurrent
 // use.
 type Store struct {
-	b *backend
+	b             *backend
+	replayTimeout time.Duration
 }
 
 // New checks cfg and returns a Store. It does not contact Redis.
@@ -126,7 +157,7 @@ func New(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{b: &backend{c: cfg.Client, prefix: cfg.Prefix, ttl: cfg.DoneTTL}}, nil
+	return &Store{b: &backend{c: cfg.Client, prefix: cfg.Prefix, ttl: cfg.DoneTTL}, replayTimeout: cfg.ReplayTimeout}, nil
 }
 
 // LeaseBackend implements exactlyonce.LeaseStore.
@@ -142,8 +173,9 @@ func (s *Store) Get(ctx context.Context, consumer, key string) (inbox.Record, er
 	return record(r), nil
 }
 
-// Forget deletes the record of (consumer, key), so that the next delivery
-// runs the handler again. It reports whether a record existed.
+// Forget deletes the record of (consumer, key), with its parked message
+// if it has one, so that the next delivery runs the handler again. It
+// reports whether a record existed.
 func (s *Store) Forget(ctx context.Context, consumer, key string) (bool, error) {
 	ok, err := s.b.Forget(ctx, consumer, key)
 	if err != nil {
@@ -173,6 +205,13 @@ func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]inbox
 // acked the parked message: the next delivery is a re-publish or a later
 // duplicate, which must come within DoneTTL (the released record expires
 // then, and a delivery after that starts again at attempt 1).
+// ReplayParked releases the key and re-publishes its message in one call.
+//
+// Release keeps the key's parked message: it stays listed (FindParked,
+// with the key's status) and its record does not expire until the message
+// is replayed or discarded, or the key forgotten. Once a delivery takes
+// the key (the record's lifecycle goes on: processing, then done or
+// failed, which expire after DoneTTL), the message goes with the record.
 func (s *Store) Release(ctx context.Context, consumer, key string) (bool, error) {
 	ok, err := s.b.Release(ctx, consumer, key)
 	if err != nil {

@@ -158,13 +158,18 @@ return 1
 `)
 
 // releaseScript: ARGV member, done TTL ms. Turns a parked record into
-// failed (its next claim runs it again). Returns 1, or 0 when it was not
-// parked (a stale entry of the parked set is removed either way).
+// failed (its next claim runs it again). A record that keeps a parked
+// message (m_uuid, see parked_scripts.go) keeps it, stays in the parked
+// set and does not expire, until the message is replayed or discarded;
+// one without expires after the done TTL and leaves the set. Returns 1, or
+// 0 when it was not parked (a stale entry of the parked set is removed
+// either way).
 var releaseScript = redis.NewScript(luaNow + `
-redis.call('ZREM', KEYS[2], ARGV[1])
+local message = redis.call('HEXISTS', KEYS[1], 'm_uuid') == 1
+if not message then redis.call('ZREM', KEYS[2], ARGV[1]) end
 if redis.call('HGET', KEYS[1], 'status') ~= 'parked' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'processed_at_ms', now)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if not message then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
 `)
 

@@ -39,17 +39,22 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // partition meanwhile; a DELETE that met the move fails with a
 // serialization failure, and is run again when db is not a transaction.
 func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	var n int64
-	err := retryStatement(db, func() error {
-		var err error
-		n, err = seam.Exec(ctx, db, `WITH kept AS (DELETE FROM `+s.parked+` WHERE consumer = $1 AND message_key = $2)
-DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
-		return err
+	record, _, err := s.forget(ctx, db, consumer, key)
+	return record, err
+}
+
+// forget deletes the record of (consumer, key) and its parked message in one
+// statement, and reports which of the two existed.
+func (s *Store) forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (record, message bool, err error) {
+	err = retryStatement(db, func() error {
+		return seam.QueryRow(ctx, db, `WITH kept AS (DELETE FROM `+s.parked+` WHERE consumer = $1 AND message_key = $2 RETURNING 1),
+rec AS (DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2 RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM rec), EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &record, &message)
 	})
 	if err != nil {
-		return false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
+		return false, false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
 	}
-	return n > 0, nil
+	return record, message, nil
 }
 
 // Stats summarises the inbox, or one consumer's part of it.

@@ -31,8 +31,8 @@ const MaxParkedMetadataField = 256
 // on message_uuid refuses entries over about 2.7 kB.
 const maxParkedUUID = 1024
 
-// ParkedRow is a ParkedMessage as the stores write it.
-type ParkedRow struct {
+// ParkedFields is a ParkedMessage as the stores write it.
+type ParkedFields struct {
 	UUID, Topic string
 	// Payload is nil when the payload is not kept, and non-nil (perhaps
 	// empty) when it is.
@@ -49,8 +49,8 @@ type ParkedRow struct {
 // kept either (PayloadSize still says how large it was): such a message is
 // kept for an operator to read, never to be replayed as a message it was
 // not. Both stores keep the same Row, so that they show the same message.
-func (m ParkedMessage) Row() ParkedRow {
-	r := ParkedRow{PayloadSize: m.PayloadSize}
+func (m ParkedMessage) Row() ParkedFields {
+	r := ParkedFields{PayloadSize: m.PayloadSize}
 	if m.Payload != nil {
 		r.PayloadSize = len(m.Payload)
 	}
@@ -133,13 +133,13 @@ func jsonLen(s string) int {
 }
 
 // args are the arguments of keepParked for r.
-func (r ParkedRow) args() []any {
+func (r ParkedFields) args() []any {
 	return []any{r.UUID, r.Topic, r.Payload, r.PayloadSize, r.Metadata}
 }
 
 // keepParked is the statement that writes the parked message of the
 // records the CTE src returned (columns consumer, message_key, last_error,
-// attempts, first_seen_at, processed_at): its five arguments (ParkedRow's
+// attempts, first_seen_at, processed_at): its five arguments (ParkedFields's
 // args) from $first. A key parked again replaces its row.
 func (s *Store) keepParked(src string, first int) string {
 	p := func(i int) string { return "$" + strconv.Itoa(first+i) }

@@ -248,7 +248,7 @@ func TestParkedMessageRow(t *testing.T) {
 	t.Parallel()
 	t.Run("as it came", func(t *testing.T) {
 		r := inboxdb.ParkedMessage{UUID: "u", Topic: "t", Payload: []byte("p"), PayloadSize: 1, Metadata: map[string]string{"a": "<b>&"}}.Row()
-		require.Equal(t, inboxdb.ParkedRow{UUID: "u", Topic: "t", Payload: []byte("p"), PayloadSize: 1, Metadata: `{"a":"\u003cb\u003e\u0026"}`}, r)
+		require.Equal(t, inboxdb.ParkedFields{UUID: "u", Topic: "t", Payload: []byte("p"), PayloadSize: 1, Metadata: `{"a":"\u003cb\u003e\u0026"}`}, r)
 	})
 	t.Run("not kept", func(t *testing.T) {
 		r := inboxdb.ParkedMessage{UUID: "u", PayloadSize: 10}.Row()

@@ -1,0 +1,321 @@
+package inboxdb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
+)
+
+// The operators' side of the table of parked messages (<inbox>_parked,
+// migration inbox_006): find, count, show, and the steps of a replay or a
+// discard. The middleware writes the rows (with the park); these read them
+// and remove them.
+//
+// Lock order: a statement that changes both the inbox record and the
+// parked message of a key locks the record first (on the partitioned
+// layout, the key's advisory lock before it), then the parked message, as
+// a park does; so a replay, a discard, a forget and a park of one key
+// cannot deadlock.
+
+// ErrNoParkedMessage is returned (wrapped) when (consumer, key) has no
+// parked message: never parked with its content, or replayed, discarded
+// or forgotten since.
+var ErrNoParkedMessage = errors.New("no parked message for this consumer and key (replayed or discarded meanwhile, or never parked with its content)")
+
+// ParkedRow is one row of the table of parked messages, with the key's
+// inbox status.
+type ParkedRow struct {
+	Consumer string
+	Key      string
+	// Message is the message; its Payload is nil when it was not read
+	// (FindParked without payloads) or not kept (Kept).
+	Message ParkedMessage
+	// Kept reports whether the payload was kept.
+	Kept        bool
+	Reason      string
+	Attempts    int
+	FirstSeenAt time.Time
+	ParkedAt    time.Time
+	// Status is the status of the key's inbox record now; "" when it has
+	// none.
+	Status string
+}
+
+// Cursor is the row's position in the order of FindParked.
+func (r ParkedRow) Cursor() parked.Cursor {
+	return parked.Cursor{ParkedAt: r.ParkedAt, Consumer: r.Consumer, Key: r.Key}
+}
+
+// parkedColumns are the columns scanned by scanParked, of the parked table
+// as p, with payload and status as the expressions of the payload and of
+// the record's status.
+func parkedColumns(payload, status string) string {
+	return `p.consumer, p.message_key, p.message_uuid, p.topic, ` + payload + `, p.payload IS NOT NULL OR p.payload_size = 0,
+p.payload_size, p.metadata::text, p.reason, p.attempts, p.first_seen_at, p.parked_at, ` + status
+}
+
+// parkedSelect reads the parked table as p with the inbox as i (LEFT
+// JOIN, for the record's status).
+func (s *Store) parkedSelect(payloads bool) string {
+	payload := `p.payload`
+	if !payloads {
+		payload = `NULL::bytea`
+	}
+	return `SELECT ` + parkedColumns(payload, `coalesce(i.status, '')`) + `
+FROM ` + s.ParkedTable() + ` p LEFT JOIN ` + s.table + ` i ON i.consumer = p.consumer AND i.message_key = p.message_key`
+}
+
+func scanParked(rows wsql.Rows) (ParkedRow, error) {
+	var r ParkedRow
+	var meta string
+	if err := rows.Scan(&r.Consumer, &r.Key, &r.Message.UUID, &r.Message.Topic, &r.Message.Payload, &r.Kept,
+		&r.Message.PayloadSize, &meta, &r.Reason, &r.Attempts, &r.FirstSeenAt, &r.ParkedAt, &r.Status); err != nil {
+		return ParkedRow{}, err
+	}
+	md, err := decodeMetadata(meta)
+	if err != nil {
+		return ParkedRow{}, fmt.Errorf("metadata of %q for %q: %w", r.Key, r.Consumer, err)
+	}
+	r.Message.Metadata = md
+	return r, nil
+}
+
+// decodeMetadata reads the metadata column: a JSON object whose values the
+// middleware writes as strings; any other value (written by hand) is kept
+// as its JSON text.
+func decodeMetadata(s string) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, err
+	}
+	md := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var str string
+		if json.Unmarshal(v, &str) == nil {
+			md[k] = str
+		} else {
+			md[k] = string(v)
+		}
+	}
+	return md, nil
+}
+
+// parkedWhere returns the conditions of f (and of the position after c,
+// when not nil) on the parked table as p, appending their arguments to
+// args; "true" when there is none. f must be valid (parked.Filter.Validate).
+func parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error) {
+	var conds []string
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	}
+	if f.Consumer != "" {
+		conds = append(conds, `p.consumer = `+arg(f.Consumer))
+	}
+	if f.Key != "" {
+		conds = append(conds, `p.message_key = `+arg(f.Key))
+	}
+	if f.MessageUUID != "" {
+		conds = append(conds, `p.message_uuid = `+arg(f.MessageUUID))
+	}
+	if f.Tenant != "" {
+		conds = append(conds, `starts_with(p.message_key, `+arg(tenant.Prefix(f.Tenant))+`)`)
+	}
+	if f.Reason != "" {
+		conds = append(conds, `strpos(lower(p.reason), lower(`+arg(f.Reason)+`)) > 0`)
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, `p.parked_at >= `+arg(f.Since)+`::timestamptz`)
+	}
+	if !f.Before.IsZero() {
+		conds = append(conds, `p.parked_at < `+arg(f.Before)+`::timestamptz`)
+	}
+	meta, err := f.MetadataJSON()
+	if err != nil {
+		return "", err
+	}
+	if meta != "" {
+		conds = append(conds, `p.metadata @> `+arg(meta)+`::jsonb`)
+	}
+	if c != nil {
+		at := arg(c.ParkedAt)
+		conds = append(conds, `p.parked_at >= `+at+`::timestamptz AND (p.parked_at, p.consumer COLLATE "C", p.message_key COLLATE "C") > (`+
+			at+`::timestamptz, `+arg(c.Consumer)+`::text COLLATE "C", `+arg(c.Key)+`::text COLLATE "C")`)
+	}
+	if len(conds) == 0 {
+		return "true", nil
+	}
+	return strings.Join(conds, " AND "), nil
+}
+
+// parkedOrder is the order of FindParked: oldest parked first, then by
+// consumer and key (byte order, as the cursor compares them).
+const parkedOrder = ` ORDER BY p.parked_at, p.consumer COLLATE "C", p.message_key COLLATE "C"`
+
+// FindParked returns up to limit parked messages that match f, after c
+// (nil: from the first), in the order of parked time, consumer and key,
+// with their payloads when payloads is true. f must be valid.
+func (s *Store) FindParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter, c *parked.Cursor, limit int, payloads bool) ([]ParkedRow, error) {
+	var args []any
+	where, err := parkedWhere(f, c, &args)
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, limit)
+	q := s.parkedSelect(payloads) + ` WHERE ` + where + parkedOrder + ` LIMIT $` + strconv.Itoa(len(args))
+	return s.queryParked(ctx, db, q, args...)
+}
+
+func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q string, args ...any) ([]ParkedRow, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("finding parked messages: %w", err)
+	}
+	var out []ParkedRow
+	for rows.Next() {
+		r, err := scanParked(rows)
+		if err != nil {
+			_ = rows.Close()
+			return nil, fmt.Errorf("finding parked messages: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := seam.Close(rows); err != nil {
+		return nil, fmt.Errorf("finding parked messages: %w", err)
+	}
+	return out, nil
+}
+
+// CountParked counts the parked messages that match f. f must be valid.
+func (s *Store) CountParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter) (int64, error) {
+	var args []any
+	where, err := parkedWhere(f, nil, &args)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := seam.QueryRow(ctx, db, `SELECT count(*) FROM `+s.ParkedTable()+` p WHERE `+where, args, &n); err != nil {
+		return 0, fmt.Errorf("counting parked messages: %w", err)
+	}
+	return n, nil
+}
+
+// GetParked returns the parked message of (consumer, key) with its
+// payload, or an error wrapping ErrNoParkedMessage.
+func (s *Store) GetParked(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (ParkedRow, error) {
+	rs, err := s.queryParked(ctx, db, s.parkedSelect(true)+` WHERE p.consumer = $1 AND p.message_key = $2`, consumer, key)
+	if err != nil {
+		return ParkedRow{}, err
+	}
+	if len(rs) == 0 {
+		return ParkedRow{}, fmt.Errorf("%w (consumer %q, key %q)", ErrNoParkedMessage, consumer, key)
+	}
+	return rs[0], nil
+}
+
+// LockParked locks, in tx (READ COMMITTED), the inbox record of (consumer,
+// key) and then its parked message, and returns the parked message with
+// its payload and the record's status. With f, the parked message must
+// still match f (its content may have changed since a look-up: parked
+// again). It returns an error wrapping ErrNoParkedMessage when there is
+// none (or it no longer matches f).
+//
+// On the partitioned layout it first takes the key's advisory lock (see
+// lockRecord), so that a later UPDATE or DELETE of the record in tx finds
+// it where a purge may have moved it.
+func (s *Store) LockParked(ctx context.Context, tx wsql.Tx, consumer, key string, f *parked.Filter) (ParkedRow, error) {
+	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
+		return ParkedRow{}, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
+	}
+	var status string
+	err := seam.QueryRow(ctx, tx, `SELECT status FROM `+s.table+` WHERE consumer = $1 AND message_key = $2 FOR UPDATE`,
+		[]any{consumer, key}, &status)
+	if err != nil && !notFound(err) {
+		return ParkedRow{}, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
+	}
+	args := []any{consumer, key}
+	where := `p.consumer = $1 AND p.message_key = $2`
+	if f != nil {
+		cond, err := parkedWhere(*f, nil, &args)
+		if err != nil {
+			return ParkedRow{}, err
+		}
+		where += ` AND ` + cond
+	}
+	// The record's status was read above, under its lock: the join is not
+	// needed again (and FOR UPDATE cannot lock the nullable side of a LEFT
+	// JOIN).
+	q := `SELECT ` + parkedColumns(`p.payload`, `''`) + `
+FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` FOR UPDATE`
+	rs, err := s.queryParked(ctx, tx, q, args...)
+	if err != nil {
+		return ParkedRow{}, err
+	}
+	if len(rs) == 0 {
+		return ParkedRow{}, fmt.Errorf("%w (consumer %q, key %q)", ErrNoParkedMessage, consumer, key)
+	}
+	rs[0].Status = status
+	return rs[0], nil
+}
+
+// DeleteParked deletes the parked message of (consumer, key) and reports
+// whether there was one.
+func (s *Store) DeleteParked(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
+	n, err := seam.Exec(ctx, db, `DELETE FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
+	if err != nil {
+		return false, fmt.Errorf("deleting the parked message of %q for %q: %w", key, consumer, err)
+	}
+	return n > 0, nil
+}
+
+// ForgetTx deletes, in tx, the inbox record of (consumer, key) and then its
+// parked message, and reports whether each existed. On the partitioned
+// layout it first takes the key's advisory lock (see lockRecord).
+func (s *Store) ForgetTx(ctx context.Context, tx wsql.Tx, consumer, key string) (record, message bool, err error) {
+	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
+		return false, false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
+	}
+	return s.forget(ctx, tx, consumer, key)
+}
+
+// DiscardParkedBatch deletes, in tx, up to limit parked messages that
+// match f (oldest first, skipping those another transaction holds: being
+// replayed or discarded), with their keys' inbox records when forget is
+// true, and returns the number of parked messages deleted. f must be
+// valid.
+//
+// With forget the parked messages are locked before the records, the
+// other way round from a replay of the same key: the two may deadlock,
+// which PostgreSQL detects (40P01); run the batch again.
+func (s *Store) DiscardParkedBatch(ctx context.Context, tx wsql.Tx, f parked.Filter, limit int, forget bool) (int64, error) {
+	var args []any
+	where, err := parkedWhere(f, nil, &args)
+	if err != nil {
+		return 0, err
+	}
+	args = append(args, limit)
+	q := `DELETE FROM ` + s.ParkedTable() + ` d USING (SELECT p.consumer, p.message_key FROM ` + s.ParkedTable() + ` p WHERE ` + where +
+		parkedOrder + ` LIMIT $` + strconv.Itoa(len(args)) + ` FOR UPDATE SKIP LOCKED) p
+WHERE d.consumer = p.consumer AND d.message_key = p.message_key RETURNING d.consumer, d.message_key`
+	if forget {
+		q = `WITH d AS (` + q + `), f AS (DELETE FROM ` + s.table + ` i USING d WHERE i.consumer = d.consumer AND i.message_key = d.message_key)
+SELECT count(*) FROM d`
+	} else {
+		q = `WITH d AS (` + q + `) SELECT count(*) FROM d`
+	}
+	var n int64
+	if err := seam.QueryRow(ctx, tx, q, args, &n); err != nil {
+		return 0, fmt.Errorf("discarding parked messages: %w", err)
+	}
+	return n, nil
+}

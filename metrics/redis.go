@@ -1,0 +1,123 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ParkedKeyCounter counts the parked keys of a consumer of a lease-mode
+// store without an inbox table. redisstore.Store implements it; the
+// metrics package does not import Redis (only redisstore does).
+type ParkedKeyCounter interface {
+	CountParkedKeys(ctx context.Context, consumer string) (int64, error)
+}
+
+// WatchRedisStore exports the parked keys of each of consumers (at least
+// one: the Redis store keeps parked keys per consumer) of store, a
+// redisstore.Store: the Redis counterpart of WatchInbox's
+// exactlyonce_inbox_rows{status="parked"}. Counting reads every member of
+// a consumer's parked set, so it runs at most once per
+// Config.InboxInterval, during a scrape and bounded by
+// Config.ScrapeTimeout; scrapes in between export the cached result. A
+// count that fails increments exactlyonce_redis_scrape_errors_total, is
+// logged, and the gauges are left out until a count succeeds. A second
+// call replaces the first.
+func (m *Metrics) WatchRedisStore(store ParkedKeyCounter, consumers ...string) error {
+	if store == nil {
+		return errors.New("metrics: WatchRedisStore: nil store")
+	}
+	if len(consumers) == 0 {
+		return errors.New("metrics: WatchRedisStore: no consumer: name the consumers whose parked keys to export (the Redis store keeps them per consumer)")
+	}
+	for _, c := range consumers {
+		if c == "" {
+			return errors.New("metrics: WatchRedisStore: empty consumer name")
+		}
+	}
+	c := m.redis
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.store = store
+	c.consumers = append([]string(nil), consumers...)
+	c.fetchedAt = time.Time{}
+	c.parked = nil
+	return nil
+}
+
+// redisCollector runs ParkedKeyCounter.CountParkedKeys at most once per
+// interval.
+type redisCollector struct {
+	timeout, interval time.Duration
+	logger            *slog.Logger
+
+	// mu guards the fields below; it is held during the counts, so that
+	// concurrent scrapes wait for one round instead of running several.
+	mu        sync.Mutex
+	store     ParkedKeyCounter
+	consumers []string
+	fetchedAt time.Time
+	parked    map[string]int64 // consumer -> parked keys; nil: none to export
+	errors    int64
+
+	parkedDesc, scrapeErrors *prometheus.Desc
+}
+
+func newRedisCollector(ns string, timeout, interval time.Duration, logger *slog.Logger) *redisCollector {
+	return &redisCollector{
+		timeout:  timeout,
+		interval: interval,
+		logger:   logger,
+		parkedDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "redis", "parked_keys"),
+			"Parked keys of the Redis lease store by consumer (waiting for an operator), refreshed at most once per interval.",
+			[]string{"consumer"}, nil),
+		scrapeErrors: prometheus.NewDesc(prometheus.BuildFQName(ns, "redis", "scrape_errors_total"),
+			"Counts of the Redis store's parked keys that failed during a scrape.", nil, nil),
+	}
+}
+
+func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.parkedDesc
+	ch <- c.scrapeErrors
+}
+
+func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.store == nil {
+		return
+	}
+	if c.fetchedAt.IsZero() || time.Since(c.fetchedAt) >= c.interval {
+		c.refresh()
+	}
+	for consumer, n := range c.parked {
+		ch <- prometheus.MustNewConstMetric(c.parkedDesc, prometheus.GaugeValue, float64(n), consumer)
+	}
+	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(c.errors))
+}
+
+// refresh counts the parked keys of every consumer; on the first error it
+// drops them all. Called with c.mu held. A failure also waits out the
+// interval.
+func (c *redisCollector) refresh() {
+	c.fetchedAt = time.Now()
+	c.parked = nil
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	parked := make(map[string]int64, len(c.consumers))
+	for _, consumer := range c.consumers {
+		n, err := c.store.CountParkedKeys(ctx, consumer)
+		if err != nil {
+			c.errors++
+			c.logger.Warn("metrics: counting the Redis store's parked keys failed; the gauges are left out until the next count",
+				"consumer", consumer, "error", err, "next_query_in", c.interval)
+			return
+		}
+		parked[consumer] = n
+	}
+	c.parked = parked
+}
