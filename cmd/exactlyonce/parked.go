@@ -1,0 +1,456 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// Environment variables of the parked commands.
+const (
+	envRedisURL    = "REDIS_URL"
+	envRedisPrefix = "EXACTLYONCE_REDIS_PREFIX"
+)
+
+// parkedStore is what the parked commands need of a store: the PostgreSQL
+// inbox (inbox.Store) and the Redis lease store (redisstore.Store) offer the
+// same operations with the same types; a replay differs (the Redis store
+// publishes through a publisher of the operator's).
+type parkedStore interface {
+	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
+	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
+	GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error)
+	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
+	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
+	Release(ctx context.Context, consumer, key string) (bool, error)
+	replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error)
+	replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
+	// name says where the messages are, for the output.
+	name() string
+}
+
+type pgParked struct {
+	*inbox.Store
+	db sqlschema.DB
+}
+
+func (s pgParked) replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
+	return s.ReplayParked(ctx, consumer, key, opts)
+}
+
+func (s pgParked) replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
+	return s.ReplayParkedMatching(ctx, f, opts)
+}
+
+func (s pgParked) name() string { return "inbox " + s.db.Schema + "." + s.db.InboxTable }
+
+type redisParked struct {
+	*redisstore.Store
+	pub   func() (message.Publisher, error) // the replay's publisher, made on first use
+	where string
+}
+
+func (s redisParked) replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
+	pub, err := s.pub()
+	if err != nil {
+		return inbox.ParkedMessage{}, err
+	}
+	return s.ReplayParked(ctx, consumer, key, pub, opts)
+}
+
+func (s redisParked) replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
+	pub, err := s.pub()
+	if err != nil {
+		return inbox.ReplayReport{}, err
+	}
+	return s.ReplayParkedMatching(ctx, f, pub, opts)
+}
+
+func (s redisParked) name() string { return "Redis " + s.where }
+
+// parkedFlags select parked messages.
+type parkedFlags struct {
+	searchFlags
+	consumer, key, tenant string
+	after                 string
+}
+
+func (f *parkedFlags) register(cmd *cobra.Command, bulk bool) {
+	f.searchFlags.register(cmd, bulk)
+	fl := cmd.Flags()
+	fl.StringVarP(&f.consumer, "consumer", "c", "", "the consumer (the router handler's name by default); required with --redis-url")
+	fl.StringVar(&f.key, "key", "", "the inbox key, as recorded")
+	fl.StringVar(&f.tenant, "tenant", "", "the keys of one tenant (exactlyonce.KeyByTenant)")
+	if !bulk {
+		fl.StringVar(&f.after, "after", "", "the next page: the cursor the previous page printed")
+	}
+}
+
+func (f *parkedFlags) anyCriterion() bool {
+	return f.searchFlags.any() || f.consumer != "" || f.key != "" || f.tenant != ""
+}
+
+func (f *parkedFlags) filter(now time.Time) (inbox.ParkedFilter, error) {
+	meta, err := f.metadata()
+	if err != nil {
+		return inbox.ParkedFilter{}, err
+	}
+	since, until, err := f.window(now)
+	if err != nil {
+		return inbox.ParkedFilter{}, err
+	}
+	return inbox.ParkedFilter{Consumer: f.consumer, Key: f.key, MessageUUID: f.uuid, Tenant: f.tenant,
+		Reason: f.reason, Since: since, Before: until, Metadata: meta}, nil
+}
+
+// parkedOptions are the flags of the parked commands' stores.
+type parkedOptions struct {
+	redisURL    string
+	redisPrefix string
+	doneTTL     time.Duration
+	amqpURL     string
+}
+
+func (a *app) parkedCmd() *cobra.Command {
+	var o parkedOptions
+	cmd := &cobra.Command{
+		Use:   "parked",
+		Short: "Find, show, replay and discard parked messages (PostgreSQL inbox, or the Redis lease store with --redis-url)",
+		Long: `A key the middleware parked (a Permanent handler error, lease mode's interruptions, a completion
+that can never commit) keeps the message it was parked with: its UUID, the topic it came from, its
+payload and metadata. Find it (list: by consumer, key, UUID, tenant, reason, time, or a metadata
+field such as a business id), read it (show), then replay it (the key is released and the message
+published again with its UUID, to its topic: the consumer runs it once) or discard it (the key
+stays parked, so a late redelivery is not run, unless --forget).
+
+The PostgreSQL inbox is the default (--database-url); --redis-url (or $REDIS_URL when the flag is
+given empty) works on the Redis lease store instead, whose replay publishes through RabbitMQ
+(--amqp-url). Bulk replay and discard print how many messages match; --yes acts.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: groupRunE,
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&o.redisURL, "redis-url", "", "the Redis lease store: redis://host:6379/0 (default: the PostgreSQL inbox)")
+	pf.StringVar(&o.redisPrefix, "redis-prefix", os.Getenv(envRedisPrefix), "the Redis store's key prefix, as the service's redisstore.Config.Prefix (default $"+envRedisPrefix+", else exactlyonce:)")
+	pf.DurationVar(&o.doneTTL, "redis-done-ttl", 7*24*time.Hour, "the Redis store's DoneTTL, as the service's (a released key expires after it)")
+	pf.StringVar(&o.amqpURL, "amqp-url", "", "with --redis-url: RabbitMQ, to replay through (default $"+envAMQPURL+")")
+
+	var list parkedFlags
+	listCmd := &cobra.Command{
+		Use:   "list",
+		Short: "Parked messages matching the criteria, oldest parked first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := list.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
+				return a.parkedList(ctx, s, f, inbox.Page{Limit: list.limit, After: list.after})
+			})
+		},
+	}
+	list.register(listCmd, false)
+
+	show := &cobra.Command{
+		Use:   "show CONSUMER KEY",
+		Short: "One parked message: payload (pretty-printed when JSON), metadata, reason, attempts, times, the key's status",
+		Args:  exactArgs(2, "CONSUMER KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
+				return a.parkedShow(ctx, s, args[0], args[1])
+			})
+		},
+	}
+
+	var rp parkedFlags
+	var topic string
+	replay := &cobra.Command{
+		Use:   "replay [CONSUMER KEY]",
+		Short: "Release the key and publish the message again (its UUID, to its topic): one, or every match (--yes)",
+		Args:  maxArgs(2, "CONSUMER KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.parkedAction(cmd, o, args, &rp, "replay", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
+				_, err := s.replay(ctx, consumer, key, inbox.ReplayOptions{Topic: topic})
+				return 1, err
+			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
+				r, err := s.replayMatching(ctx, f, inbox.ReplayOptions{Topic: topic})
+				return r.Replayed, r.Skipped, err
+			})
+		},
+	}
+	rp.register(replay, true)
+	replay.Flags().StringVar(&topic, "topic", "", "publish to this topic instead of the one it came from")
+
+	var dc parkedFlags
+	var forget bool
+	discard := &cobra.Command{
+		Use:   "discard [CONSUMER KEY]",
+		Short: "Delete the kept message; the key stays parked (a redelivery is not run) unless --forget: one, or every match (--yes)",
+		Args:  maxArgs(2, "CONSUMER KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts := inbox.DiscardOptions{Forget: forget}
+			return a.parkedAction(cmd, o, args, &dc, "discard", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
+				return 1, s.DiscardParked(ctx, consumer, key, opts)
+			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
+				n, err := s.DiscardParkedMatching(ctx, f, opts)
+				return n, 0, err
+			})
+		},
+	}
+	dc.register(discard, true)
+	discard.Flags().BoolVar(&forget, "forget", false, "also forget the key: its next delivery runs the handler")
+
+	release := &cobra.Command{
+		Use:   "release CONSUMER KEY",
+		Short: "Let the key's next delivery run (parked -> failed); the kept message stays listed until replayed or discarded",
+		Args:  exactArgs(2, "CONSUMER KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
+				found, err := s.Release(ctx, args[0], args[1])
+				if err != nil {
+					return parkedErr(ctx, s, "parked release", err)
+				}
+				if !found {
+					return notFoundErr("parked release: %q for %q is not parked", args[1], args[0])
+				}
+				return a.actionDone("release", 1, "key", "keys")
+			})
+		},
+	}
+	cmd.AddCommand(listCmd, show, replay, discard, release)
+	return cmd
+}
+
+// withParked opens the store the flags name and runs f.
+func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Context, parkedStore) error) error {
+	ctx, cancel := a.opContext(cmd, false)
+	defer cancel()
+	if !cmd.Flags().Changed("redis-url") {
+		db, closeDB, err := a.open(ctx, cmd, 2, true)
+		if err != nil {
+			return err
+		}
+		defer closeDB()
+		s, err := inbox.NewStore(db)
+		if err != nil {
+			return err
+		}
+		return f(ctx, pgParked{Store: s, db: db})
+	}
+	url := o.redisURL
+	if url == "" {
+		url = os.Getenv(envRedisURL)
+	}
+	if url == "" {
+		return usageErr("--redis-url is empty and $%s is not set", envRedisURL)
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return usageErr("--redis-url: %v", err)
+	}
+	client := redis.NewClient(opts)
+	defer client.Close()
+	if err := client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", opts.Addr, err)
+	}
+	store, err := redisstore.New(redisstore.Config{Client: client, Prefix: o.redisPrefix, DoneTTL: o.doneTTL})
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	var pub *rabbitmq.Publisher
+	defer func() {
+		if pub != nil {
+			_ = pub.Close()
+		}
+	}()
+	newPub := func() (message.Publisher, error) {
+		if pub != nil {
+			return pub, nil
+		}
+		amqpURL := o.amqpURL
+		if amqpURL == "" {
+			amqpURL = os.Getenv(envAMQPURL)
+		}
+		if amqpURL == "" {
+			return nil, usageErr("a replay from the Redis store publishes through RabbitMQ: give --amqp-url (or $%s)", envAMQPURL)
+		}
+		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
+		if err != nil {
+			return nil, usageErr("--amqp-url: %v", err)
+		}
+		pub = p
+		return pub, nil
+	}
+	return f(ctx, redisParked{Store: store, pub: newPub, where: opts.Addr})
+}
+
+type parkedJSON struct {
+	Consumer     string            `json:"consumer"`
+	Key          string            `json:"key"`
+	UUID         string            `json:"uuid"`
+	Topic        string            `json:"topic"`
+	Status       string            `json:"status"`
+	Reason       string            `json:"reason"`
+	Attempts     int               `json:"attempts"`
+	FirstSeenAt  *string           `json:"first_seen_at"`
+	ParkedAt     *string           `json:"parked_at"`
+	Metadata     map[string]string `json:"metadata"`
+	PayloadBytes int               `json:"payload_bytes"`
+	PayloadKept  bool              `json:"payload_kept"`
+	Payload      *payloadJSON      `json:"payload,omitempty"`
+}
+
+func parkedDoc(m inbox.ParkedMessage, withPayload bool) parkedJSON {
+	d := parkedJSON{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Topic: m.Topic, Status: m.Status, Reason: m.Reason,
+		Attempts: m.Attempts, FirstSeenAt: jsonTime(&m.FirstSeenAt), ParkedAt: jsonTime(&m.ParkedAt), Metadata: m.Metadata,
+		PayloadBytes: m.PayloadSize, PayloadKept: m.PayloadKept}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	if withPayload {
+		d.Payload = payloadDoc(m.Payload)
+	}
+	return d
+}
+
+func (a *app) parkedList(ctx context.Context, s parkedStore, f inbox.ParkedFilter, p inbox.Page) error {
+	page, err := s.FindParked(ctx, f, p)
+	if err != nil {
+		return parkedErr(ctx, s, "parked list", err)
+	}
+	if a.jsonOut {
+		docs := make([]parkedJSON, len(page.Messages))
+		for i, m := range page.Messages {
+			docs[i] = parkedDoc(m, false)
+		}
+		return a.printJSON(struct {
+			Messages []parkedJSON `json:"messages"`
+			Next     string       `json:"next_after,omitempty"`
+		}{docs, page.Next})
+	}
+	if len(page.Messages) == 0 {
+		_, err := fmt.Fprintf(a.stdout, "No parked messages (%s).\n", s.name())
+		return err
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintln(tw, "CONSUMER\tKEY\tUUID\tPARKED\tSTATUS\tREASON")
+	now := time.Now()
+	for _, m := range page.Messages {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\t%s\t%s\n", truncate(m.Consumer, 30), truncate(m.Key, 40), truncate(m.UUID, 36),
+			fmtDuration(now.Sub(m.ParkedAt)), m.Status, truncate(m.Reason, 70))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		_, err = fmt.Fprintf(a.stdout, "\nMore: the same command with --after %s\n", page.Next)
+		return err
+	}
+	_, err = fmt.Fprintln(a.stdout, "\nRead one: exactlyonce parked show CONSUMER KEY; replay it: exactlyonce parked replay CONSUMER KEY")
+	return err
+}
+
+func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key string) error {
+	m, err := s.GetParked(ctx, consumer, key)
+	if err != nil {
+		return parkedErr(ctx, s, "parked show", err)
+	}
+	if a.jsonOut {
+		return a.printJSON(parkedDoc(m, true))
+	}
+	tw := newTable(a.stdout)
+	now := time.Now()
+	fmt.Fprintf(tw, "consumer\t%s\n", m.Consumer)
+	fmt.Fprintf(tw, "key\t%s\n", m.Key)
+	fmt.Fprintf(tw, "status\t%s\n", m.Status)
+	fmt.Fprintf(tw, "uuid\t%s\n", m.UUID)
+	fmt.Fprintf(tw, "topic\t%s\n", m.Topic)
+	fmt.Fprintf(tw, "reason\t%s\n", m.Reason)
+	fmt.Fprintf(tw, "attempts\t%d\n", m.Attempts)
+	fmt.Fprintf(tw, "first seen\t%s\n", fmtTimeAgo(m.FirstSeenAt, now))
+	fmt.Fprintf(tw, "parked\t%s\n", fmtTimeAgo(m.ParkedAt, now))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	payload := prettyPayload(m.Payload)
+	if !m.PayloadKept {
+		payload = "(not kept: larger than the middleware keeps; re-publish it from its source, then release the key)"
+	}
+	_, err = fmt.Fprintf(a.stdout, "metadata:\n%spayload (%d bytes):\n%s\n", metadataLines(m.Metadata), m.PayloadSize, payload)
+	return err
+}
+
+// parkedAction runs a replay or discard of one message (CONSUMER KEY) or of
+// every match (with --yes; without, it says how many match).
+func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f *parkedFlags, verb string,
+	one func(context.Context, parkedStore, string, string) (int64, error),
+	all func(context.Context, parkedStore, inbox.ParkedFilter) (done, skipped int64, err error)) error {
+	if len(args) == 1 {
+		return usageErr("give CONSUMER KEY, or criteria")
+	}
+	return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
+		if len(args) == 2 {
+			if f.anyCriterion() || f.yes {
+				return usageErr("give CONSUMER KEY or criteria, not both")
+			}
+			n, err := one(ctx, s, args[0], args[1])
+			if err != nil {
+				return parkedErr(ctx, s, "parked "+verb, err)
+			}
+			return a.actionDone(verb, n, "message", "messages")
+		}
+		if !f.anyCriterion() {
+			return usageErr("give CONSUMER KEY, or criteria (-c, --key, --uuid, --tenant, --reason, --since, --until, --meta) with --yes")
+		}
+		filter, err := f.filter(time.Now())
+		if err != nil {
+			return err
+		}
+		if !f.yes {
+			n, err := s.CountParked(ctx, filter)
+			if err != nil {
+				return parkedErr(ctx, s, "parked "+verb, err)
+			}
+			return a.wouldDo(verb, n, "message", "messages")
+		}
+		n, skipped, err := all(ctx, s, filter)
+		if err != nil {
+			return parkedErr(ctx, s, fmt.Sprintf("parked %s (%d done before the error)", verb, n), err)
+		}
+		if skipped > 0 && !a.jsonOut {
+			defer fmt.Fprintf(a.stdout, "%s skipped: not replayable (parked show says why), or replayed or discarded by someone else meanwhile.\n", plural(skipped, "message", "messages"))
+		}
+		return a.actionDone(verb, n, "message", "messages")
+	})
+}
+
+// parkedErr maps the stores' errors to exit codes.
+func parkedErr(ctx context.Context, s parkedStore, what string, err error) error {
+	var ee *exitError
+	switch {
+	case errors.As(err, &ee):
+		return err
+	case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrNotFound):
+		return notFoundErr("%s: %v", what, err)
+	case errors.Is(err, inbox.ErrInvalidFilter):
+		return usageErr("%s: %v", what, err)
+	case errors.Is(err, inbox.ErrNotReplayable):
+		return &exitError{code: exitFailed, err: fmt.Errorf("%s: %w", what, err)}
+	}
+	if p, ok := s.(pgParked); ok {
+		return opErr(ctx, p.db, what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
