@@ -1,8 +1,9 @@
 // Command exactlyonce is the operator's tool for the tables of
 // watermill-exactlyonce: it migrates them, inspects and edits the inbox
 // (stats, one key's record, forget, parked keys, release, retention purge),
-// reports and requeues the outbox backlog, and runs the outbox relay
-// standalone towards RabbitMQ.
+// finds, shows, replays and discards parked messages (PostgreSQL or the
+// Redis lease store), finds, requeues and discards quarantined outbox rows,
+// and runs the outbox relay standalone towards RabbitMQ.
 //
 //	go install github.com/exactlyonce/watermill-exactlyonce/cmd/exactlyonce@latest
 //	export DATABASE_URL=postgres://user@host:5432/db
