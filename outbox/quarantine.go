@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -447,7 +448,7 @@ SELECT (SELECT count(*) FROM acted), (SELECT count(*) FROM picked), (SELECT coal
 	for {
 		var acted, picked, last int64
 		var ignored bool
-		batchArgs := append(args[:len(args):len(args)], after, matchingBatch)
+		batchArgs := slices.Concat(args, []any{after, matchingBatch})
 		err := seam.QueryRow(ctx, db.Conn, stmt, batchArgs, &acted, &picked, &last, &ignored)
 		if err != nil {
 			return total, fmt.Errorf("outbox: %s: after %d rows: %w", op, total, ifNotMigrated(db, err))

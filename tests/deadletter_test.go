@@ -108,7 +108,7 @@ func dlOutputs(orders ...dlOrder) []string {
 type dlFault int
 
 const (
-	dlHealthy dlFault = iota
+	_ dlFault = iota // healthy
 	// dlPermanent: the handler refuses the order (exactlyonce.Permanent).
 	dlPermanent
 	// dlOutlive: the handler blocks (before its effect) until the test
@@ -321,7 +321,7 @@ func dlStartRelay(t testing.TB, db sqlschema.DB, marshaler dlExpiringMarshaler) 
 // reporting to e.Log).
 func (d *dlEnv) startRouter(t *testing.T, cfg exactlyonce.Config, subs int) {
 	t.Helper()
-	var sub message.Subscriber = testenv.AMQPSubscriber(t, 0)
+	sub := testenv.AMQPSubscriber(t, 0)
 	if subs > 1 {
 		sub = exactlyonce.ConcurrentSubscriber(sub, subs)
 	}
@@ -427,7 +427,7 @@ func dlRequireKept(t testing.TB, m inbox.ParkedMessage, consumer string, o dlOrd
 func (d *dlEnv) replayOnce(t testing.TB, o dlOrder) exactlyonce.Info {
 	t.Helper()
 	ctx := testCtx(t)
-	runsBefore := len(d.shop.dlRuns.Of(o.UUID))
+	runsBefore := len(d.shop.Of(o.UUID))
 	require.Empty(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Processed), "processed before the replay")
 
 	m, err := d.store.ReplayParked(ctx, d.consumer, o.UUID, inbox.ReplayOptions{})
@@ -439,7 +439,7 @@ func (d *dlEnv) replayOnce(t testing.TB, o dlOrder) exactlyonce.Info {
 
 	dlAwait(t, d.Log, o.UUID, exactlyonce.Processed, 1)
 	d.awaitOutput(t, o)
-	runs := d.shop.dlRuns.Of(o.UUID)
+	runs := d.shop.Of(o.UUID)
 	require.Len(t, runs, runsBefore+1, "the replay runs the handler once")
 	require.Equal(t, int64(1), d.Effects.Count(t, o.UUID), "one effect after the replay")
 	require.Equal(t, []string{o.ID}, d.Effects.Notes(t, o.UUID), "the effect is the order's")
@@ -451,7 +451,7 @@ func (d *dlEnv) replayOnce(t testing.TB, o dlOrder) exactlyonce.Info {
 
 	d.publish(t, o)
 	dlAwait(t, d.Log, o.UUID, exactlyonce.Duplicate, 1)
-	require.Len(t, d.shop.dlRuns.Of(o.UUID), runsBefore+1, "a late redelivery does not run the handler")
+	require.Len(t, d.shop.Of(o.UUID), runsBefore+1, "a late redelivery does not run the handler")
 	require.Equal(t, int64(1), d.Effects.Count(t, o.UUID), "one effect after a late redelivery")
 	require.Len(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Processed), 1, "processed events")
 	require.Len(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Duplicate), 1, "duplicate events: the late redelivery only (the replay was delivered once)")
@@ -506,7 +506,7 @@ func TestDeadLetterTransactionalPermanent(t *testing.T) {
 
 		m := d.requireParked(t, poison, "permanent: order "+poison.ID+": unknown sku")
 		require.Equal(t, "permanent: order "+poison.ID+": unknown sku", m.Reason)
-		require.Len(t, d.shop.dlRuns.Of(poison.UUID), 1, "runs before the fix")
+		require.Len(t, d.shop.Of(poison.UUID), 1, "runs before the fix")
 
 		d.shop.FixAll()
 		d.replayOnce(t, poison)
@@ -543,7 +543,7 @@ func TestDeadLetterLeaseInterrupted(t *testing.T) {
 		dlAwait(t, d.Log, healthy.UUID, exactlyonce.Processed, 1)
 		parked := dlAwait(t, d.Log, slow.UUID, exactlyonce.Parked, 1)
 		require.ErrorContains(t, parked[0].Err, "lease expired during attempt 2", "the parked event's reason")
-		runs := d.shop.dlRuns.Of(slow.UUID)
+		runs := d.shop.Of(slow.UUID)
 		require.Len(t, runs, 2, "attempts run before the park (both still blocked)")
 		require.Equal(t, 1, runs[0].Attempt)
 		require.False(t, runs[0].Interrupted)
@@ -558,7 +558,7 @@ func TestDeadLetterLeaseInterrupted(t *testing.T) {
 			return lost() >= 2 && len(dlEventsOf(d.Log, slow.UUID, exactlyonce.Parked)) >= 3
 		}, "expected both stale completions refused and their redeliveries acked as parked")
 		require.Equal(t, 2, lost(), "stale completions refused")
-		require.Len(t, d.shop.dlRuns.Of(slow.UUID), 2, "a parked key does not run")
+		require.Len(t, d.shop.Of(slow.UUID), 2, "a parked key does not run")
 
 		m := d.requireParked(t, slow, "lease expired during attempt 2")
 		require.Equal(t, 2, m.Attempts, "attempts when parked")
@@ -602,7 +602,7 @@ func TestDeadLetterLeaseCompletionFailure(t *testing.T) {
 		require.Contains(t, m.Reason, "23505")
 		require.Equal(t, 1, m.Attempts)
 		require.True(t, inboxRecord(t, d.DB, d.consumer, broken.UUID).Interrupted, "the effect probably happened")
-		require.Len(t, d.shop.dlRuns.Of(broken.UUID), 1, "runs before the fix: parked at once, never retried blindly")
+		require.Len(t, d.shop.Of(broken.UUID), 1, "runs before the fix: parked at once, never retried blindly")
 
 		d.shop.FixAll()
 		info := d.replayOnce(t, broken)
@@ -638,12 +638,12 @@ func TestDeadLetterGroupCommit(t *testing.T) {
 			dlAwait(t, d.Log, h.UUID, exactlyonce.Processed, 1)
 			d.awaitOutput(t, h)
 			require.Equal(t, int64(1), d.Effects.Count(t, h.UUID), "one effect of a healthy order")
-			reruns += len(d.shop.dlRuns.Of(h.UUID)) - 1
+			reruns += len(d.shop.Of(h.UUID)) - 1
 		}
 		t.Logf("healthy handler runs rolled back with the refused one's batch: %d", reruns)
 
 		d.requireParked(t, poison, "permanent: order "+poison.ID+": unknown sku")
-		require.Len(t, d.shop.dlRuns.Of(poison.UUID), 1, "runs before the fix")
+		require.Len(t, d.shop.Of(poison.UUID), 1, "runs before the fix")
 
 		d.shop.FixAll()
 		d.replayOnce(t, poison)
@@ -765,7 +765,7 @@ func TestDeadLetterRedis(t *testing.T) {
 			won++
 			continue
 		}
-		if !(errorIs(err, inbox.ErrNotParked) || errorIs(err, redisstore.ErrReplayInProgress)) {
+		if !errorIs(err, inbox.ErrNotParked) && !errorIs(err, redisstore.ErrReplayInProgress) {
 			t.Fatalf("the losing replay: want ErrNotParked or ErrReplayInProgress, got %v", err)
 		}
 	}
@@ -918,7 +918,7 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 		// A late redelivery of the input does not run the handler again.
 		d.publish(t, refused)
 		dlAwait(t, d.Log, refused.UUID, exactlyonce.Duplicate, 1)
-		require.Len(t, d.shop.dlRuns.Of(refused.UUID), 1, "handler runs")
+		require.Len(t, d.shop.Of(refused.UUID), 1, "handler runs")
 		for _, o := range []dlOrder{healthy, refused, dropped} {
 			require.Equal(t, int64(1), d.Effects.Count(t, o.UUID), "effects of order %s", o.ID)
 		}
@@ -994,9 +994,9 @@ func TestDeadLetterDiscard(t *testing.T) {
 		d.publish(t, kept, forgotten)
 		dlAwait(t, d.Log, kept.UUID, exactlyonce.Parked, 2)
 		dlAwait(t, d.Log, forgotten.UUID, exactlyonce.Processed, 1)
-		require.Len(t, d.shop.dlRuns.Of(kept.UUID), 1, "a discarded key's redelivery does not run")
+		require.Len(t, d.shop.Of(kept.UUID), 1, "a discarded key's redelivery does not run")
 		require.Zero(t, d.Effects.Count(t, kept.UUID))
-		require.Len(t, d.shop.dlRuns.Of(forgotten.UUID), 2, "the forgotten key's redelivery runs")
+		require.Len(t, d.shop.Of(forgotten.UUID), 2, "the forgotten key's redelivery runs")
 		require.Equal(t, int64(1), d.Effects.Count(t, forgotten.UUID))
 
 		// The untouched one is still there, and replays.
@@ -1069,13 +1069,13 @@ func TestDeadLetterBulkReplay(t *testing.T) {
 		rep, err = d.store.ReplayParkedMatching(ctx, byCustomer, inbox.ReplayOptions{})
 		require.NoError(t, err)
 		require.Equal(t, inbox.ReplayReport{Skipped: 1}, rep, "a second bulk replay")
-		require.Len(t, d.shop.dlRuns.Of(done.UUID), 2, "runs of the processed one")
+		require.Len(t, d.shop.Of(done.UUID), 2, "runs of the processed one")
 		require.Equal(t, int64(1), d.Effects.Count(t, done.UUID), "effects of the processed one")
 
 		d.publish(t, mine...)
 		for _, o := range mine {
 			dlAwait(t, d.Log, o.UUID, exactlyonce.Duplicate, 1)
-			require.Len(t, d.shop.dlRuns.Of(o.UUID), 2, "runs of order %s: the refused one and the replay", o.ID)
+			require.Len(t, d.shop.Of(o.UUID), 2, "runs of order %s: the refused one and the replay", o.ID)
 			require.Equal(t, int64(1), d.Effects.Count(t, o.UUID), "effects of order %s", o.ID)
 			require.Len(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Processed), 1, "processed events of order %s", o.ID)
 			require.Len(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Duplicate), 1, "duplicate events of order %s: the late redelivery only", o.ID)
@@ -1169,7 +1169,7 @@ func TestDeadLetterConcurrentReplay(t *testing.T) {
 			dlAwait(t, d.Log, o.UUID, exactlyonce.Duplicate, 1)
 			require.Len(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Processed), 1, "processed events of order %s", o.ID)
 			require.Len(t, dlEventsOf(d.Log, o.UUID, exactlyonce.Duplicate), 1, "duplicate events of order %s: the late redelivery only", o.ID)
-			require.Len(t, d.shop.dlRuns.Of(o.UUID), 2, "runs of order %s: the refused one and the replay", o.ID)
+			require.Len(t, d.shop.Of(o.UUID), 2, "runs of order %s: the refused one and the replay", o.ID)
 			require.Equal(t, int64(1), d.Effects.Count(t, o.UUID), "effects of order %s", o.ID)
 		}
 		d.finish(t, dlOutputs(raced, held)...)
@@ -1226,7 +1226,7 @@ func TestDeadLetterReleasedKeys(t *testing.T) {
 		require.Equal(t, inboxdb.StatusDone, inboxRecord(t, d.DB, d.consumer, redelivered.UUID).Status, "the discard keeps the done record")
 
 		for _, o := range []dlOrder{replayed, redelivered} {
-			require.Len(t, d.shop.dlRuns.Of(o.UUID), 2, "runs of order %s", o.ID)
+			require.Len(t, d.shop.Of(o.UUID), 2, "runs of order %s", o.ID)
 			require.Equal(t, int64(1), d.Effects.Count(t, o.UUID), "effects of order %s", o.ID)
 		}
 		d.finish(t, dlOutputs(replayed, redelivered)...)

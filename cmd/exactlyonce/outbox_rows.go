@@ -49,7 +49,7 @@ func (f *rowFlags) filter(now time.Time) (outbox.RowFilter, error) {
 		QuarantinedSince: since, QuarantinedBefore: until, Metadata: meta}, nil
 }
 
-func (f *rowFlags) anyCriterion() bool { return f.searchFlags.any() || f.topic != "" }
+func (f *rowFlags) anyCriterion() bool { return f.any() || f.topic != "" }
 
 // rowCmds are outbox rows, show, requeue and discard.
 func (a *app) rowCmds() []*cobra.Command {

@@ -98,7 +98,7 @@ func (f *parkedFlags) register(cmd *cobra.Command, bulk bool) {
 }
 
 func (f *parkedFlags) anyCriterion() bool {
-	return f.searchFlags.any() || f.consumer != "" || f.key != "" || f.tenant != ""
+	return f.any() || f.consumer != "" || f.key != "" || f.tenant != ""
 }
 
 func (f *parkedFlags) filter(now time.Time) (inbox.ParkedFilter, error) {

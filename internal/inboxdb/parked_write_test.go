@@ -6,6 +6,7 @@ package inboxdb_test
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,7 +40,7 @@ func (b bundle) kept(t *testing.T, consumer, key string) (keptRow, bool) {
 	err := seam.QueryRow(b.ctx, b.db, `SELECT message_uuid, topic, coalesce(payload, ''), payload IS NULL, payload_size, metadata::text,
 reason, attempts, first_seen_at, parked_at FROM `+b.store.ParkedTable()+` WHERE consumer = $1 AND message_key = $2`,
 		[]any{consumer, key}, &r.UUID, &r.Topic, &r.Payload, &r.PayloadNull, &r.PayloadSize, &meta, &r.Reason, &r.Attempts, &r.FirstSeenAt, &r.ParkedAt)
-	if err == seam.ErrNoRows {
+	if errors.Is(err, seam.ErrNoRows) {
 		return keptRow{}, false
 	}
 	require.NoError(t, err)
