@@ -13,9 +13,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -186,9 +188,12 @@ type ReplayReport struct {
 // DiscardOptions tunes a discard.
 type DiscardOptions struct {
 	// Forget also deletes the key's inbox record, so that a later
-	// delivery of the key runs the handler. Defaults to false: the key
-	// stays recorded, and a late redelivery is still acknowledged as
-	// parked without running.
+	// delivery of the key runs the handler, while the record still waits
+	// for an operator (parked, or failed: released); a record done (its
+	// message processed since) or processing (an attempt holds it) is
+	// kept, or a later copy would run the handler again. Defaults to
+	// false: the key stays recorded, and a late redelivery is still
+	// acknowledged as parked without running.
 	Forget bool
 	// BatchSize is the number of parked messages one transaction of
 	// DiscardParkedMatching deletes. Defaults to 100; at most 1000.
@@ -322,6 +327,9 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f ParkedFilter, opts R
 	if err == nil && opts.Topic != "" {
 		err = checkTopic(opts.Topic)
 	}
+	if err == nil {
+		pf, err = s.boundNow(ctx, pf)
+	}
 	if err != nil {
 		return ReplayReport{}, s.fail("replay parked", err)
 	}
@@ -404,6 +412,9 @@ func (s *Store) DiscardParkedTx(ctx context.Context, tx wsql.Tx, consumer, key s
 func (s *Store) DiscardParkedMatching(ctx context.Context, f ParkedFilter, opts DiscardOptions) (int64, error) {
 	pf := f.internal()
 	batch, err := s.checkBulk(pf, opts.All, "DiscardOptions", opts.BatchSize)
+	if err == nil {
+		pf, err = s.boundNow(ctx, pf)
+	}
 	if err != nil {
 		return 0, s.fail("discard parked", err)
 	}
@@ -443,6 +454,21 @@ func checkTopic(topic string) error {
 		return fmt.Errorf("%w: ReplayOptions.Topic: %w", ErrInvalidFilter, err)
 	}
 	return nil
+}
+
+// boundNow bounds a bulk operation to the messages parked before it began
+// (the database's clock): a message parked again while it runs (its
+// consumer failed again after a replay) is left for the next one, never
+// replayed or discarded twice by one run.
+func (s *Store) boundNow(ctx context.Context, f parked.Filter) (parked.Filter, error) {
+	var now time.Time
+	if err := seam.QueryRow(ctx, s.db.Conn, `SELECT now()`, nil, &now); err != nil {
+		return f, err
+	}
+	if f.Before.IsZero() || f.Before.After(now) {
+		f.Before = now
+	}
+	return f, nil
 }
 
 func (s *Store) checkBulk(f parked.Filter, all bool, opts string, batchSize int) (int, error) {
@@ -511,7 +537,17 @@ func replayable(m ParkedMessage, opts ReplayOptions) error {
 	case m.Status == inboxdb.StatusProcessing:
 		why = "its key is being processed (a lease-mode attempt holds it): try again once the attempt ends"
 	default:
-		return nil
+		topic := m.Topic
+		if opts.Topic != "" {
+			topic = opts.Topic
+		}
+		err := outboxrow.Validate(topic, message.NewMessage(m.UUID, nil))
+		if err == nil {
+			return nil
+		}
+		// A message the outbox cannot take as it is (an empty UUID: a
+		// producer that set none, under a key of its own).
+		why = "the outbox cannot take it as it is (" + err.Error() + "): re-publish it from its source, then Release the key"
 	}
 	return fmt.Errorf("%w: %q for %q: %s", ErrNotReplayable, m.Key, m.Consumer, why)
 }
@@ -521,7 +557,7 @@ func replayable(m ParkedMessage, opts ReplayOptions) error {
 // park).
 func (s *Store) discard(ctx context.Context, tx wsql.Tx, consumer, key string, opts DiscardOptions) error {
 	if opts.Forget {
-		_, found, err := s.s.ForgetTx(ctx, tx, consumer, key)
+		found, err := s.s.DiscardForgetTx(ctx, tx, consumer, key)
 		if err != nil {
 			return err
 		}

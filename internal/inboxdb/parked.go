@@ -60,7 +60,7 @@ func (r ParkedRow) Cursor() parked.Cursor {
 // as p, with payload and status as the expressions of the payload and of
 // the record's status.
 func parkedColumns(payload, status string) string {
-	return `p.consumer, p.message_key, p.message_uuid, p.topic, ` + payload + `, p.payload IS NOT NULL OR p.payload_size = 0,
+	return `p.consumer, p.message_key, p.message_uuid, p.topic, ` + payload + `, p.payload IS NOT NULL,
 p.payload_size, p.metadata::text, p.reason, p.attempts, p.first_seen_at, p.parked_at, ` + status
 }
 
@@ -288,6 +288,26 @@ func (s *Store) ForgetTx(ctx context.Context, tx wsql.Tx, consumer, key string) 
 	return s.forget(ctx, tx, consumer, key)
 }
 
+// DiscardForgetTx deletes, in tx, the parked message of (consumer, key) and
+// forgets the key's record only while it still waits for an operator
+// (parked, or failed: released): a record done (its message processed
+// since) or processing (an attempt holds it) stays, or a later copy would
+// run the handler again. It reports whether a parked message existed.
+func (s *Store) DiscardForgetTx(ctx context.Context, tx wsql.Tx, consumer, key string) (bool, error) {
+	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
+		return false, fmt.Errorf("discard %q for %q: %w", key, consumer, err)
+	}
+	var message bool
+	err := seam.QueryRow(ctx, tx, `WITH rec AS (DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2
+  AND status IN ('`+StatusParked+`', '`+StatusFailed+`') RETURNING 1),
+kept AS (DELETE FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2 RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &message)
+	if err != nil {
+		return false, fmt.Errorf("discard %q for %q: %w", key, consumer, err)
+	}
+	return message, nil
+}
+
 // DiscardParkedBatch deletes, in tx, up to limit parked messages that
 // match f (oldest first, skipping those another transaction holds: being
 // replayed or discarded), with their keys' inbox records when forget is
@@ -308,7 +328,10 @@ func (s *Store) DiscardParkedBatch(ctx context.Context, tx wsql.Tx, f parked.Fil
 		parkedOrder + ` LIMIT $` + strconv.Itoa(len(args)) + ` FOR UPDATE SKIP LOCKED) p
 WHERE d.consumer = p.consumer AND d.message_key = p.message_key RETURNING d.consumer, d.message_key`
 	if forget {
-		q = `WITH d AS (` + q + `), f AS (DELETE FROM ` + s.table + ` i USING d WHERE i.consumer = d.consumer AND i.message_key = d.message_key)
+		// Only records that still wait for an operator: a done one (its
+		// message processed since) or a processing one stays.
+		q = `WITH d AS (` + q + `), f AS (DELETE FROM ` + s.table + ` i USING d WHERE i.consumer = d.consumer AND i.message_key = d.message_key
+  AND i.status IN ('` + StatusParked + `', '` + StatusFailed + `'))
 SELECT count(*) FROM d`
 	} else {
 		q = `WITH d AS (` + q + `) SELECT count(*) FROM d`

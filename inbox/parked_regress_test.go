@@ -1,0 +1,167 @@
+package inbox_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+)
+
+// claimed runs a transactional claim of (consumer, key), commits it, and
+// reports whether the handler would have run.
+func (b bundle) claimed(t *testing.T, consumer, key string) bool {
+	t.Helper()
+	tx, err := b.db.Conn.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	res, err := b.inner.ClaimTx(b.ctx, tx, consumer, key)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	return res.Claimed
+}
+
+// A message whose UUID or metadata had to be changed to be stored is kept
+// for reading, never replayed: with an empty payload it must not read back
+// as kept either (an empty payload once counted as kept whatever else).
+func TestChangedMessageWithEmptyPayloadIsNotReplayable(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		msg := &inboxdb.ParkedMessage{UUID: "u-\xff1", Topic: "orders.in", Payload: []byte{},
+			Metadata: map[string]string{"order_id": "A-1", "sig": "ab\xffcd"}}
+		require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", "changed", "boom", msg))
+		// The same message unchanged: an empty payload is kept.
+		ok := &inboxdb.ParkedMessage{UUID: "u-2", Topic: "orders.in", Payload: []byte{}, Metadata: map[string]string{"order_id": "A-2"}}
+		require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", "empty", "boom", ok))
+
+		m, err := b.store.GetParked(b.ctx, "c", "changed")
+		require.NoError(t, err)
+		require.False(t, m.PayloadKept, "a changed message reads back as not kept")
+		_, err = b.store.ReplayParked(b.ctx, "c", "changed", inbox.ReplayOptions{})
+		require.ErrorIs(t, err, inbox.ErrNotReplayable)
+
+		m, err = b.store.GetParked(b.ctx, "c", "empty")
+		require.NoError(t, err)
+		require.True(t, m.PayloadKept, "an unchanged empty payload is kept")
+		_, err = b.store.ReplayParked(b.ctx, "c", "empty", inbox.ReplayOptions{})
+		require.NoError(t, err)
+		rows := b.outbox(t)
+		require.Len(t, rows, 1, "only the unchanged message is replayed")
+		require.Equal(t, "u-2", rows[0].UUID)
+	})
+}
+
+// Discarding with Forget deletes a key's record only while it waits for an
+// operator: a released key whose redelivery was processed since is done,
+// and a late copy must stay a duplicate, discarded one by one or in bulk.
+func TestDiscardForgetKeepsADoneRecord(t *testing.T) {
+	t.Parallel()
+	eachLayout(t, func(t *testing.T, b bundle) {
+		msg := &inboxdb.ParkedMessage{UUID: "u-2", Topic: "orders.in", Payload: []byte("p"), Metadata: map[string]string{"order_id": "A-2"}}
+		for _, bulk := range []bool{false, true} {
+			key := fmt.Sprintf("released-bulk-%v", bulk)
+			require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", key, "card declined", msg))
+			ok, err := b.store.Release(b.ctx, "c", key)
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.True(t, b.claimed(t, "c", key), "the redelivery runs once")
+			require.Equal(t, "done", b.status(t, "c", key))
+			if bulk {
+				n, err := b.store.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Reason: "card declined"}, inbox.DiscardOptions{Forget: true})
+				require.NoError(t, err)
+				require.EqualValues(t, 1, n)
+			} else {
+				require.NoError(t, b.store.DiscardParked(b.ctx, "c", key, inbox.DiscardOptions{Forget: true}))
+			}
+			_, err = b.store.GetParked(b.ctx, "c", key)
+			require.ErrorIs(t, err, inbox.ErrNotParked, "the parked message is discarded")
+			require.Equal(t, "done", b.status(t, "c", key), "bulk=%v: the done record stays", bulk)
+			require.False(t, b.claimed(t, "c", key), "bulk=%v: a late copy is a duplicate", bulk)
+		}
+		// A record still parked is forgotten: its next delivery runs.
+		require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", "still-parked", "card declined", msg))
+		require.NoError(t, b.store.DiscardParked(b.ctx, "c", "still-parked", inbox.DiscardOptions{Forget: true}))
+		require.Equal(t, "", b.status(t, "c", "still-parked"))
+		require.True(t, b.claimed(t, "c", "still-parked"))
+	})
+}
+
+// A parked message the outbox cannot take (an empty UUID: a producer that
+// set none, under a key of its own) is refused as not replayable, and a
+// bulk replay skips it instead of failing its whole batch at it every time.
+func TestEmptyUUIDIsNotReplayableAndBulkReplayGoesOn(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		for i, uuid := range []string{"u-a", "", "u-c"} {
+			msg := &inboxdb.ParkedMessage{UUID: uuid, Topic: "orders.in", Payload: []byte("p"), Metadata: map[string]string{}}
+			require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", fmt.Sprintf("k%d", i), "boom", msg))
+		}
+		_, err := b.store.ReplayParked(b.ctx, "c", "k1", inbox.ReplayOptions{})
+		require.ErrorIs(t, err, inbox.ErrNotReplayable)
+		require.Contains(t, err.Error(), "outbox cannot take it")
+
+		rep, err := b.store.ReplayParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.ReplayOptions{})
+		require.NoError(t, err)
+		require.EqualValues(t, 2, rep.Replayed)
+		require.EqualValues(t, 1, rep.Skipped)
+		uuids := []string{}
+		for _, r := range b.outbox(t) {
+			uuids = append(uuids, r.UUID)
+		}
+		require.ElementsMatch(t, []string{"u-a", "u-c"}, uuids)
+		m, err := b.store.GetParked(b.ctx, "c", "k1")
+		require.NoError(t, err, "the refused message stays parked")
+		require.Equal(t, "parked", m.Status)
+	})
+}
+
+// A bulk replay takes the messages parked before it began: one parked
+// again while it runs (its consumer failed on the replay) waits for the
+// next replay instead of being published twice by this one.
+func TestBulkReplayLeavesMessagesParkedDuringIt(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const n = 150
+		for i := 0; i < n; i++ {
+			msg := &inboxdb.ParkedMessage{UUID: fmt.Sprintf("u-%03d", i), Topic: "orders.in", Payload: []byte("p"), Metadata: map[string]string{}}
+			require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", fmt.Sprintf("k%03d", i), "boom", msg))
+		}
+		reparked := make(chan error, 1)
+		go func() { // the consumer: takes the replay of k000 and parks it again
+			for b.ctx.Err() == nil {
+				if testCount(b, `SELECT count(*) FROM `+b.db.Outbox()+` WHERE uuid = 'u-000'`) > 0 {
+					msg := &inboxdb.ParkedMessage{UUID: "u-000", Topic: "orders.in", Payload: []byte("p"), Metadata: map[string]string{}}
+					reparked <- b.inner.Park(b.ctx, b.db.Conn, "c", "k000", "boom again", msg)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+			reparked <- b.ctx.Err()
+		}()
+		rep, err := b.store.ReplayParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.ReplayOptions{BatchSize: 1})
+		require.NoError(t, err)
+		require.NoError(t, <-reparked)
+		require.EqualValues(t, n, rep.Replayed)
+		require.EqualValues(t, 1, b.count(t, `SELECT count(*) FROM `+b.db.Outbox()+` WHERE uuid = 'u-000'`),
+			"one bulk replay publishes a message once")
+		m, err := b.store.GetParked(b.ctx, "c", "k000")
+		require.NoError(t, err, "the message parked again waits for the next replay")
+		require.Equal(t, "boom again", m.Reason)
+	})
+}
+
+// testCount counts without a *testing.T (from a goroutine); -1 on error.
+func testCount(b bundle, q string) int64 {
+	rows, err := b.db.Conn.QueryContext(b.ctx, q)
+	if err != nil {
+		return -1
+	}
+	defer rows.Close()
+	var n int64 = -1
+	if rows.Next() && rows.Scan(&n) != nil {
+		return -1
+	}
+	return n
+}
