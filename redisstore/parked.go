@@ -20,6 +20,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // ErrReplayInProgress is returned (wrapped) by ReplayParked (with
@@ -50,7 +51,7 @@ type parkedEntry struct {
 
 // entryFields are the record fields scanParked reads, in this order.
 var entryFields = []string{"status", "m_uuid", "m_topic", "m_size", "m_meta", "last_error", "attempts",
-	"first_seen_ms", "parked_at_ms", "processed_at_ms", "m_replay_until_ms"}
+	"first_seen_ms", "parked_at_ms", "processed_at_ms", "m_replay_until_ms", "m_reason"}
 
 // scanChunk is the number of records read per pipelined round trip.
 const scanChunk = 1000
@@ -102,10 +103,9 @@ func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry,
 			if parkedAt == 0 { // a record parked without the time: its last change
 				parkedAt = num(9)
 			}
-			size := int(num(3))
 			m := inbox.ParkedMessage{
-				Consumer: f.Consumer, Key: k, UUID: uuid, Topic: str(2), PayloadSize: size,
-				PayloadKept: kept[i].Val() || size == 0, Metadata: md, Reason: str(5), Attempts: int(num(6)),
+				Consumer: f.Consumer, Key: k, UUID: uuid, Topic: str(2), PayloadSize: int(num(3)),
+				PayloadKept: kept[i].Val(), Metadata: md, Reason: cmp.Or(str(11), str(5)), Attempts: int(num(6)),
 				FirstSeenAt: fromMS(num(7)), ParkedAt: fromMS(parkedAt), Status: status,
 			}
 			if f.Match(parked.Message{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Reason: m.Reason, ParkedAt: m.ParkedAt, Metadata: md}) {
@@ -295,7 +295,7 @@ func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.Park
 	}
 	out := inbox.ParkedMessage{
 		Consumer: consumer, Key: key, UUID: m["m_uuid"], Topic: m["m_topic"], PayloadSize: int(num("m_size")),
-		PayloadKept: kept || num("m_size") == 0, Metadata: md, Reason: m["last_error"], Attempts: int(num("attempts")),
+		PayloadKept: kept, Metadata: md, Reason: cmp.Or(m["m_reason"], m["last_error"]), Attempts: int(num("attempts")),
 		FirstSeenAt: fromMS(num("first_seen_ms")), ParkedAt: fromMS(parkedAt), Status: m["status"],
 	}
 	if kept {
@@ -533,7 +533,7 @@ func (s *Store) replay(ctx context.Context, consumer, key string, pub message.Pu
 	pctx, cancel := context.WithTimeout(ctx, s.replayTimeout)
 	defer cancel()
 	msg.SetContext(trace.ContextWithSpanContext(pctx, trace.SpanContext{})) // the metadata as it was: no trace context added
-	if err := pub.Publish(m.Topic, msg); err != nil {
+	if err := publish(pctx, pub, m.Topic, msg); err != nil {
 		err = fmt.Errorf("publishing %q for %q (message %s) to %q: %w", key, consumer, m.UUID, m.Topic, err)
 		if _, aerr := finish(abortReplayScript); aerr != nil {
 			return inbox.ParkedMessage{}, fmt.Errorf("%w; parking it again failed, the key stays released with its message kept (replay it again after Config.ReplayTimeout): %w", err, aerr)
@@ -544,6 +544,21 @@ func (s *Store) replay(ctx context.Context, consumer, key string, pub message.Pu
 		return inbox.ParkedMessage{}, fmt.Errorf("%q for %q: published, but its message could not be removed (it stays listed; a replay of it after Config.ReplayTimeout is a duplicate to the consumer's inbox, discard it instead): %w", key, consumer, err)
 	}
 	return m, nil
+}
+
+// publish publishes msg to topic through pub, bounded by ctx when pub
+// takes one (an outbox.BatchPublisher, as rabbitmq.Publisher is): a
+// publish still waiting for its confirm when the replay's mark lapses
+// would let a second replay publish the message again.
+func publish(ctx context.Context, pub message.Publisher, topic string, msg *message.Message) error {
+	if bp, ok := pub.(outbox.BatchPublisher); ok {
+		errs := bp.PublishBatch(ctx, []string{topic}, []*message.Message{msg})
+		if len(errs) != 1 {
+			return fmt.Errorf("%T.PublishBatch returned %d outcomes for 1 message", pub, len(errs))
+		}
+		return errs[0]
+	}
+	return pub.Publish(topic, msg)
 }
 
 // discard runs the discard script.

@@ -96,7 +96,10 @@ type Config struct {
 	DoneTTL time.Duration
 
 	// ReplayTimeout bounds a replay of a parked message (ReplayParked):
-	// its publish runs with a context that ends then, and while it runs a
+	// its publish runs with a context that ends then (PublishBatch's, when
+	// the publisher is an outbox.BatchPublisher as rabbitmq.Publisher is;
+	// else the message's context, which a publisher may ignore: keep
+	// ReplayTimeout above that publisher's own timeout), and while it runs a
 	// second replay or a discard of the message is refused
 	// (ErrReplayInProgress). Should the replaying process stop between
 	// the release and the end of the replay, the key stays released with
@@ -445,7 +448,14 @@ func (b *backend) Forget(ctx context.Context, consumer, key string) (bool, error
 	return n > 0, nil
 }
 
-// Parked reads the consumer's parked set, oldest first, then the records.
+// recordFields are the record fields parseRecord reads (not the message a
+// park kept).
+var recordFields = []string{"status", "attempts", "duplicates", "lease_until_ms", "first_seen_ms", "processed_at_ms",
+	"last_error", "interrupted", "interruptions"}
+
+// Parked reads the consumer's parked set, oldest first, then the records,
+// until it has limit parked ones or the set's end: the set also holds
+// released keys whose message is kept, which are not listed.
 func (b *backend) Parked(ctx context.Context, consumer string, limit int) ([]leasestore.Record, error) {
 	if consumer == "" {
 		return nil, errors.New("listing parked keys: the consumer is required (the Redis store keeps parked keys per consumer)")
@@ -453,28 +463,42 @@ func (b *backend) Parked(ctx context.Context, consumer string, limit int) ([]lea
 	if limit <= 0 {
 		limit = 100
 	}
-	members, err := b.c.ZRange(ctx, b.parkedKey(consumer), 0, int64(limit-1)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("listing parked keys of %q: %w", consumer, err)
-	}
-	if len(members) == 0 {
-		return nil, nil
-	}
-	cmds := make([]*redis.MapStringStringCmd, len(members))
-	_, err = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range members {
-			cmds[i] = p.HGetAll(ctx, b.recordKey(consumer, k))
+	window := int64(max(limit, 100))
+	var out []leasestore.Record
+	for start := int64(0); len(out) < limit; start += window {
+		members, err := b.c.ZRange(ctx, b.parkedKey(consumer), start, start+window-1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("listing parked keys of %q: %w", consumer, err)
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing parked keys of %q: %w", consumer, err)
-	}
-	out := make([]leasestore.Record, 0, len(members))
-	for i, k := range members {
-		r := parseRecord(consumer, k, cmds[i].Val())
-		if r.Status == inboxdb.StatusParked { // released or forgotten meanwhile: skip
-			out = append(out, r)
+		if len(members) == 0 {
+			break
+		}
+		cmds := make([]*redis.SliceCmd, len(members))
+		_, err = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range members {
+				cmds[i] = p.HMGet(ctx, b.recordKey(consumer, k), recordFields...)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("listing parked keys of %q: %w", consumer, err)
+		}
+		for i, k := range members {
+			m := map[string]string{}
+			for j, v := range cmds[i].Val() {
+				if v, ok := v.(string); ok {
+					m[recordFields[j]] = v
+				}
+			}
+			r := parseRecord(consumer, k, m)
+			// Released (a kept message holds it in the set) or forgotten
+			// meanwhile: skip.
+			if r.Status == inboxdb.StatusParked && len(out) < limit {
+				out = append(out, r)
+			}
+		}
+		if int64(len(members)) < window {
+			break
 		}
 	}
 	return out, nil

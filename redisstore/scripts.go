@@ -18,9 +18,12 @@ import "github.com/redis/go-redis/v9"
 //
 // A park also keeps the message it parked (inboxdb.ParkedMessage, as
 // inboxdb.ParkedMessage.Row makes it): m_uuid, m_topic, m_payload (absent
-// when the payload is not kept), m_size (the payload's size in bytes),
-// m_meta (a JSON object of strings) and parked_at_ms, written by the
-// script that parks, replacing what an earlier park kept. They go with the
+// when the payload is not kept; empty when it was empty), m_size (the
+// payload's size in bytes), m_meta (a JSON object of strings), m_reason
+// (why it was parked: last_error changes with the attempts of a released
+// key) and parked_at_ms, written by the script that parks, replacing what
+// an earlier park kept. A parked record never expires (every script that
+// parks persists it). They go with the
 // record: Forget deletes them, a release leaves them until the record is
 // parked again or expires.
 
@@ -29,13 +32,13 @@ const luaNow = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 `
 
-// luaKeep defines keep(rec, i): when ARGV[i] is '1', the parked message in
-// ARGV[i+1..i+6] (uuid, topic, '1' when the payload is kept, payload, size,
-// metadata JSON) is written into the record; '0' keeps nothing. See
-// messageArgs.
-const luaKeep = `local function keep(rec, i)
+// luaKeep defines keep(rec, i, reason): when ARGV[i] is '1', the parked
+// message in ARGV[i+1..i+6] (uuid, topic, '1' when the payload is kept,
+// payload, size, metadata JSON) is written into the record with the
+// reason of the park; '0' keeps nothing. See messageArgs.
+const luaKeep = `local function keep(rec, i, reason)
 	if ARGV[i] ~= '1' then return end
-	redis.call('HSET', rec, 'm_uuid', ARGV[i+1], 'm_topic', ARGV[i+2], 'm_size', ARGV[i+5], 'm_meta', ARGV[i+6], 'parked_at_ms', now)
+	redis.call('HSET', rec, 'm_uuid', ARGV[i+1], 'm_topic', ARGV[i+2], 'm_size', ARGV[i+5], 'm_meta', ARGV[i+6], 'm_reason', reason, 'parked_at_ms', now)
 	if ARGV[i+3] == '1' then
 		redis.call('HSET', rec, 'm_payload', ARGV[i+4])
 	else
@@ -96,7 +99,8 @@ if maxi > 0 and interruptions + 1 >= maxi then
 	redis.call('HSET', rec, 'status', 'parked', 'interrupted', 1, 'interruptions', interruptions + 1, 'processed_at_ms', now, 'last_error', reason)
 	redis.call('HDEL', rec, 'token', 'lease_until_ms')
 	redis.call('ZADD', KEYS[2], fs, member)
-	keep(rec, 6)
+	redis.call('PERSIST', rec)
+	keep(rec, 6, reason)
 	return {'parked', attempts, 0, 1, 1, fs, reason, former}
 end
 redis.call('HSET', rec, 'attempts', attempts + 1, 'token', token, 'lease_until_ms', until_ms, 'interrupted', 0, 'interruptions', interruptions + 1)
@@ -136,7 +140,8 @@ redis.call('HSET', rec, 'last_error', ARGV[2], 'processed_at_ms', now)
 if ARGV[3] == '1' then
 	redis.call('HSET', rec, 'status', 'parked')
 	redis.call('ZADD', KEYS[2], tonumber(redis.call('HGET', rec, 'first_seen_ms')) or now, ARGV[5])
-	keep(rec, 6)
+	redis.call('PERSIST', rec)
+	keep(rec, 6, ARGV[2])
 else
 	redis.call('HSET', rec, 'status', 'failed')
 	redis.call('PEXPIRE', rec, ARGV[4])
@@ -153,7 +158,8 @@ redis.call('HDEL', rec, 'token', 'lease_until_ms')
 redis.call('HSET', rec, 'status', 'parked', 'interrupted', 1, 'last_error', ARGV[2], 'processed_at_ms', now)
 redis.call('HINCRBY', rec, 'interruptions', 1)
 redis.call('ZADD', KEYS[2], tonumber(redis.call('HGET', rec, 'first_seen_ms')) or now, ARGV[3])
-keep(rec, 4)
+redis.call('PERSIST', rec)
+keep(rec, 4, ARGV[2])
 return 1
 `)
 
