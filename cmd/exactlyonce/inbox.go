@@ -141,7 +141,7 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 			},
 		}, false)),
 		keyCmd("show --consumer C KEY", "Show the record of one key (exit status 3 when there is none)", a.inboxShow),
-		keyCmd("forget --consumer C KEY", "Delete the record of one key, so that its next delivery runs the handler again (exit status 3 when there is none)", a.inboxForget),
+		keyCmd("forget --consumer C KEY", "Delete the record of one key, with its parked message if it has one, so that its next delivery runs the handler again (exit status 3 when there is none)", a.inboxForget),
 		parked,
 		keyCmd("release --consumer C KEY", "Release a parked key, so that its next delivery runs again (exit status 3 when it is not parked)", a.inboxRelease),
 		purgeCmd,

@@ -185,7 +185,10 @@ given empty) works on the Redis lease store instead, whose replay publishes thro
 				_, err := s.replay(ctx, consumer, key, inbox.ReplayOptions{Topic: topic})
 				return 1, err
 			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
-				r, err := s.replayMatching(ctx, f, inbox.ReplayOptions{Topic: topic})
+				// The operator named the criteria and confirmed them with
+				// --yes after the count: -c alone means every message of
+				// the consumer (the Redis store wants All for that).
+				r, err := s.replayMatching(ctx, f, inbox.ReplayOptions{Topic: topic, All: true})
 				return r.Replayed, r.Skipped, err
 			})
 		},
@@ -204,7 +207,9 @@ given empty) works on the Redis lease store instead, whose replay publishes thro
 			return a.parkedAction(cmd, o, args, &dc, "discard", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
 				return 1, s.DiscardParked(ctx, consumer, key, opts)
 			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
-				n, err := s.DiscardParkedMatching(ctx, f, opts)
+				bulk := opts
+				bulk.All = true // confirmed with --yes, as for replay
+				n, err := s.DiscardParkedMatching(ctx, f, bulk)
 				return n, 0, err
 			})
 		},

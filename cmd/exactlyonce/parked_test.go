@@ -200,7 +200,8 @@ func TestParkedRedisStore(t *testing.T) {
 	ev := runRouter(t, queue, exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Duration: 10 * time.Second, Store: store}}, h)
 	uuid := watermill.NewUUID()
 	publishOrder(t, queue, uuid, "R-7", true)
-	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Parked) == 1 }, "parked in Redis")
+	publishOrder(t, queue, watermill.NewUUID(), "R-8", true)
+	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Parked) == 2 }, "parked in Redis")
 
 	env := []string{"REDIS_URL=" + testenv.RedisURL(), envRedisPrefix + "=" + prefix}
 	var list parkedListJSON
@@ -215,6 +216,18 @@ func TestParkedRedisStore(t *testing.T) {
 	r := cli(t, append(env, envAMQPURL+"="+testenv.AMQPURL()), "parked", "replay", "--redis-url", "", "ship-order", uuid)
 	requireOK(t, r)
 	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("R-7") == 1 }, "the replayed order is processed")
+	decode(t, cli(t, env, "parked", "list", "--redis-url", "", "--json", "-c", "ship-order"), &list)
+	require.Len(t, list.Messages, 1)
+	require.Equal(t, "R-8", list.Messages[0].Metadata["order_id"])
+
+	// Every parked message of the consumer: the consumer is the criterion
+	// (the Redis store needs one anyway); counted first, then --yes.
+	env = append(env, envAMQPURL+"="+testenv.AMQPURL())
+	r = cli(t, env, "parked", "replay", "--redis-url", "", "-c", "ship-order")
+	requireOK(t, r)
+	require.Equal(t, "1 message matches. Nothing done: the same command with --yes will replay them.\n", r.stdout)
+	requireOK(t, cli(t, env, "parked", "replay", "--redis-url", "", "-c", "ship-order", "--yes"))
+	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("R-8") == 1 }, "the bulk-replayed order is processed")
 	decode(t, cli(t, env, "parked", "list", "--redis-url", "", "--json", "-c", "ship-order"), &list)
 	require.Empty(t, list.Messages)
 }
