@@ -11,7 +11,7 @@ import (
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
-// Key poisoning (seed 004's threat): tenants choose their own idempotency
+// Key poisoning: tenants choose their own idempotency
 // keys; tenant "mallory" sends "invoice-1" before tenant "acme" does. With
 // a shared key space acme's message is acked as a duplicate and never
 // processed; with KeyByTenant each tenant has its own, and a message
