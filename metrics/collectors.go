@@ -65,16 +65,24 @@ func (m *Metrics) WatchInbox(store *inbox.Store, consumers ...string) error {
 	if store == nil {
 		return errors.New("metrics: WatchInbox: nil Store")
 	}
-	c := m.inbox
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.store = store
-	c.consumers = append([]string(nil), consumers...)
-	if len(c.consumers) == 0 {
-		c.consumers = []string{""}
+	consumers = append([]string(nil), consumers...)
+	if len(consumers) == 0 {
+		consumers = []string{""}
 	}
-	c.fetchedAt = time.Time{}
-	c.rows = nil
+	m.inbox.stats.watch(func(ctx context.Context, consumer string) (map[string]int64, error) {
+		st, err := store.Stats(ctx, consumer)
+		if err != nil {
+			return nil, err
+		}
+		byStatus := make(map[string]int64, len(inboxStatuses))
+		for _, s := range inboxStatuses {
+			byStatus[s] = 0
+		}
+		for s, n := range st.Rows {
+			byStatus[s] = n
+		}
+		return byStatus, nil
+	}, consumers)
 	return nil
 }
 
@@ -203,30 +211,19 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 // inboxStatuses are the statuses always exported, 0 when absent.
 var inboxStatuses = []string{"processing", "done", "failed", "parked"}
 
-// inboxCollector runs inbox.Store.Stats at most once per interval, and
-// exports the purge progress ObservePurge reports.
+// inboxCollector exports inbox.Store.Stats, run at most once per interval
+// (consumerCache), and the purge progress ObservePurge reports.
 type inboxCollector struct {
-	timeout, interval time.Duration
-	logger            *slog.Logger
-	lastPurge         atomic.Int64 // Unix nanoseconds; 0 before the first
-
-	// mu guards the fields below; it is held during the query, so that
-	// concurrent scrapes wait for one query instead of running several.
-	mu        sync.Mutex
-	store     *inbox.Store
-	consumers []string
-	fetchedAt time.Time
-	rows      map[string]map[string]int64 // consumer -> status -> records; nil: none to export
-	errors    int64
+	lastPurge atomic.Int64                     // Unix nanoseconds; 0 before the first
+	stats     *consumerCache[map[string]int64] // consumer -> status -> records
 
 	rowsDesc, scrapeErrors, lastPurgeDesc *prometheus.Desc
 }
 
 func newInboxCollector(ns string, timeout, interval time.Duration, logger *slog.Logger) *inboxCollector {
 	return &inboxCollector{
-		timeout:  timeout,
-		interval: interval,
-		logger:   logger,
+		stats: &consumerCache[map[string]int64]{timeout: timeout, interval: interval, logger: logger,
+			failed: "metrics: inbox statistics query failed; the inbox gauges are left out until the next query"},
 		rowsDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "inbox", "rows"),
 			"Inbox records by consumer and status (processing, done, failed, parked), refreshed at most once per interval; consumer is empty for the whole table.",
 			[]string{"consumer", "status"}, nil),
@@ -249,48 +246,14 @@ func (c *inboxCollector) Collect(ch chan<- prometheus.Metric) {
 	if ns := c.lastPurge.Load(); ns != 0 {
 		ch <- prometheus.MustNewConstMetric(c.lastPurgeDesc, prometheus.GaugeValue, float64(ns)/1e9)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.store == nil {
+	rows, errs, watched := c.stats.get()
+	if !watched {
 		return
 	}
-	if c.fetchedAt.IsZero() || time.Since(c.fetchedAt) >= c.interval {
-		c.refresh()
-	}
-	for consumer, byStatus := range c.rows {
+	for consumer, byStatus := range rows {
 		for status, n := range byStatus {
 			ch <- prometheus.MustNewConstMetric(c.rowsDesc, prometheus.GaugeValue, float64(n), consumer, status)
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(c.errors))
-}
-
-// refresh queries the statistics of every consumer; on the first error it
-// drops them all (no partial or stale picture). Called with c.mu held. A
-// failure also waits out the interval, so that a struggling database is
-// not queried at every scrape.
-func (c *inboxCollector) refresh() {
-	c.fetchedAt = time.Now()
-	c.rows = nil
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	rows := make(map[string]map[string]int64, len(c.consumers))
-	for _, consumer := range c.consumers {
-		st, err := c.store.Stats(ctx, consumer)
-		if err != nil {
-			c.errors++
-			c.logger.Warn("metrics: inbox statistics query failed; the inbox gauges are left out until the next query",
-				"consumer", consumer, "error", err, "next_query_in", c.interval)
-			return
-		}
-		byStatus := make(map[string]int64, len(inboxStatuses))
-		for _, s := range inboxStatuses {
-			byStatus[s] = 0
-		}
-		for s, n := range st.Rows {
-			byStatus[s] = n
-		}
-		rows[consumer] = byStatus
-	}
-	c.rows = rows
+	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(errs))
 }

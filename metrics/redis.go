@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,39 +38,22 @@ func (m *Metrics) WatchRedisStore(store ParkedKeyCounter, consumers ...string) e
 			return errors.New("metrics: WatchRedisStore: empty consumer name")
 		}
 	}
-	c := m.redis
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.store = store
-	c.consumers = append([]string(nil), consumers...)
-	c.fetchedAt = time.Time{}
-	c.parked = nil
+	m.redis.parked.watch(store.CountParkedKeys, consumers)
 	return nil
 }
 
-// redisCollector runs ParkedKeyCounter.CountParkedKeys at most once per
-// interval.
+// redisCollector exports ParkedKeyCounter.CountParkedKeys, run at most
+// once per interval (consumerCache).
 type redisCollector struct {
-	timeout, interval time.Duration
-	logger            *slog.Logger
-
-	// mu guards the fields below; it is held during the counts, so that
-	// concurrent scrapes wait for one round instead of running several.
-	mu        sync.Mutex
-	store     ParkedKeyCounter
-	consumers []string
-	fetchedAt time.Time
-	parked    map[string]int64 // consumer -> parked keys; nil: none to export
-	errors    int64
+	parked *consumerCache[int64] // consumer -> parked keys
 
 	parkedDesc, scrapeErrors *prometheus.Desc
 }
 
 func newRedisCollector(ns string, timeout, interval time.Duration, logger *slog.Logger) *redisCollector {
 	return &redisCollector{
-		timeout:  timeout,
-		interval: interval,
-		logger:   logger,
+		parked: &consumerCache[int64]{timeout: timeout, interval: interval, logger: logger,
+			failed: "metrics: counting the Redis store's parked keys failed; the gauges are left out until the next count"},
 		parkedDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "redis", "parked_keys"),
 			"Parked keys of the Redis lease store by consumer (waiting for an operator), refreshed at most once per interval.",
 			[]string{"consumer"}, nil),
@@ -86,38 +68,12 @@ func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.store == nil {
+	parked, errs, watched := c.parked.get()
+	if !watched {
 		return
 	}
-	if c.fetchedAt.IsZero() || time.Since(c.fetchedAt) >= c.interval {
-		c.refresh()
-	}
-	for consumer, n := range c.parked {
+	for consumer, n := range parked {
 		ch <- prometheus.MustNewConstMetric(c.parkedDesc, prometheus.GaugeValue, float64(n), consumer)
 	}
-	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(c.errors))
-}
-
-// refresh counts the parked keys of every consumer; on the first error it
-// drops them all. Called with c.mu held. A failure also waits out the
-// interval.
-func (c *redisCollector) refresh() {
-	c.fetchedAt = time.Now()
-	c.parked = nil
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	parked := make(map[string]int64, len(c.consumers))
-	for _, consumer := range c.consumers {
-		n, err := c.store.CountParkedKeys(ctx, consumer)
-		if err != nil {
-			c.errors++
-			c.logger.Warn("metrics: counting the Redis store's parked keys failed; the gauges are left out until the next count",
-				"consumer", consumer, "error", err, "next_query_in", c.interval)
-			return
-		}
-		parked[consumer] = n
-	}
-	c.parked = parked
+	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(errs))
 }
