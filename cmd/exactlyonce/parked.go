@@ -240,20 +240,13 @@ given empty) works on the Redis lease store instead, whose replay publishes thro
 
 // withParked opens the store the flags name and runs f.
 func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Context, parkedStore) error) error {
+	if !cmd.Flags().Changed("redis-url") {
+		return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
+			return f(ctx, pgParked{Store: s, db: db})
+		})
+	}
 	ctx, cancel := a.opContext(cmd, false)
 	defer cancel()
-	if !cmd.Flags().Changed("redis-url") {
-		db, closeDB, err := a.open(ctx, cmd, 2, true)
-		if err != nil {
-			return err
-		}
-		defer closeDB()
-		s, err := inbox.NewStore(db)
-		if err != nil {
-			return err
-		}
-		return f(ctx, pgParked{Store: s, db: db})
-	}
 	url := o.redisURL
 	if url == "" {
 		url = os.Getenv(envRedisURL)
