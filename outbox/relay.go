@@ -72,9 +72,13 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		// batch ($2) when there are enough of the others: failing rows never
 		// crowd out the rows behind them, and have the whole batch when
 		// nothing else waits. (A quarantined row has failures > 0.) The
-		// topics paused ($3, see topicPauses) wait.
+		// topics paused ($3, see topicPauses) wait. due counts (and locks)
+		// only the failed rows this batch can take: those another worker
+		// holds leave their room to fresh rows, or the batch would come
+		// out short and read as "caught up". retry takes the same rows
+		// first (the same order; this transaction's own locks do not skip).
 		selectSQL: `WITH due AS (
-  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` LIMIT $2) d
+  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
 ), fresh AS (
   SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0 AND ` + notPaused + `
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED

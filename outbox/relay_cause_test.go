@@ -389,3 +389,27 @@ func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 		require.Contains(t, plan.String(), "_pkey", "paused %s:\n%s", paused, plan.String())
 	}
 }
+
+// With several workers, the failed rows another worker has locked take no
+// room in this worker's batch: it fills the batch with the rows it can
+// lock. (They were counted as due although locked: the batch came out
+// short, which reads as "caught up", and the worker slept a poll interval
+// with a backlog waiting.)
+func TestRelayRetryRowsLockedElsewhereShrinkNoBatch(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.goodRows(t, "retry", "r", 0, 50)
+		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, next_attempt_at = now() - interval '1 second'")
+		b.goodRows(t, "fresh", "f", 0, 200)
+		other := b.begin(t) // another worker's batch holds the failed rows
+		_, err := other.ExecContext(b.ctx, "SELECT id FROM "+b.tables.Outbox()+" WHERE failures > 0 FOR UPDATE")
+		require.NoError(t, err)
+
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: newStepBroker(up), Logger: testenv.Logger(t), BatchSize: 100})
+		require.NoError(t, err)
+		n, err := relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 100, n, "a full batch of the rows this worker can lock")
+		require.NoError(t, other.Rollback())
+	})
+}
