@@ -71,8 +71,7 @@ func RequeueFailed(ctx context.Context, db sqlschema.DB) (int64, error) {
 		return 0, fmt.Errorf("outbox: RequeueFailed: %w", err)
 	}
 	tables := db
-	n, err := seam.Exec(ctx, db.Conn, `UPDATE `+tables.Outbox()+` SET failures = 0, attempts = 0, next_attempt_at = NULL,
-  quarantined_at = NULL, last_error = NULL
+	n, err := seam.Exec(ctx, db.Conn, `UPDATE `+tables.Outbox()+` SET `+clearFailures+`
 WHERE failures > 0 OR attempts > 0 OR quarantined_at IS NOT NULL OR next_attempt_at IS NOT NULL`)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: RequeueFailed: %w", ifNotMigrated(db, err))

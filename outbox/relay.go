@@ -147,12 +147,14 @@ func (r *Relay) Stats() RelayStats {
 // Run relays until ctx is done, then returns nil after the batches in
 // flight finished (each either committed or rolled back). Errors are
 // logged, not returned. A full batch of which something was published is
-// followed at once by the next; a batch of which nothing was published and
-// rows that never failed before failed for reasons not their own (the broker
-// looks down) is followed by a wait of ErrorBackoff, doubling to
-// MaxErrorBackoff while it lasts. Rows that failed
-// wait out their own backoff (see RelayConfig.ErrorBackoff) while the rows
-// behind them are relayed. Run may be called once at a time per Relay.
+// followed at once by the next. A topic whose rows that never failed
+// before failed for reasons not their own, with none of its rows
+// published (its destination, or the broker, looks down), is paused for
+// ErrorBackoff, doubling to MaxErrorBackoff while it lasts, while the
+// other topics flow; a batch the database failed is followed by a wait of
+// the same length. Rows that failed wait out their own backoff (see
+// RelayConfig.ErrorBackoff) while the rows behind them are relayed. Run
+// may be called once at a time per Relay.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.runningMux.TryLock() {
 		return errors.New("outbox: Relay.Run is already running")

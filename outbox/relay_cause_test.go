@@ -376,17 +376,9 @@ func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch(int, int, text[]) AS "+outbox.SelectSQL(relay))
 	require.NoError(t, err)
 	for _, paused := range []string{"{}", "{other}"} {
-		rows, err := tx.QueryContext(b.ctx, "EXPLAIN EXECUTE relay_batch(100, 50, '"+paused+"')")
-		require.NoError(t, err)
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan.WriteString(line + "\n")
-		}
-		require.NoError(t, rows.Close())
-		require.NotContains(t, plan.String(), "Seq Scan", "paused %s:\n%s", paused, plan.String())
-		require.Contains(t, plan.String(), "_pkey", "paused %s:\n%s", paused, plan.String())
+		plan := explain(t, b, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '"+paused+"')")
+		require.NotContains(t, plan, "Seq Scan", "paused %s:\n%s", paused, plan)
+		require.Contains(t, plan, "_pkey", "paused %s:\n%s", paused, plan)
 	}
 }
 

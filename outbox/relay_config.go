@@ -67,13 +67,16 @@ type RelayConfig struct {
 	// Defaults to 100ms.
 	PollInterval time.Duration
 
-	// ErrorBackoff is the first wait of Run after a batch of which nothing
-	// was published and rows that never failed before failed (the broker
-	// looks down); it
-	// doubles with each such batch in a row up to MaxErrorBackoff. It also
-	// paces the retries of a failing row: after its k-th failed publish a
-	// row is skipped for min(ErrorBackoff * 2^(k-1), MaxErrorBackoff),
-	// while the rows behind it are relayed. Defaults to 500ms.
+	// ErrorBackoff is the first pause of a topic whose rows that never
+	// failed before failed, with none of its rows published (its
+	// destination, or the broker, looks down): its rows are left out of
+	// the next batches while the other topics flow, for ErrorBackoff
+	// doubling with each such batch in a row up to MaxErrorBackoff. It is
+	// also Run's first wait after a batch the database failed, doubling
+	// likewise. And it paces the retries of a failing row: after its k-th
+	// failed publish a row is skipped for min(ErrorBackoff * 2^(k-1),
+	// MaxErrorBackoff), while the rows behind it are relayed. Defaults to
+	// 500ms.
 	ErrorBackoff time.Duration
 
 	// MaxErrorBackoff caps ErrorBackoff, for Run and for a failing row's

@@ -74,7 +74,7 @@ succeeded, 1 when some failed. Logs go to standard error (slog; JSON with --json
 	f.StringVar(&o.listenURL, "listen-url", os.Getenv("EXACTLYONCE_LISTEN_URL"), "direct PostgreSQL address for the wake-on-commit LISTEN, when --database-url goes through PgBouncer in transaction mode ($EXACTLYONCE_LISTEN_URL)")
 	f.BoolVar(&o.noListen, "no-listen", false, "no wake-on-commit: only poll")
 	f.IntVar(&o.maxAttempts, "max-attempts", def.MaxAttempts, "permanent failures (the broker refused the message itself) before a row is quarantined; other failures never quarantine")
-	f.DurationVar(&o.errorBackoff, "error-backoff", def.ErrorBackoff, "first wait after a batch of which nothing was published; also paces a failing row's retries")
+	f.DurationVar(&o.errorBackoff, "error-backoff", def.ErrorBackoff, "first pause of a topic the broker is not taking, and first wait after a database failure; also paces a failing row's retries")
 	f.DurationVar(&o.maxErrorBackoff, "max-error-backoff", def.MaxErrorBackoff, "cap of --error-backoff's doubling")
 	f.BoolVar(&o.once, "once", false, "relay until no row is ready, then exit (for scripts)")
 	f.DurationVar(&o.reportInterval, "report-interval", time.Minute, "log the counters this often while running (0: never)")
