@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
 // claimed runs a transactional claim of (consumer, key), commits it, and
@@ -164,4 +166,41 @@ func testCount(b bundle, q string) int64 {
 		return -1
 	}
 	return n
+}
+
+// A discard with Forget takes the key's inbox record before its parked
+// message, as a park and a replay do: waiting for a record another
+// transaction holds (a replay of the key), it holds no lock on the message
+// meanwhile, so the two cannot deadlock.
+func TestDiscardForgetLocksTheRecordFirst(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		msg := &inboxdb.ParkedMessage{UUID: "u-1", Topic: "orders.in", Payload: []byte("p"), Metadata: map[string]string{}}
+		require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", "k", "card declined", msg))
+		holder := b.begin(t) // a replay of the key, holding its record
+		_, err := holder.ExecContext(b.ctx, `SELECT 1 FROM `+b.db.Inbox()+` WHERE consumer = 'c' AND message_key = 'k' FOR UPDATE`)
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		go func() { done <- b.store.DiscardParked(b.ctx, "c", "k", inbox.DiscardOptions{Forget: true}) }()
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			return testCount(b, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%`+b.db.Schema+`%'`) == 1
+		}, "the discard waits for the record")
+
+		probe := b.begin(t)
+		_, err = probe.ExecContext(b.ctx, `SELECT 1 FROM `+b.parkedTable()+` WHERE consumer = 'c' AND message_key = 'k' FOR UPDATE NOWAIT`)
+		require.NoError(t, err, "the waiting discard holds no lock on the parked message")
+		require.NoError(t, probe.Rollback())
+		require.NoError(t, holder.Rollback())
+		require.NoError(t, <-done)
+		require.Equal(t, "", b.status(t, "c", "k"))
+	})
+}
+
+func (b bundle) begin(t *testing.T) wsql.Tx {
+	t.Helper()
+	tx, err := b.db.Conn.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
 }

@@ -39,16 +39,23 @@ func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // partition meanwhile; a DELETE that met the move fails with a
 // serialization failure, and is run again when db is not a transaction.
 func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	record, _, err := s.forget(ctx, db, consumer, key)
+	record, _, err := s.forget(ctx, db, consumer, key, false)
 	return record, err
 }
 
-// forget deletes the record of (consumer, key) and its parked message in one
-// statement, and reports which of the two existed.
-func (s *Store) forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (record, message bool, err error) {
+// forget deletes the record of (consumer, key) (with waitingOnly, only
+// while it waits for an operator: parked or failed) and its parked message
+// in one statement, and reports which of the two it deleted.
+func (s *Store) forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string, waitingOnly bool) (record, message bool, err error) {
+	cond := ``
+	if waitingOnly {
+		cond = ` AND status IN ('` + StatusParked + `', '` + StatusFailed + `')`
+	}
+	// The record first (rec is read first), then the parked message: the
+	// lock order of parked.go.
 	err = retryStatement(db, func() error {
-		return seam.QueryRow(ctx, db, `WITH kept AS (DELETE FROM `+s.parked+` WHERE consumer = $1 AND message_key = $2 RETURNING 1),
-rec AS (DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2 RETURNING 1)
+		return seam.QueryRow(ctx, db, `WITH rec AS (DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`+cond+` RETURNING 1),
+kept AS (DELETE FROM `+s.parked+` WHERE consumer = $1 AND message_key = $2 RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM rec), EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &record, &message)
 	})
 	if err != nil {

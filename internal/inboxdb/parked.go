@@ -25,7 +25,8 @@ import (
 // parked message of a key locks the record first (on the partitioned
 // layout, the key's advisory lock before it), then the parked message, as
 // a park does; so a replay, a discard, a forget and a park of one key
-// cannot deadlock.
+// cannot deadlock. (DiscardParkedBatch with forget is the exception: it
+// picks the parked messages first, and runs again after a deadlock.)
 
 // ErrNoParkedMessage is returned (wrapped) when (consumer, key) has no
 // parked message: never parked with its content, or replayed, discarded
@@ -285,7 +286,7 @@ func (s *Store) ForgetTx(ctx context.Context, tx wsql.Tx, consumer, key string) 
 	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
 		return false, false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
 	}
-	return s.forget(ctx, tx, consumer, key)
+	return s.forget(ctx, tx, consumer, key, false)
 }
 
 // DiscardForgetTx deletes, in tx, the parked message of (consumer, key) and
@@ -297,15 +298,8 @@ func (s *Store) DiscardForgetTx(ctx context.Context, tx wsql.Tx, consumer, key s
 	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
 		return false, fmt.Errorf("discard %q for %q: %w", key, consumer, err)
 	}
-	var message bool
-	err := seam.QueryRow(ctx, tx, `WITH rec AS (DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2
-  AND status IN ('`+StatusParked+`', '`+StatusFailed+`') RETURNING 1),
-kept AS (DELETE FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2 RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &message)
-	if err != nil {
-		return false, fmt.Errorf("discard %q for %q: %w", key, consumer, err)
-	}
-	return message, nil
+	_, message, err := s.forget(ctx, tx, consumer, key, true)
+	return message, err
 }
 
 // DiscardParkedBatch deletes, in tx, up to limit parked messages that
