@@ -46,7 +46,7 @@ var ErrReplayInProgress = errors.New("a replay of the parked message is in fligh
 // parkedEntry is a member of a parked set, read.
 type parkedEntry struct {
 	msg        inbox.ParkedMessage
-	replayTill int64 // m_replay_until_ms, 0 when none
+	parkedAtMS string // parked_at_ms as read: the park the entry is of
 }
 
 // entryFields are the record fields scanParked reads, in this order.
@@ -109,7 +109,7 @@ func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry,
 				FirstSeenAt: fromMS(num(7)), ParkedAt: fromMS(parkedAt), Status: status,
 			}
 			if f.Match(parked.Message{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Reason: m.Reason, ParkedAt: m.ParkedAt, Metadata: md}) {
-				out = append(out, parkedEntry{msg: m, replayTill: num(10)})
+				out = append(out, parkedEntry{msg: m, parkedAtMS: str(8)})
 			}
 		}
 	}
@@ -235,7 +235,7 @@ func (s *Store) CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, e
 // or without a message): the Redis store's figure of
 // inbox.Store.Stats's Rows["parked"]. It reads the consumer's parked set
 // and each member's status (O(parked keys)). The metrics package's
-// WatchParkedKeys exports it.
+// WatchRedisStore exports it.
 func (s *Store) CountParkedKeys(ctx context.Context, consumer string) (int64, error) {
 	if consumer == "" {
 		return 0, fmt.Errorf("redisstore: count parked keys: %w: empty consumer name", inbox.ErrInvalidFilter)
@@ -337,7 +337,7 @@ func (s *Store) ReplayParked(ctx context.Context, consumer, key string, pub mess
 	if err := checkReplay(consumer, key, pub, opts); err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: replay parked: %w", err)
 	}
-	m, err := s.replay(ctx, consumer, key, pub, opts)
+	m, err := s.replay(ctx, consumer, key, "", pub, opts)
 	if err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: replay parked: %w", err)
 	}
@@ -347,8 +347,9 @@ func (s *Store) ReplayParked(ctx context.Context, consumer, key string, pub mess
 // ReplayParkedMatching replays (as ReplayParked) the consumer's parked
 // messages that match f (f.Consumer is required), oldest parked first,
 // one at a time (opts.BatchSize does not apply). Messages that cannot be
-// replayed, or that another operator replays or discards meanwhile, are
-// skipped and counted. It stops at the first publish that fails (that
+// replayed, or that another operator replays or discards meanwhile, or
+// that were parked again since the search (they may no longer match f),
+// are skipped and counted. It stops at the first publish that fails (that
 // message is parked again) and returns what it did with the error, also
 // at ctx's end. An empty filter (but the consumer) is refused unless
 // opts.All. Count first (CountParked), and confirm.
@@ -369,7 +370,7 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, 
 		if err := ctx.Err(); err != nil {
 			return rep, fmt.Errorf("redisstore: replay parked: %w", err)
 		}
-		_, err := s.replay(ctx, pf.Consumer, e.msg.Key, pub, opts)
+		_, err := s.replay(ctx, pf.Consumer, e.msg.Key, e.parkedAtMS, pub, opts)
 		switch {
 		case err == nil:
 			rep.Replayed++
@@ -392,7 +393,7 @@ func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts in
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return fmt.Errorf("redisstore: discard parked: %w", err)
 	}
-	if err := s.discard(ctx, consumer, key, opts); err != nil {
+	if err := s.discard(ctx, consumer, key, "", opts); err != nil {
 		return fmt.Errorf("redisstore: discard parked: %w", err)
 	}
 	return nil
@@ -400,7 +401,7 @@ func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts in
 
 // DiscardParkedMatching deletes (as DiscardParked) the consumer's parked
 // messages that match f (f.Consumer is required), skipping those being
-// replayed, and returns the number deleted, also when it stops early (an
+// replayed or parked again since the search, and returns the number deleted, also when it stops early (an
 // error, or ctx's end). An empty filter (but the consumer) is refused
 // unless opts.All. Count first (CountParked), and confirm.
 func (s *Store) DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error) {
@@ -417,7 +418,7 @@ func (s *Store) DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter,
 		if err := ctx.Err(); err != nil {
 			return n, fmt.Errorf("redisstore: discard parked: %w", err)
 		}
-		err := s.discard(ctx, pf.Consumer, e.msg.Key, opts)
+		err := s.discard(ctx, pf.Consumer, e.msg.Key, e.parkedAtMS, opts)
 		switch {
 		case err == nil:
 			n++
@@ -464,14 +465,18 @@ func bulkFilter(f inbox.ParkedFilter, all bool, opts string, batchSize int) (par
 }
 
 // replay runs the three steps of ReplayParked.
-func (s *Store) replay(ctx context.Context, consumer, key string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
+// A bulk operation passes the park it found (parkedAtMS): a message parked
+// again since (it may no longer match the filter) is then gone to it, as
+// the PostgreSQL store re-checks the filter under its lock; "" takes the
+// message whatever its park.
+func (s *Store) replay(ctx context.Context, consumer, key, parkedAtMS string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
 	b := s.b
 	token := watermill.NewUUID()
 	override := "0"
 	if opts.Topic != "" {
 		override = "1"
 	}
-	res, err := beginReplayScript.Run(ctx, b.c, b.keys(consumer, key), key, token, ms(s.replayTimeout), override).StringSlice()
+	res, err := beginReplayScript.Run(ctx, b.c, b.keys(consumer, key), key, token, ms(s.replayTimeout), override, parkedAtMS).StringSlice()
 	if err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("%q for %q: %w", key, consumer, err)
 	}
@@ -562,12 +567,12 @@ func publish(ctx context.Context, pub message.Publisher, topic string, msg *mess
 }
 
 // discard runs the discard script.
-func (s *Store) discard(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error {
+func (s *Store) discard(ctx context.Context, consumer, key, parkedAtMS string, opts inbox.DiscardOptions) error {
 	forget := "0"
 	if opts.Forget {
 		forget = "1"
 	}
-	n, err := discardScript.Run(ctx, s.b.c, s.b.keys(consumer, key), key, forget, ms(s.b.ttl)).Int64()
+	n, err := discardScript.Run(ctx, s.b.c, s.b.keys(consumer, key), key, forget, ms(s.b.ttl), parkedAtMS).Int64()
 	switch {
 	case err != nil:
 		return fmt.Errorf("%q for %q: %w", key, consumer, err)

@@ -239,3 +239,48 @@ func TestReplayPublishEndsWithReplayTimeout(t *testing.T) {
 	require.Zero(t, pub.plain.Load())
 	require.Equal(t, "parked", b.status(t, "c", "k"))
 }
+
+// callbackPublisher accepts every message and runs during on the first.
+type callbackPublisher struct {
+	publisher
+	once   atomic.Bool
+	during func()
+}
+
+func (p *callbackPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.once.CompareAndSwap(false, true) {
+		p.during()
+	}
+	return p.publisher.Publish(topic, msgs...)
+}
+
+// A bulk replay acts on the messages as it found them: one parked again
+// since (released, delivered, parked for another reason) no longer matches
+// the filter, and is skipped, as the PostgreSQL store skips it.
+func TestRedisBulkReplaySkipsAMessageParkedAgainSince(t *testing.T) {
+	t.Parallel()
+	b := newParked(t, redisstore.Config{})
+	msg := func(k string) *inboxdb.ParkedMessage {
+		return &inboxdb.ParkedMessage{UUID: "u-" + k, Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
+	}
+	b.parkWith(t, "c", "k1", "card declined", msg("k1"))
+	time.Sleep(2 * time.Millisecond)
+	b.parkWith(t, "c", "k2", "card declined", msg("k2"))
+	pub := &callbackPublisher{during: func() { // meanwhile, k2 is released, delivered and parked for another reason
+		ok, err := b.s.Release(b.ctx, "c", "k2")
+		require.NoError(t, err)
+		require.True(t, ok)
+		time.Sleep(2 * time.Millisecond)
+		b.parkWith(t, "c", "k2", "address invalid", msg("k2"))
+	}}
+	rep, err := b.s.ReplayParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c", Reason: "card declined"}, pub, inbox.ReplayOptions{})
+	require.NoError(t, err)
+	require.Equal(t, inbox.ReplayReport{Replayed: 1, Skipped: 1}, rep)
+	sent := pub.messages()
+	require.Len(t, sent, 1)
+	require.Equal(t, "u-k1", sent[0].uuid)
+	m, err := b.s.GetParked(b.ctx, "c", "k2")
+	require.NoError(t, err)
+	require.Equal(t, "parked", m.Status)
+	require.Equal(t, "address invalid", m.Reason)
+}

@@ -28,7 +28,8 @@ const luaMessageFields = `'m_uuid', 'm_topic', 'm_payload', 'm_size', 'm_meta', 
 const luaMarkFields = `'m_replay', 'm_replay_until_ms', 'm_replay_from', 'm_replay_attempts'`
 
 // beginReplayScript: ARGV member, token, replay timeout ms, "1" when the
-// operator names the topic. Checks that the record has a message that can
+// operator names the topic, the parked_at_ms of the park to replay (""
+// for any: else a message parked again since is gone). Checks that the record has a message that can
 // be replayed and no replay in flight, releases a parked key (parked →
 // failed, without expiry while the replay runs), and marks the message.
 // Returns {'ok', uuid, topic, payload, meta, from, reason, attempts,
@@ -40,6 +41,7 @@ local rec = KEYS[1]
 local f = redis.call('HMGET', rec, 'status', 'm_uuid', 'm_size', 'm_topic', 'm_replay_until_ms')
 local status = f[1]
 if not status or not f[2] then return {'gone', ''} end
+if (ARGV[5] or '') ~= '' and redis.call('HGET', rec, 'parked_at_ms') ~= ARGV[5] then return {'gone', ''} end
 local until_ms = tonumber(f[5] or '0') or 0
 if until_ms > now then return {'replaying', tostring(until_ms)} end
 if status == 'done' or status == 'processing' then return {status, ''} end
@@ -90,7 +92,9 @@ end
 return 1
 `)
 
-// discardScript: ARGV member, "1" to forget the key too, done TTL ms.
+// discardScript: ARGV member, "1" to forget the key too, done TTL ms, the
+// parked_at_ms of the park to discard ("" for any: else a message parked
+// again since counts as none).
 // Deletes the message; with forget, the whole record while it waits for
 // an operator (parked, or failed: released), not a done one (its message
 // processed since: a late copy must stay a duplicate) nor a processing
@@ -102,6 +106,7 @@ var discardScript = redis.NewScript(luaNow + `
 local rec = KEYS[1]
 local f = redis.call('HMGET', rec, 'status', 'm_uuid', 'm_replay_until_ms')
 if not f[1] or not f[2] then return 0 end
+if (ARGV[4] or '') ~= '' and redis.call('HGET', rec, 'parked_at_ms') ~= ARGV[4] then return 0 end
 if (tonumber(f[3] or '0') or 0) > now then return -1 end
 if ARGV[2] == '1' and (f[1] == 'parked' or f[1] == 'failed') then
 	redis.call('DEL', rec)
