@@ -51,7 +51,38 @@ type parkedEntry struct {
 
 // entryFields are the record fields scanParked reads, in this order.
 var entryFields = []string{"status", "m_uuid", "m_topic", "m_size", "m_meta", "last_error", "attempts",
-	"first_seen_ms", "parked_at_ms", "processed_at_ms", "m_replay_until_ms", "m_reason"}
+	"first_seen_ms", "parked_at_ms", "processed_at_ms", "m_reason"}
+
+// entryIndex is the position of each of entryFields.
+var entryIndex = func() map[string]int {
+	m := make(map[string]int, len(entryFields))
+	for i, f := range entryFields {
+		m[f] = i
+	}
+	return m
+}()
+
+// readParked makes the parked message of (consumer, key) out of its
+// record's fields (field returns "" for an absent one), without the
+// payload; kept says whether the record has m_payload.
+func readParked(consumer, key string, field func(string) string, kept bool) (inbox.ParkedMessage, error) {
+	num := func(f string) int64 { n, _ := strconv.ParseInt(field(f), 10, 64); return n }
+	md := map[string]string{}
+	if meta := field("m_meta"); meta != "" {
+		if err := json.Unmarshal([]byte(meta), &md); err != nil {
+			return inbox.ParkedMessage{}, fmt.Errorf("metadata of %q for %q: %w", key, consumer, err)
+		}
+	}
+	parkedAt := num("parked_at_ms")
+	if parkedAt == 0 { // a record parked without the time: its last change
+		parkedAt = num("processed_at_ms")
+	}
+	return inbox.ParkedMessage{
+		Consumer: consumer, Key: key, UUID: field("m_uuid"), Topic: field("m_topic"), PayloadSize: int(num("m_size")),
+		PayloadKept: kept, Metadata: md, Reason: cmp.Or(field("m_reason"), field("last_error")), Attempts: int(num("attempts")),
+		FirstSeenAt: fromMS(num("first_seen_ms")), ParkedAt: fromMS(parkedAt), Status: field("status"),
+	}, nil
+}
 
 // scanChunk is the number of records read per pipelined round trip.
 const scanChunk = 1000
@@ -84,32 +115,20 @@ func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry,
 		}
 		for i, k := range chunk {
 			v := fields[i].Val()
-			str := func(j int) string { s, _ := v[j].(string); return s }
-			num := func(j int) int64 { n, _ := strconv.ParseInt(str(j), 10, 64); return n }
-			status, uuid := str(0), str(1)
-			if status == "" || uuid == "" {
+			field := func(name string) string { s, _ := v[entryIndex[name]].(string); return s }
+			status := field("status")
+			if status == "" || field("m_uuid") == "" {
 				if status != inboxdb.StatusParked {
 					stale = append(stale, k)
 				}
 				continue
 			}
-			md := map[string]string{}
-			if meta := str(4); meta != "" {
-				if err := json.Unmarshal([]byte(meta), &md); err != nil {
-					return nil, fmt.Errorf("metadata of %q: %w", k, err)
-				}
+			m, err := readParked(f.Consumer, k, field, kept[i].Val())
+			if err != nil {
+				return nil, err
 			}
-			parkedAt := num(8)
-			if parkedAt == 0 { // a record parked without the time: its last change
-				parkedAt = num(9)
-			}
-			m := inbox.ParkedMessage{
-				Consumer: f.Consumer, Key: k, UUID: uuid, Topic: str(2), PayloadSize: int(num(3)),
-				PayloadKept: kept[i].Val(), Metadata: md, Reason: cmp.Or(str(11), str(5)), Attempts: int(num(6)),
-				FirstSeenAt: fromMS(num(7)), ParkedAt: fromMS(parkedAt), Status: status,
-			}
-			if f.Match(parked.Message{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Reason: m.Reason, ParkedAt: m.ParkedAt, Metadata: md}) {
-				out = append(out, parkedEntry{msg: m, parkedAtMS: str(8)})
+			if f.Match(parked.Message{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Reason: m.Reason, ParkedAt: m.ParkedAt, Metadata: m.Metadata}) {
+				out = append(out, parkedEntry{msg: m, parkedAtMS: field("parked_at_ms")})
 			}
 		}
 	}
@@ -281,22 +300,10 @@ func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.Park
 	if m["status"] == "" || m["m_uuid"] == "" {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
 	}
-	num := func(f string) int64 { n, _ := strconv.ParseInt(m[f], 10, 64); return n }
-	md := map[string]string{}
-	if m["m_meta"] != "" {
-		if err := json.Unmarshal([]byte(m["m_meta"]), &md); err != nil {
-			return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked %q for %q: metadata: %w", key, consumer, err)
-		}
-	}
 	payload, kept := m["m_payload"]
-	parkedAt := num("parked_at_ms")
-	if parkedAt == 0 {
-		parkedAt = num("processed_at_ms")
-	}
-	out := inbox.ParkedMessage{
-		Consumer: consumer, Key: key, UUID: m["m_uuid"], Topic: m["m_topic"], PayloadSize: int(num("m_size")),
-		PayloadKept: kept, Metadata: md, Reason: cmp.Or(m["m_reason"], m["last_error"]), Attempts: int(num("attempts")),
-		FirstSeenAt: fromMS(num("first_seen_ms")), ParkedAt: fromMS(parkedAt), Status: m["status"],
+	out, err := readParked(consumer, key, func(f string) string { return m[f] }, kept)
+	if err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
 	}
 	if kept {
 		out.Payload = []byte(payload)
