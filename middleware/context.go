@@ -43,9 +43,22 @@ func valuesFrom(ctx context.Context) *handlerValues {
 	return v
 }
 
-// errNotInHandler is returned by the context helpers outside a handler
-// under the middleware.
-var errNotInHandler = errors.New("exactlyonce: the context is not a handler's under the exactly-once middleware (use msg.Context() inside the handler)")
+// noDelivery is the error of a context helper given a context that carries
+// no delivery of this middleware (ErrNoMiddleware). Inside a Watermill
+// router the context names the handler: the middleware does not wrap it.
+// Then it waits misconfiguredDelay first, so that a router without a
+// poison queue does not redeliver the message in a tight loop.
+func noDelivery(ctx context.Context, helper string) error {
+	if name := message.HandlerNameFromCtx(ctx); name != "" {
+		sleep(ctx, misconfiguredDelay)
+		return fmt.Errorf("exactlyonce: %s: %w: the exactly-once middleware does not wrap handler %q: add it to the router (router.AddMiddleware(eo.Middleware)) or to the handler (router.AddHandler(...).AddMiddleware(eo.Middleware)) before the router runs", helper, ErrNoMiddleware, name)
+	}
+	return fmt.Errorf("exactlyonce: %s: %w: pass msg.Context() (or a context derived from it) of a message handled under the exactly-once middleware", helper, ErrNoMiddleware)
+}
+
+// misconfiguredDelay is how long a delivery that can never succeed because
+// of the wiring (no middleware around the handler) waits before it fails.
+const misconfiguredDelay = time.Second
 
 // errFailOpen is returned by the transaction helpers in a fail-open run.
 var errFailOpen = fmt.Errorf("exactlyonce: no transaction: this run is fail-open (%w); return the error to have the message redelivered", ErrDBUnavailable)
@@ -59,11 +72,11 @@ var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the le
 type storeOnlyUse struct{ asked atomic.Bool }
 
 // tx returns the handler's transaction, beginning it in lease mode.
-func tx(ctx context.Context) (wsql.Tx, error) {
+func tx(ctx context.Context, helper string) (wsql.Tx, error) {
 	v := valuesFrom(ctx)
 	switch {
 	case v == nil:
-		return nil, errNotInHandler
+		return nil, noDelivery(ctx, helper)
 	case v.failOpen:
 		return nil, errFailOpen
 	case v.storeOnly != nil:
@@ -83,14 +96,15 @@ func tx(ctx context.Context) (wsql.Tx, error) {
 // middleware does. In lease mode it begins on the first call, so that a
 // handler holds no connection while it waits for an external provider.
 //
-// It returns an error outside a handler under the middleware, in a
+// It returns an error wrapping ErrNoMiddleware outside a handler under the
+// middleware (which IsPermanent reports: see ErrNoMiddleware), in a
 // fail-open run (no database), when the driver is database/sql, when
 // the transaction cannot begin, or in lease mode with a store that is not
 // PostgreSQL (LeaseConfig.Store: there is no transaction; asking for one
 // keeps the delivery from completing): return it, and the message is
 // redelivered.
 func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
-	t, err := tx(ctx)
+	t, err := tx(ctx, "PgxTxFromContext")
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +117,7 @@ func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
 // StdTxFromContext is PgxTxFromContext for database/sql
 // (wsql.BeginnerFromStdSQL): the message's transaction as a *sql.Tx.
 func StdTxFromContext(ctx context.Context) (*stdsql.Tx, error) {
-	t, err := tx(ctx)
+	t, err := tx(ctx, "StdTxFromContext")
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +139,7 @@ func OutboxFromContext(ctx context.Context) (message.Publisher, error) {
 	v := valuesFrom(ctx)
 	switch {
 	case v == nil:
-		return nil, errNotInHandler
+		return nil, noDelivery(ctx, "OutboxFromContext")
 	case v.failOpen:
 		return nil, errFailOpen
 	case v.storeOnly != nil:
@@ -148,14 +162,14 @@ func Queue(ctx context.Context, query string, args ...any) error {
 	v := valuesFrom(ctx)
 	switch {
 	case v == nil:
-		return errNotInHandler
+		return noDelivery(ctx, "Queue")
 	case v.failOpen:
 		return errFailOpen
 	case v.queue != nil:
 		*v.queue = append(*v.queue, queuedStmt{query: query, args: args})
 		return nil
 	}
-	t, err := tx(ctx)
+	t, err := tx(ctx, "Queue")
 	if err != nil {
 		return err
 	}
@@ -207,7 +221,7 @@ type Info struct {
 func InfoFromContext(ctx context.Context) (Info, error) {
 	v := valuesFrom(ctx)
 	if v == nil {
-		return Info{}, errNotInHandler
+		return Info{}, noDelivery(ctx, "InfoFromContext")
 	}
 	info := Info{Consumer: v.consumer, Key: v.key, IdempotencyKey: idempotencyKey(v.consumer, v.key, v.formerKey), FailOpen: v.failOpen}
 	if v.lease != nil {

@@ -49,6 +49,16 @@ var (
 	// them a topic. A configuration error: rolled back and nacked after
 	// NackDelay, so that nothing is lost while you fix it.
 	ErrNoDestination = errors.New("output message has no destination topic")
+
+	// ErrNoMiddleware: a context helper (PgxTxFromContext, OutboxFromContext,
+	// Queue, InfoFromContext...) was given a context that carries no
+	// delivery of this middleware: the middleware does not wrap the
+	// handler (the error then names the handler and says how to add it),
+	// or the handler passed a context that is not msg.Context() or derived
+	// from it. OutboxOnly's refusal wraps it too. It is permanent
+	// (IsPermanent): redelivering cannot fix the wiring, so a poison queue
+	// filtered by IsPermanent takes the message out of the loop, kept.
+	ErrNoMiddleware = errors.New("no exactly-once delivery in this context")
 )
 
 // errOutput marks errors about the handler's output messages that no retry
@@ -77,7 +87,8 @@ func (e *permanentError) Unwrap() error { return e.err }
 
 // IsPermanent reports whether err says that redelivering the message can
 // never succeed: its key is invalid (ErrInvalidKey), the handler's output
-// messages cannot be stored, or the error was made by Permanent (returned
+// messages cannot be stored, the middleware does not wrap the handler
+// (ErrNoMiddleware), or the error was made by Permanent (returned
 // to the router only when the key could not be parked, or in a fail-open
 // run). Use it as the filter of Watermill's PoisonQueueWithFilter, added
 // before (outside) this middleware. Configuration errors (ErrNoDestination,
@@ -85,5 +96,5 @@ func (e *permanentError) Unwrap() error { return e.err }
 // queue until the configuration is fixed.
 func IsPermanent(err error) bool {
 	var p *permanentError
-	return errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.As(err, &p)
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.Is(err, ErrNoMiddleware) || errors.As(err, &p)
 }

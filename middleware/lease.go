@@ -31,7 +31,10 @@ import (
 // the same way.
 func ExtendLease(ctx context.Context, d time.Duration) error {
 	v := valuesFrom(ctx)
-	if v == nil || v.lease == nil {
+	if v == nil {
+		return noDelivery(ctx, "ExtendLease")
+	}
+	if v.lease == nil {
 		return errors.New("exactlyonce: ExtendLease called outside a lease-mode handler")
 	}
 	return v.lease.extend(ctx, v.tx, d)

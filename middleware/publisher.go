@@ -2,6 +2,7 @@ package exactlyonce
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -12,9 +13,13 @@ import (
 // destination; the router itself never publishes for such a handler,
 // because the middleware writes the handler's messages to the outbox in its
 // transaction and returns none. If messages do reach this publisher, the
-// middleware is not wrapping the handler: it refuses them with an error
-// (the router nacks, nothing is published outside a transaction) instead
-// of publishing them non-atomically.
+// middleware is not wrapping the handler: it refuses them, after a second
+// (so that the redelivery loop is slow), with an error that names the
+// handler and wraps ErrNoMiddleware (the router nacks, nothing is
+// published outside a transaction) instead of publishing them
+// non-atomically. Watermill's poison queue cannot take such a message
+// (the router publishes after the middlewares returned): add the
+// middleware.
 //
 // A handler with Config.FailOpen needs a real publisher instead: a
 // fail-open run hands its messages to the router.
@@ -23,7 +28,15 @@ func OutboxOnly() message.Publisher { return outboxOnly{} }
 type outboxOnly struct{}
 
 func (outboxOnly) Publish(topic string, messages ...*message.Message) error {
-	return fmt.Errorf("exactlyonce: OutboxOnly: the router tried to publish %d message(s) to %q: the exactly-once middleware does not wrap this handler (add it with router.AddMiddleware or handler.AddMiddleware)", len(messages), topic)
+	handler := "this handler"
+	if len(messages) > 0 && messages[0] != nil {
+		// The router gives the messages it publishes the handler's context.
+		if name := message.HandlerNameFromCtx(messages[0].Context()); name != "" {
+			handler = fmt.Sprintf("handler %q", name)
+		}
+	}
+	time.Sleep(misconfiguredDelay)
+	return fmt.Errorf("exactlyonce: OutboxOnly: the router tried to publish %d message(s) to %q: %w: the exactly-once middleware does not wrap %s: add it to the router (router.AddMiddleware(eo.Middleware)) or to the handler (router.AddHandler(...).AddMiddleware(eo.Middleware))", len(messages), topic, ErrNoMiddleware, handler)
 }
 
 func (outboxOnly) Close() error { return nil }
