@@ -74,5 +74,6 @@ chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each k
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
 	$(GO) test -run TestChaos -count=1 -timeout 80m -v ./tests/chaos/
 
-demo: services ## Run the notifier example: sends with duplicates and a redelivery, prints what happened
+demo: ## Run the notifier example: sends with duplicates and a redelivery, prints what happened (needs PostgreSQL and RabbitMQ only)
+	@bash scripts/services.sh postgres rabbitmq
 	$(GO) -C $(EXAMPLES) run ./notifier -demo

@@ -4,6 +4,12 @@
 # processes on free loopback ports; this script does not start one), and that
 # promtool is installed (the metrics tests check the alert rules with it).
 #
+#   scripts/services.sh [SERVICE...]
+#
+# SERVICE is postgres, rabbitmq, redis, pgbouncer or promtool; without any,
+# all five (`make services`, `make test`). `make demo` asks for postgres and
+# rabbitmq only: the notifier demo uses nothing else.
+#
 #   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 #   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
 #   REDIS_URL     default redis://127.0.0.1:6379/0
@@ -342,8 +348,14 @@ ensure_promtool() {
 	say "promtool: installed now at $bin (the prometheus server it came with is stopped and disabled)"
 }
 
-ensure_postgres
-ensure_rabbitmq
-ensure_redis
-ensure_pgbouncer
-ensure_promtool
+all_services=(postgres rabbitmq redis pgbouncer promtool)
+if (($# == 0)); then set -- "${all_services[@]}"; fi
+for service in "$@"; do # check every name before touching anything
+	case "$service" in
+	postgres | rabbitmq | redis | pgbouncer | promtool) ;;
+	*) die "unknown service '$service' (known: ${all_services[*]})" ;;
+	esac
+done
+for service in "$@"; do
+	"ensure_$service"
+done
