@@ -88,13 +88,13 @@ func TestGettingStarted(t *testing.T) {
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, ch.Confirm(false))
-	// Running: the 8 consumers of ConcurrentSubscriber are on the orders queue.
-	waitFor(t, done, 60*time.Second, "the program's 8 consumers", func() bool {
+	// Running: the 64 consumers of ConcurrentSubscriber are on the orders queue.
+	waitFor(t, done, 60*time.Second, "the program's 64 consumers", func() bool {
 		probe, err := conn.Channel() // a passive declare of a missing queue closes its channel
 		require.NoError(t, err)
 		defer func() { _ = probe.Close() }()
 		q, err := probe.QueueDeclarePassive(orders, true, false, false, false, nil)
-		return err == nil && q.Consumers == 8
+		return err == nil && q.Consumers == 64
 	})
 
 	publish := func(p amqp091.Publishing) {
