@@ -162,10 +162,13 @@ type LeaseConfig struct {
 // output messages. With such a store, New refuses Config.DB, Batch,
 // FailOpen and PublishTopic; a handler that asks for a transaction or an
 // outbox (PgxTxFromContext, StdTxFromContext, OutboxFromContext, Queue)
-// gets an error, and one that returns output messages or asked for them
-// is not completed: the delivery is nacked and the key stays processing
-// until its lease expires, then runs again as an interrupted attempt, or
-// is parked after MaxInterruptedAttempts (docs/redis.md).
+// gets an error. A handler that asked for them or returned output messages
+// is misconfigured, which no retry can fix: its key is parked with its
+// message at once (never run again, whatever external call it made), and
+// the consumer's later keys are refused before the handler runs (nacked
+// after NackDelay, kept until the configuration is fixed), as are the keys
+// of a handler registered with a publish topic (router.AddHandler: use
+// AddConsumerHandler). See docs/redis.md.
 //
 // Only this module's packages implement it: its method returns a type
 // internal to the module.

@@ -65,7 +65,7 @@ var errFailOpen = fmt.Errorf("exactlyonce: no transaction: this run is fail-open
 
 // errStoreOnly is returned by the transaction and outbox helpers in lease
 // mode with a store that is not PostgreSQL (Config.Lease.Store).
-var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL, and its completion cannot hold database writes or output messages; this delivery will not be completed (it is nacked, and the key runs again after its lease, or is parked): use the PostgreSQL lease store for this handler")
+var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL, and its completion cannot hold database writes or output messages; this delivery will not be completed (its key is parked, and the consumer's later messages are refused before the handler runs): use the PostgreSQL lease store for this handler")
 
 // storeOnlyUse records that a handler under a store-only lease asked for
 // what the store cannot give.
@@ -101,8 +101,8 @@ func tx(ctx context.Context, helper string) (wsql.Tx, error) {
 // fail-open run (no database), when the driver is database/sql, when
 // the transaction cannot begin, or in lease mode with a store that is not
 // PostgreSQL (LeaseConfig.Store: there is no transaction; asking for one
-// keeps the delivery from completing): return it, and the message is
-// redelivered.
+// is a configuration error: the key is parked, and the consumer's later
+// messages are refused before the handler runs). Return it.
 func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
 	t, err := tx(ctx, "PgxTxFromContext")
 	if err != nil {

@@ -108,6 +108,15 @@ func (l *leaseState) snapshot() leaseInfo {
 }
 
 func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
+	if !m.lease.Transactional() {
+		if err := m.storeOnlyRefusal(origCtx, consumer, key); err != nil {
+			ev.Outcome = Nacked
+			m.cfg.Logger.Error("exactlyonce: handler needs what a store-only lease cannot give, message refused before the handler ran and will be redelivered", err,
+				watermill.LogFields{"consumer": consumer, "key": key, "message_uuid": msg.UUID})
+			sleep(origCtx, m.cfg.NackDelay)
+			return nil, err
+		}
+	}
 	endClaim := m.startClaim(origCtx, ev)
 	parked := m.parkedMessage(msg)
 	claim, err := m.lease.Claim(origCtx, consumer, key, leasestore.Options{
@@ -195,14 +204,39 @@ func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *
 	return nil, m.handlerFailed(msg, herr, consumer, key)
 }
 
+// storeOnlyRefusal returns why consumer's handler cannot run under a
+// store-only lease, known before it runs: it is registered with a publish
+// topic (router.AddHandler: it means to return messages, which the store
+// cannot record), or an earlier delivery showed that it needs a
+// transaction, an outbox or outputs. Nil when nothing is known against it,
+// and for a key already done or parked: the claim acks it without running
+// the handler.
+func (m *Middleware) storeOnlyRefusal(ctx context.Context, consumer, key string) error {
+	topic := message.PublishTopicFromCtx(ctx)
+	why, known := m.misconfigured.Load(consumer)
+	if topic == "" && !known {
+		return nil
+	}
+	if rec, err := m.lease.Get(ctx, consumer, key); err == nil && (rec.Status == inboxdb.StatusDone || rec.Status == inboxdb.StatusParked) {
+		return nil
+	}
+	if topic := message.PublishTopicFromCtx(ctx); topic != "" {
+		return fmt.Errorf("exactlyonce: consumer %q: handler %q is registered with publish topic %q, but the lease store (Config.Lease.Store) is not PostgreSQL and cannot record output messages with its completion: refused before the handler ran; register it with router.AddConsumerHandler (no publish topic), or use the PostgreSQL lease store", consumer, message.HandlerNameFromCtx(ctx), topic)
+	}
+	if known {
+		return fmt.Errorf("exactlyonce: consumer %q: refused before the handler ran, because an earlier delivery showed what it needs: %w", consumer, why.(error))
+	}
+	return nil
+}
+
 // handleStoreOnly runs the handler of a lease whose store is not
 // PostgreSQL (LeaseConfig.Store) and records its completion there. The
 // handler gets no transaction and no outbox: one that asked for them, or
-// returned output messages, cannot be completed as it meant to be. Its
-// external effect may have happened, so it is treated like a completion
-// whose outcome is unknown: nothing is recorded, the delivery is nacked
-// after NackDelay, and the key runs again once its lease expired (an
-// interrupted attempt), or is parked after MaxInterruptedAttempts.
+// returned output messages, is misconfigured, and no retry can fix that.
+// Its external effect may have happened, so the key is parked with its
+// message (the handler never runs again for it: an operator replays the
+// message once the handler is fixed), and the consumer's later keys are
+// refused before the handler runs (storeOnlyRefusal).
 func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
 	use := &storeOnlyUse{}
@@ -210,19 +244,25 @@ func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if use.asked.Load() || len(produced) > 0 {
-		ev.Outcome = Nacked
 		what := "asked for a transaction or an outbox"
 		if len(produced) > 0 {
 			what = fmt.Sprintf("returned %d output messages", len(produced))
 		}
-		err := fmt.Errorf("exactlyonce: %q for %q: the handler %s, which the lease store (Config.Lease.Store) cannot record with its completion: not completed; the key stays processing until its lease expires, then runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts); use the PostgreSQL lease store for a handler with database writes or outputs", key, consumer, what)
+		why := fmt.Errorf("the handler %s, which the lease store (Config.Lease.Store) cannot record with its completion; use the PostgreSQL lease store for a handler with database writes or outputs", what)
+		m.misconfigured.Store(consumer, why)
+		reason := fmt.Errorf("exactlyonce: %q for %q: configuration error: %w; parked so that the handler (and any external call it made) does not run again for this key: replay it once the handler is fixed", key, consumer, why)
 		if herr != nil {
-			err = fmt.Errorf("%w (handler: %w)", err, herr)
+			reason = fmt.Errorf("%w (handler: %w)", reason, herr)
 		}
-		m.cfg.Logger.Error("exactlyonce: handler needs what a store-only lease cannot give, message will be redelivered", err,
-			watermill.LogFields{"consumer": consumer, "key": key, "attempt": lease.info.attempt})
-		sleep(origCtx, m.cfg.NackDelay)
-		return nil, err
+		if ferr := m.recordFailure(origCtx, lease, reason, true); ferr != nil {
+			// Not parked: the key stays processing until its lease
+			// expires; the refusal above keeps the handler from running
+			// it again in this process.
+			ev.Outcome = Nacked
+			sleep(origCtx, m.cfg.NackDelay)
+			return nil, fmt.Errorf("%w; the park could not be recorded (%w), the message will be redelivered", reason, ferr)
+		}
+		return m.parkedNow(msg, ev, reason, consumer, key, lease.info.attempt)
 	}
 	if herr != nil {
 		return m.leaseHandlerFailed(msg, ev, lease, herr)

@@ -1,6 +1,7 @@
 package exactlyonce_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -46,13 +47,17 @@ func TestRedisStoreRefusesWhatItCannotHonour(t *testing.T) {
 	require.NoError(t, err, "no DB needed")
 }
 
-// TestRedisStoreHandlerNeedingADatabaseIsNotCompleted: a handler under the
+// TestRedisStoreHandlerNeedingADatabaseIsParkedOnce: a handler under the
 // Redis store that asks for a transaction or an outbox, or returns
-// messages, gets a clear error and its delivery is nacked; the key stays
-// processing (its effect may have happened), runs again as an interrupted
-// attempt after its lease, and is parked after MaxInterruptedAttempts:
-// never completed without what the handler meant to write, never lost.
-func TestRedisStoreHandlerNeedingADatabaseIsNotCompleted(t *testing.T) {
+// messages, is misconfigured: no retry can fix it. Its key is parked at
+// once with its message (the handler's external call may have happened:
+// it is never made again for this key, and an operator replays the kept
+// message once the handler is fixed), and every later key of the
+// consumer is refused before the handler runs (nacked, kept in the queue
+// until the configuration is fixed).
+// Before: the key stayed processing and ran again after its lease, the
+// provider called once per interrupted attempt before it was parked.
+func TestRedisStoreHandlerNeedingADatabaseIsParkedOnce(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name string
@@ -89,34 +94,62 @@ func TestRedisStoreHandlerNeedingADatabaseIsNotCompleted(t *testing.T) {
 			var helperErr error
 			h := s.middleware(t, exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Duration: 5 * time.Second, MaxInterruptedAttempts: 2}}).
 				Middleware(func(msg *message.Message) ([]*message.Message, error) {
-					calls++
+					calls++ // the provider call
 					out, err := tc.h(msg)
 					if err != nil && helperErr == nil {
 						helperErr = err
 					}
 					return out, err
 				})
-			err := deliverKey(h, "k")
-			require.ErrorContains(t, err, "cannot record with its completion: not completed")
-			require.ErrorContains(t, err, "use the PostgreSQL lease store")
+			require.NoError(t, deliverKey(h, "k"), "parked at once, acked")
 			if helperErr != nil {
 				require.ErrorContains(t, helperErr, "the lease store (Config.Lease.Store) is not PostgreSQL")
 			}
-			require.Equal(t, int64(1), s.ev.Failed.Load(), "nacked")
+			require.Equal(t, int64(1), s.ev.Parked.Load())
 			rec := s.record(t, "k")
-			require.Equal(t, inboxdb.StatusProcessing, rec.Status, "nothing recorded: the lease decides")
-
-			require.ErrorIs(t, deliverKey(h, "k"), exactlyonce.ErrLeaseHeld, "no blind immediate retry")
-			s.expire(t, "k")
-			require.Error(t, deliverKey(h, "k"), "attempt 2, interrupted, not completed either")
-			s.expire(t, "k")
-			require.NoError(t, deliverKey(h, "k"), "parked after MaxInterruptedAttempts, acked")
-			require.Equal(t, 2, calls)
-			rec = s.record(t, "k")
 			require.Equal(t, inboxdb.StatusParked, rec.Status)
-			require.True(t, rec.Interrupted)
+			require.Contains(t, rec.LastError, "use the PostgreSQL lease store", "the reason says what to fix")
+			_, kept := s.kept(t, suiteConsumer, "k")
+			require.True(t, kept, "the message is kept for a replay")
+
+			s.expire(t, "k")
+			require.NoError(t, deliverKey(h, "k"), "a redelivery is acked as parked")
+			err := deliverKey(h, "k2")
+			require.ErrorContains(t, err, "use the PostgreSQL lease store", "a later key is refused")
+			require.False(t, exactlyonce.IsPermanent(err), "a configuration error waits in the queue for the fix")
+			require.Equal(t, 1, calls, "the handler (and its provider) ran once, for the first key only")
+			_, err = s.backend.Get(context.Background(), suiteConsumer, "k2")
+			require.ErrorIs(t, err, inboxdb.ErrNotFound, "the refused key was not claimed")
 		})
 	}
+}
+
+// TestRedisStoreHandlerWithPublishTopicIsRefusedBeforeItRuns: a handler
+// registered with a publish topic (router.AddHandler) under the Redis
+// store means to return messages the store cannot record: every delivery
+// is refused before the handler runs, nacked and kept.
+func TestRedisStoreHandlerWithPublishTopicIsRefusedBeforeItRuns(t *testing.T) {
+	t.Parallel()
+	s := redisLeaseStore(t)
+	q := testenv.Queue(t, "fh2_redis_pub_")
+	var run fhRun
+	eo := s.middleware(t, exactlyonce.Config{OnEvent: run.Observe})
+	r := fhRouter(t)
+	r.AddMiddleware(run.Outer, eo.Middleware)
+	r.AddHandler("sms", q, testenv.AMQPSubscriber(t, 1), "sent", exactlyonce.OutboxOnly(), func(msg *message.Message) ([]*message.Message, error) {
+		run.runs.Add(1)
+		return nil, nil
+	})
+	testenv.StartRouter(t, r)
+	fhPublish(t, q, message.NewMessage("k", nil))
+	err := run.returnedAt(t, 1)
+	require.ErrorContains(t, err, `publish topic "sent"`)
+	require.ErrorContains(t, err, "AddConsumerHandler")
+	fhStop(t, r)
+	require.Zero(t, run.runs.Load(), "the handler never ran")
+	_, gerr := s.backend.Get(context.Background(), suiteConsumer, "k")
+	require.ErrorIs(t, gerr, inboxdb.ErrNotFound, "nothing claimed")
+	fhQueueDepth(t, q, 1)
 }
 
 // TestRedisStoreUnreachable: a Redis that cannot be reached before the

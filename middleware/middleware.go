@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -28,6 +29,10 @@ type Middleware struct {
 	names     pgerr.Tables
 	scopes    scopes
 	tracer    trace.Tracer
+	// misconfigured holds, per consumer, why its handler cannot run under
+	// a store-only lease (it asked for a transaction or an outbox, or
+	// returned messages): later keys are refused before the handler runs.
+	misconfigured sync.Map // consumer -> error
 }
 
 // New checks cfg, applies its defaults and returns the middleware. It does

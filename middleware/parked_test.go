@@ -110,11 +110,27 @@ func parkedOrder(uuid string) *message.Message {
 // handler's context has the subscribe topic, as in production.
 func routed(t *testing.T, name, topic string, eo *exactlyonce.Middleware, h message.HandlerFunc) func(*message.Message) {
 	t.Helper()
+	return routedWith(t, topic, func(r *message.Router, ps *gochannel.GoChannel) *message.Handler {
+		return r.AddHandler(name, topic, ps, "unused-"+topic, ps, h)
+	}, eo)
+}
+
+// routedConsumer is routed for a handler with no publish topic
+// (router.AddConsumerHandler), as the Redis lease store requires.
+func routedConsumer(t *testing.T, name, topic string, eo *exactlyonce.Middleware, h message.NoPublishHandlerFunc) func(*message.Message) {
+	t.Helper()
+	return routedWith(t, topic, func(r *message.Router, ps *gochannel.GoChannel) *message.Handler {
+		return r.AddConsumerHandler(name, topic, ps, h)
+	}, eo)
+}
+
+func routedWith(t *testing.T, topic string, add func(*message.Router, *gochannel.GoChannel) *message.Handler, eo *exactlyonce.Middleware) func(*message.Message) {
+	t.Helper()
 	ps := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	r.AddHandler(name, topic, ps, "unused-"+topic, ps, h).AddMiddleware(eo.Middleware)
+	add(r, ps).AddMiddleware(eo.Middleware)
 	testenv.StartRouter(t, r)
 	return func(msg *message.Message) {
 		t.Helper()
@@ -264,15 +280,15 @@ func TestLeaseStoresParkedKeepTheMessage(t *testing.T) {
 	eachLeaseStore(t, func(t *testing.T, s *leaseStore) {
 		var log parkLog
 		var perm atomic.Bool
-		h := func(msg *message.Message) ([]*message.Message, error) {
+		h := func(msg *message.Message) error {
 			if perm.Load() {
-				return nil, exactlyonce.Permanent(errors.New("invalid phone number"))
+				return exactlyonce.Permanent(errors.New("invalid phone number"))
 			}
-			return nil, nil
+			return nil
 		}
 		eo := s.middleware(t, exactlyonce.Config{Logger: &log, MaxParkedPayload: 64,
 			Lease: &exactlyonce.LeaseConfig{Duration: 5 * time.Second, MaxInterruptedAttempts: 1}})
-		publish := routed(t, "sms-handler", "sms.requested", eo, h)
+		publish := routedConsumer(t, "sms-handler", "sms.requested", eo, h)
 
 		t.Run("permanent", func(t *testing.T) {
 			perm.Store(true)

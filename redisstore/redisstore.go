@@ -34,7 +34,8 @@
 // hold database writes or output messages, so exactlyonce.New refuses
 // Config.DB, Batch, FailOpen and PublishTopic with this store, and a
 // handler that asks for a transaction or an outbox, or returns messages, is
-// not completed (see exactlyonce.LeaseStore). Done records are kept for
+// not completed: its key is parked and its consumer's later keys are
+// refused before the handler runs (see exactlyonce.LeaseStore). Done records are kept for
 // Config.DoneTTL, the deduplication window: a copy that arrives later runs
 // again.
 //
