@@ -291,25 +291,44 @@ func (a *app) open(ctx context.Context, cmd *cobra.Command, maxConns int32, migr
 }
 
 // requireMigrated fails, naming the missing migrations and the command to
-// run, unless every migration of this version is applied.
+// run, unless every migration of this version is applied. When a table has
+// no migration at all, it first looks for the library's tables elsewhere
+// (tablesElsewhere): then the error names the flag to change instead.
 func requireMigrated(ctx context.Context, db sqlschema.DB) error {
 	st, err := sqlschema.Status(ctx, db)
 	if err != nil {
 		return opErr(ctx, db, "reading the migrations", err)
 	}
 	var missing []string
+	applied := map[string]int{} // by target
 	for _, m := range st {
-		if !m.Applied {
+		if m.Applied {
+			applied[m.Target]++
+		} else {
 			missing = append(missing, m.Name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	// A table none of whose migrations is recorded may be elsewhere: a
+	// wrong --schema or table name, which 'migrate up' would not fix.
+	if noInbox, noOutbox := applied["inbox"] == 0, applied["outbox"] == 0; noInbox || noOutbox {
+		hint, nowhere, err := tablesElsewhere(ctx, db, noInbox, noOutbox)
+		switch {
+		case err != nil:
+			return opErr(ctx, db, "looking for the tables in the catalog", err)
+		case hint != nil:
+			return hint
+		case nowhere:
+			return fmt.Errorf("no exactly-once tables in schema %q (inbox table %q, outbox table %q) nor in any other schema: run 'exactlyonce migrate up' with the same --schema, --inbox-table and --outbox-table",
+				db.Schema, db.InboxTable, db.OutboxTable)
 		}
 	}
 	if len(missing) == len(st) {
 		return notMigrated(db, "no migration applied")
 	}
-	if len(missing) > 0 {
-		return notMigrated(db, fmt.Sprintf("%d of %d migrations missing (%s)", len(missing), len(st), strings.Join(missing, ", ")))
-	}
-	return nil
+	return notMigrated(db, fmt.Sprintf("%d of %d migrations missing (%s)", len(missing), len(st), strings.Join(missing, ", ")))
 }
 
 func notMigrated(db sqlschema.DB, detail string) error {
