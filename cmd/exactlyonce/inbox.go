@@ -19,7 +19,9 @@ func (a *app) inboxCmd() *cobra.Command {
 		Short: "Inspect and repair the inbox: stats, show, forget, parked, release, purge",
 		Long: `Inspect and repair the inbox. Records are keyed by consumer (the handler's name, or
 exactlyonce.Config.Consumer) and message key (the message UUID unless Config.Key says otherwise).
-A key that starts with '-' goes after '--': exactlyonce inbox show -c orders -- -odd-key`,
+A consumer with no record at all (a misspelled -c) is an error, exit status 3, that lists the
+consumers that have records. A key that starts with '-' goes after '--':
+exactlyonce inbox show -c orders -- -odd-key`,
 		Args: cobra.ArbitraryArgs,
 		RunE: groupRunE,
 	}
@@ -203,6 +205,11 @@ func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, c
 	if err != nil {
 		return opErr(ctx, db, "inbox stats", err)
 	}
+	if consumer != "" && st.Total == 0 {
+		if err := checkConsumer(ctx, db, consumer); err != nil {
+			return err
+		}
+	}
 	rows := map[string]int64{}
 	for _, k := range statuses {
 		rows[k] = st.Rows[k]
@@ -262,6 +269,9 @@ func isKnownStatus(s string) bool {
 func (a *app) inboxShow(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string) error {
 	r, err := s.Get(ctx, consumer, key)
 	if errors.Is(err, inbox.ErrNotFound) {
+		if err := checkConsumer(ctx, db, consumer); err != nil {
+			return err
+		}
 		return notFoundErr("no inbox record for consumer %q, key %q", consumer, key)
 	}
 	if err != nil {
@@ -307,6 +317,9 @@ func (a *app) inboxForget(ctx context.Context, db sqlschema.DB, s *inbox.Store, 
 		return opErr(ctx, db, "inbox forget", err)
 	}
 	if !ok {
+		if err := checkConsumer(ctx, db, consumer); err != nil {
+			return err
+		}
 		return notFoundErr("no inbox record for consumer %q, key %q: nothing to forget", consumer, key)
 	}
 	if a.jsonOut {
@@ -324,6 +337,11 @@ func (a *app) inboxParked(ctx context.Context, db sqlschema.DB, s *inbox.Store, 
 	rs, err := s.Parked(ctx, consumer, limit)
 	if err != nil {
 		return opErr(ctx, db, "inbox parked", err)
+	}
+	if len(rs) == 0 && consumer != "" {
+		if err := checkConsumer(ctx, db, consumer); err != nil {
+			return err
+		}
 	}
 	if a.jsonOut {
 		out := make([]recordJSON, len(rs))
@@ -371,6 +389,9 @@ func (a *app) inboxRelease(ctx context.Context, db sqlschema.DB, s *inbox.Store,
 		r, err := s.Get(ctx, consumer, key)
 		switch {
 		case errors.Is(err, inbox.ErrNotFound):
+			if err := checkConsumer(ctx, db, consumer); err != nil {
+				return err
+			}
 			return notFoundErr("no inbox record for consumer %q, key %q: nothing to release", consumer, key)
 		case err != nil:
 			return opErr(ctx, db, "inbox release", err)
@@ -389,6 +410,11 @@ func (a *app) inboxRelease(ctx context.Context, db sqlschema.DB, s *inbox.Store,
 }
 
 func (a *app) inboxPurge(ctx context.Context, db sqlschema.DB, s *inbox.Store, opts inbox.PurgeOptions) error {
+	if opts.Consumer != "" {
+		if err := checkConsumer(ctx, db, opts.Consumer); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	n, err := s.Purge(ctx, opts)
 	complete := err == nil

@@ -38,6 +38,9 @@ type parkedStore interface {
 	replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
 	// name says where the messages are, for the output.
 	name() string
+	// checkConsumer fails (exit status 3) when the store knows the
+	// consumer has no record at all: a misspelled name.
+	checkConsumer(ctx context.Context, consumer string) error
 }
 
 type pgParked struct {
@@ -54,6 +57,10 @@ func (s pgParked) replayMatching(ctx context.Context, f inbox.ParkedFilter, opts
 }
 
 func (s pgParked) name() string { return "inbox " + s.db.Schema + "." + s.db.InboxTable }
+
+func (s pgParked) checkConsumer(ctx context.Context, consumer string) error {
+	return checkConsumer(ctx, s.db, consumer)
+}
 
 type redisParked struct {
 	*redisstore.Store
@@ -78,6 +85,11 @@ func (s redisParked) replayMatching(ctx context.Context, f inbox.ParkedFilter, o
 }
 
 func (s redisParked) name() string { return "Redis " + s.where }
+
+// checkConsumer knows nothing: the Redis store keeps no list of its
+// consumers, and finding a consumer's records means scanning the whole
+// keyspace (a consumer without parked keys has no parked set).
+func (s redisParked) checkConsumer(context.Context, string) error { return nil }
 
 // parkedFlags select parked messages.
 type parkedFlags struct {
@@ -136,7 +148,11 @@ stays parked, so a late redelivery is not run, unless --forget).
 
 The PostgreSQL inbox is the default (--database-url); --redis-url (or $REDIS_URL when the flag is
 given empty) works on the Redis lease store instead, whose replay publishes through RabbitMQ
-(--amqp-url). Bulk replay and discard print how many messages match; --yes acts.`,
+(--amqp-url). Bulk replay and discard print how many messages match; --yes acts.
+
+With the PostgreSQL inbox, a consumer that has no record at all (a misspelled name) is an error,
+exit status 3, that lists the consumers that have records; the Redis store keeps no list of its
+consumers, so there an unknown consumer finds no messages.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: groupRunE,
 	}
@@ -228,6 +244,9 @@ given empty) works on the Redis lease store instead, whose replay publishes thro
 					return parkedErr(ctx, s, "parked release", err)
 				}
 				if !found {
+					if err := s.checkConsumer(ctx, args[0]); err != nil {
+						return err
+					}
 					return notFoundErr("parked release: %q for %q is not parked", args[1], args[0])
 				}
 				return a.actionDone("release", 1, "key", "keys")
@@ -328,6 +347,11 @@ func (a *app) parkedList(ctx context.Context, s parkedStore, f inbox.ParkedFilte
 	if err != nil {
 		return parkedErr(ctx, s, "parked list", err)
 	}
+	if len(page.Messages) == 0 && f.Consumer != "" {
+		if err := s.checkConsumer(ctx, f.Consumer); err != nil {
+			return err
+		}
+	}
 	if a.jsonOut {
 		docs := make([]parkedJSON, len(page.Messages))
 		for i, m := range page.Messages {
@@ -363,7 +387,7 @@ func (a *app) parkedList(ctx context.Context, s parkedStore, f inbox.ParkedFilte
 func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key string) error {
 	m, err := s.GetParked(ctx, consumer, key)
 	if err != nil {
-		return parkedErr(ctx, s, "parked show", err)
+		return parkedErr(ctx, s, "parked show", consumerFirst(ctx, s, consumer, err))
 	}
 	if a.jsonOut {
 		return a.printJSON(parkedDoc(m, true))
@@ -405,7 +429,7 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 			}
 			n, err := one(ctx, s, args[0], args[1])
 			if err != nil {
-				return parkedErr(ctx, s, "parked "+verb, err)
+				return parkedErr(ctx, s, "parked "+verb, consumerFirst(ctx, s, args[0], err))
 			}
 			return a.actionDone(verb, n, "message", "messages")
 		}
@@ -421,17 +445,38 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 			if err != nil {
 				return parkedErr(ctx, s, "parked "+verb, err)
 			}
+			if n == 0 && filter.Consumer != "" {
+				if err := s.checkConsumer(ctx, filter.Consumer); err != nil {
+					return err
+				}
+			}
 			return a.wouldDo(verb, n, "message", "messages")
 		}
 		n, skipped, err := all(ctx, s, filter)
 		if err != nil {
 			return parkedErr(ctx, s, fmt.Sprintf("parked %s (%d done before the error)", verb, n), err)
 		}
+		if n == 0 && skipped == 0 && filter.Consumer != "" {
+			if err := s.checkConsumer(ctx, filter.Consumer); err != nil {
+				return err
+			}
+		}
 		if skipped > 0 && !a.jsonOut {
 			defer fmt.Fprintf(a.stdout, "%s skipped: not replayable (parked show says why), or replayed or discarded by someone else meanwhile.\n", plural(skipped, "message", "messages"))
 		}
 		return a.actionDone(verb, n, "message", "messages")
 	})
+}
+
+// consumerFirst is err, or the unknown-consumer error when err says the
+// key or its message is not there and the consumer has no record at all.
+func consumerFirst(ctx context.Context, s parkedStore, consumer string, err error) error {
+	if errors.Is(err, inbox.ErrNotParked) || errors.Is(err, inbox.ErrNotFound) {
+		if cerr := s.checkConsumer(ctx, consumer); cerr != nil {
+			return cerr
+		}
+	}
+	return err
 }
 
 // parkedErr maps the stores' errors to exit codes.

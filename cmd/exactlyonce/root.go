@@ -25,7 +25,7 @@ const (
 	exitOK       = 0
 	exitFailed   = 1 // the operation failed: database down, not migrated, relay failures
 	exitUsage    = 2 // bad flags, missing or empty arguments
-	exitNotFound = 3 // inbox show/forget/release: no such record
+	exitNotFound = 3 // inbox show/forget/release, parked show/replay/discard/release: no such record; any command: unknown consumer (no records)
 )
 
 // Environment variables read when the matching flag is not given.
@@ -128,7 +128,7 @@ The database is --database-url or $DATABASE_URL; the schema and table names defa
 library's sqlschema.DB (public, watermill_inbox, watermill_outbox) and are read from
 $EXACTLYONCE_SCHEMA, $EXACTLYONCE_INBOX_TABLE and $EXACTLYONCE_OUTBOX_TABLE when the flags are
 not given. --json prints one JSON document per command. Exit status: 0 ok, 1 the operation
-failed, 2 usage error, 3 no such record.`,
+failed, 2 usage error, 3 no such record, or a consumer with no records at all (a misspelled -c).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
