@@ -22,7 +22,14 @@
 // Exit status: 0 success; 1 the operation failed (database or broker
 // unreachable, tables not migrated, relay failures); 2 usage error (bad
 // flags or arguments); 3 the record asked for does not exist (inbox show,
-// forget, release).
+// forget, release; parked show, replay, discard, release), or the consumer
+// given has no record at all in the inbox (a misspelled name: the error
+// lists the consumers that have records).
+//
+// When the tables are not where --schema, --inbox-table and --outbox-table
+// say, the error names the schema or tables that hold them (found in the
+// catalog) instead of advising 'exactlyonce migrate up', which would create
+// empty tables in the wrong place.
 //
 // docs/cli.md describes every command with examples of its output.
 package main
