@@ -310,6 +310,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		b.claimFailed(jobs, err)
 		return nil
 	}
+	b.m.claimed()
 	ended := false
 	defer func() {
 		if !ended {
@@ -458,11 +459,13 @@ func (b *batcher) claimFailed(jobs []*job, cause error) {
 	} else {
 		cause = pgerr.IfNotMigrated(b.m.names, cause)
 	}
-	b.m.cfg.Logger.Error("exactlyonce: claim of a batch failed, its messages will be redelivered", cause,
-		watermill.LogFields{"batch": len(jobs), "consumer": jobs[0].consumer})
-	for _, j := range jobs {
+	for i, j := range jobs {
 		j.ev.Outcome = Nacked
-		j.err = fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", j.key, j.consumer, sentinel, cause)
+		err := fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", j.key, j.consumer, sentinel, cause)
+		if i == 0 {
+			b.m.claimFailed(err, watermill.LogFields{"batch": len(jobs), "consumer": j.consumer})
+		}
+		j.err = reported(err)
 		j.wait = true
 	}
 }

@@ -23,23 +23,19 @@ func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, e
 	if !m.unreachable(cause) {
 		ev.Outcome = Nacked
 		err := fmt.Errorf("%s: %w: %w", where, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
-		if errors.Is(err, pgerr.ErrNotMigrated) {
-			m.cfg.Logger.Error("exactlyonce: the inbox table is not migrated, message will be redelivered", err, fields)
-		} else {
-			m.cfg.Logger.Error("exactlyonce: claim failed, message will be redelivered", err, fields)
-		}
+		m.claimFailed(err, fields)
 		sleep(msg.Context(), m.cfg.NackDelay)
-		return nil, err
+		return nil, reported(err)
 	}
 	err := fmt.Errorf("%s: %w: %w", where, ErrDBUnavailable, cause)
 	if !m.cfg.FailOpen || m.cfg.Lease != nil || msg.Context().Err() != nil {
 		ev.Outcome = Nacked
-		m.cfg.Logger.Error("exactlyonce: database unavailable, message will be redelivered", err, fields)
+		m.claimFailed(err, fields)
 		sleep(msg.Context(), m.cfg.NackDelay)
-		return nil, err
+		return nil, reported(err)
 	}
 	ev.Outcome = FailOpen
-	m.cfg.Logger.Error("exactlyonce: FAIL-OPEN: running handler without deduplication", err, fields)
+	m.episodes.Fail(episodeFailOpen, "exactlyonce: FAIL-OPEN: the database is unavailable, handlers run without deduplication", err, fields)
 	origCtx := msg.Context()
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: ev.Consumer, key: ev.Key, failOpen: true}))
 	produced, herr := m.callHandler(h, msg)
@@ -49,6 +45,47 @@ func (m *Middleware) claimFailure(msg *message.Message, h message.HandlerFunc, e
 	}
 	return m.failOpenOutputs(msg, produced)
 }
+
+// The kinds of the middleware's episodes (see internal/episode): failures
+// that repeat for one cause are logged when they start, every
+// episode.DefaultInterval while they go on, and when they end.
+const (
+	episodeUnavailable = "unavailable"
+	episodeNotMigrated = "not-migrated"
+	episodeClaim       = "claim"
+	episodeFailOpen    = "fail-open"
+)
+
+// claimFailed logs a claim that failed before any handler ran (err wraps
+// ErrDBUnavailable or ErrClaimFailed) as part of its episode.
+func (m *Middleware) claimFailed(err error, fields watermill.LogFields) {
+	switch {
+	case errors.Is(err, ErrDBUnavailable):
+		what := "exactlyonce: database unavailable, messages are nacked and redelivered until it is back"
+		if m.lease != nil && !m.lease.Transactional() {
+			what = "exactlyonce: the lease store is unavailable, messages are nacked and redelivered until it is back"
+		}
+		m.episodes.Fail(episodeUnavailable, what, err, fields)
+	case errors.Is(err, pgerr.ErrNotMigrated):
+		m.episodes.Fail(episodeNotMigrated, "exactlyonce: the inbox table is not migrated, messages are nacked and redelivered until it is (run 'exactlyonce migrate up' or sqlschema.Migrate)", err, fields)
+	default:
+		m.episodes.Fail(episodeClaim, "exactlyonce: claims are failing, messages are nacked and redelivered", err, fields)
+	}
+}
+
+// claimed ends the episodes a successful claim shows are over.
+func (m *Middleware) claimed() {
+	m.episodes.End(episodeUnavailable, episodeNotMigrated, episodeClaim, episodeFailOpen)
+}
+
+// reportedError marks an error the middleware returns to the router after
+// logging it itself (as part of an episode), or that is expected (a lease
+// held by another worker): RouterLogger logs it at debug level.
+type reportedError struct{ error }
+
+func (e reportedError) Unwrap() error { return e.error }
+
+func reported(err error) error { return reportedError{err} }
 
 // unreachable reports whether cause means the store could not be reached:
 // lease mode asks its store, transactional mode pgerr.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
@@ -158,5 +159,136 @@ func TestFirstHoursForgottenMiddleware(t *testing.T) {
 	})
 }
 
+// fh2Log is a Watermill logger that keeps every line with its level.
+type fh2Log struct {
+	mu    sync.Mutex
+	lines []string // "LEVEL msg err"
+}
+
+func (l *fh2Log) add(level, msg string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := level + " " + msg
+	if err != nil {
+		line += " err=" + err.Error()
+	}
+	l.lines = append(l.lines, line)
+}
+
+func (l *fh2Log) Error(msg string, err error, _ watermill.LogFields) { l.add("ERROR", msg, err) }
+func (l *fh2Log) Info(msg string, _ watermill.LogFields)             { l.add("INFO", msg, nil) }
+func (l *fh2Log) Debug(msg string, _ watermill.LogFields)            { l.add("DEBUG", msg, nil) }
+func (l *fh2Log) Trace(msg string, _ watermill.LogFields)            { l.add("TRACE", msg, nil) }
+func (l *fh2Log) With(watermill.LogFields) watermill.LoggerAdapter   { return l }
+
+// count returns the lines at level that contain every one of parts.
+func (l *fh2Log) count(level string, parts ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+next:
+	for _, line := range l.lines {
+		if !strings.HasPrefix(line, level+" ") {
+			continue
+		}
+		for _, p := range parts {
+			if !strings.Contains(line, p) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
+func (l *fh2Log) dump(t *testing.T, level string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if strings.HasPrefix(line, level+" ") {
+			t.Log(line)
+		}
+	}
+}
+
+// A 10 s database outage, with the recommended logging set-up (the
+// router's logger wrapped by RouterLogger, the middleware on the same
+// logger): a few lines (the outage started, and ended with its length and
+// count), however many deliveries failed meanwhile.
+// Before: two ERROR lines per failed delivery (the middleware's and the
+// router's).
+func TestFirstHoursOutageIsAFewLines(t *testing.T) {
+	t.Parallel()
+	proxy := testenv.NewProxy(t, fhHostPort(t, testenv.DatabaseURL()))
+	pool := testenv.PoolFor(t, proxy.RewriteURL(testenv.DatabaseURL()))
+	tables := testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(pool))
+	q := testenv.Queue(t, "fh2_outage_")
+	var log fh2Log
+	var ev testenv.Counters
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, NackDelay: 50 * time.Millisecond, OnEvent: ev.Observe, Logger: &log})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, exactlyonce.RouterLogger(&log))
+	require.NoError(t, err)
+	r.AddMiddleware(eo.Middleware)
+	r.AddConsumerHandler("outage", q, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 8), 4), func(*message.Message) error { return nil })
+	testenv.StartRouter(t, r)
+	pub := testenv.AMQPPublisher(t)
+	publish := func(n int) {
+		for range n {
+			require.NoError(t, pub.Publish(q, message.NewMessage(watermill.NewUUID(), nil)))
+		}
+	}
+	publish(5)
+	testenv.Eventually(t, fhWait, func() bool { return ev.Processed.Load() == 5 }, "processed before the outage")
+
+	proxy.Refuse()
+	publish(20)
+	time.Sleep(10 * time.Second)
+	failed := ev.DBUnavailable.Load()
+	proxy.Allow()
+	testenv.Eventually(t, fhWait, func() bool { return ev.Processed.Load() == 25 }, "processed after the outage")
+	fhStop(t, r)
+
+	t.Logf("%d deliveries failed during the outage", failed)
+	require.Greater(t, failed, int64(50), "the outage failed many deliveries")
+	errorLines := log.count("ERROR")
+	if errorLines > 3 {
+		log.dump(t, "ERROR")
+	}
+	require.LessOrEqual(t, errorLines, 3, "an outage is a few lines, not one or two per failed delivery (%d)", failed)
+	require.Equal(t, 1, log.count("ERROR", "database unavailable"), "its start")
+	require.Equal(t, 1, log.count("INFO", "database unavailable", "ended after"), "its end")
+}
+
+// A lease held by a worker that died: the new worker's deliveries of that
+// key wait for the lease to expire. That is expected contention, not an
+// error: nothing at ERROR level with the recommended logging set-up.
+// Before: "another worker holds the lease" at ERROR on every redelivery.
+func TestFirstHoursLeaseContentionIsNotAnError(t *testing.T) {
+	t.Parallel()
+	eachLeaseStore(t, func(t *testing.T, s *leaseStore) {
+		var log fh2Log
+		q := testenv.Queue(t, "fh2_held_")
+		eo := s.middleware(t, exactlyonce.Config{Logger: &log})
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, exactlyonce.RouterLogger(&log))
+		require.NoError(t, err)
+		r.AddMiddleware(eo.Middleware)
+		var runs fhRun
+		r.AddConsumerHandler(suiteConsumer, q, testenv.AMQPSubscriber(t, 1), func(*message.Message) error {
+			runs.runs.Add(1)
+			return nil
+		})
+		s.claimElsewhere(t, "held", 2*time.Second) // the worker that died
+		testenv.StartRouter(t, r)
+		fhPublish(t, q, message.NewMessage("held", nil))
+		testenv.Eventually(t, fhWait, func() bool { return runs.runs.Load() == 1 }, "run once the dead worker's lease expired")
+		fhStop(t, r)
+		require.Greater(t, s.ev.Busy.Load(), int64(3), "deliveries were nacked while the lease was held")
+		if n := log.count("ERROR"); n > 0 {
+			log.dump(t, "ERROR")
+			t.Fatalf("%d ERROR lines for expected contention", n)
+		}
+	})
+}
+
 var _ = errors.New
-var _ = strings.Contains

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -111,10 +112,10 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	if !m.lease.Transactional() {
 		if err := m.storeOnlyRefusal(origCtx, consumer, key); err != nil {
 			ev.Outcome = Nacked
-			m.cfg.Logger.Error("exactlyonce: handler needs what a store-only lease cannot give, message refused before the handler ran and will be redelivered", err,
+			m.episodes.Fail("store-only:"+consumer, "exactlyonce: consumer "+strconv.Quote(consumer)+": the handler needs what a store-only lease cannot give, messages are refused before the handler runs and redelivered until the configuration is fixed", err,
 				watermill.LogFields{"consumer": consumer, "key": key, "message_uuid": msg.UUID})
 			sleep(origCtx, m.cfg.NackDelay)
-			return nil, err
+			return nil, reported(err)
 		}
 	}
 	endClaim := m.startClaim(origCtx, ev)
@@ -126,6 +127,7 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 	if err != nil {
 		return m.claimFailure(msg, h, ev, err)
 	}
+	m.claimed()
 	ev.Attempt = claim.Attempt
 	switch claim.Outcome {
 	case leasestore.Duplicate:
@@ -142,12 +144,20 @@ func (m *Middleware) handleLease(msg *message.Message, h message.HandlerFunc, ev
 		}
 		return nil, nil
 	case leasestore.Busy:
+		// Expected contention (another worker runs the key, or ran it and
+		// stopped: its lease has to expire first), not an error: logged at
+		// debug level, and marked for RouterLogger.
 		ev.Outcome = Nacked
-		sleep(origCtx, m.cfg.NackDelay)
+		var err error
 		if claim.LeaseUntil.IsZero() {
-			return nil, fmt.Errorf("exactlyonce: %w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, key, consumer)
+			err = fmt.Errorf("exactlyonce: %w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, key, consumer)
+		} else {
+			err = fmt.Errorf("exactlyonce: %w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, key, consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
 		}
-		return nil, fmt.Errorf("exactlyonce: %w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, key, consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
+		m.cfg.Logger.Debug("exactlyonce: another worker holds the lease on this key, message will be redelivered", watermill.LogFields{
+			"consumer": consumer, "key": key, "attempt": claim.Attempt, "lease_until": claim.LeaseUntil, "message_uuid": msg.UUID})
+		sleep(origCtx, m.cfg.NackDelay)
+		return nil, reported(err)
 	}
 	if claim.Interrupted {
 		ev.Interrupted = true

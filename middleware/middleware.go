@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
@@ -33,6 +34,7 @@ type Middleware struct {
 	// a store-only lease (it asked for a transaction or an outbox, or
 	// returned messages): later keys are refused before the handler runs.
 	misconfigured sync.Map // consumer -> error
+	episodes      *episode.Log
 }
 
 // New checks cfg, applies its defaults and returns the middleware. It does
@@ -55,7 +57,8 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
-	m := &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider)}
+	m := &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider),
+		episodes: episode.New(cfg.Logger, 0)}
 	switch {
 	case cfg.storeOnly():
 		if m.lease = cfg.Lease.Store.LeaseBackend(); m.lease == nil {

@@ -26,12 +26,15 @@ func (m *Middleware) handleTransactional(msg *message.Message, h message.Handler
 	endClaim(err)
 	if errors.Is(err, inboxdb.ErrNotDone) {
 		ev.Outcome = Nacked
+		err = fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", key, consumer, ErrClaimFailed, err)
+		m.claimFailed(err, watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
 		sleep(origCtx, m.cfg.NackDelay) // a configuration error: never succeeds on redelivery
-		return nil, fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", key, consumer, ErrClaimFailed, err)
+		return nil, reported(err)
 	}
 	if err != nil {
 		return m.claimFailure(msg, h, ev, err)
 	}
+	m.claimed()
 	if !claim.Claimed {
 		rec := claim.Existing
 		ev.FirstSeenAt = rec.FirstSeenAt

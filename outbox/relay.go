@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -33,6 +34,7 @@ type Relay struct {
 	failedPubs  atomic.Int64
 	quarantined atomic.Int64
 	pauses      *topicPauses
+	episodes    *episode.Log
 	alternate   atomic.Uint64 // BatchSize 1: retried and fresh rows take turns
 	channel     string        // the table's NOTIFY channel
 	wake        chan struct{} // one pending wake of the workers (see listen)
@@ -65,6 +67,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),
 		pauses:   newTopicPauses(cfg.ErrorBackoff, cfg.MaxErrorBackoff),
+		episodes: episode.New(cfg.Logger, 0),
 		wake:     make(chan struct{}, 1),
 		tracer:   tracing.Tracer(cfg.TracerProvider),
 		// A batch ($1 rows) is the oldest rows that never failed, and the
@@ -185,15 +188,17 @@ func (r *Relay) work(ctx context.Context) {
 		case errors.Is(err, sqlschema.ErrNotMigrated):
 			// A configuration error, not an outage: say what to do, and
 			// poll slowly until someone does it.
-			r.cfg.Logger.Error("outbox relay: the outbox table is not migrated", err, nil)
+			r.episodes.Fail(episodeNotMigrated, "outbox relay: the outbox table is not migrated, retrying every "+r.cfg.MaxErrorBackoff.String()+" (run 'exactlyonce migrate up' or sqlschema.Migrate)", err, nil)
 			wait = r.cfg.MaxErrorBackoff
 		case err != nil && res.locked == 0:
 			// The database failed (publish failures are paced per row
-			// and per topic: see topicPauses).
-			r.cfg.Logger.Error("outbox relay: batch failed, will retry", err, watermill.LogFields{"backoff": backoff.String()})
+			// and per topic: see topicPauses). Logged as an episode: when
+			// it starts, while it goes on, and when it ends.
+			r.episodes.Fail(episodeBatch, "outbox relay: batches are failing (the database), retrying with a backoff up to "+r.cfg.MaxErrorBackoff.String(), err, watermill.LogFields{"backoff": backoff.String()})
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
 		default:
+			r.episodes.End(episodeNotMigrated, episodeBatch)
 			if err != nil {
 				r.cfg.Logger.Error("outbox relay: rows failed, each is retried after its own backoff", err, r.failureFields(res, nil))
 			}
@@ -230,6 +235,12 @@ func (r *Relay) work(ctx context.Context) {
 		}
 	}
 }
+
+// The kinds of the relay's episodes (see internal/episode).
+const (
+	episodeNotMigrated = "not-migrated"
+	episodeBatch       = "batch"
+)
 
 // logSample is how many failed rows' UUIDs a failure's log line names.
 const logSample = 5
