@@ -170,24 +170,52 @@ func tablesElsewhere(ctx context.Context, db sqlschema.DB, noInbox, noOutbox boo
 		return fmt.Errorf("no exactly-once tables in schema %q; found them in schema %q (%s): %s",
 			db.Schema, st.schema, describe(st), adv), false, nil
 	}
-	const listed = 5
-	var names []string
+	// Several: grouped by their table names (the groups in the order of
+	// their best schema), at most 5 schemas a group and 3 groups.
+	const perGroup, groups = 5, 3
+	type group struct {
+		tables  string
+		schemas []string
+	}
+	var gs []*group
+	byTables := map[string]*group{}
+	for _, st := range others {
+		d := describe(st)
+		g := byTables[d]
+		if g == nil {
+			g = &group{tables: d}
+			byTables[d] = g
+			gs = append(gs, g)
+		}
+		g.schemas = append(g.schemas, st.schema)
+	}
+	var parts []string
+	var hidden int
 	otherInbox, otherOutbox := false, false
-	for i, st := range others {
-		otherInbox = otherInbox || !slices.Contains(st.inbox, db.InboxTable)
-		otherOutbox = otherOutbox || !slices.Contains(st.outbox, db.OutboxTable)
-		if i >= listed {
+	for i, g := range gs {
+		if i >= groups {
+			hidden += len(g.schemas)
 			continue
 		}
-		name := fmt.Sprintf("%q", st.schema)
-		if score(st) < 2 {
-			name += " (" + describe(st) + ")"
+		st := others[slices.IndexFunc(others, func(st schemaTables) bool { return st.schema == g.schemas[0] })]
+		otherInbox = otherInbox || !slices.Contains(st.inbox, db.InboxTable)
+		otherOutbox = otherOutbox || !slices.Contains(st.outbox, db.OutboxTable)
+		quoted := make([]string, 0, perGroup)
+		for _, name := range g.schemas[:min(len(g.schemas), perGroup)] {
+			quoted = append(quoted, fmt.Sprintf("%q", name))
 		}
-		names = append(names, name)
+		list := joinAnd(quoted)
+		if n := len(g.schemas) - perGroup; n > 0 {
+			list = strings.Join(quoted, ", ") + fmt.Sprintf(" and %d more", n)
+		}
+		word := "schema "
+		if len(g.schemas) > 1 {
+			word = "schemas "
+		}
+		parts = append(parts, "in "+word+list+" ("+g.tables+")")
 	}
-	list := joinAnd(names)
-	if len(others) > listed {
-		list = strings.Join(names, ", ") + fmt.Sprintf(" and %d more", len(others)-listed)
+	if hidden > 0 {
+		parts = append(parts, fmt.Sprintf("in %d more schemas", hidden))
 	}
 	flags := []string{"--schema"}
 	if otherInbox {
@@ -196,8 +224,8 @@ func tablesElsewhere(ctx context.Context, db sqlschema.DB, noInbox, noOutbox boo
 	if otherOutbox {
 		flags = append(flags, "--outbox-table")
 	}
-	return fmt.Errorf("no exactly-once tables in schema %q; found them in schemas %s: pass the service's %s",
-		db.Schema, list, joinAnd(flags)), false, nil
+	return fmt.Errorf("no exactly-once tables in schema %q; found them %s: pass the service's %s",
+		db.Schema, joinAnd(parts), joinAnd(flags)), false, nil
 }
 
 // advice is the flags to pass: given values, and flags whose value the

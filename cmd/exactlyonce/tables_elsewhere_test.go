@@ -84,13 +84,14 @@ func TestTablesElsewhere(t *testing.T) {
 	require.Zero(t, tables, "nothing created in public")
 	requireOK(t, cli(t, named, "inbox", "stats", "--schema", "shop"))
 
-	// Two schemas hold tables: both named, those with the names asked for
-	// first.
+	// Several schemas hold tables: grouped by their table names, those
+	// with the names asked for first.
 	requireOK(t, cli(t, env, "migrate", "up", "--schema", "shop2"))
+	requireOK(t, cli(t, env, "migrate", "up", "--schema", "shop3"))
 	requireFails(t, cli(t, env, "inbox", "stats"), exitFailed,
-		`no exactly-once tables in schema "public"; found them in schemas "shop2" and "shop" (inbox table "inbox", outbox table "outbox"): pass the service's --schema, --inbox-table and --outbox-table`)
+		`no exactly-once tables in schema "public"; found them in schemas "shop2" and "shop3" (inbox table "watermill_inbox", outbox table "watermill_outbox") and in schema "shop" (inbox table "inbox", outbox table "outbox"): pass the service's --schema, --inbox-table and --outbox-table`)
 	requireFails(t, cli(t, named, "inbox", "stats", "--schema", "nowhere"), exitFailed,
-		`no exactly-once tables in schema "nowhere"; found them in schemas "shop" and "shop2" (inbox table "watermill_inbox", outbox table "watermill_outbox"): pass the service's --schema, --inbox-table and --outbox-table`)
+		`no exactly-once tables in schema "nowhere"; found them in schema "shop" (inbox table "inbox", outbox table "outbox") and in schemas "shop2" and "shop3" (inbox table "watermill_inbox", outbox table "watermill_outbox"): pass the service's --schema, --inbox-table and --outbox-table`)
 
 	// Tables that are there but lack migrations: migrate up is the advice.
 	_, err := pool.Exec(testCtx(t), `DELETE FROM shop2.watermill_exactlyonce_migrations WHERE name = 'outbox_005_quarantine_search.up.sql'`)
