@@ -76,6 +76,9 @@ func (m *Middleware) claimFailed(err error, fields watermill.LogFields) {
 // claimed ends the episodes a successful claim shows are over.
 func (m *Middleware) claimed() {
 	m.episodes.End(episodeUnavailable, episodeNotMigrated, episodeClaim, episodeFailOpen)
+	if m.check.pending.Load() {
+		m.check.due.Store(true)
+	}
 }
 
 // reportedError marks an error the middleware returns to the router after

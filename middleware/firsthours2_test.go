@@ -8,7 +8,9 @@ package exactlyonce_test
 
 import (
 	"context"
-	"errors"
+	"net"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,11 +20,15 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // fh2Errors records the first errors a handler got from the context helpers.
@@ -109,11 +115,14 @@ func TestFirstHoursForgottenMiddleware(t *testing.T) {
 		r.AddConsumerHandler("forgot-middleware-pq", q, testenv.AMQPSubscriber(t, 1), handler(&run, &seen))
 		testenv.StartRouter(t, r)
 		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), []byte("{}")))
+		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), []byte("next")))
 
 		fhQueueDepth(t, poison, 1)
+		// Prefetch 1: the next message is delivered once the first was acked.
+		testenv.Eventually(t, fhWait, func() bool { return run.runs.Load() == 2 }, "the message behind it is delivered")
 		fhStop(t, r)
-		require.Equal(t, int64(1), run.runs.Load(), "one delivery, then the poison queue took it")
-		fhQueueDepth(t, q, 0)
+		require.Equal(t, int64(2), run.runs.Load(), "one delivery, then the poison queue took it")
+		fhQueueDepth(t, q, 1) // the next one, which fails too (no middleware), and waits
 	})
 
 	t.Run("a context that is not the message's, under the middleware", func(t *testing.T) {
@@ -284,11 +293,137 @@ func TestFirstHoursLeaseContentionIsNotAnError(t *testing.T) {
 		testenv.Eventually(t, fhWait, func() bool { return runs.runs.Load() == 1 }, "run once the dead worker's lease expired")
 		fhStop(t, r)
 		require.Greater(t, s.ev.Busy.Load(), int64(3), "deliveries were nacked while the lease was held")
-		if n := log.count("ERROR"); n > 0 {
+		if n := log.count("ERROR") - log.count("ERROR", "start-up check"); n > 0 {
 			log.dump(t, "ERROR")
 			t.Fatalf("%d ERROR lines for expected contention", n)
 		}
 	})
 }
 
-var _ = errors.New
+// fh2ForgetLastMigration makes the schema look migrated by an earlier
+// version of the library: the migrations table no longer records the
+// latest migration of target ("inbox" or "outbox").
+func fh2ForgetLastMigration(t *testing.T, db sqlschema.DB, target string) {
+	t.Helper()
+	table := pgx.Identifier{db.Schema, "watermill_exactlyonce_migrations"}.Sanitize()
+	_, err := db.Conn.ExecContext(context.Background(), "DELETE FROM "+table+
+		" WHERE target LIKE $1 || ':%' AND version = (SELECT max(version) FROM "+table+" WHERE target LIKE $1 || ':%')", target)
+	require.NoError(t, err)
+}
+
+// The start-up check: the first delivery (whose claim succeeded) reports
+// tables older than this version of the library; a database that is down at start-up fails
+// nothing, and the check runs once it is back.
+// Before: nothing was checked unless the service called sqlschema.Check.
+func TestFirstHoursStartupCheck(t *testing.T) {
+	t.Parallel()
+	start := func(t *testing.T, db sqlschema.DB, log *fh2Log, q string) {
+		t.Helper()
+		eo, err := exactlyonce.New(exactlyonce.Config{DB: db, Logger: log, NackDelay: 50 * time.Millisecond})
+		require.NoError(t, err)
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, exactlyonce.RouterLogger(log))
+		require.NoError(t, err)
+		r.AddMiddleware(eo.Middleware)
+		r.AddConsumerHandler("startup", q, testenv.AMQPSubscriber(t, 1), func(*message.Message) error { return nil })
+		testenv.StartRouter(t, r)
+		t.Cleanup(func() { _ = r.Close() })
+	}
+
+	t.Run("tables of an earlier version", func(t *testing.T) {
+		t.Parallel()
+		db := testenv.Schema(t)
+		fh2ForgetLastMigration(t, db, "inbox")
+		var log fh2Log
+		q := testenv.Queue(t, "fh2_check_old_")
+		start(t, db, &log, q)
+		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), nil))
+		testenv.Eventually(t, fhWait, func() bool { return log.count("ERROR", "start-up check", "not migrated", "inbox_0") == 1 },
+			"the missing migration is reported at the first delivery")
+		require.Zero(t, log.count("INFO", "start-up check passed"))
+	})
+
+	t.Run("migrated", func(t *testing.T) {
+		t.Parallel()
+		var log fh2Log
+		q := testenv.Queue(t, "fh2_check_ok_")
+		start(t, testenv.Schema(t), &log, q)
+		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), nil))
+		testenv.Eventually(t, fhWait, func() bool { return log.count("INFO", "start-up check passed") == 1 }, "the check passes")
+		require.Zero(t, log.count("ERROR"))
+	})
+
+	t.Run("database down at start-up", func(t *testing.T) {
+		t.Parallel()
+		proxy := testenv.NewProxy(t, fhHostPort(t, testenv.DatabaseURL()))
+		pool := testenv.PoolFor(t, proxy.RewriteURL(testenv.DatabaseURL()))
+		db := testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(pool))
+		proxy.Refuse()
+		var log fh2Log
+		q := testenv.Queue(t, "fh2_check_down_")
+		start(t, db, &log, q) // starts: nothing fails a service whose database is down
+		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), nil))
+		testenv.Eventually(t, fhWait, func() bool { return log.count("ERROR", "database unavailable") == 1 }, "the delivery fails while the database is down")
+		require.Zero(t, log.count("ERROR", "start-up check"), "a database that is down fails no start-up check")
+		proxy.Allow()
+		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), nil))
+		testenv.Eventually(t, fhWait, func() bool { return log.count("INFO", "start-up check passed") == 1 }, "checked after the first claim")
+		require.Zero(t, log.count("ERROR", "start-up check"))
+	})
+
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name     string
+			args     []string
+			problems []string
+		}{
+			{"no persistence, evicting", []string{"--appendonly", "no", "--maxmemory-policy", "allkeys-lru"}, []string{"appendonly no", "maxmemory-policy allkeys-lru"}},
+			{"as documented", []string{"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				c := fh2RedisServer(t, tc.args...)
+				store, err := redisstore.New(redisstore.Config{Client: c, Prefix: testenv.RedisPrefix(t, c)})
+				require.NoError(t, err)
+				var log fh2Log
+				eo, err := exactlyonce.New(exactlyonce.Config{Consumer: "sms", Lease: &exactlyonce.LeaseConfig{Store: store}, Logger: &log})
+				require.NoError(t, err)
+				h := eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+				require.NoError(t, deliverKey(h, "first"))
+				if len(tc.problems) == 0 {
+					testenv.Eventually(t, fhWait, func() bool { return log.count("INFO", "start-up check passed") == 1 }, "the check passes")
+					require.Zero(t, log.count("ERROR"))
+					return
+				}
+				for _, p := range tc.problems {
+					testenv.Eventually(t, fhWait, func() bool { return log.count("ERROR", "start-up check", p) == 1 }, "%q is reported", p)
+				}
+				got, err := store.CheckServer(context.Background())
+				require.NoError(t, err)
+				require.Len(t, got, len(tc.problems))
+			})
+		}
+	})
+}
+
+// fh2RedisServer starts a redis-server of its own with args on a free
+// loopback port (stopped at cleanup) and returns a client of it.
+func fh2RedisServer(t *testing.T, args ...string) *redis.Client {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	require.NoError(t, err, "redis-server is not installed: run 'make services'")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	require.NoError(t, ln.Close())
+	cmd := exec.Command(bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", t.TempDir()}, args...)...)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + port})
+	t.Cleanup(func() { _ = c.Close() })
+	testenv.Eventually(t, 10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }, "redis-server on port %s did not start", port)
+	return c
+}

@@ -35,12 +35,20 @@ type Middleware struct {
 	// returned messages): later keys are refused before the handler runs.
 	misconfigured sync.Map // consumer -> error
 	episodes      *episode.Log
+	check         startupCheck
 }
 
 // New checks cfg, applies its defaults and returns the middleware. It does
-// not touch the database: tables that are missing are reported per message
-// as ErrClaimFailed wrapping sqlschema.ErrNotMigrated, with the fix (run
-// sqlschema.Check at start-up to learn it earlier).
+// not touch the database. The first delivery whose claim succeeded runs a
+// start-up check once, after it was handled, and logs what it finds: tables missing or older than
+// this version of the library (sqlschema.Check), or, with the Redis lease
+// store, a server without an append-only file or with an eviction policy
+// (redisstore.Store.CheckServer). It fails nothing: a store that cannot be
+// reached then is checked again after the next successful claim; tables
+// missing altogether are reported by the failing claims.
+// Deliveries that need what is missing fail with ErrClaimFailed wrapping
+// sqlschema.ErrNotMigrated; run sqlschema.Check yourself to fail a
+// deployment on it.
 func New(cfg Config) (*Middleware, error) {
 	customKey := cfg.Key != nil
 	if cfg.storeOnly() {
@@ -59,6 +67,7 @@ func New(cfg Config) (*Middleware, error) {
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
 	m := &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider),
 		episodes: episode.New(cfg.Logger, 0)}
+	m.check.pending.Store(true)
 	switch {
 	case cfg.storeOnly():
 		if m.lease = cfg.Lease.Store.LeaseBackend(); m.lease == nil {
@@ -101,6 +110,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		endSpan(span, err)
 		m.cfg.OnEvent(ev)
+		m.runCheck(prev)
 		return out, err
 	}
 }

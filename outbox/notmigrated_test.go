@@ -68,7 +68,17 @@ func TestRelayNotMigrated(t *testing.T) {
 		})
 		require.NoError(t, err)
 		stop := runRelay(t, relay)
-		errorLogs := func() []watermill.CapturedMessage { return logger.Captured()[watermill.ErrorLogLevel] }
+		// The failing polls' lines (the start-up check reports the missing
+		// migrations too, once: see TestRelayStartupCheck).
+		errorLogs := func() []watermill.CapturedMessage {
+			var polls []watermill.CapturedMessage
+			for _, l := range logger.Captured()[watermill.ErrorLogLevel] {
+				if !strings.Contains(l.Msg, "start-up check") {
+					polls = append(polls, l)
+				}
+			}
+			return polls
+		}
 		testenv.Eventually(t, 10*time.Second, func() bool { return len(errorLogs()) > 0 },
 			"Run should log that the table is not migrated")
 		time.Sleep(200 * time.Millisecond) // time for more polls, were it not waiting MaxErrorBackoff

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -165,6 +166,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.runningMux.Unlock()
 
 	var wg sync.WaitGroup
+	wg.Go(func() { r.startupCheck(ctx) })
 	if !r.cfg.NoListen {
 		wg.Go(func() { r.listen(ctx) })
 	}
@@ -173,6 +175,46 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// startupCheck checks once that the outbox table has every migration of
+// this version of the library, and logs what it found; while the database
+// cannot be reached it asks again every MaxErrorBackoff.
+func (r *Relay) startupCheck(ctx context.Context) {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		status, err := sqlschema.Status(cctx, r.cfg.DB)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			var missing []string
+			for _, m := range status {
+				if m.Target == "outbox" && !m.Applied {
+					missing = append(missing, m.Name)
+				}
+			}
+			if len(missing) > 0 {
+				r.cfg.Logger.Error("outbox relay: start-up check: the outbox table is not migrated to this version of the library (missing "+strings.Join(missing, ", ")+"): run 'exactlyonce migrate up' or sqlschema.Migrate with the same schema and table names", nil,
+					watermill.LogFields{"schema": r.cfg.DB.Schema, "outbox_table": r.cfg.DB.OutboxTable})
+			} else {
+				r.cfg.Logger.Info("outbox relay: start-up check passed: the outbox table is migrated to this version of the library", nil)
+			}
+			return
+		}
+		if !pgerr.Unreachable(err) && !errors.Is(err, context.DeadlineExceeded) {
+			r.cfg.Logger.Info("outbox relay: start-up check could not tell (check the migrations yourself): "+err.Error(), nil)
+			return
+		}
+		t := time.NewTimer(r.cfg.MaxErrorBackoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (r *Relay) work(ctx context.Context) {

@@ -8,6 +8,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
@@ -48,4 +49,36 @@ func TestRelayOutageIsAFewLines(t *testing.T) {
 	require.LessOrEqual(t, errorLines, 2, "one line when it starts (per worker at most)\n%s", lines)
 	require.GreaterOrEqual(t, errorLines, 1, "the outage is reported\n%s", lines)
 	require.Contains(t, lines, "ended after", "and its end\n%s", lines)
+}
+
+// The relay's start-up check: an outbox table older than this version of
+// the library is reported when Run starts, before any row; a migrated one
+// is reported as such.
+// Before: nothing was checked unless the service called sqlschema.Check.
+func TestRelayStartupCheck(t *testing.T) {
+	t.Parallel()
+	for _, old := range []bool{true, false} {
+		t.Run(map[bool]string{true: "earlier version", false: "migrated"}[old], func(t *testing.T) {
+			t.Parallel()
+			db := testenv.Schema(t)
+			if old {
+				table := pgx.Identifier{db.Schema, "watermill_exactlyonce_migrations"}.Sanitize()
+				_, err := db.Conn.ExecContext(context.Background(), "DELETE FROM "+table+
+					" WHERE target LIKE 'outbox:%' AND version = (SELECT max(version) FROM "+table+" WHERE target LIKE 'outbox:%')")
+				require.NoError(t, err)
+			}
+			logs := &logCapture{}
+			relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, NoListen: true, Logger: logs})
+			require.NoError(t, err)
+			runRelay(t, relay)
+			if old {
+				testenv.Eventually(t, 10*time.Second, func() bool { return logs.has("ERROR outbox relay: start-up check: the outbox table is not migrated") },
+					"the missing migration is reported\n%s", logs)
+				require.Contains(t, logs.String(), "outbox_0")
+				return
+			}
+			testenv.Eventually(t, 10*time.Second, func() bool { return logs.has("INFO outbox relay: start-up check passed") }, "the check passes\n%s", logs)
+			require.NotContains(t, logs.String(), "ERROR")
+		})
+	}
 }

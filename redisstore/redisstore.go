@@ -237,7 +237,10 @@ type backend struct {
 	ttl    time.Duration
 }
 
-var _ leasestore.Backend = (*backend)(nil)
+var (
+	_ leasestore.Backend = (*backend)(nil)
+	_ leasestore.Checker = (*backend)(nil)
+)
 
 // tag escapes a consumer name for the hash tag: '%', '{' and '}' are
 // percent-encoded, so that the tag ends where the name ends and distinct
@@ -521,6 +524,43 @@ func (b *backend) Release(ctx context.Context, consumer, key string) (bool, erro
 // replica after a failover) or busy with a script. A closed client, the
 // message's context ending and any other error reply (an out-of-memory
 // refusal included) are not.
+// StartupCheck reads the server's persistence and eviction settings
+// (CONFIG GET) and returns the ones that lose records (docs/redis.md): no
+// append-only file, and an eviction policy other than noeviction.
+func (b *backend) StartupCheck(ctx context.Context) ([]string, error) {
+	get := func(name string) (string, error) {
+		vals, err := b.c.ConfigGet(ctx, name).Result()
+		if err != nil {
+			return "", fmt.Errorf("redisstore: CONFIG GET %s: %w", name, err)
+		}
+		return vals[name], nil
+	}
+	aof, err := get("appendonly")
+	if err != nil {
+		return nil, err
+	}
+	policy, err := get("maxmemory-policy")
+	if err != nil {
+		return nil, err
+	}
+	var problems []string
+	if aof != "yes" {
+		problems = append(problems, "the Redis server runs without an append-only file (appendonly "+aof+"): a restart forgets done records, leases and parked keys, and their messages run again; set appendonly yes (docs/redis.md)")
+	}
+	if policy != "noeviction" {
+		problems = append(problems, "the Redis server evicts keys when full (maxmemory-policy "+policy+"): evicted done records run again, evicted leases let two workers hold a key; set maxmemory-policy noeviction (docs/redis.md)")
+	}
+	return problems, nil
+}
+
+// CheckServer reports what in the Redis server's set-up weakens the
+// guarantee: no append-only file (appendonly no), an eviction policy other
+// than noeviction. The middleware runs it once at start-up and logs what
+// it finds; call it yourself to fail a deployment on it. It returns an
+// error when the server cannot be asked (CONFIG GET refused or Redis
+// unreachable).
+func (s *Store) CheckServer(ctx context.Context) ([]string, error) { return s.b.StartupCheck(ctx) }
+
 func (b *backend) Unreachable(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, redis.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -127,3 +127,13 @@ type Backend interface {
 	// messages. When false the handler gets no transaction and no outbox.
 	Transactional() bool
 }
+
+// Checker is a Backend that can tell, once at start-up, what in its
+// server's set-up weakens the guarantee (see the middleware's start-up
+// check).
+type Checker interface {
+	// StartupCheck returns one sentence per problem found (none: the
+	// set-up is as the documentation asks), or an error when it cannot
+	// tell (Backend.Unreachable tells whether to ask again later).
+	StartupCheck(ctx context.Context) (problems []string, err error)
+}
