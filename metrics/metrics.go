@@ -67,6 +67,7 @@ type Metrics struct {
 	errors           *prometheus.CounterVec
 	deliveryDuration *prometheus.HistogramVec
 	claimDuration    *prometheus.HistogramVec
+	batchSize        *prometheus.HistogramVec
 	takeovers        *prometheus.CounterVec
 	parked           *prometheus.CounterVec
 	purged           prometheus.Counter
@@ -82,6 +83,9 @@ type Metrics struct {
 var (
 	deliveryBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	claimBuckets    = []float64{.0002, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+	// batchBuckets: group commit batches hold 1 to Config.Batch.MaxSize
+	// (default 64) deliveries.
+	batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}
 )
 
 // New creates the collectors and registers them with cfg.Registerer. It
@@ -109,6 +113,11 @@ func New(cfg Config) (*Metrics, error) {
 			Help:    "Time of the inbox check (the claim) per delivery that ran one, by consumer.",
 			Buckets: claimBuckets,
 		}, []string{"consumer"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "batch_size",
+			Help:    "Deliveries per group-commit batch (Config.Batch), observed once per batch, by consumer: a sum near the count means no batching happens.",
+			Buckets: batchBuckets,
+		}, []string{"consumer"}),
 		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "lease_takeovers_total",
 			Help: "Lease-mode attempts that took over a key whose previous attempt was interrupted (lease expired mid-attempt, or completion failed).",
@@ -127,7 +136,7 @@ func New(cfg Config) (*Metrics, error) {
 		redis:  newRedisCollector(ns, cfg.ScrapeTimeout, cfg.InboxInterval, cfg.Logger),
 	}
 	cs := []prometheus.Collector{
-		m.deliveries, m.errors, m.deliveryDuration, m.claimDuration, m.takeovers, m.parked,
+		m.deliveries, m.errors, m.deliveryDuration, m.claimDuration, m.batchSize, m.takeovers, m.parked,
 		m.purged, m.relay, m.outbox, m.inbox, m.redis,
 	}
 	for i, c := range cs {
@@ -155,6 +164,9 @@ func (m *Metrics) OnEvent(e exactlyonce.Event) {
 	}
 	if e.Outcome == exactlyonce.Parked && e.Err != nil {
 		m.parked.WithLabelValues(e.Consumer).Inc()
+	}
+	if e.BatchFirst {
+		m.batchSize.WithLabelValues(e.Consumer).Observe(float64(e.BatchSize))
 	}
 	if e.Interrupted {
 		m.takeovers.WithLabelValues(e.Consumer).Inc()

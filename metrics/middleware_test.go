@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -198,4 +199,42 @@ func TestRouter(t *testing.T) {
 	require.Equal(t, float64(6), s[`exactlyonce_delivery_duration_seconds_count{consumer="charge",outcome="processed"}`]+
 		s[`exactlyonce_delivery_duration_seconds_count{consumer="charge",outcome="duplicate"}`])
 	require.Equal(t, seen.claims(), withPrefix(s, "exactlyonce_claim_duration_seconds_count"))
+}
+
+// exactlyonce_batch_size shows that group commit batches: observed once
+// per batch, its sum is the number of deliveries and its count the number
+// of batches.
+func TestBatchSize(t *testing.T) {
+	t.Parallel()
+	db := testenv.Schema(t)
+	m, reg := newMetrics(t, metrics.Config{})
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: db, OnEvent: m.OnEvent, Logger: watermill.NopLogger{},
+		Batch: &exactlyonce.BatchConfig{MaxSize: 16, MaxWait: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, watermill.NopLogger{})
+	defer pubsub.Close()
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	router.AddMiddleware(eo.Middleware)
+	router.AddConsumerHandler("charge", "orders", exactlyonce.ConcurrentSubscriber(pubsub, 16), func(*message.Message) error { return nil })
+	testenv.StartRouter(t, router)
+
+	const n = 64
+	for i := range n {
+		require.NoError(t, pubsub.Publish("orders", message.NewMessage(fmt.Sprintf("o-%d", i), nil)))
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return scrape(t, reg)[`exactlyonce_deliveries_total{consumer="charge",outcome="processed"}`] == n
+	}, "all processed")
+	s := scrape(t, reg)
+	// ConcurrentSubscriber subscribes 16 times to the Go channel, which
+	// hands every message to each subscription: duplicates, in batches too.
+	var deliveries float64
+	for _, v := range withPrefix(s, "exactlyonce_deliveries_total") {
+		deliveries += v
+	}
+	require.Equal(t, deliveries, s[`exactlyonce_batch_size_sum{consumer="charge"}`], "every delivery is in one batch")
+	batches := s[`exactlyonce_batch_size_count{consumer="charge"}`]
+	require.Positive(t, batches)
+	require.Less(t, batches, deliveries/2, "deliveries were batched")
 }

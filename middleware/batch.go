@@ -176,6 +176,9 @@ func (b *batcher) run(jobs []*job) {
 			close(j.done)
 		}
 	}()
+	for i, j := range jobs {
+		j.ev.BatchSize, j.ev.BatchFirst = len(jobs), i == 0
+	}
 	// Copies of one key in one batch: the first runs; the others follow.
 	first := map[[2]string]*job{}
 	followers := map[*job][]*job{}

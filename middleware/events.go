@@ -50,6 +50,13 @@ type Event struct {
 	Err error
 	// Attempt is the lease-mode attempt number (0 in transactional mode).
 	Attempt int
+	// BatchSize is, with group commit (Config.Batch), the number of
+	// deliveries collected into the batch this delivery ran in (before
+	// duplicates within it and reruns without a failed one); 0 otherwise.
+	BatchSize int
+	// BatchFirst is true for one delivery of each batch (the first), so
+	// that a hook can count each batch once.
+	BatchFirst bool
 	// Interrupted is true for a lease-mode attempt that follows one whose
 	// lease expired mid-attempt, or whose completion failed after the
 	// handler ran (a takeover).
