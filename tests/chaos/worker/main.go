@@ -438,9 +438,19 @@ func (w *worker) runConsumerOnce(ctx context.Context) error {
 		return runRouter(ctx, r)
 	}
 	for i := range w.cfg.Handlers {
+		name := fmt.Sprintf("%s-h%d", ConsumerName, i)
+		if w.cfg.Store == "redis" {
+			// The Redis store records no outputs: a handler with a publish
+			// topic would be refused.
+			r.AddConsumerHandler(name, w.cfg.In, sub, func(msg *message.Message) error {
+				_, err := w.handle(msg)
+				return err
+			})
+			continue
+		}
 		// The router's publisher: the middleware writes the handler's output
 		// to the outbox and returns nothing to the router.
-		r.AddHandler(fmt.Sprintf("%s-h%d", ConsumerName, i), w.cfg.In, sub, w.cfg.Out, exactlyonce.OutboxOnly(), w.handle)
+		r.AddHandler(name, w.cfg.In, sub, w.cfg.Out, exactlyonce.OutboxOnly(), w.handle)
 	}
 	return runRouter(ctx, r)
 }
