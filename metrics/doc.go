@@ -28,6 +28,7 @@
 //	exactlyonce_delivery_errors_total{consumer,reason}        counter    deliveries whose error went back to the router (nacked, or a failed fail-open run), by reason (below)
 //	exactlyonce_delivery_duration_seconds{consumer,outcome}   histogram  time in the middleware, handler included (Event.Duration)
 //	exactlyonce_claim_duration_seconds{consumer}              histogram  time of the inbox check (Event.ClaimDuration), when one ran; its _count is the number of claims
+//	exactlyonce_batch_size{consumer}                          histogram  deliveries per group-commit batch (Event.BatchSize), observed once per batch (Event.BatchFirst)
 //	exactlyonce_lease_takeovers_total{consumer}               counter    lease-mode attempts that took over a key whose previous attempt was interrupted (Event.Interrupted)
 //	exactlyonce_keys_parked_total{consumer}                   counter    keys this process parked for an operator (a Parked event with Event.Err set)
 //

@@ -35,8 +35,8 @@ exactlyonce inbox show -c orders -- -odd-key`,
 		return c
 	}
 	var tenant string
-	tenantFlag := func(c *cobra.Command) *cobra.Command {
-		c.Flags().StringVar(&tenant, "tenant", "", "keys scoped by exactlyonce.KeyByTenant: only this tenant's (KEY is the key within it)")
+	tenantFlag := func(c *cobra.Command, usage string) *cobra.Command {
+		c.Flags().StringVar(&tenant, "tenant", "", usage)
 		return c
 	}
 	needConsumer := func() error {
@@ -77,7 +77,7 @@ exactlyonce inbox show -c orders -- -odd-key`,
 					return run(ctx, db, s, consumer, key)
 				})
 			},
-		}, true))
+		}, true), "the key's tenant (keys scoped by exactlyonce.KeyByTenant): KEY is the key within it, recorded as TENANT:KEY")
 	}
 
 	var limit int
@@ -126,7 +126,7 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 				return a.inboxPurge(ctx, db, s, purge)
 			})
 		},
-	}, false))
+	}, false), "delete only this tenant's records (keys scoped by exactlyonce.KeyByTenant)")
 	purgeCmd.Flags().StringVar(&olderThan, "older-than", "", "age of the records to delete, since they finished: 720h, 30d (required)")
 	purgeCmd.Flags().IntVar(&purge.BatchSize, "batch-size", 1000, "records deleted per statement")
 	purgeCmd.Flags().IntVar(&purge.MaxBatches, "max-batches", 0, "stop after this many batches (0: until done)")
@@ -141,7 +141,7 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 					return a.inboxStats(ctx, db, s, consumer, tenant)
 				})
 			},
-		}, false)),
+		}, false), "count only this tenant's keys (keys scoped by exactlyonce.KeyByTenant)"),
 		keyCmd("show --consumer C KEY", "Show the record of one key (exit status 3 when there is none)", a.inboxShow),
 		keyCmd("forget --consumer C KEY", "Delete the record of one key, with its parked message if it has one, so that its next delivery runs the handler again (exit status 3 when there is none)", a.inboxForget),
 		parked,

@@ -92,7 +92,9 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	// RouterLogger: the router does not log again, per redelivery, what the middleware reported
+	// (an outage is a few lines: when it started, while it goes on, when it ended).
+	router, err := message.NewRouter(message.RouterConfig{}, exactlyonce.RouterLogger(logger))
 	if err != nil {
 		return err
 	}

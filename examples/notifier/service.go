@@ -174,11 +174,12 @@ func amqpConfig(amqpURL string) wamqp.Config {
 
 func (s *Service) setUpRouter() error {
 	var err error
-	// The router logs every handler error at error level; errors that are
-	// part of normal operation (a held lease: another worker is on the key)
-	// are logged at debug instead. This is how a service quiets the nacks it
-	// expects without hiding the others.
-	routerLogger := quietLogger{LoggerAdapter: s.wlogger, expected: append([]error{exactlyonce.ErrLeaseHeld}, s.hooks.expected...)}
+	// The router logs every handler error at error level. RouterLogger (the
+	// recommended set-up) logs at debug what the middleware already
+	// reported (an outage, as a few lines) or expects (a held lease:
+	// another worker is on the key); quietLogger adds the errors this
+	// service expects (the demo's injected lost ack).
+	routerLogger := quietLogger{LoggerAdapter: exactlyonce.RouterLogger(s.wlogger), expected: s.hooks.expected}
 	s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, routerLogger)
 	if err != nil {
 		return err
