@@ -149,6 +149,7 @@ func everything(t *testing.T) exported {
 	}
 	m.OnEvent(exactlyonce.Event{Outcome: exactlyonce.Parked, Consumer: "c", Err: errors.New("permanent")})
 	m.OnEvent(exactlyonce.Event{Outcome: exactlyonce.Processed, Consumer: "c", Attempt: 2, Interrupted: true})
+	m.OnEvent(exactlyonce.Event{Outcome: exactlyonce.Processed, Consumer: "c", BatchSize: 8, BatchFirst: true})
 
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &flaky{}, Logger: watermill.NopLogger{}})
 	require.NoError(t, err)
