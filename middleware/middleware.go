@@ -95,6 +95,8 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		msg.SetContext(ctx)
 		out, err := m.handle(msg, h, b, &ev)
 		msg.SetContext(prev)
+		// Before the event: a delivery is reported once all of it is done.
+		m.runCheck(prev)
 		if err != nil {
 			ev.Err = err
 			if ev.Outcome == "" {
@@ -110,7 +112,6 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		endSpan(span, err)
 		m.cfg.OnEvent(ev)
-		m.runCheck(prev)
 		return out, err
 	}
 }
