@@ -450,8 +450,8 @@ func (p *fhRecordingPublisher) first() (error, bool) {
 }
 
 // (d) OutboxOnly as a handler's publisher without the middleware: the
-// router's publish fails with an error that names the middleware, the
-// delivery is nacked (kept), and nothing reaches the broker.
+// router's publish fails with ErrNoMiddleware naming the handler, the
+// delivery is nacked (kept) once a second, and nothing reaches the broker.
 func TestFirstHourOutboxOnlyWithoutMiddleware(t *testing.T) {
 	t.Parallel()
 	in := testenv.Queue(t, "fh_oo_in_")
@@ -473,10 +473,12 @@ func TestFirstHourOutboxOnlyWithoutMiddleware(t *testing.T) {
 		err, ok = pub.first()
 		return ok
 	}, "the router never published")
-	require.Error(t, err)
-	require.ErrorContains(t, err, "middleware")
+	require.ErrorIs(t, err, exactlyonce.ErrNoMiddleware)
+	require.ErrorContains(t, err, `"forgot-middleware"`, "it names the handler")
 	require.ErrorContains(t, err, out, "it names the topic")
 	testenv.Eventually(t, fhWait, func() bool { return run.runs.Load() >= 2 }, "the delivery is nacked and redelivered")
+	n := run.window(t, "OutboxOnly without the middleware")
+	require.LessOrEqual(t, n, int64(fhWindow/time.Second)+2, "the redelivery loop is bounded (one delivery a second)")
 	fhStop(t, r)
 	fhQueueDepth(t, out, 0) // nothing published to the broker
 	fhQueueDepth(t, in, 1)  // the message is kept

@@ -137,35 +137,6 @@ func TestFirstHoursForgottenMiddleware(t *testing.T) {
 		_, err = exactlyonce.InfoFromContext(context.Background())
 		require.ErrorIs(t, err, exactlyonce.ErrNoMiddleware)
 	})
-
-	t.Run("OutboxOnly without the middleware", func(t *testing.T) {
-		t.Parallel()
-		in := testenv.Queue(t, "fh2_oo_in_")
-		out := testenv.Queue(t, "fh2_oo_out_")
-		pub := &fhRecordingPublisher{Publisher: exactlyonce.OutboxOnly()}
-		var run fhRun
-		r := fhRouter(t)
-		r.AddMiddleware(run.Outer)
-		r.AddHandler("forgot-middleware-oo", in, testenv.AMQPSubscriber(t, 1), out, pub, func(msg *message.Message) ([]*message.Message, error) {
-			run.runs.Add(1)
-			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("out"))}, nil
-		})
-		testenv.StartRouter(t, r)
-		fhPublish(t, in, message.NewMessage(watermill.NewUUID(), []byte("{}")))
-		var err error
-		testenv.Eventually(t, fhWait, func() bool {
-			var ok bool
-			err, ok = pub.first()
-			return ok
-		}, "the router never published")
-		require.ErrorIs(t, err, exactlyonce.ErrNoMiddleware)
-		require.Contains(t, err.Error(), `"forgot-middleware-oo"`, "it names the handler")
-		n := run.window(t, "OutboxOnly without the middleware")
-		require.LessOrEqual(t, n, int64(fhWindow/time.Second)+2, "the redelivery loop is bounded (one delivery a second)")
-		fhStop(t, r)
-		fhQueueDepth(t, out, 0)
-		fhQueueDepth(t, in, 1)
-	})
 }
 
 // fh2Log is a Watermill logger that keeps every line with its level.
