@@ -165,8 +165,9 @@ type LeaseConfig struct {
 // gets an error. A handler that asked for them or returned output messages
 // is misconfigured, which no retry can fix: its key is parked with its
 // message at once (never run again, whatever external call it made), and
-// the consumer's later keys are refused before the handler runs (nacked
-// after NackDelay, kept until the configuration is fixed), as are the keys
+// until the process restarts that handler's later keys are refused before
+// it runs (nacked after NackDelay, kept until the configuration is fixed),
+// as are the keys
 // of a handler registered with a publish topic (router.AddHandler: use
 // AddConsumerHandler). See docs/redis.md.
 //

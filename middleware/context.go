@@ -46,11 +46,14 @@ func valuesFrom(ctx context.Context) *handlerValues {
 // noDelivery is the error of a context helper given a context that carries
 // no delivery of this middleware (ErrNoMiddleware). Inside a Watermill
 // router the context names the handler: the middleware does not wrap it.
-// Then it waits misconfiguredDelay first, so that a router without a
-// poison queue does not redeliver the message in a tight loop.
+// Then the helpers that a handler needs for its work (not InfoFromContext)
+// wait misconfiguredDelay first, so that a router without a poison queue
+// does not redeliver the message in a tight loop.
 func noDelivery(ctx context.Context, helper string) error {
 	if name := message.HandlerNameFromCtx(ctx); name != "" {
-		sleep(ctx, misconfiguredDelay)
+		if helper != "InfoFromContext" { // a read-only probe: callers may ignore its error
+			sleep(ctx, misconfiguredDelay)
+		}
 		return fmt.Errorf("exactlyonce: %s: %w: the exactly-once middleware does not wrap handler %q: add it to the router (router.AddMiddleware(eo.Middleware)) or to the handler (router.AddHandler(...).AddMiddleware(eo.Middleware)) before the router runs", helper, ErrNoMiddleware, name)
 	}
 	return fmt.Errorf("exactlyonce: %s: %w: pass msg.Context() (or a context derived from it) of a message handled under the exactly-once middleware", helper, ErrNoMiddleware)
@@ -65,7 +68,7 @@ var errFailOpen = fmt.Errorf("exactlyonce: no transaction: this run is fail-open
 
 // errStoreOnly is returned by the transaction and outbox helpers in lease
 // mode with a store that is not PostgreSQL (Config.Lease.Store).
-var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL, and its completion cannot hold database writes or output messages; this delivery will not be completed (its key is parked, and the consumer's later messages are refused before the handler runs): use the PostgreSQL lease store for this handler")
+var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL, and its completion cannot hold database writes or output messages; this delivery will not be completed (its key is parked, and the handler's later messages are refused before it runs): use the PostgreSQL lease store for this handler")
 
 // storeOnlyUse records that a handler under a store-only lease asked for
 // what the store cannot give.
@@ -101,7 +104,7 @@ func tx(ctx context.Context, helper string) (wsql.Tx, error) {
 // fail-open run (no database), when the driver is database/sql, when
 // the transaction cannot begin, or in lease mode with a store that is not
 // PostgreSQL (LeaseConfig.Store: there is no transaction; asking for one
-// is a configuration error: the key is parked, and the consumer's later
+// is a configuration error: the key is parked, and the handler's later
 // messages are refused before the handler runs). Return it.
 func PgxTxFromContext(ctx context.Context) (pgx.Tx, error) {
 	t, err := tx(ctx, "PgxTxFromContext")

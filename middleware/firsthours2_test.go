@@ -8,11 +8,14 @@ package exactlyonce_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,12 +23,14 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -227,6 +232,10 @@ func TestFirstHoursOutageIsAFewLines(t *testing.T) {
 	failed := ev.DBUnavailable.Load()
 	proxy.Allow()
 	testenv.Eventually(t, fhWait, func() bool { return ev.Processed.Load() == 25 }, "processed after the outage")
+	// The episode ends at a success once no failure was seen for 5 s.
+	time.Sleep(6 * time.Second)
+	publish(1)
+	testenv.Eventually(t, fhWait, func() bool { return ev.Processed.Load() == 26 }, "processed later")
 	fhStop(t, r)
 
 	t.Logf("%d deliveries failed during the outage", failed)
@@ -397,4 +406,152 @@ func fh2RedisServer(t *testing.T, args ...string) *redis.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	testenv.Eventually(t, 10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }, "redis-server on port %s did not start", port)
 	return c
+}
+
+// Found in review of the changes above; each failed before its fix.
+
+// A handler's mistake under a store-only lease refuses that handler's
+// later keys, not those of another handler recording under the same
+// consumer (a router-level middleware with Config.Consumer set).
+func TestFirstHoursStoreOnlyRefusalIsPerHandler(t *testing.T) {
+	t.Parallel()
+	s := redisLeaseStore(t)
+	eo := s.middleware(t, exactlyonce.Config{Consumer: "svc"})
+	q1, q2 := testenv.Queue(t, "fh2_shared_bad_"), testenv.Queue(t, "fh2_shared_ok_")
+	r := fhRouter(t)
+	r.AddMiddleware(eo.Middleware)
+	var badRuns, okRuns atomic.Int64
+	r.AddConsumerHandler("bad", q1, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
+		badRuns.Add(1)
+		_, err := exactlyonce.PgxTxFromContext(msg.Context()) // its mistake
+		return err
+	})
+	r.AddConsumerHandler("healthy", q2, testenv.AMQPSubscriber(t, 1), func(*message.Message) error {
+		okRuns.Add(1)
+		return nil
+	})
+	testenv.StartRouter(t, r)
+	fhPublish(t, q1, message.NewMessage("b1", nil))
+	testenv.Eventually(t, fhWait, func() bool { return s.ev.Parked.Load() == 1 }, "the bad handler's key is parked")
+	fhPublish(t, q1, message.NewMessage("b2", nil))
+	for _, k := range []string{"h1", "h2"} {
+		fhPublish(t, q2, message.NewMessage(k, nil))
+	}
+	testenv.Eventually(t, fhWait, func() bool { return okRuns.Load() == 2 }, "the healthy handler runs its keys")
+	testenv.Eventually(t, fhWait, func() bool { return s.ev.ClaimFailed.Load() >= 1 }, "the bad handler's next key is refused")
+	fhStop(t, r)
+	require.Equal(t, int64(1), badRuns.Load(), "the bad handler ran once")
+	require.Equal(t, int64(2), s.ev.Processed.Load())
+}
+
+// InfoFromContext is a read-only probe that callers may ignore: outside
+// the middleware it fails at once, without the wait of the helpers a
+// handler needs for its work.
+func TestFirstHoursInfoFromContextDoesNotWait(t *testing.T) {
+	t.Parallel()
+	q := testenv.Queue(t, "fh2_info_")
+	var took atomic.Int64
+	var n atomic.Int64
+	r := fhRouter(t)
+	r.AddConsumerHandler("no-middleware-info", q, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
+		t0 := time.Now()
+		_, err := exactlyonce.InfoFromContext(msg.Context())
+		took.Add(int64(time.Since(t0)))
+		n.Add(1)
+		require.ErrorIs(t, err, exactlyonce.ErrNoMiddleware)
+		return nil // optional enrichment: the error is ignored
+	})
+	testenv.StartRouter(t, r)
+	for range 3 {
+		fhPublish(t, q, message.NewMessage(watermill.NewUUID(), nil))
+	}
+	testenv.Eventually(t, fhWait, func() bool { return n.Load() == 3 }, "three messages handled")
+	fhStop(t, r)
+	require.Less(t, time.Duration(took.Load()), 300*time.Millisecond, "InfoFromContext waited")
+}
+
+// One key whose claim keeps failing among keys that succeed is one
+// episode: a start line, not a start and an end per failure.
+func TestFirstHoursEpisodeOfOneBadKey(t *testing.T) {
+	t.Parallel()
+	s := postgresLeaseStore(t)
+	s.claimElsewhere(t, "stuck", time.Hour) // a lease-mode record: a transactional claim is refused (ErrNotDone)
+	var log fh2Log
+	var cfg exactlyonce.Config
+	s.with(&cfg)
+	cfg.Consumer, cfg.NackDelay, cfg.Logger = suiteConsumer, -1, &log
+	eo, err := exactlyonce.New(cfg)
+	require.NoError(t, err)
+	h := eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for range 5 {
+		require.ErrorIs(t, deliverKey(h, "stuck"), exactlyonce.ErrClaimFailed)
+		require.NoError(t, deliverKey(h, watermill.NewUUID()))
+	}
+	require.Equal(t, 1, log.count("ERROR", "claims are failing"), "one start line")
+	require.Zero(t, log.count("INFO", "ended after"), "no end while the key keeps failing")
+}
+
+// Tables created from sqlschema.SQL by another migration tool record no
+// migration: the start-up checks cannot tell, and say so without an ERROR.
+func TestFirstHoursStartupCheckOfTablesFromAnotherTool(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: testenv.Unique(t, "fh2sql_")}
+	script, err := sqlschema.SQL(db)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), script)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+db.Schema+" CASCADE") })
+	var log fh2Log
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: db, Consumer: "c", Logger: &log})
+	require.NoError(t, err)
+	require.NoError(t, deliverKey(eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil }), "k"))
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}), NoListen: true, Logger: &log})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	testenv.Eventually(t, fhWait, func() bool { return log.count("INFO", "outbox relay: start-up check") == 1 }, "the relay's check ran")
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, 1, log.count("INFO", "exactlyonce: start-up check", "no migration is recorded"))
+	require.Zero(t, log.count("ERROR"))
+}
+
+// Under concurrent deliveries the start-up check runs once.
+func TestFirstHoursStartupCheckRunsOnce(t *testing.T) {
+	t.Parallel()
+	var log fh2Log
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: testenv.Schema(t), Consumer: "c", Logger: &log})
+	require.NoError(t, err)
+	h := eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 30 {
+				_ = deliverKey(h, watermill.NewUUID())
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 1, log.count("INFO", "start-up check"))
+}
+
+// RouterLogger demotes only what the middleware reported: an error joined
+// with another (a poison queue whose publish failed too) stays an error.
+func TestFirstHoursRouterLoggerKeepsJoinedErrors(t *testing.T) {
+	t.Parallel()
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: refusedDB(t, "pgxpool")}, Consumer: "c", NackDelay: -1, Logger: watermill.NopLogger{}})
+	require.NoError(t, err)
+	reported := deliverKey(eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil }), "k")
+	require.ErrorIs(t, reported, exactlyonce.ErrDBUnavailable)
+	var log fh2Log
+	l := exactlyonce.RouterLogger(&log).With(watermill.LogFields{"handler": "h"})
+	l.Error("Handler returned error", reported, nil)
+	l.Error("Handler returned error", fmt.Errorf("wrapped: %w", reported), nil)
+	l.Error("Handler returned error", errors.Join(reported, errors.New("poison queue: publish failed")), nil)
+	l.Error("Handler returned error", errors.New("provider said 503"), nil)
+	require.Equal(t, 2, log.count("DEBUG", "Handler returned error"))
+	require.Equal(t, 1, log.count("ERROR", "poison queue: publish failed"))
+	require.Equal(t, 1, log.count("ERROR", "provider said 503"))
 }

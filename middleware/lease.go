@@ -223,7 +223,7 @@ func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *
 // the handler.
 func (m *Middleware) storeOnlyRefusal(ctx context.Context, consumer, key string) error {
 	topic := message.PublishTopicFromCtx(ctx)
-	why, known := m.misconfigured.Load(consumer)
+	why, known := m.misconfigured.Load(misconfiguredKey(ctx, consumer))
 	if topic == "" && !known {
 		return nil
 	}
@@ -231,12 +231,19 @@ func (m *Middleware) storeOnlyRefusal(ctx context.Context, consumer, key string)
 		return nil
 	}
 	if topic := message.PublishTopicFromCtx(ctx); topic != "" {
-		return fmt.Errorf("exactlyonce: consumer %q: handler %q is registered with publish topic %q, but the lease store (Config.Lease.Store) is not PostgreSQL and cannot record output messages with its completion: refused before the handler ran; register it with router.AddConsumerHandler (no publish topic), or use the PostgreSQL lease store", consumer, message.HandlerNameFromCtx(ctx), topic)
+		return fmt.Errorf("exactlyonce: consumer %q: %w: handler %q is registered with publish topic %q, but the lease store (Config.Lease.Store) is not PostgreSQL and cannot record output messages with its completion: refused before the handler ran; register it with router.AddConsumerHandler (no publish topic), or use the PostgreSQL lease store", consumer, ErrClaimFailed, message.HandlerNameFromCtx(ctx), topic)
 	}
 	if known {
-		return fmt.Errorf("exactlyonce: consumer %q: refused before the handler ran, because an earlier delivery showed what it needs: %w", consumer, why.(error))
+		return fmt.Errorf("exactlyonce: consumer %q, handler %q: %w: refused before the handler ran, because an earlier delivery showed what it needs: %w", consumer, message.HandlerNameFromCtx(ctx), ErrClaimFailed, why.(error))
 	}
 	return nil
+}
+
+// misconfiguredKey names a handler for Middleware.misconfigured: its
+// consumer and its router handler name, so that a handler's mistake does
+// not refuse another handler recording under the same consumer.
+func misconfiguredKey(ctx context.Context, consumer string) [2]string {
+	return [2]string{consumer, message.HandlerNameFromCtx(ctx)}
 }
 
 // handleStoreOnly runs the handler of a lease whose store is not
@@ -245,7 +252,7 @@ func (m *Middleware) storeOnlyRefusal(ctx context.Context, consumer, key string)
 // returned output messages, is misconfigured, and no retry can fix that.
 // Its external effect may have happened, so the key is parked with its
 // message (the handler never runs again for it: an operator replays the
-// message once the handler is fixed), and the consumer's later keys are
+// message once the handler is fixed), and the handler's later keys are
 // refused before the handler runs (storeOnlyRefusal).
 func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
@@ -259,7 +266,7 @@ func (m *Middleware) handleStoreOnly(msg *message.Message, h message.HandlerFunc
 			what = fmt.Sprintf("returned %d output messages", len(produced))
 		}
 		why := fmt.Errorf("the handler %s, which the lease store (Config.Lease.Store) cannot record with its completion; use the PostgreSQL lease store for a handler with database writes or outputs", what)
-		m.misconfigured.Store(consumer, why)
+		m.misconfigured.Store(misconfiguredKey(origCtx, consumer), why)
 		reason := fmt.Errorf("exactlyonce: %q for %q: configuration error: %w; parked so that the handler (and any external call it made) does not run again for this key: replay it once the handler is fixed", key, consumer, why)
 		if herr != nil {
 			reason = fmt.Errorf("%w (handler: %w)", reason, herr)

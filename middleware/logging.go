@@ -28,8 +28,7 @@ func RouterLogger(logger watermill.LoggerAdapter) watermill.LoggerAdapter {
 type routerLogger struct{ watermill.LoggerAdapter }
 
 func (l routerLogger) Error(msg string, err error, fields watermill.LogFields) {
-	var r reportedError
-	if errors.As(err, &r) {
+	if wasReported(err) {
 		l.Debug(msg, fields.Add(watermill.LogFields{"err": err, "reported_by": "exactlyonce"}))
 		return
 	}
@@ -38,4 +37,17 @@ func (l routerLogger) Error(msg string, err error, fields watermill.LogFields) {
 
 func (l routerLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
 	return routerLogger{l.LoggerAdapter.With(fields)}
+}
+
+// wasReported reports whether err is, or wraps along a single chain, an
+// error the middleware reported. A joined error (a poison queue's publish
+// that failed too, for example) is not: one of its parts may be news.
+func wasReported(err error) bool {
+	for err != nil {
+		if _, ok := err.(reportedError); ok {
+			return true
+		}
+		err = errors.Unwrap(err) // nil for a joined error
+	}
+	return false
 }

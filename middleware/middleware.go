@@ -30,10 +30,11 @@ type Middleware struct {
 	names     pgerr.Tables
 	scopes    scopes
 	tracer    trace.Tracer
-	// misconfigured holds, per consumer, why its handler cannot run under
-	// a store-only lease (it asked for a transaction or an outbox, or
-	// returned messages): later keys are refused before the handler runs.
-	misconfigured sync.Map // consumer -> error
+	// misconfigured holds, per consumer and handler (misconfiguredKey),
+	// why the handler cannot run under a store-only lease (it asked for a
+	// transaction or an outbox, or returned messages): its later keys are
+	// refused before it runs, until the process restarts.
+	misconfigured sync.Map // [2]string -> error
 	episodes      *episode.Log
 	check         startupCheck
 }
@@ -66,7 +67,7 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
 	m := &Middleware{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider),
-		episodes: episode.New(cfg.Logger, 0)}
+		episodes: episode.New(cfg.Logger, 0, 0)}
 	m.check.pending.Store(true)
 	switch {
 	case cfg.storeOnly():
@@ -95,8 +96,6 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		msg.SetContext(ctx)
 		out, err := m.handle(msg, h, b, &ev)
 		msg.SetContext(prev)
-		// Before the event: a delivery is reported once all of it is done.
-		m.runCheck(prev)
 		if err != nil {
 			ev.Err = err
 			if ev.Outcome == "" {
@@ -111,6 +110,8 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			span.SetAttributes(attribute.Int("exactlyonce.attempt", ev.Attempt))
 		}
 		endSpan(span, err)
+		// Before the event: a delivery is reported once all of it is done.
+		m.runCheck(prev)
 		m.cfg.OnEvent(ev)
 		return out, err
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // startupCheckTimeout bounds one run of the start-up check.
-const startupCheckTimeout = 5 * time.Second
+const startupCheckTimeout = 2 * time.Second
 
 // startupCheck is the middleware's one-time check of its store, run at the
 // end of the first delivery whose claim succeeded (so that a message
@@ -35,10 +35,11 @@ func (m *Middleware) runCheck(ctx context.Context) {
 		return
 	}
 	defer m.check.mu.Unlock()
-	if !m.check.due.Swap(false) {
+	if !m.check.due.Swap(false) || !m.check.pending.Load() {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startupCheckTimeout)
+	// The message's context: a router that closes does not wait for it.
+	cctx, cancel := context.WithTimeout(ctx, startupCheckTimeout)
 	defer cancel()
 	if m.runStartupCheck(cctx) {
 		m.check.pending.Store(false)
@@ -67,7 +68,19 @@ func (m *Middleware) runStartupCheck(ctx context.Context) bool {
 		}
 		return true
 	}
-	err := sqlschema.Check(ctx, m.cfg.DB)
+	// Tables created from sqlschema.SQL by another migration tool record
+	// no migration: the check cannot tell (the claim that just succeeded
+	// found the inbox table).
+	status, err := sqlschema.Status(ctx, m.cfg.DB)
+	if err != nil {
+		return m.checkFailed(ctx, err, m.unreachable(err))
+	}
+	if !anyApplied(status) {
+		m.cfg.Logger.Info("exactlyonce: start-up check: no migration is recorded for these tables (created with sqlschema.SQL by another tool?): not checked", watermill.LogFields{
+			"schema": m.names.Schema, "inbox_table": m.names.Inbox, "outbox_table": m.names.Outbox})
+		return true
+	}
+	err = sqlschema.Check(ctx, m.cfg.DB)
 	switch {
 	case err == nil:
 		m.cfg.Logger.Info("exactlyonce: start-up check passed: the tables are migrated to this version of the library", watermill.LogFields{
@@ -89,4 +102,14 @@ func (m *Middleware) checkFailed(ctx context.Context, err error, unreachable boo
 	}
 	m.cfg.Logger.Info("exactlyonce: start-up check could not tell (check the set-up yourself): "+strings.TrimPrefix(err.Error(), "exactlyonce: "), nil)
 	return true
+}
+
+// anyApplied reports whether the migrations table records any of status.
+func anyApplied(status []sqlschema.MigrationStatus) bool {
+	for _, st := range status {
+		if st.Applied {
+			return true
+		}
+	}
+	return false
 }

@@ -68,7 +68,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),
 		pauses:   newTopicPauses(cfg.ErrorBackoff, cfg.MaxErrorBackoff),
-		episodes: episode.New(cfg.Logger, 0),
+		episodes: episode.New(cfg.Logger, 0, 0),
 		wake:     make(chan struct{}, 1),
 		tracer:   tracing.Tracer(cfg.TracerProvider),
 		// A batch ($1 rows) is the oldest rows that never failed, and the
@@ -190,15 +190,24 @@ func (r *Relay) startupCheck(ctx context.Context) {
 		}
 		if err == nil {
 			var missing []string
+			total := 0
 			for _, m := range status {
-				if m.Target == "outbox" && !m.Applied {
-					missing = append(missing, m.Name)
+				if m.Target == "outbox" {
+					total++
+					if !m.Applied {
+						missing = append(missing, m.Name)
+					}
 				}
 			}
-			if len(missing) > 0 {
+			switch {
+			case len(missing) == total:
+				// Not migrated, or migrated from sqlschema.SQL by another
+				// tool, which records nothing: the polls tell which.
+				r.cfg.Logger.Info("outbox relay: start-up check: no migration is recorded for the outbox table (created with sqlschema.SQL by another tool?): not checked", nil)
+			case len(missing) > 0:
 				r.cfg.Logger.Error("outbox relay: start-up check: the outbox table is not migrated to this version of the library (missing "+strings.Join(missing, ", ")+"): run 'exactlyonce migrate up' or sqlschema.Migrate with the same schema and table names", nil,
 					watermill.LogFields{"schema": r.cfg.DB.Schema, "outbox_table": r.cfg.DB.OutboxTable})
-			} else {
+			default:
 				r.cfg.Logger.Info("outbox relay: start-up check passed: the outbox table is migrated to this version of the library", nil)
 			}
 			return

@@ -44,6 +44,8 @@ func TestRelayOutageIsAFewLines(t *testing.T) {
 	proxy.Allow()
 	waitDelivered(t, rec, 2, 10*time.Second, "after the outage")
 
+	// The episode ends at a successful batch once no failure was seen for 5 s.
+	testenv.Eventually(t, 20*time.Second, func() bool { return logs.has("ended after") }, "the outage's end is logged\n%s", logs)
 	lines := logs.String()
 	errorLines := strings.Count(lines, "ERROR ")
 	require.LessOrEqual(t, errorLines, 2, "one line when it starts (per worker at most)\n%s", lines)

@@ -34,7 +34,7 @@
 // hold database writes or output messages, so exactlyonce.New refuses
 // Config.DB, Batch, FailOpen and PublishTopic with this store, and a
 // handler that asks for a transaction or an outbox, or returns messages, is
-// not completed: its key is parked and its consumer's later keys are
+// not completed: its key is parked and the handler's later keys are
 // refused before the handler runs (see exactlyonce.LeaseStore). Done records are kept for
 // Config.DoneTTL, the deduplication window: a copy that arrives later runs
 // again.
@@ -517,13 +517,6 @@ func (b *backend) Release(ctx context.Context, consumer, key string) (bool, erro
 	return n == 1, nil
 }
 
-// Unreachable reports whether err means Redis could not be reached or
-// cannot serve at the moment: a network error or lost connection, no
-// connection free in the pool in time, or a server loading its data,
-// without a primary (MASTERDOWN, CLUSTERDOWN, TRYAGAIN), read-only (a
-// replica after a failover) or busy with a script. A closed client, the
-// message's context ending and any other error reply (an out-of-memory
-// refusal included) are not.
 // StartupCheck reads the server's persistence and eviction settings
 // (CONFIG GET) and returns the ones that lose records (docs/redis.md): no
 // append-only file, and an eviction policy other than noeviction.
@@ -561,6 +554,13 @@ func (b *backend) StartupCheck(ctx context.Context) ([]string, error) {
 // unreachable).
 func (s *Store) CheckServer(ctx context.Context) ([]string, error) { return s.b.StartupCheck(ctx) }
 
+// Unreachable reports whether err means Redis could not be reached or
+// cannot serve at the moment: a network error or lost connection, no
+// connection free in the pool in time, or a server loading its data,
+// without a primary (MASTERDOWN, CLUSTERDOWN, TRYAGAIN), read-only (a
+// replica after a failover) or busy with a script. A closed client, the
+// message's context ending and any other error reply (an out-of-memory
+// refusal included) are not.
 func (b *backend) Unreachable(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, redis.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -411,8 +411,14 @@ func (a *app) inboxRelease(ctx context.Context, db sqlschema.DB, s *inbox.Store,
 
 func (a *app) inboxPurge(ctx context.Context, db sqlschema.DB, s *inbox.Store, opts inbox.PurgeOptions) error {
 	if opts.Consumer != "" {
+		// A note, not a failure: a scheduled purge of a consumer whose
+		// records an earlier run removed (an idle one) must not fail.
 		if err := checkConsumer(ctx, db, opts.Consumer); err != nil {
-			return err
+			var ee *exitError
+			if !errors.As(err, &ee) || ee.code != exitNotFound {
+				return err
+			}
+			fmt.Fprintf(a.stderr, "exactlyonce: note: %s\n", oneLine(strings.TrimPrefix(err.Error(), "exactlyonce: ")))
 		}
 	}
 	start := time.Now()

@@ -25,7 +25,7 @@ const (
 	exitOK       = 0
 	exitFailed   = 1 // the operation failed: database down, not migrated, relay failures
 	exitUsage    = 2 // bad flags, missing or empty arguments
-	exitNotFound = 3 // inbox show/forget/release, parked show/replay/discard/release: no such record; any command: unknown consumer (no records)
+	exitNotFound = 3 // inbox show/forget/release, parked show/replay/discard/release: no such record; any command but inbox purge: unknown consumer (no records)
 )
 
 // Environment variables read when the matching flag is not given.

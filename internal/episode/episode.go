@@ -3,6 +3,12 @@
 // instead of one line per failure: an ERROR line when it starts, with the
 // error; an ERROR line every Interval while it goes on, with the number of
 // failures; an INFO line when it ends, with its length and the count.
+//
+// An episode ends on a success (End) only once no failure of it was seen
+// for Quiet: a cause that fails some keys while others succeed (one bad
+// key, one shard down) stays one episode instead of flapping between
+// "started" and "ended". An episode whose last failure is older than
+// twice the interval is over: the next failure ends it and starts another.
 package episode
 
 import (
@@ -14,34 +20,43 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// DefaultInterval is how often a going-on episode is logged.
-const DefaultInterval = 30 * time.Second
+// Defaults of New.
+const (
+	DefaultInterval = 30 * time.Second
+	DefaultQuiet    = 5 * time.Second
+)
 
-// Log tracks the open episodes of one component. The zero value is not
-// usable: use New.
+// Log tracks the open episodes of one component. Use New.
 type Log struct {
 	logger   watermill.LoggerAdapter
 	interval time.Duration
+	quiet    time.Duration
 	now      func() time.Time
 
 	open atomic.Int32 // open episodes: End's fast path when none
-	mu   sync.Mutex
-	eps  map[string]*episode
+	// mu also orders the lines: an episode's end is never logged before
+	// its start.
+	mu  sync.Mutex
+	eps map[string]*episode
 }
 
 type episode struct {
-	what        string
-	start, last time.Time // opened, last logged
-	count       int       // failures since start
-	sinceLast   int       // failures since the last line
+	what                  string
+	start, last, lastFail time.Time // opened, last logged, last failure
+	count                 int       // failures since start
+	sinceLast             int       // failures since the last line
 }
 
-// New returns a Log writing to logger; interval 0 means DefaultInterval.
-func New(logger watermill.LoggerAdapter, interval time.Duration) *Log {
+// New returns a Log writing to logger; a zero interval or quiet means its
+// default.
+func New(logger watermill.LoggerAdapter, interval, quiet time.Duration) *Log {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	return &Log{logger: logger, interval: interval, now: time.Now, eps: map[string]*episode{}}
+	if quiet <= 0 {
+		quiet = DefaultQuiet
+	}
+	return &Log{logger: logger, interval: interval, quiet: quiet, now: time.Now, eps: map[string]*episode{}}
 }
 
 // Fail records one failure of the episode kind (a key that groups
@@ -52,7 +67,12 @@ func New(logger watermill.LoggerAdapter, interval time.Duration) *Log {
 func (l *Log) Fail(kind, what string, err error, fields watermill.LogFields) bool {
 	now := l.now()
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	e, ok := l.eps[kind]
+	if ok && now.Sub(e.lastFail) > 2*l.interval {
+		l.end(kind, e, e.lastFail)
+		ok = false
+	}
 	if !ok {
 		e = &episode{what: what, start: now, last: now}
 		l.eps[kind] = e
@@ -60,49 +80,41 @@ func (l *Log) Fail(kind, what string, err error, fields watermill.LogFields) boo
 	}
 	e.count++
 	e.sinceLast++
-	var line string
+	e.lastFail = now
 	switch {
 	case !ok:
-		line = what + " (logged again every " + l.interval.String() + " while it goes on, and when it ends)"
+		l.logger.Error(what+" (logged again every "+l.interval.String()+" while it goes on, and when it ends)", err, fields)
 	case now.Sub(e.last) >= l.interval:
-		line = what + ": going on for " + round(now.Sub(e.start)) + ", " + strconv.Itoa(e.count) + " failures so far (" + strconv.Itoa(e.sinceLast) + " since the last line)"
-	}
-	if line != "" {
-		e.last, e.sinceLast = now, 0
-	}
-	l.mu.Unlock()
-	if line == "" {
+		l.logger.Error(what+": going on for "+round(now.Sub(e.start))+", "+strconv.Itoa(e.count)+" failures so far ("+strconv.Itoa(e.sinceLast)+" since the last line)", err, fields)
+	default:
 		return false
 	}
-	l.logger.Error(line, err, fields)
+	e.last, e.sinceLast = now, 0
 	return true
 }
 
-// End closes the episodes of the given kinds, if open, with an INFO line
-// each. Cheap when no episode is open.
+// End records a success that shows the episodes of the given kinds are
+// over: each open one whose last failure is at least Quiet old ends, with
+// an INFO line. Cheap when no episode is open.
 func (l *Log) End(kinds ...string) {
 	if l.open.Load() == 0 {
 		return
 	}
 	now := l.now()
-	type ended struct {
-		what  string
-		count int
-		took  time.Duration
-	}
-	var lines []ended
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, k := range kinds {
-		if e, ok := l.eps[k]; ok {
-			delete(l.eps, k)
-			l.open.Add(-1)
-			lines = append(lines, ended{e.what, e.count, now.Sub(e.start)})
+		if e, ok := l.eps[k]; ok && now.Sub(e.lastFail) >= l.quiet {
+			l.end(k, e, now)
 		}
 	}
-	l.mu.Unlock()
-	for _, e := range lines {
-		l.logger.Info(e.what+": ended after "+round(e.took)+", "+strconv.Itoa(e.count)+" failures", nil)
-	}
+}
+
+// end closes e (l.mu held).
+func (l *Log) end(kind string, e *episode, at time.Time) {
+	delete(l.eps, kind)
+	l.open.Add(-1)
+	l.logger.Info(e.what+": ended after "+round(at.Sub(e.start))+", "+strconv.Itoa(e.count)+" failures", nil)
 }
 
 // Open reports whether an episode of kind is open.
