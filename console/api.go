@@ -1,0 +1,963 @@
+package console
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+)
+
+// parkedStore is what the console needs of a store of parked messages:
+// inbox.Store and redisstore.Store offer the same operations with the
+// same types (a replay differs: the Redis store publishes through a
+// publisher).
+type parkedStore interface {
+	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
+	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
+	GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error)
+	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
+	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
+	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
+	Forget(ctx context.Context, consumer, key string) (bool, error)
+}
+
+// parked returns the named store (checked by storeOf).
+func (h *handler) parked(store string) parkedStore {
+	if store == storeRedis {
+		return h.cfg.Redis
+	}
+	return h.pg
+}
+
+func (h *handler) replayOne(ctx context.Context, store, consumer, key, topic string) (inbox.ParkedMessage, error) {
+	opts := inbox.ReplayOptions{Topic: topic}
+	if store == storeRedis {
+		if h.cfg.RedisReplayPublisher == nil {
+			return inbox.ParkedMessage{}, unavailable("a replay from the Redis store publishes through Config.RedisReplayPublisher, which is not set")
+		}
+		return h.cfg.Redis.ReplayParked(ctx, consumer, key, h.cfg.RedisReplayPublisher, opts)
+	}
+	return h.pg.ReplayParked(ctx, consumer, key, opts)
+}
+
+func (h *handler) replayMatching(ctx context.Context, store string, f inbox.ParkedFilter, topic string) (inbox.ReplayReport, error) {
+	// The console checked the filter and the count the operator
+	// confirmed: All lets a consumer's every message (or every one) go.
+	opts := inbox.ReplayOptions{Topic: topic, All: true}
+	if store == storeRedis {
+		if h.cfg.RedisReplayPublisher == nil {
+			return inbox.ReplayReport{}, unavailable("a replay from the Redis store publishes through Config.RedisReplayPublisher, which is not set")
+		}
+		return h.cfg.Redis.ReplayParkedMatching(ctx, f, h.cfg.RedisReplayPublisher, opts)
+	}
+	return h.pg.ReplayParkedMatching(ctx, f, opts)
+}
+
+// needDB refuses the outbox's endpoints without Config.DB.
+func (h *handler) needDB() error {
+	if h.pg == nil {
+		return unavailable("the outbox is PostgreSQL's: this console has no Config.DB")
+	}
+	return nil
+}
+
+// unknownConsumer checks, for the PostgreSQL inbox, that consumer has a
+// record or a parked message; else it returns the 404 that lists the
+// known ones. The Redis store keeps no list of its consumers: there an
+// unknown consumer finds nothing, as an idle one does.
+func (h *handler) unknownConsumer(ctx context.Context, store, consumer string) error {
+	if store != storePostgres || consumer == "" {
+		return nil
+	}
+	known, err := h.pg.HasConsumer(ctx, consumer)
+	if err != nil || known {
+		return err
+	}
+	names, err := h.pg.Consumers(ctx, overviewConsumers+1)
+	if err != nil {
+		return err
+	}
+	which := "no consumer has records"
+	if len(names) > 0 {
+		which = "consumers with records: " + strings.Join(names[:min(len(names), overviewConsumers)], ", ")
+		if len(names) > overviewConsumers {
+			which += " and more"
+			names = names[:overviewConsumers]
+		}
+	}
+	return &apiError{status: http.StatusNotFound, code: codeUnknownConsumer, consumers: names,
+		message: "unknown consumer " + strconv.Quote(consumer) + ": no records in inbox table " + h.cfg.DB.Inbox() + "; " + which}
+}
+
+// notFoundOrUnknown is err, or the unknown-consumer error when err says
+// the key or message is not there and the consumer has no record at all.
+func (h *handler) notFoundOrUnknown(ctx context.Context, store, consumer string, err error) error {
+	if errors.Is(err, inbox.ErrNotParked) || errors.Is(err, inbox.ErrNotFound) {
+		if cerr := h.unknownConsumer(ctx, store, consumer); cerr != nil {
+			return cerr
+		}
+	}
+	return err
+}
+
+// audit logs an action: who did it, from where, what, on how many.
+func (h *handler) audit(r *http.Request, action string, err error, attrs ...any) {
+	attrs = append([]any{"user", userOf(r), "remote_addr", r.RemoteAddr, "action", action}, attrs...)
+	if err != nil {
+		h.log.Warn("exactlyonce console: action failed", append(attrs, "error", err)...)
+		return
+	}
+	h.log.Info("exactlyonce console: action", attrs...)
+}
+
+func readCtx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), readTimeout)
+}
+
+// actionCtx outlives the request (a bulk action is not abandoned halfway
+// because the browser went away), bounded by actionTimeout.
+func actionCtx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
+}
+
+// --- documents
+
+type payloadJSON struct {
+	Text   *string `json:"text,omitempty"`
+	Base64 *string `json:"base64,omitempty"`
+}
+
+// payloadDoc is the payload as UTF-8 text, or base64 when it is not.
+func payloadDoc(p []byte) *payloadJSON {
+	if utf8.Valid(p) {
+		s := string(p)
+		return &payloadJSON{Text: &s}
+	}
+	s := base64.StdEncoding.EncodeToString(p)
+	return &payloadJSON{Base64: &s}
+}
+
+type recordJSON struct {
+	Store         string     `json:"store"`
+	Consumer      string     `json:"consumer"`
+	Key           string     `json:"key"`
+	Status        string     `json:"status"`
+	Attempts      int        `json:"attempts"`
+	Duplicates    int64      `json:"duplicates"`
+	FirstSeenAt   time.Time  `json:"first_seen_at"`
+	ProcessedAt   *time.Time `json:"processed_at"`
+	LeaseUntil    *time.Time `json:"lease_until"`
+	LastError     string     `json:"last_error"`
+	Interrupted   bool       `json:"interrupted"`
+	Interruptions int        `json:"interruptions"`
+	// ParkedMessage reports whether the key has a kept message (GET
+	// /api/v1/parked/{consumer}/{key}).
+	ParkedMessage bool `json:"parked_message"`
+}
+
+func recordDoc(store string, rec inbox.Record, parked bool) recordJSON {
+	return recordJSON{Store: store, Consumer: rec.Consumer, Key: rec.Key, Status: rec.Status, Attempts: rec.Attempts, Duplicates: rec.Duplicates,
+		FirstSeenAt: rec.FirstSeenAt, ProcessedAt: rec.ProcessedAt, LeaseUntil: rec.LeaseUntil, LastError: rec.LastError,
+		Interrupted: rec.Interrupted, Interruptions: rec.Interruptions, ParkedMessage: parked}
+}
+
+type parkedJSON struct {
+	Store        string            `json:"store"`
+	Consumer     string            `json:"consumer"`
+	Key          string            `json:"key"`
+	UUID         string            `json:"uuid"`
+	Topic        string            `json:"topic"`
+	Status       string            `json:"status"`
+	Reason       string            `json:"reason"`
+	Attempts     int               `json:"attempts"`
+	FirstSeenAt  time.Time         `json:"first_seen_at"`
+	ParkedAt     time.Time         `json:"parked_at"`
+	Metadata     map[string]string `json:"metadata"`
+	PayloadBytes int               `json:"payload_bytes"`
+	PayloadKept  bool              `json:"payload_kept"`
+	Payload      *payloadJSON      `json:"payload,omitempty"`
+}
+
+func parkedDoc(store string, m inbox.ParkedMessage, withPayload bool) parkedJSON {
+	d := parkedJSON{Store: store, Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Topic: m.Topic, Status: m.Status, Reason: m.Reason,
+		Attempts: m.Attempts, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Metadata: m.Metadata,
+		PayloadBytes: m.PayloadSize, PayloadKept: m.PayloadKept}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	if withPayload && m.PayloadKept {
+		d.Payload = payloadDoc(m.Payload)
+	}
+	return d
+}
+
+type rowJSON struct {
+	ID                int64             `json:"id"`
+	Topic             string            `json:"topic"`
+	UUID              string            `json:"uuid"`
+	State             string            `json:"state"`
+	CreatedAt         time.Time         `json:"created_at"`
+	QuarantinedAt     *time.Time        `json:"quarantined_at"`
+	Failures          int               `json:"failures"`
+	PermanentFailures int               `json:"permanent_failures"`
+	NextAttemptAt     *time.Time        `json:"next_attempt_at"`
+	LastError         string            `json:"last_error"`
+	Metadata          map[string]string `json:"metadata"`
+	// MetadataRaw is the stored metadata when it is not a JSON object of
+	// strings (the relay quarantines such a row).
+	MetadataRaw  string       `json:"metadata_raw,omitempty"`
+	PayloadBytes int          `json:"payload_bytes"`
+	Payload      *payloadJSON `json:"payload,omitempty"`
+}
+
+// rowState is "quarantined", "failing" (retried after its backoff) or
+// "ready" (the live backlog).
+func rowState(r outbox.Row) string {
+	switch {
+	case r.Quarantined():
+		return "quarantined"
+	case r.Failures > 0:
+		return "failing"
+	}
+	return "ready"
+}
+
+func rowDoc(r outbox.Row, withPayload bool) rowJSON {
+	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: rowState(r), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
+		Failures: r.Failures, PermanentFailures: r.PermanentFailures, NextAttemptAt: r.NextAttemptAt, LastError: r.LastError,
+		Metadata: r.Metadata, PayloadBytes: len(r.Payload)}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+		d.MetadataRaw = string(r.RawMetadata)
+	}
+	if withPayload {
+		d.Payload = payloadDoc(r.Payload)
+	}
+	return d
+}
+
+// --- overview and consumers
+
+type overviewJSON struct {
+	// AsOf is when the figures were computed; null before the first
+	// computation ended (then Refreshing is true: ask again).
+	AsOf                 *time.Time        `json:"as_of"`
+	Refreshing           bool              `json:"refreshing"`
+	StatsIntervalSeconds float64           `json:"stats_interval_seconds"`
+	Consumers            []consumerFigures `json:"consumers"`
+	ConsumersMore        bool              `json:"consumers_more"`
+	Outbox               *outboxFigures    `json:"outbox"`
+	Relays               []relayInfo       `json:"relays"`
+	RelaysNote           string            `json:"relays_note,omitempty"`
+	Errors               []string          `json:"errors"`
+}
+
+func (h *handler) overviewDoc(snap *snapshot, refreshing bool) overviewJSON {
+	d := overviewJSON{Refreshing: refreshing, StatsIntervalSeconds: h.cfg.StatsInterval.Seconds(),
+		Consumers: []consumerFigures{}, Relays: []relayInfo{}, Errors: []string{}}
+	if h.pg != nil {
+		d.RelaysNote = relaysNote
+	}
+	if snap != nil {
+		d.AsOf = &snap.AsOf
+		d.Consumers, d.ConsumersMore, d.Outbox, d.Relays, d.Errors = snap.Consumers, snap.ConsumersMore, snap.Outbox, snap.Relays, snap.Errors
+	}
+	return d
+}
+
+func (h *handler) apiOverview(w http.ResponseWriter, r *http.Request) error {
+	if err := checkParams(r.URL.Query()); err != nil {
+		return err
+	}
+	snap, refreshing := h.stats.get(r.Context())
+	writeJSON(w, http.StatusOK, h.overviewDoc(snap, refreshing))
+	return nil
+}
+
+func (h *handler) apiConsumers(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	names, more := h.cfg.RedisConsumers, false
+	if store == storePostgres {
+		ctx, cancel := readCtx(r)
+		defer cancel()
+		if names, err = h.pg.Consumers(ctx, maxLimit+1); err != nil {
+			return err
+		}
+		if len(names) > maxLimit {
+			names, more = names[:maxLimit], true
+		}
+	}
+	if names == nil {
+		names = []string{}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Store     string   `json:"store"`
+		Consumers []string `json:"consumers"`
+		More      bool     `json:"more"`
+	}{store, names, more})
+	return nil
+}
+
+// consumerFiguresOf returns a consumer's figures: the overview's when it
+// has them, else counted now.
+func (h *handler) consumerFiguresOf(r *http.Request, store, consumer string) (consumerFigures, *time.Time, error) {
+	if store == storePostgres {
+		snap, _ := h.stats.get(r.Context())
+		if f, ok := snap.consumer(store, consumer); ok {
+			return f, &snap.AsOf, nil
+		}
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	if err := h.unknownConsumer(ctx, store, consumer); err != nil {
+		return consumerFigures{}, nil, err
+	}
+	now := time.Now()
+	var f consumerFigures
+	var err error
+	if store == storeRedis {
+		f, err = h.redisFigures(ctx, consumer)
+	} else {
+		f, err = h.pgFigures(ctx, consumer)
+	}
+	return f, &now, err
+}
+
+func (h *handler) apiConsumer(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	consumer := r.PathValue("consumer")
+	if err := checkText("consumer", consumer); err != nil {
+		return err
+	}
+	f, asOf, err := h.consumerFiguresOf(r, store, consumer)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct {
+		AsOf *time.Time `json:"as_of"`
+		consumerFigures
+	}{asOf, f})
+	return nil
+}
+
+// keyOf reads the consumer and key of a path, and the key within
+// ?tenant= (exactlyonce.KeyByTenant).
+func keyOf(r *http.Request, tenant string) (string, string, error) {
+	consumer, key := r.PathValue("consumer"), r.PathValue("key")
+	if err := checkText("consumer", consumer); err != nil {
+		return "", "", err
+	}
+	if err := checkText("key", key); err != nil {
+		return "", "", err
+	}
+	if tenant != "" {
+		k, err := inbox.TenantKey(tenant, key)
+		if err != nil {
+			return "", "", badFilter("tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: "))
+		}
+		key = k
+	}
+	return consumer, key, nil
+}
+
+func (h *handler) apiKey(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store", "tenant"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	consumer, key, err := keyOf(r, q.Get("tenant"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	s := h.parked(store)
+	rec, err := s.Get(ctx, consumer, key)
+	if err != nil {
+		return h.notFoundOrUnknown(ctx, store, consumer, err)
+	}
+	_, perr := s.GetParked(ctx, consumer, key)
+	if perr != nil && !errors.Is(perr, inbox.ErrNotParked) {
+		return perr
+	}
+	writeJSON(w, http.StatusOK, recordDoc(store, rec, perr == nil))
+	return nil
+}
+
+func (h *handler) apiForget(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store", "tenant"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	consumer, key, err := keyOf(r, q.Get("tenant"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := actionCtx(r)
+	defer cancel()
+	found, err := h.parked(store).Forget(ctx, consumer, key)
+	h.audit(r, "inbox.forget", err, "store", store, "consumer", consumer, "key", key, "count", b2i(found))
+	if err != nil {
+		return err
+	}
+	if !found {
+		if err := h.unknownConsumer(ctx, store, consumer); err != nil {
+			return err
+		}
+		return notFound("consumer %q, key %q has no record", consumer, key)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"store": store, "consumer": consumer, "key": key, "forgotten": true})
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// --- parked messages
+
+func (h *handler) apiParkedList(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, parkedFields, []string{"limit", "after"}); err != nil {
+		return err
+	}
+	pq, err := h.parkedFilterFrom(q, time.Now())
+	if err != nil {
+		return err
+	}
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	page, err := h.parked(pq.Store).FindParked(ctx, pq.Filter, inbox.Page{Limit: limit, After: q.Get("after")})
+	if err != nil {
+		return err
+	}
+	if len(page.Messages) == 0 {
+		if err := h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer); err != nil {
+			return err
+		}
+	}
+	docs := make([]parkedJSON, len(page.Messages))
+	for i, m := range page.Messages {
+		docs[i] = parkedDoc(pq.Store, m, false)
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Messages []parkedJSON `json:"messages"`
+		Next     string       `json:"next_after,omitempty"`
+	}{docs, page.Next})
+	return nil
+}
+
+func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, parkedFields); err != nil {
+		return err
+	}
+	pq, err := h.parkedFilterFrom(q, time.Now())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	n, err := h.parked(pq.Store).CountParked(ctx, pq.Filter)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		if err := h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": n, "matching": pq.describe()})
+	return nil
+}
+
+func (h *handler) apiParkedGet(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	consumer, key, err := keyOf(r, "")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	m, err := h.parked(store).GetParked(ctx, consumer, key)
+	if err != nil {
+		return h.notFoundOrUnknown(ctx, store, consumer, err)
+	}
+	writeJSON(w, http.StatusOK, parkedDoc(store, m, true))
+	return nil
+}
+
+// oneBody is the optional JSON body of an action on one message or row.
+type oneBody struct {
+	Topic  string `json:"topic"`
+	Forget bool   `json:"forget"`
+}
+
+func (h *handler) apiParkedReplay(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	consumer, key, err := keyOf(r, "")
+	if err != nil {
+		return err
+	}
+	var b oneBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	if b.Forget {
+		return badFilter("forget is an option of discard, not of replay")
+	}
+	if err := checkText("topic", b.Topic); err != nil {
+		return err
+	}
+	ctx, cancel := actionCtx(r)
+	defer cancel()
+	m, err := h.replayOne(ctx, store, consumer, key, b.Topic)
+	h.audit(r, "parked.replay", err, "store", store, "consumer", consumer, "key", key, "topic", m.Topic, "count", b2i(err == nil))
+	if err != nil {
+		return h.notFoundOrUnknown(ctx, store, consumer, err)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"replayed": 1, "message": parkedDoc(store, m, false)})
+	return nil
+}
+
+func (h *handler) apiParkedDiscard(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, []string{"store"}); err != nil {
+		return err
+	}
+	store, err := h.storeOf(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	consumer, key, err := keyOf(r, "")
+	if err != nil {
+		return err
+	}
+	var b oneBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	if b.Topic != "" {
+		return badFilter("topic is an option of replay, not of discard")
+	}
+	ctx, cancel := actionCtx(r)
+	defer cancel()
+	err = h.parked(store).DiscardParked(ctx, consumer, key, inbox.DiscardOptions{Forget: b.Forget})
+	h.audit(r, "parked.discard", err, "store", store, "consumer", consumer, "key", key, "forget", b.Forget, "count", b2i(err == nil))
+	if err != nil {
+		return h.notFoundOrUnknown(ctx, store, consumer, err)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"discarded": 1, "forgotten": b.Forget})
+	return nil
+}
+
+// bulkParked is a bulk action on parked messages, as the API and the
+// pages run it: the filter, the count the operator confirmed.
+type bulkParked struct {
+	query  parkedQuery
+	topic  string
+	forget bool
+	all    bool
+	expect int64
+}
+
+// bulkParkedFrom reads a bulk action's JSON body.
+func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, error) {
+	var b bulkBody
+	if err := decodeBody(r, &b); err != nil {
+		return bulkParked{}, err
+	}
+	switch {
+	case b.Expect == nil:
+		return bulkParked{}, badFilter("expect is required: the number of matching messages you confirmed (GET .../parked/count with the same filter)")
+	case b.State != "":
+		return bulkParked{}, badFilter("state is a criterion of outbox rows, not of parked messages")
+	case verb == "replay" && b.Forget:
+		return bulkParked{}, badFilter("forget is an option of discard, not of replay")
+	case verb == "discard" && b.Topic != "":
+		return bulkParked{}, badFilter("topic is an option of replay, not of discard")
+	}
+	if err := checkText("topic", b.Topic); err != nil {
+		return bulkParked{}, err
+	}
+	pq, err := h.parkedFilterFrom(b.values(), time.Now())
+	if err != nil {
+		return bulkParked{}, err
+	}
+	if err := checkMeta(b.Meta); err != nil {
+		return bulkParked{}, err
+	}
+	if len(b.Meta) > 0 {
+		pq.Filter.Metadata = b.Meta
+	}
+	return bulkParked{query: pq, topic: b.Topic, forget: b.Forget, all: b.All, expect: *b.Expect}, nil
+}
+
+// runParked runs a bulk action on parked messages, once the matching
+// count is the one the operator confirmed: it returns the count, what was
+// done and what was skipped.
+func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched, done, skipped int64, err error) {
+	if b.query.empty() && !b.all {
+		return 0, 0, 0, badFilter("the filter is empty: it selects every parked message of every consumer; send \"all\": true to mean that")
+	}
+	ctx, cancel := actionCtx(r)
+	defer cancel()
+	defer func() {
+		h.audit(r, "parked."+verb+".bulk", err, "store", b.query.Store, "matching", b.query.describe(), "expected", b.expect,
+			"matched", matched, "count", done, "skipped", skipped, "topic", b.topic, "forget", b.forget)
+	}()
+	s := h.parked(b.query.Store)
+	matched, err = s.CountParked(ctx, b.query.Filter)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if matched == 0 {
+		if err := h.unknownConsumer(ctx, b.query.Store, b.query.Filter.Consumer); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	if matched != b.expect {
+		return matched, 0, 0, countChanged(matched, b.expect, "messages")
+	}
+	if verb == "replay" {
+		rep, err := h.replayMatching(ctx, b.query.Store, b.query.Filter, b.topic)
+		return matched, rep.Replayed, rep.Skipped, err
+	}
+	n, err := s.DiscardParkedMatching(ctx, b.query.Filter, inbox.DiscardOptions{Forget: b.forget, All: true})
+	return matched, n, 0, err
+}
+
+func countChanged(now, expected int64, what string) *apiError {
+	return &apiError{status: http.StatusConflict, code: codeCountChanged, count: &now,
+		message: "refused, nothing done: " + strconv.FormatInt(now, 10) + " " + what + " match now, not the " +
+			strconv.FormatInt(expected, 10) + " confirmed (expect); look again and confirm the new count"}
+}
+
+func (h *handler) apiParkedBulk(verb string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if err := checkParams(r.URL.Query()); err != nil {
+			return err
+		}
+		b, err := h.bulkParkedFrom(r, verb)
+		if err != nil {
+			return err
+		}
+		matched, done, skipped, err := h.runParked(r, verb, b)
+		if err != nil {
+			var ae *apiError
+			if done > 0 && !errors.As(err, &ae) {
+				h.log.Error("exactlyonce console: a bulk action stopped early", "action", "parked."+verb, "done", done, "error", err)
+			}
+			return err
+		}
+		past := map[string]string{"replay": "replayed", "discard": "discarded"}[verb]
+		writeJSON(w, http.StatusOK, map[string]any{"matched": matched, past: done, "skipped": skipped})
+		return nil
+	}
+}
+
+// --- outbox
+
+func (h *handler) apiOutbox(w http.ResponseWriter, r *http.Request) error {
+	if err := checkParams(r.URL.Query()); err != nil {
+		return err
+	}
+	if err := h.needDB(); err != nil {
+		return err
+	}
+	snap, refreshing := h.stats.get(r.Context())
+	if snap == nil || snap.Outbox == nil {
+		msg := "the outbox's figures are being computed: ask again in a moment"
+		if snap != nil && len(snap.Errors) > 0 {
+			msg = "the outbox's figures could not be computed: " + strings.Join(snap.Errors, "; ")
+		}
+		return unavailable("%s", msg)
+	}
+	writeJSON(w, http.StatusOK, struct {
+		AsOf       time.Time `json:"as_of"`
+		Refreshing bool      `json:"refreshing"`
+		*outboxFigures
+	}{snap.AsOf, refreshing, snap.Outbox})
+	return nil
+}
+
+func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, outboxFields, []string{"limit", "after"}); err != nil {
+		return err
+	}
+	if err := h.needDB(); err != nil {
+		return err
+	}
+	oq, err := outboxFilterFrom(q, time.Now())
+	if err != nil {
+		return err
+	}
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return err
+	}
+	var after int64
+	if s := q.Get("after"); s != "" {
+		if after, err = strconv.ParseInt(s, 10, 64); err != nil || after < 0 {
+			return badFilter("after is %q: the next_after of the previous page (a row id)", s)
+		}
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
+	if err != nil {
+		return err
+	}
+	docs := make([]rowJSON, len(page.Rows))
+	for i, row := range page.Rows {
+		docs[i] = rowDoc(row, false)
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Rows []rowJSON `json:"rows"`
+		Next int64     `json:"next_after,omitempty"`
+	}{docs, page.Next})
+	return nil
+}
+
+func (h *handler) apiRowsCount(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if err := checkParams(q, outboxFields); err != nil {
+		return err
+	}
+	if err := h.needDB(); err != nil {
+		return err
+	}
+	oq, err := outboxFilterFrom(q, time.Now())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	n, err := outbox.CountRows(ctx, h.cfg.DB, oq.Filter)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": n, "matching": oq.describe()})
+	return nil
+}
+
+func rowID(r *http.Request) (int64, error) {
+	s := r.PathValue("id")
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, badFilter("row id is %q: a positive number (the id of GET .../outbox/rows)", s)
+	}
+	return id, nil
+}
+
+func (h *handler) apiRow(w http.ResponseWriter, r *http.Request) error {
+	if err := checkParams(r.URL.Query()); err != nil {
+		return err
+	}
+	if err := h.needDB(); err != nil {
+		return err
+	}
+	id, err := rowID(r)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	row, err := outbox.GetRow(ctx, h.cfg.DB, id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, rowDoc(row, true))
+	return nil
+}
+
+func (h *handler) apiRowAction(verb string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if err := checkParams(r.URL.Query()); err != nil {
+			return err
+		}
+		if err := h.needDB(); err != nil {
+			return err
+		}
+		id, err := rowID(r)
+		if err != nil {
+			return err
+		}
+		var b struct{}
+		if err := decodeBody(r, &b); err != nil {
+			return err
+		}
+		ctx, cancel := actionCtx(r)
+		defer cancel()
+		if verb == "requeue" {
+			err = outbox.Requeue(ctx, h.cfg.DB, id)
+		} else {
+			err = outbox.Discard(ctx, h.cfg.DB, id)
+		}
+		h.audit(r, "outbox."+verb, err, "id", id, "count", b2i(err == nil))
+		if err != nil {
+			return err
+		}
+		past := map[string]string{"requeue": "requeued", "discard": "discarded"}[verb]
+		writeJSON(w, http.StatusOK, map[string]any{past: 1, "id": id})
+		return nil
+	}
+}
+
+// bulkRows is a bulk action on outbox rows.
+type bulkRows struct {
+	query  outboxQuery
+	all    bool
+	expect int64
+}
+
+func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
+	var b bulkBody
+	if err := decodeBody(r, &b); err != nil {
+		return bulkRows{}, err
+	}
+	switch {
+	case b.Expect == nil:
+		return bulkRows{}, badFilter("expect is required: the number of matching rows you confirmed (GET .../outbox/rows/count with the same filter)")
+	case b.Store != "" || b.Consumer != "" || b.Key != "" || b.Tenant != "" || b.Forget:
+		return bulkRows{}, badFilter("store, consumer, key, tenant and forget are not criteria of outbox rows")
+	}
+	oq, err := outboxFilterFrom(b.values(), time.Now())
+	if err != nil {
+		return bulkRows{}, err
+	}
+	if err := checkMeta(b.Meta); err != nil {
+		return bulkRows{}, err
+	}
+	if len(b.Meta) > 0 {
+		oq.Filter.Metadata = b.Meta
+	}
+	return bulkRows{query: oq, all: b.All, expect: *b.Expect}, nil
+}
+
+func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, done int64, err error) {
+	if verb == "discard" && b.query.Filter.State != "" && b.query.Filter.State != outbox.StateQuarantined {
+		return 0, 0, badFilter("state is %q: only quarantined rows can be discarded (a failing row is still the relay's)", b.query.Filter.State)
+	}
+	if b.query.empty() && !b.all {
+		return 0, 0, badFilter("the filter is empty: it selects every one of the %s; send \"all\": true to mean that", strings.TrimPrefix(b.query.describe(), "every one of the "))
+	}
+	ctx, cancel := actionCtx(r)
+	defer cancel()
+	defer func() {
+		h.audit(r, "outbox."+verb+".bulk", err, "matching", b.query.describe(), "expected", b.expect, "matched", matched, "count", done)
+	}()
+	f := b.query.Filter
+	if verb == "discard" && b.query.empty() {
+		// DiscardMatching wants a criterion: every row quarantined
+		// before now is every quarantined row.
+		f.QuarantinedBefore = time.Now().Add(time.Hour)
+	}
+	matched, err = outbox.CountRows(ctx, h.cfg.DB, f)
+	if err != nil {
+		return 0, 0, err
+	}
+	if matched != b.expect {
+		return matched, 0, countChanged(matched, b.expect, "rows")
+	}
+	if verb == "requeue" {
+		done, err = outbox.RequeueMatching(ctx, h.cfg.DB, f)
+	} else {
+		done, err = outbox.DiscardMatching(ctx, h.cfg.DB, f)
+	}
+	return matched, done, err
+}
+
+func (h *handler) apiRowsBulk(verb string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if err := checkParams(r.URL.Query()); err != nil {
+			return err
+		}
+		if err := h.needDB(); err != nil {
+			return err
+		}
+		b, err := h.bulkRowsFrom(r)
+		if err != nil {
+			return err
+		}
+		matched, done, err := h.runRows(r, verb, b)
+		if err != nil {
+			return err
+		}
+		past := map[string]string{"requeue": "requeued", "discard": "discarded"}[verb]
+		writeJSON(w, http.StatusOK, map[string]any{"matched": matched, past: done})
+		return nil
+	}
+}
+
+func (h *handler) apiRelays(w http.ResponseWriter, r *http.Request) error {
+	if err := checkParams(r.URL.Query()); err != nil {
+		return err
+	}
+	if err := h.needDB(); err != nil {
+		return err
+	}
+	ctx, cancel := readCtx(r)
+	defer cancel()
+	rs, err := h.relays(ctx)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Channel string      `json:"channel"`
+		Relays  []relayInfo `json:"relays"`
+		Note    string      `json:"note"`
+	}{notifyChannel(h.cfg.DB), rs, relaysNote})
+	return nil
+}

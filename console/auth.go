@@ -1,0 +1,246 @@
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strings"
+)
+
+// Authenticator decides who a request comes from. Authenticate returns the
+// user's name (it is logged with every action) and true, or false when the
+// request is not authenticated: the API then answers 401, and the pages
+// ask the browser to sign in (a login form for BearerToken, the browser's
+// prompt for BasicAuth).
+type Authenticator interface {
+	Authenticate(r *http.Request) (user string, ok bool)
+}
+
+// MinTokenLength is the shortest token BearerToken accepts.
+const MinTokenLength = 16
+
+// cookieName is the session cookie of BearerToken's login form.
+const cookieName = "exactlyonce_console"
+
+// tokenUser is the user a BearerToken request acts as: the token is
+// shared, so the name says how it signed in.
+const tokenUser = "token"
+
+// BearerToken authenticates requests that carry this token: the API's
+// clients in an "Authorization: Bearer <token>" header; browsers through
+// the console's login form, which sets an HttpOnly, SameSite=Strict
+// session cookie derived from the token (changing the token signs every
+// browser out). Comparisons take constant time. The token must be at
+// least MinTokenLength bytes long (New says so): generate one, e.g.
+// `openssl rand -hex 32`. Actions are logged as user "token".
+func BearerToken(token string) Authenticator {
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("exactlyonce console session v1"))
+	return &bearerAuth{sum: sha256.Sum256([]byte(token)), session: hex.EncodeToString(mac.Sum(nil)), n: len(token)}
+}
+
+type bearerAuth struct {
+	sum     [32]byte
+	session string
+	n       int
+}
+
+func (b *bearerAuth) validate() error {
+	if b.n < MinTokenLength {
+		return errors.New("the bearer token is shorter than 16 bytes: generate a long random one (openssl rand -hex 32)")
+	}
+	return nil
+}
+
+// check reports whether token is the token, in constant time.
+func (b *bearerAuth) check(token string) bool {
+	sum := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(sum[:], b.sum[:]) == 1
+}
+
+func (b *bearerAuth) Authenticate(r *http.Request) (string, bool) {
+	if v := r.Header.Get("Authorization"); v != "" {
+		scheme, token, _ := strings.Cut(v, " ")
+		return tokenUser, strings.EqualFold(scheme, "Bearer") && b.check(strings.TrimSpace(token))
+	}
+	if c, err := r.Cookie(cookieName); err == nil {
+		return tokenUser, subtle.ConstantTimeCompare([]byte(c.Value), []byte(b.session)) == 1
+	}
+	return "", false
+}
+
+// BasicAuth authenticates requests with HTTP basic credentials: the
+// browser prompts for them (WWW-Authenticate), API clients send them
+// (curl -u user:password). Comparisons take constant time. Actions are
+// logged with the user name. Serve the console over TLS (or on a
+// loopback address): basic credentials travel in clear.
+func BasicAuth(user, password string) Authenticator {
+	return &basicAuth{user: sha256.Sum256([]byte(user)), password: sha256.Sum256([]byte(password)), name: user, empty: user == "" || password == ""}
+}
+
+type basicAuth struct {
+	user, password [32]byte
+	name           string
+	empty          bool
+}
+
+func (b *basicAuth) validate() error {
+	if b.empty {
+		return errors.New("BasicAuth needs a user name and a password")
+	}
+	return nil
+}
+
+func (b *basicAuth) Authenticate(r *http.Request) (string, bool) {
+	u, p, ok := r.BasicAuth()
+	if !ok {
+		return "", false
+	}
+	us, ps := sha256.Sum256([]byte(u)), sha256.Sum256([]byte(p))
+	good := subtle.ConstantTimeCompare(us[:], b.user[:]) & subtle.ConstantTimeCompare(ps[:], b.password[:])
+	return b.name, good == 1
+}
+
+// AuthFunc authenticates with f: use it when your own middleware, in
+// front of the console's handler, has authenticated the request and put
+// the identity in its context; f reads it from there. f returns the
+// user's name and true, or false: the console then answers 401 (your
+// middleware should have sent the user to sign in before that).
+func AuthFunc(f func(r *http.Request) (user string, ok bool)) Authenticator {
+	return authFunc(f)
+}
+
+type authFunc func(r *http.Request) (string, bool)
+
+func (f authFunc) Authenticate(r *http.Request) (string, bool) { return f(r) }
+
+func (f authFunc) validate() error {
+	if f == nil {
+		return errors.New("AuthFunc(nil)")
+	}
+	return nil
+}
+
+type userKey struct{}
+
+func withUser(ctx context.Context, user string) context.Context {
+	return context.WithValue(ctx, userKey{}, user)
+}
+
+// userOf is the user the request was authenticated as.
+func userOf(r *http.Request) string {
+	u, _ := r.Context().Value(userKey{}).(string)
+	return u
+}
+
+// authenticate returns the request's user.
+func (h *handler) authenticate(r *http.Request) (string, bool) {
+	if h.insecure {
+		return "anonymous", true
+	}
+	user, ok := h.cfg.Auth.Authenticate(r)
+	if !ok {
+		return "", false
+	}
+	if user == "" {
+		user = "(unnamed)"
+	}
+	return user, true
+}
+
+// unauthenticated answers a request that is not authenticated: 401, as
+// JSON for the API; a login form (BearerToken), the browser's prompt
+// (BasicAuth) or a page that says so for the pages.
+func (h *handler) unauthenticated(w http.ResponseWriter, r *http.Request, api bool) {
+	switch h.cfg.Auth.(type) {
+	case *bearerAuth:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="exactlyonce console"`)
+	case *basicAuth:
+		w.Header().Set("WWW-Authenticate", `Basic realm="exactlyonce console", charset="UTF-8"`)
+	}
+	if api {
+		writeError(w, &apiError{status: http.StatusUnauthorized, code: codeUnauthenticated,
+			message: "not authenticated: send the console's credentials (Authorization: Bearer <token>, or basic credentials)"})
+		return
+	}
+	if _, ok := h.cfg.Auth.(*bearerAuth); ok {
+		next := h.prefix + "/"
+		if r.Method == http.MethodGet {
+			next = r.URL.RequestURI()
+		}
+		h.render(w, r, http.StatusUnauthorized, "login", "Sign in", loginData{Next: next})
+		return
+	}
+	h.render(w, r, http.StatusUnauthorized, "notice", "Sign in required", noticeData{
+		Heading: "Sign in required",
+		Text:    "This console needs you to be signed in. Reload the page to be asked for your credentials.",
+	})
+}
+
+// public serves what needs no authentication: the style sheet, the
+// script and the login form. It reports whether it served r.
+func (h *handler) public(w http.ResponseWriter, r *http.Request) bool {
+	p := strings.TrimPrefix(r.URL.Path, h.prefix)
+	if name, ok := strings.CutPrefix(p, "/static/"); ok && safeMethod(r.Method) {
+		serveStatic(w, r, name)
+		return true
+	}
+	if p != "/login" {
+		return false
+	}
+	b, ok := h.cfg.Auth.(*bearerAuth)
+	if !ok {
+		http.Redirect(w, r, h.prefix+"/", http.StatusSeeOther)
+		return true
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		h.render(w, r, http.StatusOK, "login", "Sign in", loginData{Next: h.safeNext(r.URL.Query().Get("next"))})
+	case http.MethodPost:
+		if err := h.cop.Check(r); err != nil {
+			h.refuse(w, r, false, http.StatusForbidden, codeCrossOrigin, "refused: the sign-in comes from another site")
+			return true
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		next := h.safeNext(r.PostFormValue("next"))
+		if !b.check(r.PostFormValue("token")) {
+			h.log.Warn("exactlyonce console: a sign-in with a wrong token", "remote_addr", r.RemoteAddr)
+			h.render(w, r, http.StatusUnauthorized, "login", "Sign in", loginData{Next: next, Failed: true})
+			return true
+		}
+		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: b.session, Path: h.prefix + "/", HttpOnly: true,
+			SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"})
+		h.log.Info("exactlyonce console: signed in", "user", tokenUser, "remote_addr", r.RemoteAddr)
+		http.Redirect(w, r, next, http.StatusSeeOther)
+	default:
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+	}
+	return true
+}
+
+// logout clears the session cookie.
+func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: h.prefix + "/", MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"})
+	http.Redirect(w, r, h.prefix+"/login", http.StatusSeeOther)
+}
+
+// sessionPath reports whether path signs in or out: allowed in read-only
+// mode.
+func (h *handler) sessionPath(path string) bool {
+	return path == h.prefix+"/logout" || path == h.prefix+"/login"
+}
+
+// safeNext is next when it is a path of the console's own (where a
+// sign-in returns to), else the overview: never another site.
+func (h *handler) safeNext(next string) string {
+	if strings.HasPrefix(next, h.prefix+"/") && !strings.HasPrefix(next, "//") && !strings.ContainsAny(next, "\\\r\n") {
+		return next
+	}
+	return h.prefix + "/"
+}

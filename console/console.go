@@ -1,0 +1,250 @@
+package console
+
+import (
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// Config configures the console's handler (New).
+type Config struct {
+	// DB is the PostgreSQL database of the inbox and outbox tables, as the
+	// services' sqlschema.DB (the same names). Required unless Redis is
+	// set; the outbox's figures, rows and relays need it.
+	DB sqlschema.DB
+
+	// Redis is the Redis lease store (redisstore.New, with the services'
+	// Prefix and DoneTTL): its records and parked messages are shown and
+	// acted on with ?store=redis. Optional.
+	Redis *redisstore.Store
+	// RedisReplayPublisher is the publisher a replay from the Redis store
+	// publishes through: one of the broker the consumers read from (a
+	// rabbitmq.Publisher, say). Without it the Redis store's replays are
+	// refused (503, "unavailable"); the caller owns and closes it.
+	RedisReplayPublisher message.Publisher
+
+	// Consumers are the PostgreSQL inbox's consumers the overview shows.
+	// Empty (the default): those that have records or parked messages,
+	// found by a loose index scan of the inbox (inbox.Store.Consumers),
+	// at most 100.
+	Consumers []string
+	// RedisConsumers are the Redis store's consumers the overview shows
+	// (the store keeps no list of them). The API and the pages take any
+	// consumer with ?store=redis.
+	RedisConsumers []string
+
+	// Auth decides who may use the console: BearerToken, BasicAuth, or
+	// AuthFunc over the identity your own middleware established.
+	// Required unless InsecureNoAuth.
+	Auth Authenticator
+	// InsecureNoAuth serves everything to anyone who can reach the
+	// handler, as user "anonymous": for a console on a developer's
+	// loopback only. New logs a warning when it is set. It cannot be
+	// combined with Auth.
+	InsecureNoAuth bool
+	// ReadOnly refuses every action (replay, discard, requeue, forget):
+	// the API answers 403 with the code "read_only" and the pages hide
+	// the action forms.
+	ReadOnly bool
+
+	// Prefix is the path the handler is mounted at, without a trailing
+	// slash: "/exactlyonce" serves the overview at /exactlyonce/ and the
+	// API under /exactlyonce/api/v1/. Mount the handler at Prefix+"/" on
+	// your mux, without http.StripPrefix. Empty (the default): the root.
+	Prefix string
+
+	// Logger receives the actions (at info: who, what, how many) and the
+	// errors (at error). Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// StatsInterval is how often at most the overview's figures are
+	// computed again: inbox.Store.Stats scans the inbox, too heavy for
+	// every request on a large table, so the overview (and the figures of
+	// the API's consumers and outbox) are served from the last
+	// computation, which a request older than StatsInterval starts again
+	// in the background; responses say when the figures were computed
+	// ("as_of"). Defaults to 30s.
+	StatsInterval time.Duration
+
+	// TrustedOrigins are origins ("https://ops.example.com") whose
+	// browsers may post actions although they are not the origin the
+	// request was sent to: a reverse proxy that rewrites Host, say
+	// (http.CrossOriginProtection.AddTrustedOrigin).
+	TrustedOrigins []string
+}
+
+// Defaults.
+const (
+	defaultStatsInterval = 30 * time.Second
+	// overviewConsumers is the most consumers the overview shows when
+	// Config.Consumers is empty.
+	overviewConsumers = 100
+	// maxBody bounds a request's body (a bulk action's filter, a form).
+	maxBody = 1 << 20
+	// readTimeout bounds the database work of a read; actionTimeout that
+	// of an action (a bulk replay works in batches).
+	readTimeout   = 15 * time.Second
+	actionTimeout = 5 * time.Minute
+)
+
+// Stores, as the API names them.
+const (
+	storePostgres = "postgres"
+	storeRedis    = "redis"
+)
+
+var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)*$`)
+
+// handler is the console: the API and the pages behind one authentication
+// decision.
+type handler struct {
+	cfg      Config
+	pg       *inbox.Store // nil without Config.DB
+	log      *slog.Logger
+	cop      *http.CrossOriginProtection
+	mux      *http.ServeMux // the routes, with the prefix
+	apiMux   *http.ServeMux // the API's routes, for 405s
+	stats    *statsCache
+	pages    map[string]*template.Template
+	stores   []string
+	prefix   string
+	apiRoot  string // prefix + "/api/"
+	insecure bool
+}
+
+// New returns the console's http.Handler: the admin API under
+// Prefix+"/api/v1/" and the web console's pages under Prefix+"/". Mount
+// it on your mux at Prefix+"/":
+//
+//	h, err := console.New(console.Config{DB: db, Prefix: "/exactlyonce", Auth: console.BearerToken(token)})
+//	mux.Handle("/exactlyonce/", h)
+//
+// Every request but the style sheet, the script and the login form is
+// authenticated first (Config.Auth); an action (POST, DELETE) must also
+// come from the console's own origin (http.CrossOriginProtection) and is
+// refused in ReadOnly mode. New does not touch the database.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.DB.Conn == nil && cfg.Redis == nil {
+		return nil, errors.New("console: New: Config.DB.Conn or Config.Redis is required: the console shows the PostgreSQL inbox and outbox, or the Redis lease store")
+	}
+	if cfg.DB.Conn == nil && len(cfg.Consumers) > 0 {
+		return nil, errors.New("console: New: Config.Consumers lists the PostgreSQL inbox's consumers, and Config.DB is not set: list the Redis store's in Config.RedisConsumers")
+	}
+	if cfg.Redis == nil && len(cfg.RedisConsumers) > 0 {
+		return nil, errors.New("console: New: Config.RedisConsumers is set without Config.Redis")
+	}
+	switch {
+	case cfg.Auth == nil && !cfg.InsecureNoAuth:
+		return nil, errors.New("console: New: Config.Auth is required (console.BearerToken, console.BasicAuth or console.AuthFunc); for a console on your own loopback only, Config.InsecureNoAuth")
+	case cfg.Auth != nil && cfg.InsecureNoAuth:
+		return nil, errors.New("console: New: Config.Auth and Config.InsecureNoAuth are both set: choose one")
+	}
+	if v, ok := cfg.Auth.(interface{ validate() error }); ok {
+		if err := v.validate(); err != nil {
+			return nil, fmt.Errorf("console: New: Config.Auth: %w", err)
+		}
+	}
+	prefix := strings.TrimSuffix(cfg.Prefix, "/")
+	if !prefixPattern.MatchString(prefix) {
+		return nil, fmt.Errorf("console: New: Config.Prefix %q: a path such as /exactlyonce (letters, digits and . _ ~ - between slashes)", cfg.Prefix)
+	}
+	if cfg.StatsInterval < 0 {
+		return nil, fmt.Errorf("console: New: Config.StatsInterval is %s: it must not be negative", cfg.StatsInterval)
+	}
+	if cfg.StatsInterval == 0 {
+		cfg.StatsInterval = defaultStatsInterval
+	}
+	for _, c := range append(append([]string(nil), cfg.Consumers...), cfg.RedisConsumers...) {
+		if c == "" {
+			return nil, errors.New("console: New: an empty consumer name in Config.Consumers or Config.RedisConsumers")
+		}
+	}
+	h := &handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection(), prefix: prefix, apiRoot: prefix + "/api/"}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	for _, o := range cfg.TrustedOrigins {
+		if err := h.cop.AddTrustedOrigin(o); err != nil {
+			return nil, fmt.Errorf("console: New: Config.TrustedOrigins: %w", err)
+		}
+	}
+	if cfg.DB.Conn != nil {
+		cfg.DB = cfg.DB.WithDefaults()
+		if err := cfg.DB.Validate(); err != nil {
+			return nil, fmt.Errorf("console: New: Config.DB: %w", err)
+		}
+		s, err := inbox.NewStore(cfg.DB)
+		if err != nil {
+			return nil, fmt.Errorf("console: New: %w", err)
+		}
+		h.cfg.DB, h.pg = cfg.DB, s
+		h.stores = append(h.stores, storePostgres)
+	}
+	if cfg.Redis != nil {
+		h.stores = append(h.stores, storeRedis)
+	}
+	h.stats = newStatsCache(h, cfg.StatsInterval)
+	pages, err := parsePages()
+	if err != nil {
+		return nil, fmt.Errorf("console: New: %w", err)
+	}
+	h.pages = pages
+	h.routes()
+	if cfg.InsecureNoAuth {
+		h.insecure = true
+		h.log.Warn("exactlyonce console: INSECURE: Config.InsecureNoAuth is set: anyone who can reach this handler can read parked messages and replay or discard them; use it on a loopback address only",
+			"prefix", prefix+"/", "read_only", cfg.ReadOnly)
+	}
+	return h, nil
+}
+
+// ServeHTTP makes the authentication decision, then routes.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hdr := w.Header()
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	hdr.Set("Referrer-Policy", "same-origin")
+	hdr.Set("X-Frame-Options", "DENY")
+	hdr.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hdr.Set("Cache-Control", "no-store")
+	if h.prefix != "" && r.URL.Path == h.prefix {
+		http.Redirect(w, r, h.prefix+"/", http.StatusMovedPermanently)
+		return
+	}
+	api := strings.HasPrefix(r.URL.Path, h.apiRoot)
+	if !api && h.public(w, r) {
+		return
+	}
+	user, ok := h.authenticate(r)
+	if !ok {
+		h.unauthenticated(w, r, api)
+		return
+	}
+	if !safeMethod(r.Method) {
+		if err := h.cop.Check(r); err != nil {
+			h.refuse(w, r, api, http.StatusForbidden, codeCrossOrigin,
+				"refused: this action comes from another site (cross-origin request); open the console itself to act")
+			return
+		}
+		if h.cfg.ReadOnly && !h.sessionPath(r.URL.Path) {
+			h.refuse(w, r, api, http.StatusForbidden, codeReadOnly, "refused: the console is read-only; no action is allowed")
+			return
+		}
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	h.mux.ServeHTTP(w, r.WithContext(withUser(r.Context(), user)))
+}
+
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
