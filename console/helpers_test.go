@@ -52,7 +52,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// logLines returns the JSON log lines whose msg contains msg.
+// lines returns the JSON log lines whose msg is msg.
 func (s *syncBuffer) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()
 	var out []map[string]any
@@ -62,7 +62,7 @@ func (s *syncBuffer) lines(t *testing.T, msg string) []map[string]any {
 		}
 		var m map[string]any
 		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
-		if s, _ := m["msg"].(string); strings.Contains(s, msg) {
+		if s, _ := m["msg"].(string); s == msg {
 			out = append(out, m)
 		}
 	}
