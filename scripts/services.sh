@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Make sure the PostgreSQL, RabbitMQ and Redis servers the tests need are reachable,
 # that the pgbouncer binary is installed (tests start their own PgBouncer
-# processes on free loopback ports; this script does not start one), and that
-# promtool is installed (the metrics tests check the alert rules with it).
+# processes on free loopback ports; this script does not start one), that
+# promtool is installed (the metrics tests check the alert rules with it), and
+# that Chromium is installed (the console's browser test, examples/console,
+# drives a headless one).
 #
 #   scripts/services.sh [SERVICE...]
 #
-# SERVICE is postgres, rabbitmq, redis, pgbouncer or promtool; without any,
-# all five (`make services`, `make test`). `make demo` asks for postgres and
-# rabbitmq only: the notifier demo uses nothing else.
+# SERVICE is postgres, rabbitmq, redis, pgbouncer, promtool or chromium;
+# without any, all six (`make services`, `make test`). `make demo` asks for
+# postgres and rabbitmq only: the notifier demo uses nothing else.
 #
 #   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 #   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
@@ -348,11 +350,39 @@ ensure_promtool() {
 	say "promtool: installed now at $bin (the prometheus server it came with is stopped and disabled)"
 }
 
-all_services=(postgres rabbitmq redis pgbouncer promtool)
+# ------------------------------------------------------------------ Chromium
+
+# examples/console's browser test runs a headless Chromium through chromedp
+# and looks for chromium, then chromium-browser, in PATH (Debian's package is
+# chromium). Nothing is started here: the test starts its own browser.
+chromium_path() {
+	command -v chromium 2>/dev/null || command -v chromium-browser 2>/dev/null
+}
+
+ensure_chromium() {
+	local how="installed" bin
+	if ! bin="$(chromium_path)"; then
+		if can_apt_install; then
+			# Debian's package; Ubuntu has none of that name (its chromium-browser is a snap).
+			apt_install chromium ||
+				die "chromium: 'apt-get install chromium' failed (above)." \
+					"Install Chromium or Chrome with the binary in PATH as chromium or chromium-browser, and re-run."
+			how="installed now"
+		fi
+		bin="$(chromium_path)" ||
+			die "chromium is not installed and cannot be installed here (needs Debian/Ubuntu with apt-get, as root or with sudo)." \
+				"The console's browser test (examples/console) drives a headless Chromium and fails without it. Install it and re-run:" \
+				"  sudo apt-get install -y chromium   (Debian; chromium-browser on Ubuntu)" \
+				"  or any Chromium or Chrome, with the binary in PATH as chromium or chromium-browser"
+	fi
+	say "chromium: $how at $bin (not started: the test starts its own, headless)"
+}
+
+all_services=(postgres rabbitmq redis pgbouncer promtool chromium)
 if (($# == 0)); then set -- "${all_services[@]}"; fi
 for service in "$@"; do # check every name before touching anything
 	case "$service" in
-	postgres | rabbitmq | redis | pgbouncer | promtool) ;;
+	postgres | rabbitmq | redis | pgbouncer | promtool | chromium) ;;
 	*) die "unknown service '$service' (known: ${all_services[*]})" ;;
 	esac
 done
