@@ -158,7 +158,7 @@ func TestLoginForm(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, w.Code)
 	require.Contains(t, w.Body.String(), `id="login-error"`)
 	require.Empty(t, w.Result().Cookies())
-	require.Len(t, e.logs.lines(t, "wrong token"), 1)
+	require.Len(t, e.logs.lines(t, "exactlyonce console: a sign-in with a wrong token"), 1)
 
 	form.Set("token", testToken)
 	w = e.call("POST", "/eo/login", form, "Authorization", "", "Origin", "https://evil.example")
