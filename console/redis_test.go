@@ -63,7 +63,7 @@ func TestRedisStore(t *testing.T) {
 	decode(t, e.get("/eo/api/v1/parked/send-sms/"+seg(odd)+"?store=redis"), &pm)
 	require.Equal(t, `<script>x</script>`, *pm.Payload.Text)
 	require.Equal(t, "provider refused", pm.Reason)
-	m = ok(t, e.get("/eo/api/v1/consumers/send-sms/keys/" + seg(odd) + "?store=redis"))
+	m = ok(t, e.get("/eo/api/v1/consumers/send-sms/keys/"+seg(odd)+"?store=redis"))
 	require.Equal(t, "parked", m["status"])
 	require.Equal(t, true, m["parked_message"])
 
