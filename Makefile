@@ -35,7 +35,7 @@ GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
 help: ## Show this help
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-services: ## Make sure PostgreSQL, RabbitMQ and Redis are reachable, pgbouncer and promtool installed (starts/installs local ones)
+services: ## Make sure PostgreSQL, RabbitMQ and Redis are reachable, pgbouncer, promtool and chromium installed (starts/installs local ones)
 	@bash scripts/services.sh
 
 test: services ## go vet, then all tests with the race detector (library, then examples)
