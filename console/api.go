@@ -678,8 +678,12 @@ func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched
 }
 
 func countChanged(now, expected int64, what string) *apiError {
+	verb := " match"
+	if now == 1 {
+		verb = " matches"
+	}
 	return &apiError{status: http.StatusConflict, code: codeCountChanged, count: &now,
-		message: "refused, nothing done: " + strconv.FormatInt(now, 10) + " " + what + " match now, not the " +
+		message: "refused, nothing done: " + plural(now, strings.TrimSuffix(what, "s"), what) + verb + " now, not the " +
 			strconv.FormatInt(expected, 10) + " confirmed (expect); look again and confirm the new count"}
 }
 
@@ -891,7 +895,7 @@ func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, do
 		return 0, 0, badFilter("state is %q: only quarantined rows can be discarded (a failing row is still the relay's)", b.query.Filter.State)
 	}
 	if b.query.empty() && !b.all {
-		return 0, 0, badFilter("the filter is empty: it selects every one of the %s; send \"all\": true to mean that", strings.TrimPrefix(b.query.describe(), "every one of the "))
+		return 0, 0, badFilter("the filter is empty: it selects %s; send \"all\": true to mean that", b.query.describe())
 	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()

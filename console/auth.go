@@ -184,7 +184,10 @@ func (h *handler) unauthenticated(w http.ResponseWriter, r *http.Request, api bo
 // public serves what needs no authentication: the style sheet, the
 // script and the login form. It reports whether it served r.
 func (h *handler) public(w http.ResponseWriter, r *http.Request) bool {
-	p := strings.TrimPrefix(r.URL.Path, h.prefix)
+	p, ok := strings.CutPrefix(r.URL.Path, h.prefix)
+	if !ok {
+		return false
+	}
 	if name, ok := strings.CutPrefix(p, "/static/"); ok && safeMethod(r.Method) {
 		serveStatic(w, r, name)
 		return true

@@ -365,11 +365,11 @@ func (q outboxQuery) describe() string {
 	if !f.QuarantinedBefore.IsZero() {
 		parts = append(parts, "quarantined before "+fmtBound(f.QuarantinedBefore))
 	}
-	what := map[string]string{"quarantined": "quarantined outbox rows", "failing": "failing outbox rows", "all": "quarantined and failing outbox rows"}[state]
+	what := map[string]string{"quarantined": "quarantined", "failing": "failing", "all": "quarantined or failing"}[state]
 	if len(parts) == 0 {
-		return "every one of the " + what
+		return "every " + what + " outbox row"
 	}
-	return what + " with " + strings.Join(parts, ", ")
+	return what + " outbox rows with " + strings.Join(parts, ", ")
 }
 
 // bulkBody is the JSON body of a bulk action: the filter (the query

@@ -1,0 +1,65 @@
+// Package console is an admin HTTP API and a web console for a running
+// exactly-once system: see and fix it from a browser or a script.
+//
+// One http.Handler (New) serves both, under the path it is mounted at
+// (Config.Prefix):
+//
+//   - the JSON admin API under Prefix+"/api/v1/": the overview (per
+//     consumer: records by status, duplicates dropped, parked keys and
+//     messages; the outbox's backlog, oldest pending age, failing and
+//     quarantined rows; the relays the database can tell about), a
+//     consumer's figures, a key's record and forgetting it, parked
+//     messages and quarantined outbox rows with the search, show, replay
+//     (requeue) and discard of the dead-letter loop, one at a time or in
+//     bulk with the count the operator confirmed;
+//   - the web console's pages under Prefix+"/": the overview (refreshed
+//     every 5 seconds by a small script; every page works without it),
+//     the parked messages and the quarantined rows with search, a message
+//     page (payload, metadata, reason, attempts, times), replay and
+//     discard through a confirmation that states how many messages the
+//     action touches, and an inbox lookup by key. The assets are embedded;
+//     there is no build step.
+//
+// It works on the PostgreSQL inbox and outbox (Config.DB, through the
+// inbox and outbox packages' operator functions) and on the Redis lease
+// store (Config.Redis, with ?store=redis), as the exactlyonce CLI does;
+// `exactlyonce ui` serves it standalone.
+//
+// Mount it on your own mux, as riverui does:
+//
+//	h, err := console.New(console.Config{
+//		DB:     db, // the services' sqlschema.DB
+//		Prefix: "/exactlyonce",
+//		Auth:   console.BearerToken(os.Getenv("EXACTLYONCE_UI_TOKEN")),
+//	})
+//	mux.Handle("/exactlyonce/", h)
+//
+// # Security
+//
+// Nothing is served without an authentication decision: New requires an
+// Authenticator (BearerToken: a token for the API and a login form that
+// sets an HttpOnly, SameSite=Strict cookie for browsers; BasicAuth; or
+// AuthFunc over the identity your own middleware put in the request's
+// context), or Config.InsecureNoAuth, which logs a warning. Only the
+// style sheet, the script and the login form are public. An action (POST,
+// DELETE) must come from the console's own origin
+// (http.CrossOriginProtection; Config.TrustedOrigins for a proxy) and is
+// refused in Config.ReadOnly mode; GETs change nothing. Actions are
+// logged (Config.Logger) with the user, the address, what was done and on
+// how many. Pages are html/template (everything shown is escaped;
+// payloads are text, or base64 when not UTF-8), answers carry a strict
+// Content-Security-Policy, and every database access goes through the
+// stores' parameterised functions.
+//
+// # Cost
+//
+// The overview's figures count the inbox (inbox.Store.Stats scans each
+// consumer's part of it): they are computed in the background at most
+// every Config.StatsInterval and served from memory, so the overview
+// answers in well under a millisecond whatever the table's size; answers
+// say when the figures were computed ("as_of"). Searches use the stores'
+// indexes (the Redis store reads a consumer's parked set).
+//
+// README.md in this directory lists every endpoint with examples, and the
+// error codes.
+package console
