@@ -22,7 +22,7 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{db, nil, "missing command (one of: inbox, migrate, outbox, parked)"},
+		{db, nil, "missing command (one of: inbox, migrate, outbox, parked, ui)"},
 		{db, []string{"inbox"}, "missing command (one of: forget, parked, purge, release, show, stats)"},
 		{db, []string{"nope"}, `unknown command "nope"`},
 		{db, []string{"outbox", "nope"}, `unknown command "nope" for "exactlyonce outbox"`},

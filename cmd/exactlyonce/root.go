@@ -150,7 +150,7 @@ failed, 2 usage error, 3 no such record, or a consumer with no records at all (a
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on the command after this long (0: never; inbox purge and outbox relay: never unless given)")
 	f.DurationVar(&a.connectTimeout, "connect-timeout", 5*time.Second, "give up connecting to PostgreSQL after this long")
 
-	root.AddCommand(a.migrateCmd(), a.inboxCmd(), a.outboxCmd(), a.parkedCmd())
+	root.AddCommand(a.migrateCmd(), a.inboxCmd(), a.outboxCmd(), a.parkedCmd(), a.uiCmd())
 	failuresExit(root)
 	return root
 }

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+)
+
+const uiToken = "ui-test-token-0123456789abcdef"
+
+// uiProc is a running `exactlyonce ui`.
+type uiProc struct {
+	base           string // http://127.0.0.1:port + prefix
+	stdout, stderr *syncBuffer
+	cmd            *exec.Cmd
+	done           chan struct{} // closed when the process exited
+	err            error         // its exit error, once done is closed
+}
+
+// startUI starts `exactlyonce ui --listen 127.0.0.1:0 args...` with env
+// (on top of an environment cleared of what the command reads) and waits
+// for the address it prints.
+func startUI(t *testing.T, env []string, args ...string) *uiProc {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, binary, append([]string{"ui", "--listen", "127.0.0.1:0"}, args...)...)
+	var clean []string
+	for _, kv := range cleanEnv() {
+		if name, _, _ := strings.Cut(kv, "="); name != envUIToken && name != envUIPassword && name != envRedisURL {
+			clean = append(clean, kv)
+		}
+	}
+	cmd.Env = append(clean, env...)
+	p := &uiProc{stdout: &syncBuffer{}, stderr: &syncBuffer{}, cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
+	require.NoError(t, cmd.Start())
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	addr := regexp.MustCompile(`Serving the exactlyonce console on (http://127\.0\.0\.1:\d+\S*)/ `)
+	require.Eventually(t, func() bool {
+		m := addr.FindStringSubmatch(p.stdout.String())
+		if m != nil {
+			p.base = m[1]
+		}
+		select {
+		case <-p.done:
+			return true
+		default:
+		}
+		return m != nil
+	}, 30*time.Second, 20*time.Millisecond, "the address\nstdout:\n%s\nstderr:\n%s", p.stdout, p.stderr)
+	require.NotEmpty(t, p.base, "it stopped before serving\nstdout:\n%s\nstderr:\n%s", p.stdout, p.stderr)
+	return p
+}
+
+// stop sends SIGINT and asserts exit status 0.
+func (p *uiProc) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	select {
+	case <-p.done:
+		require.NoError(t, p.err, "exit status 0 after SIGINT\nstdout:\n%s\nstderr:\n%s", p.stdout, p.stderr)
+	case <-time.After(20 * time.Second):
+		require.FailNow(t, "the console did not stop within 20s of SIGINT", "stderr:\n%s", p.stderr)
+	}
+	require.Contains(t, p.stderr.String(), "exactlyonce console stopped")
+}
+
+func (p *uiProc) do(t *testing.T, method, path, auth string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, p.base+path, nil)
+	require.NoError(t, err)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	res, err := client.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(b)
+}
+
+// `exactlyonce ui` serves the console: the overview's API with the
+// token, 401 without it, the pages behind a login form; SIGINT stops it.
+func TestUIServes(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t).WithDefaults()
+	insertInbox(t, db,
+		inboxRow{consumer: "charge-order", key: "o-1", status: "done", attempts: 1, firstSeenAgo: time.Hour, finishedAgo: time.Hour},
+		inboxRow{consumer: "charge-order", key: "o-2", status: "parked", attempts: 1, firstSeenAgo: time.Hour, finishedAgo: time.Hour, lastError: "card declined"},
+	)
+	insertParkedMessage(t, db, "charge-order", "o-2")
+	p := startUI(t, append(dbEnv(db.Schema), envUIToken+"="+uiToken))
+	require.Contains(t, p.stdout.String(), "inbox "+db.Schema+".watermill_inbox")
+	require.Contains(t, p.stdout.String(), "Ctrl-C stops it.")
+	require.NotContains(t, p.stdout.String(), uiToken, "a given token is not printed")
+
+	code, body := p.do(t, "GET", "/api/v1/overview", "Bearer "+uiToken)
+	require.Equal(t, http.StatusOK, code, body)
+	var doc struct {
+		AsOf      *string `json:"as_of"`
+		Consumers []struct {
+			Consumer string `json:"consumer"`
+			Done     int64  `json:"done"`
+			Parked   int64  `json:"parked"`
+		} `json:"consumers"`
+		Outbox *struct {
+			Pending int64 `json:"pending"`
+		} `json:"outbox"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &doc))
+	require.NotNil(t, doc.AsOf)
+	require.Len(t, doc.Consumers, 1)
+	require.Equal(t, "charge-order", doc.Consumers[0].Consumer)
+	require.EqualValues(t, 1, doc.Consumers[0].Done)
+	require.EqualValues(t, 1, doc.Consumers[0].Parked)
+	require.NotNil(t, doc.Outbox)
+
+	code, body = p.do(t, "GET", "/api/v1/overview", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Contains(t, body, `"code": "unauthenticated"`)
+	code, _ = p.do(t, "GET", "/api/v1/overview", "Bearer not-the-token-0123456789")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, body = p.do(t, "GET", "/", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Contains(t, body, `<form id="login"`)
+	code, body = p.do(t, "GET", "/parked/charge-order/o-2", "Bearer "+uiToken)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<pre id="payload"`)
+	p.stop(t)
+}
+
+// Refused at start, exit status 2: no authentication off loopback, a
+// short token, two kinds of credentials, no store.
+func TestUIRefuses(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t)
+	env := dbEnv(db.Schema)
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{[]string{"ui", "--insecure-no-auth", "--listen", "0.0.0.0:0"}, env, "refused unless --listen is a loopback address"},
+		{[]string{"ui", "--insecure-no-auth", "--listen", ":8089"}, env, "refused unless --listen is a loopback address"},
+		{[]string{"ui", "--insecure-no-auth", "--token", uiToken}, env, "choose one"},
+		{[]string{"ui", "--token", "short"}, env, "shorter than 16 bytes"},
+		{[]string{"ui", "--token", uiToken, "--basic-user", "u", "--basic-password", "p"}, env, "choose one"},
+		{[]string{"ui", "--basic-user", "u"}, env, "--basic-password"},
+		{[]string{"ui", "--token", uiToken}, nil, "no database"},
+		{[]string{"ui", "--token", uiToken, "--prefix", "eo/"}, env, "--prefix"},
+		{[]string{"ui", "--token", uiToken, "--redis-consumer", "x"}, env, "--redis-consumer without --redis-url"},
+		{[]string{"ui", "--token", uiToken, "--stats-interval", "0s"}, env, "--stats-interval"},
+	} {
+		requireExit(t, cli(t, c.env, c.args...), exitUsage, c.want)
+	}
+}
+
+// Without credentials given, a token is made up and printed; --prefix
+// serves under a path (the root redirects there); --read-only refuses
+// actions; basic credentials from the environment; --insecure-no-auth
+// on loopback serves anyone, with a warning.
+func TestUIOptions(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t)
+
+	p := startUI(t, dbEnv(db.Schema), "--prefix", "/eo", "--read-only")
+	m := regexp.MustCompile(`Sign in with this token \(made up for this run; set \$EXACTLYONCE_UI_TOKEN to choose one\): ([0-9a-f]{48})\n`).FindStringSubmatch(p.stdout.String())
+	require.NotNil(t, m, "%s", p.stdout)
+	require.True(t, strings.HasSuffix(p.base, "/eo"), p.base)
+	require.Contains(t, p.stdout.String(), ", read-only.")
+	code, _ := p.do(t, "GET", "/api/v1/relays", "Bearer "+m[1])
+	require.Equal(t, http.StatusOK, code)
+	code, body := p.do(t, "POST", "/api/v1/outbox/rows/1/requeue", "Bearer "+m[1])
+	require.Equal(t, http.StatusForbidden, code)
+	require.Contains(t, body, `"code": "read_only"`)
+	root := strings.TrimSuffix(p.base, "/eo")
+	res, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(root + "/")
+	require.NoError(t, err)
+	_ = res.Body.Close()
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/eo/", res.Header.Get("Location"))
+	p.stop(t)
+
+	p = startUI(t, append(dbEnv(db.Schema), envUIPassword+"=pw"), "--basic-user", "ops")
+	req, _ := http.NewRequest("GET", p.base+"/api/v1/overview", nil)
+	req.SetBasicAuth("ops", "pw")
+	res, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	code, _ = p.do(t, "GET", "/api/v1/overview", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	p.stop(t)
+
+	p = startUI(t, dbEnv(db.Schema), "--insecure-no-auth")
+	require.Contains(t, p.stdout.String(), "WARNING: no authentication")
+	require.Contains(t, p.stderr.String(), "INSECURE")
+	code, _ = p.do(t, "GET", "/api/v1/overview", "")
+	require.Equal(t, http.StatusOK, code)
+	p.stop(t)
+}
+
+// The Redis lease store alone: its consumers' parked figures.
+func TestUIRedis(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.RedisPrefix(t, rdb)
+	p := startUI(t, []string{envRedisURL + "=" + testenv.RedisURL(), envUIToken + "=" + uiToken},
+		"--redis-url", "", "--redis-prefix", prefix, "--redis-consumer", "send-sms")
+	require.Contains(t, p.stdout.String(), "the Redis lease store")
+	code, body := p.do(t, "GET", "/api/v1/overview", "Bearer "+uiToken)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"store": "redis"`)
+	require.Contains(t, body, `"consumer": "send-sms"`)
+	code, body = p.do(t, "GET", "/api/v1/outbox", "Bearer "+uiToken)
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	p.stop(t)
+}
