@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"sort"
@@ -576,6 +577,15 @@ func TestAPIRouting(t *testing.T) {
 	// redirects.
 	mux := http.NewServeMux()
 	mux.Handle("/eo/", e.h)
+	mux.HandleFunc("/other", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	r := httptest.NewRequest("GET", "/eo/api/v1/relays", nil)
+	r.Header.Set("Authorization", "Bearer "+testToken)
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, r)
+	ok(t, rec)
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("GET", "/other", nil))
+	require.Equal(t, http.StatusTeapot, rec.Code, "the service's own routes stay its own")
 	w = e.get("/eo")
 	require.Equal(t, http.StatusMovedPermanently, w.Code)
 	require.Equal(t, "/eo/", w.Header().Get("Location"))

@@ -335,7 +335,6 @@ type inboxData struct {
 	Error                        string
 	Record                       *recordJSON
 	ParkedURL                    string
-	FullKey                      string
 }
 
 // --- handlers
@@ -913,7 +912,6 @@ func (h *handler) pageInbox(w http.ResponseWriter, r *http.Request) error {
 			return fail(badFilter("tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: ")))
 		}
 	}
-	d.FullKey = key
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	s := h.parked(store)

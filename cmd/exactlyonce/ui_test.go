@@ -42,7 +42,8 @@ func startUI(t *testing.T, env []string, args ...string) *uiProc {
 			clean = append(clean, kv)
 		}
 	}
-	cmd.Env = append(clean, env...)
+	clean = append(clean, env...)
+	cmd.Env = clean
 	p := &uiProc{stdout: &syncBuffer{}, stderr: &syncBuffer{}, cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
 	require.NoError(t, cmd.Start())
