@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -335,3 +337,31 @@ func TestCrossOrigin(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// The tables of endpoints and pages name every route the handler
+// registers, so that the tests that walk them cover every one.
+func TestEveryRouteListed(t *testing.T) {
+	t.Parallel()
+	e := envWith(t, Config{Redis: newRedis(t).store})
+	h := e.h.(*handler)
+	registered := func(fn string) map[string]bool {
+		src, err := os.ReadFile("routes.go")
+		require.NoError(t, err)
+		out := map[string]bool{}
+		for _, m := range regexp.MustCompile(`\n\t`+fn+`\("(\w+) ([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
+			out[m[1]+" /eo"+map[string]string{"a": "/api/v1", "p": ""}[fn]+m[2]] = true
+		}
+		require.NotEmpty(t, out)
+		return out
+	}
+	listed := func(mux *http.ServeMux, eps []endpoint) map[string]bool {
+		out := map[string]bool{}
+		for _, ep := range eps {
+			_, pattern := mux.Handler(httptest.NewRequest(ep.method, ep.path, nil))
+			out[pattern] = true
+		}
+		return out
+	}
+	require.Equal(t, registered("a"), listed(h.apiMux, endpoints))
+	require.Equal(t, registered("p"), listed(h.mux, pages))
+}
