@@ -620,6 +620,8 @@ func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, erro
 	switch {
 	case b.Expect == nil:
 		return bulkParked{}, badFilter("expect is required: the number of matching messages you confirmed (GET .../parked/count with the same filter)")
+	case *b.Expect < 0:
+		return bulkParked{}, badFilter("expect is %d: a count is not negative", *b.Expect)
 	case b.State != "":
 		return bulkParked{}, badFilter("state is a criterion of outbox rows, not of parked messages")
 	case verb == "replay" && b.Forget:
@@ -874,6 +876,8 @@ func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
 	switch {
 	case b.Expect == nil:
 		return bulkRows{}, badFilter("expect is required: the number of matching rows you confirmed (GET .../outbox/rows/count with the same filter)")
+	case *b.Expect < 0:
+		return bulkRows{}, badFilter("expect is %d: a count is not negative", *b.Expect)
 	case b.Store != "" || b.Consumer != "" || b.Key != "" || b.Tenant != "" || b.Forget:
 		return bulkRows{}, badFilter("store, consumer, key, tenant and forget are not criteria of outbox rows")
 	}

@@ -590,3 +590,44 @@ func TestAPIRouting(t *testing.T) {
 	require.Equal(t, http.StatusMovedPermanently, w.Code)
 	require.Equal(t, "/eo/", w.Header().Get("Location"))
 }
+
+// Bad input at every endpoint: a 4xx with its code and reason, never a
+// 500.
+func TestBadInputEveryEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.park("ship-order", "k1", pmsg{topic: "orders"})
+	for _, c := range []struct {
+		method, path string
+		body         any
+		status       int
+		code         string
+	}{
+		{"GET", "/eo/api/v1/overview?x=1", nil, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/consumers?store=mysql", nil, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/consumers/ship%00order", nil, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/consumers/nobody", nil, 404, codeUnknownConsumer},
+		{"GET", "/eo/api/v1/consumers/ship-order/keys/nope", nil, 404, codeNotFound},
+		{"GET", "/eo/api/v1/consumers/ship-order/keys/k1?tenant=a:b", nil, 400, codeBadFilter},
+		{"DELETE", "/eo/api/v1/consumers/ship-order/keys/%FF", nil, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/parked?limit=1001", nil, 400, codePageTooLarge},
+		{"GET", "/eo/api/v1/parked/count?meta=nocolon", nil, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/parked/replay", map[string]any{"consumer": "ship-order"}, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/parked/discard", map[string]any{"consumer": "ship-order", "expect": 0}, 409, codeCountChanged},
+		{"GET", "/eo/api/v1/parked/ship-order/k1?store=redis", nil, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/parked/ship-order/k1/replay", `{"topic": "a\u0000b"}`, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/parked/ship-order/k1/discard", `[]`, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/outbox?state=failing", nil, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/outbox/rows?since=soon", nil, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/outbox/rows/count?state=none", nil, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/outbox/rows/requeue", map[string]any{"expect": -1, "all": true}, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/outbox/rows/discard", map[string]any{"expect": 1, "since": "2h", "before": "3h"}, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/outbox/rows/-4", nil, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/outbox/rows/1x/requeue", nil, 400, codeBadFilter},
+		{"POST", "/eo/api/v1/outbox/rows/1/discard", `{"x": 1}`, 400, codeBadFilter},
+		{"GET", "/eo/api/v1/relays?verbose=1", nil, 400, codeBadFilter},
+	} {
+		apiErr(t, e.call(c.method, c.path, c.body), c.status, c.code)
+	}
+	require.Equal(t, "parked", e.status("ship-order", "k1"), "nothing changed")
+}
