@@ -115,6 +115,9 @@ func (h *handler) audit(r *http.Request, action string, err error, attrs ...any)
 		return
 	}
 	h.log.Info("exactlyonce console: action", attrs...)
+	// The overview's figures no longer hold: the next request starts their
+	// computation instead of serving them for the rest of the interval.
+	h.stats.stale()
 }
 
 func readCtx(r *http.Request) (context.Context, context.CancelFunc) {

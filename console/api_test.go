@@ -95,6 +95,15 @@ func TestOverview(t *testing.T) {
 	require.EqualValues(t, 0, *doc.Consumers[1].Total)
 
 	apiErr(t, e.get("/eo/api/v1/overview?fresh=1"), http.StatusBadRequest, codeBadFilter)
+
+	// An action makes the figures stale: the next request starts their
+	// computation (the interval is an hour), the one after sees it.
+	ok(t, e.call(http.MethodPost, "/eo/api/v1/parked/charge-order/o-3/discard", nil))
+	e.get("/eo/api/v1/overview")
+	e.settle()
+	decode(t, e.get("/eo/api/v1/overview"), &doc)
+	require.EqualValues(t, 0, *doc.Consumers[0].ParkedMessages, "the discarded message is gone from the figures")
+	require.EqualValues(t, 3, *doc.Consumers[0].Done)
 }
 
 // A database that cannot be reached: 503 unavailable, never a 500; the

@@ -146,6 +146,15 @@ func (c *statsCache) start() {
 	}()
 }
 
+// stale makes the next request start a computation (after an action).
+// A computation running now may have read the figures before the
+// action; it is not stopped, and the one after it catches up.
+func (c *statsCache) stale() {
+	c.mu.Lock()
+	c.started = time.Time{}
+	c.mu.Unlock()
+}
+
 // wait waits for a running computation (the tests' way to end cleanly).
 func (c *statsCache) wait() {
 	c.mu.Lock()
