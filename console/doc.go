@@ -60,6 +60,6 @@
 // say when the figures were computed ("as_of"). Searches use the stores'
 // indexes (the Redis store reads a consumer's parked set).
 //
-// README.md in this directory lists every endpoint with examples, and the
-// error codes.
+// docs/console.md lists every endpoint with examples, the error codes and
+// what each page shows.
 package console
