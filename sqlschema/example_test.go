@@ -38,6 +38,7 @@ func ExampleSQL() {
 	// CREATE INDEX IF NOT EXISTS "inbox_parked_at" ON "billing"."inbox_parked" (parked_at);
 	// CREATE INDEX IF NOT EXISTS "inbox_parked_uuid" ON "billing"."inbox_parked" (message_uuid);
 	// CREATE INDEX IF NOT EXISTS "inbox_parked_metadata" ON "billing"."inbox_parked" USING gin (metadata jsonb_path_ops);
+	// CREATE INDEX IF NOT EXISTS "inbox_parked_consumer_at" ON "billing"."inbox_parked" (consumer, parked_at, message_key COLLATE "C");
 	// CREATE TABLE IF NOT EXISTS "billing"."outbox" (
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."outbox_accepted" AS bigint CACHE 1;
 	// CREATE INDEX IF NOT EXISTS "outbox_failing" ON "billing"."outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;
@@ -111,6 +112,7 @@ func ExampleMigrate() {
 	// inbox:inbox 4 inbox_004_transactional_park.up.sql
 	// inbox:inbox 5 inbox_005_idempotency_key_format.up.sql
 	// inbox:inbox 6 inbox_006_parked_messages.up.sql
+	// inbox:inbox 7 inbox_007_parked_consumer_order.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql

@@ -1,0 +1,19 @@
+-- Listing one consumer's parked messages (FindParked with a consumer: the
+-- CLI's parked list, the console's search) in FindParked's order, oldest
+-- parked first and then by key in byte order (a consumer's messages often
+-- share a parked_at: those parked by one statement). The consumer's first
+-- page is then the first entries of its range, read from the index alone
+-- (its keys, then their rows by the primary key), instead of a walk of
+-- inbox_006's parked_at index that skips every other consumer's messages:
+-- the whole table when the consumer's are all recent (an incident). Since,
+-- before, the page cursor and a tenant (a key prefix) are conditions on
+-- its columns too.
+--
+-- Cost: a build over the whole table, which blocks writes to it (parks,
+-- replays, discards; reads go on) meanwhile: about 2 s per million parked
+-- messages (786 MB) on a development machine. Migrate runs in one
+-- transaction, so it cannot build CONCURRENTLY; for a large table, build
+-- the index beforehand with CREATE INDEX CONCURRENTLY under this name and
+-- definition (and check that it is valid: pg_index.indisvalid), and this
+-- statement finds it.
+CREATE INDEX IF NOT EXISTS {{.InboxIndex "parked_consumer_at"}} ON {{.InboxParked}} (consumer, parked_at, message_key COLLATE "C");
