@@ -1,6 +1,13 @@
 package inboxdb
 
-import "time"
+import (
+	"context"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
+)
 
 // PretendNewestPartitionEnds makes the store's claims fallback writes
 // whose newest partition ends at end, whatever the catalog says: they are
@@ -26,4 +33,23 @@ func (s *Store) PretendPartitionsEnd(end time.Time) {
 	s.part.pinned = time.Time{}
 	s.part.newest = end
 	s.part.checked = time.Now().Add(time.Hour)
+}
+
+// KeysFirst reports whether FindParked reads f's page keys first (from
+// inbox_007's index) and then their rows.
+func KeysFirst(f parked.Filter) bool { return keysFirst(f) }
+
+// FindParkedSQL is the query FindParked runs, or with keysFirst the
+// other one: the page's keys first (true) or the plain query (false).
+func (s *Store) FindParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payloads, keysFirst bool) (string, []any, error) {
+	return s.findParkedSQL(f, c, limit, payloads, keysFirst)
+}
+
+// FindParkedWith is FindParked through the query of keysFirst.
+func (s *Store) FindParkedWith(ctx context.Context, db wsql.ContextExecutor, f parked.Filter, c *parked.Cursor, limit int, payloads, keysFirst bool) ([]ParkedRow, error) {
+	q, args, err := s.findParkedSQL(f, c, limit, payloads, keysFirst)
+	if err != nil {
+		return nil, err
+	}
+	return s.queryParked(ctx, db, q, args...)
 }

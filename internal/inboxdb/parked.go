@@ -68,12 +68,18 @@ p.payload_size, p.metadata::text, p.reason, p.attempts, p.first_seen_at, p.parke
 // parkedSelect reads the parked table as p with the inbox as i (LEFT
 // JOIN, for the record's status).
 func (s *Store) parkedSelect(payloads bool) string {
+	return s.parkedSelectFrom(payloads, s.ParkedTable()+` p`)
+}
+
+// parkedSelectFrom is parkedSelect with from (the parked table as p, maybe
+// joined to something else) in place of the parked table.
+func (s *Store) parkedSelectFrom(payloads bool, from string) string {
 	payload := `p.payload`
 	if !payloads {
 		payload = `NULL::bytea`
 	}
 	return `SELECT ` + parkedColumns(payload, `coalesce(i.status, '')`) + `
-FROM ` + s.ParkedTable() + ` p LEFT JOIN ` + s.table + ` i ON i.consumer = p.consumer AND i.message_key = p.message_key`
+FROM ` + from + ` LEFT JOIN ` + s.table + ` i ON i.consumer = p.consumer AND i.message_key = p.message_key`
 }
 
 func scanParked(rows wsql.Rows) (ParkedRow, error) {
@@ -163,18 +169,63 @@ func parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error)
 // consumer and key (byte order, as the cursor compares them).
 const parkedOrder = ` ORDER BY p.parked_at, p.consumer COLLATE "C", p.message_key COLLATE "C"`
 
+// parkedConsumerOrder is parkedOrder within one consumer: the order of
+// inbox_007's index (consumer, parked_at, message_key COLLATE "C").
+const parkedConsumerOrder = ` ORDER BY p.parked_at, p.message_key COLLATE "C"`
+
 // FindParked returns up to limit parked messages that match f, after c
 // (nil: from the first), in the order of parked time, consumer and key,
 // with their payloads when payloads is true. f must be valid.
 func (s *Store) FindParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter, c *parked.Cursor, limit int, payloads bool) ([]ParkedRow, error) {
-	var args []any
-	where, err := parkedWhere(f, c, &args)
+	q, args, err := s.findParkedSQL(f, c, limit, payloads, keysFirst(f))
 	if err != nil {
 		return nil, err
 	}
-	args = append(args, limit)
-	q := s.parkedSelect(payloads) + ` WHERE ` + where + parkedOrder + ` LIMIT $` + strconv.Itoa(len(args))
 	return s.queryParked(ctx, db, q, args...)
+}
+
+// keysFirst reports whether FindParked reads the page's keys first, from
+// inbox_007's index, and then their rows: when f names a consumer and
+// every other condition of f is on the index's columns (the time range, a
+// tenant: a key prefix; the cursor's too). For the plain query of a
+// consumer alone the planner does not choose that index: it expects the
+// consumer's messages spread over time, and walks the parked_at index
+// (the oldest first) until it has found a page, which reads most of the
+// table for a consumer whose messages are all recent (an incident). The
+// keys alone are an index-only scan, which it prices below that walk
+// while most of the table's pages are all-visible (vacuumed: autovacuum
+// keeps them so). The other conditions have their own indexes (a key:
+// the primary key; a message UUID; metadata) or none (the reason's
+// text), and keep the plain query.
+func keysFirst(f parked.Filter) bool {
+	return f.Consumer != "" && f.Key == "" && f.MessageUUID == "" && f.Reason == "" && len(f.Metadata) == 0
+}
+
+// findParkedSQL is FindParked's query and its arguments. With keysFirst,
+// a materialized CTE selects the page's keys (consumer, key) in the
+// order of inbox_007's index, which within one consumer is parkedOrder
+// (an index-only scan of the consumer's range, the limit applied there);
+// the rows are then read by the primary key and sorted in parkedOrder
+// (the page only). The rows, their order and the limit are the plain
+// query's.
+func (s *Store) findParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payloads, keysFirst bool) (string, []any, error) {
+	var args []any
+	where, err := parkedWhere(f, c, &args)
+	if err != nil {
+		return "", nil, err
+	}
+	args = append(args, limit)
+	lim := ` LIMIT $` + strconv.Itoa(len(args))
+	if !keysFirst {
+		return s.parkedSelect(payloads) + ` WHERE ` + where + parkedOrder + lim, args, nil
+	}
+	if f.Consumer == "" {
+		return "", nil, errors.New("inboxdb: findParkedSQL: keys first needs a consumer")
+	}
+	return `WITH page AS MATERIALIZED (SELECT p.consumer, p.message_key FROM ` + s.ParkedTable() + ` p WHERE ` + where +
+		parkedConsumerOrder + lim + `)
+` + s.parkedSelectFrom(payloads, `page k JOIN `+s.ParkedTable()+` p ON p.consumer = k.consumer AND p.message_key = k.message_key`) +
+		parkedOrder, args, nil
 }
 
 func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q string, args ...any) ([]ParkedRow, error) {
