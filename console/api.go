@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -672,7 +674,7 @@ func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched
 		}
 	}
 	if matched != b.expect {
-		return matched, 0, 0, countChanged(matched, b.expect, "messages")
+		return matched, 0, 0, countChanged(matched, b.expect, matched, nil, nil, "messages")
 	}
 	if verb == "replay" {
 		rep, err := h.replayMatching(ctx, b.query.Store, b.query.Filter, b.topic)
@@ -682,14 +684,27 @@ func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched
 	return matched, n, 0, err
 }
 
-func countChanged(now, expected int64, what string) *apiError {
+// countChanged is the refusal of a bulk action whose count, within the
+// bounds of the count confirmed, is still, not expected: nothing was
+// done. now is the count now, with its bounds (asOf; maxID for outbox
+// rows), for a new confirmation.
+func countChanged(still, expected, now int64, asOf *time.Time, maxID *int64, what string) *apiError {
+	one := strings.TrimSuffix(what, "s")
+	var msg string
+	if still < expected {
+		msg = fmt.Sprintf("refused, nothing done: %d of the %s confirmed (expect) still match", still, plural(expected, one, what))
+	} else {
+		msg = fmt.Sprintf("refused, nothing done: %s of those the count confirmed saw match, not the %d confirmed (expect)", plural(still, one, what), expected)
+	}
 	verb := " match"
 	if now == 1 {
 		verb = " matches"
 	}
-	return &apiError{status: http.StatusConflict, code: codeCountChanged, count: &now,
-		message: "refused, nothing done: " + plural(now, strings.TrimSuffix(what, "s"), what) + verb + " now, not the " +
-			strconv.FormatInt(expected, 10) + " confirmed (expect); look again and confirm the new count"}
+	if asOf != nil {
+		asOf = ptr(asOf.UTC())
+	}
+	return &apiError{status: http.StatusConflict, code: codeCountChanged, count: &now, asOf: asOf, maxID: maxID,
+		message: msg + "; " + plural(now, one, what) + verb + " now (count, as_of): look again and confirm the new count"}
 }
 
 func (h *handler) apiParkedBulk(verb string) func(http.ResponseWriter, *http.Request) error {
@@ -779,6 +794,19 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// rowsCountJSON is the answer of GET .../outbox/rows/count: what a bulk
+// action confirms, and its bounds.
+type rowsCountJSON struct {
+	Count    int64     `json:"count"`
+	Matching string    `json:"matching"`
+	AsOf     time.Time `json:"as_of"`
+	MaxID    int64     `json:"max_id"`
+	// Since and Before are the filter's times, resolved (a bulk action
+	// takes them so, not relative).
+	Since  string `json:"since,omitempty"`
+	Before string `json:"before,omitempty"`
+}
+
 func (h *handler) apiRowsCount(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	if err := checkParams(q, outboxFields); err != nil {
@@ -793,11 +821,12 @@ func (h *handler) apiRowsCount(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	n, err := outbox.CountRows(ctx, h.cfg.DB, oq.Filter)
+	c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"count": n, "matching": oq.describe()})
+	writeJSON(w, http.StatusOK, rowsCountJSON{Count: c.Count, Matching: oq.describe(), AsOf: c.AsOf.UTC(), MaxID: c.MaxID,
+		Since: fmtBound(oq.Filter.QuarantinedSince), Before: fmtBound(oq.Filter.QuarantinedBefore)})
 	return nil
 }
 
@@ -864,11 +893,14 @@ func (h *handler) apiRowAction(verb string) func(http.ResponseWriter, *http.Requ
 	}
 }
 
-// bulkRows is a bulk action on outbox rows.
+// bulkRows is a bulk action on outbox rows: the filter, the count the
+// operator confirmed and the bounds of that count.
 type bulkRows struct {
 	query  outboxQuery
 	all    bool
 	expect int64
+	asOf   time.Time
+	maxID  int64
 }
 
 func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
@@ -884,7 +916,7 @@ func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
 	case b.Store != "" || b.Consumer != "" || b.Key != "" || b.Tenant != "" || b.Forget:
 		return bulkRows{}, badFilter("store, consumer, key, tenant and forget are not criteria of outbox rows")
 	}
-	oq, err := outboxFilterFrom(b.values(), time.Now())
+	oq, err := outboxFilterFrom(b.values(), time.Time{})
 	if err != nil {
 		return bulkRows{}, err
 	}
@@ -894,9 +926,50 @@ func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
 	if len(b.Meta) > 0 {
 		oq.Filter.Metadata = b.Meta
 	}
-	return bulkRows{query: oq, all: b.All, expect: *b.Expect}, nil
+	asOf, err := parseAsOf(b.AsOf)
+	if err != nil {
+		return bulkRows{}, err
+	}
+	if b.MaxID == nil {
+		return bulkRows{}, badFilter("max_id is required: the max_id of the count you confirmed (GET .../outbox/rows/count with the same filter); the action acts on no row written after it")
+	}
+	if err := checkMaxID(*b.MaxID, *b.Expect); err != nil {
+		return bulkRows{}, err
+	}
+	return bulkRows{query: oq, all: b.All, expect: *b.Expect, asOf: asOf, maxID: *b.MaxID}, nil
 }
 
+// checkMaxID checks the max_id of a count of expect rows.
+func checkMaxID(maxID, expect int64) error {
+	switch {
+	case maxID < 0:
+		return badFilter("max_id is %d: the max_id of the count (a row id, 0 when it counted none)", maxID)
+	case maxID == 0 && expect > 0:
+		return badFilter("max_id is 0 and expect is %d: a count of rows has the largest id it counted (max_id)", expect)
+	}
+	return nil
+}
+
+// dbNow is the database's time.
+func (h *handler) dbNow(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := seam.QueryRow(ctx, h.cfg.DB.Conn, `SELECT now()`, nil, &now)
+	return now, err
+}
+
+// checkAsOf refuses an as_of after now: the bound of a count is never in
+// the future (one would bound nothing).
+func checkAsOf(asOf, now time.Time) error {
+	if asOf.After(now) {
+		return badFilter("as_of is %s, after the %s now: give the as_of of the count you confirmed", fmtBound(asOf), "store's time "+fmtBound(now)+",")
+	}
+	return nil
+}
+
+// runRows runs a bulk action on outbox rows, bounded by the count the
+// operator confirmed: the rows counted then that still match. It counts
+// them again first; another number than the one confirmed is refused,
+// nothing done, with the count now and its bounds (count_changed).
 func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, done int64, err error) {
 	if verb == "discard" && b.query.Filter.State != "" && b.query.Filter.State != outbox.StateQuarantined {
 		return 0, 0, badFilter("state is %q: only quarantined rows can be discarded (a failing row is still the relay's)", b.query.Filter.State)
@@ -907,20 +980,31 @@ func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, do
 	ctx, cancel := actionCtx(r)
 	defer cancel()
 	defer func() {
-		h.audit(r, "outbox."+verb+".bulk", err, "matching", b.query.describe(), "expected", b.expect, "matched", matched, "count", done)
+		h.audit(r, "outbox."+verb+".bulk", err, "matching", b.query.describe(), "as_of", fmtBound(b.asOf), "max_id", b.maxID,
+			"expected", b.expect, "matched", matched, "count", done)
 	}()
-	f := b.query.Filter
-	if verb == "discard" && b.query.empty() {
-		// DiscardMatching wants a criterion: every row quarantined
-		// before now is every quarantined row.
-		f.QuarantinedBefore = time.Now().Add(time.Hour)
-	}
-	matched, err = outbox.CountRows(ctx, h.cfg.DB, f)
+	now, err := h.dbNow(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	if matched != b.expect {
-		return matched, 0, countChanged(matched, b.expect, "rows")
+	if err := checkAsOf(b.asOf, now); err != nil {
+		return 0, 0, err
+	}
+	f := b.query.Filter
+	f.AsOf, f.MaxID = b.asOf, b.maxID
+	c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, f)
+	if err != nil {
+		return 0, 0, err
+	}
+	if matched = c.Count; matched != b.expect {
+		fresh, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, b.query.Filter)
+		if err != nil {
+			return matched, 0, err
+		}
+		return matched, 0, countChanged(matched, b.expect, fresh.Count, &fresh.AsOf, &fresh.MaxID, "rows")
+	}
+	if matched == 0 {
+		return 0, 0, nil // nothing confirmed, nothing to do
 	}
 	if verb == "requeue" {
 		done, err = outbox.RequeueMatching(ctx, h.cfg.DB, f)

@@ -484,21 +484,28 @@ func TestOutboxRows(t *testing.T) {
 	ok(t, e.call("POST", "/eo/api/v1/outbox/rows/"+itoa(q3)+"/discard", nil))
 	apiErr(t, e.get("/eo/api/v1/outbox/rows/"+itoa(q3)), http.StatusNotFound, codeNotFound)
 
-	// Bulk: the confirmed count, or nothing.
+	// Bulk: the confirmed count (with the count's bounds), or nothing.
 	q4 := e.row("invoices", "inv-5", "{}", nil, "quarantined")
-	changed := apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", map[string]any{"topic": "invoices", "expect": 1}), http.StatusConflict, codeCountChanged)
+	bounded := func(q string, body map[string]any) map[string]any {
+		t.Helper()
+		c := ok(t, e.get("/eo/api/v1/outbox/rows/count"+q))
+		body["as_of"], body["max_id"] = c["as_of"], c["max_id"]
+		return body
+	}
+	changed := apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", bounded("?topic=invoices", map[string]any{"topic": "invoices", "expect": 1})),
+		http.StatusConflict, codeCountChanged)
 	require.EqualValues(t, 2, *changed.Count)
 	require.Equal(t, []int64{q2, q4}, ids(""), "nothing changed")
-	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", map[string]any{"expect": 2}), http.StatusBadRequest, codeBadFilter)
-	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", map[string]any{"state": "failing", "all": true, "expect": 1}), http.StatusBadRequest, codeBadFilter)
-	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", map[string]any{"topic": "invoices"}), http.StatusBadRequest, codeBadFilter)
-	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", map[string]any{"consumer": "x", "expect": 1}), http.StatusBadRequest, codeBadFilter)
-	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", map[string]any{"meta": map[string]string{"order_id": "A-2"}, "expect": 1}))
+	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", bounded("", map[string]any{"expect": 2})), http.StatusBadRequest, codeBadFilter)
+	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", bounded("?state=failing", map[string]any{"state": "failing", "all": true, "expect": 1})), http.StatusBadRequest, codeBadFilter)
+	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", bounded("?topic=invoices", map[string]any{"topic": "invoices"})), http.StatusBadRequest, codeBadFilter)
+	apiErr(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", bounded("", map[string]any{"consumer": "x", "expect": 1})), http.StatusBadRequest, codeBadFilter)
+	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", bounded("?meta=order_id:A-2", map[string]any{"meta": map[string]string{"order_id": "A-2"}, "expect": 1})))
 	require.EqualValues(t, 1, m["requeued"])
-	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", map[string]any{"all": true, "expect": 1}))
+	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", bounded("", map[string]any{"all": true, "expect": 1})))
 	require.EqualValues(t, 1, m["discarded"])
 	require.Empty(t, ids(""))
-	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", map[string]any{"state": "failing", "all": true, "expect": 1}))
+	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/requeue", bounded("?state=failing", map[string]any{"state": "failing", "all": true, "expect": 1})))
 	require.EqualValues(t, 1, m["requeued"])
 	require.Empty(t, ids("?state=all"))
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -43,8 +44,11 @@ type apiError struct {
 	message string
 	// consumers are the known consumers (unknown_consumer).
 	consumers []string
-	// count is the matching count now (count_changed).
+	// count is the matching count now (count_changed), asOf and maxID
+	// its bounds.
 	count *int64
+	asOf  *time.Time
+	maxID *int64
 }
 
 func (e *apiError) Error() string { return e.message }
@@ -70,10 +74,14 @@ type errorJSON struct {
 	Message   string   `json:"message"`
 	Consumers []string `json:"consumers,omitempty"`
 	Count     *int64   `json:"count,omitempty"`
+	// AsOf and MaxID are the bounds of Count (count_changed): what a
+	// confirmation of it carries.
+	AsOf  *time.Time `json:"as_of,omitempty"`
+	MaxID *int64     `json:"max_id,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	writeJSON(w, e.status, errorBody{errorJSON{Code: e.code, Message: e.message, Consumers: e.consumers, Count: e.count}})
+	writeJSON(w, e.status, errorBody{errorJSON{Code: e.code, Message: e.message, Consumers: e.consumers, Count: e.count, AsOf: e.asOf, MaxID: e.maxID}})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

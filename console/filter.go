@@ -62,7 +62,10 @@ func (h *handler) storeOf(name string) (string, error) {
 // parseWhen reads a time bound: RFC 3339 ("2025-11-23T13:00:00Z"), a date
 // and time without a zone, taken as UTC ("2025-11-23T13:00", what a
 // datetime-local input sends, or with a space), a date (UTC midnight), or
-// a duration ago ("90m", "2h", "3d", "1d12h").
+// a duration ago ("90m", "2h", "3d", "1d12h"). A zero now refuses a
+// duration: a bulk action takes the absolute times of its count (a
+// duration would be resolved again at the time of the action, a window
+// that slid since the count).
 func parseWhen(field, s string, now time.Time) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -77,6 +80,9 @@ func parseWhen(field, s string, now time.Time) (time.Time, error) {
 		}
 	}
 	if d, err := parseAgo(s); err == nil {
+		if now.IsZero() {
+			return time.Time{}, badFilter("%s is %q, a time relative to now: a bulk action takes absolute times (RFC 3339), those of its count (its \"since\" and \"before\"), so that it selects what the count did", field, s)
+		}
 		return now.Add(-d), nil
 	}
 	return time.Time{}, badFilter("%s is %q: give a time (RFC 3339, 2025-11-23T13:00:00Z; without a zone, UTC) or a duration ago (2h, 3d)", field, s)
@@ -390,6 +396,20 @@ type bulkBody struct {
 	Forget   bool              `json:"forget"`
 	All      bool              `json:"all"`
 	Expect   *int64            `json:"expect"`
+	// AsOf and MaxID are the bounds of the count that Expect confirms
+	// (its "as_of" and, for outbox rows, "max_id"): the action selects
+	// nothing the count could not see.
+	AsOf  string `json:"as_of"`
+	MaxID *int64 `json:"max_id"`
+}
+
+// parseAsOf reads the as_of of a count that a bulk action carries: an
+// absolute time, required.
+func parseAsOf(s string) (time.Time, error) {
+	if strings.TrimSpace(s) == "" {
+		return time.Time{}, badFilter("as_of is required: the as_of of the count you confirmed (GET .../count with the same filter); the action acts on nothing the count could not see")
+	}
+	return parseWhen("as_of", s, time.Time{})
 }
 
 // values is the body's filter as query values, for the filters' parsers;

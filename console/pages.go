@@ -576,6 +576,17 @@ func discardNote(forget bool) string {
 	return "The kept message is deleted; its key stays recorded, so a late redelivery is still not run. This cannot be undone."
 }
 
+// changedText says on a confirmation page that the count confirmed no
+// longer holds: still of the expected match within its bounds, now match
+// now.
+func changedText(still, expected, now int64, one, many string) string {
+	was := fmt.Sprintf("%d of the %s you confirmed still match", still, plural(expected, one, many))
+	if still > expected {
+		was = fmt.Sprintf("%s match the count you confirmed, not the %d you confirmed", plural(still, one, many), expected)
+	}
+	return fmt.Sprintf("Nothing was done: %s; %s now. Confirm again with the new count.", was, plural(now, one+" matches", many+" match"))
+}
+
 // actionFailed shows the result page of an action the store refused.
 func (h *handler) actionFailed(w http.ResponseWriter, r *http.Request, heading string, err error, back string) error {
 	e := h.classify(r, err)
@@ -819,18 +830,24 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 		if err := r.ParseForm(); err != nil {
 			return badFilter("the form: %v", err)
 		}
-		oq, err := outboxFilterFrom(r.PostForm, time.Now())
+		ok, expect, err := confirmed(r)
 		if err != nil {
 			return err
 		}
-		ok, expect, err := confirmed(r)
+		now := time.Now()
+		if ok {
+			now = time.Time{} // the confirmation's times are the count's
+		}
+		oq, err := outboxFilterFrom(r.PostForm, now)
 		if err != nil {
 			return err
 		}
 		back := h.prefix + "/outbox?" + oq.values().Encode()
 		b := bulkRows{query: oq, all: oq.empty(), expect: expect}
-		confirm := func(status int, n int64, changed string) {
-			fields := append(fieldsOf(oq.values()), field{"expect", strconv.FormatInt(n, 10)}, field{"confirmed", "1"})
+		confirm := func(status int, c outbox.RowCount, changed string) {
+			n := c.Count
+			fields := append(fieldsOf(oq.values()), field{"expect", strconv.FormatInt(n, 10)}, field{"as_of", fmtBound(c.AsOf)},
+				field{"max_id", strconv.FormatInt(c.MaxID, 10)}, field{"confirmed", "1"})
 			d := confirmData{Action: h.prefix + "/outbox/" + verb, Fields: fields, CancelURL: back, Matching: "Matching: " + oq.describe() + ".",
 				Changed: changed, Zero: n == 0}
 			if verb == "requeue" {
@@ -848,18 +865,26 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 			}
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			n, err := outbox.CountRows(ctx, h.cfg.DB, oq.Filter)
+			c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
 			if err != nil {
 				return err
 			}
-			confirm(http.StatusOK, n, "")
+			confirm(http.StatusOK, c, "")
 			return nil
+		}
+		if b.asOf, err = parseAsOf(r.PostFormValue("as_of")); err != nil {
+			return err
+		}
+		if b.maxID, err = strconv.ParseInt(r.PostFormValue("max_id"), 10, 64); err != nil {
+			return badFilter("max_id is %q: the max_id of the count you confirmed", r.PostFormValue("max_id"))
+		}
+		if err := checkMaxID(b.maxID, expect); err != nil {
+			return err
 		}
 		matched, done, err := h.runRows(r, verb, b)
 		var ae *apiError
 		if errors.As(err, &ae) && ae.code == codeCountChanged {
-			confirm(http.StatusConflict, matched, fmt.Sprintf("Nothing was done: %s match now, not the %d you confirmed. Confirm again with the new count.",
-				plural(matched, "row", "rows"), expect))
+			confirm(http.StatusConflict, outbox.RowCount{Count: *ae.count, AsOf: *ae.asOf, MaxID: *ae.maxID}, changedText(matched, expect, *ae.count, "row", "rows"))
 			return nil
 		}
 		past := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[verb]

@@ -134,6 +134,37 @@ type RowFilter struct {
 	// fields with exactly this value (a business id such as "order_id"
 	// that the producer set, say).
 	Metadata map[string]string
+
+	// AsOf and MaxID bound the rows to those a count could see
+	// (CountRowsAsOf returns both): give them to RequeueMatching or
+	// DiscardMatching after the operator confirmed the count, and the rows
+	// acted on are among the rows counted that still match; the set can
+	// only shrink.
+	//
+	// AsOf, when set, selects the quarantined rows quarantined at or before
+	// AsOf: a row quarantined after it, or requeued and quarantined again,
+	// is not selected. Failing rows hold no time of their failure: AsOf
+	// does not select among them (with StateFailing or StateAll they are
+	// bounded by MaxID only, so a row written before the count that fails
+	// for the first time after it is selected). AsOf is a time of the
+	// database's clock (the relay stamps quarantined_at with it).
+	AsOf time.Time
+	// MaxID, when positive, selects the rows whose id is at most MaxID: no
+	// row written after the count (ids grow with each row written).
+	MaxID int64
+}
+
+// RowCount is a count of rows and the bounds of what it counted
+// (CountRowsAsOf).
+type RowCount struct {
+	// Count is the number of rows counted.
+	Count int64
+	// AsOf is the database's time of the count (RowFilter.AsOf when it was
+	// set).
+	AsOf time.Time
+	// MaxID is the largest id counted; 0 when none (then RowFilter.MaxID
+	// bounds nothing: act on nothing).
+	MaxID int64
 }
 
 // Paging is a page of FindRows: rows with ids above After, oldest (lowest
@@ -204,10 +235,9 @@ func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowP
 }
 
 // CountRows returns the number of rows of db's outbox table that f selects
-// (by default the quarantined ones). Count before RequeueMatching or
-// DiscardMatching, and confirm; to act on no row quarantined after the
-// count, set f.QuarantinedBefore to a time taken before it. db.Conn is
-// required.
+// (by default the quarantined ones). To confirm a count before
+// RequeueMatching or DiscardMatching, use CountRowsAsOf: the action then
+// acts on no row the count did not see. db.Conn is required.
 func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
 	const op = "CountRows"
 	if err := checkDB(db); err != nil {
@@ -222,6 +252,38 @@ func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error)
 		return 0, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	return n, nil
+}
+
+// CountRowsAsOf counts as CountRows does, at the database's current time
+// (or at f.AsOf when it is set), and returns the bounds of what it
+// counted: the time (RowCount.AsOf) and the largest id (RowCount.MaxID).
+// Count, have the count confirmed, then act with f.AsOf and f.MaxID set
+// to them: RequeueMatching and DiscardMatching then act on rows the count
+// saw, never on one quarantined or written after it. Count again with the
+// bounds just before acting, to check that the confirmed count still
+// holds (a row requeued, relayed or discarded meanwhile drops out). A row
+// whose quarantine was committed during the count is in neither: it was
+// not seen, and its id is above MaxID or its time after AsOf. db.Conn is
+// required.
+func CountRowsAsOf(ctx context.Context, db sqlschema.DB, f RowFilter) (RowCount, error) {
+	const op = "CountRowsAsOf"
+	if err := checkDB(db); err != nil {
+		return RowCount{}, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if err := f.validate(op); err != nil {
+		return RowCount{}, err
+	}
+	if f.AsOf.IsZero() {
+		if err := seam.QueryRow(ctx, db.Conn, `SELECT now()`, nil, &f.AsOf); err != nil {
+			return RowCount{}, fmt.Errorf("outbox: %s: %w", op, err)
+		}
+	}
+	where, args := f.where()
+	c := RowCount{AsOf: f.AsOf}
+	if err := seam.QueryRow(ctx, db.Conn, `SELECT count(*), coalesce(max(id), 0) FROM `+db.Outbox()+` WHERE `+where, args, &c.Count, &c.MaxID); err != nil {
+		return RowCount{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	return c, nil
 }
 
 // GetRow returns the row of db's outbox table with this id, whatever its
@@ -320,8 +382,8 @@ func RequeueMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, 
 // DiscardMatching deletes every quarantined row that f selects: their
 // messages are then never published. f.State must be StateQuarantined (or
 // empty): a failing row is still the relay's. f must name at least one
-// criterion (to discard every quarantined row on purpose, set
-// QuarantinedBefore to the current time). It works in batches of a few
+// criterion (to discard every quarantined row on purpose, set AsOf, from
+// CountRowsAsOf, or QuarantinedBefore to the current time). It works in batches of a few
 // hundred rows, each its own short transaction, and returns the number of
 // rows deleted; after an error, the number deleted by the batches before
 // it. db.Conn is required.
@@ -337,7 +399,7 @@ func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, 
 		return 0, fmt.Errorf("outbox: %s: RowFilter.State is %q: only quarantined rows can be discarded (a failing row is still the relay's, which may be publishing it)", op, f.State)
 	}
 	if f.empty() {
-		return 0, fmt.Errorf("outbox: %s: the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set QuarantinedBefore to the current time)", op)
+		return 0, fmt.Errorf("outbox: %s: the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountRowsAsOf, or QuarantinedBefore to the current time)", op)
 	}
 	return actOnMatching(ctx, db, op, f, func(picked string) string {
 		return `DELETE FROM ` + db.Outbox() + ` o USING ` + picked + ` p WHERE o.id = p.id RETURNING o.id`
@@ -491,6 +553,9 @@ func (f RowFilter) validate(op string) error {
 		return bad("QuarantinedSince (%s) is not before QuarantinedBefore (%s): the range is empty",
 			f.QuarantinedSince.Format(time.RFC3339Nano), f.QuarantinedBefore.Format(time.RFC3339Nano))
 	}
+	if f.MaxID < 0 {
+		return bad("MaxID is %d: ids are positive (RowCount.MaxID; 0 for no bound)", f.MaxID)
+	}
 	for k, v := range f.Metadata {
 		if k == "" {
 			return bad("Metadata has an empty key")
@@ -508,7 +573,7 @@ func (f RowFilter) validate(op string) error {
 // empty reports whether f names no criterion besides its state.
 func (f RowFilter) empty() bool {
 	return len(f.IDs) == 0 && f.Topic == "" && f.UUID == "" && f.Reason == "" &&
-		f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0
+		f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0 && f.AsOf.IsZero() && f.MaxID == 0
 }
 
 // where returns f as an SQL condition and its arguments ($1, $2...): only
@@ -551,6 +616,18 @@ func (f RowFilter) where() (string, []any) {
 	if len(f.Metadata) > 0 {
 		js, _ := json.Marshal(f.Metadata) // a map of strings always encodes
 		conds = append(conds, `metadata @> `+arg(string(js))+`::jsonb`)
+	}
+	if f.MaxID > 0 {
+		conds = append(conds, `id <= `+arg(f.MaxID))
+	}
+	if !f.AsOf.IsZero() {
+		switch f.State {
+		case StateFailing: // no time of their failure: MaxID bounds them
+		case StateAll:
+			conds = append(conds, `(quarantined_at IS NULL OR quarantined_at <= `+arg(f.AsOf)+`)`)
+		default:
+			conds = append(conds, `quarantined_at <= `+arg(f.AsOf))
+		}
 	}
 	return strings.Join(conds, " AND "), args
 }

@@ -291,7 +291,8 @@ func TestRowFilterValidation(t *testing.T) {
 			return err
 		}(), `RowFilter.State is "all": only quarantined rows can be discarded`},
 		{"discard everything", func() error { _, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{}); return err }(),
-			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set QuarantinedBefore to the current time)"},
+			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountRowsAsOf, or QuarantinedBefore to the current time)"},
+		{"max id", find(outbox.RowFilter{MaxID: -3}), "RowFilter.MaxID is -3: ids are positive"},
 		{"get id", func() error { _, err := outbox.GetRow(ctx, db, 0); return err }(), "outbox: GetRow: row id 0: ids are positive"},
 		{"requeue id", outbox.Requeue(ctx, db, -2), "outbox: Requeue: row id -2: ids are positive"},
 		{"discard id", outbox.Discard(ctx, db, 0), "outbox: Discard: row id 0: ids are positive"},
@@ -584,5 +585,71 @@ func TestDiscard(t *testing.T) {
 		page, err = outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll}, outbox.Paging{})
 		require.NoError(t, err)
 		require.Equal(t, []int64{f1}, rowIDs(page.Rows), "the failing row stays")
+	})
+}
+
+// CountRowsAsOf counts at the database's time and returns the bounds of
+// what it counted (AsOf, MaxID); an action given them acts on no row the
+// count could not see: none quarantined (or quarantined again) after AsOf,
+// none written after MaxID, failing rows included.
+func TestCountRowsAsOf(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		db := b.schema()
+		ids := b.seed(t,
+			seedRow{Topic: "big", UUID: "q1", State: outbox.StateQuarantined, QuarantinedAt: time.Now().Add(-time.Minute)},
+			seedRow{Topic: "big", UUID: "q2", State: outbox.StateQuarantined, QuarantinedAt: time.Now().Add(-time.Minute)},
+			seedRow{Topic: "big", UUID: "f1", State: outbox.StateFailing},
+			seedRow{Topic: "big", UUID: "h1"},
+		)
+		q1, q2, f1, h1 := ids[0], ids[1], ids[2], ids[3]
+		c, err := outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{Topic: "big", State: outbox.StateAll})
+		require.NoError(t, err)
+		require.Equal(t, int64(3), c.Count)
+		require.Equal(t, f1, c.MaxID, "the largest id counted (h1 is not)")
+		require.WithinDuration(t, time.Now(), c.AsOf, time.Minute, "the database's time")
+
+		// Meanwhile: q1 requeued and quarantined again, a row quarantined
+		// after the count, one whose quarantine committed late (its time
+		// before AsOf, its id after MaxID), the healthy row failing.
+		b.exec(t, `UPDATE `+b.tables.Outbox()+` SET quarantined_at = $2 WHERE id = $1`, q1, c.AsOf.Add(time.Second))
+		late := b.seed(t,
+			seedRow{Topic: "big", UUID: "q3", State: outbox.StateQuarantined, QuarantinedAt: c.AsOf.Add(time.Second)},
+			seedRow{Topic: "big", UUID: "q4", State: outbox.StateQuarantined, QuarantinedAt: c.AsOf.Add(-time.Second)},
+			seedRow{Topic: "big", UUID: "f2", State: outbox.StateFailing},
+		)
+		bound := outbox.RowFilter{Topic: "big", State: outbox.StateAll, AsOf: c.AsOf, MaxID: c.MaxID}
+		again, err := outbox.CountRowsAsOf(b.ctx, db, bound)
+		require.NoError(t, err)
+		require.Equal(t, int64(2), again.Count, "q2 and f1: the set only shrank")
+		require.Equal(t, f1, again.MaxID)
+		require.True(t, again.AsOf.Equal(c.AsOf), "a count given AsOf counts as of it")
+		page, err := outbox.FindRows(b.ctx, db, bound, outbox.Paging{})
+		require.NoError(t, err)
+		require.Equal(t, []int64{q2, f1}, rowIDs(page.Rows))
+		n, err := outbox.CountRows(b.ctx, db, outbox.RowFilter{Topic: "big", AsOf: c.AsOf})
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n, "AsOf alone: q2 and q4 (quarantined before it)")
+
+		n, err = outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{State: outbox.StateFailing, AsOf: c.AsOf, MaxID: c.MaxID})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "f1; not f2, written after the count")
+		n, err = outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{AsOf: c.AsOf, MaxID: c.MaxID})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "AsOf is a criterion: every row quarantined by then, of those counted: q2")
+		page, err = outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll}, outbox.Paging{})
+		require.NoError(t, err)
+		require.Equal(t, []int64{q1, late[0], late[1], late[2]}, rowIDs(page.Rows))
+		_, err = outbox.GetRow(b.ctx, db, h1)
+		require.NoError(t, err)
+
+		// Nothing counted: MaxID 0, and nothing is bounded by it.
+		c, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{Topic: "none"})
+		require.NoError(t, err)
+		require.Equal(t, int64(0), c.Count)
+		require.Equal(t, int64(0), c.MaxID)
+
+		_, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{MaxID: -1})
+		require.ErrorContains(t, err, "outbox: CountRowsAsOf: RowFilter.MaxID is -1")
 	})
 }
