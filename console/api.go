@@ -488,6 +488,64 @@ func (h *handler) apiParkedList(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// parkedCountJSON is the answer of GET .../parked/count: what a bulk
+// action confirms, and when it was counted.
+type parkedCountJSON struct {
+	Count    int64     `json:"count"`
+	Matching string    `json:"matching"`
+	AsOf     time.Time `json:"as_of"`
+	// Since and Before are the filter's times, resolved (a bulk action
+	// takes them so, not relative).
+	Since  string `json:"since,omitempty"`
+	Before string `json:"before,omitempty"`
+}
+
+// storeNow is the store's time: the database's for PostgreSQL; for
+// Redis, the console's (the Redis store stamps a park with Redis's clock,
+// in milliseconds: keep the clocks in sync), the end of the current
+// millisecond, once it has passed: a message parked before it was parked
+// before the count that takes it reads the store.
+func (h *handler) storeNow(ctx context.Context, store string) (time.Time, error) {
+	if store == storeRedis {
+		t := time.Now().Truncate(time.Millisecond).Add(time.Millisecond)
+		time.Sleep(time.Until(t))
+		return t.UTC(), nil
+	}
+	return h.dbNow(ctx)
+}
+
+// countParkedAsOf counts the messages f selects that were parked before
+// asOf: what a count at asOf saw, or what is left of it.
+func (h *handler) countParkedAsOf(ctx context.Context, store string, f inbox.ParkedFilter, asOf time.Time) (int64, error) {
+	f, none := boundParked(f, asOf)
+	if none {
+		return 0, nil
+	}
+	return h.parked(store).CountParked(ctx, f)
+}
+
+// boundParked is f selecting the messages parked before asOf only; none
+// reports that it selects nothing (since is not before asOf).
+func boundParked(f inbox.ParkedFilter, asOf time.Time) (_ inbox.ParkedFilter, none bool) {
+	if f.Before.IsZero() || f.Before.After(asOf) {
+		f.Before = asOf
+	}
+	return f, !f.Since.IsZero() && !f.Since.Before(f.Before)
+}
+
+// countParked counts f now: the count and its time.
+func (h *handler) countParked(ctx context.Context, pq parkedQuery) (int64, time.Time, error) {
+	asOf, err := h.storeNow(ctx, pq.Store)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	n, err := h.countParkedAsOf(ctx, pq.Store, pq.Filter, asOf)
+	if err == nil && n == 0 {
+		err = h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer)
+	}
+	return n, asOf, err
+}
+
 func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	if err := checkParams(q, parkedFields); err != nil {
@@ -499,16 +557,12 @@ func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	n, err := h.parked(pq.Store).CountParked(ctx, pq.Filter)
+	n, asOf, err := h.countParked(ctx, pq)
 	if err != nil {
 		return err
 	}
-	if n == 0 {
-		if err := h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer); err != nil {
-			return err
-		}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"count": n, "matching": pq.describe()})
+	writeJSON(w, http.StatusOK, parkedCountJSON{Count: n, Matching: pq.describe(), AsOf: asOf.UTC(),
+		Since: fmtBound(pq.Filter.Since), Before: fmtBound(pq.Filter.Before)})
 	return nil
 }
 
@@ -614,6 +668,7 @@ type bulkParked struct {
 	forget bool
 	all    bool
 	expect int64
+	asOf   time.Time // the count's
 }
 
 // bulkParkedFrom reads a bulk action's JSON body.
@@ -634,10 +689,13 @@ func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, erro
 	case verb == "discard" && b.Topic != "":
 		return bulkParked{}, badFilter("topic is an option of replay, not of discard")
 	}
+	if b.MaxID != nil {
+		return bulkParked{}, badFilter("max_id is a bound of outbox rows, not of parked messages (their count's as_of bounds them)")
+	}
 	if err := checkText("topic", b.Topic); err != nil {
 		return bulkParked{}, err
 	}
-	pq, err := h.parkedFilterFrom(b.values(), time.Now())
+	pq, err := h.parkedFilterFrom(b.values(), time.Time{})
 	if err != nil {
 		return bulkParked{}, err
 	}
@@ -647,12 +705,19 @@ func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, erro
 	if len(b.Meta) > 0 {
 		pq.Filter.Metadata = b.Meta
 	}
-	return bulkParked{query: pq, topic: b.Topic, forget: b.Forget, all: b.All, expect: *b.Expect}, nil
+	asOf, err := parseAsOf(b.AsOf)
+	if err != nil {
+		return bulkParked{}, err
+	}
+	return bulkParked{query: pq, topic: b.Topic, forget: b.Forget, all: b.All, expect: *b.Expect, asOf: asOf}, nil
 }
 
-// runParked runs a bulk action on parked messages, once the matching
-// count is the one the operator confirmed: it returns the count, what was
-// done and what was skipped.
+// runParked runs a bulk action on parked messages, bounded by the count
+// the operator confirmed: the messages parked before its as_of that still
+// match. It counts them again first; another number than the one
+// confirmed is refused, nothing done, with the count now and its as_of
+// (count_changed). It returns the count, what was done and what was
+// skipped.
 func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched, done, skipped int64, err error) {
 	if b.query.empty() && !b.all {
 		return 0, 0, 0, badFilter("the filter is empty: it selects every parked message of every consumer; send \"all\": true to mean that")
@@ -660,27 +725,35 @@ func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched
 	ctx, cancel := actionCtx(r)
 	defer cancel()
 	defer func() {
-		h.audit(r, "parked."+verb+".bulk", err, "store", b.query.Store, "matching", b.query.describe(), "expected", b.expect,
-			"matched", matched, "count", done, "skipped", skipped, "topic", b.topic, "forget", b.forget)
+		h.audit(r, "parked."+verb+".bulk", err, "store", b.query.Store, "matching", b.query.describe(), "as_of", fmtBound(b.asOf),
+			"expected", b.expect, "matched", matched, "count", done, "skipped", skipped, "topic", b.topic, "forget", b.forget)
 	}()
-	s := h.parked(b.query.Store)
-	matched, err = s.CountParked(ctx, b.query.Filter)
+	now, err := h.storeNow(ctx, b.query.Store)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	if matched == 0 {
-		if err := h.unknownConsumer(ctx, b.query.Store, b.query.Filter.Consumer); err != nil {
-			return 0, 0, 0, err
-		}
+	if err := checkAsOf(b.asOf, now); err != nil {
+		return 0, 0, 0, err
+	}
+	f, none := boundParked(b.query.Filter, b.asOf)
+	if matched, err = h.countParkedAsOf(ctx, b.query.Store, b.query.Filter, b.asOf); err != nil {
+		return 0, 0, 0, err
 	}
 	if matched != b.expect {
-		return matched, 0, 0, countChanged(matched, b.expect, matched, nil, nil, "messages")
+		n, asOf, err := h.countParked(ctx, b.query)
+		if err != nil {
+			return matched, 0, 0, err
+		}
+		return matched, 0, 0, countChanged(matched, b.expect, n, &asOf, nil, "messages")
+	}
+	if matched == 0 || none {
+		return 0, 0, 0, h.unknownConsumer(ctx, b.query.Store, b.query.Filter.Consumer) // nothing confirmed, nothing to do
 	}
 	if verb == "replay" {
-		rep, err := h.replayMatching(ctx, b.query.Store, b.query.Filter, b.topic)
+		rep, err := h.replayMatching(ctx, b.query.Store, f, b.topic)
 		return matched, rep.Replayed, rep.Skipped, err
 	}
-	n, err := s.DiscardParkedMatching(ctx, b.query.Filter, inbox.DiscardOptions{Forget: b.forget, All: true})
+	n, err := h.parked(b.query.Store).DiscardParkedMatching(ctx, f, inbox.DiscardOptions{Forget: b.forget, All: true})
 	return matched, n, 0, err
 }
 

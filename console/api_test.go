@@ -352,6 +352,7 @@ func TestParkedBulk(t *testing.T) {
 	}
 	m := ok(t, e.get("/eo/api/v1/parked/count?consumer=ship-order&meta=customer_id:C-77"))
 	require.EqualValues(t, 3, m["count"])
+	filter["as_of"] = m["as_of"]
 
 	changed := apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", with(map[string]any{"expect": 2})), http.StatusConflict, codeCountChanged)
 	require.EqualValues(t, 3, *changed.Count)
@@ -367,12 +368,12 @@ func TestParkedBulk(t *testing.T) {
 		with(map[string]any{"expect": "3"}),
 		with(map[string]any{"expect": 3, "since": "last week"}),
 		with(map[string]any{"expect": 3, "meta": map[string]string{"": "x"}}),
-		map[string]any{"expect": 5}, // the empty filter, without all
+		map[string]any{"expect": 5, "as_of": m["as_of"]}, // the empty filter, without all
 		"not json",
 	} {
 		apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", body), http.StatusBadRequest, codeBadFilter)
 	}
-	apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", map[string]any{"consumer": "shiporder", "expect": 0}), http.StatusNotFound, codeUnknownConsumer)
+	apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", map[string]any{"consumer": "shiporder", "expect": 0, "as_of": m["as_of"]}), http.StatusNotFound, codeUnknownConsumer)
 	big := `{"reason": "` + strings.Repeat("x", 2<<20) + `", "expect": 1}`
 	apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", big), http.StatusRequestEntityTooLarge, codeTooLarge)
 
@@ -386,7 +387,8 @@ func TestParkedBulk(t *testing.T) {
 	}
 	require.Equal(t, "parked", e.status("bill", "c1"), "another consumer's")
 
-	m = ok(t, e.call("POST", "/eo/api/v1/parked/discard", map[string]any{"all": true, "expect": 2, "forget": true}))
+	m = ok(t, e.get("/eo/api/v1/parked/count"))
+	m = ok(t, e.call("POST", "/eo/api/v1/parked/discard", map[string]any{"all": true, "expect": 2, "forget": true, "as_of": m["as_of"]}))
 	require.EqualValues(t, 2, m["discarded"])
 	require.Equal(t, "", e.status("bill", "c1"))
 	m = ok(t, e.get("/eo/api/v1/parked/count"))
@@ -629,7 +631,7 @@ func TestBadInputEveryEndpoint(t *testing.T) {
 		{"GET", "/eo/api/v1/parked?limit=1001", nil, 400, codePageTooLarge},
 		{"GET", "/eo/api/v1/parked/count?meta=nocolon", nil, 400, codeBadFilter},
 		{"POST", "/eo/api/v1/parked/replay", map[string]any{"consumer": "ship-order"}, 400, codeBadFilter},
-		{"POST", "/eo/api/v1/parked/discard", map[string]any{"consumer": "ship-order", "expect": 0}, 409, codeCountChanged},
+		{"POST", "/eo/api/v1/parked/discard", map[string]any{"consumer": "ship-order", "expect": 0, "as_of": time.Now()}, 409, codeCountChanged},
 		{"GET", "/eo/api/v1/parked/ship-order/k1?store=redis", nil, 400, codeBadFilter},
 		{"POST", "/eo/api/v1/parked/ship-order/k1/replay", `{"topic": "a\u0000b"}`, 400, codeBadFilter},
 		{"POST", "/eo/api/v1/parked/ship-order/k1/discard", `[]`, 400, codeBadFilter},

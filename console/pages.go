@@ -599,7 +599,15 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 		if err := r.ParseForm(); err != nil {
 			return badFilter("the form: %v", err)
 		}
-		pq, err := h.parkedFilterFrom(r.PostForm, time.Now())
+		ok, expect, err := confirmed(r)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if ok {
+			now = time.Time{} // the confirmation's times are the count's
+		}
+		pq, err := h.parkedFilterFrom(r.PostForm, now)
 		if err != nil {
 			return err
 		}
@@ -607,14 +615,10 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 		if err := checkText("topic", topic); err != nil {
 			return err
 		}
-		ok, expect, err := confirmed(r)
-		if err != nil {
-			return err
-		}
 		back := h.prefix + "/parked?" + pq.values().Encode()
 		b := bulkParked{query: pq, topic: topic, forget: forget, all: all, expect: expect}
-		confirm := func(status int, n int64, changed string) {
-			fields := append(fieldsOf(pq.values()), field{"expect", strconv.FormatInt(n, 10)}, field{"confirmed", "1"})
+		confirm := func(status int, n int64, asOf time.Time, changed string) {
+			fields := append(fieldsOf(pq.values()), field{"expect", strconv.FormatInt(n, 10)}, field{"as_of", fmtBound(asOf)}, field{"confirmed", "1"})
 			d := confirmData{Action: h.prefix + "/parked/" + verb, Fields: fields, CancelURL: back, Matching: "Matching: " + pq.describe() + ".",
 				Changed: changed, Zero: n == 0}
 			if verb == "replay" {
@@ -635,21 +639,20 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			n, err := h.parked(pq.Store).CountParked(ctx, pq.Filter)
-			if err == nil && n == 0 {
-				err = h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer)
-			}
+			n, asOf, err := h.countParked(ctx, pq)
 			if err != nil {
 				return err
 			}
-			confirm(http.StatusOK, n, "")
+			confirm(http.StatusOK, n, asOf, "")
 			return nil
+		}
+		if b.asOf, err = parseAsOf(r.PostFormValue("as_of")); err != nil {
+			return err
 		}
 		matched, done, skipped, err := h.runParked(r, verb, b)
 		var ae *apiError
 		if errors.As(err, &ae) && ae.code == codeCountChanged {
-			confirm(http.StatusConflict, matched, fmt.Sprintf("Nothing was done: %s match now, not the %d you confirmed. Confirm again with the new count.",
-				plural(matched, "message", "messages"), expect))
+			confirm(http.StatusConflict, *ae.count, *ae.asOf, changedText(matched, expect, *ae.count, "message", "messages"))
 			return nil
 		}
 		res := resultData{BackURL: back, Back: "Back to the parked messages"}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
@@ -238,16 +239,18 @@ func TestConfirmFlows(t *testing.T) {
 	require.Contains(t, text(t, body, "matching"), `metadata "batch" = "7"`)
 	action, v = form(t, body, "confirm-form")
 	require.Equal(t, "2", v.Get("expect"))
+	require.NotEmpty(t, v.Get("as_of"), "the count's time")
 	e.park("ship-order", "b3", pmsg{topic: "orders", meta: map[string]string{"batch": "7"}})
+	require.NoError(t, e.store.DiscardParked(e.ctx, "ship-order", "b1", inbox.DiscardOptions{}))
 	body = page(t, post(action, v), http.StatusConflict)
-	require.Contains(t, text(t, body, "count-changed"), "Nothing was done: 3 messages match now, not the 2 you confirmed")
-	require.Equal(t, "This discards 3 messages.", text(t, body, "confirm-count"))
+	require.Contains(t, text(t, body, "count-changed"), "Nothing was done: 1 of the 2 messages you confirmed still match; 2 messages match now.")
+	require.Equal(t, "This discards 2 messages.", text(t, body, "confirm-count"))
 	n := testenv.Count(t, e.db.Conn, `SELECT count(*) FROM `+e.inner.ParkedTable()+` WHERE metadata @> '{"batch":"7"}'`)
-	require.EqualValues(t, 3, n, "nothing discarded")
+	require.EqualValues(t, 2, n, "nothing discarded")
 	action, v = form(t, body, "confirm-form")
 	body = page(t, post(action, v), http.StatusOK)
-	require.Equal(t, "Done: Discarded 3 messages.", text(t, body, "result"))
-	require.Equal(t, "parked", e.status("ship-order", "b1"), "the keys stay parked")
+	require.Equal(t, "Done: Discarded 2 messages.", text(t, body, "result"))
+	require.Equal(t, "parked", e.status("ship-order", "b2"), "the keys stay parked")
 
 	// Bulk replay with a relative time: the confirmation carries the
 	// absolute time, so its count holds.

@@ -93,7 +93,9 @@ func TestRedisStore(t *testing.T) {
 	apiErr(t, e.call("POST", "/eo/api/v1/parked/send-sms/"+seg(odd)+"/replay?store=redis", nil), http.StatusNotFound, codeNotFound)
 
 	// Bulk: the confirmed count.
-	filter := map[string]any{"store": "redis", "consumer": "send-sms", "meta": map[string]string{"order_id": "A-2"}}
+	m = ok(t, e.get("/eo/api/v1/parked/count?store=redis&consumer=send-sms&meta=order_id:A-2"))
+	require.EqualValues(t, 2, m["count"])
+	filter := map[string]any{"store": "redis", "consumer": "send-sms", "meta": map[string]string{"order_id": "A-2"}, "as_of": m["as_of"]}
 	filter["expect"] = 1
 	apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", filter), http.StatusConflict, codeCountChanged)
 	require.Len(t, pub.all(), 1)
@@ -141,7 +143,7 @@ func TestRedisOnly(t *testing.T) {
 	require.EqualValues(t, 1, m["count"])
 
 	apiErr(t, e.call("POST", "/eo/api/v1/parked/send-sms/s1/replay", nil), http.StatusServiceUnavailable, codeUnavailable)
-	apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", map[string]any{"consumer": "send-sms", "expect": 1}), http.StatusServiceUnavailable, codeUnavailable)
+	apiErr(t, e.call("POST", "/eo/api/v1/parked/replay", map[string]any{"consumer": "send-sms", "expect": 1, "as_of": m["as_of"]}), http.StatusServiceUnavailable, codeUnavailable)
 	rec, err := r.store.Get(e.ctx, "send-sms", "s1")
 	require.NoError(t, err)
 	require.Equal(t, "parked", rec.Status, "nothing changed")
