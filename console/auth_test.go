@@ -107,7 +107,7 @@ func TestNewRefuses(t *testing.T) {
 	require.Contains(t, logs.String(), `"level":"WARN"`)
 	require.Contains(t, logs.String(), "INSECURE")
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/api/v1/relays", nil))
+	h.ServeHTTP(w, httptest.NewRequest("GET", "http://127.0.0.1:8089/api/v1/relays", nil))
 	require.Equal(t, http.StatusOK, w.Code, "served as anonymous: %s", w.Body)
 }
 

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,6 +79,17 @@ type Config struct {
 	// ("as_of"). Defaults to 30s.
 	StatsInterval time.Duration
 
+	// AllowedHosts are names (host, or host:port for that port only)
+	// that requests may address the console by (their Host header),
+	// besides the loopback's (127.0.0.0/8, ::1, localhost), which are
+	// always allowed. With InsecureNoAuth every other name is refused
+	// (421, "misdirected"): a page of another site whose name resolves
+	// to the loopback (DNS rebinding) would be the console's own origin to
+	// the browser, and read the payloads and post actions. With Auth, the
+	// names are checked only when AllowedHosts is set. Behind a reverse
+	// proxy that keeps the client's Host, list the proxy's name.
+	AllowedHosts []string
+
 	// TrustedOrigins are origins ("https://ops.example.com") whose
 	// browsers may post actions although they are not the origin the
 	// request was sent to: a reverse proxy that rewrites Host, say
@@ -121,6 +134,54 @@ type handler struct {
 	prefix   string
 	apiRoot  string // prefix + "/api/"
 	insecure bool
+	// hosts are Config.AllowedHosts, parsed; checkHost says whether the
+	// Host of a request is checked (InsecureNoAuth, or AllowedHosts set).
+	hosts     []allowedHost
+	checkHost bool
+}
+
+// allowedHost is an entry of Config.AllowedHosts: a name, and a port
+// ("" for any).
+type allowedHost struct{ name, port string }
+
+// parseAllowedHost reads an entry of Config.AllowedHosts.
+func parseAllowedHost(s string) (allowedHost, error) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	name, port := s, ""
+	if n, p, err := net.SplitHostPort(s); err == nil {
+		name, port = n, p
+		if _, err := strconv.ParseUint(p, 10, 16); err != nil {
+			return allowedHost{}, fmt.Errorf("%q: the port is not a number", s)
+		}
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if name == "" || strings.ContainsAny(name, "/:@ \t?#%") && net.ParseIP(name) == nil {
+		return allowedHost{}, fmt.Errorf("%q: want a host name or address, or host:port (ops.example.com, ops.example.com:8089)", s)
+	}
+	return allowedHost{name: name, port: port}, nil
+}
+
+// hostAllowed reports whether host (a request's Host) names the console:
+// a loopback address, localhost, or one of Config.AllowedHosts.
+func (h *handler) hostAllowed(host string) bool {
+	host = strings.ToLower(host)
+	name, port := host, ""
+	if n, p, err := net.SplitHostPort(host); err == nil {
+		name, port = n, p
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if name == "localhost" {
+		return true
+	}
+	if ip := net.ParseIP(name); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, a := range h.hosts {
+		if a.name == name && (a.port == "" || a.port == port) {
+			return true
+		}
+	}
+	return false
 }
 
 // New returns the console's http.Handler: the admin API under
@@ -174,6 +235,14 @@ func New(cfg Config) (http.Handler, error) {
 	if h.log == nil {
 		h.log = slog.Default()
 	}
+	for _, a := range cfg.AllowedHosts {
+		ah, err := parseAllowedHost(a)
+		if err != nil {
+			return nil, fmt.Errorf("console: New: Config.AllowedHosts: %w", err)
+		}
+		h.hosts = append(h.hosts, ah)
+	}
+	h.checkHost = cfg.InsecureNoAuth || len(h.hosts) > 0
 	for _, o := range cfg.TrustedOrigins {
 		if err := h.cop.AddTrustedOrigin(o); err != nil {
 			return nil, fmt.Errorf("console: New: Config.TrustedOrigins: %w", err)
@@ -217,11 +286,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("X-Frame-Options", "DENY")
 	hdr.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	hdr.Set("Cache-Control", "no-store")
+	api := strings.HasPrefix(r.URL.Path, h.apiRoot)
+	if h.checkHost && !h.hostAllowed(r.Host) {
+		h.refuse(w, r, api, http.StatusMisdirectedRequest, codeMisdirected,
+			"refused: this console does not answer to the name "+strconv.Quote(r.Host)+" (the request's Host); it answers to the loopback's names"+
+				" (127.0.0.1, [::1], localhost) and to Config.AllowedHosts (exactlyonce ui --allowed-host)")
+		return
+	}
 	if h.prefix != "" && r.URL.Path == h.prefix {
 		http.Redirect(w, r, h.prefix+"/", http.StatusMovedPermanently)
 		return
 	}
-	api := strings.HasPrefix(r.URL.Path, h.apiRoot)
 	if !api && h.public(w, r) {
 		return
 	}

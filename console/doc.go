@@ -40,7 +40,10 @@
 // Authenticator (BearerToken: a token for the API and a login form that
 // sets an HttpOnly, SameSite=Strict cookie for browsers; BasicAuth; or
 // AuthFunc over the identity your own middleware put in the request's
-// context), or Config.InsecureNoAuth, which logs a warning. Only the
+// context), or Config.InsecureNoAuth, which logs a warning and answers
+// only to the loopback's names and Config.AllowedHosts (a page of
+// another site whose name resolves to the loopback, DNS rebinding, is
+// refused). Only the
 // style sheet, the script and the login form are public. An action (POST,
 // DELETE) must come from the console's own origin
 // (http.CrossOriginProtection; Config.TrustedOrigins for a proxy) and is

@@ -26,6 +26,7 @@ const (
 	codeUnknownConsumer  = "unknown_consumer"   // 404: no record and no parked message of the consumer
 	codeNotFound         = "not_found"          // 404: no such key, parked message, row or endpoint
 	codeMethodNotAllowed = "method_not_allowed" // 405
+	codeMisdirected      = "misdirected"        // 421: a name (Host) the console does not answer to
 	codeBadFilter        = "bad_filter"         // 400: a malformed parameter or body
 	codePageTooLarge     = "page_too_large"     // 400: limit over 1000
 	codeTooLarge         = "body_too_large"     // 413: a body over 1 MiB

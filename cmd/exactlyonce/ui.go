@@ -42,6 +42,7 @@ type uiOptions struct {
 	amqpURL        string
 	statsInterval  time.Duration
 	trustedOrigins []string
+	allowedHosts   []string
 	logLevel       string
 }
 
@@ -55,7 +56,10 @@ parked) and of the outbox (backlog, oldest age, quarantined), the parked message
 quarantined outbox rows with search, show, replay, discard and requeue (each confirmed with the
 number of messages it touches), an inbox lookup by key, and the JSON admin API under /api/v1/.
 
-It listens on --listen (127.0.0.1:8089: this machine only) and prints the address. Every request
+It listens on --listen (127.0.0.1:8089: this machine only) and prints the address; on a loopback
+address it answers only to the loopback's names (127.0.0.1, [::1], localhost) and to
+--allowed-host, so that a page of another site whose name resolves to this machine (DNS
+rebinding) is refused. Every request
 is authenticated: --token (or $` + envUIToken + `: a bearer token for the API, and the login form of
 the pages), or --basic-user with --basic-password (or $` + envUIPassword + `); without either, it
 makes up a token and prints it. --insecure-no-auth serves without authentication, on a loopback
@@ -84,6 +88,7 @@ consumers the overview shows with --redis-consumer, and whose replays publish th
 	f.StringVar(&o.amqpURL, "amqp-url", "", "RabbitMQ, through which the Redis store's replays publish (default $"+envAMQPURL+"; without it they are refused)")
 	f.DurationVar(&o.statsInterval, "stats-interval", 30*time.Second, "compute the overview's figures at most this often (they scan the inbox)")
 	f.StringArrayVar(&o.trustedOrigins, "trusted-origin", nil, "an origin whose pages may post actions, e.g. https://ops.example.com behind a proxy (repeatable)")
+	f.StringArrayVar(&o.allowedHosts, "allowed-host", nil, "a name (host or host:port) requests may address the console by, besides the loopback's: a proxy's that keeps the client's Host (repeatable; on a loopback --listen every other name is refused)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	return cmd
 }
@@ -100,6 +105,19 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// uiAllowedHosts are the names the console answers to: on a loopback
+// --listen, its host (which makes the console check every request's
+// Host, with authentication too) and --allowed-host; else --allowed-host
+// only (none: any name).
+func uiAllowedHosts(o uiOptions) []string {
+	hosts := append([]string(nil), o.allowedHosts...)
+	if isLoopback(o.listen) {
+		host, _, _ := net.SplitHostPort(o.listen)
+		hosts = append(hosts, host)
+	}
+	return hosts
 }
 
 // uiAuth chooses the authentication from the flags; generated is a token
@@ -152,7 +170,8 @@ func (a *app) ui(cmd *cobra.Command, o uiOptions) error {
 		return usageErr("--prefix %q: a path such as /exactlyonce (a leading slash, no trailing one)", o.prefix)
 	}
 	cfg := console.Config{Auth: auth, InsecureNoAuth: auth == nil, ReadOnly: o.readOnly, Prefix: o.prefix, Logger: log,
-		StatsInterval: o.statsInterval, TrustedOrigins: o.trustedOrigins, Consumers: o.consumers, RedisConsumers: o.redisConsumers}
+		StatsInterval: o.statsInterval, TrustedOrigins: o.trustedOrigins, Consumers: o.consumers, RedisConsumers: o.redisConsumers,
+		AllowedHosts: uiAllowedHosts(o)}
 
 	// Connecting: bounded by --connect-timeout (and a signal); the
 	// server then runs until a signal.

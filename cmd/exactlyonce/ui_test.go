@@ -245,3 +245,44 @@ func TestUIRedis(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
 	p.stop(t)
 }
+
+// `exactlyonce ui` on a loopback address answers only to the loopback's
+// names and to --allowed-host, with a token too: a page of another site
+// whose name resolves to the loopback (DNS rebinding) is refused.
+func TestUIRefusesOtherHosts(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t)
+	get := func(p *uiProc, host, auth string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest("GET", p.base+"/api/v1/relays", nil)
+		require.NoError(t, err)
+		req.Host = host
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, string(b)
+	}
+	p := startUI(t, append(dbEnv(db.Schema), envUIToken+"="+uiToken), "--allowed-host", "ops.example")
+	port := p.base[strings.LastIndex(p.base, ":")+1:]
+	code, body := get(p, "attacker.example:"+port, "Bearer "+uiToken)
+	require.Equal(t, http.StatusMisdirectedRequest, code, body)
+	require.Contains(t, body, `"code": "misdirected"`)
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "ops.example"} {
+		code, body = get(p, host, "Bearer "+uiToken)
+		require.Equal(t, http.StatusOK, code, "%s: %s", host, body)
+	}
+	p.stop(t)
+
+	p = startUI(t, dbEnv(db.Schema), "--insecure-no-auth")
+	code, _ = get(p, "attacker.example", "")
+	require.Equal(t, http.StatusMisdirectedRequest, code)
+	code, _ = get(p, "localhost", "")
+	require.Equal(t, http.StatusOK, code)
+	p.stop(t)
+}
