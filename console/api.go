@@ -376,14 +376,24 @@ func keyOf(r *http.Request, tenant string) (string, string, error) {
 	if err := checkText("key", key); err != nil {
 		return "", "", err
 	}
-	if tenant != "" {
-		k, err := inbox.TenantKey(tenant, key)
-		if err != nil {
-			return "", "", badFilter("tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: "))
-		}
-		key = k
+	key, err := tenantKey(tenant, key)
+	return consumer, key, err
+}
+
+// tenantKey is key within tenant (exactlyonce.KeyByTenant); key itself
+// when tenant is "".
+func tenantKey(tenant, key string) (string, error) {
+	if tenant == "" {
+		return key, nil
 	}
-	return consumer, key, nil
+	if err := checkText("tenant", tenant); err != nil {
+		return "", err
+	}
+	k, err := inbox.TenantKey(tenant, key)
+	if err != nil {
+		return "", badFilter("tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: "))
+	}
+	return k, nil
 }
 
 func (h *handler) apiKey(w http.ResponseWriter, r *http.Request) error {

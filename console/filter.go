@@ -88,7 +88,12 @@ func parseWhen(field, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, badFilter("%s is %q: give a time (RFC 3339, 2025-11-23T13:00:00Z; without a zone, UTC) or a duration ago (2h, 3d)", field, s)
 }
 
-// parseAgo reads a Go duration with an optional leading number of days.
+// maxAgo is the longest duration ago: about 274 years, within what a
+// time.Duration holds (a longer one would overflow into the future).
+const maxAgo = 100000 * 24 * time.Hour
+
+// parseAgo reads a Go duration with an optional leading number of days,
+// at most maxAgo.
 func parseAgo(s string) (time.Duration, error) {
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
@@ -102,7 +107,7 @@ func parseAgo(s string) (time.Duration, error) {
 		}
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
+	if err != nil || d < 0 || d > maxAgo-days {
 		return 0, errors.New("bad duration")
 	}
 	return days + d, nil

@@ -934,11 +934,9 @@ func (h *handler) pageInbox(w http.ResponseWriter, r *http.Request) error {
 			return fail(err)
 		}
 	}
-	key := d.Key
-	if d.Tenant != "" {
-		if key, err = inbox.TenantKey(d.Tenant, d.Key); err != nil {
-			return fail(badFilter("tenant: %v", strings.TrimPrefix(err.Error(), "inbox: TenantKey: ")))
-		}
+	key, err := tenantKey(d.Tenant, d.Key)
+	if err != nil {
+		return fail(err)
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()

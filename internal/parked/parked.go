@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
@@ -203,7 +204,17 @@ func (c Cursor) Encode() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// Decode parses what Encode returned. "" is no cursor (nil).
+// The range of a cursor's time: years 1 to 9999, within every store's
+// (PostgreSQL's timestamptz refuses times far outside it).
+var (
+	minCursorMicro = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	maxCursorMicro = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro() - 1
+)
+
+// Decode parses what Encode returned. "" is no cursor (nil). A cursor no
+// page could have returned is invalid: a time outside years 1 to 9999, a
+// consumer or key that is not valid UTF-8 or holds a NUL byte (no store
+// holds such text, and PostgreSQL refuses it in a query).
 func Decode(s string) (*Cursor, error) {
 	if s == "" {
 		return nil, nil
@@ -213,7 +224,16 @@ func Decode(s string) (*Cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &j)
 	}
-	if err != nil || j.K == "" {
+	if err == nil && (j.K == "" || j.T < minCursorMicro || j.T > maxCursorMicro) {
+		err = errors.New("out of range")
+	}
+	if err == nil {
+		err = pgtext.Check(j.C)
+	}
+	if err == nil {
+		err = pgtext.Check(j.K)
+	}
+	if err != nil || !utf8.Valid(b) {
 		return nil, invalid("Page.After %q is not a cursor a page returned (ParkedPage.Next)", s)
 	}
 	return &Cursor{ParkedAt: time.UnixMicro(j.T).UTC(), Consumer: j.C, Key: j.K}, nil

@@ -1,6 +1,7 @@
 package parked_test
 
 import (
+	"encoding/base64"
 	"testing"
 	"time"
 
@@ -50,5 +51,30 @@ func TestMatch(t *testing.T) {
 		{Metadata: map[string]string{"missing": ""}},
 	} {
 		require.False(t, f.Match(m), "%+v", f)
+	}
+}
+
+// A cursor no page returned is refused as invalid, never passed to a
+// store: a time out of any store's range (PostgreSQL: 22008), a consumer
+// or key that no stored text can hold (NUL: 22021; not UTF-8).
+func TestDecodeRefusesForgedCursors(t *testing.T) {
+	t.Parallel()
+	forge := func(js string) string { return base64.RawURLEncoding.EncodeToString([]byte(js)) }
+	for _, js := range []string{
+		`{"t":-9000000000000000000,"c":"c","k":"k"}`,
+		`{"t":9000000000000000000,"c":"c","k":"k"}`,
+		`{"t":-62135596800000001,"c":"c","k":"k"}`, // before year 1
+		`{"t":253402300800000000,"c":"c","k":"k"}`, // year 10000
+		`{"t":1,"c":"c\u0000","k":"k"}`,
+		`{"t":1,"c":"c","k":"k\u0000"}`,
+		"{\"t\":1,\"c\":\"c\",\"k\":\"\xff\"}",
+	} {
+		_, err := parked.Decode(forge(js))
+		require.ErrorIs(t, err, parked.ErrInvalid, js)
+	}
+	for _, at := range []time.Time{time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC), time.Unix(0, 0).UTC()} {
+		c, err := parked.Decode(parked.Cursor{ParkedAt: at, Consumer: "c", Key: "k"}.Encode())
+		require.NoError(t, err, at)
+		require.True(t, c.ParkedAt.Equal(at))
 	}
 }
