@@ -109,6 +109,12 @@ func (h *handler) notFoundOrUnknown(ctx context.Context, store, consumer string,
 	return err
 }
 
+// refused logs e, a refusal of an action, and returns it.
+func (h *handler) refused(r *http.Request, e *apiError) *apiError {
+	h.logRefusal(r, e.status, e.code, e.message)
+	return e
+}
+
 // audit logs an action: who did it, from where, what, on how many.
 func (h *handler) audit(r *http.Request, action string, err error, attrs ...any) {
 	attrs = append([]any{"user", userOf(r), "remote_addr", r.RemoteAddr, "action", action}, attrs...)
@@ -730,7 +736,7 @@ func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, erro
 // skipped.
 func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched, done, skipped int64, err error) {
 	if b.query.empty() && !b.all {
-		return 0, 0, 0, badFilter("the filter is empty: it selects every parked message of every consumer; send \"all\": true to mean that")
+		return 0, 0, 0, h.refused(r, badFilter("the filter is empty: it selects every parked message of every consumer; send \"all\": true to mean that"))
 	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()
@@ -1058,7 +1064,7 @@ func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, do
 		return 0, 0, badFilter("state is %q: only quarantined rows can be discarded (a failing row is still the relay's)", b.query.Filter.State)
 	}
 	if b.query.empty() && !b.all {
-		return 0, 0, badFilter("the filter is empty: it selects %s; send \"all\": true to mean that", b.query.describe())
+		return 0, 0, h.refused(r, badFilter("the filter is empty: it selects %s; send \"all\": true to mean that", b.query.describe()))
 	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()

@@ -155,7 +155,16 @@ func (h *handler) authenticate(r *http.Request) (string, bool) {
 // unauthenticated answers a request that is not authenticated: 401, as
 // JSON for the API; a login form (BearerToken), the browser's prompt
 // (BasicAuth) or a page that says so for the pages.
+//
+// A request that carried credentials (an Authorization header, the
+// session cookie), or that AuthFunc refused, is logged as a refusal; one
+// without (a browser's first visit) is not.
 func (h *handler) unauthenticated(w http.ResponseWriter, r *http.Request, api bool) {
+	_, cookieErr := r.Cookie(cookieName)
+	_, byFunc := h.cfg.Auth.(authFunc)
+	if r.Header.Get("Authorization") != "" || cookieErr == nil || byFunc {
+		h.logRefusal(r, http.StatusUnauthorized, codeUnauthenticated, "not authenticated: the credentials are wrong (or expired)")
+	}
 	switch h.cfg.Auth.(type) {
 	case *bearerAuth:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="exactlyonce console"`)
@@ -211,7 +220,8 @@ func (h *handler) public(w http.ResponseWriter, r *http.Request) bool {
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		next := h.safeNext(r.PostFormValue("next"))
 		if !b.check(r.PostFormValue("token")) {
-			h.log.Warn("exactlyonce console: a sign-in with a wrong token", "remote_addr", r.RemoteAddr)
+			h.log.Warn("exactlyonce console: a sign-in with a wrong token", "remote_addr", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
+				"status", http.StatusUnauthorized, "code", codeUnauthenticated)
 			h.render(w, r, http.StatusUnauthorized, "login", "Sign in", loginData{Next: next, Failed: true})
 			return true
 		}

@@ -66,7 +66,10 @@ type Config struct {
 	// your mux, without http.StripPrefix. Empty (the default): the root.
 	Prefix string
 
-	// Logger receives the actions (at info: who, what, how many) and the
+	// Logger receives the actions (at info: who, what, how many), the
+	// refused requests (at warn: read-only, cross-origin, wrong
+	// credentials, another Host, an empty bulk filter; with the user when
+	// known, the address, the method, the path and the code) and the
 	// errors (at error). Defaults to slog.Default().
 	Logger *slog.Logger
 
@@ -305,6 +308,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.unauthenticated(w, r, api)
 		return
 	}
+	r = r.WithContext(withUser(r.Context(), user))
 	if !safeMethod(r.Method) {
 		if err := h.cop.Check(r); err != nil {
 			h.refuse(w, r, api, http.StatusForbidden, codeCrossOrigin,
@@ -317,7 +321,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-	h.mux.ServeHTTP(w, r.WithContext(withUser(r.Context(), user)))
+	h.mux.ServeHTTP(w, r)
 }
 
 func safeMethod(m string) bool {

@@ -128,8 +128,20 @@ func (h *handler) classify(r *http.Request, err error) *apiError {
 	return &apiError{status: http.StatusInternalServerError, code: codeInternal, message: "internal error; the server's log has the details"}
 }
 
-// refuse answers a refused request: JSON for the API, a page otherwise.
+// logRefusal logs a refused request at warn: the user (when the request
+// was authenticated), the address, the method, the path, the code and why.
+func (h *handler) logRefusal(r *http.Request, status int, code, reason string) {
+	attrs := []any{"remote_addr", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "status", status, "code", code, "reason", reason}
+	if u := userOf(r); u != "" {
+		attrs = append([]any{"user", u}, attrs...)
+	}
+	h.log.Warn("exactlyonce console: refused", attrs...)
+}
+
+// refuse answers a refused request, and logs it: JSON for the API, a page
+// otherwise.
 func (h *handler) refuse(w http.ResponseWriter, r *http.Request, api bool, status int, code, message string) {
+	h.logRefusal(r, status, code, message)
 	if api {
 		writeError(w, &apiError{status: status, code: code, message: message})
 		return
