@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 )
 
@@ -249,11 +251,31 @@ func (h *handler) sessionPath(path string) bool {
 	return path == h.prefix+"/logout" || path == h.prefix+"/login"
 }
 
-// safeNext is next when it is a path of the console's own (where a
-// sign-in returns to), else the overview: never another site.
+// safeNext is where a sign-in returns to: next when it is a page of the
+// console's own, rebuilt from its escaped path and query; else the
+// overview. Never another site: next must parse as a path alone (no
+// scheme, host or user), hold no control character (a browser drops tabs
+// and newlines, "/\t/evil.example" is "//evil.example" to it) and no
+// backslash (a slash to a browser), and its path, cleaned, must be under
+// the prefix.
 func (h *handler) safeNext(next string) string {
-	if strings.HasPrefix(next, h.prefix+"/") && !strings.HasPrefix(next, "//") && !strings.ContainsAny(next, "\\\r\n") {
-		return next
+	home := h.prefix + "/"
+	if strings.ContainsFunc(next, func(c rune) bool { return c < 0x20 || c == 0x7f || c == '\\' }) {
+		return home
 	}
-	return h.prefix + "/"
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return home
+	}
+	if !strings.HasPrefix(path.Clean(u.Path), home) {
+		return home
+	}
+	out := u.EscapedPath()
+	if strings.HasPrefix(out, "//") || !strings.HasPrefix(out, "/") {
+		return home
+	}
+	if u.RawQuery != "" {
+		out += "?" + u.RawQuery
+	}
+	return out
 }
