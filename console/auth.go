@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Authenticator decides who a request comes from. Authenticate returns the
@@ -25,6 +27,10 @@ type Authenticator interface {
 // MinTokenLength is the shortest token BearerToken accepts.
 const MinTokenLength = 16
 
+// DefaultSessionTTL is how long the session cookie of BearerToken's
+// login form authenticates, by default (Config.SessionTTL).
+const DefaultSessionTTL = 12 * time.Hour
+
 // cookieName is the session cookie of BearerToken's login form.
 const cookieName = "exactlyonce_console"
 
@@ -35,20 +41,51 @@ const tokenUser = "token"
 // BearerToken authenticates requests that carry this token: the API's
 // clients in an "Authorization: Bearer <token>" header; browsers through
 // the console's login form, which sets an HttpOnly, SameSite=Strict
-// session cookie derived from the token (changing the token signs every
-// browser out). Comparisons take constant time. The token must be at
+// session cookie: its issue time and a MAC keyed by the token, good for
+// Config.SessionTTL (12 hours by default; changing the token signs every
+// browser out; signing out clears the browser's cookie, and a copy of it
+// stays good until it expires). Comparisons take constant time. The token must be at
 // least MinTokenLength bytes long (New says so): generate one, e.g.
 // `openssl rand -hex 32`. Actions are logged as user "token".
 func BearerToken(token string) Authenticator {
 	mac := hmac.New(sha256.New, []byte(token))
-	mac.Write([]byte("exactlyonce console session v1"))
-	return &bearerAuth{sum: sha256.Sum256([]byte(token)), session: hex.EncodeToString(mac.Sum(nil)), n: len(token)}
+	mac.Write([]byte("exactlyonce console session key v2"))
+	return &bearerAuth{sum: sha256.Sum256([]byte(token)), key: mac.Sum(nil), n: len(token)}
 }
 
 type bearerAuth struct {
-	sum     [32]byte
-	session string
-	n       int
+	sum [32]byte
+	key []byte // of the session cookies' MACs, derived from the token
+	n   int
+}
+
+// session is the value of a session cookie issued at t: the issue time
+// (Unix seconds) and its MAC.
+func (b *bearerAuth) session(t time.Time) string {
+	issued := strconv.FormatInt(t.Unix(), 10)
+	return issued + "." + b.sessionMAC(issued)
+}
+
+func (b *bearerAuth) sessionMAC(issued string) string {
+	mac := hmac.New(sha256.New, b.key)
+	mac.Write([]byte("session|" + issued))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// validSession reports whether v is a session cookie of this token,
+// issued less than ttl before now (and not after it, but for a minute of
+// clock skew).
+func (b *bearerAuth) validSession(v string, now time.Time, ttl time.Duration) bool {
+	issued, mac, ok := strings.Cut(v, ".")
+	if !ok || subtle.ConstantTimeCompare([]byte(mac), []byte(b.sessionMAC(issued))) != 1 {
+		return false
+	}
+	sec, err := strconv.ParseInt(issued, 10, 64)
+	if err != nil {
+		return false
+	}
+	at := time.Unix(sec, 0)
+	return now.Sub(at) < ttl && at.Before(now.Add(time.Minute))
 }
 
 func (b *bearerAuth) validate() error {
@@ -65,12 +102,17 @@ func (b *bearerAuth) check(token string) bool {
 }
 
 func (b *bearerAuth) Authenticate(r *http.Request) (string, bool) {
+	return b.authenticate(r, time.Now(), DefaultSessionTTL)
+}
+
+// authenticate is Authenticate at now, with session cookies good for ttl.
+func (b *bearerAuth) authenticate(r *http.Request, now time.Time, ttl time.Duration) (string, bool) {
 	if v := r.Header.Get("Authorization"); v != "" {
 		scheme, token, _ := strings.Cut(v, " ")
 		return tokenUser, strings.EqualFold(scheme, "Bearer") && b.check(strings.TrimSpace(token))
 	}
 	if c, err := r.Cookie(cookieName); err == nil {
-		return tokenUser, subtle.ConstantTimeCompare([]byte(c.Value), []byte(b.session)) == 1
+		return tokenUser, b.validSession(c.Value, now, ttl)
 	}
 	return "", false
 }
@@ -144,7 +186,13 @@ func (h *handler) authenticate(r *http.Request) (string, bool) {
 	if h.insecure {
 		return "anonymous", true
 	}
-	user, ok := h.cfg.Auth.Authenticate(r)
+	var user string
+	var ok bool
+	if b, bearer := h.cfg.Auth.(*bearerAuth); bearer {
+		user, ok = b.authenticate(r, h.now(), h.cfg.SessionTTL)
+	} else {
+		user, ok = h.cfg.Auth.Authenticate(r)
+	}
 	if !ok {
 		return "", false
 	}
@@ -227,8 +275,8 @@ func (h *handler) public(w http.ResponseWriter, r *http.Request) bool {
 			h.render(w, r, http.StatusUnauthorized, "login", "Sign in", loginData{Next: next, Failed: true})
 			return true
 		}
-		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: b.session, Path: h.prefix + "/", HttpOnly: true,
-			SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"})
+		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: b.session(h.now()), Path: h.prefix + "/", HttpOnly: true,
+			MaxAge: int(h.cfg.SessionTTL / time.Second), SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"})
 		h.log.Info("exactlyonce console: signed in", "user", tokenUser, "remote_addr", r.RemoteAddr)
 		http.Redirect(w, r, next, http.StatusSeeOther)
 	default:

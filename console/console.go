@@ -55,6 +55,12 @@ type Config struct {
 	// loopback only. New logs a warning when it is set. It cannot be
 	// combined with Auth.
 	InsecureNoAuth bool
+	// SessionTTL is how long the session cookie of BearerToken's login
+	// form authenticates (it carries its issue time, signed; its Max-Age
+	// says so too): the browser signs in again after it. Signing out
+	// clears the browser's cookie; a copy of it stays good until it
+	// expires. Defaults to DefaultSessionTTL (12 hours).
+	SessionTTL time.Duration
 	// ReadOnly refuses every action (replay, discard, requeue, forget):
 	// the API answers 403 with the code "read_only" and the pages hide
 	// the action forms.
@@ -141,6 +147,8 @@ type handler struct {
 	// Host of a request is checked (InsecureNoAuth, or AllowedHosts set).
 	hosts     []allowedHost
 	checkHost bool
+	// now is the clock of the session cookies (a test's to move).
+	now func() time.Time
 }
 
 // allowedHost is an entry of Config.AllowedHosts: a name, and a port
@@ -229,12 +237,18 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.StatsInterval == 0 {
 		cfg.StatsInterval = defaultStatsInterval
 	}
+	if cfg.SessionTTL < 0 {
+		return nil, fmt.Errorf("console: New: Config.SessionTTL is %s: it must not be negative", cfg.SessionTTL)
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
 	for _, c := range append(append([]string(nil), cfg.Consumers...), cfg.RedisConsumers...) {
 		if c == "" {
 			return nil, errors.New("console: New: an empty consumer name in Config.Consumers or Config.RedisConsumers")
 		}
 	}
-	h := &handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection(), prefix: prefix, apiRoot: prefix + "/api/"}
+	h := &handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection(), prefix: prefix, apiRoot: prefix + "/api/", now: time.Now}
 	if h.log == nil {
 		h.log = slog.Default()
 	}

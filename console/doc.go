@@ -38,7 +38,8 @@
 //
 // Nothing is served without an authentication decision: New requires an
 // Authenticator (BearerToken: a token for the API and a login form that
-// sets an HttpOnly, SameSite=Strict cookie for browsers; BasicAuth; or
+// sets an HttpOnly, SameSite=Strict cookie for browsers, which expires
+// after Config.SessionTTL; BasicAuth; or
 // AuthFunc over the identity your own middleware put in the request's
 // context), or Config.InsecureNoAuth, which logs a warning and answers
 // only to the loopback's names and Config.AllowedHosts (a page of
