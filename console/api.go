@@ -125,7 +125,7 @@ func (h *handler) audit(r *http.Request, action string, err error, attrs ...any)
 	h.log.Info("exactlyonce console: action", attrs...)
 	// The overview's figures no longer hold: the next request starts their
 	// computation instead of serving them for the rest of the interval.
-	h.stats.stale()
+	h.stats.markStale()
 }
 
 func readCtx(r *http.Request) (context.Context, context.CancelFunc) {

@@ -85,7 +85,9 @@ type Config struct {
 	// the API's consumers and outbox) are served from the last
 	// computation, which a request older than StatsInterval starts again
 	// in the background; responses say when the figures were computed
-	// ("as_of"). Defaults to 30s.
+	// ("as_of"). An action makes them stale: the next request computes
+	// them again, but under a stream of actions at most every
+	// min(StatsInterval, 5s). Defaults to 30s.
 	StatsInterval time.Duration
 
 	// AllowedHosts are names (host, or host:port for that port only)

@@ -84,26 +84,45 @@ func (s *snapshot) consumer(store, name string) (consumerFigures, bool) {
 	return consumerFigures{}, false
 }
 
+// maxStaleGap bounds the gap between the computations that actions
+// start (statsCache.gap).
+const maxStaleGap = 5 * time.Second
+
 type statsCache struct {
 	h        *handler
 	interval time.Duration
+	// gap is the least time between two computations started because
+	// actions made the figures stale: min(interval, maxStaleGap), so that
+	// a stream of actions does not make every request compute them.
+	gap time.Duration
 
 	mu      sync.Mutex
 	snap    *snapshot
 	running chan struct{} // while a computation runs; closed when it ends
 	started time.Time     // when the last computation started
+	// stale says an action happened since the last computation started;
+	// staleStarted is when the last computation for one started.
+	stale        bool
+	staleStarted time.Time
 }
 
 func newStatsCache(h *handler, interval time.Duration) *statsCache {
-	return &statsCache{h: h, interval: interval}
+	return &statsCache{h: h, interval: interval, gap: min(interval, maxStaleGap)}
 }
 
 // get returns the last figures (nil before the first computation ended)
 // and whether a computation is running; it starts one when the last is
-// older than the interval.
+// older than the interval, or when an action made them stale and the
+// last computation for an action started at least gap ago.
 func (c *statsCache) get(ctx context.Context) (*snapshot, bool) {
 	c.mu.Lock()
-	if c.running == nil && (c.snap == nil || time.Since(c.started) >= c.interval) {
+	now := time.Now()
+	due := c.snap == nil || now.Sub(c.started) >= c.interval
+	dirty := c.stale && now.Sub(c.staleStarted) >= c.gap
+	if c.running == nil && (due || dirty) {
+		if c.stale {
+			c.staleStarted = now
+		}
 		c.start()
 	}
 	snap, running := c.snap, c.running
@@ -126,7 +145,7 @@ func (c *statsCache) get(ctx context.Context) (*snapshot, bool) {
 // start runs a computation in the background; c.mu is held.
 func (c *statsCache) start() {
 	done := make(chan struct{})
-	c.running, c.started = done, time.Now()
+	c.running, c.started, c.stale = done, time.Now(), false
 	go func() {
 		defer close(done)
 		ctx, cancel := context.WithTimeout(context.Background(), refreshTimeout)
@@ -146,12 +165,14 @@ func (c *statsCache) start() {
 	}()
 }
 
-// stale makes the next request start a computation (after an action).
-// A computation running now may have read the figures before the
-// action; it is not stopped, and the one after it catches up.
-func (c *statsCache) stale() {
+// markStale makes a request start a computation (after an action): the
+// next one, unless a computation for an action started less than gap
+// ago (then the first request after the gap). A computation running now
+// may have read the figures before the action; it is not stopped, and
+// the one after it catches up.
+func (c *statsCache) markStale() {
 	c.mu.Lock()
-	c.started = time.Time{}
+	c.stale = true
 	c.mu.Unlock()
 }
 
