@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"regexp"
@@ -335,9 +336,27 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.refuse(w, r, api, http.StatusForbidden, codeReadOnly, "refused: the console is read-only; no action is allowed")
 			return
 		}
+		if api && !jsonBody(r) {
+			h.refuse(w, r, api, http.StatusUnsupportedMediaType, codeUnsupportedMediaType,
+				"refused: an action's body is JSON, with Content-Type: application/json (or no body and no Content-Type)")
+			return
+		}
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 	h.mux.ServeHTTP(w, r)
+}
+
+// jsonBody reports whether r's body is said to be JSON, or r has neither
+// a body nor a Content-Type. A page of another site can post a form or
+// text/plain without asking; JSON needs a CORS preflight, which the
+// console never grants: a second defence behind the origin check.
+func jsonBody(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return r.ContentLength == 0
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }
 
 func safeMethod(m string) bool {

@@ -47,8 +47,9 @@
 // refused). Only the
 // style sheet, the script and the login form are public. An action (POST,
 // DELETE) must come from the console's own origin
-// (http.CrossOriginProtection; Config.TrustedOrigins for a proxy) and is
-// refused in Config.ReadOnly mode; GETs change nothing. Actions are
+// (http.CrossOriginProtection; Config.TrustedOrigins for a proxy), with
+// a JSON body said so on the API (a form or text/plain post is refused,
+// 415), and is refused in Config.ReadOnly mode; GETs change nothing. Actions are
 // logged (Config.Logger) with the user, the address, what was done and on
 // how many. Pages are html/template (everything shown is escaped;
 // payloads are text, or base64 when not UTF-8), answers carry a strict

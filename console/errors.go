@@ -19,23 +19,24 @@ import (
 
 // The API's error codes: stable, for scripts to act on.
 const (
-	codeUnauthenticated  = "unauthenticated"    // 401: no or wrong credentials
-	codeForbidden        = "forbidden"          // 403: (reserved for authorisers that refuse a user)
-	codeReadOnly         = "read_only"          // 403: the console is read-only
-	codeCrossOrigin      = "cross_origin"       // 403: an action from another site
-	codeUnknownConsumer  = "unknown_consumer"   // 404: no record and no parked message of the consumer
-	codeNotFound         = "not_found"          // 404: no such key, parked message, row or endpoint
-	codeMethodNotAllowed = "method_not_allowed" // 405
-	codeMisdirected      = "misdirected"        // 421: a name (Host) the console does not answer to
-	codeBadFilter        = "bad_filter"         // 400: a malformed parameter or body
-	codePageTooLarge     = "page_too_large"     // 400: limit over 1000
-	codeTooLarge         = "body_too_large"     // 413: a body over 1 MiB
-	codeCountChanged     = "count_changed"      // 409: a bulk action's expect is not the matching count
-	codeNotReplayable    = "not_replayable"     // 409: a parked message that cannot be replayed as it is
-	codeNotQuarantined   = "not_quarantined"    // 409: an outbox row the relay still owns
-	codeInProgress       = "in_progress"        // 409: a Redis replay of the message is in flight
-	codeUnavailable      = "unavailable"        // 503: database or Redis unreachable, tables not migrated, store not configured
-	codeInternal         = "internal"           // 500: anything else (logged)
+	codeUnauthenticated      = "unauthenticated"        // 401: no or wrong credentials
+	codeForbidden            = "forbidden"              // 403: (reserved for authorisers that refuse a user)
+	codeReadOnly             = "read_only"              // 403: the console is read-only
+	codeCrossOrigin          = "cross_origin"           // 403: an action from another site
+	codeUnknownConsumer      = "unknown_consumer"       // 404: no record and no parked message of the consumer
+	codeNotFound             = "not_found"              // 404: no such key, parked message, row or endpoint
+	codeMethodNotAllowed     = "method_not_allowed"     // 405
+	codeMisdirected          = "misdirected"            // 421: a name (Host) the console does not answer to
+	codeBadFilter            = "bad_filter"             // 400: a malformed parameter or body
+	codePageTooLarge         = "page_too_large"         // 400: limit over 1000
+	codeTooLarge             = "body_too_large"         // 413: a body over 1 MiB
+	codeUnsupportedMediaType = "unsupported_media_type" // 415: an action's body that is not said to be JSON
+	codeCountChanged         = "count_changed"          // 409: a bulk action's expect is not the matching count
+	codeNotReplayable        = "not_replayable"         // 409: a parked message that cannot be replayed as it is
+	codeNotQuarantined       = "not_quarantined"        // 409: an outbox row the relay still owns
+	codeInProgress           = "in_progress"            // 409: a Redis replay of the message is in flight
+	codeUnavailable          = "unavailable"            // 503: database or Redis unreachable, tables not migrated, store not configured
+	codeInternal             = "internal"               // 500: anything else (logged)
 )
 
 // apiError is an error the API answers with.
