@@ -261,10 +261,12 @@ func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error)
 // to them: RequeueMatching and DiscardMatching then act on rows the count
 // saw, never on one quarantined or written after it. Count again with the
 // bounds just before acting, to check that the confirmed count still
-// holds (a row requeued, relayed or discarded meanwhile drops out). A row
-// whose quarantine was committed during the count is in neither: it was
-// not seen, and its id is above MaxID or its time after AsOf. db.Conn is
-// required.
+// holds (a row requeued, relayed or discarded meanwhile drops out). One
+// window remains: a row the relay quarantined (its time stamped by the
+// relay's statement, before AsOf) in a transaction that committed after
+// the count read the table was not counted, and, when its id is below
+// MaxID, is within the bounds; the window is the relay's commit after that
+// statement. db.Conn is required.
 func CountRowsAsOf(ctx context.Context, db sqlschema.DB, f RowFilter) (RowCount, error) {
 	const op = "CountRowsAsOf"
 	if err := checkDB(db); err != nil {
