@@ -44,7 +44,7 @@ func (l routerLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
 // that failed too, for example) is not: one of its parts may be news.
 func wasReported(err error) bool {
 	for err != nil {
-		if _, ok := err.(reportedError); ok {
+		if _, ok := err.(reportedError); ok { //nolint:errorlint // the loop walks the single Unwrap chain itself: errors.As would also search joined errors
 			return true
 		}
 		err = errors.Unwrap(err) // nil for a joined error
