@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -82,16 +81,7 @@ func TestConsumersPlans(t *testing.T) {
 			}
 			plan := func(query string, args ...any) string {
 				t.Helper()
-				rows, err := db.Conn.QueryContext(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+query, args...)
-				require.NoError(t, err)
-				var b strings.Builder
-				for rows.Next() {
-					var line string
-					require.NoError(t, rows.Scan(&line))
-					b.WriteString(line + "\n")
-				}
-				require.NoError(t, rows.Close())
-				return b.String()
+				return testenv.Explain(ctx, t, db.Conn, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+query, args...)
 			}
 			for _, p := range []string{
 				plan(s.knownConsumerSQL(), "charge_order"),

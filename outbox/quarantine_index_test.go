@@ -1,16 +1,14 @@
 package outbox_test
 
 import (
-	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -77,7 +75,7 @@ FROM generate_series(1, $1::int) i`, n)
 				require.NoError(t, seam.Close(rs))
 				require.Equal(t, c.wantN, got, c.name)
 			}
-			custom := explain(t, b, b.db, "EXPLAIN (ANALYZE, COSTS OFF) "+query, args...)
+			custom := testenv.Explain(b.ctx, t, b.db, "EXPLAIN (ANALYZE, COSTS OFF) "+query, args...)
 			t.Logf("%s: %s", c.name, custom[strings.LastIndex(custom, "Execution Time"):])
 			require.NotContains(t, custom, "Seq Scan", "%s:\n%s", c.name, custom)
 			for _, idx := range c.want {
@@ -91,56 +89,17 @@ FROM generate_series(1, $1::int) i`, n)
 			require.NoError(t, err)
 			literals := make([]string, len(args))
 			for i, a := range args {
-				literals[i] = literal(t, a)
+				literals[i] = testenv.SQLLiteral(t, a)
 			}
 			execute := "EXECUTE search"
 			if len(literals) > 0 {
 				execute += "(" + strings.Join(literals, ", ") + ")"
 			}
-			generic := explain(t, b, tx, "EXPLAIN (COSTS OFF) "+execute)
+			generic := testenv.Explain(b.ctx, t, tx, "EXPLAIN (COSTS OFF) "+execute)
 			_, err = tx.ExecContext(b.ctx, "DEALLOCATE search") // a session's, not the transaction's
 			require.NoError(t, err)
 			require.NoError(t, tx.Rollback())
 			require.NotContains(t, generic, "Seq Scan", "%s, generic plan:\n%s", c.name, generic)
 		}
 	})
-}
-
-// explain runs an EXPLAIN and returns its lines.
-func explain(t *testing.T, b bundle, db wsql.ContextExecutor, query string, args ...any) string {
-	t.Helper()
-	rs, err := db.QueryContext(b.ctx, query, args...)
-	require.NoError(t, err)
-	var plan strings.Builder
-	for rs.Next() {
-		var line string
-		require.NoError(t, rs.Scan(&line))
-		plan.WriteString(line + "\n")
-	}
-	require.NoError(t, seam.Close(rs))
-	return plan.String()
-}
-
-// literal renders a query argument of outbox.FindSQL as an SQL literal.
-func literal(t *testing.T, a any) string {
-	t.Helper()
-	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-	switch v := a.(type) {
-	case string:
-		return quote(v)
-	case int:
-		return strconv.Itoa(v)
-	case int64:
-		return strconv.FormatInt(v, 10)
-	case time.Time:
-		return quote(v.Format(time.RFC3339Nano)) + "::timestamptz"
-	case []int64:
-		s := make([]string, len(v))
-		for i, id := range v {
-			s[i] = strconv.FormatInt(id, 10)
-		}
-		return quote("{" + strings.Join(s, ",") + "}")
-	}
-	t.Fatalf("no literal for %T", a)
-	return fmt.Sprint(a)
 }

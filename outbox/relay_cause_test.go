@@ -376,7 +376,7 @@ func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch(int, int, text[]) AS "+outbox.SelectSQL(relay))
 	require.NoError(t, err)
 	for _, paused := range []string{"{}", "{other}"} {
-		plan := explain(t, b, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '"+paused+"')")
+		plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '"+paused+"')")
 		require.NotContains(t, plan, "Seq Scan", "paused %s:\n%s", paused, plan)
 		require.Contains(t, plan, "_pkey", "paused %s:\n%s", paused, plan)
 	}

@@ -8,14 +8,11 @@ package inboxdb_test
 
 import (
 	"context"
-	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
@@ -216,7 +213,7 @@ FROM generate_series($2::int, $3::int) i,
 			require.NoError(t, err)
 			require.Len(t, rows, c.wantN, c.name)
 
-			custom := explainPlan(t, b, b.db, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+query, args...)
+			custom := testenv.Explain(b.ctx, t, b.db, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+query, args...)
 			requireConsumerRange(t, custom, index, walk, store.ParkedTable(), c.name)
 			require.NotRegexp(t, `Rows Removed by Filter: [1-9]\d{2,}`, custom, "%s: no node filters out hundreds of rows\n%s", c.name, custom)
 
@@ -227,9 +224,9 @@ FROM generate_series($2::int, $3::int) i,
 			require.NoError(t, err)
 			literals := make([]string, len(args))
 			for i, a := range args {
-				literals[i] = sqlLiteral(t, a)
+				literals[i] = testenv.SQLLiteral(t, a)
 			}
-			generic := explainPlan(t, b, tx, "EXPLAIN (COSTS OFF) EXECUTE find_parked("+strings.Join(literals, ", ")+")")
+			generic := testenv.Explain(b.ctx, t, tx, "EXPLAIN (COSTS OFF) EXECUTE find_parked("+strings.Join(literals, ", ")+")")
 			_, err = tx.ExecContext(ctx, "DEALLOCATE find_parked") // a session's, not the transaction's
 			require.NoError(t, err)
 			require.NoError(t, tx.Rollback())
@@ -239,7 +236,7 @@ FROM generate_series($2::int, $3::int) i,
 				plain, plainArgs, err := store.FindParkedSQL(c.f, nil, 51, false, false)
 				require.NoError(t, err)
 				t.Logf("%s, the page's keys first:\n%s\nthe plain query:\n%s", c.name, custom,
-					explainPlan(t, b, b.db, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+plain, plainArgs...))
+					testenv.Explain(b.ctx, t, b.db, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+plain, plainArgs...))
 			}
 		}
 	})
@@ -274,35 +271,4 @@ func requireConsumerRange(t *testing.T, plan, index string, walk *regexp.Regexp,
 	require.NotRegexp(t, walk, plan, "%s: no walk of the parked_at index\n%s", name, plan)
 	unqualified := table[strings.LastIndex(table, ".")+1:]
 	require.NotContains(t, plan, "Seq Scan on "+strings.Trim(unqualified, `"`)+" ", "%s\n%s", name, plan)
-}
-
-// explainPlan runs an EXPLAIN and returns its lines.
-func explainPlan(t *testing.T, b bundle, db wsql.ContextExecutor, query string, args ...any) string {
-	t.Helper()
-	rs, err := db.QueryContext(b.ctx, query, args...)
-	require.NoError(t, err)
-	var plan strings.Builder
-	for rs.Next() {
-		var line string
-		require.NoError(t, rs.Scan(&line))
-		plan.WriteString(line + "\n")
-	}
-	require.NoError(t, seam.Close(rs))
-	return plan.String()
-}
-
-// sqlLiteral renders an argument of FindParkedSQL as an SQL literal.
-func sqlLiteral(t *testing.T, a any) string {
-	t.Helper()
-	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-	switch v := a.(type) {
-	case string:
-		return quote(v)
-	case int:
-		return strconv.Itoa(v)
-	case time.Time:
-		return quote(v.Format(time.RFC3339Nano)) + "::timestamptz"
-	}
-	t.Fatalf("no literal for %T", a)
-	return fmt.Sprint(a)
 }
