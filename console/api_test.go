@@ -536,7 +536,7 @@ func TestRelays(t *testing.T) {
 	require.Equal(t, "exactlyonce."+e.db.Schema+".watermill_outbox", doc.Channel)
 	require.NotEmpty(t, doc.Note)
 
-	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: e.db, Publisher: &recorder{}, PollInterval: time.Second, Logger: watermill.NopLogger{}})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: e.db, Publisher: &recorder{}, PollInterval: time.Second, ListenConnString: testenv.ListenConnString(), Logger: watermill.NopLogger{}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
