@@ -17,7 +17,7 @@ import (
 )
 
 // maxMessagesPerInsert keeps one INSERT well under PostgreSQL's limit of
-// 65535 bind parameters (4 per message).
+// 65535 bind parameters (5 per message).
 const maxMessagesPerInsert = 1000
 
 // Publisher is a message.Publisher that writes messages to the outbox
@@ -70,7 +70,11 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 // Each keeps its UUID (which must not be empty) and metadata, to which
 // Publish adds the W3C trace context (traceparent, tracestate) of the
 // message's context when that holds an OpenTelemetry span and the metadata
-// has no traceparent yet. Every message
+// has no traceparent yet. A message with an ordering key (SetOrderingKey)
+// first takes its key's lock for the rest of the transaction: another
+// transaction writing the same key waits here until this one ends, so that
+// the key's messages are relayed in the order their transactions committed
+// (see docs/ordering.md). Every message
 // is checked before any is written (a non-empty topic and UUID, valid UTF-8
 // without NUL in the topic, UUID and metadata: the outbox keeps messages
 // byte for byte), so a bad one leaves the
@@ -95,6 +99,14 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	tracing.Inject(context.Background(), messages...)
 	if err := outboxrow.Validate(topic, messages...); err != nil {
 		return fmt.Errorf("outbox: Publish: %w", err)
+	}
+	if err := checkOrderingKeys(messages); err != nil {
+		return fmt.Errorf("outbox: Publish: %w", err)
+	}
+	if len(messages) > 0 {
+		if err := lockOrderingKeys(messages[0].Context(), p.db, p.adapter.table, messages); err != nil {
+			return fmt.Errorf("outbox: Publish to %q: %w", topic, err)
+		}
 	}
 	for len(messages) > 0 {
 		n := min(len(messages), maxMessagesPerInsert)

@@ -55,7 +55,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	}
 	table := cfg.DB.Outbox()
 	batchPub, _ := cfg.Publisher.(BatchPublisher)
-	const columns = `id, topic, uuid, payload, metadata::text, failures > 0`
+	const columns = `id, topic, uuid, payload, metadata::text, failures > 0 AS retry, ordering_key`
 	// Not a paused topic ($3). In a form the planner cannot estimate (a
 	// default selectivity): "topic <> ALL($3)" on a table of one topic
 	// reads as "no row", and the generic plan of a prepared statement
@@ -63,6 +63,18 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// primary key.
 	const notPaused = `coalesce(topic <> ALL($3::text[]), true)`
 	retryDue := `failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now()) AND ` + notPaused
+	// Per-key order (ordering_key, see docs/ordering.md). A row of a key
+	// behind a failing or quarantined row of that key is not taken at all
+	// (the index outbox_006 keeps of the failed rows with a key answers
+	// it), so a blocked key's rows never take a batch's room. Of the rows
+	// taken, one whose key has an earlier row outside the batch (in
+	// flight with another relay, or in a paused topic) is flagged blocked:
+	// it is left as it was, and so are the rows of its key after it. The
+	// check looks between each row and the previous row of its key in the
+	// batch (lag), a small range of the ordering_key index. Writers of a
+	// key take its lock before drawing ids (see lockOrderingKeys), so a
+	// row visible here has every earlier row of its key visible too.
+	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
@@ -82,15 +94,20 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		// out short and read as "caught up". retry takes the same rows
 		// first (the same order; this transaction's own locks do not skip).
 		selectSQL: `WITH due AS (
-  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
+  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + notBehindFailed + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0 AND ` + notPaused + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + `
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
-  SELECT ` + columns + ` FROM ` + table + ` WHERE ` + retryDue + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + notBehindFailed + `
   ORDER BY id LIMIT $1 - (SELECT count(*) FROM fresh) FOR UPDATE SKIP LOCKED
+), taken AS (
+  SELECT *, coalesce(lag(id) OVER (PARTITION BY ordering_key ORDER BY id), 0) AS prev
+  FROM (SELECT * FROM fresh UNION ALL SELECT * FROM retry) u
 )
-SELECT * FROM fresh UNION ALL SELECT * FROM retry ORDER BY 1`,
+SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
+  ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
+FROM taken t ORDER BY id`,
 		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		// Each failed row waits out its backoff; a permanent failure counts
 		// towards MaxAttempts ($4); unreadable metadata quarantines at once.
@@ -254,7 +271,7 @@ func (r *Relay) work(ctx context.Context) {
 				r.cfg.Logger.Error("outbox relay: rows failed, each is retried after its own backoff", err, r.failureFields(res, nil))
 			}
 			backoff = r.cfg.ErrorBackoff
-			if res.locked == r.cfg.BatchSize {
+			if res.locked == r.cfg.BatchSize && res.blocked < res.locked {
 				continue
 			}
 			wait, wakeable = r.cfg.PollInterval, true
@@ -350,7 +367,8 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 
 // batchResult is what one batch did.
 type batchResult struct {
-	locked      int      // rows locked, including unreadable ones
+	locked      int      // rows locked, including unreadable and blocked ones
+	blocked     int      // rows left as they were: an earlier row of their key is elsewhere
 	relayed     int      // rows published and deleted
 	failed      int      // rows whose publish failed, recorded
 	permanent   int      // of those, failures that were the message's own
@@ -390,7 +408,8 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	if err != nil {
 		return res, r.own(err)
 	}
-	res.locked = len(b.ids) + len(b.defects)
+	res.locked = len(b.ids) + len(b.defects) + b.blocked
+	res.blocked = b.blocked
 	if res.locked == 0 {
 		if err := tx.Commit(); err != nil {
 			return res, r.own(fmt.Errorf("outbox relay: commit: %w", err))
@@ -399,7 +418,7 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 		return res, nil
 	}
 	endSpans := r.startPublishSpans(b)
-	p := r.publish(ctx, b)
+	p := r.publishInOrder(ctx, b)
 	endSpans(p)
 	if len(p.done) == 0 && len(p.failed) == 0 && len(b.defects) == 0 {
 		return res, p.cancelled // cancelled before the first publish: nothing to record
@@ -544,7 +563,7 @@ func (r *Relay) startPublishSpans(b batch) func(published) {
 			}
 		}
 		for _, s := range spans {
-			s.SetStatus(codes.Error, "not published: the relay stopped before this message")
+			s.SetStatus(codes.Error, "not published in this batch: the relay stopped, or an earlier message of its ordering key was not accepted")
 			s.End()
 		}
 	}

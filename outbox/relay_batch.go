@@ -18,17 +18,22 @@ type batch struct {
 	ids     []int64
 	topics  []string
 	msgs    []*message.Message
-	retry   []bool // the row failed before
+	retry   []bool   // the row failed before
+	keys    []string // ordering keys, "" for none
 	defects []defect
+	// blocked counts the rows locked but left as they were: an earlier row
+	// of their ordering key is not in the batch (another relay has it in
+	// flight, or its topic is paused), or is a defect of this batch.
+	blocked int
 }
 
 // reordered returns the batch's rows in the given order (indexes into b).
 func (b batch) reordered(order []int) batch {
 	out := batch{defects: b.defects,
 		ids: make([]int64, len(order)), topics: make([]string, len(order)),
-		msgs: make([]*message.Message, len(order)), retry: make([]bool, len(order))}
+		msgs: make([]*message.Message, len(order)), retry: make([]bool, len(order)), keys: make([]string, len(order))}
 	for j, i := range order {
-		out.ids[j], out.topics[j], out.msgs[j], out.retry[j] = b.ids[i], b.topics[i], b.msgs[i], b.retry[i]
+		out.ids[j], out.topics[j], out.msgs[j], out.retry[j], out.keys[j] = b.ids[i], b.topics[i], b.msgs[i], b.retry[i], b.keys[i]
 	}
 	return out
 }
@@ -51,6 +56,10 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
 	var b batch
+	// Keys whose chain stops in this batch: a row of the key is blocked or
+	// a defect, so the rows of the key after it wait too (rows come in id
+	// order).
+	stopped := map[string]bool{}
 	for rows.Next() {
 		var (
 			id      int64
@@ -59,15 +68,30 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 			payload []byte
 			meta    string
 			retry   bool
+			key     *string
+			blocked bool
 		)
-		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry); err != nil {
+		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry, &key, &blocked); err != nil {
 			_ = rows.Close()
 			return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
 		}
+		k := ""
+		if key != nil {
+			k = *key
+		}
+		if k != "" && (blocked || stopped[k]) {
+			stopped[k] = true
+			b.blocked++
+			continue
+		}
 		msg := message.NewMessage(uuid, payload)
 		if err := json.Unmarshal([]byte(meta), &msg.Metadata); err != nil {
-			// No retry can fix it: quarantined at once, the rest goes on.
+			// No retry can fix it: quarantined at once, the rest goes on
+			// (but the rows of its key wait behind it).
 			b.defects = append(b.defects, defect{id, fmt.Errorf("row %d (topic %q, uuid %q) has unreadable metadata: %w", id, topic, uuid, err)})
+			if k != "" {
+				stopped[k] = true
+			}
 			continue
 		}
 		if msg.Metadata == nil {
@@ -78,6 +102,7 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		b.topics = append(b.topics, topic)
 		b.msgs = append(b.msgs, msg)
 		b.retry = append(b.retry, retry)
+		b.keys = append(b.keys, k)
 	}
 	if err := seam.Close(rows); err != nil {
 		return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)

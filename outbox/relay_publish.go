@@ -237,3 +237,65 @@ func (r *Relay) recordFailures(ctx context.Context, tx wsql.Tx, b batch, failed 
 	}
 	return out, nil
 }
+
+// publishInOrder publishes a batch whose rows may have ordering keys. The
+// rows of one key go out one at a time, in id order, each only once the
+// publisher accepted the one before: the batch is published in waves, wave
+// i holding the i-th row of each key (and, in the first, every row without
+// a key), each wave through publish. A row whose publish failed, or that
+// was not tried, stops its key for the rest of the batch. Without two rows
+// of one key, it is publish.
+//
+// Waves and not one call: a publisher confirms each message on its own
+// (RabbitMQ may nack one and take the next, when a queue with
+// x-overflow reject-publish frees room in between), so a later message of
+// a key sent before the earlier one was confirmed could be taken alone.
+func (r *Relay) publishInOrder(ctx context.Context, b batch) published {
+	rank := make([]int, len(b.ids))
+	seen := map[string]int{}
+	waves := 1
+	for i, k := range b.keys {
+		if k == "" {
+			continue
+		}
+		rank[i] = seen[k]
+		seen[k]++
+		waves = max(waves, seen[k])
+	}
+	if waves == 1 {
+		return r.publish(ctx, b)
+	}
+	var all published
+	stopped := map[string]bool{}
+	for w := range waves {
+		var idx []int
+		for i, k := range b.keys {
+			if rank[i] == w && (k == "" && w == 0 || k != "" && !stopped[k]) {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 {
+			break
+		}
+		p := r.publish(ctx, b.reordered(idx))
+		all.done = append(all.done, p.done...)
+		all.failed = append(all.failed, p.failed...)
+		if all.firstErr == nil {
+			all.firstErr = p.firstErr
+		}
+		if p.cancelled != nil {
+			all.cancelled = p.cancelled
+			return all
+		}
+		ok := make(map[int64]bool, len(p.done))
+		for _, id := range p.done {
+			ok[id] = true
+		}
+		for _, i := range idx {
+			if k := b.keys[i]; k != "" && !ok[b.ids[i]] {
+				stopped[k] = true
+			}
+		}
+	}
+	return all
+}

@@ -28,8 +28,8 @@ func (s schemaAdapter) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, e
 		return wsql.Query{}, errors.New("outbox: no messages to insert")
 	}
 	var b strings.Builder
-	b.WriteString("INSERT INTO " + s.table + " (topic, uuid, payload, metadata) VALUES ")
-	args := make([]any, 0, 4*len(params.Msgs))
+	b.WriteString("INSERT INTO " + s.table + " (topic, uuid, payload, metadata, ordering_key) VALUES ")
+	args := make([]any, 0, 5*len(params.Msgs))
 	for i, msg := range params.Msgs {
 		if msg == nil {
 			return wsql.Query{}, fmt.Errorf("outbox: message %d is nil", i)
@@ -47,13 +47,13 @@ func (s schemaAdapter) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, e
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		n := 4 * i
-		b.WriteString("($" + strconv.Itoa(n+1) + ",$" + strconv.Itoa(n+2) + ",$" + strconv.Itoa(n+3) + ",$" + strconv.Itoa(n+4) + "::jsonb)")
+		n := 5 * i
+		b.WriteString("($" + strconv.Itoa(n+1) + ",$" + strconv.Itoa(n+2) + ",$" + strconv.Itoa(n+3) + ",$" + strconv.Itoa(n+4) + "::jsonb,$" + strconv.Itoa(n+5) + "::text)")
 		payload := []byte(msg.Payload)
 		if payload == nil {
 			payload = []byte{}
 		}
-		args = append(args, params.Topic, msg.UUID, payload, string(meta))
+		args = append(args, params.Topic, msg.UUID, payload, string(meta), orderingKeyArg(msg))
 	}
 	return wsql.Query{Query: b.String(), Args: args}, nil
 }

@@ -126,7 +126,7 @@ func TestMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
 	require.Equal(t, 7, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format, parked-messages and parked-consumer-order migrations")
-	require.Equal(t, 5, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause and quarantine-search migrations")
+	require.Equal(t, 6, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause, quarantine-search and ordering-key migrations")
 }
 
 // SQL is the schema followed by every migration, in order, each under a

@@ -45,6 +45,8 @@ func ExampleSQL() {
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_at" ON "billing"."outbox" (quarantined_at) WHERE quarantined_at IS NOT NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_uuid" ON "billing"."outbox" (uuid) WHERE quarantined_at IS NOT NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_metadata" ON "billing"."outbox" USING gin (metadata jsonb_path_ops) WHERE quarantined_at IS NOT NULL;
+	// CREATE INDEX IF NOT EXISTS "outbox_ordering_key" ON "billing"."outbox" (ordering_key, id) WHERE ordering_key IS NOT NULL;
+	// CREATE INDEX IF NOT EXISTS "outbox_ordering_key_failed" ON "billing"."outbox" (ordering_key, id) WHERE ordering_key IS NOT NULL AND failures > 0;
 }
 
 func ExampleDB_Validate() {
@@ -118,6 +120,7 @@ func ExampleMigrate() {
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql
 	// outbox:outbox 4 outbox_004_failure_causes.up.sql
 	// outbox:outbox 5 outbox_005_quarantine_search.up.sql
+	// outbox:outbox 6 outbox_006_ordering_key.up.sql
 }
 
 // Check at start-up when another process owns the migrations: tables that

@@ -69,7 +69,7 @@ func TestSQLMigrations(t *testing.T) {
 		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
 	require.Equal(t, 7, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format, parked-messages and parked-consumer-order migrations")
-	require.Equal(t, 5, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause and quarantine-search migrations")
+	require.Equal(t, 6, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause, quarantine-search and ordering-key migrations")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {

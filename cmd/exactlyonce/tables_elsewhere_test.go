@@ -97,7 +97,7 @@ func TestTablesElsewhere(t *testing.T) {
 	_, err := pool.Exec(testCtx(t), `DELETE FROM shop2.watermill_exactlyonce_migrations WHERE name = 'outbox_005_quarantine_search.up.sql'`)
 	require.NoError(t, err)
 	requireExit(t, cli(t, env, "inbox", "stats", "--schema", "shop2"), exitFailed,
-		`tables not migrated in schema "shop2" (inbox table "watermill_inbox", outbox table "watermill_outbox"): 1 of 12 migrations missing (outbox_005_quarantine_search.up.sql): run 'exactlyonce migrate up'`)
+		`tables not migrated in schema "shop2" (inbox table "watermill_inbox", outbox table "watermill_outbox"): 1 of 13 migrations missing (outbox_005_quarantine_search.up.sql): run 'exactlyonce migrate up'`)
 
 	// A partitioned inbox is one table, not one per partition.
 	requireOK(t, cli(t, env, "migrate", "up", "--schema", "big", "--partitions", "daily"))
