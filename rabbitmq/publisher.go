@@ -62,6 +62,17 @@ type PublisherConfig struct {
 	// elsewhere with other properties (quorum queues, a max length): a
 	// declaration that does not match fails the topic's messages.
 	NoQueueDeclare bool
+
+	// Partitions makes topics partitioned (per-key order with concurrency
+	// across keys, see PartitionedSubscriber and docs/ordering.md): topic
+	// -> number of partition queues. A message to such a topic goes to the
+	// queue PartitionQueue(topic, Partition(key, n)) of its ordering key
+	// (metadata OrderingKeyMetadata; its UUID when it has none), which the
+	// Publisher declares durable with PartitionQueueArguments. Changing a
+	// topic's number of partitions moves keys to other queues: drain the
+	// queues first, or the messages of a moved key may be handled out of
+	// order.
+	Partitions map[string]int
 }
 
 // Publisher publishes to RabbitMQ with publisher confirms, keeping up to
@@ -112,6 +123,8 @@ type Publisher struct {
 	conn     *amqp091.Connection
 	blocked  *atomic.Bool      // conn is blocked by a resource alarm (connection.blocked)
 	declared map[string]bool   // topics whose queue was declared on conn
+
+	partitionQueues map[string]bool // the partition queues of cfg.Partitions
 	idle     []*confirmChannel // channels of conn no call uses
 	bg       sync.WaitGroup    // each channel's drain, and channels closing
 }
@@ -142,9 +155,18 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = Marshaler{}
 	}
+	pq := map[string]bool{}
+	for topic, n := range cfg.Partitions {
+		if err := checkPartitions(topic, n); err != nil {
+			return nil, fmt.Errorf("rabbitmq: PublisherConfig.Partitions: %w", err)
+		}
+		for i := range n {
+			pq[PartitionQueue(topic, i)] = true
+		}
+	}
 	var r [6]byte
 	_, _ = rand.Read(r[:])
-	return &Publisher{cfg: cfg, prefix: hex.EncodeToString(r[:]) + "-"}, nil
+	return &Publisher{cfg: cfg, prefix: hex.EncodeToString(r[:]) + "-", partitionQueues: pq}, nil
 }
 
 var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")
@@ -173,7 +195,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 // PublishBatch publishes msgs[i] to the queue topics[i] (the default
-// exchange, routing key topics[i]), in order, on one channel, keeping up to
+// exchange, routing key topics[i]; for a partitioned topic, see
+// PublisherConfig.Partitions, its partition queue), in order, on one channel, keeping up to
 // Window of them awaiting their confirm, and returns one error per message:
 // nil when the broker confirmed it, else why not. It returns when every
 // message has an outcome, or soon after ctx ends (the messages not confirmed
@@ -188,6 +211,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // twice). When the connection is lost, the messages not confirmed fail, and
 // the next call dials again.
 func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
+	topics = p.route(topics, msgs)
 	b := &outcomes{topics: topics, msgs: msgs, errs: make([]error, len(msgs)), settled: make([]bool, len(msgs))}
 	if len(topics) != len(msgs) {
 		err := fmt.Errorf("rabbitmq: PublishBatch got %d topics for %d messages", len(topics), len(msgs))
@@ -539,7 +563,7 @@ func (p *Publisher) declare(c *confirmChannel, b *outcomes, idx []int) ([]int, e
 	for _, topic := range todo {
 		// As DeclareQueues and watermill-amqp's NewDurableQueueConfig:
 		// durable, not auto-delete, not exclusive, no arguments.
-		_, err := c.ch.QueueDeclare(topic, true, false, false, false, nil)
+		_, err := c.ch.QueueDeclare(topic, true, false, false, false, p.queueArguments(topic))
 		if err == nil {
 			p.mu.Lock()
 			if c.conn == p.conn {

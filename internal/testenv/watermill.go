@@ -9,6 +9,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 )
 
 // Logger is a Watermill logger that writes warnings and errors to the test
@@ -82,4 +84,16 @@ func StartRouter(t testing.TB, r *message.Router) {
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
 	t.Helper()
 	require.Eventually(t, cond, timeout, 20*time.Millisecond, append([]any{msg}, args...)...)
+}
+
+// PartitionSubscriberConfig is the watermill-amqp configuration of a
+// subscriber of partition queues (rabbitmq.PartitionedSubscriber): durable
+// queues named like the topic, declared with single active consumer, one
+// message at a time, rabbitmq.Marshaler.
+func PartitionSubscriberConfig(amqpURL string) wamqp.Config {
+	cfg := wamqp.NewDurableQueueConfig(amqpURL)
+	cfg.Marshaler = rabbitmq.Marshaler{}
+	cfg.Queue.Arguments = rabbitmq.PartitionQueueArguments()
+	cfg.Consume.Qos.PrefetchCount = 1
+	return cfg
 }
