@@ -121,12 +121,12 @@ type Publisher struct {
 	mu       sync.Mutex
 	closed   bool
 	conn     *amqp091.Connection
-	blocked  *atomic.Bool      // conn is blocked by a resource alarm (connection.blocked)
-	declared map[string]bool   // topics whose queue was declared on conn
+	blocked  *atomic.Bool    // conn is blocked by a resource alarm (connection.blocked)
+	declared map[string]bool // topics whose queue was declared on conn
 
-	partitionQueues map[string]bool // the partition queues of cfg.Partitions
-	idle     []*confirmChannel // channels of conn no call uses
-	bg       sync.WaitGroup    // each channel's drain, and channels closing
+	partitionQueues map[string]bool   // the partition queues of cfg.Partitions
+	idle            []*confirmChannel // channels of conn no call uses
+	bg              sync.WaitGroup    // each channel's drain, and channels closing
 }
 
 var _ message.Publisher = (*Publisher)(nil)
