@@ -69,9 +69,10 @@ fmt: ## Format all Go files with gofmt
 .PHONY: chaos
 CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis
 
-chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store (CHAOS_MESSAGES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
+chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, per-key order in the three consumer modes (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
 	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) \
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
+	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),transactional,batch,lease) \
 	$(GO) test -run TestChaos -count=1 -timeout 80m -v ./tests/chaos/
 
 demo: ## Run the notifier example: sends with duplicates and a redelivery, prints what happened (needs PostgreSQL and RabbitMQ only)

@@ -157,15 +157,22 @@ func readSettings(t *testing.T) settings {
 // for the system under test) and returns the binary's path.
 func buildWorker(t *testing.T) string {
 	t.Helper()
+	return buildBinary(t, "./worker", "chaos-worker")
+}
+
+// buildBinary builds the command pkg (a directory of this package's) into a
+// temporary directory, without -race, and returns the binary's path.
+func buildBinary(t *testing.T, pkg, name string) string {
+	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 	}
-	bin := filepath.Join(t.TempDir(), "chaos-worker")
+	bin := filepath.Join(t.TempDir(), name)
 	start := time.Now()
-	out, err := exec.Command(goBin, "build", "-o", bin, "./worker").CombinedOutput()
-	require.NoError(t, err, "building the chaos worker:\n%s", out)
-	t.Logf("worker built in %s", time.Since(start).Round(time.Millisecond))
+	out, err := exec.Command(goBin, "build", "-o", bin, pkg).CombinedOutput()
+	require.NoError(t, err, "building %s:\n%s", pkg, out)
+	t.Logf("%s built in %s", pkg, time.Since(start).Round(time.Millisecond))
 	return bin
 }
 

@@ -8,13 +8,20 @@
 // invariants (nothing lost, no duplicate effect, lease-mode repeats only
 // where an attempt was interrupted, ...) and prints them as one table.
 //
+// TestChaosOrdered runs per-key order end to end (writers, two relay
+// processes, two consumer processes on partitioned queues) under broker
+// connection cuts and SIGKILLs, with poison messages that block their key
+// until discarded, and shows the unordered setup failing the same check.
+//
 // Two tests stress one part in process: TestChaosRelay (two relays under a
 // flapping broker, back-pressure and poison rows) and
 // TestPartitionedChaosPurgesDuringTraffic (the partitioned inbox purged
 // during traffic while partition maintenance is behind).
 //
-// `make test` runs the short form (800 messages, 3 faults of each kind);
-// `make chaos` the full one (5,000 messages, 10 faults of each kind). See
+// `make test` runs the short form (800 messages, 3 faults of each kind;
+// per-key order with the transactional consumer); `make chaos` the full
+// one (5,000 messages, 10 faults of each kind; per-key order in every
+// consumer mode). See
 // TestChaos for the environment variables.
 package chaos
 

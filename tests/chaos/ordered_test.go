@@ -1,0 +1,413 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
+)
+
+// orderedSettings size TestChaosOrdered. Environment:
+//
+//	CHAOS_ORDERED_KEYS     ordering keys (default 200)
+//	CHAOS_ORDERED_PER_KEY  messages per key, sequence numbers 1..n (default 50)
+//	CHAOS_ORDERED_MODES    consumer modes of the ordered runs, comma-separated
+//	                       among transactional, batch, lease (default
+//	                       transactional; `make chaos`: all three)
+type orderedSettings struct {
+	keys, perKey int
+	modes        []string
+}
+
+const (
+	orderedPartitions = 8
+	orderedPoisonKeys = 5  // keys k000..k004 carry a message the broker refuses for good
+	orderedPoisonSeq  = 20 // at this sequence number (or the last, with fewer)
+	orderedWriters    = 8
+)
+
+func readOrderedSettings(t *testing.T) orderedSettings {
+	s := orderedSettings{keys: 200, perKey: 50, modes: []string{"transactional"}}
+	var err error
+	if v := os.Getenv("CHAOS_ORDERED_KEYS"); v != "" {
+		s.keys, err = strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_ORDERED_KEYS")
+	}
+	if v := os.Getenv("CHAOS_ORDERED_PER_KEY"); v != "" {
+		s.perKey, err = strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_ORDERED_PER_KEY")
+	}
+	require.Greater(t, s.keys, orderedPoisonKeys, "CHAOS_ORDERED_KEYS")
+	require.GreaterOrEqual(t, s.perKey, 2, "CHAOS_ORDERED_PER_KEY")
+	if v := os.Getenv("CHAOS_ORDERED_MODES"); v != "" {
+		s.modes = strings.Split(v, ",")
+		for _, m := range s.modes {
+			require.Contains(t, []string{"transactional", "batch", "lease"}, m, "CHAOS_ORDERED_MODES")
+		}
+	}
+	return s
+}
+
+func (s orderedSettings) poisonSeq() int { return min(orderedPoisonSeq, s.perKey) }
+
+// TestChaosOrdered: per-key order from the writing transactions to the
+// consumer's effects, through RabbitMQ, under faults. Writers (concurrent
+// transactions, each a few messages of random keys, a key's next sequence
+// number taken under the row lock of its counter, as an application's
+// aggregate row would be) write keys x perKey messages with their ordering
+// key. Two relay processes (Workers 4 each) publish them to a topic of 8
+// partition queues; two consumer processes (the middleware in the run's
+// mode, a handler registered with rabbitmq.PartitionedSubscriber, single
+// active consumer per partition) record each message's effect. During the
+// run, the broker connections of the relays and of the consumers are cut,
+// and each relay and each consumer is SIGKILLed and restarted. Five keys
+// carry a message the broker refuses for good (a header name over 255
+// bytes): the relay quarantines it and the key's later messages wait
+// while every other key completes; then the operator discards it and the
+// key completes.
+//
+// Invariants: for each key, the effects in the order they committed have
+// strictly increasing sequence numbers, each exactly once, with no gap but
+// the discarded message; the poisoned keys stop right before it until it is
+// discarded; nothing is left in the outbox or the queues.
+//
+// The "unordered" subtest runs the same scenario without ordering keys,
+// with one queue and competing subscriptions (exactlyonce.ConcurrentSubscriber),
+// and shows that the order check fails there: exactly-once holds, order
+// does not.
+func TestChaosOrdered(t *testing.T) {
+	s := readOrderedSettings(t)
+	bin := buildBinary(t, "./orderedworker", "ordered-worker")
+	for _, mode := range s.modes {
+		t.Run(mode, func(t *testing.T) { runOrdered(t, bin, s, mode, true) })
+	}
+	t.Run("unordered", func(t *testing.T) { runOrdered(t, bin, s, "transactional", false) })
+}
+
+func runOrdered(t *testing.T, bin string, s orderedSettings, mode string, ordered bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	db := testenv.Schema(t)
+	tbl := func(name string) string { return db.Schema + "." + name }
+	exec := func(q string, args ...any) {
+		_, err := db.Conn.ExecContext(ctx, q, args...)
+		require.NoError(t, err)
+	}
+	exec(`CREATE TABLE ` + tbl("effects") + ` (pos bigserial PRIMARY KEY, key text NOT NULL, seq int NOT NULL, uuid text NOT NULL, worker text NOT NULL)`)
+	exec(`CREATE TABLE ` + tbl("counters") + ` (k text PRIMARY KEY, n int NOT NULL)`)
+	exec(`INSERT INTO `+tbl("counters")+` SELECT 'k' || lpad(i::text, 3, '0'), 0 FROM generate_series(0, $1 - 1) i`, s.keys)
+
+	amqpURL := testenv.AMQPURL()
+	topic := testenv.Unique(t, "ord_")
+	partitions := 0
+	queues := []string{topic}
+	if ordered {
+		partitions = orderedPartitions
+		require.NoError(t, rabbitmq.DeclarePartitions(ctx, amqpURL, topic, partitions))
+		queues = queues[:0]
+		for i := range partitions {
+			queues = append(queues, rabbitmq.PartitionQueue(topic, i))
+		}
+	} else {
+		require.NoError(t, rabbitmq.DeclareQueues(ctx, amqpURL, topic))
+	}
+	admin := testenv.AMQPConn(t)
+	t.Cleanup(func() {
+		ch, err := admin.Channel()
+		if err != nil {
+			return
+		}
+		for _, q := range queues {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+	})
+
+	target := hostPort(t, amqpURL, "5672")
+	relayProxy, consumerProxy := testenv.NewProxy(t, target), testenv.NewProxy(t, target)
+	h := &harness{t: t, bin: bin, logDir: t.TempDir()}
+	common := map[string]string{"ORD_DB_URL": testenv.DatabaseURL(), "ORD_SCHEMA": db.Schema, "ORD_TOPIC": topic,
+		"ORD_PARTITIONS": strconv.Itoa(partitions)}
+	with := func(extra map[string]string) map[string]string {
+		m := map[string]string{}
+		for k, v := range common {
+			m[k] = v
+		}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	var relays, consumers []*proc
+	for i := range 2 {
+		relays = append(relays, h.newProc(fmt.Sprintf("relay%d", i), with(map[string]string{
+			"ORD_ROLE": "relay", "ORD_WORKERS": "4", "ORD_AMQP_URL": relayProxy.RewriteURL(amqpURL)})))
+		consumers = append(consumers, h.newProc(fmt.Sprintf("consumer%d", i), with(map[string]string{
+			"ORD_ROLE": "consumer", "ORD_MODE": mode, "ORD_EFFECTS": tbl("effects"),
+			"ORD_NAME": fmt.Sprintf("consumer%d", i), "ORD_AMQP_URL": consumerProxy.RewriteURL(amqpURL)})))
+	}
+	all := append(append([]*proc{}, relays...), consumers...)
+	for _, p := range all {
+		p.start()
+	}
+	t.Cleanup(func() {
+		for _, p := range all {
+			p.stop()
+		}
+	})
+
+	// The writers, paced so that the faults fall during the writing.
+	start := time.Now()
+	var writers sync.WaitGroup
+	writing := make(chan struct{})
+	for w := range orderedWriters {
+		writers.Go(func() { orderedWriter(ctx, t, db, s, topic, w, ordered) })
+	}
+	go func() { writers.Wait(); close(writing) }()
+
+	// The faults, one after the other, each kind at least once, and on
+	// until the writers are done.
+	faults := map[string]int{}
+	steps := []func(){
+		func() { // the broker connections cut, for everyone
+			relayProxy.Refuse()
+			consumerProxy.Refuse()
+			time.Sleep(400 * time.Millisecond)
+			relayProxy.Allow()
+			consumerProxy.Allow()
+			faults["broker connections cut"]++
+		},
+		func() { relays[0].kill(); time.Sleep(300 * time.Millisecond); relays[0].start(); faults["relay SIGKILLed"]++ },
+		func() {
+			consumers[0].kill()
+			time.Sleep(300 * time.Millisecond)
+			consumers[0].start()
+			faults["consumer SIGKILLed"]++
+		},
+		func() { relays[1].kill(); time.Sleep(300 * time.Millisecond); relays[1].start(); faults["relay SIGKILLed"]++ },
+		func() {
+			consumers[1].kill()
+			time.Sleep(300 * time.Millisecond)
+			consumers[1].start()
+			faults["consumer SIGKILLed"]++
+		},
+	}
+	for i := 0; ; i++ {
+		select {
+		case <-writing:
+			if i >= len(steps) {
+				goto written
+			}
+		case <-time.After(700 * time.Millisecond):
+		}
+		steps[i%len(steps)]()
+	}
+written:
+	wroteIn := time.Since(start)
+	total := s.keys * s.perKey
+	count := func(q string, args ...any) int64 { return testenv.Count(t, db.Conn, q, args...) }
+	effects := func() int64 { return count(`SELECT count(*) FROM ` + tbl("effects")) }
+	t.Logf("wrote %d messages in %s; faults: %v", total, wroteIn.Round(time.Millisecond), faults)
+	settle := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not settled within 3 minutes: %s (effects %d of %d; unexpected exits %v)", what, effects(), total, h.exits)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	poisonSeq := s.poisonSeq()
+	poisoned := func(k int) bool { return k < orderedPoisonKeys }
+	quarantined := func() int64 {
+		c, err := outbox.CountRows(ctx, db, outbox.RowFilter{})
+		require.NoError(t, err)
+		return c
+	}
+
+	// Every poison row quarantined, every other key complete.
+	settle("poison rows quarantined", func() bool { return quarantined() == orderedPoisonKeys })
+	if ordered {
+		settle("the keys without poison complete", func() bool {
+			return count(`SELECT count(*) FROM `+tbl("effects")+` WHERE key >= $1`, fmt.Sprintf("k%03d", orderedPoisonKeys)) ==
+				int64((s.keys-orderedPoisonKeys)*s.perKey)
+		})
+		// A quarantined row holds back its key and nothing else: each
+		// poisoned key stopped right before it, its later rows wait.
+		time.Sleep(500 * time.Millisecond) // time for a wrongly released row to show
+		for k := range orderedPoisonKeys {
+			key := fmt.Sprintf("k%03d", k)
+			require.Equal(t, int64(poisonSeq-1), count(`SELECT count(*) FROM `+tbl("effects")+` WHERE key = $1`, key),
+				"key %s: its messages after the quarantined one must wait", key)
+		}
+		require.Equal(t, int64(orderedPoisonKeys*(s.perKey-poisonSeq+1)), count(`SELECT count(*) FROM `+db.Outbox()),
+			"the outbox holds the quarantined rows and the rows waiting behind them")
+	}
+	// The operator discards the poison rows.
+	discarded, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{Metadata: map[string]string{"poison": "1"}})
+	require.NoError(t, err)
+	require.Equal(t, int64(orderedPoisonKeys), discarded)
+	want := int64(total - orderedPoisonKeys)
+	settle("every message but the discarded ones has its effect", func() bool { return effects() >= want })
+	settle("the outbox is empty", func() bool { return count(`SELECT count(*) FROM `+db.Outbox()) == 0 })
+	settle("the queues are empty", func() bool {
+		ch, err := admin.Channel()
+		require.NoError(t, err)
+		defer func() { _ = ch.Close() }()
+		for _, q := range queues {
+			qs, err := ch.QueueDeclarePassive(q, true, false, false, false, queueArgs(ordered))
+			require.NoError(t, err)
+			if qs.Messages > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(300 * time.Millisecond) // a late duplicate effect would show now
+	settledIn := time.Since(start)
+
+	// The invariants.
+	rows, err := db.Conn.QueryContext(ctx, `SELECT key, seq FROM `+tbl("effects")+` ORDER BY pos`)
+	require.NoError(t, err)
+	perKey := map[string][]int{}
+	for rows.Next() {
+		var key string
+		var seq int
+		require.NoError(t, rows.Scan(&key, &seq))
+		perKey[key] = append(perKey[key], seq)
+	}
+	require.NoError(t, seam.Close(rows))
+	var duplicates, missing, outOfOrder []string
+	for k := range s.keys {
+		key := fmt.Sprintf("k%03d", k)
+		seen := map[int]int{}
+		last := 0
+		for _, seq := range perKey[key] {
+			seen[seq]++
+			if seq <= last && len(outOfOrder) < 10 {
+				outOfOrder = append(outOfOrder, fmt.Sprintf("%s: %d after %d", key, seq, last))
+			}
+			last = max(last, seq)
+		}
+		for seq := 1; seq <= s.perKey; seq++ {
+			skip := poisoned(k) && seq == poisonSeq
+			switch {
+			case skip && seen[seq] > 0:
+				duplicates = append(duplicates, fmt.Sprintf("%s/%d: the discarded message has an effect", key, seq))
+			case !skip && seen[seq] == 0:
+				missing = append(missing, fmt.Sprintf("%s/%d", key, seq))
+			case seen[seq] > 1:
+				duplicates = append(duplicates, fmt.Sprintf("%s/%d x%d", key, seq, seen[seq]))
+			}
+		}
+	}
+	t.Logf("%s: %d effects of %d keys settled in %s; faults %v; out of order: %d shown %v",
+		map[bool]string{true: "ordered", false: "unordered"}[ordered], effects(), s.keys,
+		settledIn.Round(time.Millisecond), faults, len(outOfOrder), outOfOrder)
+	require.Empty(t, h.exits, "worker processes that exited on their own")
+	require.Empty(t, missing, "messages without an effect (lost)")
+	require.Empty(t, duplicates, "messages with more than one effect")
+	require.Equal(t, want, effects())
+	if ordered {
+		require.Empty(t, outOfOrder, "effects of a key out of sequence order")
+	} else {
+		require.NotEmpty(t, outOfOrder, "the unordered setup is expected to break per-key order; the check saw none")
+	}
+}
+
+func queueArgs(ordered bool) amqp.Table {
+	if ordered {
+		return rabbitmq.PartitionQueueArguments()
+	}
+	return nil
+}
+
+// orderedWriter writes messages of random keys, one to three per
+// transaction, each with the key's next sequence number (its counter row,
+// locked by the UPDATE until the transaction ends), until every counter is
+// at s.perKey. A tenth of the transactions roll back; a deadlock between
+// two writers (counters locked in opposite orders) rolls one back. Poisoned
+// keys' message poisonSeq carries a header name RabbitMQ cannot take.
+func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s orderedSettings, topic string, w int, ordered bool) {
+	rng := mrand.New(mrand.NewPCG(uint64(w), 11))
+	counters := db.Schema + ".counters"
+	badHeader := strings.Repeat("h", 300)
+	writeTx := func() (int, error) {
+		tx, err := db.Conn.BeginTx(ctx, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = tx.Rollback() }()
+		pub, err := outbox.NewPublisher(tx, db)
+		if err != nil {
+			return 0, err
+		}
+		wrote := 0
+		for range 1 + rng.IntN(3) {
+			k := rng.IntN(s.keys)
+			key := fmt.Sprintf("k%03d", k)
+			var n int
+			rs, err := tx.QueryContext(ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = $1 AND n < $2 RETURNING n`, key, s.perKey)
+			if err != nil {
+				return 0, err
+			}
+			if rs.Next() {
+				if err := rs.Scan(&n); err != nil {
+					return 0, err
+				}
+			}
+			if err := seam.Close(rs); err != nil { // a deadlock shows here
+				return 0, err
+			}
+			if n == 0 {
+				continue
+			}
+			m := message.NewMessage(fmt.Sprintf("%s-%s-%03d", db.Schema, key, n), []byte(strconv.Itoa(n)))
+			m.Metadata.Set("key", key)
+			m.Metadata.Set("seq", strconv.Itoa(n))
+			if k < orderedPoisonKeys && n == s.poisonSeq() {
+				m.Metadata.Set("poison", "1")
+				m.Metadata.Set(badHeader, "refused")
+			}
+			if ordered {
+				outbox.SetOrderingKey(m, key)
+			}
+			if err := pub.Publish(topic, m); err != nil {
+				return 0, err
+			}
+			wrote++
+		}
+		if rng.IntN(10) == 0 {
+			return 0, tx.Rollback()
+		}
+		return wrote, tx.Commit()
+	}
+	// Paced (a pause of 5 ms after each transaction), so that 10,000
+	// messages take ten seconds or more and the faults fall among them.
+	for ctx.Err() == nil {
+		wrote, err := writeTx()
+		if err != nil && !strings.Contains(err.Error(), "deadlock") {
+			t.Errorf("writer %d: %v", w, err)
+			return
+		}
+		if wrote == 0 && testenv.Count(t, db.Conn, `SELECT count(*) FROM `+counters+` WHERE n < $1`, s.perKey) == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
