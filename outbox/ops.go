@@ -24,19 +24,37 @@ type Pending struct {
 	OldestAge time.Duration
 	// Failing counts rows not quarantined whose publish failed at least
 	// once: they are retried with backoff, without blocking the rows behind
-	// them. A steady number means a broker problem or rows the broker
-	// refuses; read their last_error column.
+	// them, except the later rows of their ordering key (see Blocked). A
+	// steady number means a broker problem or rows the broker refuses;
+	// read their last_error column.
 	Failing int64
 	// Quarantined counts rows the relay gave up on, for failures that were
 	// the message's own (see RelayConfig.MaxAttempts): skipped until
 	// requeued. Alert on it, read their LastError (FindRows), fix the
 	// cause, then RequeueFailed, or Requeue and Discard them one by one
-	// or by filter.
+	// or by filter. A quarantined row with an ordering key holds back the
+	// later rows of its key (see Blocked).
 	Quarantined int64
+	// BlockedKeys counts the ordering keys (see OrderingKeyMetadata) that
+	// have a failing or quarantined row: the relay publishes no later row
+	// of such a key until that row is published, requeued (it goes first
+	// again) or discarded (the key's next row goes). Alert on it staying
+	// above zero; FindRows with RowFilter.OrderingKey lists a key's failed
+	// rows, each with the number of rows waiting behind it (Row.Waiting).
+	BlockedKeys int64
+	// Blocked counts the rows that wait behind a failing or quarantined
+	// row of their ordering key (same key, lower id) and never failed
+	// themselves: the relay holds them back until that row is published,
+	// requeued or discarded. They are part of Count and, not being
+	// quarantined, of OldestAge: a blocked key makes the lag grow.
+	Blocked int64
 }
 
 // PendingStats reports the backlog of db's outbox table. The count scans
-// the table, which holds only unrelayed rows. db.Conn is required.
+// the table, which holds only unrelayed rows; BlockedKeys and Blocked read
+// the ordering_key indexes of migration outbox_006 from each blocked key's
+// first failed row on, a cost that grows with the rows blocked, not with
+// the table. db.Conn is required.
 func PendingStats(ctx context.Context, db sqlschema.DB) (Pending, error) {
 	if err := checkDB(db); err != nil {
 		return Pending{}, fmt.Errorf("outbox: PendingStats: %w", err)
@@ -44,14 +62,26 @@ func PendingStats(ctx context.Context, db sqlschema.DB) (Pending, error) {
 	tables := db
 	var p Pending
 	var ageSeconds *float64
+	// A key is blocked from its first failed row on (failures > 0, which
+	// quarantined rows have too: the relay's own test of a row it may
+	// take). Its blocked rows are counted from the ordering_key index
+	// between that row and the key's end, not by a test of every row of
+	// the scan: with no blocked key the statement costs what the scan
+	// does.
 	err := seam.QueryRow(ctx, db.Conn,
-		`SELECT count(*),
+		`WITH failed AS (
+  SELECT ordering_key, min(id) AS first FROM `+tables.Outbox()+`
+  WHERE ordering_key IS NOT NULL AND failures > 0 GROUP BY ordering_key
+)
+SELECT count(*),
        min(created_at) FILTER (WHERE quarantined_at IS NULL),
        extract(epoch FROM now() - min(created_at) FILTER (WHERE quarantined_at IS NULL))::float8,
        count(*) FILTER (WHERE failures > 0 AND quarantined_at IS NULL),
-       count(*) FILTER (WHERE quarantined_at IS NOT NULL)
+       count(*) FILTER (WHERE quarantined_at IS NOT NULL),
+       (SELECT count(*) FROM failed),
+       (SELECT count(*) FROM failed f JOIN `+tables.Outbox()+` b ON b.ordering_key = f.ordering_key AND b.id > f.first WHERE b.failures = 0)
 FROM `+tables.Outbox(),
-		nil, &p.Count, &p.OldestCreatedAt, &ageSeconds, &p.Failing, &p.Quarantined)
+		nil, &p.Count, &p.OldestCreatedAt, &ageSeconds, &p.Failing, &p.Quarantined, &p.BlockedKeys, &p.Blocked)
 	if err != nil {
 		return Pending{}, fmt.Errorf("outbox: PendingStats: %w", ifNotMigrated(db, err))
 	}

@@ -17,7 +17,8 @@ import (
 
 // The operator's view of the rows the relay gave up on (quarantined) or is
 // retrying (failing): find them by id, topic, message UUID, error text,
-// quarantine time or a metadata field such as a business id; read one with
+// quarantine time, ordering key or a metadata field such as a business id
+// (each row says how many rows of its ordering key wait behind it); read one with
 // its payload; requeue it (the relay sends it again at once) or discard it
 // (it is never published), one by one or every row a filter selects.
 // Searches of quarantined rows use the partial indexes of migration
@@ -101,6 +102,16 @@ type Row struct {
 	// LastError is the error of the row's latest failed publish; "" when
 	// none.
 	LastError string
+	// OrderingKey is the message's ordering key (see OrderingKeyMetadata);
+	// "" when it has none.
+	OrderingKey string
+	// Waiting is, for a failing or quarantined row with an ordering key,
+	// the number of rows of its key written after it (a larger id): the
+	// relay holds them back until this row is published, requeued (it
+	// goes first again) or discarded (the key's next row goes). Zero for a
+	// row without a key, and for a row that never failed (it holds back
+	// nothing the relay would not publish right after it).
+	Waiting int64
 }
 
 // Quarantined reports whether the relay gave up on the row.
@@ -134,6 +145,10 @@ type RowFilter struct {
 	// fields with exactly this value (a business id such as "order_id"
 	// that the producer set, say).
 	Metadata map[string]string
+	// OrderingKey selects the rows of this ordering key (see
+	// OrderingKeyMetadata): the failed rows that block the key, with
+	// StateAll both its quarantined and its failing ones.
+	OrderingKey string
 
 	// AsOf and MaxID bound the rows to those a count could see
 	// (CountRowsAsOf returns both): give them to RequeueMatching or
@@ -296,7 +311,7 @@ func GetRow(ctx context.Context, db sqlschema.DB, id int64) (Row, error) {
 	if err := checkID(op, db, id); err != nil {
 		return Row{}, err
 	}
-	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+db.Outbox()+` WHERE id = $1`, id)
+	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns(db.Outbox())+` FROM `+db.Outbox()+` o WHERE id = $1`, id)
 	if err != nil {
 		return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
@@ -413,7 +428,7 @@ func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, 
 func findSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
 	where, args := f.where()
 	args = append(args, after, limit)
-	return `SELECT ` + rowColumns + ` FROM ` + db.Outbox() + `
+	return `SELECT ` + rowColumns(db.Outbox()) + ` FROM ` + db.Outbox() + ` o
 WHERE ` + where + ` AND id > $` + strconv.Itoa(len(args)-1) + `
 ORDER BY id LIMIT $` + strconv.Itoa(len(args)), args
 }
@@ -428,8 +443,15 @@ func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
 // RequeueFailed does.
 const clearFailures = `failures = 0, attempts = 0, next_attempt_at = NULL, quarantined_at = NULL, last_error = NULL`
 
-// rowColumns are the columns scanRow reads.
-const rowColumns = `id, topic, uuid, payload, metadata::text, created_at, quarantined_at, failures, attempts, next_attempt_at, coalesce(last_error, '')`
+// rowColumns are the columns scanRow reads, of table read as o. The rows
+// waiting behind a failed row with a key are counted on the ordering_key
+// index of outbox_006 (a range of it after the row's id).
+func rowColumns(table string) string {
+	return `o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.created_at, o.quarantined_at, o.failures, o.attempts, o.next_attempt_at,
+  coalesce(o.last_error, ''), coalesce(o.ordering_key, ''),
+  CASE WHEN o.ordering_key IS NOT NULL AND o.failures > 0
+    THEN (SELECT count(*) FROM ` + table + ` w WHERE w.ordering_key = o.ordering_key AND w.id > o.id) ELSE 0 END`
+}
 
 // scanner is the Scan of both drivers' rows.
 type scanner interface{ Scan(dest ...any) error }
@@ -438,7 +460,7 @@ func scanRow(rs scanner) (Row, error) {
 	var r Row
 	var meta string
 	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &meta, &r.CreatedAt, &r.QuarantinedAt,
-		&r.Failures, &r.PermanentFailures, &r.NextAttemptAt, &r.LastError); err != nil {
+		&r.Failures, &r.PermanentFailures, &r.NextAttemptAt, &r.LastError, &r.OrderingKey, &r.Waiting); err != nil {
 		return Row{}, err
 	}
 	r.RawMetadata = json.RawMessage(meta)
@@ -543,7 +565,7 @@ func (f RowFilter) validate(op string) error {
 			return bad("IDs has %d: ids are positive (Row.ID)", id)
 		}
 	}
-	for _, s := range []struct{ field, value string }{{"Topic", f.Topic}, {"UUID", f.UUID}, {"Reason", f.Reason}} {
+	for _, s := range []struct{ field, value string }{{"Topic", f.Topic}, {"UUID", f.UUID}, {"Reason", f.Reason}, {"OrderingKey", f.OrderingKey}} {
 		if err := pgtext.Check(s.value); err != nil {
 			return bad("%s %w", s.field, err)
 		}
@@ -574,13 +596,13 @@ func (f RowFilter) validate(op string) error {
 
 // empty reports whether f names no criterion besides its state.
 func (f RowFilter) empty() bool {
-	return len(f.IDs) == 0 && f.Topic == "" && f.UUID == "" && f.Reason == "" &&
+	return len(f.IDs) == 0 && f.Topic == "" && f.UUID == "" && f.Reason == "" && f.OrderingKey == "" &&
 		f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0 && f.AsOf.IsZero() && f.MaxID == 0
 }
 
 // where returns f as an SQL condition and its arguments ($1, $2...): only
-// the criteria set, each in the form the partial indexes of outbox_004 and
-// outbox_005 serve. f must be valid.
+// the criteria set, each in the form the partial indexes of outbox_004,
+// outbox_005 and outbox_006 (ordering_key) serve. f must be valid.
 func (f RowFilter) where() (string, []any) {
 	var conds []string
 	var args []any
@@ -608,6 +630,9 @@ func (f RowFilter) where() (string, []any) {
 	}
 	if f.Reason != "" {
 		conds = append(conds, `strpos(lower(last_error), lower(`+arg(f.Reason)+`)) > 0`)
+	}
+	if f.OrderingKey != "" {
+		conds = append(conds, `ordering_key = `+arg(f.OrderingKey))
 	}
 	if !f.QuarantinedSince.IsZero() {
 		conds = append(conds, `quarantined_at >= `+arg(f.QuarantinedSince))
