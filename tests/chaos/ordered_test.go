@@ -191,14 +191,24 @@ func runOrdered(t *testing.T, bin string, s orderedSettings, mode string, ordere
 			consumerProxy.Allow()
 			faults["broker connections cut"]++
 		},
-		func() { relays[0].kill(); time.Sleep(300 * time.Millisecond); relays[0].start(); faults["relay SIGKILLed"]++ },
+		func() {
+			relays[0].kill()
+			time.Sleep(300 * time.Millisecond)
+			relays[0].start()
+			faults["relay SIGKILLed"]++
+		},
 		func() {
 			consumers[0].kill()
 			time.Sleep(300 * time.Millisecond)
 			consumers[0].start()
 			faults["consumer SIGKILLed"]++
 		},
-		func() { relays[1].kill(); time.Sleep(300 * time.Millisecond); relays[1].start(); faults["relay SIGKILLed"]++ },
+		func() {
+			relays[1].kill()
+			time.Sleep(300 * time.Millisecond)
+			relays[1].start()
+			faults["relay SIGKILLed"]++
+		},
 		func() {
 			consumers[1].kill()
 			time.Sleep(300 * time.Millisecond)
