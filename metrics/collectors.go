@@ -157,7 +157,7 @@ type outboxCollector struct {
 	mu sync.Mutex
 	db *sqlschema.DB
 
-	pending, failing, quarantined, oldestAge, scrapeErrors *prometheus.Desc
+	pending, failing, quarantined, blockedKeys, blocked, oldestAge, scrapeErrors *prometheus.Desc
 }
 
 func newOutboxCollector(ns string, timeout time.Duration, logger *slog.Logger) *outboxCollector {
@@ -170,6 +170,8 @@ func newOutboxCollector(ns string, timeout time.Duration, logger *slog.Logger) *
 		pending:      d("pending_rows", "Outbox rows not relayed yet, quarantined ones included."),
 		failing:      d("failing_rows", "Outbox rows not quarantined whose publish failed at least once (retried with backoff)."),
 		quarantined:  d("quarantined_rows", "Outbox rows the relay gave up on, skipped until outbox.RequeueFailed."),
+		blockedKeys:  d("blocked_keys", "Ordering keys with a failing or quarantined outbox row: their later rows wait until it is published, requeued or discarded."),
+		blocked:      d("blocked_rows", "Outbox rows waiting behind a failing or quarantined row of their ordering key."),
 		oldestAge:    d("oldest_pending_age_seconds", "Age of the oldest outbox row not quarantined: the relay lag (0 when there is none)."),
 		scrapeErrors: d("scrape_errors_total", "Outbox backlog queries (outbox.PendingStats) that failed during a scrape."),
 	}
@@ -179,6 +181,8 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pending
 	ch <- c.failing
 	ch <- c.quarantined
+	ch <- c.blockedKeys
+	ch <- c.blocked
 	ch <- c.oldestAge
 	ch <- c.scrapeErrors
 }
@@ -203,6 +207,8 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.pending, float64(p.Count))
 		gauge(c.failing, float64(p.Failing))
 		gauge(c.quarantined, float64(p.Quarantined))
+		gauge(c.blockedKeys, float64(p.BlockedKeys))
+		gauge(c.blocked, float64(p.Blocked))
 		gauge(c.oldestAge, p.OldestAge.Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(c.errors.Load()))

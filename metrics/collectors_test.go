@@ -51,6 +51,8 @@ func TestWatchOutbox(t *testing.T) {
 		"exactlyonce_outbox_pending_rows":               0,
 		"exactlyonce_outbox_failing_rows":               0,
 		"exactlyonce_outbox_quarantined_rows":           0,
+		"exactlyonce_outbox_blocked_keys":               0,
+		"exactlyonce_outbox_blocked_rows":               0,
 		"exactlyonce_outbox_oldest_pending_age_seconds": 0,
 		"exactlyonce_outbox_scrape_errors_total":        0,
 	}
@@ -71,8 +73,28 @@ func TestWatchOutbox(t *testing.T) {
 		"exactlyonce_outbox_pending_rows":        4,
 		"exactlyonce_outbox_failing_rows":        1,
 		"exactlyonce_outbox_quarantined_rows":    1,
+		"exactlyonce_outbox_blocked_keys":        0,
+		"exactlyonce_outbox_blocked_rows":        0,
 		"exactlyonce_outbox_scrape_errors_total": 0,
 	}, s)
+
+	// Rows of ordering key A behind a quarantined row of A are blocked
+	// (the rows above have no key: they block nothing).
+	tx, err := db.Conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	pub, err := outbox.NewPublisher(tx, db)
+	require.NoError(t, err)
+	for _, u := range []string{"a-1", "a-2", "a-3"} {
+		require.NoError(t, pub.Publish("t", outbox.SetOrderingKey(message.NewMessage(u, []byte("{}")), "A")))
+	}
+	require.NoError(t, tx.Commit())
+	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET quarantined_at = now(), failures = 1 WHERE uuid = 'a-1'")
+	s = withPrefix(scrape(t, reg), "exactlyonce_outbox_")
+	require.Equal(t, 7.0, s["exactlyonce_outbox_pending_rows"])
+	require.Equal(t, 2.0, s["exactlyonce_outbox_quarantined_rows"])
+	require.Equal(t, 1.0, s["exactlyonce_outbox_blocked_keys"])
+	require.Equal(t, 2.0, s["exactlyonce_outbox_blocked_rows"], "a-2 and a-3 wait behind a-1")
+	execSQL(t, ctx, "DELETE FROM "+db.Outbox()+" WHERE uuid LIKE 'a-%'")
 
 	// A query that fails: counted, and no made-up value for the gauges.
 	m2, reg2 := newMetrics(t, metrics.Config{})

@@ -60,6 +60,8 @@
 //	exactlyonce_outbox_pending_rows                gauge    rows not relayed yet, quarantined ones included
 //	exactlyonce_outbox_failing_rows                gauge    rows not quarantined whose publish failed at least once
 //	exactlyonce_outbox_quarantined_rows            gauge    rows the relay gave up on, waiting for outbox.RequeueFailed
+//	exactlyonce_outbox_blocked_keys                gauge    ordering keys with a failing or quarantined row (their later rows wait)
+//	exactlyonce_outbox_blocked_rows                gauge    rows waiting behind a failing or quarantined row of their ordering key
 //	exactlyonce_outbox_oldest_pending_age_seconds  gauge    age of the oldest row not quarantined (the relay lag); 0 when none
 //	exactlyonce_outbox_scrape_errors_total         counter  PendingStats queries that failed; the gauges are then absent from that scrape
 //
