@@ -7,7 +7,7 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,rss,wake,retention):
+// Sections (-only router,relay,ordered,rss,wake,retention):
 //
 //   - router: a Watermill router drains a pre-filled durable RabbitMQ queue
 //     with 64 deliveries in flight (exactlyonce.ConcurrentSubscriber over one
@@ -23,6 +23,11 @@
 //     (ConfirmDelivery), and by Watermill's forwarder component (watermill-sql's
 //     default PostgreSQL schema as its storage, watermill-amqp as its
 //     out-publisher), each from a backlog of its own format.
+//   - ordered: per-key order (see ordered.go): the relay alone with 1,000
+//     ordering keys, with one hot key, and without keys; end to end (relay
+//     and a consuming router together, per-message and group commit +
+//     Queue) with 1,000 keys on 16 partition queues against no key on one
+//     queue, 16 deliveries in flight each.
 //   - wake: commit-to-consumer latency at a steady 100 events/s, relay with
 //     wake-on-commit against polling every 100 ms; and the writers' cost of
 //     the NOTIFY (one-row outbox transactions from 8 writers, with and
@@ -78,6 +83,10 @@ type config struct {
 	relayWorkers int
 	window       int
 
+	// ordered
+	orderedRows int
+	orderedE2E  int
+
 	// rss
 	rssBacklogs []int
 	rssMessages int
@@ -123,7 +132,9 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":              {"router,relay,rss,wake,retention", "router,relay,rss,wake,retention"},
+		"only":              {"router,relay,ordered,rss,wake,retention", "router,relay,ordered,rss,wake,retention"},
+		"ordered-rows":      {"50000", "3000"},
+		"ordered-e2e":       {"20000", "2000"},
 		"wake-rate":         {"100", "100"},
 		"wake-time":         {"20s", "3s"},
 		"wake-writers":      {"8", "8"},
@@ -145,7 +156,9 @@ func parseConfig(args []string) (*config, error) {
 		"retention-claims":  {"20000", "3000"},
 		"retention-workers": {"1", "1"},
 	}
-	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, rss, wake, retention")
+	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, ordered, rss, wake, retention")
+	def("ordered-rows", "BENCH_ORDERED_ROWS", table["ordered-rows"], "ordered: rows relayed per relay round (the hot key's also stop after -relay-time)")
+	def("ordered-e2e", "BENCH_ORDERED_E2E", table["ordered-e2e"], "ordered: messages relayed and consumed per end-to-end round")
 	def("wake-rate", "BENCH_WAKE_RATE", table["wake-rate"], "wake: events per second written during the latency rounds")
 	def("wake-time", "BENCH_WAKE_TIME", table["wake-time"], "wake: length of a latency round per variant")
 	def("wake-writers", "BENCH_WAKE_WRITERS", table["wake-writers"], "wake: concurrent writers of the NOTIFY cost lines")
@@ -215,6 +228,8 @@ func parseConfig(args []string) (*config, error) {
 		pool:             num("pool"),
 		backlogs:         list("backlogs"),
 		relayRows:        num("relay-rows"),
+		orderedRows:      num("ordered-rows"),
+		orderedE2E:       num("ordered-e2e"),
 		relayBatch:       num("relay-batch"),
 		relayWorkers:     num("relay-workers"),
 		window:           num("window"),
@@ -244,11 +259,11 @@ func parseConfig(args []string) (*config, error) {
 	for _, sec := range strings.Split(get("only"), ",") {
 		sec = strings.TrimSpace(sec)
 		switch sec {
-		case "router", "relay", "rss", "wake", "retention":
+		case "router", "relay", "ordered", "rss", "wake", "retention":
 			c.only[sec] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("-only: unknown section %q (router, relay, rss, wake, retention)", sec)
+			return nil, fmt.Errorf("-only: unknown section %q (router, relay, ordered, rss, wake, retention)", sec)
 		}
 	}
 	if len(c.rssBacklogs) < 2 || !slices.IsSorted(c.rssBacklogs) {
@@ -309,6 +324,13 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		lines = append(lines, l...)
 	}
+	if cfg.only["ordered"] {
+		l, err := h.orderedSection(ctx)
+		if err != nil {
+			return fmt.Errorf("ordered section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
 	if cfg.only["rss"] {
 		l, err := h.rssSection(ctx)
 		if err != nil {
@@ -349,7 +371,7 @@ func run(ctx context.Context, cfg *config) error {
 
 func sectionList(cfg *config) string {
 	var s []string
-	for _, k := range []string{"router", "relay", "rss", "wake", "retention"} {
+	for _, k := range []string{"router", "relay", "ordered", "rss", "wake", "retention"} {
 		if cfg.only[k] {
 			s = append(s, k)
 		}
