@@ -117,7 +117,7 @@ func (p *Publisher) route(topics []string, msgs []*message.Message) []string {
 
 // queueArguments are the arguments queue is declared with.
 func (p *Publisher) queueArguments(queue string) amqp091.Table {
-	if p.partitionQueues[queue] {
+	if _, ok := p.partitionOf[queue]; ok {
 		return PartitionQueueArguments()
 	}
 	return nil

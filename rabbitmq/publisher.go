@@ -67,8 +67,9 @@ type PublisherConfig struct {
 	// across keys, see PartitionedSubscriber and docs/ordering.md): topic
 	// -> number of partition queues. A message to such a topic goes to the
 	// queue PartitionQueue(topic, Partition(key, n)) of its ordering key
-	// (metadata OrderingKeyMetadata; its UUID when it has none), which the
-	// Publisher declares durable with PartitionQueueArguments. Changing a
+	// (metadata OrderingKeyMetadata; its UUID when it has none). The first
+	// message to the topic on a connection declares its n queues, durable,
+	// with PartitionQueueArguments (unless NoQueueDeclare). Changing a
 	// topic's number of partitions moves keys to other queues: drain the
 	// queues first, or the messages of a moved key may be handled out of
 	// order.
@@ -124,9 +125,9 @@ type Publisher struct {
 	blocked  *atomic.Bool    // conn is blocked by a resource alarm (connection.blocked)
 	declared map[string]bool // topics whose queue was declared on conn
 
-	partitionQueues map[string]bool   // the partition queues of cfg.Partitions
-	idle            []*confirmChannel // channels of conn no call uses
-	bg              sync.WaitGroup    // each channel's drain, and channels closing
+	partitionOf map[string]string // partition queue of cfg.Partitions -> its topic
+	idle        []*confirmChannel // channels of conn no call uses
+	bg          sync.WaitGroup    // each channel's drain, and channels closing
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -155,18 +156,18 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = Marshaler{}
 	}
-	pq := map[string]bool{}
+	pq := map[string]string{}
 	for topic, n := range cfg.Partitions {
 		if err := checkPartitions(topic, n); err != nil {
 			return nil, fmt.Errorf("rabbitmq: PublisherConfig.Partitions: %w", err)
 		}
 		for i := range n {
-			pq[PartitionQueue(topic, i)] = true
+			pq[PartitionQueue(topic, i)] = topic
 		}
 	}
 	var r [6]byte
 	_, _ = rand.Read(r[:])
-	return &Publisher{cfg: cfg, prefix: hex.EncodeToString(r[:]) + "-", partitionQueues: pq}, nil
+	return &Publisher{cfg: cfg, prefix: hex.EncodeToString(r[:]) + "-", partitionOf: pq}, nil
 }
 
 var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")
@@ -557,6 +558,20 @@ func (p *Publisher) declare(c *confirmChannel, b *outcomes, idx []int) ([]int, e
 		if t := b.topics[i]; !seen[t] && (!current || !p.declared[t]) {
 			seen[t] = true
 			todo = append(todo, t)
+		}
+	}
+	// A partition queue: every partition of its topic is declared with it,
+	// so that subscribers find them all, whichever got a message first.
+	for _, q := range todo {
+		topic, ok := p.partitionOf[q]
+		if !ok {
+			continue
+		}
+		for i := range p.cfg.Partitions[topic] {
+			if pq := PartitionQueue(topic, i); !seen[pq] && (!current || !p.declared[pq]) {
+				seen[pq] = true
+				todo = append(todo, pq)
+			}
 		}
 	}
 	p.mu.Unlock()

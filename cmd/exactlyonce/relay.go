@@ -24,6 +24,7 @@ type relayOptions struct {
 	publisher      string
 	window         int
 	noQueueDeclare bool
+	partitions     map[string]int
 
 	batchSize       int
 	workers         int
@@ -51,7 +52,9 @@ services) may run against one table at once.
 
 RabbitMQ (--publisher rabbitmq, the default): each row goes to the default exchange with its
 topic as routing key, i.e. to the queue named like the topic, which is declared durable the first
-time a topic is seen (--no-queue-declare when your queues are declared elsewhere). The broker is
+time a topic is seen (--no-queue-declare when your queues are declared elsewhere). A topic given
+with --partitions topic=n is partitioned: each message goes to the queue <topic>.p<i> of its
+ordering key, declared with single active consumer (per-key order, docs/ordering.md). The broker is
 --amqp-url or $AMQP_URL. A broker that is down is retried with backoff; the relay starts anyway.
 
 It runs until SIGINT or SIGTERM, then lets the batches in flight finish (what the broker confirmed
@@ -68,6 +71,7 @@ succeeded, 1 when some failed. Logs go to standard error (slog; JSON with --json
 	f.StringVar(&o.publisher, "publisher", "rabbitmq", "where rows go: rabbitmq")
 	f.IntVar(&o.window, "window", 256, "rabbitmq: most messages of a batch awaiting their publisher confirm at once")
 	f.BoolVar(&o.noQueueDeclare, "no-queue-declare", false, "rabbitmq: do not declare each topic's durable queue")
+	f.StringToIntVar(&o.partitions, "partitions", nil, "rabbitmq: partitioned topics, topic=n (repeatable): a message goes to queue <topic>.p<i> of its ordering key (docs/ordering.md)")
 	f.IntVar(&o.batchSize, "batch-size", def.BatchSize, "rows locked, published and deleted per transaction (1..10000)")
 	f.IntVar(&o.workers, "workers", def.Workers, "batches relayed concurrently")
 	f.DurationVar(&o.pollInterval, "poll-interval", def.PollInterval, "wait after a poll that found less than a full batch (the fallback of wake-on-commit)")
@@ -120,7 +124,7 @@ func (a *app) publisher(cmd *cobra.Command, o relayOptions) (message.Publisher, 
 	if url == "" {
 		return nil, usageErr("no broker: set %s or --amqp-url", envAMQPURL)
 	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, Window: o.window, NoQueueDeclare: o.noQueueDeclare})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, Window: o.window, NoQueueDeclare: o.noQueueDeclare, Partitions: o.partitions})
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
@@ -282,10 +286,12 @@ func (a *app) printRelaySummary(st outbox.RelayStats, took time.Duration, left o
 			OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 			Failing          int64   `json:"failing"`
 			Quarantined      int64   `json:"quarantined"`
+			BlockedKeys      int64   `json:"blocked_keys"`
+			BlockedRows      int64   `json:"blocked_rows"`
 		}
 		var outboxLeft *backlog
 		if leftErr == nil {
-			outboxLeft = &backlog{left.Count, left.OldestAge.Seconds(), left.Failing, left.Quarantined}
+			outboxLeft = &backlog{left.Count, left.OldestAge.Seconds(), left.Failing, left.Quarantined, left.BlockedKeys, left.Blocked}
 		}
 		return a.printJSON(struct {
 			Relayed         int64    `json:"relayed"`
@@ -305,6 +311,11 @@ func (a *app) printRelaySummary(st outbox.RelayStats, took time.Duration, left o
 		_, err := fmt.Fprintf(a.stdout, "Outbox now: unknown (%s).\n", oneLine(leftErr.Error()))
 		return err
 	}
-	_, err := fmt.Fprintf(a.stdout, "Outbox now: %d pending, %d failing, %d quarantined.\n", left.Count, left.Failing, left.Quarantined)
+	blocked := ""
+	if left.BlockedKeys > 0 {
+		blocked = fmt.Sprintf("; %s blocked (%s waiting behind a failed row of their key)",
+			plural(left.BlockedKeys, "ordering key", "ordering keys"), plural(left.Blocked, "row", "rows"))
+	}
+	_, err := fmt.Fprintf(a.stdout, "Outbox now: %d pending, %d failing, %d quarantined%s.\n", left.Count, left.Failing, left.Quarantined, blocked)
 	return err
 }
