@@ -515,3 +515,27 @@ func TestRelayOrderedUnderConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// The batch's statement on keyed rows, under the generic plan: it walks the
+// primary key, asks "behind a failed row of its key?" of the small index of
+// failed keyed rows, and "an earlier row of its key outside the batch?" of
+// the ordering_key index: no scan of the backlog per row.
+func TestRelayOrderedSelectPlan(t *testing.T) {
+	t.Parallel()
+	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, ordering_key) SELECT 'one', 'u' || g, '\x7b7d', 'k' || (g % 1000) FROM generate_series(1, 20000) g`)
+	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, quarantined_at = now() WHERE id <= 3")
+	b.exec(t, "ANALYZE "+b.tables.Outbox())
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: newStepBroker(up), Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	tx := b.begin(t)
+	_, err = tx.ExecContext(b.ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch(int, int, text[]) AS "+outbox.SelectSQL(relay))
+	require.NoError(t, err)
+	plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '{}')")
+	require.NotContains(t, plan, "Seq Scan", plan)
+	require.Contains(t, plan, "_pkey", plan)
+	require.Contains(t, plan, "ordering_key_failed", plan)
+	require.Contains(t, plan, "ordering_key ", plan)
+}
