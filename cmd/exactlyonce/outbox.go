@@ -44,7 +44,7 @@ func (a *app) outboxCmd() *cobra.Command {
 	cmd.AddCommand(
 		&cobra.Command{
 			Use:   "stats",
-			Short: "Backlog: rows pending, age of the oldest, failing, quarantined",
+			Short: "Backlog: rows pending, age of the oldest, failing, quarantined, blocked ordering keys",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return a.withOutbox(cmd, a.outboxStats)
@@ -89,7 +89,9 @@ func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
 			OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 			Failing          int64   `json:"failing"`
 			Quarantined      int64   `json:"quarantined"`
-		}{p.Count, jsonTime(p.OldestCreatedAt), p.OldestAge.Seconds(), p.Failing, p.Quarantined})
+			BlockedKeys      int64   `json:"blocked_keys"`
+			BlockedRows      int64   `json:"blocked_rows"`
+		}{p.Count, jsonTime(p.OldestCreatedAt), p.OldestAge.Seconds(), p.Failing, p.Quarantined, p.BlockedKeys, p.Blocked})
 	}
 	tw := newTable(a.stdout)
 	fmt.Fprintf(tw, "Outbox %s.%s\n", db.Schema, db.OutboxTable)
@@ -101,8 +103,13 @@ func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
 	}
 	fmt.Fprintf(tw, "failing\t%d\t(retrying with backoff)\n", p.Failing)
 	fmt.Fprintf(tw, "quarantined\t%d\t(skipped until requeue-failed)\n", p.Quarantined)
+	fmt.Fprintf(tw, "blocked keys\t%d\t(ordering keys held back by a failing or quarantined row)\n", p.BlockedKeys)
+	fmt.Fprintf(tw, "blocked rows\t%d\t(waiting behind such a row of their key)\n", p.Blocked)
 	if p.Quarantined > 0 || p.Failing > 0 {
 		fmt.Fprintf(tw, "\nRead their errors: exactlyonce outbox pending --quarantined (or --failing); after a fix: exactlyonce outbox requeue-failed\n")
+	}
+	if p.BlockedKeys > 0 {
+		fmt.Fprintf(tw, "Blocked keys: exactlyonce outbox rows --state all lists the failed rows with their ordering key and the rows waiting behind each; requeue or discard one to unblock its key\n")
 	}
 	return tw.Flush()
 }
@@ -135,7 +142,7 @@ type pendingRow struct {
 	ID                int64   `json:"id"`
 	Topic             string  `json:"topic"`
 	UUID              string  `json:"uuid"`
-	State             string  `json:"state"` // ready, backoff, quarantined
+	State             string  `json:"state"` // ready, blocked, backoff, quarantined
 	CreatedAt         *string `json:"created_at"`
 	AgeSeconds        float64 `json:"age_seconds"`
 	PayloadBytes      int64   `json:"payload_bytes"`
@@ -144,8 +151,10 @@ type pendingRow struct {
 	NextAttemptAt     *string `json:"next_attempt_at"`
 	QuarantinedAt     *string `json:"quarantined_at"`
 	LastError         string  `json:"last_error"`
+	OrderingKey       string  `json:"ordering_key"` // "" when none
 
-	nextIn float64
+	nextIn  float64
+	blocked bool
 }
 
 func (a *app) outboxPending(ctx context.Context, db sqlschema.DB, opts pendingOptions) error {
@@ -157,13 +166,16 @@ func (a *app) outboxPending(ctx context.Context, db sqlschema.DB, opts pendingOp
 		where = "WHERE failures > 0 AND quarantined_at IS NULL"
 	}
 	// Ages are the database's (now()), like PendingStats, whatever this
-	// machine's clock says.
+	// machine's clock says. A row is blocked as PendingStats counts it:
+	// it never failed, and waits behind a failed row of its ordering key.
 	rows, err := db.Conn.QueryContext(ctx, `SELECT id, topic, uuid, created_at,
        extract(epoch FROM now() - created_at)::float8, octet_length(payload)::bigint,
        failures, attempts, next_attempt_at,
        coalesce(extract(epoch FROM next_attempt_at - now())::float8, 0),
-       quarantined_at, coalesce(last_error, '')
-FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
+       quarantined_at, coalesce(last_error, ''), coalesce(ordering_key, ''),
+       ordering_key IS NOT NULL AND failures = 0 AND
+         EXISTS (SELECT 1 FROM `+db.Outbox()+` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id)
+FROM `+db.Outbox()+` o `+where+` ORDER BY id LIMIT $1`, opts.limit)
 	if err != nil {
 		return opErr(ctx, db, "outbox pending", err)
 	}
@@ -173,7 +185,7 @@ FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
 		var created time.Time
 		var next, quarantined *time.Time
 		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &created, &r.AgeSeconds, &r.PayloadBytes,
-			&r.Failures, &r.PermanentFailures, &next, &r.nextIn, &quarantined, &r.LastError); err != nil {
+			&r.Failures, &r.PermanentFailures, &next, &r.nextIn, &quarantined, &r.LastError, &r.OrderingKey, &r.blocked); err != nil {
 			_ = rows.Close()
 			return opErr(ctx, db, "outbox pending", err)
 		}
@@ -183,6 +195,8 @@ FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
 			r.State = "quarantined"
 		case r.nextIn > 0:
 			r.State = "backoff"
+		case r.blocked:
+			r.State = "blocked"
 		default:
 			r.State = "ready"
 		}
@@ -206,8 +220,11 @@ FROM `+db.Outbox()+` `+where+` ORDER BY id LIMIT $1`, opts.limit)
 	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tAGE\tSTATE\tFAILURES\tLAST ERROR")
 	for _, r := range out {
 		state := r.State
-		if state == "backoff" {
+		switch state {
+		case "backoff":
 			state = "retry in " + fmtDuration(time.Duration(r.nextIn*float64(time.Second)))
+		case "blocked":
+			state = "blocked (key " + truncate(r.OrderingKey, 30) + ")"
 		}
 		lastErr := r.LastError
 		if lastErr == "" {

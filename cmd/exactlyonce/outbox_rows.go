@@ -17,14 +17,16 @@ import (
 // failing, or both.
 type rowFlags struct {
 	searchFlags
-	topic string
-	state string
-	after int64
+	topic       string
+	orderingKey string
+	state       string
+	after       int64
 }
 
 func (f *rowFlags) register(cmd *cobra.Command, bulk bool) {
 	f.searchFlags.register(cmd, bulk)
 	cmd.Flags().StringVar(&f.topic, "topic", "", "the row's topic")
+	cmd.Flags().StringVar(&f.orderingKey, "ordering-key", "", "the rows of this ordering key (the failed rows that block it)")
 	cmd.Flags().StringVar(&f.state, "state", string(outbox.StateQuarantined), "quarantined, failing (retrying, not quarantined) or all")
 	if !bulk {
 		cmd.Flags().Int64Var(&f.after, "after", 0, "list the rows after this id (the next page)")
@@ -46,17 +48,17 @@ func (f *rowFlags) filter(now time.Time) (outbox.RowFilter, error) {
 		return outbox.RowFilter{}, usageErr("--state %q: one of quarantined, failing, all", f.state)
 	}
 	return outbox.RowFilter{State: outbox.RowState(f.state), Topic: f.topic, UUID: f.uuid, Reason: f.reason,
-		QuarantinedSince: since, QuarantinedBefore: until, Metadata: meta}, nil
+		QuarantinedSince: since, QuarantinedBefore: until, Metadata: meta, OrderingKey: f.orderingKey}, nil
 }
 
-func (f *rowFlags) anyCriterion() bool { return f.any() || f.topic != "" }
+func (f *rowFlags) anyCriterion() bool { return f.any() || f.topic != "" || f.orderingKey != "" }
 
 // rowCmds are outbox rows, show, requeue and discard.
 func (a *app) rowCmds() []*cobra.Command {
 	var list rowFlags
 	rows := &cobra.Command{
 		Use:   "rows",
-		Short: "Find quarantined (or failing) rows by topic, UUID, reason, time or a metadata field",
+		Short: "Find quarantined (or failing) rows by topic, UUID, reason, time, ordering key or a metadata field",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := list.filter(time.Now())
@@ -129,6 +131,10 @@ type rowJSON struct {
 	Metadata          map[string]string `json:"metadata"`
 	PayloadBytes      int               `json:"payload_bytes"`
 	Payload           *payloadJSON      `json:"payload,omitempty"`
+	// OrderingKey is "" for a row without one; Waiting counts the rows of
+	// its key behind a failed row (outbox.Row.Waiting).
+	OrderingKey string `json:"ordering_key"`
+	Waiting     int64  `json:"waiting"`
 }
 
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
@@ -139,7 +145,8 @@ func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	created := r.CreatedAt
 	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: state, CreatedAt: jsonTime(&created),
 		QuarantinedAt: jsonTime(r.QuarantinedAt), NextAttemptAt: jsonTime(r.NextAttemptAt), Failures: r.Failures,
-		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: len(r.Payload)}
+		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: len(r.Payload),
+		OrderingKey: r.OrderingKey, Waiting: r.Waiting}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
@@ -169,11 +176,15 @@ func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilte
 		return err
 	}
 	tw := newTable(a.stdout)
-	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tSTATE\tFAILURES\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tORDERING KEY\tWAITING\tSTATE\tFAILURES\tLAST ERROR")
 	for _, r := range page.Rows {
 		doc := rowDoc(r, false)
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d (%d permanent)\t%s\n", r.ID, truncate(r.Topic, 40), truncate(r.UUID, 40),
-			doc.State, r.Failures, r.PermanentFailures, truncate(r.LastError, 80))
+		key, waiting := "-", "-"
+		if r.OrderingKey != "" {
+			key, waiting = truncate(r.OrderingKey, 30), strconv.FormatInt(r.Waiting, 10)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d (%d permanent)\t%s\n", r.ID, truncate(r.Topic, 40), truncate(r.UUID, 40),
+			key, waiting, doc.State, r.Failures, r.PermanentFailures, truncate(r.LastError, 80))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -204,6 +215,13 @@ func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64) error {
 	}
 	fmt.Fprintf(tw, "failures\t%d (%d permanent)\n", r.Failures, r.PermanentFailures)
 	fmt.Fprintf(tw, "last error\t%s\n", r.LastError)
+	if r.OrderingKey != "" {
+		fmt.Fprintf(tw, "ordering key\t%s\n", r.OrderingKey)
+		if r.Failures > 0 {
+			fmt.Fprintf(tw, "waiting\t%s of its key behind it, held back until it is published, requeued or discarded\n",
+				plural(r.Waiting, "row", "rows"))
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -234,7 +252,7 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, verb str
 			return a.actionDone(verb, 1, "row", "rows")
 		}
 		if !f.anyCriterion() {
-			return usageErr("give a row id, or criteria (--topic, --uuid, --reason, --since, --until, --meta) with --yes")
+			return usageErr("give a row id, or criteria (--topic, --uuid, --reason, --since, --until, --meta, --ordering-key) with --yes")
 		}
 		filter, err := f.filter(time.Now())
 		if err != nil {

@@ -57,7 +57,7 @@ func TestOutboxRowsCommands(t *testing.T) {
 	require.NotZero(t, rows.Next, "a next page")
 	r := cli(t, env, "outbox", "rows")
 	requireOK(t, r)
-	require.Regexp(t, `orders.charged-001 +quarantined +6 \(5 permanent\) +Exception \(406\)`, r.stdout)
+	require.Regexp(t, `orders.charged-001 +- +- +quarantined +6 \(5 permanent\) +Exception \(406\)`, r.stdout)
 
 	// Show one: its payload and metadata.
 	id := rows.Rows[0].ID

@@ -52,6 +52,8 @@ type outboxStatsJSON struct {
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	Failing          int64   `json:"failing"`
 	Quarantined      int64   `json:"quarantined"`
+	BlockedKeys      int64   `json:"blocked_keys"`
+	BlockedRows      int64   `json:"blocked_rows"`
 }
 
 type outboxPendingJSON struct {
@@ -157,6 +159,8 @@ type relaySummaryJSON struct {
 		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 		Failing          int64   `json:"failing"`
 		Quarantined      int64   `json:"quarantined"`
+		BlockedKeys      int64   `json:"blocked_keys"`
+		BlockedRows      int64   `json:"blocked_rows"`
 	} `json:"outbox"`
 }
 
