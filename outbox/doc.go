@@ -28,6 +28,10 @@
 // Rows are picked in id order through the primary key, so the cost of a poll
 // does not grow with the backlog, and no transaction-id ordering is used: a
 // long transaction elsewhere in the database does not stall the relay.
+//
+// # Order
+//
+// A message without an ordering key is relayed in no guaranteed order.
 // Ordering is by insertion, not by commit; per-topic order is kept among the
 // rows of a batch that never failed, but not guaranteed across concurrent
 // writers or relay workers, nor across a failure: a row whose publish failed
@@ -37,14 +41,38 @@
 // broker can never take is quarantined (see RelayConfig.MaxAttempts) instead
 // of blocking them.
 //
+// A message with an ordering key (SetOrderingKey: the metadata field
+// OrderingKeyMetadata, at most MaxOrderingKeyBytes) is relayed in per-key
+// order: the order in which the transactions that wrote its key's messages
+// committed, and within one transaction the order it wrote them. Publish
+// takes a transaction-level advisory lock per key before its INSERT, so a
+// second transaction writing the key waits there until the first ends, and
+// the ids of a key follow the commits; the relay publishes a row only when no
+// earlier row of its key is left in the table (a row is deleted only once
+// confirmed), so message n+1 of a key is never published before message n
+// was confirmed, across failed publishes, retries, crashes, several relays
+// and Workers. Within a batch the rows of one key go out one publish round
+// each. A failing or quarantined row holds back the later rows of its key,
+// and only those (Pending.BlockedKeys and Pending.Blocked count them), until
+// it is published, requeued (it goes first again) or discarded (the key's
+// next row goes: a gap). The relay stays at-least-once: a batch sent again
+// repeats a key's messages from its head, which the consumer's inbox drops.
+// Two transactions writing two keys in opposite orders can deadlock (one is
+// aborted): write keys in a consistent order. On RabbitMQ,
+// rabbitmq.PublisherConfig.Partitions carries the order to the consumer.
+// docs/ordering.md states the guarantee, its assumptions, its costs and what
+// breaks it.
+//
+// # Operations
+//
 // PendingStats reports the backlog (alert on Pending.OldestAge and
 // Pending.Quarantined); RequeueFailed puts every quarantined row back after
 // the cause is fixed. For one row or a few, FindRows, CountRows and GetRow
 // find quarantined (or failing) rows by id, topic, message UUID, error text,
-// quarantine time or a metadata field such as a business id, with their
-// payloads; Requeue and RequeueMatching send them again, at once and with
-// their UUIDs; Discard and DiscardMatching delete them, and their messages
-// are never published. The relay logs its failures through slog.Default()
+// quarantine time, ordering key or a metadata field such as a business id,
+// with their payloads; Requeue and RequeueMatching send them again, at once
+// and with their UUIDs; Discard and DiscardMatching delete them, and their
+// messages are never published. The relay logs its failures through slog.Default()
 // unless RelayConfig.Logger says otherwise, and reports tables that were
 // never migrated as sqlschema.ErrNotMigrated.
 package outbox

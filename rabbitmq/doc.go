@@ -1,7 +1,8 @@
 // Package rabbitmq holds helpers for running the exactly-once middleware on
-// RabbitMQ with watermill-amqp v3, and a publisher for the outbox relay. The
-// library's other packages do not import it, and it imports no Watermill
-// broker adapter itself: only Watermill and amqp091-go.
+// RabbitMQ with watermill-amqp v3, a publisher for the outbox relay, and
+// partitioned topics for per-key order. The library's other packages do not
+// import it, and it imports no Watermill broker adapter itself: only
+// Watermill and amqp091-go.
 //
 // # Marshaler: messages from producers that are not Watermill
 //
@@ -61,4 +62,41 @@
 // declares each topic's durable queue (as DeclareQueues does) the first time
 // it sees the topic on a connection, and publishes with the mandatory flag,
 // so that a message no queue takes fails instead of vanishing.
+//
+// # Partitioned topics: per-key order
+//
+// The outbox relays a message with an ordering key (outbox.SetOrderingKey)
+// only after the earlier messages of its key were confirmed. A partitioned
+// topic carries that order to the consumer, with concurrency across keys:
+// with PublisherConfig.Partitions, Publisher sends each message of the topic
+// to the queue PartitionQueue(topic, Partition(key, n)), "<topic>.p<i>",
+// where Partition is FNV-1a (32 bits) of the key's bytes modulo n (a message
+// without a key goes by its UUID). The queues are durable, with single
+// active consumer (PartitionQueueArguments): RabbitMQ delivers each to one
+// subscriber at a time, in queue order; other instances stand by and take
+// over when it goes. DeclarePartitions declares them up front.
+//
+//	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL, Partitions: map[string]int{"orders": 8}})
+//
+// The consumer registers one handler with PartitionedSubscriber, which
+// subscribes to every partition queue and merges them: up to n deliveries in
+// flight, one per partition, under one consumer name, in every mode of the
+// middleware. The subscriber must declare the queues with the same arguments
+// and take one message at a time (a prefetch of 1: a nacked message goes
+// back to the head of its queue, but messages already sent to the subscriber
+// would be handled before it):
+//
+//	cfg := amqp.NewDurableQueueConfig(amqpURL)
+//	cfg.Marshaler = rabbitmq.Marshaler{}
+//	cfg.Queue.Arguments = rabbitmq.PartitionQueueArguments()
+//	cfg.Consume.Qos.PrefetchCount = 1
+//	sub, err := amqp.NewSubscriber(cfg, logger)
+//	router.AddConsumerHandler("ship-order", "orders", rabbitmq.PartitionedSubscriber(sub, 8), handler)
+//
+// Concurrency is the number of partitions, not of instances (the first
+// instance to subscribe takes every partition). Every relay and consumer of
+// a topic must use the same number; changing it moves keys to other queues,
+// so drain them first. A message the consumer sets aside (a poison queue, a
+// parked key) lets its key's later messages go on: a gap. docs/ordering.md
+// states the guarantee, its assumptions, its costs and what breaks it.
 package rabbitmq
