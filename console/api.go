@@ -226,6 +226,11 @@ type rowJSON struct {
 	MetadataRaw  string       `json:"metadata_raw,omitempty"`
 	PayloadBytes int          `json:"payload_bytes"`
 	Payload      *payloadJSON `json:"payload,omitempty"`
+	// OrderingKey is the row's ordering key, "" when none; Waiting counts
+	// the rows of its key behind it when it is failing or quarantined
+	// (outbox.Row.Waiting): the rows it holds back.
+	OrderingKey string `json:"ordering_key"`
+	Waiting     int64  `json:"waiting"`
 }
 
 // rowState is "quarantined", "failing" (retried after its backoff) or
@@ -243,7 +248,7 @@ func rowState(r outbox.Row) string {
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: rowState(r), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
 		Failures: r.Failures, PermanentFailures: r.PermanentFailures, NextAttemptAt: r.NextAttemptAt, LastError: r.LastError,
-		Metadata: r.Metadata, PayloadBytes: len(r.Payload)}
+		Metadata: r.Metadata, PayloadBytes: len(r.Payload), OrderingKey: r.OrderingKey, Waiting: r.Waiting}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 		d.MetadataRaw = string(r.RawMetadata)
@@ -700,6 +705,8 @@ func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, erro
 		return bulkParked{}, badFilter("expect is %d: a count is not negative", *b.Expect)
 	case b.State != "":
 		return bulkParked{}, badFilter("state is a criterion of outbox rows, not of parked messages")
+	case b.OrderingKey != "":
+		return bulkParked{}, badFilter("ordering_key is a criterion of outbox rows, not of parked messages")
 	case verb == "replay" && b.Forget:
 		return bulkParked{}, badFilter("forget is an option of discard, not of replay")
 	case verb == "discard" && b.Topic != "":

@@ -649,3 +649,79 @@ func TestBadInputEveryEndpoint(t *testing.T) {
 	}
 	require.Equal(t, "parked", e.status("ship-order", "k1"), "nothing changed")
 }
+
+// Blocked ordering keys: the outbox's figures count the keys with a failing
+// or quarantined row and the rows waiting behind them; rows carry their
+// ordering key and, when they failed, the rows waiting behind them; a
+// filter selects a key's rows, to list, count or discard them, which
+// unblocks the key.
+func TestOutboxBlockedKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) { c.StatsInterval = time.Hour })
+	a1 := e.row("invoices", "A-1", "{}", nil, "quarantined")
+	a2 := e.row("invoices", "A-2", "{}", nil, "")
+	a3 := e.row("invoices", "A-3", "{}", nil, "")
+	b1 := e.row("invoices", "B-1", "{}", nil, "failing")
+	b2 := e.row("invoices", "B-2", "{}", nil, "")
+	free := e.row("invoices", "free", "{}", nil, "quarantined")
+	for key, ids := range map[string][]int64{"order-A": {a1, a2, a3}, "order-B": {b1, b2}} {
+		_, err := e.db.Conn.ExecContext(e.ctx, `UPDATE `+e.db.Outbox()+` SET ordering_key = $1 WHERE id = ANY($2)`, key, ids)
+		require.NoError(t, err)
+	}
+
+	m := ok(t, e.get("/eo/api/v1/outbox"))
+	require.EqualValues(t, 2, m["blocked_keys"])
+	require.EqualValues(t, 3, m["blocked_rows"], "A-2 and A-3 behind A-1, B-2 behind B-1")
+	var doc overviewJSON
+	decode(t, e.get("/eo/api/v1/overview"), &doc)
+	require.EqualValues(t, 2, doc.Outbox.BlockedKeys)
+	require.EqualValues(t, 3, doc.Outbox.BlockedRows)
+
+	type keyed struct {
+		ID      int64
+		Key     string
+		Waiting int64
+	}
+	list := func(q string) []keyed {
+		t.Helper()
+		var r struct {
+			Rows []rowJSON `json:"rows"`
+		}
+		decode(t, e.get("/eo/api/v1/outbox/rows"+q), &r)
+		out := []keyed{}
+		for _, row := range r.Rows {
+			out = append(out, keyed{row.ID, row.OrderingKey, row.Waiting})
+		}
+		return out
+	}
+	require.Equal(t, []keyed{{a1, "order-A", 2}, {b1, "order-B", 1}, {free, "", 0}}, list("?state=all"))
+	require.Equal(t, []keyed{{a1, "order-A", 2}}, list("?ordering_key=order-A"))
+	require.Equal(t, []keyed{}, list("?ordering_key=order-B"), "B's failed row is failing, not quarantined")
+	require.Equal(t, []keyed{{b1, "order-B", 1}}, list("?ordering_key=order-B&state=failing"))
+	require.Equal(t, []keyed{}, list("?ordering_key=order-C&state=all"))
+	apiErr(t, e.get("/eo/api/v1/outbox/rows?ordering_key=%FF"), http.StatusBadRequest, codeBadFilter)
+	c := ok(t, e.get("/eo/api/v1/outbox/rows/count?ordering_key=order-A"))
+	require.EqualValues(t, 1, c["count"])
+	require.Equal(t, `quarantined outbox rows with ordering key "order-A"`, c["matching"])
+
+	var row rowJSON
+	decode(t, e.get("/eo/api/v1/outbox/rows/"+itoa(a1)), &row)
+	require.Equal(t, "order-A", row.OrderingKey)
+	require.EqualValues(t, 2, row.Waiting)
+	decode(t, e.get("/eo/api/v1/outbox/rows/"+itoa(a2)), &row)
+	require.Equal(t, "order-A", row.OrderingKey)
+	require.Zero(t, row.Waiting, "a row that never failed holds nothing back")
+
+	// The key is a criterion of a bulk action on outbox rows, not of
+	// parked messages.
+	apiErr(t, e.call("POST", "/eo/api/v1/parked/discard", map[string]any{"ordering_key": "order-A", "all": true, "expect": 0, "as_of": c["as_of"]}),
+		http.StatusBadRequest, codeBadFilter)
+	m = ok(t, e.call("POST", "/eo/api/v1/outbox/rows/discard", map[string]any{"ordering_key": "order-A", "expect": 1, "as_of": c["as_of"], "max_id": c["max_id"]}))
+	require.EqualValues(t, 1, m["discarded"])
+	require.Equal(t, []keyed{{free, "", 0}}, list(""), "the quarantined row without a key is left")
+	e.get("/eo/api/v1/overview")
+	e.settle()
+	m = ok(t, e.get("/eo/api/v1/outbox"))
+	require.EqualValues(t, 1, m["blocked_keys"], "order-B is still blocked by its failing row")
+	require.EqualValues(t, 1, m["blocked_rows"])
+}

@@ -28,7 +28,7 @@ const (
 var parkedFields = []string{"store", "consumer", "key", "uuid", "tenant", "reason", "since", "before", "meta"}
 
 // outboxFields are those of a filter of outbox rows.
-var outboxFields = []string{"state", "topic", "uuid", "reason", "since", "before", "meta"}
+var outboxFields = []string{"state", "topic", "uuid", "reason", "since", "before", "meta", "ordering_key"}
 
 // checkParams refuses query parameters that are not in allowed: a
 // misspelled filter would silently select more than meant.
@@ -297,13 +297,14 @@ type outboxQuery struct {
 // outboxFilterFrom reads a filter of outbox rows from query or form
 // values.
 func outboxFilterFrom(v url.Values, now time.Time) (outboxQuery, error) {
-	f := outbox.RowFilter{State: outbox.RowState(v.Get("state")), Topic: v.Get("topic"), UUID: strings.TrimSpace(v.Get("uuid")), Reason: v.Get("reason")}
+	f := outbox.RowFilter{State: outbox.RowState(v.Get("state")), Topic: v.Get("topic"), UUID: strings.TrimSpace(v.Get("uuid")), Reason: v.Get("reason"),
+		OrderingKey: v.Get("ordering_key")}
 	switch f.State {
 	case "", outbox.StateQuarantined, outbox.StateFailing, outbox.StateAll:
 	default:
 		return outboxQuery{}, badFilter("state is %q: want quarantined (the default), failing or all", f.State)
 	}
-	for _, c := range []struct{ name, v string }{{"topic", f.Topic}, {"uuid", f.UUID}, {"reason", f.Reason}} {
+	for _, c := range []struct{ name, v string }{{"topic", f.Topic}, {"uuid", f.UUID}, {"reason", f.Reason}, {"ordering_key", f.OrderingKey}} {
 		if err := checkText(c.name, c.v); err != nil {
 			return outboxQuery{}, err
 		}
@@ -339,6 +340,7 @@ func (q outboxQuery) values() url.Values {
 	set("topic", f.Topic)
 	set("uuid", f.UUID)
 	set("reason", f.Reason)
+	set("ordering_key", f.OrderingKey)
 	set("since", fmtBound(f.QuarantinedSince))
 	set("before", fmtBound(f.QuarantinedBefore))
 	for _, k := range slices.Sorted(maps.Keys(f.Metadata)) {
@@ -349,7 +351,7 @@ func (q outboxQuery) values() url.Values {
 
 func (q outboxQuery) empty() bool {
 	f := q.Filter
-	return f.Topic == "" && f.UUID == "" && f.Reason == "" && f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0
+	return f.Topic == "" && f.UUID == "" && f.Reason == "" && f.OrderingKey == "" && f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0
 }
 
 func (q outboxQuery) describe() string {
@@ -367,6 +369,7 @@ func (q outboxQuery) describe() string {
 	add("topic", f.Topic)
 	add("message UUID", f.UUID)
 	add("last error containing", f.Reason)
+	add("ordering key", f.OrderingKey)
 	for _, k := range slices.Sorted(maps.Keys(f.Metadata)) {
 		parts = append(parts, "metadata "+strconv.Quote(k)+" = "+strconv.Quote(f.Metadata[k]))
 	}
@@ -387,20 +390,21 @@ func (q outboxQuery) describe() string {
 // parameters' names; meta an object of exact values), what to do, and
 // the count the caller confirmed.
 type bulkBody struct {
-	Store    string            `json:"store"`
-	Consumer string            `json:"consumer"`
-	Key      string            `json:"key"`
-	UUID     string            `json:"uuid"`
-	Tenant   string            `json:"tenant"`
-	Reason   string            `json:"reason"`
-	Since    string            `json:"since"`
-	Before   string            `json:"before"`
-	Meta     map[string]string `json:"meta"`
-	State    string            `json:"state"`
-	Topic    string            `json:"topic"`
-	Forget   bool              `json:"forget"`
-	All      bool              `json:"all"`
-	Expect   *int64            `json:"expect"`
+	Store       string            `json:"store"`
+	Consumer    string            `json:"consumer"`
+	Key         string            `json:"key"`
+	UUID        string            `json:"uuid"`
+	Tenant      string            `json:"tenant"`
+	Reason      string            `json:"reason"`
+	Since       string            `json:"since"`
+	Before      string            `json:"before"`
+	Meta        map[string]string `json:"meta"`
+	State       string            `json:"state"`
+	Topic       string            `json:"topic"`
+	OrderingKey string            `json:"ordering_key"`
+	Forget      bool              `json:"forget"`
+	All         bool              `json:"all"`
+	Expect      *int64            `json:"expect"`
 	// AsOf and MaxID are the bounds of the count that Expect confirms
 	// (its "as_of" and, for outbox rows, "max_id"): the action selects
 	// nothing the count could not see.
@@ -422,7 +426,7 @@ func parseAsOf(s string) (time.Time, error) {
 func (b bulkBody) values() url.Values {
 	v := url.Values{}
 	for k, s := range map[string]string{"store": b.Store, "consumer": b.Consumer, "key": b.Key, "uuid": b.UUID, "tenant": b.Tenant,
-		"reason": b.Reason, "since": b.Since, "before": b.Before, "state": b.State, "topic": b.Topic} {
+		"reason": b.Reason, "since": b.Since, "before": b.Before, "state": b.State, "topic": b.Topic, "ordering_key": b.OrderingKey} {
 		if s != "" {
 			v.Set(k, s)
 		}

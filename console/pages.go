@@ -296,14 +296,15 @@ type resultData struct {
 }
 
 type outboxFormValues struct {
-	State, Topic, UUID, Reason, Since, Before string
-	Meta                                      []string
+	State, Topic, UUID, Reason, Since, Before, OrderingKey string
+	Meta                                                   []string
 }
 
 type rowView struct {
 	outbox.Row
-	State string
-	URL   string
+	State  string
+	URL    string
+	KeyURL string // the failed rows of its ordering key; "" when none
 }
 
 type outboxListData struct {
@@ -321,6 +322,7 @@ type outboxListData struct {
 
 type rowData struct {
 	Row         outbox.Row
+	KeyURL      string // the failed rows of its ordering key; "" when none
 	State       string
 	Payload     payloadView
 	Metadata    []metaEntry
@@ -676,7 +678,7 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 
 func outboxForm(v url.Values) outboxFormValues {
 	return outboxFormValues{State: v.Get("state"), Topic: v.Get("topic"), UUID: v.Get("uuid"), Reason: v.Get("reason"),
-		Since: v.Get("since"), Before: v.Get("before"), Meta: v["meta"]}
+		Since: v.Get("since"), Before: v.Get("before"), OrderingKey: v.Get("ordering_key"), Meta: v["meta"]}
 }
 
 func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
@@ -722,7 +724,7 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.Matching = oq.describe()
 	for _, row := range page.Rows {
-		d.Rows = append(d.Rows, rowView{row, rowState(row), h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10)})
+		d.Rows = append(d.Rows, rowView{row, rowState(row), h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10), h.keyURL(row.OrderingKey)})
 	}
 	if page.Next != 0 {
 		v := oq.values()
@@ -736,6 +738,15 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 	d.Discard = oq.Filter.State == "" || oq.Filter.State == outbox.StateQuarantined
 	h.render(w, r, http.StatusOK, "outbox", "Outbox", d)
 	return nil
+}
+
+// keyURL is the outbox page listing the failed rows of an ordering key
+// (those that block it); "" for no key.
+func (h *handler) keyURL(key string) string {
+	if key == "" {
+		return ""
+	}
+	return h.prefix + "/outbox?" + url.Values{"state": {string(outbox.StateAll)}, "ordering_key": {key}}.Encode()
 }
 
 func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
@@ -757,7 +768,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	if md == nil {
 		md = map[string]string{"(stored metadata, not an object of strings)": string(row.RawMetadata)}
 	}
-	d := rowData{Row: row, State: rowState(row), Payload: payloadViewOf(row.Payload, true, len(row.Payload)), Metadata: metaEntries(md),
+	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: rowState(row), Payload: payloadViewOf(row.Payload, true, len(row.Payload)), Metadata: metaEntries(md),
 		RequeueURL: base + "/requeue", DiscardURL: base + "/discard", Quarantined: row.Quarantined()}
 	h.render(w, r, http.StatusOK, "row", fmt.Sprintf("Outbox row %d", id), d)
 	return nil

@@ -321,6 +321,55 @@ func TestOutboxPages(t *testing.T) {
 	require.EqualValues(t, 0, testenv.Count(t, e.db.Conn, `SELECT count(*) FROM `+e.db.Outbox()+` WHERE quarantined_at IS NOT NULL`))
 }
 
+// A blocked ordering key on the pages: the overview's and the outbox page's
+// figures, the rows' ordering key and the rows waiting behind them, the
+// search by key, and a discard by key through a confirmation.
+func TestOutboxPagesBlockedKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a1 := e.row("invoices", "A-1", "{}", nil, "quarantined")
+	a2 := e.row("invoices", "A-2", "{}", nil, "")
+	a3 := e.row("invoices", "A-3", "{}", nil, "")
+	e.row("invoices", "free", "{}", nil, "quarantined")
+	_, err := e.db.Conn.ExecContext(e.ctx, `UPDATE `+e.db.Outbox()+` SET ordering_key = 'order A&B' WHERE id = ANY($1)`, []int64{a1, a2, a3})
+	require.NoError(t, err)
+	keyURL := "/eo/outbox?ordering_key=order&#43;A%26B&amp;state=all" // html/template escapes the + too
+
+	body := page(t, e.get("/eo/"), http.StatusOK)
+	require.Regexp(t, `data-field="blocked_keys"><a href="/eo/outbox\?state=all">1<`, body)
+	require.Contains(t, body, `<dd data-field="blocked_rows">2</dd>`)
+
+	body = page(t, e.get("/eo/outbox"), http.StatusOK)
+	require.Equal(t, "1", text(t, body, "blocked-keys"))
+	require.Equal(t, "2", text(t, body, "blocked-rows"))
+	require.Contains(t, body, `<input id="ordering-key" name="ordering_key" value="">`)
+	require.Contains(t, body, `<td class="mono ordering-key"><a href="`+keyURL+`">order A&amp;B</a></td>
+<td class="n waiting">2</td>`)
+	require.Contains(t, body, `<td class="mono ordering-key">none</td>`)
+
+	body = page(t, e.get("/eo/outbox?ordering_key=order+A%26B"), http.StatusOK)
+	require.Equal(t, 1, strings.Count(body, `<tr class="outbox-row">`))
+	require.Contains(t, body, `<input id="ordering-key" name="ordering_key" value="order A&amp;B">`)
+	require.Contains(t, text(t, body, "outbox-count"), `1 row matches: quarantined outbox rows with ordering key "order A&B"`)
+
+	body = page(t, e.get("/eo/outbox/rows/"+itoa(a1)), http.StatusOK)
+	require.Equal(t, "order A&B", text(t, body, "ordering-key"))
+	require.Contains(t, body, `<a href="`+keyURL+`">`)
+	require.True(t, strings.HasPrefix(text(t, body, "waiting"), "2 (the relay holds them back"), text(t, body, "waiting"))
+	body = page(t, e.get("/eo/outbox/rows/"+itoa(a2)), http.StatusOK)
+	require.NotContains(t, body, `id="waiting"`, "a row that never failed holds nothing back")
+
+	body = page(t, e.get("/eo/outbox?ordering_key=order+A%26B"), http.StatusOK)
+	action, v := form(t, body, "bulk-discard")
+	require.Equal(t, "order A&B", v.Get("ordering_key"))
+	body = page(t, e.call("POST", action, v), http.StatusOK)
+	require.Equal(t, "This discards 1 row.", text(t, body, "confirm-count"))
+	action, v = form(t, body, "confirm-form")
+	body = page(t, e.call("POST", action, v), http.StatusOK)
+	require.Equal(t, "Done: Discarded 1 row.", text(t, body, "result"))
+	require.EqualValues(t, 1, testenv.Count(t, e.db.Conn, `SELECT count(*) FROM `+e.db.Outbox()+` WHERE quarantined_at IS NOT NULL`), "the row without a key is left")
+}
+
 // The inbox lookup: a key's record, by consumer and key (or within a
 // tenant), and forgetting it through a confirmation.
 func TestInboxPage(t *testing.T) {

@@ -55,6 +55,11 @@ type outboxFigures struct {
 	Failing int64 `json:"failing"`
 	// Quarantined counts those the relay gave up on.
 	Quarantined int64 `json:"quarantined"`
+	// BlockedKeys counts the ordering keys with a failing or quarantined
+	// row, which holds back the later rows of its key.
+	BlockedKeys int64 `json:"blocked_keys"`
+	// BlockedRows counts the rows waiting behind such a row of their key.
+	BlockedRows int64 `json:"blocked_rows"`
 	// OldestPendingAgeSeconds is the age of the oldest row not
 	// quarantined: the relay's lag; null when there is none.
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds"`
@@ -249,7 +254,8 @@ func (h *handler) compute(ctx context.Context) *snapshot {
 }
 
 func outboxFiguresOf(p outbox.Pending) *outboxFigures {
-	o := &outboxFigures{Pending: p.Count, Failing: p.Failing, Quarantined: p.Quarantined, OldestPendingCreatedAt: p.OldestCreatedAt}
+	o := &outboxFigures{Pending: p.Count, Failing: p.Failing, Quarantined: p.Quarantined, BlockedKeys: p.BlockedKeys, BlockedRows: p.Blocked,
+		OldestPendingCreatedAt: p.OldestCreatedAt}
 	if p.OldestCreatedAt != nil {
 		age := p.OldestAge.Seconds()
 		o.OldestPendingAgeSeconds = &age

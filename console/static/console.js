@@ -84,6 +84,8 @@
       set("oldest_pending_age", duration(o.oldest_pending_age_seconds));
       set("failing", String(o.failing));
       set("quarantined", String(o.quarantined));
+      set("blocked_keys", String(o.blocked_keys));
+      set("blocked_rows", String(o.blocked_rows));
     }
     var errors = document.getElementById("errors");
     if (errors) {
