@@ -113,6 +113,18 @@ func TestOutboxBlockedKeyCommands(t *testing.T) {
 	r = cli(t, env, "outbox", "stats")
 	requireOK(t, r)
 	require.NotContains(t, r.stdout, "Blocked keys:")
+
+	// A failing row blocks its key too; requeued by key, it is due now and
+	// the key is unblocked.
+	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 3, next_attempt_at = now() + interval '1 hour' WHERE uuid = 'B-1'`)
+	require.NoError(t, err)
+	decode(t, cli(t, env, "outbox", "stats", "--json"), &st)
+	require.Equal(t, [3]int64{1, 1, 1}, [3]int64{st.Failing, st.BlockedKeys, st.BlockedRows})
+	var requeued actionJSON
+	decode(t, cli(t, env, "outbox", "requeue", "--json", "--state", "failing", "--ordering-key", "order-B", "--yes"), &requeued)
+	require.Equal(t, actionJSON{Count: 1, Done: true}, requeued)
+	decode(t, cli(t, env, "outbox", "stats", "--json"), &st)
+	require.Equal(t, [3]int64{0, 0, 0}, [3]int64{st.Failing, st.BlockedKeys, st.BlockedRows})
 }
 
 // outbox relay --once with the broker down: the first row of a key fails,
