@@ -132,6 +132,7 @@ type parkedOptions struct {
 	redisPrefix string
 	doneTTL     time.Duration
 	amqpURL     string
+	partitions  map[string]int
 }
 
 func (a *app) parkedCmd() *cobra.Command {
@@ -161,6 +162,7 @@ consumers, so there an unknown consumer finds no messages.`,
 	pf.StringVar(&o.redisPrefix, "redis-prefix", os.Getenv(envRedisPrefix), "the Redis store's key prefix, as the service's redisstore.Config.Prefix (default $"+envRedisPrefix+", else exactlyonce:)")
 	pf.DurationVar(&o.doneTTL, "redis-done-ttl", 7*24*time.Hour, "the Redis store's DoneTTL, as the service's (a released key expires after it)")
 	pf.StringVar(&o.amqpURL, "amqp-url", "", "with --redis-url: RabbitMQ, to replay through (default $"+envAMQPURL+")")
+	pf.StringToIntVar(&o.partitions, "partitions", nil, "with --redis-url: partitioned topics, topic=n (repeatable), as the relay's --partitions: a replayed message goes to the partition queue of its ordering key")
 
 	var list parkedFlags
 	listCmd := &cobra.Command{
@@ -303,9 +305,9 @@ func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Con
 		if amqpURL == "" {
 			return nil, usageErr("a replay from the Redis store publishes through RabbitMQ: give --amqp-url (or $%s)", envAMQPURL)
 		}
-		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
+		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL, Partitions: o.partitions})
 		if err != nil {
-			return nil, usageErr("--amqp-url: %v", err)
+			return nil, usageErr("--amqp-url, --partitions: %v", err)
 		}
 		pub = p
 		return pub, nil

@@ -3,14 +3,19 @@ package main
 import (
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 
 // TestRelayPartitions: `outbox relay --partitions topic=n` sends each
@@ -73,4 +78,60 @@ func TestRelayPartitions(t *testing.T) {
 	r = cli(t, env, "outbox", "relay", "--partitions", topic+"=0", "--once")
 	require.Equal(t, exitUsage, r.code, "%s", r)
 	require.Contains(t, r.stderr, "0 partitions, it must be between 1 and 1024")
+}
+
+// TestParkedRedisReplayPartitions: a message parked by a consumer of a
+// partitioned topic (Redis lease store) is replayed with --partitions to
+// the partition queue of its ordering key, where the consumer reads it;
+// without the flag it would go to the queue named like the topic, which
+// no partitioned consumer reads.
+func TestParkedRedisReplayPartitions(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.RedisPrefix(t, rdb)
+	store, err := redisstore.New(redisstore.Config{Client: rdb, Prefix: prefix})
+	require.NoError(t, err)
+	topic := testenv.Unique(t, "cli_part_redis_")
+	const n = 2
+	conn := testenv.AMQPConn(t)
+	t.Cleanup(func() {
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		for i := range n {
+			_, _ = ch.QueueDelete(rabbitmq.PartitionQueue(topic, i), false, false, false)
+		}
+		_, _ = ch.QueueDelete(topic, false, false, false)
+	})
+	require.NoError(t, rabbitmq.DeclarePartitions(testCtx(t), testenv.AMQPURL(), topic, n))
+
+	h := &poisonHandler{effect: map[string]int{}}
+	ev := &events{}
+	eo, err := exactlyonce.New(exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Duration: 10 * time.Second, Store: store},
+		OnEvent: ev.observe, Logger: watermill.NopLogger{}})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(eo.Middleware)
+	sub, err := wamqp.NewSubscriber(testenv.PartitionSubscriberConfig(testenv.AMQPURL()), watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddConsumerHandler("ship-order", topic, rabbitmq.PartitionedSubscriber(sub, n), h.handle)
+	testenv.StartRouter(t, r)
+
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL(), Partitions: map[string]int{topic: n}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	uuid := watermill.NewUUID()
+	m := message.NewMessage(uuid, []byte(`{"order":"P-1"}`))
+	m.Metadata.Set("order_id", "P-1")
+	m.Metadata.Set("bad", "1")
+	require.NoError(t, pub.Publish(topic, outbox.SetOrderingKey(m, "customer-9")))
+	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Parked) == 1 }, "parked in Redis")
+
+	h.fix()
+	env := []string{"REDIS_URL=" + testenv.RedisURL(), envRedisPrefix + "=" + prefix, envAMQPURL + "=" + testenv.AMQPURL()}
+	requireExit(t, cli(t, env, "parked", "replay", "--redis-url", "", "--partitions", topic+"=0", "ship-order", uuid), exitUsage, "0 partitions")
+	requireOK(t, cli(t, env, "parked", "replay", "--redis-url", "", "--partitions", fmt.Sprintf("%s=%d", topic, n), "ship-order", uuid))
+	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("P-1") == 1 }, "the replayed order is processed from its partition")
 }
