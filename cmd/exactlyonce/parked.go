@@ -162,7 +162,7 @@ consumers, so there an unknown consumer finds no messages.`,
 	pf.StringVar(&o.redisPrefix, "redis-prefix", os.Getenv(envRedisPrefix), "the Redis store's key prefix, as the service's redisstore.Config.Prefix (default $"+envRedisPrefix+", else exactlyonce:)")
 	pf.DurationVar(&o.doneTTL, "redis-done-ttl", 7*24*time.Hour, "the Redis store's DoneTTL, as the service's (a released key expires after it)")
 	pf.StringVar(&o.amqpURL, "amqp-url", "", "with --redis-url: RabbitMQ, to replay through (default $"+envAMQPURL+")")
-	pf.StringToIntVar(&o.partitions, "partitions", nil, "with --redis-url: partitioned topics, topic=n (repeatable), as the relay's --partitions: a replayed message goes to the partition queue of its ordering key")
+	pf.StringToIntVar(&o.partitions, "topic-partitions", nil, "with --redis-url: partitioned topics, topic=n (repeatable), as the relay's --topic-partitions: a replayed message goes to the partition queue of its ordering key")
 
 	var list parkedFlags
 	listCmd := &cobra.Command{
@@ -307,7 +307,7 @@ func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Con
 		}
 		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL, Partitions: o.partitions})
 		if err != nil {
-			return nil, usageErr("--amqp-url, --partitions: %v", err)
+			return nil, usageErr("--amqp-url, --topic-partitions: %v", err)
 		}
 		pub = p
 		return pub, nil

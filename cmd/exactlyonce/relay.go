@@ -53,7 +53,7 @@ services) may run against one table at once.
 RabbitMQ (--publisher rabbitmq, the default): each row goes to the default exchange with its
 topic as routing key, i.e. to the queue named like the topic, which is declared durable the first
 time a topic is seen (--no-queue-declare when your queues are declared elsewhere). A topic given
-with --partitions topic=n is partitioned: each message goes to the queue <topic>.p<i> of its
+with --topic-partitions topic=n is partitioned: each message goes to the queue <topic>.p<i> of its
 ordering key, declared with single active consumer (per-key order, docs/ordering.md). The broker is
 --amqp-url or $AMQP_URL. A broker that is down is retried with backoff; the relay starts anyway.
 
@@ -71,7 +71,7 @@ succeeded, 1 when some failed. Logs go to standard error (slog; JSON with --json
 	f.StringVar(&o.publisher, "publisher", "rabbitmq", "where rows go: rabbitmq")
 	f.IntVar(&o.window, "window", 256, "rabbitmq: most messages of a batch awaiting their publisher confirm at once")
 	f.BoolVar(&o.noQueueDeclare, "no-queue-declare", false, "rabbitmq: do not declare each topic's durable queue")
-	f.StringToIntVar(&o.partitions, "partitions", nil, "rabbitmq: partitioned topics, topic=n (repeatable): a message goes to queue <topic>.p<i> of its ordering key (docs/ordering.md)")
+	f.StringToIntVar(&o.partitions, "topic-partitions", nil, "rabbitmq: partitioned topics, topic=n (repeatable): a message goes to queue <topic>.p<i> of its ordering key (docs/ordering.md)")
 	f.IntVar(&o.batchSize, "batch-size", def.BatchSize, "rows locked, published and deleted per transaction (1..10000)")
 	f.IntVar(&o.workers, "workers", def.Workers, "batches relayed concurrently")
 	f.DurationVar(&o.pollInterval, "poll-interval", def.PollInterval, "wait after a poll that found less than a full batch (the fallback of wake-on-commit)")

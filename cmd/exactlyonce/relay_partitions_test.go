@@ -18,7 +18,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 
-// TestRelayPartitions: `outbox relay --partitions topic=n` sends each
+// TestRelayPartitions: `outbox relay --topic-partitions topic=n` sends each
 // message to the partition queue of its ordering key, in order; a bad value
 // is a usage error.
 func TestRelayPartitions(t *testing.T) {
@@ -48,7 +48,7 @@ func TestRelayPartitions(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
-	r := cli(t, env, "outbox", "relay", "--partitions", fmt.Sprintf("%s=%d", topic, n), "--once")
+	r := cli(t, env, "outbox", "relay", "--topic-partitions", fmt.Sprintf("%s=%d", topic, n), "--once")
 	requireOK(t, r)
 	require.Contains(t, r.stdout, "Relayed 16 messages")
 
@@ -75,13 +75,13 @@ func TestRelayPartitions(t *testing.T) {
 	var amqpErr *amqp.Error
 	require.ErrorAs(t, err, &amqpErr, "declared with single active consumer: a plain declaration is refused")
 
-	r = cli(t, env, "outbox", "relay", "--partitions", topic+"=0", "--once")
+	r = cli(t, env, "outbox", "relay", "--topic-partitions", topic+"=0", "--once")
 	require.Equal(t, exitUsage, r.code, "%s", r)
 	require.Contains(t, r.stderr, "0 partitions, it must be between 1 and 1024")
 }
 
 // TestParkedRedisReplayPartitions: a message parked by a consumer of a
-// partitioned topic (Redis lease store) is replayed with --partitions to
+// partitioned topic (Redis lease store) is replayed with --topic-partitions to
 // the partition queue of its ordering key, where the consumer reads it;
 // without the flag it would go to the queue named like the topic, which
 // no partitioned consumer reads.
@@ -131,7 +131,7 @@ func TestParkedRedisReplayPartitions(t *testing.T) {
 
 	h.fix()
 	env := []string{"REDIS_URL=" + testenv.RedisURL(), envRedisPrefix + "=" + prefix, envAMQPURL + "=" + testenv.AMQPURL()}
-	requireExit(t, cli(t, env, "parked", "replay", "--redis-url", "", "--partitions", topic+"=0", "ship-order", uuid), exitUsage, "0 partitions")
-	requireOK(t, cli(t, env, "parked", "replay", "--redis-url", "", "--partitions", fmt.Sprintf("%s=%d", topic, n), "ship-order", uuid))
+	requireExit(t, cli(t, env, "parked", "replay", "--redis-url", "", "--topic-partitions", topic+"=0", "ship-order", uuid), exitUsage, "0 partitions")
+	requireOK(t, cli(t, env, "parked", "replay", "--redis-url", "", "--topic-partitions", fmt.Sprintf("%s=%d", topic, n), "ship-order", uuid))
 	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("P-1") == 1 }, "the replayed order is processed from its partition")
 }

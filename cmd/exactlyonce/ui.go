@@ -87,7 +87,7 @@ consumers the overview shows with --redis-consumer, and whose replays publish th
 	f.DurationVar(&o.doneTTL, "redis-done-ttl", 7*24*time.Hour, "the Redis store's DoneTTL, as the service's")
 	f.StringArrayVar(&o.redisConsumers, "redis-consumer", nil, "a consumer of the Redis store the overview shows (repeatable: the store keeps no list)")
 	f.StringVar(&o.amqpURL, "amqp-url", "", "RabbitMQ, through which the Redis store's replays publish (default $"+envAMQPURL+"; without it they are refused)")
-	f.StringToIntVar(&o.partitions, "partitions", nil, "partitioned topics, topic=n (repeatable), as the relay's --partitions: a Redis store's replay goes to the partition queue of its ordering key")
+	f.StringToIntVar(&o.partitions, "topic-partitions", nil, "partitioned topics, topic=n (repeatable), as the relay's --topic-partitions: a Redis store's replay goes to the partition queue of its ordering key")
 	f.DurationVar(&o.statsInterval, "stats-interval", 30*time.Second, "compute the overview's figures at most this often (they scan the inbox)")
 	f.StringArrayVar(&o.trustedOrigins, "trusted-origin", nil, "an origin whose pages may post actions, e.g. https://ops.example.com behind a proxy (repeatable)")
 	f.StringArrayVar(&o.allowedHosts, "allowed-host", nil, "a name (host or host:port) requests may address the console by, besides the loopback's: a proxy's that keeps the client's Host (repeatable; on a loopback --listen every other name is refused)")
@@ -206,7 +206,7 @@ func (a *app) ui(cmd *cobra.Command, o uiOptions) error {
 		if url := flagOrEnv(cmd.Flags(), "amqp-url", o.amqpURL, envAMQPURL); url != "" {
 			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, Partitions: o.partitions})
 			if err != nil {
-				return usageErr("--amqp-url, --partitions: %v", err)
+				return usageErr("--amqp-url, --topic-partitions: %v", err)
 			}
 			defer pub.Close()
 			cfg.RedisReplayPublisher = pub
