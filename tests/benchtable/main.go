@@ -27,7 +27,8 @@
 //     ordering keys, with one hot key, and without keys; end to end (relay
 //     and a consuming router together, per-message and group commit +
 //     Queue) with 1,000 keys on 16 partition queues against no key on one
-//     queue, 16 deliveries in flight each.
+//     queue, 16 deliveries in flight each; a bare amqp091 consumer on both
+//     layouts (the broker's share).
 //   - wake: commit-to-consumer latency at a steady 100 events/s, relay with
 //     wake-on-commit against polling every 100 ms; and the writers' cost of
 //     the NOTIFY (one-row outbox transactions from 8 writers, with and

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -32,7 +34,11 @@ import (
 //     orderedPartitions subscriptions (prefetch orderedPartitions each).
 //     Ordered: rabbitmq.PartitionedSubscriber over orderedPartitions
 //     partition queues (single active consumer, prefetch 1). Both have
-//     orderedPartitions deliveries in flight.
+//     orderedPartitions deliveries in flight;
+//   - the bare broker consumer (amqp091, an ack per message) on each
+//     layout: one queue with prefetch orderedPartitions (what lanes by key
+//     inside one subscription would get from the broker) against the
+//     partition queues with prefetch 1 each.
 
 const (
 	orderedPartitions = 16
@@ -49,6 +55,8 @@ const (
 	e2eOrdered     orderedVariant = "end to end, 1,000 keys"
 	e2eUnorderedGC orderedVariant = "end to end group commit, no key"
 	e2eOrderedGC   orderedVariant = "end to end group commit, 1,000 keys"
+	bareUnordered  orderedVariant = "bare consumer, one queue"
+	bareOrdered    orderedVariant = "bare consumer, partitions"
 )
 
 var orderedVariants = []orderedVariant{relayUnordered, relayOrdered, relayHotKey, e2eUnordered, e2eOrdered, e2eUnorderedGC, e2eOrderedGC}
@@ -112,6 +120,20 @@ func (h *harness) orderedSection(ctx context.Context) ([]*line, error) {
 			rates[v] = append(rates[v], rate)
 			out = append(out, fmt.Sprintf("%s %s/s (%s)", v, thousands(int64(rate)), thousands(int64(n))))
 		}
+		// The bare broker consumer, both layouts, in alternating order.
+		for j := range 2 {
+			one := (j+r)%2 == 0
+			qs, prefetch, v := parts, 1, bareOrdered
+			if one {
+				qs, prefetch, v = []string{plain}, orderedPartitions, bareUnordered
+			}
+			rate, err := h.bareRound(ctx, qs, prefetch, cfg.orderedE2E, r)
+			if err != nil {
+				return nil, fmt.Errorf("round %d, %s: %w", r+1, v, err)
+			}
+			rates[v] = append(rates[v], rate)
+			out = append(out, fmt.Sprintf("%s %s/s", v, thousands(int64(rate))))
+		}
 		logf("ordered round %d/%d: %s", r+1, cfg.rounds, strings.Join(out, "; "))
 	}
 	return []*line{
@@ -122,6 +144,7 @@ func (h *harness) orderedSection(ctx context.Context) ([]*line, error) {
 			target: "A/B ≥ 0.7", check: func(_, _, r float64) bool { return r >= 0.7 }},
 		{name: "end to end (relay + router), group commit + Queue", aName: "1,000 keys, partitions", bName: "no key, one queue", a: rates[e2eOrderedGC], b: rates[e2eUnorderedGC], unit: "msg/s",
 			target: "A/B ≥ 0.7", check: func(_, _, r float64) bool { return r >= 0.7 }},
+		{name: "bare amqp091 consumer, ack each (the broker's share)", aName: "16 partition queues, prefetch 1 each", bName: "one queue, prefetch 16", a: rates[bareOrdered], b: rates[bareUnordered], unit: "msg/s", target: "—"},
 	}, nil
 }
 
@@ -247,4 +270,98 @@ func runOrderedRouter(ctx context.Context, amqpURL, dest string, ordered bool, d
 		err2 = err
 	}
 	return err2
+}
+
+// bareDrain times a bare amqp091 consumer (no Watermill, no database, an ack
+// per message) draining n pre-filled messages: from one queue with one
+// consumer of prefetch orderedPartitions (what lanes by key inside one
+// subscription would get from the broker), or from the orderedPartitions
+// partition queues with a consumer of prefetch 1 each (what partitions with
+// one message in flight each get). It is the broker's share of the choice
+// between the two designs.
+func (h *harness) bareDrain(ctx context.Context, queues []string, prefetch, n int) (int, time.Duration, error) {
+	var chans []*amqp.Channel
+	defer func() {
+		for _, ch := range chans {
+			_ = ch.Close()
+		}
+	}()
+	done := make(chan struct{})
+	var acked atomic.Int64
+	errs := make(chan error, len(queues))
+	start := time.Now()
+	var end atomic.Int64
+	for _, q := range queues {
+		ch, err := h.amqp.Channel()
+		if err != nil {
+			return 0, 0, err
+		}
+		chans = append(chans, ch)
+		if err := ch.Qos(prefetch, 0, false); err != nil {
+			return 0, 0, err
+		}
+		deliveries, err := ch.ConsumeWithContext(ctx, q, "", false, false, false, false, nil)
+		if err != nil {
+			return 0, 0, err
+		}
+		go func() {
+			for d := range deliveries {
+				if err := d.Ack(false); err != nil {
+					errs <- err
+					return
+				}
+				if acked.Add(1) == int64(n) {
+					end.Store(int64(time.Since(start)))
+					close(done)
+				}
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case err := <-errs:
+		return 0, 0, err
+	case <-time.After(5 * time.Minute):
+		return 0, 0, fmt.Errorf("bare consumer: %d of %d messages within 5 minutes", acked.Load(), n)
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+	return n, time.Duration(end.Load()), nil
+}
+
+// bareRound pre-fills the queues with n messages in all and times bareDrain.
+func (h *harness) bareRound(ctx context.Context, queues []string, prefetch, n, round int) (float64, error) {
+	for _, q := range queues {
+		if err := h.purge(q); err != nil {
+			return 0, err
+		}
+	}
+	for i, q := range queues {
+		part := n/len(queues) + btoi(i < n%len(queues))
+		if err := publishN(ctx, h.amqp, q, fmt.Sprintf("bare%d-%d-", round, i), 0, part); err != nil {
+			return 0, err
+		}
+	}
+	var got int
+	var wall time.Duration
+	id := "ordered/bare consumer, one queue"
+	if len(queues) > 1 {
+		id = "ordered/bare consumer, partitions"
+	}
+	err := h.timed(id, func() (int, time.Duration, error) {
+		var err error
+		got, wall, err = h.bareDrain(ctx, queues, prefetch, n)
+		return got, wall, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return float64(got) / wall.Seconds(), nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
