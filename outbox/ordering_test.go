@@ -531,9 +531,14 @@ func TestRelayOrderedSelectPlan(t *testing.T) {
 	tx := b.begin(t)
 	_, err = tx.ExecContext(b.ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
 	require.NoError(t, err)
-	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch(int, int, text[]) AS "+outbox.SelectSQL(relay))
+	// PREPARE outlives the transaction on its server connection (which
+	// PgBouncer in transaction mode gives to other tests): a name of its
+	// own, deallocated after.
+	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch_ordered(int, int, text[]) AS "+outbox.SelectSQL(relay))
 	require.NoError(t, err)
-	plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '{}')")
+	plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch_ordered(100, 50, '{}')")
+	_, err = tx.ExecContext(b.ctx, "DEALLOCATE relay_batch_ordered")
+	require.NoError(t, err)
 	require.NotContains(t, plan, "Seq Scan", plan)
 	require.Contains(t, plan, "_pkey", plan)
 	require.Contains(t, plan, "ordering_key_failed", plan)

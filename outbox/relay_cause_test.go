@@ -380,6 +380,10 @@ func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 		require.NotContains(t, plan, "Seq Scan", "paused %s:\n%s", paused, plan)
 		require.Contains(t, plan, "_pkey", "paused %s:\n%s", paused, plan)
 	}
+	// PREPARE outlives the transaction on its server connection (which
+	// PgBouncer in transaction mode gives to other tests).
+	_, err = tx.ExecContext(b.ctx, "DEALLOCATE relay_batch")
+	require.NoError(t, err)
 }
 
 // With several workers, the failed rows another worker has locked take no
