@@ -33,3 +33,6 @@ func CountSQL(db sqlschema.DB, f RowFilter) (string, []any) { return countSQL(db
 // MatchingBatch is how many rows RequeueMatching and DiscardMatching change
 // per statement.
 const MatchingBatch = matchingBatch
+
+// LockClass is the first value of the advisory locks of db's ordering keys.
+func LockClass(db sqlschema.DB) int32 { return lockClass(db.WithDefaults().Outbox()) }

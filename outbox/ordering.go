@@ -1,14 +1,11 @@
 package outbox
 
 import (
-	"context"
 	"fmt"
 	"hash/fnv"
 	"slices"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 )
 
 // OrderingKeyMetadata is the metadata field that holds a message's ordering
@@ -57,18 +54,20 @@ func checkOrderingKeys(messages []*message.Message) error {
 	return nil
 }
 
-// lockOrderingKeys takes, for each distinct ordering key of messages, a
-// transaction-level advisory lock of this outbox table and that key, in one
-// statement and in a fixed order (so that two writers of the same keys
-// cannot deadlock on them). It runs before the INSERT: the rows' ids are
-// drawn while the transaction holds its keys' locks, which it keeps until
-// it commits or rolls back, so a later writer of the key waits and draws
-// larger ids. The ids of one key therefore follow the order in which its
-// transactions committed, which is the order the relay keeps.
+// lockHashes returns the sorted, distinct lock values of the ordering
+// keys of messages; nil when none has a key.
 //
-// The lock is the pair (table class, key hash) of 32-bit values; two keys
-// with the same hash only make their writers wait for each other.
-func lockOrderingKeys(ctx context.Context, db wsql.ContextExecutor, table string, messages []*message.Message) error {
+// Writers of one key are serialized by a transaction-level advisory lock
+// of this outbox table and the key, which each INSERT of a keyed message
+// takes before it draws the rows' ids (schemaAdapter.insertQuery), all of
+// its keys in this fixed order (so that two writers of the same keys
+// cannot deadlock on them). The transaction keeps the locks until it
+// commits or rolls back, so a later writer of the key waits and draws
+// larger ids: the ids of one key follow the order in which its
+// transactions committed, which is the order the relay keeps. The lock is
+// the pair (table class, key hash) of 32-bit values; two keys with the
+// same hash only make their writers wait for each other.
+func lockHashes(messages []*message.Message) []int32 {
 	var hashes []int32
 	for _, msg := range messages {
 		if k := OrderingKey(msg); k != "" {
@@ -79,21 +78,11 @@ func lockOrderingKeys(ctx context.Context, db wsql.ContextExecutor, table string
 		return nil
 	}
 	slices.Sort(hashes)
-	hashes = slices.Compact(hashes)
-	class := hash32("exactlyonce.outbox:" + table)
-	var err error
-	if len(hashes) == 1 {
-		_, err = db.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, class, hashes[0])
-	} else {
-		// unnest yields the array's order; the plain scan calls the
-		// function row by row in that order.
-		_, err = db.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) AS k`, class, hashes)
-	}
-	if err != nil {
-		return fmt.Errorf("locking %d ordering key(s): %w", len(hashes), err)
-	}
-	return nil
+	return slices.Compact(hashes)
 }
+
+// lockClass is the first value of the advisory locks of table's keys.
+func lockClass(table string) int32 { return hash32("exactlyonce.outbox:" + table) }
 
 // hash32 is FNV-1a of s as an int32.
 func hash32(s string) int32 {

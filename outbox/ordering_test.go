@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -155,9 +157,18 @@ func (f *flakyBroker) Publish(_ string, msgs ...*message.Message) error {
 	return plainBroker{f}.Publish("", msgs...)
 }
 
+// waitingForKey counts the transactions waiting for an ordering key's lock
+// of db's outbox table (the table's lock class: no other test's locks).
+func waitingForKey(t *testing.T, b bundle) int64 {
+	return testenv.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2
+AND classid::text::bigint = ($1::bigint & 4294967295)`, int64(outbox.LockClass(b.tables)))
+}
+
 // TestOrderingKeyWritersOfOneKeyWait: a transaction writing a key waits at
 // its write until another transaction that wrote the key ends; writers of
-// other keys do not wait. The ids of a key follow the commits.
+// other keys do not wait. The waiting writer draws its row's id once it has
+// the key, after the commit it waited for: a row written meanwhile by a
+// third transaction gets a smaller id.
 func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
@@ -187,24 +198,75 @@ func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 			}
 			done <- tx.Commit()
 		}()
-		// The second writer of A waits for an advisory lock.
-		require.Eventually(t, func() bool {
-			return testenv.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
-		}, 10*time.Second, 10*time.Millisecond, "the second writer of key A does not wait")
+		// The second writer of A waits for A's lock.
+		require.Eventually(t, func() bool { return waitingForKey(t, b) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"the second writer of key A does not wait")
 		select {
 		case err := <-done:
 			t.Fatalf("the second writer of key A went on while the first was open: %v", err)
 		default:
 		}
+		b.publish(t, "orders", keyed("C", 1)) // while A-002 waits
 		require.NoError(t, first.Commit())
 		require.NoError(t, <-done)
 
-		// A's rows in id order: 1 then 2.
-		var uuids []string
-		for _, r := range b.rows(t) {
-			uuids = append(uuids, r.UUID)
-		}
-		require.Equal(t, []string{"A-001", "B-001", "A-002"}, uuids)
+		// A's rows in id order: 1, then 2, drawn after C's.
+		require.Equal(t, []string{"A-001", "B-001", "C-001", "A-002"}, uuidsOf(b.rows(t)))
+	})
+}
+
+// pausingExec is an autocommit executor (a pool) that holds its INSERT
+// until released.
+type pausingExec struct {
+	wsql.ContextExecutor
+	paused, release chan struct{}
+}
+
+func (p pausingExec) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	if strings.Contains(q, "INSERT INTO") {
+		close(p.paused)
+		<-p.release
+	}
+	return p.ContextExecutor.ExecContext(ctx, q, args...)
+}
+
+// TestOrderingKeyPublishOutsideTransaction: a Publish outside a
+// transaction (each statement commits on its own) takes the key's lock in
+// the statement that writes the row: when a transaction took the key
+// before that statement, the statement waits for its commit and draws its
+// id after it, so the relay keeps the order of the commits. (The lock was a
+// statement of its own, whose lock ended before the INSERT: the INSERT
+// went ahead of the open transaction, committed first with the larger id,
+// and the relay published it second.)
+func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		auto := pausingExec{ContextExecutor: b.db, paused: make(chan struct{}), release: make(chan struct{})}
+		autoPub, err := outbox.NewPublisher(auto, b.tables)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- autoPub.Publish("orders", keyed("K", 2)) }()
+		<-auto.paused // before its INSERT
+
+		tx := b.begin(t)
+		txPub, err := outbox.NewPublisher(tx, b.tables)
+		require.NoError(t, err)
+		require.NoError(t, txPub.Publish("orders", keyed("K", 1)))
+		close(auto.release)
+		require.Eventually(t, func() bool { return waitingForKey(t, b) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"the autocommit writer of K does not wait for the transaction holding K")
+		b.publish(t, "orders", keyed("J", 1))
+		require.NoError(t, tx.Commit())
+		require.NoError(t, <-done)
+		require.Equal(t, []string{"K-001", "J-001", "K-002"}, uuidsOf(b.rows(t)))
+
+		log := newAcceptLog()
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(2, 2))},
+			Logger: watermill.NopLogger{}})
+		require.NoError(t, err)
+		_, err = relay.RelayOnce(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, []int{1, 2}, log.accepted["K"])
 	})
 }
 
@@ -232,9 +294,7 @@ func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 			}
 			done <- tx.Commit()
 		}()
-		require.Eventually(t, func() bool {
-			return testenv.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
-		}, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return waitingForKey(t, b) == 1 }, 10*time.Second, 5*time.Millisecond)
 		require.NoError(t, first.Rollback())
 		require.NoError(t, <-done)
 		rows := b.rows(t)
@@ -392,9 +452,11 @@ func TestRelayOrderedUnreadableRowBlocksItsKey(t *testing.T) {
 }
 
 // orderedScenario writes keys x perKey keyed messages from writers
-// concurrent transactions (each a few messages of random keys, the key's
-// next sequence number taken under a row lock of the writer's own counter
-// table, as an application's aggregate row would be), while relays run.
+// concurrent transactions (each a few messages of random keys; a message's
+// sequence number is its key's counter, incremented after the message was
+// written, in the same transaction), while relays run.
+var errKeyFull = errors.New("the key has all its messages (test)")
+
 func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys bool) {
 	t.Helper()
 	counters := b.tables.Schema + ".seq_counters"
@@ -418,8 +480,25 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 		wrote := 0
 		for range 1 + rng.IntN(3) {
 			k := fmt.Sprintf("k%03d", rng.IntN(keys))
+			if testenv.Count(t, b.db, `SELECT n FROM `+counters+` WHERE k = $1`, k) >= int64(perKey) {
+				continue
+			}
+			// The message first, its sequence number after: only the
+			// ordering key's lock, taken by Publish, makes the writers
+			// of a key wait for each other from before the row's id is
+			// drawn until the commit (the counter's row lock comes too
+			// late for that).
+			m := message.NewMessage(watermill.NewUUID(), nil)
+			if withKeys {
+				outbox.SetOrderingKey(m, k)
+			} else {
+				m.Metadata.Set("key", k)
+			}
+			if err := pub.Publish("orders", m); err != nil {
+				return 0, err
+			}
 			var n int
-			rs, err := tx.QueryContext(b.ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = $1 AND n < $2 RETURNING n`, k, perKey)
+			rs, err := tx.QueryContext(b.ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = $1 RETURNING n`, k)
 			if err != nil {
 				return 0, err
 			}
@@ -431,15 +510,11 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			if err := seam.Close(rs); err != nil { // a deadlock shows here
 				return 0, err
 			}
-			if n == 0 {
-				continue
+			if n > perKey {
+				return 0, errKeyFull // another writer completed the key meanwhile: roll back
 			}
-			m := keyed(k, n)
-			if !withKeys {
-				outbox.SetOrderingKey(m, "")
-				m.Metadata.Set("key", k)
-			}
-			if err := pub.Publish("orders", m); err != nil {
+			if _, err := tx.ExecContext(b.ctx, `UPDATE `+b.tables.Outbox()+` SET metadata = metadata || jsonb_build_object('seq', $1::text) WHERE uuid = $2`,
+				strconv.Itoa(n), m.UUID); err != nil {
 				return 0, err
 			}
 			wrote++
@@ -455,7 +530,7 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			rng := mrand.New(mrand.NewPCG(uint64(w), 7))
 			for b.ctx.Err() == nil {
 				wrote, err := writeTx(rng)
-				if err != nil && !strings.Contains(err.Error(), "deadlock") {
+				if err != nil && !errors.Is(err, errKeyFull) && !strings.Contains(err.Error(), "deadlock") {
 					t.Errorf("writer: %v", err)
 					return
 				}
@@ -517,9 +592,9 @@ func TestRelayOrderedUnderConcurrency(t *testing.T) {
 }
 
 // The batch's statement on keyed rows, under the generic plan: it walks the
-// primary key, asks "behind a failed row of its key?" of the small index of
-// failed keyed rows, and "an earlier row of its key outside the batch?" of
-// the ordering_key index: no scan of the backlog per row.
+// primary key for the heads, asks "an earlier row of its key?" of the
+// ordering_key index, and takes the followers of the heads from it: no scan
+// of the backlog per row.
 func TestRelayOrderedSelectPlan(t *testing.T) {
 	t.Parallel()
 	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
@@ -541,6 +616,5 @@ func TestRelayOrderedSelectPlan(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, plan, "Seq Scan", plan)
 	require.Contains(t, plan, "_pkey", plan)
-	require.Contains(t, plan, "ordering_key_failed", plan)
-	require.Contains(t, plan, "ordering_key ", plan)
+	require.Contains(t, plan, "Index Only Scan using "+b.tables.WithDefaults().OutboxTable+"_ordering_key on", plan)
 }

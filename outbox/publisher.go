@@ -71,10 +71,12 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 // Publish adds the W3C trace context (traceparent, tracestate) of the
 // message's context when that holds an OpenTelemetry span and the metadata
 // has no traceparent yet. A message with an ordering key (SetOrderingKey)
-// first takes its key's lock for the rest of the transaction: another
-// transaction writing the same key waits here until this one ends, so that
-// the key's messages are relayed in the order their transactions committed
-// (see docs/ordering.md). Every message
+// takes its key's lock, in the statement that writes it, for the rest of
+// the transaction: another transaction writing the same key waits here
+// until this one ends, so that the key's messages are relayed in the order
+// their transactions committed (see docs/ordering.md). Outside a
+// transaction each Publish is a transaction of its own, which holds the
+// lock until its rows are committed. Every message
 // is checked before any is written (a non-empty topic and UUID, valid UTF-8
 // without NUL in the topic, UUID and metadata: the outbox keeps messages
 // byte for byte), so a bad one leaves the
@@ -103,14 +105,12 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := checkOrderingKeys(messages); err != nil {
 		return fmt.Errorf("outbox: Publish: %w", err)
 	}
-	if len(messages) > 0 {
-		if err := lockOrderingKeys(messages[0].Context(), p.db, p.adapter.table, messages); err != nil {
-			return fmt.Errorf("outbox: Publish to %q: %w", topic, err)
-		}
-	}
+	// Every INSERT of the call takes the locks of all the call's keys (a
+	// lock held already is taken again at no cost).
+	lock := lockHashes(messages)
 	for len(messages) > 0 {
 		n := min(len(messages), maxMessagesPerInsert)
-		q, err := p.adapter.InsertQuery(wsql.InsertQueryParams{Topic: topic, Msgs: messages[:n]})
+		q, err := p.adapter.insertQuery(wsql.InsertQueryParams{Topic: topic, Msgs: messages[:n]}, lock)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	stdsql "database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -63,18 +65,16 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// primary key.
 	const notPaused = `coalesce(topic <> ALL($3::text[]), true)`
 	retryDue := `failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now()) AND ` + notPaused
-	// Per-key order (ordering_key, see docs/ordering.md). A row of a key
-	// behind a failing or quarantined row of that key is not taken at all
-	// (the index outbox_006 keeps of the failed rows with a key answers
-	// it), so a blocked key's rows never take a batch's room. Of the rows
-	// taken, one whose key has an earlier row outside the batch (in
-	// flight with another relay, or in a paused topic) is flagged blocked:
-	// it is left as it was, and so are the rows of its key after it. The
-	// check looks between each row and the previous row of its key in the
-	// batch (lag), a small range of the ordering_key index. Writers of a
-	// key take its lock before drawing ids (see lockOrderingKeys), so a
-	// row visible here has every earlier row of its key visible too.
-	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
+	// Per-key order (ordering_key, see docs/ordering.md). A batch takes,
+	// among the rows of a key, only the key's first row left in the table
+	// (its head: no earlier row of the key exists, whatever its state), and
+	// then rows that follow the heads it locked. A key whose head is
+	// failing or quarantined (and not due), in a paused topic, or locked by
+	// another relay (in flight) has no head this batch can take: none of
+	// its rows is taken, and it takes no room. Writers of a key take its
+	// lock before they draw ids (schemaAdapter.insertQuery), so a row
+	// visible here has every earlier row of its key visible too.
+	head := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.id < o.id))`
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
@@ -93,17 +93,37 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		// holds leave their room to fresh rows, or the batch would come
 		// out short and read as "caught up". retry takes the same rows
 		// first (the same order; this transaction's own locks do not skip).
+		// The followers: the batch's room left after the heads, shared
+		// among the keyed heads (at most ceil(room/keys) rows each), the
+		// rows of each key right after its head, oldest first. A follower
+		// locked elsewhere, failed or in a paused topic leaves a gap; the
+		// rows of its key after the gap are flagged blocked (lag: the
+		// previous row of the key in the batch) and left as they were.
 		selectSQL: `WITH due AS (
-  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + notBehindFailed + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
+  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + head + `
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + notBehindFailed + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + `
   ORDER BY id LIMIT $1 - (SELECT count(*) FROM fresh) FOR UPDATE SKIP LOCKED
+), heads AS (
+  SELECT * FROM fresh UNION ALL SELECT * FROM retry
+), room AS (
+  SELECT greatest($1 - count(*), 0) AS n, count(ordering_key) AS keys FROM heads
+), follow_ids AS (
+  SELECT f.id FROM heads h CROSS JOIN LATERAL (
+    SELECT e.id FROM ` + table + ` e WHERE e.ordering_key = h.ordering_key AND e.id > h.id ORDER BY e.id
+    LIMIT (SELECT (n + keys - 1) / greatest(keys, 1) FROM room)
+  ) f
+  WHERE h.ordering_key IS NOT NULL
+  ORDER BY f.id LIMIT (SELECT n FROM room)
+), follow AS (
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE id IN (SELECT id FROM follow_ids) AND failures = 0 AND ` + notPaused + `
+  ORDER BY id FOR UPDATE SKIP LOCKED
 ), taken AS (
   SELECT *, coalesce(lag(id) OVER (PARTITION BY ordering_key ORDER BY id), 0) AS prev
-  FROM (SELECT * FROM fresh UNION ALL SELECT * FROM retry) u
+  FROM (SELECT * FROM heads UNION ALL SELECT * FROM follow) u
 )
 SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
   ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
@@ -194,6 +214,27 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// checkSequence logs an error when the outbox table's id sequence hands
+// out ids from a per-session cache (CACHE above 1): a transaction that
+// commits later may then draw a smaller id, and the relay, which keeps a
+// key's order by id, would publish it first.
+func (r *Relay) checkSequence(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var cache int64
+	var seq string
+	err := seam.QueryRow(ctx, r.cfg.DB.Conn, `SELECT s.seqcache, s.seqrelid::regclass::text FROM pg_sequence s
+WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass`, []any{r.cfg.DB.Outbox()}, &cache, &seq)
+	if err != nil {
+		r.cfg.Logger.Info("outbox relay: start-up check could not read the outbox id sequence's cache (check it is 1 if you use ordering keys): "+err.Error(), nil)
+		return
+	}
+	if cache > 1 {
+		r.cfg.Logger.Error("outbox relay: start-up check: the outbox id sequence "+seq+" caches "+strconv.FormatInt(cache, 10)+
+			" values per session: ids do not follow the order of commits, and messages with an ordering key can be relayed out of order; run ALTER SEQUENCE "+seq+" CACHE 1", nil, nil)
+	}
+}
+
 // startupCheck checks once that the outbox table has every migration of
 // this version of the library, and logs what it found; while the database
 // cannot be reached it asks again every MaxErrorBackoff.
@@ -226,6 +267,9 @@ func (r *Relay) startupCheck(ctx context.Context) {
 					watermill.LogFields{"schema": r.cfg.DB.Schema, "outbox_table": r.cfg.DB.OutboxTable})
 			default:
 				r.cfg.Logger.Info("outbox relay: start-up check passed: the outbox table is migrated to this version of the library", nil)
+			}
+			if len(missing) < total {
+				r.checkSequence(ctx)
 			}
 			return
 		}

@@ -24,11 +24,27 @@ type schemaAdapter struct {
 var _ wsql.SchemaAdapter = schemaAdapter{}
 
 func (s schemaAdapter) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, error) {
+	return s.insertQuery(params, nil)
+}
+
+// insertQuery is the INSERT of params' messages. With lock (the sorted
+// hashes of ordering keys, see lockOrderingKeys), the statement first takes
+// the transaction-level advisory lock of each, in that order, and only then
+// draws the rows' ids: the locks are a one-time filter of the plan (an
+// InitPlan), evaluated before the first row, and the id default is computed
+// with each row after it. One statement, so that a Publish outside a
+// transaction (its own autocommit transaction) holds the locks until its
+// rows are committed, like one inside.
+func (s schemaAdapter) insertQuery(params wsql.InsertQueryParams, lock []int32) (wsql.Query, error) {
 	if len(params.Msgs) == 0 {
 		return wsql.Query{}, errors.New("outbox: no messages to insert")
 	}
 	var b strings.Builder
-	b.WriteString("INSERT INTO " + s.table + " (topic, uuid, payload, metadata, ordering_key) VALUES ")
+	b.WriteString("INSERT INTO " + s.table + " (topic, uuid, payload, metadata, ordering_key) ")
+	if len(lock) > 0 {
+		b.WriteString("SELECT * FROM (")
+	}
+	b.WriteString("VALUES ")
 	args := make([]any, 0, 5*len(params.Msgs))
 	for i, msg := range params.Msgs {
 		if msg == nil {
@@ -48,12 +64,17 @@ func (s schemaAdapter) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, e
 			b.WriteByte(',')
 		}
 		n := 5 * i
-		b.WriteString("($" + strconv.Itoa(n+1) + ",$" + strconv.Itoa(n+2) + ",$" + strconv.Itoa(n+3) + ",$" + strconv.Itoa(n+4) + "::jsonb,$" + strconv.Itoa(n+5) + "::text)")
+		b.WriteString("($" + strconv.Itoa(n+1) + "::text,$" + strconv.Itoa(n+2) + "::text,$" + strconv.Itoa(n+3) + "::bytea,$" + strconv.Itoa(n+4) + "::jsonb,$" + strconv.Itoa(n+5) + "::text)")
 		payload := []byte(msg.Payload)
 		if payload == nil {
 			payload = []byte{}
 		}
 		args = append(args, params.Topic, msg.UUID, payload, string(meta), orderingKeyArg(msg))
+	}
+	if len(lock) > 0 {
+		n := len(args)
+		b.WriteString(") AS v WHERE (SELECT count(pg_advisory_xact_lock($" + strconv.Itoa(n+1) + "::int4, k)) FROM unnest($" + strconv.Itoa(n+2) + "::int4[]) AS k) >= 0")
+		args = append(args, lockClass(s.table), lock)
 	}
 	return wsql.Query{Query: b.String(), Args: args}, nil
 }

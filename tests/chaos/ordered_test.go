@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
@@ -348,11 +350,13 @@ func queueArgs(ordered bool) amqp.Table {
 }
 
 // orderedWriter writes messages of random keys, one to three per
-// transaction, each with the key's next sequence number (its counter row,
-// locked by the UPDATE until the transaction ends), until every counter is
-// at s.perKey. A tenth of the transactions roll back; a deadlock between
+// transaction, each numbered after it was written with the key's next
+// sequence number (its counter row, in the same transaction), until every
+// counter is at s.perKey. A tenth of the transactions roll back; a deadlock between
 // two writers (counters locked in opposite orders) rolls one back. Poisoned
 // keys' message poisonSeq carries a header name RabbitMQ cannot take.
+var errKeyFull = errors.New("the key has all its messages (test)")
+
 func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s orderedSettings, topic string, w int, ordered bool) {
 	rng := mrand.New(mrand.NewPCG(uint64(w), 11))
 	counters := db.Schema + ".counters"
@@ -371,8 +375,24 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s ordered
 		for range 1 + rng.IntN(3) {
 			k := rng.IntN(s.keys)
 			key := fmt.Sprintf("k%03d", k)
+			if testenv.Count(t, db.Conn, `SELECT n FROM `+counters+` WHERE k = $1`, key) >= int64(s.perKey) {
+				continue
+			}
+			// The message first, its sequence number after: only the
+			// ordering key's lock, which Publish takes, makes the writers
+			// of a key wait for each other from before the row's id is
+			// drawn until the commit (the counter's row lock, taken after,
+			// would be too late for that).
+			m := message.NewMessage(fmt.Sprintf("%s-%s-%d-%d", db.Schema, key, w, rng.Uint64()), nil)
+			m.Metadata.Set("key", key)
+			if ordered {
+				outbox.SetOrderingKey(m, key)
+			}
+			if err := pub.Publish(topic, m); err != nil {
+				return 0, err
+			}
 			var n int
-			rs, err := tx.QueryContext(ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = $1 AND n < $2 RETURNING n`, key, s.perKey)
+			rs, err := tx.QueryContext(ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = $1 RETURNING n`, key)
 			if err != nil {
 				return 0, err
 			}
@@ -384,20 +404,20 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s ordered
 			if err := seam.Close(rs); err != nil { // a deadlock shows here
 				return 0, err
 			}
-			if n == 0 {
-				continue
+			if n > s.perKey {
+				return 0, errKeyFull // another writer completed the key meanwhile: roll back
 			}
-			m := message.NewMessage(fmt.Sprintf("%s-%s-%03d", db.Schema, key, n), []byte(strconv.Itoa(n)))
-			m.Metadata.Set("key", key)
-			m.Metadata.Set("seq", strconv.Itoa(n))
+			meta := map[string]string{"seq": strconv.Itoa(n)}
 			if k < orderedPoisonKeys && n == s.poisonSeq() {
-				m.Metadata.Set("poison", "1")
-				m.Metadata.Set(badHeader, "refused")
+				meta["poison"] = "1"
+				meta[badHeader] = "refused"
 			}
-			if ordered {
-				outbox.SetOrderingKey(m, key)
+			metaJSON, err := json.Marshal(meta)
+			if err != nil {
+				return 0, err
 			}
-			if err := pub.Publish(topic, m); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET metadata = metadata || $1::jsonb, payload = convert_to($2, 'UTF8') WHERE uuid = $3`,
+				string(metaJSON), strconv.Itoa(n), m.UUID); err != nil {
 				return 0, err
 			}
 			wrote++
@@ -411,7 +431,7 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s ordered
 	// messages take ten seconds or more and the faults fall among them.
 	for ctx.Err() == nil {
 		wrote, err := writeTx()
-		if err != nil && !strings.Contains(err.Error(), "deadlock") {
+		if err != nil && !errors.Is(err, errKeyFull) && !strings.Contains(err.Error(), "deadlock") {
 			t.Errorf("writer %d: %v", w, err)
 			return
 		}
