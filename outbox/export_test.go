@@ -18,7 +18,8 @@ func SetListenPing(every, timeout time.Duration) (restore func()) {
 }
 
 // SelectSQL is the statement that locks a relay's batch ($1 batch size, $2
-// the most retried rows, $3 the paused topics).
+// the most retried rows, $3 the paused topics, $4 the window of rows the
+// heads of keys are looked for among).
 func SelectSQL(r *Relay) string { return r.selectSQL }
 
 // FindSQL is the query of FindRows for f: up to limit rows with ids above

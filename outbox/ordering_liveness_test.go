@@ -202,3 +202,54 @@ func uuidsOf(rows []row) []string {
 	}
 	return out
 }
+
+// TestRelayOrderedLongBlockedTailsTakeNoWindow: a batch looks for heads
+// among a window of the oldest rows (a few batches' worth); the rows
+// waiting behind a quarantined row, or behind a head in a paused topic,
+// are not in it however many they are, so the keys after them still go.
+func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const batch = 10 // a window of 40 rows
+		log := newAcceptLog()
+		broker := &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(9, 9)), refuse: func(m *message.Message) error {
+			switch {
+			case m.Metadata.Get("dest") == "down":
+				return errBrokerDown
+			case m.UUID == "Q-001":
+				return outbox.Permanent(errUnpublishable)
+			}
+			return nil
+		}}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: broker, Logger: watermill.NopLogger{},
+			BatchSize: batch, MaxAttempts: 1, ErrorBackoff: time.Minute, MaxErrorBackoff: time.Minute})
+		require.NoError(t, err)
+
+		// Q's first row is quarantined; P's first row is in a topic that
+		// gets paused.
+		down := keyed("P", 1)
+		down.Metadata.Set("dest", "down")
+		b.publish(t, "down", down)
+		b.publish(t, "up", keyed("Q", 1))
+		for range 3 {
+			_, _ = relay.RelayOnce(b.ctx)
+		}
+		p, err := outbox.PendingStats(b.ctx, b.schema())
+		require.NoError(t, err)
+		require.Equal(t, int64(1), p.Quarantined)
+
+		// Ten windows of rows behind each, then J.
+		var tail []*message.Message
+		for seq := 2; seq <= 2+10*4*batch; seq++ {
+			tail = append(tail, keyed("Q", seq), keyed("P", seq))
+		}
+		b.publish(t, "up", tail...)
+		b.publish(t, "up", keyed("J", 1))
+		for range 3 {
+			_, _ = relay.RelayOnce(b.ctx)
+		}
+		require.Equal(t, []int{1}, log.distinct()["J"], "J waits behind the blocked keys' rows")
+		require.Empty(t, log.distinct()["Q"])
+		require.Empty(t, log.distinct()["P"])
+	})
+}

@@ -609,9 +609,9 @@ func TestRelayOrderedSelectPlan(t *testing.T) {
 	// PREPARE outlives the transaction on its server connection (which
 	// PgBouncer in transaction mode gives to other tests): a name of its
 	// own, deallocated after.
-	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch_ordered(int, int, text[]) AS "+outbox.SelectSQL(relay))
+	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch_ordered(int, int, text[], int) AS "+outbox.SelectSQL(relay))
 	require.NoError(t, err)
-	plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch_ordered(100, 50, '{}')")
+	plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch_ordered(100, 50, '{}', 400)")
 	_, err = tx.ExecContext(b.ctx, "DEALLOCATE relay_batch_ordered")
 	require.NoError(t, err)
 	require.NotContains(t, plan, "Seq Scan", plan)

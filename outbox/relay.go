@@ -75,6 +75,17 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// lock before they draw ids (schemaAdapter.insertQuery), so a row
 	// visible here has every earlier row of its key visible too.
 	head := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.id < o.id))`
+	// The heads are looked for among the oldest $4 rows (a window of a few
+	// batches) that could have one: not behind a failed row of their key
+	// (the small index of the failed keyed rows answers it) nor behind a
+	// head in a paused topic. So the rows a batch walks are bounded: the
+	// rows of keys whose head another relay has in flight, and the deep
+	// backlog of a hot key, are passed over at most $4 at a time, and the
+	// rows that wait behind a blocked key (a failed or paused head) are
+	// not in the window at all, whatever their number, so they never keep
+	// the other keys out of it.
+	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
+	notBehindPaused := `(cardinality($3::text[]) = 0 OR ordering_key IS NULL OR coalesce((SELECT e.topic <> ALL($3::text[]) FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.id LIMIT 1), true))`
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
@@ -101,8 +112,11 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		// previous row of the key in the batch) and left as they were.
 		selectSQL: `WITH due AS (
   SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
+), scan AS (
+  SELECT id FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
+  ORDER BY id LIMIT $4
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + head + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE id IN (SELECT id FROM scan) AND failures = 0 AND ` + notPaused + ` AND ` + head + `
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
   SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + `

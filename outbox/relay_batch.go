@@ -43,6 +43,10 @@ type defect struct {
 	err error
 }
 
+// headWindow is how many batches' worth of the oldest rows a batch looks
+// for the heads of keys among (see NewRelay's selectSQL).
+const headWindow = 4
+
 func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 	// Rows that failed before take at most half a batch when enough others
 	// wait; with BatchSize 1, every other batch.
@@ -51,7 +55,7 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		half = int(r.alternate.Add(1) % 2)
 	}
 	paused := r.pauses.active(time.Now())
-	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, half, paused)
+	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, half, paused, headWindow*r.cfg.BatchSize)
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}

@@ -373,10 +373,10 @@ func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 	tx := b.begin(t)
 	_, err = tx.ExecContext(b.ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
 	require.NoError(t, err)
-	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch(int, int, text[]) AS "+outbox.SelectSQL(relay))
+	_, err = tx.ExecContext(b.ctx, "PREPARE relay_batch(int, int, text[], int) AS "+outbox.SelectSQL(relay))
 	require.NoError(t, err)
 	for _, paused := range []string{"{}", "{other}"} {
-		plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '"+paused+"')")
+		plan := testenv.Explain(b.ctx, t, tx, "EXPLAIN EXECUTE relay_batch(100, 50, '"+paused+"', 400)")
 		require.NotContains(t, plan, "Seq Scan", "paused %s:\n%s", paused, plan)
 		require.Contains(t, plan, "_pkey", "paused %s:\n%s", paused, plan)
 	}
