@@ -74,7 +74,12 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// its rows is taken, and it takes no room. Writers of a key take its
 	// lock before they draw ids (schemaAdapter.insertQuery), so a row
 	// visible here has every earlier row of its key visible too.
-	head := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.id < o.id))`
+	// The head test asks for the key's first row (ORDER BY ... LIMIT 1):
+	// in that form the planner takes the ordering_key index even for a
+	// key that has most of the rows, where "NOT EXISTS an earlier row" was
+	// planned as a scan of the table from its start, over every row the
+	// relay had deleted.
+	head := `(ordering_key IS NULL OR (SELECT e.id FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1) = o.id)`
 	// The heads are looked for among the oldest $4 rows (a window of a few
 	// batches) that could have one: not behind a failed row of their key
 	// (the small index of the failed keyed rows answers it) nor behind a
@@ -83,7 +88,10 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// backlog of a hot key, are passed over at most $4 at a time, and the
 	// rows that wait behind a blocked key (a failed or paused head) are
 	// not in the window at all, whatever their number, so they never keep
-	// the other keys out of it.
+	// the other keys out of it. The window's ids (and the followers') are
+	// given to the primary key as an array (= ANY(ARRAY(...))), so that
+	// the plan visits those rows only: as a join, the planner walked the
+	// whole table under the heads' filter.
 	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
 	notBehindPaused := `(cardinality($3::text[]) = 0 OR ordering_key IS NULL OR coalesce((SELECT e.topic <> ALL($3::text[]) FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.id LIMIT 1), true))`
 	return &Relay{
@@ -116,7 +124,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
   SELECT id FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
   ORDER BY id LIMIT $4
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE id IN (SELECT id FROM scan) AND failures = 0 AND ` + notPaused + ` AND ` + head + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE id = ANY(ARRAY(SELECT id FROM scan)) AND failures = 0 AND ` + notPaused + ` AND ` + head + `
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
   SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + `
@@ -133,7 +141,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
   WHERE h.ordering_key IS NOT NULL
   ORDER BY f.id LIMIT (SELECT n FROM room)
 ), follow AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE id IN (SELECT id FROM follow_ids) AND failures = 0 AND ` + notPaused + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE id = ANY(ARRAY(SELECT id FROM follow_ids)) AND failures = 0 AND ` + notPaused + `
   ORDER BY id FOR UPDATE SKIP LOCKED
 ), taken AS (
   SELECT *, coalesce(lag(id) OVER (PARTITION BY ordering_key ORDER BY id), 0) AS prev
