@@ -28,7 +28,9 @@ import (
 type Relay struct {
 	cfg         RelayConfig
 	batchPub    BatchPublisher // cfg.Publisher, when it implements BatchPublisher
-	selectSQL   string
+	selectSQL   string         // a batch when the table has rows with an ordering key
+	plainSQL    string         // a batch when it has none (the probe said so)
+	probeSQL    string         // does the table have a row with an ordering key?
 	deleteSQL   string
 	failSQL     string
 	relayed     atomic.Int64
@@ -80,20 +82,19 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// planned as a scan of the table from its start, over every row the
 	// relay had deleted.
 	head := `(ordering_key IS NULL OR (SELECT e.id FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1) = o.id)`
-	// The heads are looked for among the oldest $4 rows (a window of a few
-	// batches) that could have one: not behind a failed row of their key
+	// The heads are looked for among the oldest rows up to the $4-th row
+	// with a key that could have one: not behind a failed row of its key
 	// (the small index of the failed keyed rows answers it) nor behind a
-	// head in a paused topic. So the rows a batch walks are bounded: the
-	// rows of keys whose head another relay has in flight, and the deep
-	// backlog of a hot key, are passed over at most $4 at a time, and the
-	// rows that wait behind a blocked key (a failed or paused head) are
-	// not in the window at all, whatever their number, so they never keep
-	// the other keys out of it. The window's ids (and the followers') are
-	// given to the primary key as an array (= ANY(ARRAY(...))), so that
-	// the plan visits those rows only: as a join, the planner walked the
-	// whole table under the heads' filter.
+	// head in a paused topic (the scan CTE, on the index of the keyed rows
+	// in id order; no bound when fewer are left). So the rows a batch
+	// walks are bounded: the rows of keys whose head another relay has in
+	// flight, and the deep backlog of a hot key, are passed over at most
+	// $4 at a time, and the rows that wait behind a blocked key do not
+	// count towards the bound (they are walked, an index probe each), so
+	// however many they are they never keep the other keys out.
+	// Rows without a key are taken as before, from the same range of ids.
 	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
-	notBehindPaused := `(cardinality($3::text[]) = 0 OR ordering_key IS NULL OR coalesce((SELECT e.topic <> ALL($3::text[]) FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.id LIMIT 1), true))`
+	notBehindPaused := `(cardinality($3::text[]) = 0 OR ordering_key IS NULL OR coalesce((SELECT e.topic <> ALL($3::text[]) FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1), true))`
 	return &Relay{
 		cfg:      cfg,
 		batchPub: batchPub,
@@ -121,10 +122,13 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		selectSQL: `WITH due AS (
   SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
 ), scan AS (
-  SELECT id FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
+  SELECT id FROM ` + table + ` o WHERE ordering_key IS NOT NULL AND failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
   ORDER BY id LIMIT $4
+), bound AS (
+  SELECT CASE WHEN count(*) < $4 THEN 9223372036854775807 ELSE max(id) END AS id FROM scan
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE id = ANY(ARRAY(SELECT id FROM scan)) AND failures = 0 AND ` + notPaused + ` AND ` + head + `
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + `
+    AND (ordering_key IS NULL OR (id <= (SELECT id FROM bound) AND ` + notBehindFailed + ` AND ` + notBehindPaused + ` AND ` + head + `))
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
   SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + `
@@ -150,6 +154,29 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
   ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
 FROM taken t ORDER BY id`,
+		// Without a row with a key (probeSQL, an index's first entry), the
+		// statement of rows without keys: the oldest rows by the primary
+		// key, as before keys existed, at the same cost. A row with a key
+		// committed after the probe may still come in it: the last step,
+		// the same as selectSQL's, flags it blocked when an earlier row of
+		// its key is outside the batch (another relay has it), so the
+		// order never rests on the probe's timing.
+		plainSQL: `WITH due AS (
+  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
+), fresh AS (
+  SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0 AND ` + notPaused + `
+  ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
+), retry AS (
+  SELECT ` + columns + ` FROM ` + table + ` WHERE ` + retryDue + `
+  ORDER BY id LIMIT $1 - (SELECT count(*) FROM fresh) FOR UPDATE SKIP LOCKED
+), taken AS (
+  SELECT *, coalesce(lag(id) OVER (PARTITION BY ordering_key ORDER BY id), 0) AS prev
+  FROM (SELECT * FROM fresh UNION ALL SELECT * FROM retry) u
+)
+SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
+  ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
+FROM taken t ORDER BY id`,
+		probeSQL:  `SELECT 1 FROM ` + table + ` WHERE ordering_key IS NOT NULL ORDER BY ordering_key, id LIMIT 1`,
 		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		// Each failed row waits out its backoff; a permanent failure counts
 		// towards MaxAttempts ($4); unreadable metadata quarantines at once.

@@ -43,6 +43,20 @@ type defect struct {
 	err error
 }
 
+// hasKeyedRows reports whether the outbox table has a row with an ordering
+// key (the first entry of its ordering_key index).
+func (r *Relay) hasKeyedRows(ctx context.Context, tx wsql.Tx) (bool, error) {
+	rows, err := tx.QueryContext(ctx, r.probeSQL)
+	if err != nil {
+		return false, fmt.Errorf("outbox relay: selecting batch: %w", err)
+	}
+	found := rows.Next()
+	if err := seam.Close(rows); err != nil {
+		return false, fmt.Errorf("outbox relay: selecting batch: %w", err)
+	}
+	return found, nil
+}
+
 // headWindow is how many batches' worth of the oldest rows a batch looks
 // for the heads of keys among (see NewRelay's selectSQL).
 const headWindow = 4
@@ -55,7 +69,16 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		half = int(r.alternate.Add(1) % 2)
 	}
 	paused := r.pauses.active(time.Now())
-	rows, err := tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, half, paused, headWindow*r.cfg.BatchSize)
+	keyed, err := r.hasKeyedRows(ctx, tx)
+	if err != nil {
+		return batch{}, err
+	}
+	var rows wsql.Rows
+	if keyed {
+		rows, err = tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, half, paused, headWindow*r.cfg.BatchSize)
+	} else {
+		rows, err = tx.QueryContext(ctx, r.plainSQL, r.cfg.BatchSize, half, paused)
+	}
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
