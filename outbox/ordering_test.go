@@ -617,5 +617,4 @@ func TestRelayOrderedSelectPlan(t *testing.T) {
 	require.NotContains(t, plan, "Seq Scan", plan)
 	require.Contains(t, plan, "_pkey", plan)
 	require.Contains(t, plan, "Index Only Scan using "+b.tables.WithDefaults().OutboxTable+"_ordering_key on", plan)
-	require.Contains(t, plan, "using "+b.tables.WithDefaults().OutboxTable+"_keyed on", plan, "the window of keyed rows, in id order")
 }

@@ -82,17 +82,20 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// planned as a scan of the table from its start, over every row the
 	// relay had deleted.
 	head := `(ordering_key IS NULL OR (SELECT e.id FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1) = o.id)`
-	// The heads are looked for among the oldest rows up to the $4-th row
-	// with a key that could have one: not behind a failed row of its key
+	// The heads are looked for among the oldest $4 rows (a window of a few
+	// batches) that could have one: not behind a failed row of their key
 	// (the small index of the failed keyed rows answers it) nor behind a
-	// head in a paused topic (the scan CTE, on the index of the keyed rows
-	// in id order; no bound when fewer are left). So the rows a batch
-	// walks are bounded: the rows of keys whose head another relay has in
-	// flight, and the deep backlog of a hot key, are passed over at most
-	// $4 at a time, and the rows that wait behind a blocked key do not
-	// count towards the bound (they are walked, an index probe each), so
-	// however many they are they never keep the other keys out.
-	// Rows without a key are taken as before, from the same range of ids.
+	// head in a paused topic. So the rows a batch walks are bounded: the
+	// rows of keys whose head another relay has in flight, and the deep
+	// backlog of a hot key, are passed over at most $4 at a time, and the
+	// rows that wait behind a blocked key (a failed or paused head) are
+	// not in the window at all, whatever their number, so they never keep
+	// the other keys out of it. The window's ids (and the followers') are
+	// given to the primary key as an array (= ANY(ARRAY(...))), so that
+	// the plan visits those rows only: as a join, the planner walked the
+	// whole table under the heads' filter; with the window's last id as a
+	// bound instead, the workers that found every head in flight walked
+	// the rest of the table.
 	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
 	notBehindPaused := `(cardinality($3::text[]) = 0 OR ordering_key IS NULL OR coalesce((SELECT e.topic <> ALL($3::text[]) FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1), true))`
 	return &Relay{
@@ -122,13 +125,10 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		selectSQL: `WITH due AS (
   SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
 ), scan AS (
-  SELECT id FROM ` + table + ` o WHERE ordering_key IS NOT NULL AND failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
+  SELECT id FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
   ORDER BY id LIMIT $4
-), bound AS (
-  SELECT CASE WHEN count(*) < $4 THEN 9223372036854775807 ELSE max(id) END AS id FROM scan
 ), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + `
-    AND (ordering_key IS NULL OR (id <= (SELECT id FROM bound) AND ` + notBehindFailed + ` AND ` + notBehindPaused + ` AND ` + head + `))
+  SELECT ` + columns + ` FROM ` + table + ` o WHERE id = ANY(ARRAY(SELECT id FROM scan)) AND failures = 0 AND ` + notPaused + ` AND ` + head + `
   ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
 ), retry AS (
   SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + `

@@ -46,7 +46,6 @@ func ExampleSQL() {
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_uuid" ON "billing"."outbox" (uuid) WHERE quarantined_at IS NOT NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_metadata" ON "billing"."outbox" USING gin (metadata jsonb_path_ops) WHERE quarantined_at IS NOT NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_ordering_key" ON "billing"."outbox" (ordering_key, id) WHERE ordering_key IS NOT NULL;
-	// CREATE INDEX IF NOT EXISTS "outbox_keyed" ON "billing"."outbox" (id) WHERE ordering_key IS NOT NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_ordering_key_failed" ON "billing"."outbox" (ordering_key, id) WHERE ordering_key IS NOT NULL AND failures > 0;
 }
 

@@ -10,10 +10,6 @@ ALTER TABLE {{.Outbox}} ADD COLUMN IF NOT EXISTS ordering_key text;
 -- walks for a batch (only a key's first row left, its head, is taken), and
 -- takes the rows right after the heads from it.
 CREATE INDEX IF NOT EXISTS {{.OutboxIndex "ordering_key"}} ON {{.Outbox}} (ordering_key, id) WHERE ordering_key IS NOT NULL;
--- The rows with a key in id order: the window of the oldest rows a batch
--- looks for the keys' heads among, found without walking the rows that have
--- no key.
-CREATE INDEX IF NOT EXISTS {{.OutboxIndex "keyed"}} ON {{.Outbox}} (id) WHERE ordering_key IS NOT NULL;
 -- The keys blocked by a failing or quarantined row, and the first such row
 -- of each (outbox.PendingStats): few entries, the failed rows that have a
 -- key.
