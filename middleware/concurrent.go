@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/fanin"
 )
 
 // ConcurrentSubscriber returns a message.Subscriber that, for each
@@ -57,25 +59,7 @@ func (c *concurrentSubscriber) Subscribe(ctx context.Context, topic string) (<-c
 		}
 		chans = append(chans, ch)
 	}
-	out := make(chan *message.Message)
-	var wg sync.WaitGroup
-	for _, ch := range chans {
-		wg.Go(func() {
-			for msg := range ch {
-				select {
-				case out <- msg:
-				case <-ctx.Done():
-					msg.Nack()
-				}
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		cancel()
-		close(out)
-	}()
-	return out, nil
+	return fanin.Merge(ctx, cancel, chans), nil
 }
 
 func (c *concurrentSubscriber) Close() error {

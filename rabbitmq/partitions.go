@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/fanin"
 )
 
 // Partitioned topics: per-key order on the consumer's side, with
@@ -176,25 +178,7 @@ func (s *partitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 		}
 		chans = append(chans, ch)
 	}
-	out := make(chan *message.Message)
-	var wg sync.WaitGroup
-	for _, ch := range chans {
-		wg.Go(func() {
-			for msg := range ch {
-				select {
-				case out <- msg:
-				case <-ctx.Done():
-					msg.Nack()
-				}
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		cancel()
-		close(out)
-	}()
-	return out, nil
+	return fanin.Merge(ctx, cancel, chans), nil
 }
 
 func (s *partitionedSubscriber) Close() error {

@@ -242,34 +242,7 @@ func runOrderedRouter(ctx context.Context, amqpURL, dest string, ordered bool, d
 	if ordered {
 		s = rabbitmq.PartitionedSubscriber(sub, orderedPartitions)
 	}
-	defer func() { _ = s.Close() }()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	router.AddConsumerHandler(consumerName, dest, s, d.wrap(h))
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- router.Run(rctx) }()
-	var err2 error
-	select {
-	case <-d.done:
-	case err := <-runErr:
-		return fmt.Errorf("router stopped early: %w", err)
-	case <-time.After(timeout):
-		err2 = fmt.Errorf("only %d of %d messages handled (%d handler errors, last %v) within %s", d.ok.Load(), d.n, d.bad.Load(), d.lastErr.Load(), timeout)
-	case <-ctx.Done():
-		err2 = ctx.Err()
-	}
-	cancel()
-	if err := router.Close(); err != nil && err2 == nil {
-		err2 = err
-	}
-	if err := <-runErr; err != nil && err2 == nil {
-		err2 = err
-	}
-	return err2
+	return runRouterOn(ctx, s, dest, d, h, timeout)
 }
 
 // bareDrain times a bare amqp091 consumer (no Watermill, no database, an ack

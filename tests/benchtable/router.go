@@ -185,13 +185,18 @@ func runRouter(ctx context.Context, amqpURL, queue string, inflight, prefetch in
 	if err != nil {
 		return err
 	}
-	csub := exactlyonce.ConcurrentSubscriber(sub, inflight)
-	defer func() { _ = csub.Close() }()
+	return runRouterOn(ctx, exactlyonce.ConcurrentSubscriber(sub, inflight), queue, d, h, timeout)
+}
+
+// runRouterOn registers handler on a fresh router consuming queue through
+// s, runs it until d is done (or timeout), stops it and closes s.
+func runRouterOn(ctx context.Context, s message.Subscriber, queue string, d *drain, h message.HandlerFunc, timeout time.Duration) error {
+	defer func() { _ = s.Close() }()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return err
 	}
-	router.AddConsumerHandler(consumerName, queue, csub, d.wrap(h))
+	router.AddConsumerHandler(consumerName, queue, s, d.wrap(h))
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
