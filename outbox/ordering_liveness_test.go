@@ -75,7 +75,6 @@ type blockingBroker struct {
 	log      *acceptLog
 	entered  chan struct{}
 	release  chan struct{}
-	once     sync.Once
 	enteredO sync.Once
 }
 

@@ -238,7 +238,7 @@ func runOrderedRouter(ctx context.Context, amqpURL, dest string, ordered bool, d
 	if err != nil {
 		return err
 	}
-	var s message.Subscriber = exactlyonce.ConcurrentSubscriber(sub, orderedPartitions)
+	s := exactlyonce.ConcurrentSubscriber(sub, orderedPartitions)
 	if ordered {
 		s = rabbitmq.PartitionedSubscriber(sub, orderedPartitions)
 	}

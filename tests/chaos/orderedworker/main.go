@@ -130,7 +130,7 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 			time.Sleep(200 * time.Millisecond) // the proxy refuses: wait for it
 			continue
 		}
-		var subscriber message.Subscriber = exactlyonce.ConcurrentSubscriber(sub, 8)
+		subscriber := exactlyonce.ConcurrentSubscriber(sub, 8)
 		if partitions > 0 {
 			subscriber = rabbitmq.PartitionedSubscriber(sub, partitions)
 		}
