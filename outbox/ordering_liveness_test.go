@@ -154,7 +154,9 @@ func TestOrderingKeySequenceCache(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn := func() *pgx.Conn {
-		c, err := pgx.Connect(ctx, testenv.DatabaseURL())
+		// Two sessions of PostgreSQL's own (PgBouncer in transaction
+		// pooling may give both the same server session, and one cache).
+		c, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		return c

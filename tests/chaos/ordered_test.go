@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -375,7 +376,9 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s ordered
 		for range 1 + rng.IntN(3) {
 			k := rng.IntN(s.keys)
 			key := fmt.Sprintf("k%03d", k)
-			if testenv.Count(t, db.Conn, `SELECT n FROM `+counters+` WHERE k = $1`, key) >= int64(s.perKey) {
+			if n, err := countIn(ctx, tx, `SELECT n FROM `+counters+` WHERE k = $1`, key); err != nil {
+				return 0, err
+			} else if n >= s.perKey {
 				continue
 			}
 			// The message first, its sequence number after: only the
@@ -440,4 +443,20 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s ordered
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// countIn reads one integer through tx (0 when no row).
+func countIn(ctx context.Context, tx wsql.Tx, q string, args ...any) (int, error) {
+	rs, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	if rs.Next() {
+		if err := rs.Scan(&n); err != nil {
+			_ = rs.Close()
+			return 0, err
+		}
+	}
+	return n, seam.Close(rs)
 }
