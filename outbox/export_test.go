@@ -37,3 +37,7 @@ const MatchingBatch = matchingBatch
 
 // LockClass is the first value of the advisory locks of db's ordering keys.
 func LockClass(db sqlschema.DB) int32 { return lockClass(db.WithDefaults().Outbox()) }
+
+// PlainSQL is the batch statement of a table without keyed rows ($1 batch
+// size, $2 the most retried rows, $3 the paused topics).
+func PlainSQL(r *Relay) string { return r.plainSQL }

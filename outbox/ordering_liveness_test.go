@@ -254,3 +254,43 @@ func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 		require.Empty(t, log.distinct()["P"])
 	})
 }
+
+// TestRelayPlainStatementFlagsAKeysLaterRow: the statement for a table
+// that had no keyed row when the batch probed it takes rows in id order
+// without looking for heads. A keyed row committed after the probe, whose
+// key's earlier row another relay has in flight, must still not go: its
+// last step flags it blocked. The order does not rest on the probe's
+// timing.
+func TestRelayPlainStatementFlagsAKeysLaterRow(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.publish(t, "orders", keyed("K", 1), keyed("K", 2))
+		other := b.begin(t) // another relay's batch holds K-001
+		_, err := other.ExecContext(b.ctx, "SELECT id FROM "+b.tables.Outbox()+" WHERE uuid = 'K-001' FOR UPDATE")
+		require.NoError(t, err)
+
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: &recorder{}, Logger: watermill.NopLogger{}})
+		require.NoError(t, err)
+		tx := b.begin(t)
+		rows, err := tx.QueryContext(b.ctx, outbox.PlainSQL(relay), 100, 50, []string{})
+		require.NoError(t, err)
+		got := map[string]bool{}
+		for rows.Next() {
+			var (
+				id          int64
+				topic, uuid string
+				payload     []byte
+				meta        string
+				retry       bool
+				key         *string
+				blockedFlag bool
+			)
+			require.NoError(t, rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry, &key, &blockedFlag))
+			got[uuid] = blockedFlag
+		}
+		require.NoError(t, rows.Close())
+		require.Equal(t, map[string]bool{"K-002": true}, got, "K-001 is locked elsewhere (skipped); K-002 must come flagged blocked")
+		require.NoError(t, tx.Rollback())
+		require.NoError(t, other.Rollback())
+	})
+}

@@ -28,7 +28,7 @@ func (s schemaAdapter) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, e
 }
 
 // insertQuery is the INSERT of params' messages. With lock (the sorted
-// hashes of ordering keys, see lockOrderingKeys), the statement first takes
+// hashes of ordering keys, see lockHashes), the statement first takes
 // the transaction-level advisory lock of each, in that order, and only then
 // draws the rows' ids: the locks are a one-time filter of the plan (an
 // InitPlan), evaluated before the first row, and the id default is computed
