@@ -25,15 +25,25 @@ const uniqueViolation = "23505"
 // Claimed false with the existing record and a nil tx. conn is never left in
 // a transaction by an error.
 //
-// consumer and key are sent as quoted literals (the INSERT cannot take
-// parameters in a multi-statement query); ValidateKey guarantees they are
-// valid UTF-8 without NUL, and conn must use standard_conforming_strings=on
-// and UTF8 client encoding (PostgreSQL's defaults; checked).
+// consumer and key are sent as quoted literals (a multi-statement query
+// takes no parameters); ValidateKey guarantees they are valid UTF-8
+// without NUL, and conn must use standard_conforming_strings=on and UTF8
+// client encoding (PostgreSQL's defaults; checked).
 //
-// It keeps nothing in the database session (no prepared statement, no
-// setting) and makes one round trip for a claim, so it works through
-// PgBouncer in transaction pooling, where consecutive round trips outside a
-// transaction may run on different server connections.
+// On a connection whose pgx DefaultQueryExecMode is cache_statement (pgx's
+// default, which keeps statements in the session: a direct connection,
+// session pooling), the INSERT is a statement prepared once per session
+// with SQL-level PREPARE (a round trip at the connection's first claim),
+// and a claim is "BEGIN; EXECUTE <statement>('consumer', 'key')": neither
+// parsed nor planned again. With any other exec mode (exec, which
+// docs/pgbouncer.md asks for behind PgBouncer's transaction pooling), or
+// with Config.LiteralClaim, it is "BEGIN; INSERT ... VALUES ('consumer',
+// 'key', ...)": nothing kept in the session, so it works where
+// consecutive round trips outside a transaction may run on different
+// server connections. A prepared statement found missing from the session
+// (26000), or a name found taken (42P05), turns the Store to the literal
+// INSERT for good (Config.OnLiteralClaim); that claim is rolled back and
+// made again. See preparedClaim.
 //
 // On the partitioned layout it makes two (see beginClaimPgxPartitioned),
 // and claims again in a new transaction after ErrPartitionsChanged.
@@ -52,10 +62,22 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	if s.part != nil {
 		return s.beginClaimPgxPartitioned(ctx, conn, consumer, key, qc, qk)
 	}
+	prepared, err := s.prep.use(ctx, conn)
+	if err != nil {
+		return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
+	}
 	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
 	// query with a unique violation, and the transaction with it.
-	begin := `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +
-		qc + `', '` + qk + `', 'done', 1, now())`
+	literal := func() string {
+		return `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +
+			qc + `', '` + qk + `', 'done', 1, now())`
+	}
+	var begin string
+	if prepared {
+		begin = s.prep.executeQuery(qc, qk)
+	} else {
+		begin = literal()
+	}
 
 	for attempt := 0; attempt < 4; attempt++ {
 		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
@@ -67,6 +89,12 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
 				return nil, ClaimResult{}, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
 			}
+		}
+		if prepared && s.prep.missing(err) {
+			// Nothing was written (the EXECUTE failed): claim again, with
+			// the literal INSERT.
+			prepared, begin = false, literal()
+			continue
 		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
@@ -16,14 +15,15 @@ import (
 )
 
 // BenchmarkBeginClaimPgx claims new keys one after the other on one
-// connection straight to PostgreSQL, with two implementations side by side:
+// connection straight to PostgreSQL (pgx's default exec mode,
+// cache_statement), with Store.BeginClaimPgx's two claims side by side:
 //
-//   - literal: Store.BeginClaimPgx, "BEGIN; INSERT ... VALUES ('consumer',
-//     'key', ...)", parsed and planned on every claim;
-//   - prepared: the fast path before issue 8 (reimplemented below),
-//     "BEGIN; EXECUTE stmt('consumer', 'key')" with the INSERT prepared
-//     once per session by SQL-level PREPARE, which PgBouncer's transaction
-//     pooling breaks.
+//   - prepared: "BEGIN; EXECUTE stmt('consumer', 'key')", the INSERT
+//     prepared once per session by SQL-level PREPARE (the default on a
+//     cache_statement connection);
+//   - literal: "BEGIN; INSERT ... VALUES ('consumer', 'key', ...)", parsed
+//     and planned on every claim (Config.LiteralClaim, and any other exec
+//     mode: what PgBouncer's transaction pooling gets).
 //
 // Every iteration makes one claim with each, in alternating order, each
 // followed by ROLLBACK (the claim's cost alone, no WAL flush) or COMMIT
@@ -31,24 +31,27 @@ import (
 // load) hits both alike. It reports each one's mean µs per claim (claim and
 // end of transaction) and ratio = literal / prepared; ns/op covers both.
 //
-//	go test -run '^$' -bench BenchmarkBeginClaimPgx -benchtime 2000x -count 5 ./inbox/
+//	go test -run '^$' -bench BenchmarkBeginClaimPgx -benchtime 2000x -count 5 ./internal/inboxdb/
 func BenchmarkBeginClaimPgx(b *testing.B) {
 	tables := testenv.Schema(b)
-	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
-	require.NoError(b, err)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = conn.Close(ctx) })
-	prepared := &prepareExecuteClaim{table: store.Table(), stmt: "bench_claim"}
-	literal := func(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, error) {
-		tx, res, err := store.BeginClaimPgx(ctx, conn, consumer, key)
-		if err == nil && !res.Claimed {
-			err = errors.New("not claimed")
+	require.Equal(b, pgx.QueryExecModeCacheStatement, conn.Config().DefaultQueryExecMode)
+	claim := func(literal bool) func(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, error) {
+		store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables, LiteralClaim: literal,
+			OnLiteralClaim: func(err error) { b.Errorf("the prepared claim was turned off: %v", err) }})
+		require.NoError(b, err)
+		return func(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, error) {
+			tx, res, err := store.BeginClaimPgx(ctx, conn, consumer, key)
+			if err == nil && !res.Claimed {
+				err = errors.New("not claimed")
+			}
+			return tx, err
 		}
-		return tx, err
 	}
-	variants := []func(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, error){prepared.begin, literal}
+	variants := []func(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, error){claim(false), claim(true)}
 
 	run := 0
 	for _, end := range []string{"rollback", "commit"} {
@@ -81,43 +84,4 @@ func BenchmarkBeginClaimPgx(b *testing.B) {
 			b.ReportMetric(spent[1].Seconds()/spent[0].Seconds(), "ratio")
 		})
 	}
-}
-
-// prepareExecuteClaim is the claim of the pgx fast path before issue 8
-// (new keys only): the INSERT is a SQL-level prepared statement of the
-// session, created when EXECUTE reports that it does not exist.
-type prepareExecuteClaim struct {
-	table, stmt string
-}
-
-func (p *prepareExecuteClaim) begin(ctx context.Context, conn *pgx.Conn, consumer, key string) (pgx.Tx, error) {
-	qc, err := conn.PgConn().EscapeString(consumer)
-	if err != nil {
-		return nil, err
-	}
-	qk, err := conn.PgConn().EscapeString(key)
-	if err != nil {
-		return nil, err
-	}
-	begin := `BEGIN; EXECUTE ` + p.stmt + `('` + qc + `', '` + qk + `')`
-	for attempt := 0; attempt < 2; attempt++ {
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
-		if err == nil {
-			return tx, nil
-		}
-		if conn.PgConn().TxStatus() != 'I' {
-			if _, rbErr := conn.Exec(ctx, "ROLLBACK"); rbErr != nil {
-				return nil, rbErr
-			}
-		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "26000" { // no such prepared statement
-			return nil, err
-		}
-		if _, err := conn.Exec(ctx, `PREPARE `+p.stmt+` (text, text) AS INSERT INTO `+p.table+
-			` (consumer, message_key, status, attempts, processed_at) VALUES ($1, $2, 'done', 1, now())`); err != nil {
-			return nil, err
-		}
-	}
-	return nil, errors.New("the prepared statement kept disappearing")
 }

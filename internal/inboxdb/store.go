@@ -30,6 +30,20 @@ type Config struct {
 	// keys are rejected with ErrKeyTooLong. Consider a SHA-256 key strategy
 	// for long natural keys. Defaults to 1024; at most 2048.
 	MaxKeyLength int
+
+	// LiteralClaim makes BeginClaimPgx send the claim's INSERT with the
+	// consumer and key as literals, parsed and planned on every claim,
+	// also on connections whose pgx exec mode is cache_statement, where it
+	// would otherwise use a statement it prepares once per session. See
+	// BeginClaimPgx.
+	LiteralClaim bool
+
+	// OnLiteralClaim, when set, is called once, with the error that showed
+	// it, when the Store stops using its prepared claim for good: the
+	// statement a connection prepared was not in the session its next
+	// claim ran in, or its name was taken (a connection pooler). Not
+	// called for LiteralClaim.
+	OnLiteralClaim func(cause error)
 }
 
 // WithDefaults returns a copy of c with empty fields set to their defaults.
@@ -59,6 +73,7 @@ type Store struct {
 	table  string
 	parked string          // the table of parked messages
 	part   *partitionState // nil: the plain layout
+	prep   *preparedClaim  // the pgx fast path's prepared INSERT
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -70,6 +85,7 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, table: cfg.Tables.Inbox(),
 		parked: pgx.Identifier{cfg.Tables.Schema, cfg.Tables.InboxTable + "_parked"}.Sanitize()}
+	s.prep = newPreparedClaim(s.table, cfg)
 	if p := cfg.Tables.Partitions; p != nil {
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
 			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
