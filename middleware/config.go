@@ -93,6 +93,21 @@ type Config struct {
 	// with Lease. Defaults to false: fail closed (nack and retry later).
 	FailOpen bool
 
+	// LiteralClaim makes the pgx fast path (DB.Conn is
+	// wsql.BeginnerFromPgx(pool)) claim with an INSERT whose consumer and
+	// key are literals, parsed and planned on every claim, on every
+	// connection. By default a pool whose pgx exec mode is cache_statement
+	// (pgx's default) claims with a statement prepared once per connection
+	// (SQL-level PREPARE, about 10% less database time per claim), and any
+	// other mode (exec, which docs/pgbouncer.md asks for behind PgBouncer)
+	// with the literal INSERT. Set it when a pooler between the pool and
+	// PostgreSQL keeps pgx's protocol-level statements but not SQL-level
+	// ones (PgBouncer 1.21+ with max_prepared_statements): without it the
+	// first claim that finds its statement missing is made again with the
+	// literal INSERT, which the middleware then uses for good, and logs
+	// once (info). Defaults to false.
+	LiteralClaim bool
+
 	// NackDelay is how long the middleware waits before returning the
 	// error of a delivery that a retry at once would not fix (the database
 	// unavailable or the tables not migrated, a rejected key, a held lease,

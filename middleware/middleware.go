@@ -61,7 +61,8 @@ func New(cfg Config) (*Middleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	store, err := inboxdb.NewStore(inboxdb.Config{Tables: cfg.DB, MaxKeyLength: cfg.MaxKeyLength})
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: cfg.DB, MaxKeyLength: cfg.MaxKeyLength,
+		LiteralClaim: cfg.LiteralClaim, OnLiteralClaim: literalClaimLogger(cfg.Logger)})
 	if err != nil {
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}

@@ -175,6 +175,17 @@ func (m *Middleware) beginClaimOnce(ctx context.Context, consumer, key string) (
 	return tx, claim, nil
 }
 
+// literalClaimLogger logs, once per middleware, that its claims no longer
+// use the prepared statement (inboxdb.Config.OnLiteralClaim).
+func literalClaimLogger(logger watermill.LoggerAdapter) func(error) {
+	return func(cause error) {
+		logger.Info("exactlyonce: the claim's prepared statement was not in the database session its connection prepared it in "+
+			"(a connection pooler in transaction pooling?): claims send the INSERT as literals from now on; "+
+			"behind PgBouncer set default_query_exec_mode=exec on the pool (docs/pgbouncer.md), or Config.LiteralClaim",
+			watermill.LogFields{"err": cause.Error()})
+	}
+}
+
 // refusalCause says why the server refused a COMMIT (pgerr.CommitRefused),
 // for the error the delivery is nacked with.
 func refusalCause(err error) string {
