@@ -13,6 +13,7 @@ import (
 	"strings"
 	"text/template"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
@@ -185,6 +186,9 @@ CREATE TABLE IF NOT EXISTS %s (
 		return fmt.Errorf("sqlschema: Migrate: %w", err)
 	}
 	if layout, ok := cfg.partitionLayout(); ok {
+		if err = ensureClaimFunctions(ctx, tx, cfg, migs); err != nil {
+			return fmt.Errorf("sqlschema: Migrate: %w", err)
+		}
 		if _, err = layout.Ensure(ctx, tx); err != nil {
 			return fmt.Errorf("sqlschema: Migrate: %w", err)
 		}
@@ -193,6 +197,37 @@ CREATE TABLE IF NOT EXISTS %s (
 		return fmt.Errorf("sqlschema: Migrate: commit: %w", err)
 	}
 	return nil
+}
+
+// claimFunctionsMigration creates the partitioned layout's claim functions
+// (<table>_claim, <table>_claim_batch, <table>_duplicate).
+const claimFunctionsMigration = "inbox_008_partitioned_claim_functions.up.sql"
+
+// ensureClaimFunctions creates the partitioned layout's claim functions
+// when they are missing although their migration was recorded for this
+// table name: a partitioned table renamed into place (docs/retention.md,
+// moving an existing table), whose functions were created under its former
+// name (and name that table in their bodies), or a table dropped and
+// created again. The migration is idempotent (CREATE OR REPLACE).
+func ensureClaimFunctions(ctx context.Context, tx wsql.ContextExecutor, cfg DB, migs []migration) error {
+	var missing bool
+	fn := templateData{cfg: cfg}.InboxFunction
+	if err := seam.QueryRow(ctx, tx, `SELECT to_regprocedure($1) IS NULL OR to_regprocedure($2) IS NULL OR to_regprocedure($3) IS NULL`,
+		[]any{fn("claim") + "(text, text, boolean)", fn("claim_batch") + "(text, text[])", fn("duplicate") + "(text, text)"}, &missing); err != nil {
+		return fmt.Errorf("looking for the claim functions: %w", err)
+	}
+	if !missing {
+		return nil
+	}
+	for _, m := range migs {
+		if m.Target == "inbox" && m.Name == claimFunctionsMigration {
+			if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+				return fmt.Errorf("creating the claim functions: %w", err)
+			}
+			return nil
+		}
+	}
+	return errors.New("the migration " + claimFunctionsMigration + " is missing")
 }
 
 // partitionLayout is the partition manager's view of a partitioned inbox
@@ -247,6 +282,23 @@ func (d templateData) Outbox() string { return d.cfg.Outbox() }
 func (d templateData) InboxIndex(suffix string) string {
 	return pgx.Identifier{d.cfg.InboxTable + "_" + suffix}.Sanitize()
 }
+
+// InboxFunction names a function that belongs to the inbox table,
+// schema-qualified (<table>_<suffix>, in the table's schema).
+func (d templateData) InboxFunction(suffix string) string {
+	return pgx.Identifier{d.cfg.Schema, d.cfg.InboxTable + "_" + suffix}.Sanitize()
+}
+
+// LockKey is the SQL expression of the advisory lock key of (consumer, key)
+// of the partitioned inbox, as every claim takes it (inboxpart.LockKey).
+func (d templateData) LockKey(consumer, key string) string {
+	return inboxpart.LockKey(d.cfg.Inbox(), consumer, key)
+}
+
+// IsolationMarker and DuplicateMarker start the messages of the errors the
+// partitioned layout's claim functions raise (inboxpart).
+func (d templateData) IsolationMarker() string { return inboxpart.IsolationMarker }
+func (d templateData) DuplicateMarker() string { return inboxpart.DuplicateMarker }
 
 // OutboxIndex names an index of the outbox table.
 func (d templateData) OutboxIndex(suffix string) string {

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
@@ -64,4 +65,72 @@ func TestPartitioningValidate(t *testing.T) {
 	}
 	d := sqlschema.DB{Partitions: &sqlschema.Partitioning{}}.WithDefaults()
 	require.Equal(t, sqlschema.Partitioning{Interval: sqlschema.Daily, Ahead: 3}, *d.Partitions)
+}
+
+// A partitioned inbox migrated before inbox_008 (the claim functions) is
+// upgraded in place: Migrate records version 8 and creates the functions,
+// which see the records already there (a key recorded before the upgrade is
+// a duplicate). A table renamed into place (its functions were created
+// under its former name) gets them at the next Migrate, although version 8
+// is recorded for its name: Migrate creates them when they are missing.
+func TestMigrateUpgradesPartitionedInboxToClaimFunctions(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB), Partitions: &sqlschema.Partitioning{}}
+		migs := scriptMigrations(t, cfg)
+		fn := pgx.Identifier{cfg.Schema, "watermill_inbox_claim"}.Sanitize()
+		claim := func(key string) string {
+			tx, err := d.DB.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback() }()
+			got := queryStrings(t, tx, "SELECT "+fn+"('c', $1, false)::text", key)
+			require.NoError(t, tx.Commit())
+			return got[0]
+		}
+
+		// What Migrate did when the inbox's last migration was inbox_007.
+		_, err := d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
+CREATE TABLE `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+` (
+    target text NOT NULL, version integer NOT NULL, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version))`)
+		require.NoError(t, err)
+		for _, m := range migs {
+			if m.Target == "inbox" && m.Version >= 8 {
+				continue
+			}
+			_, err := d.DB.ExecContext(ctx, m.SQL)
+			require.NoError(t, err, m.Name)
+			target := "inbox:" + defaultInboxTable
+			if m.Target == "outbox" {
+				target = "outbox:" + defaultOutboxTable
+			}
+			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+
+				` (target, version, name) VALUES ($1, $2, $3)`, target, m.Version, m.Name)
+			require.NoError(t, err)
+		}
+		part := pgx.Identifier{cfg.Schema, "watermill_inbox_old"}.Sanitize()
+		_, err = d.DB.ExecContext(ctx, `CREATE TABLE `+part+` (LIKE `+cfg.Inbox()+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE `+cfg.Inbox()+` ATTACH PARTITION `+part+` FOR VALUES FROM ('2001-01-01 00:00+00') TO ('2001-01-02 00:00+00');
+INSERT INTO `+cfg.Inbox()+` (consumer, message_key, partition_at) VALUES ('c', 'before', '2001-01-01 12:00+00')`)
+		require.NoError(t, err)
+		require.ErrorIs(t, sqlschema.Check(ctx, cfg), sqlschema.ErrNotMigrated)
+		require.Equal(t, []string{"false"}, queryStrings(t, d.DB, "SELECT (to_regprocedure($1) IS NOT NULL)::text", fn+"(text, text, boolean)"))
+
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
+		require.NoError(t, sqlschema.Check(ctx, cfg))
+		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+		require.Equal(t, "false", claim("before"), "a key recorded before the upgrade, in an old partition, is a duplicate")
+		require.Equal(t, "true", claim("after"))
+		require.Equal(t, "false", claim("after"))
+		require.Equal(t, []string{"1"}, queryStrings(t, d.DB, "SELECT count(*)::text FROM "+cfg.Inbox()+" WHERE message_key = 'after'"))
+
+		// The functions gone (a table renamed into place): Migrate, with
+		// nothing left to apply, creates them again.
+		_, err = d.DB.ExecContext(ctx, "DROP FUNCTION "+fn+"(text, text, boolean)")
+		require.NoError(t, err)
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
+		require.Equal(t, "false", claim("after"))
+		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
+	})
 }

@@ -168,3 +168,26 @@ func (l Layout) Ensure(ctx context.Context, tx wsql.ContextExecutor) ([]string, 
 func Literal(t time.Time) string {
 	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
 }
+
+// LockKey is the SQL expression of the advisory lock key of (consumer, key)
+// in the partitioned inbox table (quoted, schema-qualified, as
+// sqlschema.DB.Inbox returns it), given as SQL expressions of type text: a
+// 64-bit hash of the table, the consumer and the key, unambiguous because
+// the consumer's length comes first. Every statement that may create a
+// record of a key takes this lock first: the claims built by inboxdb and
+// the claim functions a migration creates (sqlschema) share this one
+// definition, so that they exclude each other.
+func LockKey(table, consumer, key string) string {
+	return `hashtextextended('` + table + `/' || length(` + consumer + `)::text || '/' || ` + consumer + ` || '/' || ` + key + `, 0)`
+}
+
+// IsolationMarker starts the text of the error a claim on the partitioned
+// layout raises outside READ COMMITTED (inboxdb turns it into
+// ErrNeedsReadCommitted); the isolation level follows it.
+const IsolationMarker = "watermill-exactlyonce: the partitioned inbox needs READ COMMITTED; this transaction is"
+
+// DuplicateMarker is the text of the error the raising claim function
+// (sqlschema's <table>_claim with raise true) raises, with SQLSTATE 23505,
+// when the key already has a record: the pgx fast path's BEGIN query then
+// fails, as the plain layout's INSERT does for a duplicate.
+const DuplicateMarker = "watermill-exactlyonce: the key already has a record"
