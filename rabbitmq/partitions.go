@@ -147,7 +147,14 @@ func (p *Publisher) queueArguments(queue string) amqp091.Table {
 //
 // Prefetch 1 matters: a message nacked with requeue goes back to the head
 // of its queue, but messages the broker already sent to the subscriber
-// would be handled before it comes back. n must equal the Partitions of
+// would be handled before it comes back. With this package's Subscriber
+// both are taken care of: each partition is consumed with a prefetch of 1
+// and declared with PartitionQueueArguments, whatever its config says:
+//
+//	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL})
+//	...
+//	router.AddConsumerHandler("ship-order", "orders", rabbitmq.PartitionedSubscriber(sub, 8), handler)
+// n must equal the Partitions of
 // the topic in the publisher. Closing the returned subscriber closes sub.
 // When ctx ends, deliveries taken but not handed over are nacked.
 func PartitionedSubscriber(sub message.Subscriber, n int) message.Subscriber {
@@ -170,8 +177,17 @@ func (s *partitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	chans := make([]<-chan *message.Message, 0, s.n)
+	own, _ := s.sub.(*Subscriber)
 	for i := range s.n {
-		ch, err := s.sub.Subscribe(ctx, PartitionQueue(topic, i))
+		var ch <-chan *message.Message
+		var err error
+		if own != nil {
+			// One delivery in flight per partition, and the queue
+			// declared as Publisher declares partitions.
+			ch, err = own.subscribe(ctx, PartitionQueue(topic, i), 1, PartitionQueueArguments())
+		} else {
+			ch, err = s.sub.Subscribe(ctx, PartitionQueue(topic, i))
+		}
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("rabbitmq: PartitionedSubscriber: partition %d of %d of %q: %w", i, s.n, topic, err)

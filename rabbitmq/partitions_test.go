@@ -120,8 +120,23 @@ func TestPublisherPartitionsByKey(t *testing.T) {
 // TestPartitionedSubscriberKeepsKeyOrder: a handler registered with
 // PartitionedSubscriber, failing a third of its deliveries at random (the
 // router nacks, the message is redelivered), handles each key's messages
-// in order, while partitions run concurrently.
+// in order, while partitions run concurrently: over watermill-amqp's
+// subscriber with prefetch 1, and over this package's Subscriber, whose
+// Prefetch of 64 PartitionedSubscriber must override with 1 per partition.
 func TestPartitionedSubscriberKeepsKeyOrder(t *testing.T) {
+	t.Run("watermill-amqp", func(t *testing.T) {
+		sub, err := wamqp.NewSubscriber(testenv.PartitionSubscriberConfig(testenv.AMQPURL()), watermill.NopLogger{})
+		require.NoError(t, err)
+		testPartitionedKeyOrder(t, sub)
+	})
+	t.Run("Subscriber", func(t *testing.T) {
+		sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: testenv.AMQPURL(), Prefetch: 64, Logger: watermill.NopLogger{}})
+		require.NoError(t, err)
+		testPartitionedKeyOrder(t, sub)
+	})
+}
+
+func testPartitionedKeyOrder(t *testing.T, sub message.Subscriber) {
 	const n, keys, perKey = 4, 16, 15
 	topic := testenv.Unique(t, "psub_")
 	deletePartitions(t, topic, n)
@@ -139,8 +154,6 @@ func TestPartitionedSubscriberKeepsKeyOrder(t *testing.T) {
 		require.NoError(t, pub.Publish(topic, msgs...))
 	}
 
-	sub, err := wamqp.NewSubscriber(testenv.PartitionSubscriberConfig(testenv.AMQPURL()), watermill.NopLogger{})
-	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
 	var (
