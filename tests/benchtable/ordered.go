@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,7 +128,7 @@ func (h *harness) orderedSection(ctx context.Context) ([]*line, error) {
 			if one {
 				qs, prefetch, v = []string{plain}, orderedPartitions, bareUnordered
 			}
-			rate, err := h.bareRound(ctx, qs, prefetch, cfg.orderedE2E, r)
+			rate, err := h.bareRound(ctx, "ordered/"+string(v), qs, prefetch, cfg.orderedE2E, r)
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %s: %w", r+1, v, err)
 			}
@@ -262,7 +263,8 @@ func (h *harness) bareDrain(ctx context.Context, queues []string, prefetch, n in
 	done := make(chan struct{})
 	var acked atomic.Int64
 	errs := make(chan error, len(queues))
-	start := time.Now()
+	var start time.Time // the first delivery's arrival, as the router lines time
+	var first sync.Once
 	var end atomic.Int64
 	for _, q := range queues {
 		ch, err := h.amqp.Channel()
@@ -279,6 +281,7 @@ func (h *harness) bareDrain(ctx context.Context, queues []string, prefetch, n in
 		}
 		go func() {
 			for d := range deliveries {
+				first.Do(func() { start = time.Now() })
 				if err := d.Ack(false); err != nil {
 					errs <- err
 					return
@@ -303,7 +306,7 @@ func (h *harness) bareDrain(ctx context.Context, queues []string, prefetch, n in
 }
 
 // bareRound pre-fills the queues with n messages in all and times bareDrain.
-func (h *harness) bareRound(ctx context.Context, queues []string, prefetch, n, round int) (float64, error) {
+func (h *harness) bareRound(ctx context.Context, id string, queues []string, prefetch, n, round int) (float64, error) {
 	for _, q := range queues {
 		if err := h.purge(q); err != nil {
 			return 0, err
@@ -317,10 +320,6 @@ func (h *harness) bareRound(ctx context.Context, queues []string, prefetch, n, r
 	}
 	var got int
 	var wall time.Duration
-	id := "ordered/bare consumer, one queue"
-	if len(queues) > 1 {
-		id = "ordered/bare consumer, partitions"
-	}
 	err := h.timed(id, func() (int, time.Duration, error) {
 		var err error
 		got, wall, err = h.bareDrain(ctx, queues, prefetch, n)

@@ -17,25 +17,52 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // The router section: one queue, pre-filled with the round's messages
 // before the clock starts, drained by a fresh Watermill router per variant
-// and round. Every variant has the same subscriber (one watermill-amqp
-// subscriber, ConcurrentSubscriber with cfg.inflight subscriptions, prefetch
-// cfg.prefetch), the same pool and the same business INSERT.
+// and round. Each mode runs over two subscribers: rabbitmq.Subscriber (one
+// subscription with a prefetch of cfg.prefetch, acks batched), and the
+// subscriber of before, watermill-amqp's with ConcurrentSubscriber
+// (cfg.inflight subscriptions of prefetch cfg.prefetch each, an ack per
+// message); the same pool and the same business INSERT. The bare broker
+// consumer (amqp091-go, prefetch cfg.prefetch, an ack per message, no
+// Watermill, no database) drains the same queue: the broker's own speed.
 
 type routerVariant string
 
 const (
+	bareConsumer    routerVariant = "bare consumer"
 	noMiddleware    routerVariant = "no middleware"
 	perMessage      routerVariant = "per-message"
 	groupCommit     routerVariant = "group commit"
 	groupCommitQueu routerVariant = "group commit + Queue"
+
+	// wamqpSuffix marks a variant run over watermill-amqp's subscriber.
+	wamqpSuffix = ", watermill-amqp"
 )
 
-var routerVariants = []routerVariant{noMiddleware, perMessage, groupCommit, groupCommitQueu}
+var routerModes = []routerVariant{noMiddleware, perMessage, groupCommit, groupCommitQueu}
+
+// routerVariants are the modes over both subscribers, and the bare consumer.
+var routerVariants = func() []routerVariant {
+	out := []routerVariant{bareConsumer}
+	for _, m := range routerModes {
+		out = append(out, m, m.overWatermillAMQP())
+	}
+	return out
+}()
+
+func (v routerVariant) overWatermillAMQP() routerVariant { return v + wamqpSuffix }
+
+// mode is v without its subscriber.
+func (v routerVariant) mode() routerVariant {
+	return routerVariant(strings.TrimSuffix(string(v), wamqpSuffix))
+}
+
+func (v routerVariant) watermillAMQP() bool { return strings.HasSuffix(string(v), wamqpSuffix) }
 
 // consumerName is the inbox consumer of every middleware variant.
 const consumerName = "bench"
@@ -68,8 +95,13 @@ func (h *harness) routerSection(ctx context.Context) ([]*line, error) {
 	for r := range cfg.rounds {
 		var parts []string
 		for i := range routerVariants {
-			v := routerVariants[(i+r)%len(routerVariants)] // each variant in each position once per 4 rounds
-			rate, err := h.routerRound(ctx, env, v, r)
+			v := routerVariants[(i+r)%len(routerVariants)] // each variant in a new position each round
+			var rate float64
+			if v == bareConsumer {
+				rate, err = h.bareRound(ctx, "router/bare consumer", []string{env.queue}, cfg.prefetch, cfg.messages, r)
+			} else {
+				rate, err = h.routerRound(ctx, env, v, r)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %s: %w", r+1, v, err)
 			}
@@ -79,14 +111,21 @@ func (h *harness) routerSection(ctx context.Context) ([]*line, error) {
 		logf("router round %d/%d (msg/s): %s", r+1, cfg.rounds, strings.Join(parts, ", "))
 	}
 	where := fmt.Sprintf("router, %d in flight", cfg.inflight)
-	return []*line{
+	lines := []*line{
+		{name: where, aName: "group commit + Queue", bName: "bare amqp091 consumer, ack each", a: rates[groupCommitQueu], b: rates[bareConsumer], unit: "msg/s",
+			target: "A/B ≥ 0.7", check: func(_, _, r float64) bool { return r >= 0.7 }},
 		{name: where, aName: "per-message", bName: "no middleware", a: rates[perMessage], b: rates[noMiddleware], unit: "msg/s",
 			target: "A/B ≥ 0.9", check: func(_, _, r float64) bool { return r >= 0.9 }},
 		{name: where, aName: "group commit", bName: "per-message", a: rates[groupCommit], b: rates[perMessage], unit: "msg/s",
 			target: "A/B ≥ 2", check: func(_, _, r float64) bool { return r >= 2 }},
 		{name: where, aName: "group commit + Queue", bName: "per-message", a: rates[groupCommitQueu], b: rates[perMessage], unit: "msg/s",
 			target: "A ≥ 10,000 msg/s, A/B ≥ 3", check: func(a, _, r float64) bool { return a >= 10_000 && r >= 3 }},
-	}, nil
+	}
+	for _, m := range routerModes {
+		lines = append(lines, &line{name: where + ", " + string(m), aName: "rabbitmq.Subscriber", bName: fmt.Sprintf("watermill-amqp x %d (before)", cfg.inflight),
+			a: rates[m], b: rates[m.overWatermillAMQP()], unit: "msg/s", target: "—"})
+	}
+	return lines, nil
 }
 
 func newRouterEnv(ctx context.Context, cfg *config, db sqlschema.DB) (*routerEnv, error) {
@@ -107,6 +146,7 @@ func newRouterEnv(ctx context.Context, cfg *config, db sqlschema.DB) (*routerEnv
 // handler returns the variant's handler, to be wrapped by nothing else: the
 // middleware variants include the middleware.
 func (e *routerEnv) handler(v routerVariant) (message.HandlerFunc, error) {
+	v = v.mode()
 	if v == noMiddleware {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
@@ -188,6 +228,16 @@ func runRouter(ctx context.Context, amqpURL, queue string, inflight, prefetch in
 	return runRouterOn(ctx, exactlyonce.ConcurrentSubscriber(sub, inflight), queue, d, h, timeout)
 }
 
+// runRouterOwn is runRouter over rabbitmq.Subscriber: one subscription
+// with prefetch deliveries in flight.
+func runRouterOwn(ctx context.Context, amqpURL, queue string, prefetch int, d *drain, h message.HandlerFunc, timeout time.Duration) error {
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: prefetch, Logger: watermill.NopLogger{}})
+	if err != nil {
+		return err
+	}
+	return runRouterOn(ctx, sub, queue, d, h, timeout)
+}
+
 // runRouterOn registers handler on a fresh router consuming queue through
 // s, runs it until d is done (or timeout), stops it and closes s.
 func runRouterOn(ctx context.Context, s message.Subscriber, queue string, d *drain, h message.HandlerFunc, timeout time.Duration) error {
@@ -252,7 +302,12 @@ func (h *harness) routerRound(ctx context.Context, e *routerEnv, v routerVariant
 	}
 	d := newDrain(n)
 	err = h.timed("router/"+string(v), func() (int, time.Duration, error) {
-		err := runRouter(ctx, h.cfg.amqpURL, e.queue, h.cfg.inflight, h.cfg.prefetch, d, handler, 10*time.Minute)
+		var err error
+		if v.watermillAMQP() {
+			err = runRouter(ctx, h.cfg.amqpURL, e.queue, h.cfg.inflight, h.cfg.prefetch, d, handler, 10*time.Minute)
+		} else {
+			err = runRouterOwn(ctx, h.cfg.amqpURL, e.queue, h.cfg.prefetch, d, handler, 10*time.Minute)
+		}
 		return n, d.end.Sub(d.start), err
 	})
 	if err != nil {
@@ -270,7 +325,7 @@ func (h *harness) routerRound(ctx context.Context, e *routerEnv, v routerVariant
 		return 0, err
 	}
 	wantInbox := int64(n)
-	if v == noMiddleware {
+	if v.mode() == noMiddleware {
 		wantInbox = 0
 	}
 	if rows != int64(n) || inboxRows != wantInbox {
