@@ -154,6 +154,7 @@ func (p *Publisher) queueArguments(queue string) amqp091.Table {
 //	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL})
 //	...
 //	router.AddConsumerHandler("ship-order", "orders", rabbitmq.PartitionedSubscriber(sub, 8), handler)
+//
 // n must equal the Partitions of
 // the topic in the publisher. Closing the returned subscriber closes sub.
 // When ctx ends, deliveries taken but not handed over are nacked.
