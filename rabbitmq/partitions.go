@@ -155,9 +155,9 @@ func (p *Publisher) queueArguments(queue string) amqp091.Table {
 //	...
 //	router.AddConsumerHandler("ship-order", "orders", rabbitmq.PartitionedSubscriber(sub, 8), handler)
 //
-// n must equal the Partitions of
-// the topic in the publisher. Closing the returned subscriber closes sub.
-// When ctx ends, deliveries taken but not handed over are nacked.
+// n must equal the Partitions of the topic in the publisher. Closing the
+// returned subscriber closes sub. When ctx ends, deliveries taken but not
+// handed over are nacked.
 func PartitionedSubscriber(sub message.Subscriber, n int) message.Subscriber {
 	return &partitionedSubscriber{sub: sub, n: n}
 }
