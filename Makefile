@@ -67,9 +67,9 @@ fmt: ## Format all Go files with gofmt
 	$(GOFMT) -w .
 
 .PHONY: chaos
-CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis
+CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis,batch+rabbitmq,transactional+rabbitmq,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer
 
-chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, per-key order in the three consumer modes (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
+chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, both transactional modes on rabbitmq.Subscriber, per-key order in the three consumer modes (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
 	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) \
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
 	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),transactional,batch,lease) \

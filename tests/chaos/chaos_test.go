@@ -51,9 +51,15 @@ import (
 //	                 consumers keep lease records in Redis with redisstore,
 //	                 reached through a proxy whose connections are cut; the
 //	                 handler only calls the provider, so no relay and no
-//	                 downstream run).
+//	                 downstream run). A mode may name the consumers'
+//	                 subscriber after a +: batch+rabbitmq or
+//	                 transactional+rabbitmq run one handler on
+//	                 rabbitmq.Subscriber (one subscription, prefetch 16,
+//	                 acks batched) instead of watermill-amqp's.
 //	                 Default: transactional,lease,batch,lease@repeatable-read,
-//	                 transactional@pgbouncer,lease@redis.
+//	                 transactional@pgbouncer,lease@redis,
+//	                 batch+rabbitmq@repeatable-read,
+//	                 transactional+rabbitmq@pgbouncer.
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
 //	                 reproducible; the plan is.
@@ -62,7 +68,8 @@ import (
 //
 // Each run: a fresh schema and queues; PostgreSQL and RabbitMQ behind TCP
 // proxies; 3 consumer processes (4 handlers each, prefetch 10; in batch mode
-// one handler with 16 deliveries in flight; drivers
+// one handler with 16 deliveries in flight; with +rabbitmq one handler on
+// rabbitmq.Subscriber, prefetch 16; drivers
 // pgxpool, database/sql, pgxpool), 1 relay (database/sql), 1 downstream
 // consumer (pgxpool). The harness publishes the messages with duplicates
 // spread over the fault schedule, injects the faults, waits until every key
@@ -321,6 +328,9 @@ func (h *harness) startWorkers() {
 	}
 	if h.lease() {
 		common["CHAOS_PROVIDER_URL"] = h.provider.URL()
+	}
+	if h.v.Subscriber != "" {
+		common["CHAOS_SUBSCRIBER"] = h.v.Subscriber
 	}
 	if h.v.DB == dbRedis {
 		common["CHAOS_STORE"] = "redis"

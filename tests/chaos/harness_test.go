@@ -67,13 +67,22 @@ type variant struct {
 	// the consumers keep lease records in Redis, through a proxy of the
 	// harness, and use no database; no relay, no downstream).
 	DB string
+	// Subscriber is how the consumers take deliveries: "" (watermill-amqp's
+	// subscriber, several subscriptions) or "rabbitmq" (written mode+rabbitmq:
+	// rabbitmq.Subscriber, one subscription with a prefetch window and
+	// batched acks).
+	Subscriber string
 }
 
 func (v variant) String() string {
-	if v.DB == dbDirect {
-		return v.Mode
+	s := v.Mode
+	if v.Subscriber != "" {
+		s += "+" + v.Subscriber
 	}
-	return v.Mode + "@" + v.DB
+	if v.DB == dbDirect {
+		return s
+	}
+	return s + "@" + v.DB
 }
 
 const (
@@ -84,8 +93,10 @@ const (
 )
 
 // defaultRuns is the short form's set: both modes directly, group commit
-// directly, and one of each other database setup.
-const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer,lease@redis"
+// directly, and one of each other database setup; and rabbitmq.Subscriber
+// with group commit under REPEATABLE READ and per message through
+// PgBouncer.
+const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer,lease@redis,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer"
 
 // parseRuns reads CHAOS_MODES: a comma-separated list of mode or mode@db.
 func parseRuns(v string) ([]variant, error) {
@@ -96,6 +107,10 @@ func parseRuns(v string) ([]variant, error) {
 		if db == "" {
 			db = dbDirect
 		}
+		mode, sub, _ := strings.Cut(mode, "+")
+		if sub != "" && (sub != "rabbitmq" || mode == "lease") {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the subscriber after + can only be rabbitmq, in transactional or batch mode", item)
+		}
 		if mode != "transactional" && mode != "lease" && mode != "batch" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional, lease or batch", item)
 		}
@@ -105,7 +120,7 @@ func parseRuns(v string) ([]variant, error) {
 		if db == dbRedis && mode != "lease" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the Redis store is for lease mode only (lease@redis)", item)
 		}
-		out = append(out, variant{Mode: mode, DB: db})
+		out = append(out, variant{Mode: mode, DB: db, Subscriber: sub})
 	}
 	return out, nil
 }

@@ -11,7 +11,9 @@
 //     Mode batch is transactional mode with group commit (Config.Batch with
 //     its defaults): one handler on exactlyonce.ConcurrentSubscriber with
 //     4 x CHAOS_HANDLERS deliveries in flight, whose effect row is written
-//     with exactlyonce.Queue (pipelined with pgx).
+//     with exactlyonce.Queue (pipelined with pgx). With
+//     CHAOS_SUBSCRIBER=rabbitmq (either mode) the consumer has one handler
+//     on rabbitmq.Subscriber with a prefetch of 4 x CHAOS_HANDLERS.
 //   - relay: outbox.Relay from the outbox to the output queue, with publisher
 //     confirms. A "poison" key's handler also returns one message the broker
 //     refuses, fanned out to the output queue and a second queue (two outbox
@@ -114,6 +116,10 @@ type config struct {
 	Store       string
 	RedisURL    string
 	RedisPrefix string
+	// Subscriber is "watermill-amqp" (the default) or "rabbitmq": the
+	// consumer's one handler on rabbitmq.Subscriber with 4 x Handlers
+	// deliveries in flight.
+	Subscriber string
 }
 
 func env(key, def string) string {
@@ -142,6 +148,7 @@ func readConfig() (config, error) {
 		RedisURL: os.Getenv("CHAOS_REDIS_URL"),
 
 		RedisPrefix: os.Getenv("CHAOS_REDIS_PREFIX"),
+		Subscriber:  env("CHAOS_SUBSCRIBER", "watermill-amqp"),
 	}
 	var err error
 	ints := map[string]*int{"CHAOS_HANDLERS": &c.Handlers, "CHAOS_PREFETCH": &c.Prefetch, "CHAOS_RELAY_MAX_ATTEMPTS": &c.RelayMaxAttempts}
@@ -421,16 +428,29 @@ func (w *worker) runConsumerOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sub, err := w.subscriber(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = sub.Close() }()
 	r, err := w.newRouter()
 	if err != nil {
 		return err
 	}
 	r.AddMiddleware(eo.Middleware)
+	if w.cfg.Subscriber == "rabbitmq" {
+		// One subscription with a prefetch window: the deliveries in flight
+		// of one handler (group commit batches them), acks batched.
+		own, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{
+			URL: w.cfg.AMQPURL, Prefetch: 4 * w.cfg.Handlers, Logger: w.logger, ReconnectDelay: time.Second,
+		})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = own.Close() }()
+		r.AddHandler(ConsumerName+"-own", w.cfg.In, own, w.cfg.Out, exactlyonce.OutboxOnly(), w.handle)
+		return runRouter(ctx, r)
+	}
+	sub, err := w.subscriber(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Close() }()
 	if w.cfg.Mode == "batch" {
 		// Group commit needs several deliveries of one handler in flight.
 		r.AddHandler(ConsumerName+"-batch", w.cfg.In, exactlyonce.ConcurrentSubscriber(sub, 4*w.cfg.Handlers), w.cfg.Out,
