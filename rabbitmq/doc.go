@@ -1,6 +1,7 @@
 // Package rabbitmq holds helpers for running the exactly-once middleware on
-// RabbitMQ with watermill-amqp v3, a publisher for the outbox relay, and
-// partitioned topics for per-key order. The library's other packages do not
+// RabbitMQ with watermill-amqp v3, a publisher for the outbox relay,
+// partitioned topics for per-key order, and a subscriber with a prefetch
+// window and batched acknowledgements. The library's other packages do not
 // import it, and it imports no Watermill broker adapter itself: only
 // Watermill and amqp091-go.
 //
@@ -84,7 +85,8 @@
 // middleware. The subscriber must declare the queues with the same arguments
 // and take one message at a time (a prefetch of 1: a nacked message goes
 // back to the head of its queue, but messages already sent to the subscriber
-// would be handled before it):
+// would be handled before it). This package's Subscriber does both for
+// PartitionedSubscriber; with watermill-amqp, set them:
 //
 //	cfg := amqp.NewDurableQueueConfig(amqpURL)
 //	cfg.Marshaler = rabbitmq.Marshaler{}
@@ -99,4 +101,17 @@
 // so drain them first. A message the consumer sets aside (a poison queue, a
 // parked key) lets its key's later messages go on: a gap. docs/ordering.md
 // states the guarantee, its assumptions, its costs and what breaks it.
+//
+// # Subscriber: a prefetch window on one subscription
+//
+// A watermill-amqp subscription hands over one delivery at a time and acks
+// each with a frame of its own; many in flight took as many subscriptions
+// (exactlyonce.ConcurrentSubscriber). Subscriber hands over every delivery
+// of its prefetch window at once, so the router runs up to Prefetch
+// messages of a handler together, and acknowledges the oldest settled ones
+// with one basic.ack with the multiple flag (nacks go alone, with requeue).
+// Nothing is acknowledged before the router acked it:
+//
+//	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 64})
+//	router.AddHandler("charge-order", "orders.placed", sub, "orders.charged", exactlyonce.OutboxOnly(), handler)
 package rabbitmq
