@@ -59,17 +59,18 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	// rabbitmq.Marshaler: the UUID of a message from a producer that is not Watermill is its message_id.
+	// rabbitmq.Marshaler: the UUID of a message from a producer that is not Watermill is its message_id
+	// (rabbitmq.Subscriber's default; here for watermill-amqp's publisher of the poison queue).
 	cfg := amqp.NewDurableQueueConfig(amqpURL)
 	cfg.Marshaler = rabbitmq.Marshaler{}
 	cfg.Publish.ConfirmDelivery = true // the poison queue gets a message before its delivery is acked
 	cfg.Publish.ChannelPoolSize = 0    // watermill-amqp v3.1.0's channel pool can leak and hang (upstream PR #37)
-	amqpSub, err := amqp.NewSubscriber(cfg, logger)
+	// 64 deliveries in flight on one subscription (group commit puts them in one transaction),
+	// acknowledged together once their batch committed.
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 64, Logger: logger})
 	if err != nil {
 		return err
 	}
-	// 64 deliveries in flight under one handler name: group commit puts them in one transaction.
-	sub := exactlyonce.ConcurrentSubscriber(amqpSub, 64)
 	defer sub.Close()
 	poisonPub, err := amqp.NewPublisher(cfg, logger)
 	if err != nil {

@@ -89,13 +89,13 @@ func TestGettingStarted(t *testing.T) {
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, ch.Confirm(false))
-	// Running: the 64 consumers of ConcurrentSubscriber are on the orders queue.
-	waitFor(t, done, 60*time.Second, "the program's 64 consumers", func() bool {
+	// Running: the subscriber's consumer is on the orders queue.
+	waitFor(t, done, 60*time.Second, "the program's consumer", func() bool {
 		probe, err := conn.Channel() // a passive declare of a missing queue closes its channel
 		require.NoError(t, err)
 		defer func() { _ = probe.Close() }()
 		q, err := probe.QueueDeclarePassive(orders, true, false, false, false, nil)
-		return err == nil && q.Consumers == 64
+		return err == nil && q.Consumers == 1
 	})
 
 	publish := func(p amqp091.Publishing) {
@@ -253,7 +253,7 @@ func TestDocsQuoteThisFile(t *testing.T) {
 	require.GreaterOrEqual(t, len(blocks), 5, "docs/getting-started.md quotes the program section by section")
 
 	quoted := strings.Join(slices.Concat(blocks...), "\n")
-	for _, must := range []string{"Batch: &exactlyonce.BatchConfig{}", "exactlyonce.Queue(", "exactlyonce.ConcurrentSubscriber(amqpSub, 64)", "outbox.NewRelay("} {
+	for _, must := range []string{"Batch: &exactlyonce.BatchConfig{}", "exactlyonce.Queue(", "rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 64", "outbox.NewRelay("} {
 		require.Contains(t, quoted, must, "the page quotes the configuration it leads with")
 	}
 	for i, block := range blocks {
