@@ -302,8 +302,8 @@ func (sub *subscription) run(c *consumer) {
 		var err error
 		if c, err = sub.open(sub.ctx); err != nil {
 			c = nil
-			log.Error("rabbitmq: Subscriber cannot consume yet, trying again", err, watermill.LogFields{"queue": sub.queue, "retry_in": (2 * delay).String()})
 			delay = min(2*delay, sub.s.cfg.ReconnectDelay)
+			log.Error("rabbitmq: Subscriber cannot consume yet, trying again", err, watermill.LogFields{"queue": sub.queue, "retry_in": delay.String()})
 			continue
 		}
 		log.Info("rabbitmq: Subscriber consumes again", fields)
@@ -527,7 +527,9 @@ func (c *consumer) abandon() {
 // to be settled, acknowledges them and closes the channel; what is left goes
 // back to the queue.
 func (c *consumer) finish(timeout time.Duration) {
-	_ = c.ch.Cancel(c.tag, false)
+	// No wait for the broker's answers here: on a connection that went
+	// silent they would come only when the heartbeat gives it up.
+	_ = c.ch.Cancel(c.tag, true)
 	waited := make(chan struct{})
 	go func() {
 		c.waiters.Wait()
@@ -543,7 +545,15 @@ func (c *consumer) finish(timeout time.Duration) {
 	close(c.finished)
 	<-c.acked
 	c.goneOnce.Do(func() { close(c.gone) })
-	_ = c.ch.Close()
+	closed := make(chan struct{})
+	go func() {
+		_ = c.ch.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeTimeout): // Close closes the connection with a deadline
+	}
 }
 
 // ackChannel is what acker needs of an *amqp091.Channel.
