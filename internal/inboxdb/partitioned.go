@@ -44,8 +44,9 @@ import (
 var ErrNeedsReadCommitted = errors.New("the partitioned inbox layout needs READ COMMITTED transactions for claims (set default_transaction_isolation = 'read committed' for the consumer's connections, or use the plain layout)")
 
 // isolationMarker starts the text of the error the lock statement raises
-// outside READ COMMITTED (an invalid bigint: plain SQL has no RAISE).
-const isolationMarker = "watermill-exactlyonce: the partitioned inbox needs READ COMMITTED; this transaction is"
+// outside READ COMMITTED (an invalid bigint: plain SQL has no RAISE), and
+// the claim functions' (RAISE).
+const isolationMarker = inboxpart.IsolationMarker
 
 // refreshEvery bounds how often a Store re-reads the newest partition's end.
 const refreshEvery = 10 * time.Second
@@ -75,6 +76,8 @@ type partitionState struct {
 	newest  time.Time // end of the newest partition; zero: unknown
 	checked time.Time
 	pinned  time.Time // tests only: the newest partition's end, instead of newestEnd
+
+	funcs funcState // the claim functions (partitioned_func.go)
 }
 
 // newestEndSQL is the SQL expression of the end of l's newest attached
@@ -194,9 +197,21 @@ const noPartition = "23514"
 // partitionsChanged wraps err in ErrPartitionsChanged when no partition
 // took the record, and makes the store's next claims fallback writes,
 // which ask the catalog, until it next re-reads the partitions.
+//
+// It also turns the claim functions' isolation error into
+// ErrNeedsReadCommitted, and their absence (dropped since the store looked
+// for them) into ErrPartitionsChanged: the store then claims by statements
+// of its own, in a new transaction.
 func (s *Store) partitionsChanged(err error) error {
-	if s.part == nil || pgerr.Code(err) != noPartition {
+	if s.part == nil || err == nil {
 		return err
+	}
+	if s.claimFunctionGone(err) {
+		s.functionMissing()
+		return fmt.Errorf("%w (the claim functions of the partitioned layout are missing: run sqlschema.Migrate): %w", ErrPartitionsChanged, err)
+	}
+	if pgerr.Code(err) != noPartition {
+		return lockErr(err)
 	}
 	p := s.part
 	p.mu.Lock()
@@ -219,7 +234,7 @@ func (s *Store) Partitioned() bool { return s.part != nil }
 // key, unambiguous because the consumer's length comes first. Two keys
 // sharing a hash only wait for each other.
 func (s *Store) lockKey(consumer, key string) string {
-	return `hashtextextended('` + s.table + `/' || length(` + consumer + `)::text || '/' || ` + consumer + ` || '/' || ` + key + `, 0)`
+	return inboxpart.LockKey(s.table, consumer, key)
 }
 
 // checkedLock wraps a lock key expression so that it fails outside READ
@@ -247,6 +262,9 @@ func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecu
 		pl = *locked
 	} else {
 		pl = s.place(ctx, tx)
+		if !pl.fallback && s.useFunctions(ctx, tx) {
+			return s.claimStatementFunc(), nil
+		}
 		if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), checkedLock(s.lockKey("$1::text", "$2::text"))), consumer, key); err != nil {
 			return "", lockErr(err)
 		}
@@ -270,12 +288,15 @@ func join(items ...string) string {
 	return strings.Join(out, ", ")
 }
 
-// beginClaimPgxPartitioned is BeginClaimPgx on the partitioned layout, in
-// two round trips: BEGIN with the key's lock (one simple-protocol query),
-// then ClaimTx's statements, which pgx prepares once per connection. One
-// round trip would need the look-up and insert in the simple protocol,
-// planned anew each time: planning a statement over every partition costs
-// more (about 0.3 ms for 13 partitions) than the second round trip.
+// beginClaimPgxPartitioned is BeginClaimPgx on the partitioned layout. A
+// claim at clock_timestamp() calls the claim function with its BEGIN, in
+// one round trip (beginClaimPgxFunc). A fallback write, or a table whose
+// claim functions are missing, takes two: BEGIN with the key's lock (one
+// simple-protocol query), then ClaimTx's statements, which pgx prepares
+// once per connection (in the simple protocol the look-up and insert
+// would be planned anew each time: planning a statement over every
+// partition costs more, about 0.3 ms for 13 partitions, than the second
+// round trip).
 func (s *Store) beginClaimPgxPartitioned(ctx context.Context, conn *pgx.Conn, consumer, key, qc, qk string) (pgx.Tx, ClaimResult, error) {
 	for try := 1; ; try++ {
 		tx, claim, err := s.beginClaimPgxPartitionedOnce(ctx, conn, consumer, key, qc, qk)
@@ -287,6 +308,13 @@ func (s *Store) beginClaimPgxPartitioned(ctx context.Context, conn *pgx.Conn, co
 
 func (s *Store) beginClaimPgxPartitionedOnce(ctx context.Context, conn *pgx.Conn, consumer, key, qc, qk string) (pgx.Tx, ClaimResult, error) {
 	pl := s.place(ctx, wsql.BeginnerFromPgx(conn))
+	if !pl.fallback && s.useFunctions(ctx, wsql.BeginnerFromPgx(conn)) {
+		tx, claim, done, err := s.beginClaimPgxFunc(ctx, conn, consumer, key, qc, qk)
+		if done {
+			return tx, claim, err
+		}
+		pl = s.place(ctx, wsql.BeginnerFromPgx(conn))
+	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN; SELECT ` + join(s.lockSQL(pl), checkedLock(s.lockKey(`'`+qc+`'`, `'`+qk+`'`)))})
 	if err != nil {
 		// A failed BEGIN query may leave conn in an aborted transaction.
@@ -314,6 +342,12 @@ func (s *Store) beginClaimPgxPartitionedOnce(ctx context.Context, conn *pgx.Conn
 // claimBatchPartitioned locks the keys (sorted by lock key) and inserts
 // those without a record, returning the keys inserted.
 func (s *Store) claimBatchPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string) (map[string]bool, error) {
+	// A fallback write takes the fallback lock first, in an init plan that
+	// runs before the key locks.
+	pl := s.place(ctx, tx)
+	if !pl.fallback && s.useFunctions(ctx, tx) {
+		return s.claimBatchFunc(ctx, tx, consumer, sorted)
+	}
 	args := make([]any, 0, len(sorted)+1)
 	args = append(args, consumer)
 	var values strings.Builder
@@ -324,9 +358,6 @@ func (s *Store) claimBatchPartitioned(ctx context.Context, tx wsql.ContextExecut
 		values.WriteString("($" + strconv.Itoa(i+2) + "::text)")
 		args = append(args, k)
 	}
-	// A fallback write takes the fallback lock first, in an init plan that
-	// runs before the key locks.
-	pl := s.place(ctx, tx)
 	fence := ""
 	if f := s.lockSQL(pl); f != "" {
 		fence = ` WHERE (SELECT ` + f + `) IS NOT NULL`
