@@ -2,6 +2,7 @@ package inboxdb_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,9 +128,11 @@ func TestBeginClaimPgxConcurrent(t *testing.T) {
 			testenv.Eventually(t, 10*time.Second, func() bool {
 				var n int
 				// The literal INSERT names the table, the prepared one's EXECUTE
-				// the statement (a name per table).
+				// the statement (a name per table), the partitioned layout's
+				// claim function "<schema>"."<table>_claim" (hence the table's
+				// name without its closing quote).
 				_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'BEGIN; %' AND (strpos(query, $1) > 0 OR strpos(query, $2) > 0)`,
-					tables.Inbox(), store.PreparedClaimName()).Scan(&n)
+					strings.TrimSuffix(tables.Inbox(), `"`), store.PreparedClaimName()).Scan(&n)
 				return n > 0
 			}, "the second claim should block on the first")
 			select {
