@@ -83,11 +83,18 @@ func (b bundle) claimOpenOnce(ctx context.Context, pool *pgxpool.Pool, store *in
 		if err != nil {
 			return openClaim{}, err
 		}
-		pid := int(conn.Conn().PgConn().PID())
 		tx, res, err := store.BeginClaimPgx(ctx, conn.Conn(), consumer, key)
 		if err != nil || tx == nil {
 			conn.Release()
-			return openClaim{res: res, pid: pid, end: func(bool) error { return nil }}, err
+			return openClaim{res: res, end: func(bool) error { return nil }}, err
+		}
+		// The server's pid, asked in the transaction (through PgBouncer the
+		// connection's own is PgBouncer's).
+		var pid int
+		if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			_ = tx.Rollback(ctx)
+			conn.Release()
+			return openClaim{}, err
 		}
 		return openClaim{res: res, pid: pid, end: func(commit bool) error {
 			defer conn.Release()
