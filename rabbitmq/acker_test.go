@@ -157,3 +157,35 @@ func TestAckerRandomOrders(t *testing.T) {
 		require.LessOrEqual(t, b.frames, n, "seed %d: at most one frame per delivery", seed)
 	}
 }
+
+// Deliveries never settled (a handler that never acks, deliveries left in
+// the client's buffer when consuming stopped): whatever the others do, no
+// ack covers them, and the final flush (finish) sends only known tags.
+func TestAckerNeverCoversUnsettled(t *testing.T) {
+	for seed := range uint64(300) {
+		r := rand.New(rand.NewPCG(seed, 11))
+		n := 1 + r.IntN(100)
+		b := newBrokerChannel(n)
+		a := acker{ch: b, low: 1, state: map[uint64]bool{}}
+		unsettled := map[uint64]bool{}
+		for _, i := range r.Perm(n) {
+			tag := uint64(i + 1)
+			if r.Float64() < 0.1 {
+				unsettled[tag] = true
+				continue
+			}
+			a.record(settle{tag: tag, ack: r.Float64() < 0.9})
+			if r.Float64() < 0.3 {
+				a.flush()
+			}
+			if r.Float64() < 0.1 {
+				a.sendHeld()
+			}
+		}
+		a.flush()
+		a.sendHeld()
+		require.NoError(t, b.err, "seed %d", seed)
+		require.Equal(t, unsettled, b.outstanding, "seed %d: exactly the unsettled deliveries stay unacknowledged", seed)
+		require.Zero(t, a.held, "seed %d", seed)
+	}
+}
