@@ -133,13 +133,18 @@ func (c *SubscriberConfig) validate() error {
 type Subscriber struct {
 	cfg SubscriberConfig
 
-	dialMu sync.Mutex // one dial at a time
+	dialing chan struct{} // holds a value while one dials: one dial at a time
 
 	mu      sync.Mutex
 	closed  bool
 	closing chan struct{} // closed by Close
 	conn    *amqp091.Connection
 	subs    sync.WaitGroup // subscriptions running
+	// bg counts channel work left to finish in the background: a channel
+	// being opened for a Subscribe that gave up, a channel being closed.
+	// On a connection gone silent it ends when the connection is closed,
+	// which Close does before waiting for it.
+	bg sync.WaitGroup
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -151,7 +156,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: cfg, closing: make(chan struct{})}, nil
+	return &Subscriber{cfg: cfg, closing: make(chan struct{}), dialing: make(chan struct{}, 1)}, nil
 }
 
 var errSubscriberClosed = errors.New("rabbitmq: Subscriber is closed")
@@ -180,9 +185,16 @@ func (s *Subscriber) subscribe(ctx context.Context, queue string, prefetch int, 
 	s.mu.Unlock()
 
 	sub := &subscription{s: s, queue: queue, prefetch: prefetch, args: args, ctx: ctx, out: make(chan *message.Message)}
-	c, err := sub.open(ctx)
+	octx, cancel := s.untilClosed(ctx)
+	c, err := sub.open(octx)
+	cancel()
 	if err != nil {
 		s.subs.Done()
+		select {
+		case <-s.closing:
+			return nil, fmt.Errorf("rabbitmq: Subscribe to %q: %w", queue, errSubscriberClosed)
+		default:
+		}
 		return nil, fmt.Errorf("rabbitmq: Subscribe to %q: %w", queue, err)
 	}
 	go sub.run(c)
@@ -201,25 +213,44 @@ func (s *Subscriber) Close() error {
 	close(s.closing)
 	s.mu.Unlock()
 	s.subs.Wait()
-	s.dialMu.Lock()
-	defer s.dialMu.Unlock()
+	s.dialing <- struct{}{} // nobody dials any more: every dial ran in a subscription
+	defer func() { <-s.dialing }()
 	s.mu.Lock()
 	conn := s.conn
 	s.conn = nil
 	s.mu.Unlock()
+	var err error
 	if conn != nil && !conn.IsClosed() {
-		if err := conn.CloseDeadline(time.Now().Add(closeTimeout)); err != nil && !errors.Is(err, amqp091.ErrClosed) {
-			return fmt.Errorf("rabbitmq: closing the Subscriber's connection: %w", err)
+		if cerr := conn.CloseDeadline(time.Now().Add(closeTimeout)); cerr != nil && !errors.Is(cerr, amqp091.ErrClosed) {
+			err = fmt.Errorf("rabbitmq: closing the Subscriber's connection: %w", cerr)
 		}
 	}
-	return nil
+	s.bg.Wait() // the connection is closed: what waited for its answers returned
+	return err
+}
+
+// untilClosed returns ctx, ended also when the Subscriber is closing.
+func (s *Subscriber) untilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // connection returns the shared connection, dialing when there is none or
 // it was lost.
 func (s *Subscriber) connection(ctx context.Context) (*amqp091.Connection, error) {
-	s.dialMu.Lock()
-	defer s.dialMu.Unlock()
+	select { // another subscription may be dialing a broker that does not answer
+	case s.dialing <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("connecting: %w", ctx.Err())
+	}
+	defer func() { <-s.dialing }()
 	s.mu.Lock()
 	closed, conn := s.closed, s.conn
 	s.mu.Unlock()
@@ -258,26 +289,14 @@ type subscription struct {
 	out      chan *message.Message
 }
 
-// stopped returns a channel closed when the subscription must end (its
-// context ended or the Subscriber is closing), and a function releasing it.
-func (sub *subscription) stopped() (<-chan struct{}, func()) {
-	ctx, cancel := context.WithCancel(sub.ctx)
-	go func() {
-		select {
-		case <-sub.s.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx.Done(), cancel
-}
-
 // run serves c, and consumers opened after it, until the subscription ends.
 func (sub *subscription) run(c *consumer) {
 	defer sub.s.subs.Done()
 	defer close(sub.out)
-	stop, release := sub.stopped()
+	// The subscription ends when its context ends or the Subscriber closes.
+	stopCtx, release := sub.s.untilClosed(sub.ctx)
 	defer release()
+	stop := stopCtx.Done()
 	log := sub.s.cfg.Logger
 	fields := watermill.LogFields{"queue": sub.queue}
 	delay := firstReconnectDelay
@@ -285,10 +304,10 @@ func (sub *subscription) run(c *consumer) {
 		if c != nil {
 			err := c.serve(sub, stop)
 			if err == nil { // stopped
-				c.finish(sub.s.cfg.CloseTimeout)
+				c.finish(sub.s)
 				return
 			}
-			c.abandon()
+			c.abandon(sub.s)
 			log.Error("rabbitmq: Subscriber lost its channel, consuming again; the deliveries in flight will be redelivered", err, fields)
 			delay = firstReconnectDelay
 		}
@@ -300,7 +319,7 @@ func (sub *subscription) run(c *consumer) {
 		case <-t.C:
 		}
 		var err error
-		if c, err = sub.open(sub.ctx); err != nil {
+		if c, err = sub.open(stopCtx); err != nil {
 			c = nil
 			delay = min(2*delay, sub.s.cfg.ReconnectDelay)
 			log.Error("rabbitmq: Subscriber cannot consume yet, trying again", err, watermill.LogFields{"queue": sub.queue, "retry_in": delay.String()})
@@ -310,7 +329,8 @@ func (sub *subscription) run(c *consumer) {
 	}
 }
 
-// open opens a channel, declares the queue and starts consuming.
+// open opens a channel, declares the queue and starts consuming, giving up
+// when ctx ends.
 func (sub *subscription) open(ctx context.Context) (*consumer, error) {
 	s := sub.s
 	for attempt := 0; ; attempt++ {
@@ -318,19 +338,56 @@ func (sub *subscription) open(ctx context.Context) (*consumer, error) {
 		if err != nil {
 			return nil, err
 		}
-		ch, err := conn.Channel()
+		c, err := sub.start(ctx, conn)
 		if err != nil {
-			if errors.Is(err, amqp091.ErrClosed) && attempt == 0 {
+			if errors.Is(err, errChannelOpen) && errors.Is(err, amqp091.ErrClosed) && attempt == 0 {
 				continue // lost before it was noticed: dial again, once
 			}
-			return nil, fmt.Errorf("opening a channel: %w", err)
-		}
-		c, err := sub.consume(ch)
-		if err != nil {
-			_ = ch.Close()
 			return nil, err
 		}
 		return c, nil
+	}
+}
+
+var errChannelOpen = errors.New("opening a channel")
+
+// start opens a channel on conn and consumes on it, or gives up when ctx
+// ends: amqp091-go waits for the broker's answers without a deadline, and on
+// a connection gone silent nothing but the heartbeat would end the wait.
+// What a start given up on still opens is closed once it is open (at the
+// latest when Close closes the connection).
+func (sub *subscription) start(ctx context.Context, conn *amqp091.Connection) (*consumer, error) {
+	type result struct {
+		c   *consumer
+		err error
+	}
+	done := make(chan result)
+	gaveUp := make(chan struct{})
+	sub.s.bg.Add(1)
+	go func() {
+		defer sub.s.bg.Done()
+		var r result
+		if ch, err := conn.Channel(); err != nil {
+			r.err = fmt.Errorf("%w: %w", errChannelOpen, err)
+		} else if r.c, r.err = sub.consume(ch); r.err != nil {
+			_ = ch.Close()
+		}
+		select {
+		case done <- r:
+		case <-gaveUp:
+			if r.c != nil {
+				r.c.goneOnce.Do(func() { close(r.c.gone) })
+				<-r.c.acked
+				_ = r.c.ch.Close() // its deliveries go back to the queue
+			}
+		}
+	}()
+	select {
+	case r := <-done:
+		return r.c, r.err
+	case <-ctx.Done():
+		close(gaveUp)
+		return nil, fmt.Errorf("opening a channel and consuming: %w", ctx.Err())
 	}
 }
 
@@ -517,16 +574,23 @@ func (c *consumer) ack() {
 
 // abandon gives up a lost channel: nothing in flight on it can be
 // acknowledged any more.
-func (c *consumer) abandon() {
+func (c *consumer) abandon(s *Subscriber) {
 	c.goneOnce.Do(func() { close(c.gone) })
 	<-c.acked
-	_ = c.ch.Close()
+	// Closed in the background: when only the consumer was cancelled the
+	// channel is open, and its connection may have gone silent meanwhile.
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		_ = c.ch.Close()
+	}()
 }
 
-// finish stops consuming, waits up to timeout for the deliveries in flight
-// to be settled, acknowledges them and closes the channel; what is left goes
-// back to the queue.
-func (c *consumer) finish(timeout time.Duration) {
+// finish stops consuming, waits up to CloseTimeout for the deliveries in
+// flight to be settled, acknowledges them and closes the channel; what is
+// left goes back to the queue.
+func (c *consumer) finish(s *Subscriber) {
+	timeout := s.cfg.CloseTimeout
 	// No wait for the broker's answers here: on a connection that went
 	// silent they would come only when the heartbeat gives it up.
 	_ = c.ch.Cancel(c.tag, true)
@@ -546,13 +610,16 @@ func (c *consumer) finish(timeout time.Duration) {
 	<-c.acked
 	c.goneOnce.Do(func() { close(c.gone) })
 	closed := make(chan struct{})
+	s.bg.Add(1)
 	go func() {
+		defer s.bg.Done()
 		_ = c.ch.Close()
 		close(closed)
 	}()
 	select {
 	case <-closed:
-	case <-time.After(closeTimeout): // Close closes the connection with a deadline
+	case <-s.closing: // Close closes the connection (with a deadline) next, and this channel with it
+	case <-time.After(closeTimeout):
 	}
 }
 
