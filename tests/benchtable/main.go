@@ -9,13 +9,15 @@
 //
 // Sections (-only router,relay,ordered,rss,wake,retention):
 //
-//   - router: a Watermill router drains a pre-filled durable RabbitMQ queue
-//     with 64 deliveries in flight (exactlyonce.ConcurrentSubscriber over one
-//     watermill-amqp subscriber, prefetch 64); the handler does one INSERT
-//     into a business table. Variants: no middleware (its own BEGIN/INSERT/
-//     COMMIT on the pool), per-message middleware (PgxTxFromContext), group
-//     commit (Config.Batch, PgxTxFromContext) and group commit with
-//     exactlyonce.Queue.
+//   - router: a Watermill router drains a pre-filled durable RabbitMQ queue;
+//     the handler does one INSERT into a business table. Modes: no
+//     middleware (its own BEGIN/INSERT/COMMIT on the pool), per-message
+//     middleware (PgxTxFromContext), group commit (Config.Batch,
+//     PgxTxFromContext) and group commit with exactlyonce.Queue; each over
+//     rabbitmq.Subscriber (prefetch 64, or 256 for group commit) and over
+//     watermill-amqp's subscriber (ConcurrentSubscriber, 64 subscriptions of
+//     prefetch 64: the setup before rabbitmq.Subscriber); and a bare
+//     amqp091 consumer (prefetch 256, an ack per message, no database).
 //   - relay: an outbox backlog of 10k, 100k and 1M rows (all three tables
 //     exist at once, so that backlogs too are compared side by side) drained
 //     to a RabbitMQ queue by outbox.Relay through rabbitmq.Publisher (the
@@ -74,7 +76,10 @@ type config struct {
 	messages int
 	inflight int
 	prefetch int
-	pool     int
+	// batchPrefetch is rabbitmq.Subscriber's prefetch in the group
+	// commit variants, and the bare consumer's.
+	batchPrefetch int
+	pool          int
 
 	// relay
 	backlogs     []int
@@ -141,9 +146,10 @@ func parseConfig(args []string) (*config, error) {
 		"wake-writers":      {"8", "8"},
 		"wake-write-time":   {"5s", "2s"},
 		"rounds":            {"5", "5"},
-		"messages":          {"20000", "1000"},
+		"messages":          {"30000", "1000"},
 		"inflight":          {"64", "64"},
 		"prefetch":          {"64", "64"},
+		"batch-prefetch":    {"256", "256"},
 		"pool":              {"20", "20"},
 		"backlogs":          {"10000,100000,1000000", "1000,5000,20000"},
 		"relay-rows":        {"100000", "2000"},
@@ -167,7 +173,8 @@ func parseConfig(args []string) (*config, error) {
 	def("rounds", "BENCH_ROUNDS", table["rounds"], "alternating rounds per line (at least 5 for the table)")
 	def("messages", "BENCH_MESSAGES", table["messages"], "router: messages drained per variant per round")
 	def("inflight", "BENCH_INFLIGHT", table["inflight"], "router: deliveries in flight (ConcurrentSubscriber n)")
-	def("prefetch", "BENCH_PREFETCH", table["prefetch"], "router: AMQP prefetch of the subscriber")
+	def("prefetch", "BENCH_PREFETCH", table["prefetch"], "router: AMQP prefetch of each subscription (rabbitmq.Subscriber's for no middleware and per-message)")
+	def("batch-prefetch", "BENCH_BATCH_PREFETCH", table["batch-prefetch"], "router: rabbitmq.Subscriber's prefetch for the group commit variants, and the bare consumer's")
 	def("pool", "BENCH_POOL", table["pool"], "router: pgxpool MaxConns (the same for every variant)")
 	def("backlogs", "BENCH_BACKLOGS", table["backlogs"], "relay: pending rows, comma-separated")
 	def("relay-rows", "BENCH_RELAY_ROWS", table["relay-rows"], "relay: rows timed per round (at most the backlog, which is topped up between rounds)")
@@ -226,6 +233,7 @@ func parseConfig(args []string) (*config, error) {
 		messages:         num("messages"),
 		inflight:         num("inflight"),
 		prefetch:         num("prefetch"),
+		batchPrefetch:    num("batch-prefetch"),
 		pool:             num("pool"),
 		backlogs:         list("backlogs"),
 		relayRows:        num("relay-rows"),
@@ -359,8 +367,8 @@ func run(ctx context.Context, cfg *config) error {
 	fmt.Printf("benchtable %s: %s, %s/%s, %d CPUs, host %s; %d alternating rounds per line; %s in all\n",
 		start.Format("2006-01-02 15:04"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, cfg.rounds, time.Since(start).Round(time.Second))
 	fmt.Printf("load average (1, 5, 15 min) before: %s, after: %s\n", loadBefore, loadAfter)
-	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d, pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %d rows per layout, %d claims per measurement\n\n",
-		cfg.messages, cfg.inflight, cfg.prefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
+	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d (group commit on rabbitmq.Subscriber and the bare consumer: %d), pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %d rows per layout, %d claims per measurement\n\n",
+		cfg.messages, cfg.inflight, cfg.prefetch, cfg.batchPrefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
 		cfg.retentionRows, cfg.retentionClaims)
 	printTable(os.Stdout, lines)
 	if cfg.cpu {
