@@ -1,7 +1,10 @@
 package outbox
 
 import (
+	"context"
 	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -41,3 +44,8 @@ func LockClass(db sqlschema.DB) int32 { return lockClass(db.WithDefaults().Outbo
 // PlainSQL is the batch statement of a table without keyed rows ($1 batch
 // size, $2 the most retried rows, $3 the paused topics).
 func PlainSQL(r *Relay) string { return r.plainSQL }
+
+// HasKeyedRows runs the relay's probe in tx.
+func HasKeyedRows(ctx context.Context, r *Relay, tx wsql.Tx) (bool, error) {
+	return r.hasKeyedRows(ctx, tx)
+}

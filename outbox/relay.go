@@ -30,7 +30,7 @@ type Relay struct {
 	batchPub    BatchPublisher // cfg.Publisher, when it implements BatchPublisher
 	selectSQL   string         // a batch when the table has rows with an ordering key
 	plainSQL    string         // a batch when it has none (the probe said so)
-	probeSQL    string         // does the table have a row with an ordering key?
+	probeSQL    string         // does the table have a row with an ordering key? (and no JIT)
 	deleteSQL   string
 	failSQL     string
 	relayed     atomic.Int64
@@ -176,7 +176,12 @@ FROM taken t ORDER BY id`,
 SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
   ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
 FROM taken t ORDER BY id`,
-		probeSQL:  `SELECT 1 FROM ` + table + ` WHERE ordering_key IS NOT NULL ORDER BY ordering_key, id LIMIT 1`,
+		// The probe also turns JIT compilation off for the batch's
+		// transaction: the batch statements' estimates grow with the table
+		// (a LIMIT computed in the statement reads as a tenth of it), and
+		// past jit_above_cost PostgreSQL compiled them for every batch,
+		// 25 ms and more each, for a few hundred rows.
+		probeSQL:  `SELECT set_config('jit', 'off', true), EXISTS (SELECT 1 FROM ` + table + ` WHERE ordering_key IS NOT NULL ORDER BY ordering_key, id LIMIT 1)`,
 		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		// Each failed row waits out its backoff; a permanent failure counts
 		// towards MaxAttempts ($4); unreadable metadata quarantines at once.

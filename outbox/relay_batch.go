@@ -44,14 +44,24 @@ type defect struct {
 }
 
 // hasKeyedRows reports whether the outbox table has a row with an ordering
-// key (the first entry of its ordering_key index).
+// key (the first entry of its ordering_key index), and turns JIT
+// compilation off for the rest of tx (see probeSQL).
 func (r *Relay) hasKeyedRows(ctx context.Context, tx wsql.Tx) (bool, error) {
 	rows, err := tx.QueryContext(ctx, r.probeSQL)
 	if err != nil {
 		return false, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
-	found := rows.Next()
-	if err := seam.Close(rows); err != nil {
+	var (
+		jit   string
+		found bool
+	)
+	if rows.Next() {
+		err = rows.Scan(&jit, &found)
+	}
+	if cerr := seam.Close(rows); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return false, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
 	return found, nil
