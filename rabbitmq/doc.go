@@ -112,6 +112,6 @@
 // with one basic.ack with the multiple flag (nacks go alone, with requeue).
 // Nothing is acknowledged before the router acked it:
 //
-//	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 64})
+//	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256})
 //	router.AddHandler("charge-order", "orders.placed", sub, "orders.charged", exactlyonce.OutboxOnly(), handler)
 package rabbitmq

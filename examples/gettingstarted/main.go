@@ -65,9 +65,9 @@ func run(ctx context.Context) error {
 	cfg.Marshaler = rabbitmq.Marshaler{}
 	cfg.Publish.ConfirmDelivery = true // the poison queue gets a message before its delivery is acked
 	cfg.Publish.ChannelPoolSize = 0    // watermill-amqp v3.1.0's channel pool can leak and hang (upstream PR #37)
-	// 64 deliveries in flight on one subscription (group commit puts them in one transaction),
-	// acknowledged together once their batch committed.
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 64, Logger: logger})
+	// 256 deliveries in flight on one subscription (group commit puts those that wait together
+	// in one transaction, up to 64, two batches at a time), acknowledged together once committed.
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256, Logger: logger})
 	if err != nil {
 		return err
 	}
