@@ -138,5 +138,5 @@ func TestSubscriberWaitForOthersDialHonoursContext(t *testing.T) {
 	returnsWithin(t, 5*time.Second, "the second Subscribe", func() { _, err = sub.Subscribe(ctx, "y") })
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	returnsWithin(t, 5*time.Second, "Close", func() { require.NoError(t, sub.Close()) })
-	<-first
+	require.Error(t, <-first, "the first Subscribe, still dialing, ends with Close")
 }
