@@ -48,7 +48,7 @@ test-race: services ## Run the tests 3 times with -race (flake hunting)
 	$(GO) test -race -count=3 -timeout 20m ./...
 	$(GO) -C $(EXAMPLES) test -race -count=3 -timeout 20m ./...
 
-bench: services ## The benchmark table of docs/benchmarks.md, ~25 min (BENCH_QUICK=1: tiny sizes; BENCHFLAGS=-h: knobs)
+bench: services ## The benchmark table of docs/benchmarks.md, ~35 min (BENCH_QUICK=1: tiny sizes; BENCHFLAGS=-h: knobs)
 	$(GO) run ./tests/benchtable $(BENCHFLAGS)
 
 bench-go: services ## The go test benchmarks (BENCH=regexp, BENCHTIME=3s)
