@@ -61,7 +61,7 @@ func Example() {
 		fmt.Printf("parked: %s (%s)\n", r.Key, r.LastError)
 	}
 
-	released, err := store.Release(ctx, "send-sms", "order-42")
+	released, err := store.Release(ctx, "send-sms", "order-42", inbox.Expect{})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -91,6 +91,13 @@ type ParkedMessage struct {
 	// attempt holds it; "" when the key has no record (removed by hand, or
 	// purged after its release).
 	Status string
+
+	// Version identifies this message and the park that kept it: it
+	// changes when the key's parked message is replaced (the key parked
+	// again, with this message or another), and only then. Pass it in
+	// Expect.Version to replay or discard exactly what was shown. Compare
+	// it; never parse it.
+	Version string
 }
 
 func parkedMessage(r inboxdb.ParkedRow) ParkedMessage {
@@ -99,6 +106,7 @@ func parkedMessage(r inboxdb.ParkedRow) ParkedMessage {
 		UUID: r.Message.UUID, Topic: r.Message.Topic, Payload: r.Message.Payload, PayloadSize: r.Message.PayloadSize,
 		PayloadKept: r.Kept, Metadata: r.Message.Metadata,
 		Reason: r.Reason, Attempts: r.Attempts, FirstSeenAt: r.FirstSeenAt, ParkedAt: r.ParkedAt, Status: r.Status,
+		Version: parked.MessageVersion(r.Message.UUID, r.ParkedAt),
 	}
 }
 
@@ -173,6 +181,12 @@ type ReplayOptions struct {
 	// All lets ReplayParkedMatching run with an empty filter: every parked
 	// message of every consumer. Defaults to false.
 	All bool
+	// Expect is what the operator was shown of the message (ReplayParked):
+	// the replay happens only while the key's parked message still is so,
+	// else it returns an error wrapping ErrChanged. Not for
+	// ReplayParkedMatching, whose bound is the count the operator
+	// confirmed. Defaults to the zero Expect: no check.
+	Expect Expect
 }
 
 // ReplayReport is what ReplayParkedMatching did.
@@ -192,9 +206,17 @@ type DiscardOptions struct {
 	// for an operator (parked, or failed: released); a record done (its
 	// message processed since) or processing (an attempt holds it) is
 	// kept, or a later copy would run the handler again. Defaults to
-	// false: the key stays recorded, and a late redelivery is still
-	// acknowledged as parked without running.
+	// false: the key stays recorded, as discarded when it was parked
+	// (nothing lists, counts or alerts on it as parked any more), and a
+	// late redelivery is still acknowledged without running, counted as a
+	// duplicate.
 	Forget bool
+	// Expect is what the operator was shown of the message
+	// (DiscardParked): the discard happens only while the key's parked
+	// message still is so, else it returns an error wrapping ErrChanged.
+	// Not for DiscardParkedMatching, whose bound is the count the operator
+	// confirmed. Defaults to the zero Expect: no check.
+	Expect Expect
 	// BatchSize is the number of parked messages one transaction of
 	// DiscardParkedMatching deletes. Defaults to 100; at most 1000.
 	BatchSize int
@@ -276,8 +298,9 @@ func (s *Store) GetParked(ctx context.Context, consumer, key string) (ParkedMess
 //
 // It returns an error wrapping ErrNotParked when there is no parked
 // message (replayed or discarded meanwhile: of two operators replaying one
-// message at once, one writes it, the other gets this error), or
-// ErrNotReplayable (nothing changed) when it cannot be replayed as it is.
+// message at once, one writes it, the other gets this error),
+// ErrNotReplayable (nothing changed) when it cannot be replayed as it is,
+// or ErrChanged (nothing changed) when opts.Expect no longer holds.
 // The key may also have been released already (status failed, or no
 // record): then only the outbox row is written.
 func (s *Store) ReplayParked(ctx context.Context, consumer, key string, opts ReplayOptions) (ParkedMessage, error) {
@@ -324,6 +347,9 @@ func (s *Store) ReplayParkedTx(ctx context.Context, tx wsql.Tx, consumer, key st
 func (s *Store) ReplayParkedMatching(ctx context.Context, f ParkedFilter, opts ReplayOptions) (ReplayReport, error) {
 	pf := f.internal()
 	batch, err := s.checkBulk(pf, opts.All, "ReplayOptions", opts.BatchSize)
+	if err == nil && !opts.Expect.internal().Empty() {
+		err = fmt.Errorf("%w: ReplayOptions.Expect is for ReplayParked (one message); a bulk replay is bounded by the count you confirmed", ErrInvalidFilter)
+	}
 	if err == nil && opts.Topic != "" {
 		err = checkTopic(opts.Topic)
 	}
@@ -378,14 +404,16 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f ParkedFilter, opts R
 	}
 }
 
-// DiscardParked deletes the parked message of (consumer, key). The key
-// stays recorded as parked (a late redelivery is still acknowledged as
-// parked without running) unless opts.Forget, which deletes its inbox
-// record too, in the same transaction (the next delivery runs). It returns
-// an error wrapping ErrNotParked when there is no parked message; nothing
-// changed then.
+// DiscardParked deletes the parked message of (consumer, key). A parked
+// key becomes discarded: it is no longer listed or counted as parked, and
+// a late redelivery is still acknowledged without running (a duplicate);
+// a released (failed) key stays failed. With opts.Forget the key's inbox
+// record is deleted too while it waits for an operator, in the same
+// transaction (the next delivery runs). It returns an error wrapping
+// ErrNotParked when there is no parked message, or ErrChanged when
+// opts.Expect no longer holds; nothing changed then.
 func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts DiscardOptions) error {
-	if err := parked.CheckKey(consumer, key); err != nil {
+	if err := checkOne(consumer, key, opts.Expect); err != nil {
 		return s.fail("discard parked", err)
 	}
 	return s.fail("discard parked", s.inTx(ctx, func(tx wsql.Tx) error {
@@ -397,21 +425,24 @@ func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts Di
 // the deletions become visible when tx commits. After an error, roll tx
 // back.
 func (s *Store) DiscardParkedTx(ctx context.Context, tx wsql.Tx, consumer, key string, opts DiscardOptions) error {
-	if err := parked.CheckKey(consumer, key); err != nil {
+	if err := checkOne(consumer, key, opts.Expect); err != nil {
 		return s.fail("discard parked", err)
 	}
 	return s.fail("discard parked", s.discard(ctx, tx, consumer, key, opts))
 }
 
-// DiscardParkedMatching deletes (as DiscardParked) every parked message
-// that matches f, oldest parked first, in transactions of opts.BatchSize
-// messages each; a message another transaction holds (being replayed) is
-// skipped. It returns the number deleted, also when it stops early (an
+// DiscardParkedMatching deletes (as DiscardParked: parked keys become
+// discarded) every parked message that matches f, oldest parked first, in
+// transactions of opts.BatchSize messages each; a message another
+// transaction holds (being replayed) is skipped. It returns the number deleted, also when it stops early (an
 // error, or ctx's end). An empty filter is refused unless opts.All.
 // Count first (CountParked), and confirm.
 func (s *Store) DiscardParkedMatching(ctx context.Context, f ParkedFilter, opts DiscardOptions) (int64, error) {
 	pf := f.internal()
 	batch, err := s.checkBulk(pf, opts.All, "DiscardOptions", opts.BatchSize)
+	if err == nil && !opts.Expect.internal().Empty() {
+		err = fmt.Errorf("%w: DiscardOptions.Expect is for DiscardParked (one message); a bulk discard is bounded by the count you confirmed", ErrInvalidFilter)
+	}
 	if err == nil {
 		pf, err = s.boundNow(ctx, pf)
 	}
@@ -440,13 +471,21 @@ func (s *Store) DiscardParkedMatching(ctx context.Context, f ParkedFilter, opts 
 }
 
 func (s *Store) checkReplay(consumer, key string, opts ReplayOptions) error {
-	if err := parked.CheckKey(consumer, key); err != nil {
+	if err := checkOne(consumer, key, opts.Expect); err != nil {
 		return err
 	}
 	if opts.Topic != "" {
 		return checkTopic(opts.Topic)
 	}
 	return nil
+}
+
+// checkOne checks the key and the Expect of an action on one key.
+func checkOne(consumer, key string, e Expect) error {
+	if err := parked.CheckKey(consumer, key); err != nil {
+		return err
+	}
+	return e.internal().Validate()
 }
 
 func checkTopic(topic string) error {
@@ -484,11 +523,14 @@ func (s *Store) checkBulk(f parked.Filter, all bool, opts string, batchSize int)
 // replay replays the parked message of (consumer, key) in tx; with f, only
 // if it still matches f.
 func (s *Store) replay(ctx context.Context, tx wsql.Tx, consumer, key string, f *parked.Filter, opts ReplayOptions) (ParkedMessage, error) {
-	r, err := s.s.LockParked(ctx, tx, consumer, key, f)
+	r, err := s.s.LockParked(ctx, tx, consumer, key, f, true)
 	if err != nil {
 		return ParkedMessage{}, err
 	}
 	m := parkedMessage(r)
+	if err := opts.Expect.internal().CheckMessage(consumer, key, m.now()); err != nil {
+		return ParkedMessage{}, err
+	}
 	if err := replayable(m, opts); err != nil {
 		return ParkedMessage{}, err
 	}
@@ -552,25 +594,33 @@ func replayable(m ParkedMessage, opts ReplayOptions) error {
 	return fmt.Errorf("%w: %q for %q: %s", ErrNotReplayable, m.Key, m.Consumer, why)
 }
 
-// discard deletes the parked message of (consumer, key) in tx, and its
-// record too with opts.Forget (the record first: the lock order of a
-// park).
+// now is m as an Expect compares it.
+func (m ParkedMessage) now() parked.MessageNow {
+	return parked.MessageNow{UUID: m.UUID, ParkedAt: m.ParkedAt, Status: m.Status}
+}
+
+// discard deletes the parked message of (consumer, key) in tx, once it has
+// locked the key (its record, then its message: the lock order of a park)
+// and checked opts.Expect; a parked record becomes discarded, or with
+// opts.Forget is deleted while it waits for an operator.
 func (s *Store) discard(ctx context.Context, tx wsql.Tx, consumer, key string, opts DiscardOptions) error {
-	if opts.Forget {
-		found, err := s.s.DiscardForgetTx(ctx, tx, consumer, key)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return fmt.Errorf("%w (consumer %q, key %q)", ErrNotParked, consumer, key)
-		}
-		return nil
-	}
-	found, err := s.s.DeleteParked(ctx, tx, consumer, key)
+	r, err := s.s.LockParked(ctx, tx, consumer, key, nil, false)
 	if err != nil {
 		return err
 	}
-	if !found {
+	if err := opts.Expect.internal().CheckMessage(consumer, key, parkedMessage(r).now()); err != nil {
+		return err
+	}
+	var found bool
+	if opts.Forget {
+		found, err = s.s.DiscardForgetTx(ctx, tx, consumer, key)
+	} else {
+		found, err = s.s.DiscardTx(ctx, tx, consumer, key)
+	}
+	if err != nil {
+		return err
+	}
+	if !found { // cannot happen: the message is locked
 		return fmt.Errorf("%w (consumer %q, key %q)", ErrNotParked, consumer, key)
 	}
 	return nil

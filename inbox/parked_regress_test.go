@@ -65,7 +65,7 @@ func TestDiscardForgetKeepsADoneRecord(t *testing.T) {
 		for _, bulk := range []bool{false, true} {
 			key := fmt.Sprintf("released-bulk-%v", bulk)
 			require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, "c", key, "card declined", msg))
-			ok, err := b.store.Release(b.ctx, "c", key)
+			ok, err := b.store.Release(b.ctx, "c", key, inbox.Expect{})
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.True(t, b.claimed(t, "c", key), "the redelivery runs once")

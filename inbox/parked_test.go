@@ -205,7 +205,7 @@ func TestFindParkedByEachFilter(t *testing.T) {
 		require.True(t, strings.HasPrefix(err.Error(), "inbox: get parked: "), err.Error())
 
 		// The key's status as it is now: released, or without a record.
-		_, err = b.store.Release(b.ctx, "orders", "acme:2")
+		_, err = b.store.Release(b.ctx, "orders", "acme:2", inbox.Expect{})
 		require.NoError(t, err)
 		b.exec(t, `DELETE FROM `+b.db.Inbox()+` WHERE consumer = 'orders' AND message_key = 'globex:3'`)
 		page, err = b.store.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders"}, inbox.Page{})
@@ -426,7 +426,7 @@ func TestReplayParkedRefusals(t *testing.T) {
 		// A key released before (Release keeps the message) or without a
 		// record is replayed too: only the outbox row is written.
 		b.seed(t, parkedMsg{consumer: "c", key: "released", topic: "t", payload: []byte("r")})
-		ok, err := b.store.Release(b.ctx, "c", "released")
+		ok, err := b.store.Release(b.ctx, "c", "released", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		b.seedMessage(t, parkedMsg{consumer: "c", key: "norecord", topic: "t", payload: []byte("n")})
@@ -578,18 +578,24 @@ func TestDiscardParked(t *testing.T) {
 		b.seed(t, parkedMsg{consumer: "c", key: "keep", topic: "t", payload: []byte("x")})
 		b.seed(t, parkedMsg{consumer: "c", key: "forget", topic: "t", payload: []byte("x")})
 
-		// Discarded: the message goes, the key stays parked, and a late
+		// Discarded: the message goes, the key is no longer parked
+		// (discarded: nothing lists or counts it as parked), and a late
 		// redelivery is still not run.
 		require.NoError(t, b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}))
 		_, err := b.store.GetParked(b.ctx, "c", "keep")
 		require.ErrorIs(t, err, inbox.ErrNotParked)
-		require.Equal(t, "parked", b.status(t, "c", "keep"))
+		require.Equal(t, "discarded", b.status(t, "c", "keep"))
+		keys, err := b.store.Parked(b.ctx, "c", 10)
+		require.NoError(t, err)
+		require.Len(t, keys, 1, "only the other key is listed as parked")
+		require.Equal(t, "forget", keys[0].Key)
 		tx, err := b.db.Conn.BeginTx(b.ctx, nil)
 		require.NoError(t, err)
 		res, err := b.inner.ClaimTx(b.ctx, tx, "c", "keep")
 		require.NoError(t, err)
 		require.False(t, res.Claimed, "a late redelivery of a discarded message does not run")
-		require.Equal(t, "parked", res.Existing.Status)
+		require.Equal(t, "discarded", res.Existing.Status)
+		require.Equal(t, int64(1), res.Existing.Duplicates, "counted as a duplicate")
 		require.NoError(t, tx.Rollback())
 		err = b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{})
 		require.ErrorIs(t, err, inbox.ErrNotParked, "discarded once")
@@ -615,7 +621,9 @@ func TestDiscardParkedMatching(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(25), n)
 		require.Equal(t, int64(25), b.count(t, `SELECT count(*) FROM `+b.parkedTable()))
-		require.Equal(t, int64(50), b.count(t, `SELECT count(*) FROM `+b.db.Inbox()+` WHERE status = 'parked'`), "the keys stay parked")
+		require.Equal(t, int64(25), b.count(t, `SELECT count(*) FROM `+b.db.Inbox()+` WHERE status = 'parked'`), "the others stay parked")
+		require.Equal(t, int64(25), b.count(t, `SELECT count(*) FROM `+b.db.Inbox()+` WHERE status = 'discarded' AND message_key LIKE 'a%'`),
+			"the discarded ones' keys are discarded, no longer parked")
 
 		n, err = b.store.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.DiscardOptions{Forget: true, BatchSize: 7})
 		require.NoError(t, err)
@@ -633,21 +641,21 @@ func TestForgetAndReleaseOfAParkedMessage(t *testing.T) {
 		b.seed(t, parkedMsg{consumer: "c", key: "r", topic: "t", payload: []byte("x")})
 
 		// Forget takes the parked message with the record.
-		ok, err := b.store.Forget(b.ctx, "c", "f")
+		ok, err := b.store.Forget(b.ctx, "c", "f", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		_, err = b.store.GetParked(b.ctx, "c", "f")
 		require.ErrorIs(t, err, inbox.ErrNotParked)
 		b.seedMessage(t, parkedMsg{consumer: "c", key: "f", topic: "t", payload: []byte("x")})
-		ok, err = b.store.Forget(b.ctx, "c", "f")
+		ok, err = b.store.Forget(b.ctx, "c", "f", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok, "a parked message without a record counts")
-		ok, err = b.store.Forget(b.ctx, "c", "f")
+		ok, err = b.store.Forget(b.ctx, "c", "f", inbox.Expect{})
 		require.NoError(t, err)
 		require.False(t, ok)
 
 		// Release keeps it, listed with the key's status, until replayed.
-		ok, err = b.store.Release(b.ctx, "c", "r")
+		ok, err = b.store.Release(b.ctx, "c", "r", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		m, err := b.store.GetParked(b.ctx, "c", "r")

@@ -9,6 +9,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	tenantpkg "github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -45,8 +46,10 @@ type Record struct {
 	Key      string
 	// Status is "processing" (lease mode: an attempt holds the key),
 	// "done", "failed" (lease mode: the last attempt returned an error, or
-	// an operator released the key; the next delivery runs again) or
-	// "parked" (waiting for an operator: see Store.Release).
+	// an operator released the key; the next delivery runs again),
+	// "parked" (waiting for an operator: see Store.Release) or "discarded"
+	// (an operator discarded its parked message: deliveries are
+	// acknowledged without running, as for done).
 	Status string
 	// Attempts counts the runs of the handler that claimed the key.
 	Attempts int
@@ -67,12 +70,20 @@ type Record struct {
 	Interrupted bool
 	// Interruptions counts the key's attempts that ended interrupted.
 	Interruptions int
+
+	// Version identifies the record's state: it changes whenever the
+	// record is created, attempted, finished (done, failed, parked,
+	// discarded) or released; not when a duplicate is counted or a lease
+	// extended. Pass it in Expect.Version to forget or release exactly the
+	// state that was shown. Compare it; never parse it.
+	Version string
 }
 
 func record(r inboxdb.Record) Record {
 	return Record{Consumer: r.Consumer, Key: r.Key, Status: r.Status, Attempts: r.Attempts, Duplicates: r.Duplicates,
 		LeaseUntil: r.LeaseUntil, FirstSeenAt: r.FirstSeenAt, ProcessedAt: r.ProcessedAt, LastError: r.LastError,
-		Interrupted: r.Interrupted, Interruptions: r.Interruptions}
+		Interrupted: r.Interrupted, Interruptions: r.Interruptions,
+		Version: parked.RecordVersion(r.Status, r.Attempts, r.FirstSeenAt, r.ProcessedAt)}
 }
 
 // Get returns the record of (consumer, key), or an error wrapping
@@ -90,14 +101,44 @@ func (s *Store) Get(ctx context.Context, consumer, key string) (Record, error) {
 // FindParked) if it has one, in one transaction. It reports whether a
 // record or a parked message existed. Use it to re-process a message on
 // purpose; it undoes no effect.
-func (s *Store) Forget(ctx context.Context, consumer, key string) (bool, error) {
+//
+// With an Expect (the Version, Status or parked MessageUUID that was
+// shown), it forgets only while the key is still so, and otherwise returns
+// an error wrapping ErrChanged (a key with no record: ErrNotFound), having
+// changed nothing: a record done since it was shown parked stays, or its
+// next delivery would run again.
+func (s *Store) Forget(ctx context.Context, consumer, key string, expect Expect) (bool, error) {
+	if err := expect.internal().Validate(); err != nil {
+		return false, s.fail("forget", err)
+	}
 	var found bool
 	err := s.inTx(ctx, func(tx wsql.Tx) error {
+		if err := s.checkRecord(ctx, tx, consumer, key, expect); err != nil {
+			return err
+		}
 		record, message, err := s.s.ForgetTx(ctx, tx, consumer, key)
 		found = record || message
 		return err
 	})
 	return found, s.fail("forget", err)
+}
+
+// checkRecord locks the key and checks expect against its record, when
+// expect checks anything.
+func (s *Store) checkRecord(ctx context.Context, tx wsql.Tx, consumer, key string, expect Expect) error {
+	e := expect.internal()
+	if e.Empty() {
+		return nil
+	}
+	rec, uuid, found, err := s.s.LockRecord(ctx, tx, consumer, key)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("%w (consumer %q, key %q)", ErrNotFound, consumer, key)
+	}
+	return e.CheckRecord(consumer, key, parked.RecordNow{Status: rec.Status, Attempts: rec.Attempts,
+		FirstSeenAt: rec.FirstSeenAt, ProcessedAt: rec.ProcessedAt, MessageUUID: uuid})
 }
 
 // Parked returns up to limit parked records of consumer (every consumer
@@ -125,8 +166,27 @@ func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]Recor
 // Release keeps the key's parked message: it stays listed (FindParked,
 // with the key's status: failed, then done once a delivery processed it)
 // until it is replayed or discarded (DiscardParked), or the key forgotten.
-func (s *Store) Release(ctx context.Context, consumer, key string) (bool, error) {
-	ok, err := s.s.Release(ctx, s.db.Conn, consumer, key)
+//
+// With an Expect (the record's Version that was shown, say), it releases
+// only while the key is still so, and otherwise returns an error wrapping
+// ErrChanged (a key with no record: ErrNotFound), having changed nothing.
+func (s *Store) Release(ctx context.Context, consumer, key string, expect Expect) (bool, error) {
+	if err := expect.internal().Validate(); err != nil {
+		return false, s.fail("release", err)
+	}
+	if expect.internal().Empty() {
+		ok, err := s.s.Release(ctx, s.db.Conn, consumer, key)
+		return ok, s.fail("release", err)
+	}
+	var ok bool
+	err := s.inTx(ctx, func(tx wsql.Tx) error {
+		if err := s.checkRecord(ctx, tx, consumer, key, expect); err != nil {
+			return err
+		}
+		var err error
+		ok, err = s.s.Release(ctx, tx, consumer, key)
+		return err
+	})
 	return ok, s.fail("release", err)
 }
 

@@ -127,8 +127,9 @@ VALUES ('c', 'leased', 'processing', 3, 4, '2030-01-02T03:04:05Z', '2029-01-01T0
 		require.Equal(t, inbox.Record{
 			Consumer: "c", Key: "leased", Status: "processing", Attempts: 3, Duplicates: 4,
 			LeaseUntil: inner.LeaseUntil, FirstSeenAt: inner.FirstSeenAt, ProcessedAt: inner.ProcessedAt,
-			LastError: "timeout", Interrupted: true, Interruptions: 2,
+			LastError: "timeout", Interrupted: true, Interruptions: 2, Version: rec.Version,
 		}, rec)
+		require.NotEmpty(t, rec.Version)
 		require.True(t, rec.LeaseUntil.Equal(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)), rec.LeaseUntil.String())
 		require.True(t, rec.ProcessedAt.Equal(time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC)), rec.ProcessedAt.String())
 
@@ -137,14 +138,14 @@ VALUES ('c', 'leased', 'processing', 3, 4, '2030-01-02T03:04:05Z', '2029-01-01T0
 
 		// Forget: the record goes, once; the next delivery runs again.
 		b.claim(t, "c2", "k")
-		ok, err := b.store.Forget(b.ctx, "c", "k")
+		ok, err := b.store.Forget(b.ctx, "c", "k", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		_, err = b.store.Get(b.ctx, "c", "k")
 		require.ErrorIs(t, err, inbox.ErrNotFound)
 		_, err = b.store.Get(b.ctx, "c2", "k")
 		require.NoError(t, err, "Forget touches one consumer's key only")
-		ok, err = b.store.Forget(b.ctx, "c", "k")
+		ok, err = b.store.Forget(b.ctx, "c", "k", inbox.Expect{})
 		require.NoError(t, err)
 		require.False(t, ok, "nothing left to forget")
 		b.claim(t, "c", "k") // claimed again: require.True(res.Claimed) inside
@@ -184,22 +185,22 @@ func TestStoreParkedAndRelease(t *testing.T) {
 		require.Equal(t, 1, recs[0].Attempts)
 
 		// Release: parked -> failed, once; per consumer; only parked keys.
-		ok, err := b.store.Release(b.ctx, "c1", "p-c")
+		ok, err := b.store.Release(b.ctx, "c1", "p-c", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		rec, err := b.store.Get(b.ctx, "c1", "p-c")
 		require.NoError(t, err)
 		require.Equal(t, "failed", rec.Status)
 		require.Equal(t, "reason c", rec.LastError, "the reason stays for the record")
-		ok, err = b.store.Release(b.ctx, "c1", "p-c")
+		ok, err = b.store.Release(b.ctx, "c1", "p-c", inbox.Expect{})
 		require.NoError(t, err)
 		require.False(t, ok, "no longer parked")
 		for _, k := range []string{"done", "no-such-key"} {
-			ok, err = b.store.Release(b.ctx, "c1", k)
+			ok, err = b.store.Release(b.ctx, "c1", k, inbox.Expect{})
 			require.NoError(t, err)
 			require.False(t, ok, k)
 		}
-		ok, err = b.store.Release(b.ctx, "c2", "p-a")
+		ok, err = b.store.Release(b.ctx, "c2", "p-a", inbox.Expect{})
 		require.NoError(t, err)
 		require.False(t, ok, "release is per consumer")
 		require.Equal(t, []string{"c1/p-a", "c1/p-b"}, list("c1", 0))
@@ -326,11 +327,11 @@ func TestStoreNotMigrated(t *testing.T) {
 		}
 		_, err = s.Get(b.ctx, "c", "k")
 		check(err)
-		_, err = s.Forget(b.ctx, "c", "k")
+		_, err = s.Forget(b.ctx, "c", "k", inbox.Expect{})
 		check(err)
 		_, err = s.Parked(b.ctx, "", 0)
 		check(err)
-		_, err = s.Release(b.ctx, "c", "k")
+		_, err = s.Release(b.ctx, "c", "k", inbox.Expect{})
 		check(err)
 		_, err = s.Stats(b.ctx, "")
 		check(err)
@@ -389,10 +390,10 @@ SELECT 'c', 'old-' || g, 'done', now() - interval '48 hours' FROM generate_serie
 		parked, err := ps.Parked(b.ctx, "c", 0)
 		require.NoError(t, err)
 		require.Len(t, parked, 1)
-		ok, err := ps.Release(b.ctx, "c", "p")
+		ok, err := ps.Release(b.ctx, "c", "p", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
-		ok, err = ps.Forget(b.ctx, "c", "k")
+		ok, err = ps.Forget(b.ctx, "c", "k", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		n, err = ps.Purge(b.ctx, inbox.PurgeOptions{OlderThan: time.Hour})

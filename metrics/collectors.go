@@ -215,7 +215,7 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // inboxStatuses are the statuses always exported, 0 when absent.
-var inboxStatuses = []string{"processing", "done", "failed", "parked"}
+var inboxStatuses = []string{"processing", "done", "failed", "parked", "discarded"}
 
 // inboxCollector exports inbox.Store.Stats, run at most once per interval
 // (consumerCache), and the purge progress ObservePurge reports.
@@ -231,7 +231,7 @@ func newInboxCollector(ns string, timeout, interval time.Duration, logger *slog.
 		stats: &consumerCache[map[string]int64]{timeout: timeout, interval: interval, logger: logger,
 			failed: "metrics: inbox statistics query failed; the inbox gauges are left out until the next query"},
 		rowsDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "inbox", "rows"),
-			"Inbox records by consumer and status (processing, done, failed, parked), refreshed at most once per interval; consumer is empty for the whole table.",
+			"Inbox records by consumer and status (processing, done, failed, parked, discarded), refreshed at most once per interval; consumer is empty for the whole table.",
 			[]string{"consumer", "status"}, nil),
 		scrapeErrors: prometheus.NewDesc(prometheus.BuildFQName(ns, "inbox", "scrape_errors_total"),
 			"Inbox statistics queries (inbox.Store.Stats) that failed during a scrape.", nil, nil),

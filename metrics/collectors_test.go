@@ -232,14 +232,17 @@ func TestWatchInbox(t *testing.T) {
 		`exactlyonce_inbox_rows{consumer="orders",status="done"}`:       2,
 		`exactlyonce_inbox_rows{consumer="orders",status="parked"}`:     1,
 		`exactlyonce_inbox_rows{consumer="orders",status="failed"}`:     0,
+		`exactlyonce_inbox_rows{consumer="orders",status="discarded"}`:  0,
 		`exactlyonce_inbox_rows{consumer="orders",status="processing"}`: 0,
 		`exactlyonce_inbox_rows{consumer="sms",status="done"}`:          1,
 		`exactlyonce_inbox_rows{consumer="sms",status="parked"}`:        0,
 		`exactlyonce_inbox_rows{consumer="sms",status="failed"}`:        0,
+		`exactlyonce_inbox_rows{consumer="sms",status="discarded"}`:     0,
 		`exactlyonce_inbox_rows{consumer="sms",status="processing"}`:    0,
 		`exactlyonce_inbox_rows{consumer="nobody",status="done"}`:       0,
 		`exactlyonce_inbox_rows{consumer="nobody",status="parked"}`:     0,
 		`exactlyonce_inbox_rows{consumer="nobody",status="failed"}`:     0,
+		`exactlyonce_inbox_rows{consumer="nobody",status="discarded"}`:  0,
 		`exactlyonce_inbox_rows{consumer="nobody",status="processing"}`: 0,
 		`exactlyonce_inbox_scrape_errors_total`:                         0,
 	}, withPrefix(scrape(t, reg), "exactlyonce_inbox_rows", "exactlyonce_inbox_scrape"))
@@ -257,6 +260,7 @@ func TestWatchInbox(t *testing.T) {
 		`exactlyonce_inbox_rows{consumer="",status="done"}`:       4,
 		`exactlyonce_inbox_rows{consumer="",status="parked"}`:     1,
 		`exactlyonce_inbox_rows{consumer="",status="failed"}`:     0,
+		`exactlyonce_inbox_rows{consumer="",status="discarded"}`:  0,
 		`exactlyonce_inbox_rows{consumer="",status="processing"}`: 0,
 	}, s)
 	deliver("sms", "k-3", nil)

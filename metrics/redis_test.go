@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
@@ -31,7 +32,7 @@ func TestWatchRedisStore(t *testing.T) {
 	park("sms", "k2")
 	park("sms", "k3")
 	park("mail", "k1")
-	_, err = store.Release(ctx, "sms", "k3")
+	_, err = store.Release(ctx, "sms", "k3", inbox.Expect{})
 	require.NoError(t, err)
 
 	m, reg := newMetrics(t, metrics.Config{InboxInterval: time.Hour})

@@ -219,7 +219,7 @@ func (m *Middleware) leaseHandlerFailed(msg *message.Message, ev *Event, lease *
 // topic (router.AddHandler: it means to return messages, which the store
 // cannot record), or an earlier delivery showed that it needs a
 // transaction, an outbox or outputs. Nil when nothing is known against it,
-// and for a key already done or parked: the claim acks it without running
+// and for a key already settled (done, parked, discarded): the claim acks it without running
 // the handler.
 func (m *Middleware) storeOnlyRefusal(ctx context.Context, consumer, key string) error {
 	topic := message.PublishTopicFromCtx(ctx)
@@ -227,7 +227,7 @@ func (m *Middleware) storeOnlyRefusal(ctx context.Context, consumer, key string)
 	if topic == "" && !known {
 		return nil
 	}
-	if rec, err := m.lease.Get(ctx, consumer, key); err == nil && (rec.Status == inboxdb.StatusDone || rec.Status == inboxdb.StatusParked) {
+	if rec, err := m.lease.Get(ctx, consumer, key); err == nil && inboxdb.Settled(rec.Status) {
 		return nil
 	}
 	if topic := message.PublishTopicFromCtx(ctx); topic != "" {

@@ -201,7 +201,7 @@ func ExampleFindRows() {
 
 	// Fixed: requeue it, and the relay sends it.
 	dest.fixed = true
-	if err := outbox.Requeue(ctx, db, page.Rows[0].ID); err != nil {
+	if err := outbox.Requeue(ctx, db, page.Rows[0].ID, outbox.Expect{}); err != nil {
 		fmt.Println(err)
 		return
 	}

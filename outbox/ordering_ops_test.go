@@ -138,7 +138,7 @@ WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
 		require.ErrorContains(t, err, "RowFilter.OrderingKey")
 
 		// Discarding B's quarantined row unblocks B: its next row goes.
-		require.NoError(t, outbox.Discard(b.ctx, db, b.rowID(t, "B-1")))
+		require.NoError(t, outbox.Discard(b.ctx, db, b.rowID(t, "B-1"), outbox.Expect{}))
 		require.Equal(t, blockedFigures{Failing: 3, BlockedKeys: 1, Blocked: 1}, b.blockedFigures(t), "A-3 still waits behind A-2")
 
 		// Requeueing A's failing rows (by key: free-1 is left as it is)
@@ -191,7 +191,7 @@ func TestRelayBlockedKeyShowsAndDiscardUnblocks(t *testing.T) {
 		require.Equal(t, []keyWaiting{{"A-1", "A", 2}}, keysOf(page.Rows))
 		require.Contains(t, page.Rows[0].LastError, "too large for the broker")
 
-		require.NoError(t, outbox.Discard(b.ctx, db, page.Rows[0].ID))
+		require.NoError(t, outbox.Discard(b.ctx, db, page.Rows[0].ID, outbox.Expect{}))
 		require.Equal(t, blockedFigures{}, b.blockedFigures(t), "discarded: the key is not blocked")
 		for range 3 {
 			_, _ = relay.RelayOnce(b.ctx)

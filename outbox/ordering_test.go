@@ -388,7 +388,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 				page, err := outbox.FindRows(b.ctx, b.schema(), outbox.RowFilter{UUID: "C-002"}, outbox.Paging{})
 				require.NoError(t, err)
 				require.Len(t, page.Rows, 1)
-				require.NoError(t, outbox.Discard(b.ctx, b.schema(), page.Rows[0].ID))
+				require.NoError(t, outbox.Discard(b.ctx, b.schema(), page.Rows[0].ID, outbox.Expect{}))
 				drain()
 				require.Equal(t, []int{1, 3}, log.distinct()["C"])
 				require.Empty(t, log.violations(map[string]map[int]bool{"C": {2: true}}))

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	stdsql "database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -36,7 +38,22 @@ var (
 	// is in the live backlog, or failing and retried after its backoff),
 	// or another operator requeued it first. Nothing was changed.
 	ErrNotQuarantined = errors.New("outbox row is not quarantined")
+	// ErrChanged is returned (wrapped) by Requeue and Discard given an
+	// Expect that no longer holds: the row's failure record is not the one
+	// the operator was shown (it was requeued and failed again, say).
+	// Nothing was changed. It is inbox.ErrChanged too.
+	ErrChanged = parked.ErrChanged
 )
+
+// Expect is what an operator (a page, a script) was shown of an outbox row
+// before acting on it: Requeue and Discard act only while the row is
+// still so, checked under the row's lock in the transaction that acts,
+// and otherwise return an error wrapping ErrChanged. The zero Expect
+// checks nothing.
+type Expect struct {
+	// Version is the row's Version that was shown.
+	Version string
+}
 
 // RowState selects outbox rows by their failure record.
 type RowState string
@@ -105,6 +122,11 @@ type Row struct {
 	// OrderingKey is the message's ordering key (see OrderingKeyMetadata);
 	// "" when it has none.
 	OrderingKey string
+	// Version identifies the row's failure record: it changes whenever the
+	// relay records a failure, the row is quarantined, or an operator
+	// requeues it. Pass it in Expect.Version to requeue or discard exactly
+	// what was shown. Compare it; never parse it.
+	Version string
 	// Waiting is, for a failing or quarantined row with an ordering key,
 	// the number of rows of its key written after it (a larger id): the
 	// relay holds them back until this row is published, requeued (it
@@ -343,14 +365,15 @@ func GetRow(ctx context.Context, db sqlschema.DB, id int64) (Row, error) {
 // Only a quarantined row is requeued. Requeue returns ErrRowNotFound when
 // there is no row with this id, and ErrNotQuarantined when the row is not
 // quarantined (the relay is still trying it, or another operator requeued it
-// first): nothing is changed then. To make failing rows due at once, use
-// RequeueMatching with StateFailing. db.Conn is required.
-func Requeue(ctx context.Context, db sqlschema.DB, id int64) error {
+// first), and ErrChanged when expect no longer holds: nothing is changed
+// then. To make failing rows due at once, use RequeueMatching with
+// StateFailing. db.Conn is required.
+func Requeue(ctx context.Context, db sqlschema.DB, id int64, expect Expect) error {
 	const op = "Requeue"
 	if err := checkID(op, db, id); err != nil {
 		return err
 	}
-	return actOnQuarantined(ctx, db, op, id, `WITH acted AS (
+	return actOnQuarantined(ctx, db, op, id, expect, `WITH acted AS (
   UPDATE `+db.Outbox()+` SET `+clearFailures+`
   WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
 )
@@ -362,14 +385,15 @@ FROM (SELECT count(*) AS n FROM acted) c`)
 // never published (the relay cannot see it any more, and nothing keeps a
 // copy). It returns ErrRowNotFound when there is no row with this id, and
 // ErrNotQuarantined when the row is not quarantined (the relay may be
-// publishing it at this moment; a failing row cannot be discarded): nothing
-// is changed then. db.Conn is required.
-func Discard(ctx context.Context, db sqlschema.DB, id int64) error {
+// publishing it at this moment; a failing row cannot be discarded), and
+// ErrChanged when expect no longer holds: nothing is changed then. db.Conn
+// is required.
+func Discard(ctx context.Context, db sqlschema.DB, id int64, expect Expect) error {
 	const op = "Discard"
 	if err := checkID(op, db, id); err != nil {
 		return err
 	}
-	return actOnQuarantined(ctx, db, op, id, `WITH acted AS (
+	return actOnQuarantined(ctx, db, op, id, expect, `WITH acted AS (
   DELETE FROM `+db.Outbox()+` WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
 )
 SELECT n, true FROM (SELECT count(*) AS n FROM acted) c`)
@@ -464,6 +488,7 @@ func scanRow(rs scanner) (Row, error) {
 		return Row{}, err
 	}
 	r.RawMetadata = json.RawMessage(meta)
+	r.Version = parked.RowVersion(r.ID, r.QuarantinedAt, r.Failures, r.PermanentFailures)
 	var m map[string]string
 	if json.Unmarshal(r.RawMetadata, &m) == nil {
 		r.Metadata = m
@@ -483,8 +508,12 @@ func checkID(op string, db sqlschema.DB, id int64) error {
 
 // actOnQuarantined runs stmt, which requeues or deletes row id if it is
 // quarantined and returns how many it changed, and says why when it changed
-// none.
-func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64, stmt string) error {
+// none. With an expect that checks something, it locks the row first, in
+// the transaction that runs stmt, and checks it.
+func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64, expect Expect, stmt string) error {
+	if expect.Version != "" {
+		return actOnExpected(ctx, db, op, id, expect, stmt)
+	}
 	// A row found quarantined after the statement missed it was
 	// requeued and quarantined again in between: try again.
 	for range 3 {
@@ -511,6 +540,54 @@ func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64,
 		}
 	}
 	return fmt.Errorf("outbox: %s: row %d was quarantined again each time it was changed: try again", op, id)
+}
+
+// actOnExpected is actOnQuarantined with a precondition: one READ
+// COMMITTED transaction locks the row, checks that it is quarantined and
+// that its version is expect's, and runs stmt.
+func actOnExpected(ctx context.Context, db sqlschema.DB, op string, id int64, expect Expect, stmt string) (err error) {
+	if len(expect.Version) > 255 {
+		return fmt.Errorf("outbox: %s: Expect.Version is not a version a row shows (over 255 bytes)", op)
+	}
+	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	if err != nil {
+		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	var quarantinedAt *time.Time
+	var failures, permanent int
+	err = seam.QueryRow(ctx, tx, `SELECT quarantined_at, failures, attempts FROM `+db.Outbox()+` WHERE id = $1 FOR UPDATE`,
+		[]any{id}, &quarantinedAt, &failures, &permanent)
+	switch {
+	case errors.Is(err, seam.ErrNoRows):
+		return fmt.Errorf("outbox: %s: row %d: %w", op, id, ErrRowNotFound)
+	case err != nil:
+		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	case quarantinedAt == nil && failures > 0:
+		return fmt.Errorf("outbox: %s: row %d: %w: it is failing, and the relay retries it after its backoff", op, id, ErrNotQuarantined)
+	case quarantinedAt == nil:
+		return fmt.Errorf("outbox: %s: row %d: %w: it has no failure record (the relay publishes it with the live backlog)", op, id, ErrNotQuarantined)
+	case parked.RowVersion(id, quarantinedAt, failures, permanent) != expect.Version:
+		return fmt.Errorf("outbox: %s: row %d: %w: it is quarantined since %s after %d failures (%d its own), not as shown (version %s)",
+			op, id, ErrChanged, quarantinedAt.UTC().Format(time.RFC3339Nano), failures, permanent, expect.Version)
+	}
+	var n int64
+	var ignored bool
+	if err = seam.QueryRow(ctx, tx, stmt, []any{id}, &n, &ignored); err != nil {
+		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	}
+	if n != 1 { // cannot happen: the row is locked and quarantined
+		err = fmt.Errorf("outbox: %s: row %d changed under its lock", op, id)
+		return err
+	}
+	if err = tx.Commit(); err != nil {
+		return fmt.Errorf("outbox: %s: commit: %w", op, err)
+	}
+	return nil
 }
 
 // actOnMatching runs the statement that act builds over batches of the rows

@@ -294,9 +294,9 @@ func TestRowFilterValidation(t *testing.T) {
 			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountRowsAsOf, or QuarantinedBefore to the current time)"},
 		{"max id", find(outbox.RowFilter{MaxID: -3}), "RowFilter.MaxID is -3: ids are positive"},
 		{"get id", func() error { _, err := outbox.GetRow(ctx, db, 0); return err }(), "outbox: GetRow: row id 0: ids are positive"},
-		{"requeue id", outbox.Requeue(ctx, db, -2), "outbox: Requeue: row id -2: ids are positive"},
-		{"discard id", outbox.Discard(ctx, db, 0), "outbox: Discard: row id 0: ids are positive"},
-		{"no conn", outbox.Requeue(ctx, sqlschema.DB{}, 1), "outbox: Requeue: DB.Conn is nil"},
+		{"requeue id", outbox.Requeue(ctx, db, -2, outbox.Expect{}), "outbox: Requeue: row id -2: ids are positive"},
+		{"discard id", outbox.Discard(ctx, db, 0, outbox.Expect{}), "outbox: Discard: row id 0: ids are positive"},
+		{"no conn", outbox.Requeue(ctx, sqlschema.DB{}, 1, outbox.Expect{}), "outbox: Requeue: DB.Conn is nil"},
 		{"bad table", func() error {
 			_, err := outbox.CountRows(ctx, sqlschema.DB{Conn: txConn{}, OutboxTable: "a-b"}, outbox.RowFilter{})
 			return err
@@ -346,7 +346,7 @@ func TestRequeueOne(t *testing.T) {
 		rec.mu.Lock()
 		rec.failUUID = "" // the cause is fixed
 		rec.mu.Unlock()
-		require.NoError(t, outbox.Requeue(b.ctx, db, row.ID))
+		require.NoError(t, outbox.Requeue(b.ctx, db, row.ID, outbox.Expect{}))
 		requeued, err := outbox.GetRow(b.ctx, db, row.ID)
 		require.NoError(t, err)
 		require.False(t, requeued.Quarantined())
@@ -363,8 +363,8 @@ func TestRequeueOne(t *testing.T) {
 		require.Zero(t, b.pending(t, b.db))
 
 		// Requeued and relayed: gone.
-		require.ErrorIs(t, outbox.Requeue(b.ctx, db, row.ID), outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, row.ID), outbox.ErrRowNotFound)
+		require.ErrorIs(t, outbox.Requeue(b.ctx, db, row.ID, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, outbox.Discard(b.ctx, db, row.ID, outbox.Expect{}), outbox.ErrRowNotFound)
 
 		// A failing row and a row that never failed are the relay's: refused
 		// by id, unchanged.
@@ -376,14 +376,14 @@ func TestRequeueOne(t *testing.T) {
 		rows := b.rows(t)
 		require.Len(t, rows, 2)
 		failingID, freshID := rows[0].ID, rows[1].ID
-		err = outbox.Requeue(b.ctx, db, failingID)
+		err = outbox.Requeue(b.ctx, db, failingID, outbox.Expect{})
 		require.ErrorIs(t, err, outbox.ErrNotQuarantined)
 		require.ErrorContains(t, err, "it is failing, and the relay retries it after its backoff")
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, failingID), outbox.ErrNotQuarantined)
-		err = outbox.Requeue(b.ctx, db, freshID)
+		require.ErrorIs(t, outbox.Discard(b.ctx, db, failingID, outbox.Expect{}), outbox.ErrNotQuarantined)
+		err = outbox.Requeue(b.ctx, db, freshID, outbox.Expect{})
 		require.ErrorIs(t, err, outbox.ErrNotQuarantined)
 		require.ErrorContains(t, err, "no failure record")
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, freshID), outbox.ErrNotQuarantined)
+		require.ErrorIs(t, outbox.Discard(b.ctx, db, freshID, outbox.Expect{}), outbox.ErrNotQuarantined)
 		failing, err := outbox.GetRow(b.ctx, db, failingID)
 		require.NoError(t, err)
 		require.Equal(t, 1, failing.Failures, "unchanged")
@@ -408,7 +408,7 @@ func TestRequeueWakesTheRelay(t *testing.T) {
 		waitListening(t, relay)
 		time.Sleep(100 * time.Millisecond) // past the catch-up polls of its first batch
 		require.Zero(t, rec.count(), "quarantined: skipped")
-		require.NoError(t, outbox.Requeue(b.ctx, b.schema(), ids[0]))
+		require.NoError(t, outbox.Requeue(b.ctx, b.schema(), ids[0], outbox.Expect{}))
 		waitDelivered(t, rec, 1, 5*time.Second, "requeued row")
 		time.Sleep(100 * time.Millisecond)
 		n, err := outbox.RequeueMatching(b.ctx, b.schema(), outbox.RowFilter{UUID: "q2"})
@@ -428,7 +428,7 @@ func TestRequeueConcurrently(t *testing.T) {
 			errs := make([]error, 2)
 			var wg sync.WaitGroup
 			for j := range errs {
-				wg.Go(func() { errs[j] = outbox.Requeue(b.ctx, b.schema(), ids[0]) })
+				wg.Go(func() { errs[j] = outbox.Requeue(b.ctx, b.schema(), ids[0], outbox.Expect{}) })
 			}
 			wg.Wait()
 			ok := 0
@@ -549,13 +549,13 @@ func TestDiscard(t *testing.T) {
 		)
 		q1, f1, h1 := ids[0], ids[3], ids[4]
 
-		require.NoError(t, outbox.Discard(b.ctx, db, q1))
+		require.NoError(t, outbox.Discard(b.ctx, db, q1, outbox.Expect{}))
 		_, err := outbox.GetRow(b.ctx, db, q1)
 		require.ErrorIs(t, err, outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, q1), outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Requeue(b.ctx, db, q1), outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, f1), outbox.ErrNotQuarantined)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, h1), outbox.ErrNotQuarantined)
+		require.ErrorIs(t, outbox.Discard(b.ctx, db, q1, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, outbox.Requeue(b.ctx, db, q1, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, outbox.Discard(b.ctx, db, f1, outbox.Expect{}), outbox.ErrNotQuarantined)
+		require.ErrorIs(t, outbox.Discard(b.ctx, db, h1, outbox.Expect{}), outbox.ErrNotQuarantined)
 
 		_, err = outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, Reason: "too large"})
 		require.Error(t, err)

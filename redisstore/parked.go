@@ -81,6 +81,7 @@ func readParked(consumer, key string, field func(string) string, kept bool) (inb
 		Consumer: consumer, Key: key, UUID: field("m_uuid"), Topic: field("m_topic"), PayloadSize: int(num("m_size")),
 		PayloadKept: kept, Metadata: md, Reason: cmp.Or(field("m_reason"), field("last_error")), Attempts: int(num("attempts")),
 		FirstSeenAt: fromMS(num("first_seen_ms")), ParkedAt: fromMS(parkedAt), Status: field("status"),
+		Version: parked.MessageVersion(field("m_uuid"), fromMS(parkedAt)),
 	}, nil
 }
 
@@ -344,7 +345,11 @@ func (s *Store) ReplayParked(ctx context.Context, consumer, key string, pub mess
 	if err := checkReplay(consumer, key, pub, opts); err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: replay parked: %w", err)
 	}
-	m, err := s.replay(ctx, consumer, key, "", pub, opts)
+	g, err := s.expectMessage(ctx, consumer, key, opts.Expect)
+	if err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: replay parked: %w", err)
+	}
+	m, err := s.replay(ctx, consumer, key, g, pub, opts)
 	if err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: replay parked: %w", err)
 	}
@@ -366,6 +371,9 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, 
 	if err == nil {
 		err = checkPublisher(pub, opts)
 	}
+	if err == nil && !parked.Expect(opts.Expect).Empty() {
+		err = fmt.Errorf("%w: ReplayOptions.Expect is for ReplayParked (one message); a bulk replay is bounded by the count you confirmed", inbox.ErrInvalidFilter)
+	}
 	if err != nil {
 		return rep, fmt.Errorf("redisstore: replay parked: %w", err)
 	}
@@ -377,11 +385,11 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, 
 		if err := ctx.Err(); err != nil {
 			return rep, fmt.Errorf("redisstore: replay parked: %w", err)
 		}
-		_, err := s.replay(ctx, pf.Consumer, e.msg.Key, e.parkedAtMS, pub, opts)
+		_, err := s.replay(ctx, pf.Consumer, e.msg.Key, parkGuard(e.parkedAtMS), pub, opts)
 		switch {
 		case err == nil:
 			rep.Replayed++
-		case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrNotReplayable):
+		case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrNotReplayable), errors.Is(err, inbox.ErrChanged):
 			rep.Skipped++
 		default:
 			return rep, fmt.Errorf("redisstore: replay parked: %w", err)
@@ -400,7 +408,11 @@ func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts in
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return fmt.Errorf("redisstore: discard parked: %w", err)
 	}
-	if err := s.discard(ctx, consumer, key, "", opts); err != nil {
+	g, err := s.expectMessage(ctx, consumer, key, opts.Expect)
+	if err != nil {
+		return fmt.Errorf("redisstore: discard parked: %w", err)
+	}
+	if err := s.discard(ctx, consumer, key, g, opts); err != nil {
 		return fmt.Errorf("redisstore: discard parked: %w", err)
 	}
 	return nil
@@ -413,6 +425,9 @@ func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts in
 // unless opts.All. Count first (CountParked), and confirm.
 func (s *Store) DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error) {
 	pf, err := bulkFilter(f, opts.All, "DiscardOptions", opts.BatchSize)
+	if err == nil && !parked.Expect(opts.Expect).Empty() {
+		err = fmt.Errorf("%w: DiscardOptions.Expect is for DiscardParked (one message); a bulk discard is bounded by the count you confirmed", inbox.ErrInvalidFilter)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: discard parked: %w", err)
 	}
@@ -425,11 +440,11 @@ func (s *Store) DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter,
 		if err := ctx.Err(); err != nil {
 			return n, fmt.Errorf("redisstore: discard parked: %w", err)
 		}
-		err := s.discard(ctx, pf.Consumer, e.msg.Key, e.parkedAtMS, opts)
+		err := s.discard(ctx, pf.Consumer, e.msg.Key, parkGuard(e.parkedAtMS), opts)
 		switch {
 		case err == nil:
 			n++
-		case errors.Is(err, inbox.ErrNotParked), errors.Is(err, ErrReplayInProgress):
+		case errors.Is(err, inbox.ErrNotParked), errors.Is(err, ErrReplayInProgress), errors.Is(err, inbox.ErrChanged):
 		default:
 			return n, fmt.Errorf("redisstore: discard parked: %w", err)
 		}
@@ -472,18 +487,19 @@ func bulkFilter(f inbox.ParkedFilter, all bool, opts string, batchSize int) (par
 }
 
 // replay runs the three steps of ReplayParked.
-// A bulk operation passes the park it found (parkedAtMS): a message parked
-// again since (it may no longer match the filter) is then gone to it, as
-// the PostgreSQL store re-checks the filter under its lock; "" takes the
+// A bulk operation passes the park it found (parkGuard): a message parked
+// again since (it may no longer match the filter) is then skipped, as the
+// PostgreSQL store re-checks the filter under its lock; an operator's
+// Expect passes the key as it was checked (expectMessage); nil takes the
 // message whatever its park.
-func (s *Store) replay(ctx context.Context, consumer, key, parkedAtMS string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
+func (s *Store) replay(ctx context.Context, consumer, key string, g guard, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
 	b := s.b
 	token := watermill.NewUUID()
 	override := "0"
 	if opts.Topic != "" {
 		override = "1"
 	}
-	res, err := beginReplayScript.Run(ctx, b.c, b.keys(consumer, key), key, token, ms(s.replayTimeout), override, parkedAtMS).StringSlice()
+	res, err := beginReplayScript.Run(ctx, b.c, b.keys(consumer, key), append([]any{key, token, ms(s.replayTimeout), override}, g...)...).StringSlice()
 	if err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("%q for %q: %w", key, consumer, err)
 	}
@@ -501,6 +517,8 @@ func (s *Store) replay(ctx context.Context, consumer, key, parkedAtMS string, pu
 	case "ok":
 	case "gone":
 		return inbox.ParkedMessage{}, fmt.Errorf("%w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
+	case "changed":
+		return inbox.ParkedMessage{}, changedMeanwhile(consumer, key)
 	case "replaying":
 		until, _ := strconv.ParseInt(res[1], 10, 64)
 		return inbox.ParkedMessage{}, refuse("another replay holds it until "+fromMS(until).UTC().Format(time.RFC3339)+": try again then", ErrReplayInProgress)
@@ -574,15 +592,17 @@ func publish(ctx context.Context, pub message.Publisher, topic string, msg *mess
 }
 
 // discard runs the discard script.
-func (s *Store) discard(ctx context.Context, consumer, key, parkedAtMS string, opts inbox.DiscardOptions) error {
+func (s *Store) discard(ctx context.Context, consumer, key string, g guard, opts inbox.DiscardOptions) error {
 	forget := "0"
 	if opts.Forget {
 		forget = "1"
 	}
-	n, err := discardScript.Run(ctx, s.b.c, s.b.keys(consumer, key), key, forget, ms(s.b.ttl), parkedAtMS).Int64()
+	n, err := discardScript.Run(ctx, s.b.c, s.b.keys(consumer, key), append([]any{key, forget, ms(s.b.ttl)}, g...)...).Int64()
 	switch {
 	case err != nil:
 		return fmt.Errorf("%q for %q: %w", key, consumer, err)
+	case n == guardFailed:
+		return changedMeanwhile(consumer, key)
 	case n == 0:
 		return fmt.Errorf("%w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
 	case n < 0:

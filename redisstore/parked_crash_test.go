@@ -42,7 +42,7 @@ func TestReplayCrashBetweenSteps(t *testing.T) {
 		"m_meta", `{"order_id":"A-1"}`, "parked_at_ms", time.Now().UnixMilli()).Err())
 
 	// The first step alone: then the process is gone.
-	res, err := beginReplayScript.Run(ctx, c, b.keys("c", "k"), "k", "token-of-the-dead", ms(s.replayTimeout), "0", "").StringSlice()
+	res, err := beginReplayScript.Run(ctx, c, b.keys("c", "k"), "k", "token-of-the-dead", ms(s.replayTimeout), "0").StringSlice()
 	require.NoError(t, err)
 	require.Equal(t, "ok", res[0])
 	started := time.Now()

@@ -89,7 +89,7 @@ func TestParkedListsParkedKeysBehindReleasedOnes(t *testing.T) {
 		time.Sleep(2 * time.Millisecond) // distinct first-seen times: the set's order
 	}
 	for _, k := range []string{"old-1", "old-2"} {
-		ok, err := b.s.Release(b.ctx, "c", k)
+		ok, err := b.s.Release(b.ctx, "c", k, inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
@@ -117,7 +117,7 @@ func TestRedisDiscardForgetKeepsDoneAndProcessingRecords(t *testing.T) {
 		k := "k-" + end
 		msg := &inboxdb.ParkedMessage{UUID: "u-" + k, Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
 		b.parkWith(t, "c", k, "declined", msg)
-		ok, err := b.s.Release(b.ctx, "c", k)
+		ok, err := b.s.Release(b.ctx, "c", k, inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		c, err := lb.Claim(b.ctx, "c", k, leasestore.Options{Lease: time.Minute, Message: msg})
@@ -189,7 +189,7 @@ func TestRedisParkedReasonOutlivesLaterAttempts(t *testing.T) {
 	b := newParked(t, redisstore.Config{})
 	msg := &inboxdb.ParkedMessage{UUID: "u-1", Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
 	b.parkWith(t, "c", "k", "card declined", msg)
-	ok, err := b.s.Release(b.ctx, "c", "k")
+	ok, err := b.s.Release(b.ctx, "c", "k", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	b.takeAndFail(t, "c", "k", "db down", msg)
@@ -267,7 +267,7 @@ func TestRedisBulkReplaySkipsAMessageParkedAgainSince(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	b.parkWith(t, "c", "k2", "card declined", msg("k2"))
 	pub := &callbackPublisher{during: func() { // meanwhile, k2 is released, delivered and parked for another reason
-		ok, err := b.s.Release(b.ctx, "c", "k2")
+		ok, err := b.s.Release(b.ctx, "c", "k2", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		time.Sleep(2 * time.Millisecond)

@@ -28,20 +28,21 @@ const luaMessageFields = `'m_uuid', 'm_topic', 'm_payload', 'm_size', 'm_meta', 
 const luaMarkFields = `'m_replay', 'm_replay_until_ms', 'm_replay_from', 'm_replay_attempts'`
 
 // beginReplayScript: ARGV member, token, replay timeout ms, "1" when the
-// operator names the topic, the parked_at_ms of the park to replay (""
-// for any: else a message parked again since is gone). Checks that the record has a message that can
-// be replayed and no replay in flight, releases a parked key (parked →
-// failed, without expiry while the replay runs), and marks the message.
-// Returns {'ok', uuid, topic, payload, meta, from, reason, attempts,
-// first_seen_ms, parked_at_ms}, or {outcome, detail}
-// with outcome gone (no message), replaying (detail: the mark's end, ms),
-// done, processing, not_kept (detail: the size) or no_topic.
-var beginReplayScript = redis.NewScript(luaNow + `
+// operator names the topic, then a guard (luaGuard: the park a bulk
+// replay found, or the key as an operator's Expect was checked against).
+// Checks that the record has a message that can be replayed and no replay
+// in flight, releases a parked key (parked → failed, without expiry while
+// the replay runs), and marks the message. Returns {'ok', uuid, topic,
+// payload, meta, from, reason, attempts, first_seen_ms, parked_at_ms}, or
+// {outcome, detail} with outcome gone (no message), changed (the guard
+// did not hold), replaying (detail: the mark's end, ms), done, processing,
+// not_kept (detail: the size) or no_topic.
+var beginReplayScript = redis.NewScript(luaNow + luaGuard + `
 local rec = KEYS[1]
 local f = redis.call('HMGET', rec, 'status', 'm_uuid', 'm_size', 'm_topic', 'm_replay_until_ms')
 local status = f[1]
 if not status or not f[2] then return {'gone', ''} end
-if (ARGV[5] or '') ~= '' and redis.call('HGET', rec, 'parked_at_ms') ~= ARGV[5] then return {'gone', ''} end
+if not guarded(rec, 5) then return {'changed', ''} end
 local until_ms = tonumber(f[5] or '0') or 0
 if until_ms > now then return {'replaying', tostring(until_ms)} end
 if status == 'done' or status == 'processing' then return {status, ''} end
@@ -92,21 +93,23 @@ end
 return 1
 `)
 
-// discardScript: ARGV member, "1" to forget the key too, done TTL ms, the
-// parked_at_ms of the park to discard ("" for any: else a message parked
-// again since counts as none).
-// Deletes the message; with forget, the whole record while it waits for
-// an operator (parked, or failed: released), not a done one (its message
-// processed since: a late copy must stay a duplicate) nor a processing
-// one (an attempt holds it). A key that stays parked stays in the parked
-// set (Parked lists it); a released one leaves it and expires after the
-// done TTL. Returns 1, 0 when the record has no message, or -1 when a
-// replay of it is in flight.
-var discardScript = redis.NewScript(luaNow + `
+// discardScript: ARGV member, "1" to forget the key too, done TTL ms, then
+// a guard (luaGuard: the park a bulk discard found, or the key as an
+// operator's Expect was checked against). Deletes the message; with
+// forget, the whole record while it waits for an operator (parked, or
+// failed: released), not a done one (its message processed since: a late
+// copy must stay a duplicate) nor a processing one (an attempt holds it).
+// Without forget a parked key becomes discarded: it leaves the parked set,
+// a late copy is still a duplicate, and the record expires after the done
+// TTL as a done one does; a released one leaves the set and expires after
+// the done TTL. Returns 1, 0 when the record has no message, -1 when a
+// replay of it is in flight, or -2 (guardFailed) when the guard did not
+// hold.
+var discardScript = redis.NewScript(luaNow + luaGuard + `
 local rec = KEYS[1]
 local f = redis.call('HMGET', rec, 'status', 'm_uuid', 'm_replay_until_ms')
 if not f[1] or not f[2] then return 0 end
-if (ARGV[4] or '') ~= '' and redis.call('HGET', rec, 'parked_at_ms') ~= ARGV[4] then return 0 end
+if not guarded(rec, 4) then return -2 end
 if (tonumber(f[3] or '0') or 0) > now then return -1 end
 if ARGV[2] == '1' and (f[1] == 'parked' or f[1] == 'failed') then
 	redis.call('DEL', rec)
@@ -114,8 +117,13 @@ if ARGV[2] == '1' and (f[1] == 'parked' or f[1] == 'failed') then
 	return 1
 end
 redis.call('HDEL', rec, ` + luaMessageFields + `)
-if f[1] ~= 'parked' then redis.call('ZREM', KEYS[2], ARGV[1]) end
-if f[1] == 'failed' then redis.call('PEXPIRE', rec, ARGV[3]) end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if f[1] == 'parked' then
+	redis.call('HSET', rec, 'status', 'discarded', 'processed_at_ms', now)
+	redis.call('PEXPIRE', rec, ARGV[3])
+elseif f[1] == 'failed' then
+	redis.call('PEXPIRE', rec, ARGV[3])
+end
 return 1
 `)
 

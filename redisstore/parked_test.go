@@ -224,7 +224,8 @@ func TestRedisFindParked(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.ParkedMessage{Consumer: "orders", Key: "acme:1", UUID: "uuid-acme:1", Topic: "orders.in",
 		Payload: []byte(`{"n":1}`), PayloadSize: 7, PayloadKept: true, Metadata: map[string]string{"order_id": "A-1", "source": "web"},
-		Reason: "Bad address", Attempts: 1, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Status: "parked"}, m)
+		Reason: "Bad address", Attempts: 1, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Status: "parked", Version: m.Version}, m)
+	require.NotEmpty(t, m.Version)
 	require.WithinDuration(t, time.Now().Add(-50*time.Minute), m.ParkedAt, time.Second)
 	m, err = b.s.GetParked(b.ctx, "orders", "big")
 	require.NoError(t, err)
@@ -235,7 +236,7 @@ func TestRedisFindParked(t *testing.T) {
 
 	// Release keeps the message, listed with the key's status, and the
 	// record does not expire while it holds it.
-	ok, err := b.s.Release(b.ctx, "orders", "acme:2")
+	ok, err := b.s.Release(b.ctx, "orders", "acme:2", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	page, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders", Key: "acme:2"}, inbox.Page{})
@@ -341,7 +342,7 @@ func TestRedisReplayParkedRefusals(t *testing.T) {
 
 	// A released key (its message kept) is replayed: only published.
 	b.park(t, redisMsg{consumer: "c", key: "released", topic: "t", payload: "r"})
-	ok, err := b.s.Release(b.ctx, "c", "released")
+	ok, err := b.s.Release(b.ctx, "c", "released", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	m, err = b.s.ReplayParked(b.ctx, "c", "released", pub, inbox.ReplayOptions{})
@@ -468,13 +469,14 @@ func TestRedisDiscardParked(t *testing.T) {
 	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}))
 	_, err := b.s.GetParked(b.ctx, "c", "keep")
 	require.ErrorIs(t, err, inbox.ErrNotParked)
-	require.Equal(t, "parked", b.status(t, "c", "keep"), "the key stays parked")
+	require.Equal(t, "discarded", b.status(t, "c", "keep"), "the key is no longer parked: discarded")
 	keys, err := b.s.Parked(b.ctx, "c", 10)
 	require.NoError(t, err)
-	require.Len(t, keys, 2, "and listed as a parked key")
+	require.Len(t, keys, 1, "nor listed as a parked key")
+	require.Equal(t, "forget", keys[0].Key)
 	claim, err := b.s.LeaseBackend().Claim(b.ctx, "c", "keep", leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
-	require.Equal(t, leasestore.Parked, claim.Outcome, "a late redelivery does not run")
+	require.Equal(t, leasestore.Duplicate, claim.Outcome, "a late redelivery does not run: a duplicate")
 	require.ErrorIs(t, b.s.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}), inbox.ErrNotParked)
 
 	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "forget", inbox.DiscardOptions{Forget: true}))
@@ -487,7 +489,7 @@ func TestRedisDiscardParked(t *testing.T) {
 	// A released key's message: discarded, the key leaves the set and
 	// its record expires.
 	b.park(t, redisMsg{consumer: "c", key: "rel", topic: "t", payload: "x"})
-	_, err = b.s.Release(b.ctx, "c", "rel")
+	_, err = b.s.Release(b.ctx, "c", "rel", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, b.inSet(t, "c", "rel"))
 	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "rel", inbox.DiscardOptions{}))
@@ -503,7 +505,7 @@ func TestRedisDiscardParked(t *testing.T) {
 	n, err := b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c", Reason: "schema"}, inbox.DiscardOptions{})
 	require.NoError(t, err)
 	require.Equal(t, int64(12), n)
-	require.Equal(t, "parked", b.status(t, "c", "bulk3"))
+	require.Equal(t, "discarded", b.status(t, "c", "bulk3"), "no longer parked")
 	b.park(t, redisMsg{consumer: "c", key: "last", topic: "t", payload: "x"})
 	n, err = b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.DiscardOptions{All: true, Forget: true})
 	require.NoError(t, err)
@@ -512,7 +514,7 @@ func TestRedisDiscardParked(t *testing.T) {
 
 	// Forget takes the message with the record.
 	b.park(t, redisMsg{consumer: "c", key: "f2", topic: "t", payload: "x"})
-	ok, err := b.s.Forget(b.ctx, "c", "f2")
+	ok, err := b.s.Forget(b.ctx, "c", "f2", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
 	_, err = b.s.GetParked(b.ctx, "c", "f2")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
@@ -133,7 +134,7 @@ func TestParksKeepTheMessage(t *testing.T) {
 		a.Message = msg
 		require.NoError(t, b.Fail(ctx, a, "first", true))
 		requireKept("again", msg)
-		ok, err := s.Release(ctx, "c", "again")
+		ok, err := s.Release(ctx, "c", "again", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		a = claim("again", leasestore.Options{})
@@ -155,7 +156,7 @@ func TestParksKeepTheMessage(t *testing.T) {
 		a := claim("forget", leasestore.Options{})
 		a.Message = msg
 		require.NoError(t, b.Fail(ctx, a, "permanent", true))
-		ok, err := s.Forget(ctx, "c", "forget")
+		ok, err := s.Forget(ctx, "c", "forget", inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Empty(t, fields("forget"))

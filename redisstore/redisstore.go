@@ -72,6 +72,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 )
 
@@ -180,8 +181,17 @@ func (s *Store) Get(ctx context.Context, consumer, key string) (inbox.Record, er
 // Forget deletes the record of (consumer, key), with its parked message
 // if it has one, so that the next delivery runs the handler again. It
 // reports whether a record existed.
-func (s *Store) Forget(ctx context.Context, consumer, key string) (bool, error) {
-	ok, err := s.b.Forget(ctx, consumer, key)
+//
+// With an Expect (the record's Version, Status or parked MessageUUID that
+// was shown), it forgets only while the key is still so, and otherwise
+// returns an error wrapping inbox.ErrChanged (a key with no record:
+// inbox.ErrNotFound), having changed nothing.
+func (s *Store) Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error) {
+	g, err := s.expectRecord(ctx, consumer, key, expect)
+	if err != nil {
+		return false, fmt.Errorf("redisstore: forget: %w", err)
+	}
+	ok, err := s.b.forget(ctx, consumer, key, g)
 	if err != nil {
 		return false, fmt.Errorf("redisstore: forget: %w", err)
 	}
@@ -216,8 +226,17 @@ func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]inbox
 // is replayed or discarded, or the key forgotten. Once a delivery takes
 // the key (the record's lifecycle goes on: processing, then done or
 // failed, which expire after DoneTTL), the message goes with the record.
-func (s *Store) Release(ctx context.Context, consumer, key string) (bool, error) {
-	ok, err := s.b.Release(ctx, consumer, key)
+//
+// With an Expect (the record's Version that was shown, say), it releases
+// only while the key is still so, and otherwise returns an error wrapping
+// inbox.ErrChanged (a key with no record: inbox.ErrNotFound), having
+// changed nothing.
+func (s *Store) Release(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error) {
+	g, err := s.expectRecord(ctx, consumer, key, expect)
+	if err != nil {
+		return false, fmt.Errorf("redisstore: release: %w", err)
+	}
+	ok, err := s.b.release(ctx, consumer, key, g)
 	if err != nil {
 		return false, fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -227,7 +246,8 @@ func (s *Store) Release(ctx context.Context, consumer, key string) (bool, error)
 func record(r inboxdb.Record) inbox.Record {
 	return inbox.Record{Consumer: r.Consumer, Key: r.Key, Status: r.Status, Attempts: r.Attempts, Duplicates: r.Duplicates,
 		LeaseUntil: r.LeaseUntil, FirstSeenAt: r.FirstSeenAt, ProcessedAt: r.ProcessedAt, LastError: r.LastError,
-		Interrupted: r.Interrupted, Interruptions: r.Interruptions}
+		Interrupted: r.Interrupted, Interruptions: r.Interruptions,
+		Version: parked.RecordVersion(r.Status, r.Attempts, r.FirstSeenAt, r.ProcessedAt)}
 }
 
 // backend implements leasestore.Backend.
@@ -445,9 +465,17 @@ func parseRecord(consumer, key string, m map[string]string) leasestore.Record {
 // Forget deletes the record (with the message its park kept) and its
 // parked entry.
 func (b *backend) Forget(ctx context.Context, consumer, key string) (bool, error) {
-	n, err := forgetScript.Run(ctx, b.c, b.keys(consumer, key), key).Int64()
+	return b.forget(ctx, consumer, key, nil)
+}
+
+// forget is Forget while the record's fields hold g (see guard).
+func (b *backend) forget(ctx context.Context, consumer, key string, g guard) (bool, error) {
+	n, err := forgetScript.Run(ctx, b.c, b.keys(consumer, key), append([]any{key}, g...)...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("forgetting %q for %q: %w", key, consumer, err)
+	}
+	if n == guardFailed {
+		return false, changedMeanwhile(consumer, key)
 	}
 	return n > 0, nil
 }
@@ -510,9 +538,17 @@ func (b *backend) Parked(ctx context.Context, consumer string, limit int) ([]lea
 
 // Release turns a parked record into failed.
 func (b *backend) Release(ctx context.Context, consumer, key string) (bool, error) {
-	n, err := releaseScript.Run(ctx, b.c, b.keys(consumer, key), key, ms(b.ttl)).Int64()
+	return b.release(ctx, consumer, key, nil)
+}
+
+// release is Release while the record's fields hold g (see guard).
+func (b *backend) release(ctx context.Context, consumer, key string, g guard) (bool, error) {
+	n, err := releaseScript.Run(ctx, b.c, b.keys(consumer, key), append([]any{key, ms(b.ttl)}, g...)...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("releasing %q for %q: %w", key, consumer, err)
+	}
+	if n == guardFailed {
+		return false, changedMeanwhile(consumer, key)
 	}
 	return n == 1, nil
 }

@@ -151,11 +151,11 @@ func TestDoneTTLIsTheDeduplicationWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inboxdb.StatusParked, rec.Status, "parked records stay")
 
-	released, err := s.Release(ctx, "c", "f")
+	released, err := s.Release(ctx, "c", "f", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, released)
 	require.Greater(t, pttl("f"), time.Duration(0), "released (failed): expires")
-	released, err = s.Release(ctx, "c", "f")
+	released, err = s.Release(ctx, "c", "f", inbox.Expect{})
 	require.NoError(t, err)
 	require.False(t, released, "only a parked record is released")
 }

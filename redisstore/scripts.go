@@ -71,7 +71,7 @@ local attempts, lu, fs = tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]
 local interrupted, interruptions, last_error = f[5] == '1', tonumber(f[6]) or 0, f[7] or ''
 local former = 0
 if not f[8] then former = 1 end
-if status == 'done' or status == 'parked' then
+if status == 'done' or status == 'parked' or status == 'discarded' then
 	redis.call('HINCRBY', rec, 'duplicates', 1)
 	local outcome = 'duplicate'
 	if status == 'parked' then outcome = 'parked' end
@@ -163,14 +163,16 @@ keep(rec, 4, ARGV[2])
 return 1
 `)
 
-// releaseScript: ARGV member, done TTL ms. Turns a parked record into
+// releaseScript: ARGV member, done TTL ms, then a guard (luaGuard; -2
+// when it does not hold). Turns a parked record into
 // failed (its next claim runs it again). A record that keeps a parked
 // message (m_uuid, see parked_scripts.go) keeps it, stays in the parked
 // set and does not expire, until the message is replayed or discarded;
 // one without expires after the done TTL and leaves the set. Returns 1, or
 // 0 when it was not parked (a stale entry of the parked set is removed
 // either way).
-var releaseScript = redis.NewScript(luaNow + `
+var releaseScript = redis.NewScript(luaNow + luaGuard + `
+if not guarded(KEYS[1], 3) then return -2 end
 local message = redis.call('HEXISTS', KEYS[1], 'm_uuid') == 1
 if not message then redis.call('ZREM', KEYS[2], ARGV[1]) end
 if redis.call('HGET', KEYS[1], 'status') ~= 'parked' then return 0 end
@@ -179,9 +181,11 @@ if not message then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
 `)
 
-// forgetScript: ARGV member. Deletes the record (with the message a park
-// kept in it) and its parked entry. Returns 1 when a record existed.
-var forgetScript = redis.NewScript(`
+// forgetScript: ARGV member, then a guard (luaGuard). Deletes the record
+// (with the message a park kept in it) and its parked entry. Returns 1
+// when a record existed, or -2 (guardFailed) when the guard did not hold.
+var forgetScript = redis.NewScript(luaGuard + `
+if not guarded(KEYS[1], 2) then return -2 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 return redis.call('DEL', KEYS[1])
 `)

@@ -125,7 +125,7 @@ func TestMigrations(t *testing.T) {
 		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
-	require.Equal(t, 8, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format, parked-messages, parked-consumer-order and partitioned-claim-functions migrations")
+	require.Equal(t, 9, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format, parked-messages, parked-consumer-order, partitioned-claim-functions and discarded-status migrations")
 	require.Equal(t, 6, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause, quarantine-search and ordering-key migrations")
 }
 

@@ -116,6 +116,7 @@ func ExampleMigrate() {
 	// inbox:inbox 6 inbox_006_parked_messages.up.sql
 	// inbox:inbox 7 inbox_007_parked_consumer_order.up.sql
 	// inbox:inbox 8 inbox_008_partitioned_claim_functions.up.sql
+	// inbox:inbox 9 inbox_009_discarded_status.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
 	// outbox:outbox 2 outbox_002_quarantine.up.sql
 	// outbox:outbox 3 outbox_003_failure_accounting.up.sql

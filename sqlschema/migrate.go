@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -199,9 +200,10 @@ CREATE TABLE IF NOT EXISTS %s (
 	return nil
 }
 
-// claimFunctionsMigration creates the partitioned layout's claim functions
-// (<table>_claim, <table>_claim_batch, <table>_duplicate).
-const claimFunctionsMigration = "inbox_008_partitioned_claim_functions.up.sql"
+// claimFunctionsMigrations create the partitioned layout's claim functions
+// (<table>_claim, <table>_claim_batch, <table>_duplicate), in this order:
+// each is idempotent, and a later one replaces what an earlier one made.
+var claimFunctionsMigrations = []string{"inbox_008_partitioned_claim_functions.up.sql", "inbox_009_discarded_status.up.sql"}
 
 // ensureClaimFunctions creates the partitioned layout's claim functions
 // when they are missing although their migration was recorded for this
@@ -219,15 +221,16 @@ func ensureClaimFunctions(ctx context.Context, tx wsql.ContextExecutor, cfg DB, 
 	if !missing {
 		return nil
 	}
-	for _, m := range migs {
-		if m.Target == "inbox" && m.Name == claimFunctionsMigration {
-			if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-				return fmt.Errorf("creating the claim functions: %w", err)
-			}
-			return nil
+	for _, name := range claimFunctionsMigrations {
+		i := slices.IndexFunc(migs, func(m migration) bool { return m.Target == "inbox" && m.Name == name })
+		if i < 0 {
+			return errors.New("the migration " + name + " is missing")
+		}
+		if _, err := tx.ExecContext(ctx, migs[i].SQL); err != nil {
+			return fmt.Errorf("creating the claim functions (%s): %w", name, err)
 		}
 	}
-	return errors.New("the migration " + claimFunctionsMigration + " is missing")
+	return nil
 }
 
 // partitionLayout is the partition manager's view of a partitioned inbox

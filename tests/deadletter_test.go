@@ -896,21 +896,21 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 
 		// Fix the marshaler, requeue the one row: delivered once.
 		d.relayBug.Store(false)
-		require.NoError(t, outbox.Requeue(ctx, d.DB, row.ID))
+		require.NoError(t, outbox.Requeue(ctx, d.DB, row.ID, outbox.Expect{}))
 		d.awaitOutput(t, refused)
 		testenv.Eventually(t, waitTimeout, func() bool {
 			_, err := outbox.GetRow(ctx, d.DB, row.ID)
 			return errorIs(err, outbox.ErrRowNotFound)
 		}, "expected the requeued row relayed and deleted")
-		require.ErrorIs(t, outbox.Requeue(ctx, d.DB, row.ID), outbox.ErrRowNotFound, "a second requeue")
+		require.ErrorIs(t, outbox.Requeue(ctx, d.DB, row.ID, outbox.Expect{}), outbox.ErrRowNotFound, "a second requeue")
 
 		// The other one: found by its order id, discarded, never delivered.
 		page, err = outbox.FindRows(ctx, d.DB, byOrder(dropped), outbox.Paging{})
 		require.NoError(t, err)
 		require.Len(t, page.Rows, 1, "quarantined rows of order %s", dropped.ID)
 		require.Equal(t, dlOutputUUID(dropped.UUID), page.Rows[0].UUID)
-		require.NoError(t, outbox.Discard(ctx, d.DB, page.Rows[0].ID))
-		require.ErrorIs(t, outbox.Discard(ctx, d.DB, page.Rows[0].ID), outbox.ErrRowNotFound, "a second discard")
+		require.NoError(t, outbox.Discard(ctx, d.DB, page.Rows[0].ID, outbox.Expect{}))
+		require.ErrorIs(t, outbox.Discard(ctx, d.DB, page.Rows[0].ID, outbox.Expect{}), outbox.ErrRowNotFound, "a second discard")
 		n, err = outbox.CountRows(ctx, d.DB, outbox.RowFilter{State: outbox.StateAll})
 		require.NoError(t, err)
 		require.Zero(t, n, "rows with a failure record left")
@@ -960,10 +960,15 @@ func TestDeadLetterDiscard(t *testing.T) {
 		_, err = d.store.ReplayParked(ctx, d.consumer, kept.UUID, inbox.ReplayOptions{})
 		require.ErrorIs(t, err, inbox.ErrNotParked, "a discarded message cannot be replayed")
 		require.ErrorIs(t, d.store.DiscardParked(ctx, d.consumer, kept.UUID, inbox.DiscardOptions{}), inbox.ErrNotParked, "a second discard")
-		require.Equal(t, inboxdb.StatusParked, inboxRecord(t, d.DB, d.consumer, kept.UUID).Status, "the key stays parked")
+		require.Equal(t, inboxdb.StatusDiscarded, inboxRecord(t, d.DB, d.consumer, kept.UUID).Status, "the key is no longer parked: discarded")
+		parkedKeys, err := d.store.Parked(ctx, d.consumer, 100)
+		require.NoError(t, err)
+		for _, r := range parkedKeys {
+			require.NotEqual(t, kept.UUID, r.Key, "a discarded key is not listed as parked")
+		}
 		require.ErrorIs(t, d.store.DiscardParked(ctx, d.consumer, kept.UUID, inbox.DiscardOptions{Forget: true}), inbox.ErrNotParked,
 			"a discard with Forget of a key whose message is gone")
-		require.Equal(t, inboxdb.StatusParked, inboxRecord(t, d.DB, d.consumer, kept.UUID).Status, "nothing changed: the key stays parked")
+		require.Equal(t, inboxdb.StatusDiscarded, inboxRecord(t, d.DB, d.consumer, kept.UUID).Status, "nothing changed: the key stays discarded")
 
 		// Discard with Forget: the record is gone too.
 		require.NoError(t, d.store.DiscardParked(ctx, d.consumer, forgotten.UUID, inbox.DiscardOptions{Forget: true}))
@@ -985,14 +990,14 @@ func TestDeadLetterDiscard(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n)
 		for _, o := range bulk {
-			require.Equal(t, inboxdb.StatusParked, inboxRecord(t, d.DB, d.consumer, o.UUID).Status, "the keys stay parked")
+			require.Equal(t, inboxdb.StatusDiscarded, inboxRecord(t, d.DB, d.consumer, o.UUID).Status, "the keys are discarded, no longer parked")
 		}
 
-		// The fix, then redeliveries: the discarded keys stay parked, the
-		// forgotten one runs once.
+		// The fix, then redeliveries: a discarded key's late copy is
+		// dropped as a duplicate, the forgotten one runs once.
 		d.shop.FixAll()
 		d.publish(t, kept, forgotten)
-		dlAwait(t, d.Log, kept.UUID, exactlyonce.Parked, 2)
+		dlAwait(t, d.Log, kept.UUID, exactlyonce.Duplicate, 1)
 		dlAwait(t, d.Log, forgotten.UUID, exactlyonce.Processed, 1)
 		require.Len(t, d.shop.Of(kept.UUID), 1, "a discarded key's redelivery does not run")
 		require.Zero(t, d.Effects.Count(t, kept.UUID))
@@ -1029,7 +1034,7 @@ func TestDeadLetterBulkReplay(t *testing.T) {
 		}
 		d.shop.FixAll()
 		// One of them was released and re-sent by its producer meanwhile.
-		ok, err := d.store.Release(ctx, d.consumer, done.UUID)
+		ok, err := d.store.Release(ctx, d.consumer, done.UUID, inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, ok)
 		d.publish(t, done)
@@ -1196,7 +1201,7 @@ func TestDeadLetterReleasedKeys(t *testing.T) {
 		d.shop.FixAll()
 
 		for _, o := range []dlOrder{replayed, redelivered} {
-			ok, err := d.store.Release(ctx, d.consumer, o.UUID)
+			ok, err := d.store.Release(ctx, d.consumer, o.UUID, inbox.Expect{})
 			require.NoError(t, err)
 			require.True(t, ok, "released")
 			found := d.findParked(t, o)

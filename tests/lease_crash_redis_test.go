@@ -231,7 +231,7 @@ func TestLeaseCrashRedis(t *testing.T) {
 		require.Equal(t, inboxdb.StatusParked, parked[0].Status)
 		require.Contains(t, parked[0].LastError, "lease expired during attempt 1")
 
-		released, err := b.store.Release(ctx, leaseCrashConsumer, b.msgUUID)
+		released, err := b.store.Release(ctx, leaseCrashConsumer, b.msgUUID, inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, released)
 		run2 := b.startRouter(t, 1)

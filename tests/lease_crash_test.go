@@ -372,7 +372,7 @@ func leaseCrashPark(t *testing.T, b *leaseCrashBundle) {
 	require.Equal(t, int64(0), outboxPending(t, b.DB))
 
 	// Release, re-publish the same message (same UUID): it runs and completes.
-	released, err := store.Release(ctx, leaseCrashConsumer, b.msgUUID)
+	released, err := store.Release(ctx, leaseCrashConsumer, b.msgUUID, inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, released)
 	run2 := b.startRouter(t, 1)

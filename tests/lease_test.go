@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
@@ -308,7 +309,7 @@ func TestLeasePermanentFailureParks(t *testing.T) {
 		require.Len(t, sender.Runs(rejected), 1, "a parked key does not run")
 		require.Equal(t, 1, provider.Calls(leaseIdemKey(rejected)), "provider calls")
 
-		released, err := store.Release(ctx, leaseConsumer, rejected)
+		released, err := store.Release(ctx, leaseConsumer, rejected, inbox.Expect{})
 		require.NoError(t, err)
 		require.True(t, released, "Release found the parked key")
 		publishCopies(t, pub, e.In, rejected, leasePayload(1), 1)

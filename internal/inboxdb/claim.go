@@ -103,10 +103,10 @@ RETURNING first_seen_at`
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("counting duplicate %q for %q: %w", key, consumer, err)
 		}
-		switch rec.Status {
-		case StatusDone, StatusParked:
+		switch {
+		case Settled(rec.Status):
 			return ClaimResult{Existing: rec}, nil
-		case StatusFailed:
+		case rec.Status == StatusFailed:
 			if !rec.ParkedByTransaction {
 				return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 			}
@@ -124,11 +124,11 @@ RETURNING first_seen_at`
 	return ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
 }
 
-// countDuplicate counts a duplicate delivery of a done or parked record and
+// countDuplicate counts a duplicate delivery of a settled record and
 // returns the record (any status: a failed or processing one is returned
 // unchanged).
 func (s *Store) countDuplicate() string {
-	return `UPDATE ` + s.table + ` SET duplicates = duplicates + CASE WHEN status IN ('done', 'parked') THEN 1 ELSE 0 END
+	return `UPDATE ` + s.table + ` SET duplicates = duplicates + CASE WHEN status IN ` + settledSQL + ` THEN 1 ELSE 0 END
 WHERE consumer = $1 AND message_key = $2
 RETURNING ` + recordColumns
 }

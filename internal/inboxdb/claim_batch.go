@@ -75,7 +75,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consu
 		placeholders[i] = "$" + strconv.Itoa(i+2)
 		args = append(args, k)
 	}
-	rows, err := tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN ('done', 'parked') THEN 1 ELSE 0 END
+	rows, err := tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN `+settledSQL+` THEN 1 ELSE 0 END
 WHERE consumer = $1 AND message_key IN (`+strings.Join(placeholders, ", ")+`)
 RETURNING `+recordColumns, args...)
 	if err != nil {
@@ -99,7 +99,7 @@ RETURNING `+recordColumns, args...)
 		switch {
 		case !ok:
 			errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
-		case rec.Status == StatusDone, rec.Status == StatusParked:
+		case Settled(rec.Status):
 			results[i] = ClaimResult{Existing: rec}
 		case rec.Status == StatusFailed && rec.ParkedByTransaction:
 			ok, former, err := s.reclaim(ctx, tx, consumer, k)

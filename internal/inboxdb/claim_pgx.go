@@ -110,10 +110,10 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		if err != nil {
 			return nil, ClaimResult{}, fmt.Errorf("counting duplicate %q for %q: %w", key, consumer, err)
 		}
-		switch rec.Status {
-		case StatusDone, StatusParked:
+		switch {
+		case Settled(rec.Status):
 			return nil, ClaimResult{Existing: rec}, nil
-		case StatusFailed:
+		case rec.Status == StatusFailed:
 			if !rec.ParkedByTransaction {
 				return nil, ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 			}

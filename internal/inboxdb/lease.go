@@ -216,7 +216,7 @@ WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
 lease_token = $4::uuid, interrupted = false`
 
 	switch {
-	case rec.Status == StatusDone:
+	case rec.Status == StatusDone, rec.Status == StatusDiscarded:
 		out, err := update(`duplicates = duplicates + 1`)
 		return LeaseClaim{Outcome: LeaseDuplicate, Attempt: out.Attempts, Record: out}, err
 	case rec.Status == StatusParked:

@@ -129,7 +129,8 @@ func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consum
 }
 
 // CountStatus counts the records of consumer (every consumer when empty) in
-// status. For processing, failed and parked it reads a small partial index;
+// status. For processing, failed, parked and discarded it reads a small
+// partial index;
 // for done it scans, like Stats.
 func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consumer string, status string) (int64, error) {
 	q := `SELECT count(*) FROM ` + s.table + ` WHERE status = $1`
@@ -207,7 +208,7 @@ func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx
 	return true, tx.Commit()
 }
 
-// Purge deletes records in status done or failed that finished more than
+// Purge deletes records in status done, failed or discarded that finished more than
 // opts.OlderThan ago (by processed_at, never by first_seen_at: a key parked
 // for days and completed today is as young as any completed today), in
 // batches of opts.BatchSize rows. Records processing (a live lease) or
@@ -246,7 +247,7 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 	}
 	// A done or failed record the library wrote always has processed_at;
 	// first_seen_at only stands in for rows written by hand without one.
-	filter := `coalesce(processed_at, first_seen_at) < now() - make_interval(secs => $1) AND status IN ('done', 'failed')`
+	filter := `coalesce(processed_at, first_seen_at) < now() - make_interval(secs => $1) AND status IN ` + agingSQL
 	args := []any{opts.OlderThan.Seconds(), opts.BatchSize}
 	if opts.Consumer != "" {
 		args = append(args, opts.Consumer)

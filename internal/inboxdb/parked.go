@@ -276,8 +276,8 @@ func (s *Store) GetParked(ctx context.Context, db wsql.ContextExecutor, consumer
 }
 
 // LockParked locks, in tx (READ COMMITTED), the inbox record of (consumer,
-// key) and then its parked message, and returns the parked message with
-// its payload and the record's status. With f, the parked message must
+// key) and then its parked message, and returns the parked message (with
+// its payload when payload is true) and the record's status. With f, the parked message must
 // still match f (its content may have changed since a look-up: parked
 // again). It returns an error wrapping ErrNoParkedMessage when there is
 // none (or it no longer matches f).
@@ -285,7 +285,7 @@ func (s *Store) GetParked(ctx context.Context, db wsql.ContextExecutor, consumer
 // On the partitioned layout it first takes the key's advisory lock (see
 // lockRecord), so that a later UPDATE or DELETE of the record in tx finds
 // it where a purge may have moved it.
-func (s *Store) LockParked(ctx context.Context, tx wsql.Tx, consumer, key string, f *parked.Filter) (ParkedRow, error) {
+func (s *Store) LockParked(ctx context.Context, tx wsql.Tx, consumer, key string, f *parked.Filter, payload bool) (ParkedRow, error) {
 	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
 		return ParkedRow{}, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
 	}
@@ -307,7 +307,11 @@ func (s *Store) LockParked(ctx context.Context, tx wsql.Tx, consumer, key string
 	// The record's status was read above, under its lock: the join is not
 	// needed again (and FOR UPDATE cannot lock the nullable side of a LEFT
 	// JOIN).
-	q := `SELECT ` + parkedColumns(`p.payload`, `''`) + `
+	payloadCol := `NULL::bytea`
+	if payload {
+		payloadCol = `p.payload`
+	}
+	q := `SELECT ` + parkedColumns(payloadCol, `''`) + `
 FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` FOR UPDATE`
 	rs, err := s.queryParked(ctx, tx, q, args...)
 	if err != nil {
@@ -318,6 +322,47 @@ FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` FOR UPDATE`
 	}
 	rs[0].Status = status
 	return rs[0], nil
+}
+
+// LockRecord locks, in tx (READ COMMITTED), the inbox record of (consumer,
+// key) and then its parked message, and returns the record and the UUID of
+// the parked message ("" when it has none); found is false when the key
+// has no record. It takes the locks of LockParked, in its order.
+func (s *Store) LockRecord(ctx context.Context, tx wsql.Tx, consumer, key string) (rec Record, messageUUID string, found bool, err error) {
+	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
+		return Record{}, "", false, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
+	}
+	err = seam.QueryRow(ctx, tx, `SELECT `+recordColumns+` FROM `+s.table+` WHERE consumer = $1 AND message_key = $2 FOR UPDATE`,
+		[]any{consumer, key}, rec.scanDest()...)
+	switch {
+	case err == nil:
+		found = true
+	case !notFound(err):
+		return Record{}, "", false, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
+	}
+	err = seam.QueryRow(ctx, tx, `SELECT message_uuid FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2 FOR UPDATE`,
+		[]any{consumer, key}, &messageUUID)
+	if err != nil && !notFound(err) {
+		return Record{}, "", false, fmt.Errorf("locking the parked message of %q for %q: %w", key, consumer, err)
+	}
+	return rec, messageUUID, found, nil
+}
+
+// DiscardTx deletes, in tx, the parked message of (consumer, key) and marks
+// a parked record discarded (a failed, done or processing one keeps its
+// status: released, processed since, or held by an attempt); it reports
+// whether there was a parked message. Lock the key first (LockParked), so
+// that the record is locked before the message.
+func (s *Store) DiscardTx(ctx context.Context, tx wsql.Tx, consumer, key string) (bool, error) {
+	var found bool
+	err := seam.QueryRow(ctx, tx, `WITH kept AS (DELETE FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2 RETURNING 1),
+rec AS (UPDATE `+s.table+` SET status = '`+StatusDiscarded+`', processed_at = now()
+  WHERE consumer = $1 AND message_key = $2 AND status = '`+StatusParked+`' AND EXISTS (SELECT 1 FROM kept))
+SELECT EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &found)
+	if err != nil {
+		return false, fmt.Errorf("discarding the parked message of %q for %q: %w", key, consumer, err)
+	}
+	return found, nil
 }
 
 // DeleteParked deletes the parked message of (consumer, key) and reports
@@ -355,13 +400,14 @@ func (s *Store) DiscardForgetTx(ctx context.Context, tx wsql.Tx, consumer, key s
 
 // DiscardParkedBatch deletes, in tx, up to limit parked messages that
 // match f (oldest first, skipping those another transaction holds: being
-// replayed or discarded), with their keys' inbox records when forget is
-// true, and returns the number of parked messages deleted. f must be
-// valid.
+// replayed or discarded), and returns the number of parked messages
+// deleted. Their keys' records that are parked become discarded, or, when
+// forget is true, the records that still wait for an operator (parked,
+// failed) are deleted. f must be valid.
 //
-// With forget the parked messages are locked before the records, the
-// other way round from a replay of the same key: the two may deadlock,
-// which PostgreSQL detects (40P01); run the batch again.
+// The parked messages are locked before the records, the other way round
+// from a replay of the same key: the two may deadlock, which PostgreSQL
+// detects (40P01); run the batch again.
 func (s *Store) DiscardParkedBatch(ctx context.Context, tx wsql.Tx, f parked.Filter, limit int, forget bool) (int64, error) {
 	var args []any
 	where, err := parkedWhere(f, nil, &args)
@@ -379,7 +425,9 @@ WHERE d.consumer = p.consumer AND d.message_key = p.message_key RETURNING d.cons
   AND i.status IN ('` + StatusParked + `', '` + StatusFailed + `'))
 SELECT count(*) FROM d`
 	} else {
-		q = `WITH d AS (` + q + `) SELECT count(*) FROM d`
+		q = `WITH d AS (` + q + `), f AS (UPDATE ` + s.table + ` i SET status = '` + StatusDiscarded + `', processed_at = now() FROM d
+  WHERE i.consumer = d.consumer AND i.message_key = d.message_key AND i.status = '` + StatusParked + `')
+SELECT count(*) FROM d`
 	}
 	var n int64
 	if err := seam.QueryRow(ctx, tx, q, args, &n); err != nil {

@@ -465,7 +465,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 				}
 				return nil, fmt.Errorf("finishing the detach of %s: %w", p.Name, err)
 			}
-			if _, err := s.dropDetached(ctx, db, p, `status <> 'done'`); err != nil {
+			if _, err := s.dropDetached(ctx, db, p, `status NOT IN `+dedupOnlySQL); err != nil {
 				return nil, err
 			}
 		}
@@ -489,14 +489,14 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 }
 
 // keepCondition selects the records retention must keep although their
-// partition is past retention: not done (processing, failed, parked), or
-// done but finished after the cutoff ($1). It uses the partial index of
+// partition is past retention: not done or discarded (processing, failed,
+// parked), or done or discarded but finished after the cutoff ($1). It uses the partial index of
 // open records and the BRIN index of finish times.
 //
 // A record finished at processed_at, the start (now()) of the transaction
 // that finished it, which commits later: a record whose transaction was
 // open for longer than OlderThan is past retention when it commits.
-const keepCondition = `(status <> 'done' OR coalesce(processed_at, first_seen_at) >= $1)`
+const keepCondition = `(status NOT IN ` + dedupOnlySQL + ` OR coalesce(processed_at, first_seen_at) >= $1)`
 
 // liveLease selects lease-mode records whose attempt still holds its lease:
 // they are not moved, so their partition waits for the next purge. (An

@@ -151,10 +151,10 @@ func (s *Store) beginClaimPgxFunc(ctx context.Context, conn *pgx.Conn, consumer,
 		if !found {
 			continue
 		}
-		switch rec.Status {
-		case StatusDone, StatusParked:
+		switch {
+		case Settled(rec.Status):
 			return nil, ClaimResult{Existing: rec}, true, nil
-		case StatusFailed:
+		case rec.Status == StatusFailed:
 			if rec.ParkedByTransaction {
 				// Released by an operator: rare, so the general path.
 				return nil, ClaimResult{}, false, nil

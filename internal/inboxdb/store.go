@@ -142,13 +142,36 @@ const KeyFormat = 2
 const keyFormatLiteral = string(rune('0' + KeyFormat))
 
 // The statuses of a record (Record.Status). Transactional mode writes done,
-// and parked for a Permanent handler error.
+// and parked for a Permanent handler error; an operator's discard of a
+// parked message (without forgetting the key) writes discarded.
 const (
 	StatusProcessing = "processing"
 	StatusDone       = "done"
 	StatusFailed     = "failed"
 	StatusParked     = "parked"
+	StatusDiscarded  = "discarded"
 )
+
+// Settled reports whether a delivery of a key whose record has this status
+// is acknowledged without running the handler, and counted as a duplicate
+// (Record.Duplicates): done (processed), parked (waiting for an operator)
+// and discarded (an operator discarded its message).
+func Settled(status string) bool {
+	return status == StatusDone || status == StatusParked || status == StatusDiscarded
+}
+
+// settledSQL is the statuses of Settled, as an SQL list.
+const settledSQL = `('` + StatusDone + `', '` + StatusParked + `', '` + StatusDiscarded + `')`
+
+// agingSQL is the statuses the row purge (Purge) ages out: records that
+// finished and wait for nobody. Parked records wait for an operator;
+// processing ones hold a lease.
+const agingSQL = `('` + StatusDone + `', '` + StatusFailed + `', '` + StatusDiscarded + `')`
+
+// dedupOnlySQL is the statuses of records kept only to recognise
+// duplicates: a partition's drop removes those past retention and keeps
+// every other record.
+const dedupOnlySQL = `('` + StatusDone + `', '` + StatusDiscarded + `')`
 
 // Record is one row of the inbox.
 type Record struct {
