@@ -27,7 +27,7 @@ type parkedStore interface {
 	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
 	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
 	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
-	Forget(ctx context.Context, consumer, key string) (bool, error)
+	Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
 }
 
 // parked returns the named store (checked by storeOf).
@@ -36,17 +36,6 @@ func (h *handler) parked(store string) parkedStore {
 		return h.cfg.Redis
 	}
 	return h.pg
-}
-
-func (h *handler) replayOne(ctx context.Context, store, consumer, key, topic string) (inbox.ParkedMessage, error) {
-	opts := inbox.ReplayOptions{Topic: topic}
-	if store == storeRedis {
-		if h.cfg.RedisReplayPublisher == nil {
-			return inbox.ParkedMessage{}, unavailable("a replay from the Redis store publishes through Config.RedisReplayPublisher, which is not set")
-		}
-		return h.cfg.Redis.ReplayParked(ctx, consumer, key, h.cfg.RedisReplayPublisher, opts)
-	}
-	return h.pg.ReplayParked(ctx, consumer, key, opts)
 }
 
 func (h *handler) replayMatching(ctx context.Context, store string, f inbox.ParkedFilter, topic string) (inbox.ReplayReport, error) {
@@ -171,12 +160,15 @@ type recordJSON struct {
 	// ParkedMessage reports whether the key has a kept message (GET
 	// /api/v1/parked/{consumer}/{key}).
 	ParkedMessage bool `json:"parked_message"`
+	// Version is the record's (inbox.Record.Version): a forget that
+	// passes it acts only on this state.
+	Version string `json:"version"`
 }
 
 func recordDoc(store string, rec inbox.Record, parked bool) recordJSON {
 	return recordJSON{Store: store, Consumer: rec.Consumer, Key: rec.Key, Status: rec.Status, Attempts: rec.Attempts, Duplicates: rec.Duplicates,
 		FirstSeenAt: rec.FirstSeenAt, ProcessedAt: rec.ProcessedAt, LeaseUntil: rec.LeaseUntil, LastError: rec.LastError,
-		Interrupted: rec.Interrupted, Interruptions: rec.Interruptions, ParkedMessage: parked}
+		Interrupted: rec.Interrupted, Interruptions: rec.Interruptions, ParkedMessage: parked, Version: rec.Version}
 }
 
 type parkedJSON struct {
@@ -194,12 +186,15 @@ type parkedJSON struct {
 	PayloadBytes int               `json:"payload_bytes"`
 	PayloadKept  bool              `json:"payload_kept"`
 	Payload      *payloadJSON      `json:"payload,omitempty"`
+	// Version is the parked message's (inbox.ParkedMessage.Version): a
+	// replay or discard that passes it acts only on this message and park.
+	Version string `json:"version"`
 }
 
 func parkedDoc(store string, m inbox.ParkedMessage, withPayload bool) parkedJSON {
 	d := parkedJSON{Store: store, Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Topic: m.Topic, Status: m.Status, Reason: m.Reason,
 		Attempts: m.Attempts, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Metadata: m.Metadata,
-		PayloadBytes: m.PayloadSize, PayloadKept: m.PayloadKept}
+		PayloadBytes: m.PayloadSize, PayloadKept: m.PayloadKept, Version: m.Version}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
@@ -231,6 +226,9 @@ type rowJSON struct {
 	// (outbox.Row.Waiting): the rows it holds back.
 	OrderingKey string `json:"ordering_key"`
 	Waiting     int64  `json:"waiting"`
+	// Version is the row's (outbox.Row.Version): a requeue or discard that
+	// passes it acts only on this failure record.
+	Version string `json:"version"`
 }
 
 // rowState is "quarantined", "failing" (retried after its backoff) or
@@ -248,7 +246,7 @@ func rowState(r outbox.Row) string {
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: rowState(r), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
 		Failures: r.Failures, PermanentFailures: r.PermanentFailures, NextAttemptAt: r.NextAttemptAt, LastError: r.LastError,
-		Metadata: r.Metadata, PayloadBytes: len(r.Payload), OrderingKey: r.OrderingKey, Waiting: r.Waiting}
+		Metadata: r.Metadata, PayloadBytes: len(r.Payload), OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 		d.MetadataRaw = string(r.RawMetadata)
@@ -435,9 +433,12 @@ func (h *handler) apiKey(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// apiForget forgets a key. Its precondition (optional, for scripts) is in
+// the query: version (the record's, as GET .../keys/{key} shows it),
+// status, uuid (of its parked message).
 func (h *handler) apiForget(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	if err := checkParams(q, []string{"store", "tenant"}); err != nil {
+	if err := checkParams(q, []string{"store", "tenant", "version", "status", "uuid"}); err != nil {
 		return err
 	}
 	store, err := h.storeOf(q.Get("store"))
@@ -448,18 +449,14 @@ func (h *handler) apiForget(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := actionCtx(r)
-	defer cancel()
-	found, err := h.parked(store).Forget(ctx, consumer, key)
-	h.audit(r, "inbox.forget", err, "store", store, "consumer", consumer, "key", key, "count", b2i(found))
+	e, err := expectOf(q.Get("version"), q.Get("uuid"), q.Get("status"))
 	if err != nil {
 		return err
 	}
-	if !found {
-		if err := h.unknownConsumer(ctx, store, consumer); err != nil {
-			return err
-		}
-		return notFound("consumer %q, key %q has no record", consumer, key)
+	ctx, cancel := actionCtx(r)
+	defer cancel()
+	if err := h.forgetOne(ctx, r, store, consumer, key, e); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"store": store, "consumer": consumer, "key": key, "forgotten": true})
 	return nil
@@ -610,11 +607,18 @@ func (h *handler) apiParkedGet(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// oneBody is the optional JSON body of an action on one message or row.
+// oneBody is the optional JSON body of an action on one message or row:
+// its options, and its precondition (what was shown: the version, and for
+// a parked message its UUID and the key's status).
 type oneBody struct {
-	Topic  string `json:"topic"`
-	Forget bool   `json:"forget"`
+	Topic   string `json:"topic"`
+	Forget  bool   `json:"forget"`
+	Version string `json:"version"`
+	UUID    string `json:"uuid"`
+	Status  string `json:"status"`
 }
+
+func (b oneBody) expect() (inbox.Expect, error) { return expectOf(b.Version, b.UUID, b.Status) }
 
 func (h *handler) apiParkedReplay(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
@@ -639,12 +643,15 @@ func (h *handler) apiParkedReplay(w http.ResponseWriter, r *http.Request) error 
 	if err := checkText("topic", b.Topic); err != nil {
 		return err
 	}
+	e, err := b.expect()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()
-	m, err := h.replayOne(ctx, store, consumer, key, b.Topic)
-	h.audit(r, "parked.replay", err, "store", store, "consumer", consumer, "key", key, "topic", m.Topic, "count", b2i(err == nil))
+	m, err := h.replayOne(ctx, r, store, consumer, key, b.Topic, e)
 	if err != nil {
-		return h.notFoundOrUnknown(ctx, store, consumer, err)
+		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"replayed": 1, "message": parkedDoc(store, m, false)})
 	return nil
@@ -670,12 +677,14 @@ func (h *handler) apiParkedDiscard(w http.ResponseWriter, r *http.Request) error
 	if b.Topic != "" {
 		return badFilter("topic is an option of replay, not of discard")
 	}
+	e, err := b.expect()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()
-	err = h.parked(store).DiscardParked(ctx, consumer, key, inbox.DiscardOptions{Forget: b.Forget})
-	h.audit(r, "parked.discard", err, "store", store, "consumer", consumer, "key", key, "forget", b.Forget, "count", b2i(err == nil))
-	if err != nil {
-		return h.notFoundOrUnknown(ctx, store, consumer, err)
+	if err := h.discardOne(ctx, r, store, consumer, key, b.Forget, e); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"discarded": 1, "forgotten": b.Forget})
 	return nil
@@ -968,19 +977,20 @@ func (h *handler) apiRowAction(verb string) func(http.ResponseWriter, *http.Requ
 		if err != nil {
 			return err
 		}
-		var b struct{}
+		// The precondition (optional): the row's version, as GET
+		// .../outbox/rows/{id} shows it.
+		var b struct {
+			Version string `json:"version"`
+		}
 		if err := decodeBody(r, &b); err != nil {
+			return err
+		}
+		if err := checkText("version", b.Version); err != nil {
 			return err
 		}
 		ctx, cancel := actionCtx(r)
 		defer cancel()
-		if verb == "requeue" {
-			err = outbox.Requeue(ctx, h.cfg.DB, id)
-		} else {
-			err = outbox.Discard(ctx, h.cfg.DB, id)
-		}
-		h.audit(r, "outbox."+verb, err, "id", id, "count", b2i(err == nil))
-		if err != nil {
+		if err := h.rowOne(ctx, r, verb, id, outbox.Expect{Version: b.Version}); err != nil {
 			return err
 		}
 		past := map[string]string{"requeue": "requeued", "discard": "discarded"}[verb]

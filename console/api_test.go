@@ -308,10 +308,11 @@ func TestParked(t *testing.T) {
 	ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/k3/replay", map[string]any{"topic": "orders.retry"}))
 	require.EqualValues(t, 1, e.outboxRows("orders.retry", "uuid-k3"))
 
-	// Discard: the message goes; the key stays parked unless forget.
+	// Discard: the message goes; the key is discarded (no longer
+	// parked) unless forget.
 	m = ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/acme:k2/discard", nil))
 	require.EqualValues(t, 1, m["discarded"])
-	require.Equal(t, "parked", e.status("ship-order", "acme:k2"))
+	require.Equal(t, "discarded", e.status("ship-order", "acme:k2"))
 	apiErr(t, e.call("POST", "/eo/api/v1/parked/ship-order/acme:k2/discard", nil), http.StatusNotFound, codeNotFound)
 	apiErr(t, e.call("POST", "/eo/api/v1/parked/send-sms/s1/discard", `{"topic": "x"}`), http.StatusBadRequest, codeBadFilter)
 	ok(t, e.call("POST", "/eo/api/v1/parked/send-sms/s1/discard", map[string]any{"forget": true}))

@@ -35,6 +35,7 @@ const (
 	codeNotReplayable        = "not_replayable"         // 409: a parked message that cannot be replayed as it is
 	codeNotQuarantined       = "not_quarantined"        // 409: an outbox row the relay still owns
 	codeInProgress           = "in_progress"            // 409: a Redis replay of the message is in flight
+	codeChanged              = "changed"                // 409: the key, message or row is not what the action was shown
 	codeUnavailable          = "unavailable"            // 503: database or Redis unreachable, tables not migrated, store not configured
 	codeInternal             = "internal"               // 500: anything else (logged)
 )
@@ -111,6 +112,8 @@ func (h *handler) classify(r *http.Request, err error) *apiError {
 		return badFilter("%s", err)
 	case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrNotFound), errors.Is(err, outbox.ErrRowNotFound):
 		return notFound("%s", err)
+	case errors.Is(err, inbox.ErrChanged):
+		return &apiError{status: http.StatusConflict, code: codeChanged, message: err.Error()}
 	case errors.Is(err, redisstore.ErrReplayInProgress):
 		return &apiError{status: http.StatusConflict, code: codeInProgress, message: err.Error()}
 	case errors.Is(err, inbox.ErrNotReplayable):

@@ -493,6 +493,10 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 		if err := checkText("topic", topic); err != nil {
 			return err
 		}
+		shown, err := expectOf(r.PostFormValue("version"), r.PostFormValue("uuid"), "")
+		if err != nil {
+			return err
+		}
 		ok, expect, err := confirmed(r)
 		if err != nil {
 			return err
@@ -505,7 +509,14 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 			if err != nil {
 				return h.notFoundOrUnknown(ctx, store, consumer, err)
 			}
-			fields := []field{{"store", store}, {"expect", "1"}, {"confirmed", "1"}}
+			// The confirmation shows the message as it is now; one that is
+			// not the message of the page the operator came from is refused.
+			if shown.Version != "" && shown.Version != m.Version {
+				return h.changedPage(w, r, "Changed since you opened it",
+					fmt.Sprintf("The parked message of consumer %q, key %q is now message %s, parked %s, status %s: not the one the page showed.",
+						m.Consumer, m.Key, m.UUID, fmtWhen(m.ParkedAt), statusWord(m.Status)), back)
+			}
+			fields := []field{{"store", store}, {"expect", "1"}, {"confirmed", "1"}, {"version", m.Version}, {"uuid", m.UUID}}
 			d := confirmData{Action: h.prefix + "/parked/" + seg(consumer) + "/" + seg(key) + "/" + verb, CancelURL: back,
 				Matching: fmt.Sprintf("The parked message of consumer %q, key %q (message %s).", m.Consumer, m.Key, m.UUID)}
 			if verb == "replay" {
@@ -530,22 +541,22 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 		if expect != 1 {
 			return badFilter("expect is %d: an action on one message confirms 1", expect)
 		}
+		if shown.Version == "" {
+			return badFilter("the confirmation carries the version of the message it showed, and this one has none: open the message again")
+		}
 		ctx, cancel := actionCtx(r)
 		defer cancel()
 		res := resultData{BackURL: h.prefix + "/parked", Back: "Back to the parked messages"}
 		if verb == "replay" {
-			m, err := h.replayOne(ctx, store, consumer, key, topic)
-			h.audit(r, "parked.replay", err, "store", store, "consumer", consumer, "key", key, "topic", m.Topic, "count", b2i(err == nil))
+			m, err := h.replayOne(ctx, r, store, consumer, key, topic, shown)
 			if err != nil {
-				return h.actionFailed(w, r, "Not replayed", h.notFoundOrUnknown(ctx, store, consumer, err), back)
+				return h.actionFailed(w, r, "Not replayed", err, back)
 			}
 			res.Heading, res.OK = "Replayed", true
 			res.Text = fmt.Sprintf("Replayed 1 message: %s.", replayDone(store, m.Topic))
 		} else {
-			err := h.parked(store).DiscardParked(ctx, consumer, key, inbox.DiscardOptions{Forget: forget})
-			h.audit(r, "parked.discard", err, "store", store, "consumer", consumer, "key", key, "forget", forget, "count", b2i(err == nil))
-			if err != nil {
-				return h.actionFailed(w, r, "Not discarded", h.notFoundOrUnknown(ctx, store, consumer, err), back)
+			if err := h.discardOne(ctx, r, store, consumer, key, forget, shown); err != nil {
+				return h.actionFailed(w, r, "Not discarded", err, back)
 			}
 			res.Heading, res.OK, res.Text = "Discarded", true, "Discarded 1 message."
 			if forget {
@@ -589,11 +600,33 @@ func changedText(still, expected, now int64, one, many string) string {
 	return fmt.Sprintf("Nothing was done: %s; %s now. Confirm again with the new count.", was, plural(now, one+" matches", many+" match"))
 }
 
-// actionFailed shows the result page of an action the store refused.
+// actionFailed shows the result page of an action the store refused. A
+// target that changed since the confirmation says so, and leads back to
+// it.
 func (h *handler) actionFailed(w http.ResponseWriter, r *http.Request, heading string, err error, back string) error {
 	e := h.classify(r, err)
+	if e.code == codeChanged {
+		return h.changedPage(w, r, heading+": changed since you confirmed", "Nothing was done: "+e.message+".", back)
+	}
 	h.render(w, r, e.status, "result", heading, resultData{Heading: heading, Text: heading + ": " + e.message, BackURL: back, Back: "Back"})
 	return nil
+}
+
+// changedPage answers an action whose target is not what the operator was
+// shown (409): what it is now, nothing done, and a link to look again.
+func (h *handler) changedPage(w http.ResponseWriter, r *http.Request, heading, text, back string) error {
+	h.logRefusal(r, http.StatusConflict, codeChanged, text)
+	h.render(w, r, http.StatusConflict, "result", heading, resultData{Heading: heading, Text: text,
+		Details: []string{"Nothing was done. Look at it again, and confirm what you see then."}, BackURL: back, Back: "Look at it again"})
+	return nil
+}
+
+// statusWord is a key's status in a sentence.
+func statusWord(s string) string {
+	if s == "" {
+		return "no record"
+	}
+	return s
 }
 
 func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Request) error {
@@ -786,6 +819,10 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 		if err != nil {
 			return err
 		}
+		version := r.PostFormValue("version")
+		if err := checkText("version", version); err != nil {
+			return err
+		}
 		ok, expect, err := confirmed(r)
 		if err != nil {
 			return err
@@ -798,7 +835,11 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 			if err != nil {
 				return err
 			}
-			d := confirmData{Action: back + "/" + verb, CancelURL: back, Fields: []field{{"expect", "1"}, {"confirmed", "1"}},
+			if version != "" && version != row.Version {
+				return h.changedPage(w, r, "Changed since you opened it",
+					fmt.Sprintf("Outbox row %d is now %s (%d failures, %d its own): not what the page showed.", id, rowState(row), row.Failures, row.PermanentFailures), back)
+			}
+			d := confirmData{Action: back + "/" + verb, CancelURL: back, Fields: []field{{"expect", "1"}, {"confirmed", "1"}, {"version", row.Version}},
 				Matching: fmt.Sprintf("Outbox row %d (topic %q, message %s).", row.ID, row.Topic, row.UUID)}
 			if verb == "requeue" {
 				d.Heading, d.Count, d.Button = "Requeue an outbox row", "This requeues 1 row.", "Requeue 1 row"
@@ -818,14 +859,12 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 		if expect != 1 {
 			return badFilter("expect is %d: an action on one row confirms 1", expect)
 		}
+		if version == "" {
+			return badFilter("the confirmation carries the version of the row it showed, and this one has none: open the row again")
+		}
 		ctx, cancel := actionCtx(r)
 		defer cancel()
-		if verb == "requeue" {
-			err = outbox.Requeue(ctx, h.cfg.DB, id)
-		} else {
-			err = outbox.Discard(ctx, h.cfg.DB, id)
-		}
-		h.audit(r, "outbox."+verb, err, "id", id, "count", b2i(err == nil))
+		err = h.rowOne(ctx, r, verb, id, outbox.Expect{Version: version})
 		past := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[verb]
 		if err != nil {
 			return h.actionFailed(w, r, "Not "+strings.ToLower(past), err, back)
@@ -986,6 +1025,10 @@ func (h *handler) pageForget(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	shown, err := expectOf(r.PostFormValue("version"), "", "")
+	if err != nil {
+		return err
+	}
 	ok, expect, err := confirmed(r)
 	if err != nil {
 		return err
@@ -999,9 +1042,13 @@ func (h *handler) pageForget(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return h.notFoundOrUnknown(ctx, store, consumer, err)
 		}
+		if shown.Version != "" && shown.Version != rec.Version {
+			return h.changedPage(w, r, "Changed since you looked it up",
+				fmt.Sprintf("The record of consumer %q, key %q is now %s (attempt %d): not what the page showed.", consumer, key, rec.Status, rec.Attempts), back)
+		}
 		d := confirmData{Heading: "Forget a key", Count: "This forgets 1 key.", Button: "Forget 1 key", Danger: true,
 			Action: h.prefix + "/inbox/forget", CancelURL: back,
-			Fields:   []field{{"store", store}, {"consumer", consumer}, {"key", key}, {"expect", "1"}, {"confirmed", "1"}},
+			Fields:   []field{{"store", store}, {"consumer", consumer}, {"key", key}, {"expect", "1"}, {"confirmed", "1"}, {"version", rec.Version}},
 			Matching: fmt.Sprintf("Consumer %q, key %q (status %s).", consumer, key, rec.Status),
 			Note:     "Its record (and its parked message, if any) is deleted: the key's next delivery runs the handler again. It undoes no effect."}
 		h.render(w, r, http.StatusOK, "confirm", d.Heading, d)
@@ -1010,14 +1057,12 @@ func (h *handler) pageForget(w http.ResponseWriter, r *http.Request) error {
 	if expect != 1 {
 		return badFilter("expect is %d: forgetting one key confirms 1", expect)
 	}
+	if shown.Version == "" {
+		return badFilter("the confirmation carries the version of the record it showed, and this one has none: look the key up again")
+	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()
-	found, err := h.parked(store).Forget(ctx, consumer, key)
-	h.audit(r, "inbox.forget", err, "store", store, "consumer", consumer, "key", key, "count", b2i(found))
-	if err == nil && !found {
-		err = notFound("consumer %q, key %q has no record (forgotten meanwhile?)", consumer, key)
-	}
-	if err != nil {
+	if err := h.forgetOne(ctx, r, store, consumer, key, shown); err != nil {
 		return h.actionFailed(w, r, "Not forgotten", err, back)
 	}
 	res := resultData{Heading: "Forgotten", OK: true, Text: "Forgot 1 key: its next delivery runs the handler again.", BackURL: h.prefix + "/inbox", Back: "Back to the inbox lookup"}

@@ -161,7 +161,9 @@ func TestMessagePage(t *testing.T) {
 			require.Contains(t, text(t, body, "payload-note"), "UTF-8 text")
 			action, hidden := form(t, body, "replay-form")
 			require.Equal(t, "/eo/parked/ship-order/"+seg(odd)+"/replay", action)
-			require.Equal(t, url.Values{"store": {"postgres"}}, hidden)
+			require.Equal(t, url.Values{"store": {"postgres"}, "version": {hidden.Get("version")}, "uuid": {"uuid-" + odd}}, hidden,
+				"the form carries the message it shows")
+			require.NotEmpty(t, hidden.Get("version"))
 			form(t, body, "discard-form")
 		case strings.Contains(body, "not UTF-8"):
 			require.Equal(t, ".", text(t, body, "key"))
@@ -250,7 +252,7 @@ func TestConfirmFlows(t *testing.T) {
 	action, v = form(t, body, "confirm-form")
 	body = page(t, post(action, v), http.StatusOK)
 	require.Equal(t, "Done: Discarded 2 messages.", text(t, body, "result"))
-	require.Equal(t, "parked", e.status("ship-order", "b2"), "the keys stay parked")
+	require.Equal(t, "discarded", e.status("ship-order", "b2"), "the keys are discarded, no longer parked")
 
 	// Bulk replay with a relative time: the confirmation carries the
 	// absolute time, so its count holds.

@@ -35,7 +35,10 @@ type consumerFigures struct {
 	Done       *int64 `json:"done"`
 	Failed     *int64 `json:"failed"`
 	Parked     *int64 `json:"parked"`
-	Total      *int64 `json:"total"`
+	// Discarded counts the keys whose parked message an operator
+	// discarded (their deliveries are dropped as duplicates).
+	Discarded *int64 `json:"discarded"`
+	Total     *int64 `json:"total"`
 	// Duplicates counts the deliveries dropped as duplicates of the
 	// records still in the table.
 	Duplicates *int64 `json:"duplicates"`
@@ -280,6 +283,7 @@ func (h *handler) pgFigures(ctx context.Context, consumer string) (consumerFigur
 		return f, err
 	}
 	f.Processing, f.Done, f.Failed, f.Parked = ptr(st.Rows["processing"]), ptr(st.Rows["done"]), ptr(st.Rows["failed"]), ptr(st.Rows["parked"])
+	f.Discarded = ptr(st.Rows["discarded"])
 	f.Total, f.Duplicates, f.ParkedMessages, f.OldestFirstSeenAt = ptr(st.Total), ptr(st.Duplicates), ptr(n), st.OldestFirstSeen
 	return f, nil
 }

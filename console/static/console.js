@@ -57,13 +57,14 @@
       parked.appendChild(a);
       tr.appendChild(parked);
       tr.appendChild(cell("td", num(c.parked_messages), "n"));
+      tr.appendChild(cell("td", num(c.discarded), "n"));
       tr.appendChild(cell("td", num(c.failed), "n"));
       tr.appendChild(cell("td", num(c.processing), "n"));
       rows.appendChild(tr);
       if (c.error) {
         var er = document.createElement("tr");
         var td = cell("td", "Error: " + c.error, "error");
-        td.setAttribute("colspan", "8");
+        td.setAttribute("colspan", "9");
         er.appendChild(td);
         rows.appendChild(er);
       }
