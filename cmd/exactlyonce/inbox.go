@@ -131,6 +131,18 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 	purgeCmd.Flags().IntVar(&purge.BatchSize, "batch-size", 1000, "records deleted per statement")
 	purgeCmd.Flags().IntVar(&purge.MaxBatches, "max-batches", 0, "stop after this many batches (0: until done)")
 
+	var forgetIf, releaseIf ifFlags
+	forgetCmd := keyCmd("forget --consumer C KEY", "Delete the record of one key, with its parked message if it has one, so that its next delivery runs the handler again (exit status 3 when there is none)",
+		func(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string) error {
+			return a.inboxForget(ctx, db, s, consumer, key, forgetIf.expect())
+		})
+	forgetIf.register(forgetCmd, "exactlyonce inbox show", true)
+	releaseCmd := keyCmd("release --consumer C KEY", "Release a parked key, so that its next delivery runs again (exit status 3 when it is not parked)",
+		func(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string) error {
+			return a.inboxRelease(ctx, db, s, consumer, key, releaseIf.expect())
+		})
+	releaseIf.register(releaseCmd, "exactlyonce inbox show", true)
+
 	cmd.AddCommand(
 		tenantFlag(consumerFlag(&cobra.Command{
 			Use:   "stats",
@@ -143,9 +155,9 @@ It runs until done (or --max-batches, --timeout, Ctrl-C) and prints the number o
 			},
 		}, false), "count only this tenant's keys (keys scoped by exactlyonce.KeyByTenant)"),
 		keyCmd("show --consumer C KEY", "Show the record of one key (exit status 3 when there is none)", a.inboxShow),
-		keyCmd("forget --consumer C KEY", "Delete the record of one key, with its parked message if it has one, so that its next delivery runs the handler again (exit status 3 when there is none)", a.inboxForget),
+		forgetCmd,
 		parked,
-		keyCmd("release --consumer C KEY", "Release a parked key, so that its next delivery runs again (exit status 3 when it is not parked)", a.inboxRelease),
+		releaseCmd,
 		purgeCmd,
 	)
 	return cmd
@@ -180,16 +192,17 @@ type recordJSON struct {
 	LastError     string  `json:"last_error"`
 	Interrupted   bool    `json:"interrupted"`
 	Interruptions int     `json:"interruptions"`
+	Version       string  `json:"version"`
 }
 
 func toRecordJSON(r inbox.Record) recordJSON {
 	return recordJSON{Consumer: r.Consumer, Key: r.Key, Status: r.Status, Attempts: r.Attempts, Duplicates: r.Duplicates,
 		FirstSeenAt: jsonTime(&r.FirstSeenAt), ProcessedAt: jsonTime(r.ProcessedAt), LeaseUntil: jsonTime(r.LeaseUntil),
-		LastError: r.LastError, Interrupted: r.Interrupted, Interruptions: r.Interruptions}
+		LastError: r.LastError, Interrupted: r.Interrupted, Interruptions: r.Interruptions, Version: r.Version}
 }
 
 // statuses are the inbox statuses, in the order they are printed.
-var statuses = []string{"done", "processing", "failed", "parked"}
+var statuses = []string{"done", "processing", "failed", "parked", "discarded"}
 
 func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, tenant string) error {
 	var st inbox.Stats
@@ -302,17 +315,23 @@ func (a *app) inboxShow(ctx context.Context, db sqlschema.DB, s *inbox.Store, co
 	if r.LastError != "" {
 		fmt.Fprintf(tw, "last error\t%s\n", oneLine(r.LastError))
 	}
+	fmt.Fprintf(tw, "version\t%s\n", r.Version)
 	switch r.Status {
 	case "parked":
 		fmt.Fprintf(tw, "\nParked: 'exactlyonce inbox release -c %s %s' lets its next delivery run.\n", shellQuote(consumer), keyArg(key))
 	case "done":
 		fmt.Fprintf(tw, "\nDone: deliveries of this key are dropped as duplicates ('exactlyonce inbox forget' to run it again).\n")
+	case "discarded":
+		fmt.Fprintf(tw, "\nDiscarded: an operator discarded its parked message; deliveries of this key are dropped as duplicates ('exactlyonce inbox forget' to run it again).\n")
 	}
 	return tw.Flush()
 }
 
-func (a *app) inboxForget(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string) error {
-	ok, err := s.Forget(ctx, consumer, key)
+func (a *app) inboxForget(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string, expect inbox.Expect) error {
+	ok, err := s.Forget(ctx, consumer, key, expect)
+	if errors.Is(err, inbox.ErrNotFound) {
+		ok, err = false, nil
+	}
 	if err != nil {
 		return opErr(ctx, db, "inbox forget", err)
 	}
@@ -380,8 +399,11 @@ func (a *app) inboxParked(ctx context.Context, db sqlschema.DB, s *inbox.Store, 
 	return err
 }
 
-func (a *app) inboxRelease(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string) error {
-	ok, err := s.Release(ctx, consumer, key)
+func (a *app) inboxRelease(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, key string, expect inbox.Expect) error {
+	ok, err := s.Release(ctx, consumer, key, expect)
+	if errors.Is(err, inbox.ErrNotFound) {
+		ok, err = false, nil
+	}
 	if err != nil {
 		return opErr(ctx, db, "inbox release", err)
 	}

@@ -73,7 +73,7 @@ func TestInboxCommands(t *testing.T) {
 	// stats
 	var st inboxStatsJSON
 	decode(t, cli(t, env, "inbox", "stats", "--json"), &st)
-	require.Equal(t, inboxStatsJSON{Consumer: "", Total: 6, Rows: map[string]int64{"done": 4, "processing": 0, "failed": 1, "parked": 1},
+	require.Equal(t, inboxStatsJSON{Consumer: "", Total: 6, Rows: map[string]int64{"done": 4, "processing": 0, "failed": 1, "parked": 1, "discarded": 0},
 		Duplicates: 3, OldestFirstSeen: st.OldestFirstSeen}, st)
 	require.NotNil(t, st.OldestFirstSeen)
 	oldest, err := time.Parse(time.RFC3339Nano, *st.OldestFirstSeen)
@@ -186,5 +186,5 @@ func TestInboxCommands(t *testing.T) {
 	requireOK(t, r)
 	require.Contains(t, r.stdout, "Purged 0 records that finished more than 1d12h ago")
 	decode(t, cli(t, env, "inbox", "stats", "--json"), &st)
-	require.Equal(t, map[string]int64{"done": 0, "processing": 0, "failed": 2, "parked": 0}, st.Rows)
+	require.Equal(t, map[string]int64{"done": 0, "processing": 0, "failed": 2, "parked": 0, "discarded": 0}, st.Rows)
 }

@@ -88,24 +88,27 @@ func (a *app) rowCmds() []*cobra.Command {
 	}
 
 	var rq, dc rowFlags
+	var rqIf, dcIf ifFlags
 	requeue := &cobra.Command{
 		Use:   "requeue [ID]",
 		Short: "Send quarantined rows again now: one by id, or every row matching the criteria (--yes)",
 		Args:  maxArgs(1, "the row's id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.rowAction(cmd, args, &rq, "requeue")
+			return a.rowAction(cmd, args, &rq, rqIf, "requeue")
 		},
 	}
 	rq.register(requeue, true)
+	rqIf.register(requeue, "exactlyonce outbox show", false)
 	discard := &cobra.Command{
 		Use:   "discard [ID]",
 		Short: "Delete quarantined rows (their messages are never sent): one by id, or every row matching the criteria (--yes)",
 		Args:  maxArgs(1, "the row's id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.rowAction(cmd, args, &dc, "discard")
+			return a.rowAction(cmd, args, &dc, dcIf, "discard")
 		},
 	}
 	dc.register(discard, true)
+	dcIf.register(discard, "exactlyonce outbox show", false)
 	return []*cobra.Command{rows, show, requeue, discard}
 }
 
@@ -135,6 +138,9 @@ type rowJSON struct {
 	// its key behind a failed row (outbox.Row.Waiting).
 	OrderingKey string `json:"ordering_key"`
 	Waiting     int64  `json:"waiting"`
+	// Version is the row's (outbox.Row.Version): requeue and discard
+	// --if-version take it.
+	Version string `json:"version"`
 }
 
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
@@ -146,7 +152,7 @@ func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: state, CreatedAt: jsonTime(&created),
 		QuarantinedAt: jsonTime(r.QuarantinedAt), NextAttemptAt: jsonTime(r.NextAttemptAt), Failures: r.Failures,
 		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: len(r.Payload),
-		OrderingKey: r.OrderingKey, Waiting: r.Waiting}
+		OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
@@ -215,6 +221,7 @@ func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64) error {
 	}
 	fmt.Fprintf(tw, "failures\t%d (%d permanent)\n", r.Failures, r.PermanentFailures)
 	fmt.Fprintf(tw, "last error\t%s\n", r.LastError)
+	fmt.Fprintf(tw, "version\t%s\n", r.Version)
 	if r.OrderingKey != "" {
 		fmt.Fprintf(tw, "ordering key\t%s\n", r.OrderingKey)
 		if r.Failures > 0 {
@@ -231,7 +238,10 @@ func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64) error {
 
 // rowAction requeues or discards one row (by id) or every row matching the
 // criteria (with --yes; without, it says how many match).
-func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, verb string) error {
+func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifFlags, verb string) error {
+	if len(args) != 1 && cond.any() {
+		return usageErr("--if-version is for one row (ID); a bulk action is bounded by its criteria")
+	}
 	return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
 		if len(args) == 1 {
 			if f.anyCriterion() || f.yes {
@@ -241,10 +251,11 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, verb str
 			if err != nil {
 				return err
 			}
+			expect := outbox.Expect{Version: cond.version}
 			if verb == "requeue" {
-				err = outbox.Requeue(ctx, db, id)
+				err = outbox.Requeue(ctx, db, id, expect)
 			} else {
-				err = outbox.Discard(ctx, db, id)
+				err = outbox.Discard(ctx, db, id, expect)
 			}
 			if err != nil {
 				return rowErr(ctx, db, "outbox "+verb, err)
@@ -273,6 +284,10 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, verb str
 		}
 		if err != nil {
 			return rowErr(ctx, db, fmt.Sprintf("outbox %s (%d done before the error)", verb, n), err)
+		}
+		if n == 0 {
+			// One rule with the single form: nothing to act on is exit 3.
+			return notFoundErr("outbox %s: no row matches the criteria: nothing done", verb)
 		}
 		return a.actionDone(verb, n, "row", "rows")
 	})

@@ -33,7 +33,7 @@ type parkedStore interface {
 	GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error)
 	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
 	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
-	Release(ctx context.Context, consumer, key string) (bool, error)
+	Release(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
 	replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error)
 	replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
 	// name says where the messages are, for the output.
@@ -193,14 +193,15 @@ consumers, so there an unknown consumer finds no messages.`,
 	}
 
 	var rp parkedFlags
+	var rpIf ifFlags
 	var topic string
 	replay := &cobra.Command{
 		Use:   "replay [CONSUMER KEY]",
 		Short: "Release the key and publish the message again (its UUID, to its topic): one, or every match (--yes)",
 		Args:  maxArgs(2, "CONSUMER KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.parkedAction(cmd, o, args, &rp, "replay", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
-				_, err := s.replay(ctx, consumer, key, inbox.ReplayOptions{Topic: topic})
+			return a.parkedAction(cmd, o, args, &rp, rpIf, "replay", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
+				_, err := s.replay(ctx, consumer, key, inbox.ReplayOptions{Topic: topic, Expect: rpIf.expect()})
 				return 1, err
 			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
 				// The operator named the criteria and confirmed them with
@@ -212,18 +213,22 @@ consumers, so there an unknown consumer finds no messages.`,
 		},
 	}
 	rp.register(replay, true)
+	rpIf.register(replay, "exactlyonce parked show", true)
 	replay.Flags().StringVar(&topic, "topic", "", "publish to this topic instead of the one it came from")
 
 	var dc parkedFlags
+	var dcIf ifFlags
 	var forget bool
 	discard := &cobra.Command{
 		Use:   "discard [CONSUMER KEY]",
-		Short: "Delete the kept message; the key stays parked (a redelivery is not run) unless --forget: one, or every match (--yes)",
+		Short: "Delete the kept message; the key becomes discarded (a redelivery is not run) unless --forget: one, or every match (--yes)",
 		Args:  maxArgs(2, "CONSUMER KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := inbox.DiscardOptions{Forget: forget}
-			return a.parkedAction(cmd, o, args, &dc, "discard", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
-				return 1, s.DiscardParked(ctx, consumer, key, opts)
+			return a.parkedAction(cmd, o, args, &dc, dcIf, "discard", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
+				one := opts
+				one.Expect = dcIf.expect()
+				return 1, s.DiscardParked(ctx, consumer, key, one)
 			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
 				bulk := opts
 				bulk.All = true // confirmed with --yes, as for replay
@@ -233,15 +238,20 @@ consumers, so there an unknown consumer finds no messages.`,
 		},
 	}
 	dc.register(discard, true)
+	dcIf.register(discard, "exactlyonce parked show", true)
 	discard.Flags().BoolVar(&forget, "forget", false, "also forget the key: its next delivery runs the handler")
 
+	var rlIf ifFlags
 	release := &cobra.Command{
 		Use:   "release CONSUMER KEY",
 		Short: "Let the key's next delivery run (parked -> failed); the kept message stays listed until replayed or discarded",
 		Args:  exactArgs(2, "CONSUMER KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
-				found, err := s.Release(ctx, args[0], args[1])
+				found, err := s.Release(ctx, args[0], args[1], rlIf.expect())
+				if errors.Is(err, inbox.ErrNotFound) {
+					found, err = false, nil
+				}
 				if err != nil {
 					return parkedErr(ctx, s, "parked release", err)
 				}
@@ -255,6 +265,7 @@ consumers, so there an unknown consumer finds no messages.`,
 			})
 		},
 	}
+	rlIf.register(release, "exactlyonce inbox show", true)
 	cmd.AddCommand(listCmd, show, replay, discard, release)
 	return cmd
 }
@@ -329,12 +340,13 @@ type parkedJSON struct {
 	PayloadBytes int               `json:"payload_bytes"`
 	PayloadKept  bool              `json:"payload_kept"`
 	Payload      *payloadJSON      `json:"payload,omitempty"`
+	Version      string            `json:"version"`
 }
 
 func parkedDoc(m inbox.ParkedMessage, withPayload bool) parkedJSON {
 	d := parkedJSON{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Topic: m.Topic, Status: m.Status, Reason: m.Reason,
 		Attempts: m.Attempts, FirstSeenAt: jsonTime(&m.FirstSeenAt), ParkedAt: jsonTime(&m.ParkedAt), Metadata: m.Metadata,
-		PayloadBytes: m.PayloadSize, PayloadKept: m.PayloadKept}
+		PayloadBytes: m.PayloadSize, PayloadKept: m.PayloadKept, Version: m.Version}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
@@ -405,6 +417,7 @@ func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key strin
 	fmt.Fprintf(tw, "attempts\t%d\n", m.Attempts)
 	fmt.Fprintf(tw, "first seen\t%s\n", fmtTimeAgo(m.FirstSeenAt, now))
 	fmt.Fprintf(tw, "parked\t%s\n", fmtTimeAgo(m.ParkedAt, now))
+	fmt.Fprintf(tw, "version\t%s\n", m.Version)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -418,11 +431,14 @@ func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key strin
 
 // parkedAction runs a replay or discard of one message (CONSUMER KEY) or of
 // every match (with --yes; without, it says how many match).
-func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f *parkedFlags, verb string,
+func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f *parkedFlags, cond ifFlags, verb string,
 	one func(context.Context, parkedStore, string, string) (int64, error),
 	all func(context.Context, parkedStore, inbox.ParkedFilter) (done, skipped int64, err error)) error {
 	if len(args) == 1 {
 		return usageErr("give CONSUMER KEY, or criteria")
+	}
+	if len(args) != 2 && cond.any() {
+		return usageErr("--if-version, --if-uuid and --if-status are for one message (CONSUMER KEY); a bulk action is bounded by its criteria")
 	}
 	return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
 		if len(args) == 2 {
@@ -458,10 +474,14 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 		if err != nil {
 			return parkedErr(ctx, s, fmt.Sprintf("parked %s (%d done before the error)", verb, n), err)
 		}
-		if n == 0 && skipped == 0 && filter.Consumer != "" {
-			if err := s.checkConsumer(ctx, filter.Consumer); err != nil {
-				return err
+		if n == 0 && skipped == 0 {
+			if filter.Consumer != "" {
+				if err := s.checkConsumer(ctx, filter.Consumer); err != nil {
+					return err
+				}
 			}
+			// One rule with the single form: nothing to act on is exit 3.
+			return notFoundErr("parked %s: no parked message matches the criteria (%s): nothing done", verb, s.name())
 		}
 		if skipped > 0 && !a.jsonOut {
 			defer fmt.Fprintf(a.stdout, "%s skipped: not replayable (parked show says why), or replayed or discarded by someone else meanwhile.\n", plural(skipped, "message", "messages"))

@@ -129,7 +129,8 @@ func TestParkedReplayThroughRabbitMQ(t *testing.T) {
 	m := list.Messages[0]
 	require.Equal(t, parkedJSON{Consumer: "ship-order", Key: uuid, UUID: uuid, Topic: queue, Status: "parked",
 		Reason: m.Reason, Attempts: m.Attempts, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt,
-		Metadata: map[string]string{"order_id": "A-1042", "bad": "1"}, PayloadBytes: 33, PayloadKept: true}, m)
+		Metadata: map[string]string{"order_id": "A-1042", "bad": "1"}, PayloadBytes: 33, PayloadKept: true, Version: m.Version}, m)
+	require.NotEmpty(t, m.Version)
 	require.Contains(t, m.Reason, "invalid shipping address for order A-1042")
 
 	r := cli(t, env, "parked", "show", "ship-order", uuid)
@@ -162,8 +163,10 @@ func TestParkedBulkCommands(t *testing.T) {
 	queue := testenv.Queue(t, "cli_parked_bulk_")
 	h := &poisonHandler{effect: map[string]int{}}
 	ev := runRouter(t, queue, exactlyonce.Config{DB: db}, h)
+	uuids := map[string]string{}
 	for _, order := range []string{"B-1", "B-2", "B-3"} {
-		publishOrder(t, queue, watermill.NewUUID(), order, true)
+		uuids[order] = watermill.NewUUID()
+		publishOrder(t, queue, uuids[order], order, true)
 	}
 	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Parked) == 3 }, "three parked")
 
@@ -173,6 +176,18 @@ func TestParkedBulkCommands(t *testing.T) {
 	var act actionJSON
 	decode(t, cli(t, env, "parked", "discard", "--json", "--reason", "order B-3", "--yes"), &act)
 	require.Equal(t, actionJSON{Count: 1, Done: true}, act)
+	// The discarded key is no longer called parked, and a late copy of its
+	// message is still not run: a duplicate.
+	r = cli(t, env, "inbox", "parked", "-c", "ship-order")
+	requireOK(t, r)
+	require.NotContains(t, r.stdout, uuids["B-3"], "inbox parked does not list a discarded key")
+	require.Contains(t, r.stdout, uuids["B-1"])
+	r = cli(t, env, "inbox", "show", "-c", "ship-order", uuids["B-3"])
+	requireOK(t, r)
+	require.Regexp(t, `status +discarded\n`, r.stdout)
+	publishOrder(t, queue, uuids["B-3"], "B-3", true)
+	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Duplicate) == 1 }, "the late copy is acked as a duplicate")
+	require.Equal(t, 3, ev.count(exactlyonce.Parked), "not parked again")
 
 	h.fix()
 	var done actionJSON
@@ -181,6 +196,16 @@ func TestParkedBulkCommands(t *testing.T) {
 	requireOK(t, cli(t, env, "outbox", "relay", "--once"))
 	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("B-1") == 1 && h.effects("B-2") == 1 }, "both replayed")
 	require.Zero(t, h.effects("B-3"), "the discarded one is not run")
+
+	// One rule for an action that finds nothing to act on, single or
+	// bulk: exit status 3, nothing done. The count without --yes is a
+	// question answered: 0.
+	requireExit(t, cli(t, env, "parked", "replay", "-c", "ship-order", "--yes"), exitNotFound, "no parked message matches the criteria")
+	requireExit(t, cli(t, env, "parked", "discard", "--reason", "B-", "--yes"), exitNotFound, "no parked message matches the criteria")
+	requireExit(t, cli(t, env, "parked", "replay", "ship-order", uuids["B-1"]), exitNotFound, "parked replay")
+	r = cli(t, env, "parked", "replay", "-c", "ship-order")
+	requireOK(t, r)
+	require.Equal(t, "0 messages match. Nothing done: the same command with --yes will replay them.\n", r.stdout)
 
 	requireExit(t, cli(t, env, "parked", "replay"), exitUsage, "give CONSUMER KEY, or criteria")
 	requireExit(t, cli(t, env, "parked", "replay", "only-consumer"), exitUsage, "give CONSUMER KEY")
@@ -230,4 +255,52 @@ func TestParkedRedisStore(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("R-8") == 1 }, "the bulk-replayed order is processed")
 	decode(t, cli(t, env, "parked", "list", "--redis-url", "", "--json", "-c", "ship-order"), &list)
 	require.Empty(t, list.Messages)
+}
+
+// The single-key actions take what the operator saw (--if-version,
+// --if-uuid, --if-status, as show prints them): a key that changed since
+// is refused with exit status 4, nothing done.
+func TestActionsWithPreconditions(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t)
+	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
+	queue := testenv.Queue(t, "cli_parked_if_")
+	h := &poisonHandler{effect: map[string]int{}}
+	ev := runRouter(t, queue, exactlyonce.Config{DB: db}, h)
+	u1, u2 := watermill.NewUUID(), watermill.NewUUID()
+	publishOrder(t, queue, u1, "C-1", true)
+	publishOrder(t, queue, u2, "C-2", true)
+	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Parked) == 2 }, "two parked")
+
+	var shown parkedJSON
+	decode(t, cli(t, env, "parked", "show", "--json", "ship-order", u1), &shown)
+	require.NotEmpty(t, shown.Version)
+	r := cli(t, env, "parked", "show", "ship-order", u1)
+	requireOK(t, r)
+	require.Regexp(t, `version +`+shown.Version+`\n`, r.stdout)
+
+	// A precondition that does not hold: exit 4, nothing done.
+	requireExit(t, cli(t, env, "parked", "discard", "ship-order", u1, "--if-uuid", u2), exitChanged, "changed since it was shown")
+	requireExit(t, cli(t, env, "parked", "replay", "ship-order", u1, "--if-version", "0123456789abcdef"), exitChanged, "changed since it was shown")
+	requireExit(t, cli(t, env, "parked", "release", "ship-order", u1, "--if-status", "failed"), exitChanged, "changed since it was shown")
+	decode(t, cli(t, env, "parked", "show", "--json", "ship-order", u1), &shown)
+	require.Equal(t, "parked", shown.Status, "untouched")
+	requireExit(t, cli(t, env, "parked", "discard", "--reason", "C-", "--yes", "--if-version", shown.Version), exitUsage, "for one message")
+
+	// The key is replayed and processed after it was shown: a forget that
+	// names what was shown is refused, the done record stays.
+	var rec recordJSON
+	decode(t, cli(t, env, "inbox", "show", "--json", "-c", "ship-order", u1), &rec)
+	require.Equal(t, "parked", rec.Status)
+	h.fix()
+	requireOK(t, cli(t, env, "parked", "replay", "ship-order", u1, "--if-version", shown.Version))
+	requireOK(t, cli(t, env, "outbox", "relay", "--once"))
+	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("C-1") == 1 }, "replayed")
+	requireExit(t, cli(t, env, "inbox", "forget", "-c", "ship-order", u1, "--if-version", rec.Version), exitChanged, "changed since it was shown")
+	requireExit(t, cli(t, env, "inbox", "forget", "-c", "ship-order", u1, "--if-status", "parked"), exitChanged, "its status is not \"parked\"")
+	decode(t, cli(t, env, "inbox", "show", "--json", "-c", "ship-order", u1), &rec)
+	require.Equal(t, "done", rec.Status, "the done record stays")
+	requireOK(t, cli(t, env, "inbox", "forget", "-c", "ship-order", u1, "--if-version", rec.Version))
+	requireExit(t, cli(t, env, "inbox", "forget", "-c", "ship-order", u1, "--if-version", rec.Version), exitNotFound, "nothing to forget")
 }

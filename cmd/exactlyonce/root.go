@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -25,7 +26,8 @@ const (
 	exitOK       = 0
 	exitFailed   = 1 // the operation failed: database down, not migrated, relay failures
 	exitUsage    = 2 // bad flags, missing or empty arguments
-	exitNotFound = 3 // inbox show/forget/release, parked show/replay/discard/release: no such record; any command but inbox purge: unknown consumer (no records)
+	exitNotFound = 3 // nothing to act on: no such record, parked message or row, no message or row matching a bulk action's criteria; any command but inbox purge: unknown consumer (no records)
+	exitChanged  = 4 // an --if-* precondition no longer holds: the key, message or row changed since it was shown; nothing done
 )
 
 // Environment variables read when the matching flag is not given.
@@ -179,7 +181,11 @@ func failuresExit(cmd *cobra.Command) {
 		cmd.RunE = func(c *cobra.Command, args []string) error {
 			err := run(c, args)
 			var ee *exitError
-			if err != nil && !errors.As(err, &ee) {
+			switch {
+			case err == nil, errors.As(err, &ee):
+			case errors.Is(err, inbox.ErrChanged): // outbox.ErrChanged too
+				return &exitError{code: exitChanged, err: err}
+			default:
 				return &exitError{code: exitFailed, err: err}
 			}
 			return err
