@@ -35,6 +35,7 @@ const (
 	codeNotReplayable        = "not_replayable"         // 409: a parked message that cannot be replayed as it is
 	codeNotQuarantined       = "not_quarantined"        // 409: an outbox row the relay still owns
 	codeInProgress           = "in_progress"            // 409: a Redis replay of the message is in flight
+	codeTooManyFailures      = "too_many_failures"      // 429: the client's failed sign-ins are over Config.SignInFailures
 	codeUnavailable          = "unavailable"            // 503: database or Redis unreachable, tables not migrated, store not configured
 	codeInternal             = "internal"               // 500: anything else (logged)
 )

@@ -84,7 +84,7 @@ consumers the overview shows with --redis-consumer, and whose replays publish th
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8089", "address to listen on (host:port; a port of 0 picks a free one)")
 	f.StringVar(&o.token, "token", "", "bearer token of the API and the login form, at least 16 bytes (default $"+envUIToken+"; prefer the variable: flags show in ps)")
 	f.StringVar(&o.basicUser, "basic-user", "", "HTTP basic authentication: the user name (with --basic-password)")
-	f.StringVar(&o.basicPassword, "basic-password", "", "HTTP basic authentication: the password (default $"+envUIPassword+")")
+	f.StringVar(&o.basicPassword, "basic-password", "", "HTTP basic authentication: the password, at least 16 bytes (default $"+envUIPassword+"; prefer the variable: flags show in ps)")
 	f.BoolVar(&o.insecure, "insecure-no-auth", false, "serve without authentication (refused unless --listen is a loopback address)")
 	f.BoolVar(&o.readOnly, "read-only", false, "refuse every action: look, never change")
 	f.StringVar(&o.prefix, "prefix", "", "serve under this path (e.g. /exactlyonce, behind a reverse proxy)")
@@ -175,6 +175,9 @@ func (a *app) uiAuth(cmd *cobra.Command, o uiOptions) (auth console.Authenticato
 	case basic:
 		if o.basicUser == "" || password == "" {
 			return nil, "", usageErr("basic authentication needs --basic-user and --basic-password (or $%s)", envUIPassword)
+		}
+		if len(password) < console.MinPasswordLength {
+			return nil, "", usageErr("the password is shorter than %d bytes: choose a longer one (a few words, or openssl rand -base64 24)", console.MinPasswordLength)
 		}
 		return console.BasicAuth(o.basicUser, password), "", nil
 	case token != "":

@@ -188,6 +188,7 @@ func TestUIRefuses(t *testing.T) {
 		{[]string{"ui", "--token", "short"}, env, "shorter than 16 bytes"},
 		{[]string{"ui", "--token", uiToken, "--basic-user", "u", "--basic-password", "p"}, env, "choose one"},
 		{[]string{"ui", "--basic-user", "u"}, env, "--basic-password"},
+		{[]string{"ui", "--basic-user", "u", "--basic-password", "short"}, env, "the password is shorter than 16 bytes"},
 		{[]string{"ui", "--token", uiToken}, nil, "no database"},
 		{[]string{"ui", "--token", uiToken, "--prefix", "eo/"}, env, "--prefix"},
 		{[]string{"ui", "--token", uiToken, "--redis-consumer", "x"}, env, "--redis-consumer without --redis-url"},
@@ -230,9 +231,9 @@ func TestUIOptions(t *testing.T) {
 	require.Equal(t, "/eo/", res.Header.Get("Location"))
 	p.stop(t)
 
-	p = startUI(t, append(dbEnv(db.Schema), envUIPassword+"=pw"), "--basic-user", "ops")
+	p = startUI(t, append(dbEnv(db.Schema), envUIPassword+"=ops-long-passphrase"), "--basic-user", "ops")
 	req, _ := http.NewRequest("GET", p.base+"/api/v1/overview", nil)
-	req.SetBasicAuth("ops", "pw")
+	req.SetBasicAuth("ops", "ops-long-passphrase")
 	res, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	_ = res.Body.Close()
