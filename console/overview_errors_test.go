@@ -3,7 +3,7 @@ package console
 import (
 	"context"
 	"net/http"
-	"strings"
+	"net/url"
 	"testing"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -24,9 +24,9 @@ import (
 func TestOverviewHidesConnectionDetails(t *testing.T) {
 	t.Parallel()
 	const role, dbname = "eo_secret_role_x7", "eo_secret_db_x7"
-	server := strings.TrimPrefix(testenv.DatabaseURL(), "postgres://")
-	server = server[strings.Index(server, "@")+1:]
-	server = server[:strings.Index(server, "/")] // host:port of the test database
+	u, err := url.Parse(testenv.DatabaseURL())
+	require.NoError(t, err)
+	server := u.Host // of the test database
 	for _, c := range []struct {
 		name, url string
 		secrets   []string
