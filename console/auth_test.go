@@ -83,6 +83,11 @@ func TestNewRefuses(t *testing.T) {
 		{"both", Config{DB: db, Auth: BearerToken(testToken), InsecureNoAuth: true}, "choose one"},
 		{"short token", Config{DB: db, Auth: BearerToken("short")}, "shorter than 16 bytes"},
 		{"empty basic", Config{DB: db, Auth: BasicAuth("admin", "")}, "a user name and a password"},
+		{"short password", Config{DB: db, Auth: BasicAuth("admin", "s3cret")}, "BasicAuth: the password is shorter than 16 bytes"},
+		{"no tokens", Config{DB: db, Auth: BearerTokens(nil)}, "BearerTokens: no token"},
+		{"unnamed token", Config{DB: db, Auth: BearerTokens(map[string]string{"": testToken})}, "BearerTokens: a token with an empty user name"},
+		{"short named token", Config{DB: db, Auth: BearerTokens(map[string]string{"alice": testToken, "bot": "short"})}, `BearerTokens: the token of "bot" is shorter than 16 bytes`},
+		{"shared token", Config{DB: db, Auth: BearerTokens(map[string]string{"alice": testToken, "bot": testToken})}, `BearerTokens: "alice" and "bot" have the same token`},
 		{"nil func", Config{DB: db, Auth: AuthFunc(nil)}, "AuthFunc(nil)"},
 		{"prefix", Config{DB: db, Auth: BearerToken(testToken), Prefix: "exactlyonce"}, "Config.Prefix"},
 		{"prefix pattern", Config{DB: db, Auth: BearerToken(testToken), Prefix: "/a/{b}"}, "Config.Prefix"},
@@ -115,7 +120,9 @@ func TestNewRefuses(t *testing.T) {
 // without credentials: the API answers 401 JSON, the pages a login form.
 func TestUnauthenticated(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	// Some 70 wrong credentials from one address: over the default limit
+	// of failed sign-ins (TestSignInLimit).
+	e := newEnv(t, func(c *Config) { c.SignInFailures = 1000 })
 	for _, ep := range endpoints {
 		for _, auth := range []string{"", "Bearer wrong-token-0123456789", "Basic " + "YWRtaW46c2VjcmV0", "Bearer"} {
 			w := e.call(ep.method, ep.path, nil, "Authorization", auth)
@@ -202,12 +209,63 @@ func TestLoginForm(t *testing.T) {
 	require.Equal(t, -1, w.Result().Cookies()[0].MaxAge)
 }
 
+// BearerTokens: each token names its user, through the API's header as
+// through the login form's session; the actions and the sign-ins are
+// logged with that name. Changing one user's token signs out that user's
+// browsers only.
+func TestBearerTokens(t *testing.T) {
+	t.Parallel()
+	const botToken, aliceToken = "deploy-bot-token-0123456789", "alice-token-0123456789abcdef"
+	tokens := map[string]string{"deploy-bot": botToken, "alice": aliceToken}
+	e := newEnv(t, func(c *Config) { c.Auth = BearerTokens(tokens) })
+	e.park("ship-order", "k1", pmsg{topic: "orders"})
+	e.park("ship-order", "k2", pmsg{topic: "orders"})
+	e.park("ship-order", "k3", pmsg{topic: "orders"})
+
+	// The API's header.
+	ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/k1/discard", nil, "Authorization", "Bearer "+botToken))
+	apiErr(t, e.get("/eo/api/v1/relays", "Authorization", "Bearer "+testToken), http.StatusUnauthorized, codeUnauthenticated)
+
+	// The login form's session.
+	login := func(token string) string {
+		t.Helper()
+		w := e.call("POST", "/eo/login", url.Values{"token": {token}, "next": {"/eo/"}}, "Authorization", "")
+		require.Equal(t, http.StatusSeeOther, w.Code, "%s", w.Body)
+		return cookieName + "=" + w.Result().Cookies()[0].Value
+	}
+	alice, bot := login(aliceToken), login(botToken)
+	require.NotContains(t, alice, aliceToken)
+	ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/k2/discard", nil, "Authorization", "", "Cookie", alice))
+	ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/k3/discard", nil, "Authorization", "", "Cookie", bot))
+	w := e.get("/eo/", "Authorization", "", "Cookie", alice)
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Contains(t, w.Body.String(), "Signed in as <strong>alice</strong>")
+
+	var users []string
+	for _, l := range e.logs.lines(t, "exactlyonce console: action") {
+		users = append(users, l["user"].(string)+" "+l["key"].(string))
+	}
+	require.Equal(t, []string{"deploy-bot k1", "alice k2", "deploy-bot k3"}, users)
+	var signedIn []string
+	for _, l := range e.logs.lines(t, "exactlyonce console: signed in") {
+		signedIn = append(signedIn, l["user"].(string))
+	}
+	require.Equal(t, []string{"alice", "deploy-bot"}, signedIn)
+
+	// alice's token changes: her session ends, the bot's does not.
+	f := envWith(t, Config{DB: e.db}, func(c *Config) {
+		c.Auth = BearerTokens(map[string]string{"deploy-bot": botToken, "alice": "alice-new-token-0123456789"})
+	})
+	apiErr(t, f.get("/eo/api/v1/relays", "Authorization", "", "Cookie", alice), http.StatusUnauthorized, codeUnauthenticated)
+	ok(t, f.get("/eo/api/v1/relays", "Authorization", "", "Cookie", bot))
+}
+
 // BasicAuth: the browser is asked for credentials; actions are logged
 // with the user's name. AuthFunc: the identity the user's middleware put
 // in the context.
 func TestBasicAuthAndAuthFunc(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config) { c.Auth = BasicAuth("alice", "s3cret") })
+	e := newEnv(t, func(c *Config) { c.Auth = BasicAuth("alice", "s3cret-passphrase") })
 	e.park("ship-order", "k1", pmsg{topic: "orders"})
 	basic := func(u, p string) string {
 		r := httptest.NewRequest("GET", "/", nil)
@@ -218,11 +276,11 @@ func TestBasicAuthAndAuthFunc(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, w.Code)
 	require.Equal(t, `Basic realm="exactlyonce console", charset="UTF-8"`, w.Header().Get("WWW-Authenticate"))
 	apiErr(t, e.get("/eo/api/v1/overview", "Authorization", basic("alice", "wrong")), http.StatusUnauthorized, codeUnauthenticated)
-	apiErr(t, e.get("/eo/api/v1/overview", "Authorization", basic("bob", "s3cret")), http.StatusUnauthorized, codeUnauthenticated)
+	apiErr(t, e.get("/eo/api/v1/overview", "Authorization", basic("bob", "s3cret-passphrase")), http.StatusUnauthorized, codeUnauthenticated)
 	apiErr(t, e.get("/eo/api/v1/overview", "Authorization", "Bearer "+testToken), http.StatusUnauthorized, codeUnauthenticated)
 	require.Equal(t, http.StatusSeeOther, e.get("/eo/login", "Authorization", "").Code, "no login form without a token: a redirect to the overview")
 
-	m := ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/k1/discard", nil, "Authorization", basic("alice", "s3cret")))
+	m := ok(t, e.call("POST", "/eo/api/v1/parked/ship-order/k1/discard", nil, "Authorization", basic("alice", "s3cret-passphrase")))
 	require.EqualValues(t, 1, m["discarded"])
 	lines := e.logs.lines(t, "exactlyonce console: action")
 	require.Len(t, lines, 1)

@@ -47,9 +47,10 @@ type Config struct {
 	// consumer with ?store=redis.
 	RedisConsumers []string
 
-	// Auth decides who may use the console: BearerToken, BasicAuth, or
-	// AuthFunc over the identity your own middleware established.
-	// Required unless InsecureNoAuth.
+	// Auth decides who may use the console: BearerToken (or
+	// BearerTokens, a token per user), BasicAuth, or AuthFunc over the
+	// identity your own middleware established. Required unless
+	// InsecureNoAuth.
 	Auth Authenticator
 	// InsecureNoAuth serves everything to anyone who can reach the
 	// handler, as user "anonymous": for a console on a developer's
@@ -62,6 +63,24 @@ type Config struct {
 	// clears the browser's cookie; a copy of it stays good until it
 	// expires. Defaults to DefaultSessionTTL (12 hours).
 	SessionTTL time.Duration
+	// SignInFailures is how many failed sign-ins a client address may
+	// make within SignInWindow, with BearerToken, BearerTokens or
+	// BasicAuth: a wrong token or password, in a header or in the login
+	// form, or a forged or expired session cookie. After them, every
+	// request of that address that carries credentials is refused (429,
+	// code "too_many_failures", with Retry-After), the right ones too,
+	// until SignInWindow has passed since its first failure; a success
+	// does not reset the count. The address is the request's RemoteAddr
+	// (an IPv6 address by its /64); no header is trusted. Behind a
+	// reverse proxy every client has the proxy's address and shares one
+	// count: set RemoteAddr from the proxy's header in a middleware of
+	// yours in front of the console. At most 10,000 addresses are
+	// remembered. Defaults to DefaultSignInFailures (10); negative: no
+	// limit (when something in front limits sign-ins).
+	SignInFailures int
+	// SignInWindow is the window of SignInFailures. Defaults to
+	// DefaultSignInWindow (15 minutes).
+	SignInWindow time.Duration
 	// ReadOnly refuses every action (replay, discard, requeue, forget):
 	// the API answers 403 with the code "read_only" and the pages hide
 	// the action forms.
@@ -150,7 +169,11 @@ type handler struct {
 	// Host of a request is checked (InsecureNoAuth, or AllowedHosts set).
 	hosts     []allowedHost
 	checkHost bool
-	// now is the clock of the session cookies (a test's to move).
+	// signIns counts the failed sign-ins per client (nil: no limit, or
+	// an authenticator it does not apply to).
+	signIns *signInLimit
+	// now is the clock of the session cookies and of signIns (a test's
+	// to move).
 	now func() time.Time
 }
 
@@ -246,6 +269,15 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = DefaultSessionTTL
 	}
+	if cfg.SignInWindow < 0 {
+		return nil, fmt.Errorf("console: New: Config.SignInWindow is %s: it must not be negative", cfg.SignInWindow)
+	}
+	if cfg.SignInWindow == 0 {
+		cfg.SignInWindow = DefaultSignInWindow
+	}
+	if cfg.SignInFailures == 0 {
+		cfg.SignInFailures = DefaultSignInFailures
+	}
 	for _, c := range append(append([]string(nil), cfg.Consumers...), cfg.RedisConsumers...) {
 		if c == "" {
 			return nil, errors.New("console: New: an empty consumer name in Config.Consumers or Config.RedisConsumers")
@@ -263,6 +295,12 @@ func New(cfg Config) (http.Handler, error) {
 		h.hosts = append(h.hosts, ah)
 	}
 	h.checkHost = cfg.InsecureNoAuth || len(h.hosts) > 0
+	switch cfg.Auth.(type) {
+	case *bearerAuth, *basicAuth:
+		if cfg.SignInFailures > 0 {
+			h.signIns = newSignInLimit(cfg.SignInFailures, cfg.SignInWindow)
+		}
+	}
 	for _, o := range cfg.TrustedOrigins {
 		if err := h.cop.AddTrustedOrigin(o); err != nil {
 			return nil, fmt.Errorf("console: New: Config.TrustedOrigins: %w", err)
@@ -318,6 +356,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !api && h.public(w, r) {
+		return
+	}
+	if carriesCredentials(r) && !h.sessionSignedIn(r) && h.tooManyFailures(w, r, api) {
 		return
 	}
 	user, ok := h.authenticate(r)

@@ -39,13 +39,16 @@
 // Nothing is served without an authentication decision: New requires an
 // Authenticator (BearerToken: a token for the API and a login form that
 // sets an HttpOnly, SameSite=Strict cookie for browsers, which expires
-// after Config.SessionTTL; BasicAuth; or
-// AuthFunc over the identity your own middleware put in the request's
-// context), or Config.InsecureNoAuth, which logs a warning and answers
+// after Config.SessionTTL; BearerTokens: a token per named user;
+// BasicAuth; or AuthFunc over the identity your own middleware put in the
+// request's context), or Config.InsecureNoAuth, which logs a warning and answers
 // only to the loopback's names and Config.AllowedHosts (a page of
 // another site whose name resolves to the loopback, DNS rebinding, is
-// refused). Only the
-// style sheet, the script and the login form are public. An action (POST,
+// refused). Tokens and passwords are at least 16 bytes long, and a client
+// address that failed to sign in Config.SignInFailures times within
+// Config.SignInWindow (10 in 15 minutes) is answered 429 until the window
+// has passed. Only the style sheet, the script and the login form are
+// public. An action (POST,
 // DELETE) must come from the console's own origin
 // (http.CrossOriginProtection; Config.TrustedOrigins for a proxy), with
 // a JSON body said so on the API (a form or text/plain post is refused,

@@ -36,6 +36,7 @@ const (
 	codeNotQuarantined       = "not_quarantined"        // 409: an outbox row the relay still owns
 	codeInProgress           = "in_progress"            // 409: a Redis replay of the message is in flight
 	codeChanged              = "changed"                // 409: the key, message or row is not what the action was shown
+	codeTooManyFailures      = "too_many_failures"      // 429: the client's failed sign-ins are over Config.SignInFailures
 	codeUnavailable          = "unavailable"            // 503: database or Redis unreachable, tables not migrated, store not configured
 	codeInternal             = "internal"               // 500: anything else (logged)
 )
@@ -99,37 +100,68 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // (4xx, with the store's reason), the service's state (503), or an
 // internal error (500, logged, not detailed).
 func (h *handler) classify(r *http.Request, err error) *apiError {
-	var ae *apiError
+	ae, unreachable := classOf(err)
+	switch {
+	case unreachable:
+		h.log.Error("exactlyonce console: a store is unavailable", "error", err, "path", r.URL.Path)
+		return ae
+	case ae != nil:
+		return ae
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		return &apiError{status: 499, code: codeUnavailable, message: "the request was cancelled"}
+	}
+	h.log.Error("exactlyonce console: internal error", "error", err, "method", r.Method, "path", r.URL.Path, "user", userOf(r))
+	return &apiError{status: http.StatusInternalServerError, code: codeInternal, message: internalMessage}
+}
+
+// internalMessage is what an error that is neither the request's fault
+// nor the service's known state is shown as: its details are logged,
+// never shown.
+const internalMessage = "internal error; the server's log has the details"
+
+// classOf is the API's error for err when err is the request's fault or
+// the service's known state, else nil (an internal error). unreachable
+// says a store cannot be reached or did not answer in time: the answer
+// says so without the driver's error, which names the database role,
+// the database and its address; log err itself.
+func classOf(err error) (ae *apiError, unreachable bool) {
 	var mbe *http.MaxBytesError
 	var ce *pgconn.ConnectError
 	var ne net.Error
 	switch {
 	case errors.As(err, &ae):
-		return ae
+		return ae, false
 	case errors.As(err, &mbe):
-		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge, message: fmt.Sprintf("the request's body is over %d bytes", mbe.Limit)}
+		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge, message: fmt.Sprintf("the request's body is over %d bytes", mbe.Limit)}, false
 	case errors.Is(err, inbox.ErrInvalidFilter):
-		return badFilter("%s", err)
+		return badFilter("%s", err), false
 	case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrNotFound), errors.Is(err, outbox.ErrRowNotFound):
-		return notFound("%s", err)
+		return notFound("%s", err), false
 	case errors.Is(err, inbox.ErrChanged):
-		return &apiError{status: http.StatusConflict, code: codeChanged, message: err.Error()}
+		return &apiError{status: http.StatusConflict, code: codeChanged, message: err.Error()}, false
 	case errors.Is(err, redisstore.ErrReplayInProgress):
-		return &apiError{status: http.StatusConflict, code: codeInProgress, message: err.Error()}
+		return &apiError{status: http.StatusConflict, code: codeInProgress, message: err.Error()}, false
 	case errors.Is(err, inbox.ErrNotReplayable):
-		return &apiError{status: http.StatusConflict, code: codeNotReplayable, message: err.Error()}
+		return &apiError{status: http.StatusConflict, code: codeNotReplayable, message: err.Error()}, false
 	case errors.Is(err, outbox.ErrNotQuarantined):
-		return &apiError{status: http.StatusConflict, code: codeNotQuarantined, message: err.Error()}
+		return &apiError{status: http.StatusConflict, code: codeNotQuarantined, message: err.Error()}, false
 	case errors.Is(err, sqlschema.ErrNotMigrated):
-		return unavailable("%s", err)
+		return unavailable("%s", err), false
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ce), errors.As(err, &ne):
-		h.log.Error("exactlyonce console: a store is unavailable", "error", err, "path", r.URL.Path)
-		return unavailable("the database or Redis did not answer in time, or cannot be reached; see the server's log")
-	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		return &apiError{status: 499, code: codeUnavailable, message: "the request was cancelled"}
+		return unavailable("the database or Redis did not answer in time, or cannot be reached; see the server's log"), true
 	}
-	h.log.Error("exactlyonce console: internal error", "error", err, "method", r.Method, "path", r.URL.Path, "user", userOf(r))
-	return &apiError{status: http.StatusInternalServerError, code: codeInternal, message: "internal error; the server's log has the details"}
+	return nil, false
+}
+
+// shownError is what a user is shown of err, an error of work done for no
+// request in particular (the overview's figures, computed in the
+// background): what the API answers a request with for it, never the
+// details that classify logs (the caller logs them, once).
+func shownError(err error) string {
+	if ae, _ := classOf(err); ae != nil {
+		return ae.message
+	}
+	return internalMessage
 }
 
 // logRefusal logs a refused request at warn: the user (when the request

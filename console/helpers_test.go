@@ -114,8 +114,9 @@ func envWith(t *testing.T, cfg Config, mutate ...func(*Config)) *tenv {
 }
 
 // call sends a request to the handler: with the bearer token unless hdr
-// says "Authorization" itself ("" for none); body is JSON unless it is
-// url.Values (a form) or a string.
+// says "Authorization" itself ("" for none), from 192.0.2.1:1234 unless
+// hdr says "RemoteAddr"; body is JSON unless it is url.Values (a form) or
+// a string.
 func (e *tenv) call(method, path string, body any, hdr ...string) *httptest.ResponseRecorder {
 	e.t.Helper()
 	var rd io.Reader
@@ -137,6 +138,10 @@ func (e *tenv) call(method, path string, body any, hdr ...string) *httptest.Resp
 	}
 	r.Header.Set("Authorization", "Bearer "+testToken)
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "RemoteAddr" { // not a header: the client's address
+			r.RemoteAddr = hdr[i+1]
+			continue
+		}
 		if hdr[i+1] == "" {
 			r.Header.Del(hdr[i])
 			continue

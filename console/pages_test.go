@@ -185,10 +185,10 @@ func TestMessagePage(t *testing.T) {
 // nothing done.
 func TestConfirmFlows(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config) { c.Auth = BasicAuth("dana", "pw") })
+	e := newEnv(t, func(c *Config) { c.Auth = BasicAuth("dana", "dana-long-passphrase") })
 	auth := func() string {
 		r := httptest.NewRequest("GET", "/", nil)
-		r.SetBasicAuth("dana", "pw")
+		r.SetBasicAuth("dana", "dana-long-passphrase")
 		return r.Header.Get("Authorization")
 	}()
 	post := func(action string, v url.Values) *httptest.ResponseRecorder {

@@ -49,10 +49,10 @@ func TestRefusalsLogged(t *testing.T) {
 	e.call("POST", "/eo/parked/c/k1/discard", url.Values{"confirmed": {"1"}, "expect": {"1"}})
 	requireRefusal(t, e, "token", "POST", "/eo/parked/c/k1/discard", codeReadOnly)
 
-	f := newEnv(t, func(c *Config) { c.Auth = BasicAuth("alice", "s3cret") })
+	f := newEnv(t, func(c *Config) { c.Auth = BasicAuth("alice", "s3cret-passphrase") })
 	f.park("c", "k1", pmsg{topic: "t"})
 	r := httptest.NewRequest("GET", "/", nil)
-	r.SetBasicAuth("alice", "s3cret")
+	r.SetBasicAuth("alice", "s3cret-passphrase")
 	alice := r.Header.Get("Authorization")
 	f.call("POST", "/eo/api/v1/parked/c/k1/discard", nil, "Authorization", alice, "Sec-Fetch-Site", "cross-site")
 	requireRefusal(t, f, "alice", "POST", "/eo/api/v1/parked/c/k1/discard", codeCrossOrigin)

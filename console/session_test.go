@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/base64"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -27,7 +28,10 @@ func TestSessionExpires(t *testing.T) {
 // configured lifetime.
 func TestSessionExpiresOnTheClock(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config) { c.SessionTTL = time.Hour })
+	e := newEnv(t, func(c *Config) {
+		c.SessionTTL = time.Hour
+		c.SignInFailures = 100 // the forged cookies are failed sign-ins, over the default limit
+	})
 	h := e.h.(*handler)
 	now := time.Now()
 	h.now = func() time.Time { return now }
@@ -43,16 +47,22 @@ func TestSessionExpiresOnTheClock(t *testing.T) {
 	apiErr(t, e.get("/eo/api/v1/relays", "Authorization", "", "Cookie", cookie), http.StatusUnauthorized, codeUnauthenticated)
 	require.Equal(t, http.StatusUnauthorized, e.get("/eo/", "Authorization", "", "Cookie", cookie).Code, "the pages ask to sign in again")
 
-	// Forged: another issue time with the MAC of the first, a cookie of
-	// the future, another token's.
+	// Forged: another issue time with the MAC of the first, another
+	// user's name with it, a cookie of the future, another token's, parts
+	// missing.
 	b := h.cfg.Auth.(*bearerAuth)
-	issued, mac, _ := strings.Cut(c.Value, ".")
+	u := &b.users[0]
+	parts := strings.Split(c.Value, ".")
+	require.Len(t, parts, 3, "name, issue time, MAC")
+	name, issued, mac := parts[0], parts[1], parts[2]
 	n, _ := strconv.ParseInt(issued, 10, 64)
-	for _, v := range []string{strconv.FormatInt(n+3600, 10) + "." + mac, b.session(now.Add(time.Hour)), BearerToken("another-token-0123456789").(*bearerAuth).session(now),
-		issued, "." + mac, "x." + mac} {
+	other := base64.RawURLEncoding.EncodeToString([]byte("alice"))
+	for _, v := range []string{name + "." + strconv.FormatInt(n+3600, 10) + "." + mac, other + "." + issued + "." + mac, u.session(now.Add(time.Hour)),
+		BearerToken("another-token-0123456789").(*bearerAuth).users[0].session(now),
+		issued + "." + mac, name + "." + issued, "." + issued + "." + mac, name + ".x." + mac, "!." + issued + "." + mac} {
 		apiErr(t, e.get("/eo/api/v1/relays", "Authorization", "", "Cookie", cookieName+"="+v), http.StatusUnauthorized, codeUnauthenticated)
 	}
-	ok(t, e.get("/eo/api/v1/relays", "Authorization", "", "Cookie", cookieName+"="+b.session(now.Add(-time.Minute))))
+	ok(t, e.get("/eo/api/v1/relays", "Authorization", "", "Cookie", cookieName+"="+u.session(now.Add(-time.Minute))))
 
 	_, err := New(Config{DB: e.db, Auth: BearerToken(testToken), SessionTTL: -time.Second})
 	require.ErrorContains(t, err, "Config.SessionTTL")

@@ -46,7 +46,8 @@ type consumerFigures struct {
 	// keys: what the parked list shows.
 	ParkedMessages    *int64     `json:"parked_messages"`
 	OldestFirstSeenAt *time.Time `json:"oldest_first_seen_at"`
-	// Error says why the figures are missing.
+	// Error says why the figures are missing, as the API would answer
+	// for it (the details are in the server's log).
 	Error string `json:"error,omitempty"`
 }
 
@@ -211,9 +212,15 @@ func (s *snapshot) failed() bool {
 func (h *handler) compute(ctx context.Context) *snapshot {
 	start := time.Now()
 	s := &snapshot{AsOf: start, Consumers: []consumerFigures{}, Relays: []relayInfo{}, Errors: []string{}}
-	fail := func(what string, err error) {
+	// fail logs err (once per computation: requests are served the
+	// snapshot) and shows what the API would answer for it: the driver's
+	// error names the database role, the database and its address, and
+	// the overview is shown to every signed-in user.
+	fail := func(what string, err error) string {
 		h.log.Error("exactlyonce console: computing the overview's figures", "what", what, "error", err)
-		s.Errors = append(s.Errors, what+": "+err.Error())
+		shown := shownError(err)
+		s.Errors = append(s.Errors, what+": "+shown)
+		return shown
 	}
 	if h.pg != nil {
 		names := h.cfg.Consumers
@@ -230,7 +237,7 @@ func (h *handler) compute(ctx context.Context) *snapshot {
 		for _, c := range names {
 			f, err := h.pgFigures(ctx, c)
 			if err != nil {
-				fail(fmt.Sprintf("consumer %q", c), err)
+				f.Error = fail(fmt.Sprintf("consumer %q", c), err)
 			}
 			s.Consumers = append(s.Consumers, f)
 		}
@@ -248,7 +255,7 @@ func (h *handler) compute(ctx context.Context) *snapshot {
 	for _, c := range h.cfg.RedisConsumers {
 		f, err := h.redisFigures(ctx, c)
 		if err != nil {
-			fail(fmt.Sprintf("Redis consumer %q", c), err)
+			f.Error = fail(fmt.Sprintf("Redis consumer %q", c), err)
 		}
 		s.Consumers = append(s.Consumers, f)
 	}
@@ -274,12 +281,10 @@ func (h *handler) pgFigures(ctx context.Context, consumer string) (consumerFigur
 	f := consumerFigures{Consumer: consumer, Store: storePostgres}
 	st, err := h.pg.Stats(ctx, consumer)
 	if err != nil {
-		f.Error = err.Error()
 		return f, err
 	}
 	n, err := h.pg.CountParked(ctx, inbox.ParkedFilter{Consumer: consumer})
 	if err != nil {
-		f.Error = err.Error()
 		return f, err
 	}
 	f.Processing, f.Done, f.Failed, f.Parked = ptr(st.Rows["processing"]), ptr(st.Rows["done"]), ptr(st.Rows["failed"]), ptr(st.Rows["parked"])
@@ -294,12 +299,10 @@ func (h *handler) redisFigures(ctx context.Context, consumer string) (consumerFi
 	f := consumerFigures{Consumer: consumer, Store: storeRedis}
 	keys, err := h.cfg.Redis.CountParkedKeys(ctx, consumer)
 	if err != nil {
-		f.Error = err.Error()
 		return f, err
 	}
 	n, err := h.cfg.Redis.CountParked(ctx, inbox.ParkedFilter{Consumer: consumer})
 	if err != nil {
-		f.Error = err.Error()
 		return f, err
 	}
 	f.Parked, f.ParkedMessages = ptr(keys), ptr(n)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -44,6 +45,9 @@ type uiOptions struct {
 	statsInterval  time.Duration
 	trustedOrigins []string
 	allowedHosts   []string
+	tlsCert        string
+	tlsKey         string
+	tlsInFront     bool
 	logLevel       string
 }
 
@@ -57,8 +61,11 @@ parked) and of the outbox (backlog, oldest age, quarantined), the parked message
 quarantined outbox rows with search, show, replay, discard and requeue (each confirmed with the
 number of messages it touches), an inbox lookup by key, and the JSON admin API under /api/v1/.
 
-It listens on --listen (127.0.0.1:8089: this machine only) and prints the address; on a loopback
-address it answers only to the loopback's names (127.0.0.1, [::1], localhost) and to
+It listens on --listen (127.0.0.1:8089: this machine only) and prints the address. Off the
+loopback it serves HTTPS with --tls-cert and --tls-key, or plain HTTP behind a proxy or load
+balancer that terminates TLS, which --tls-terminated-in-front states; without either it refuses
+to start: the token, the password and the session cookie would cross the network in clear. On a
+loopback address it answers only to the loopback's names (127.0.0.1, [::1], localhost) and to
 --allowed-host, so that a page of another site whose name resolves to this machine (DNS
 rebinding) is refused. Every request
 is authenticated: --token (or $` + envUIToken + `: a bearer token for the API, and the login form of
@@ -77,7 +84,7 @@ consumers the overview shows with --redis-consumer, and whose replays publish th
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8089", "address to listen on (host:port; a port of 0 picks a free one)")
 	f.StringVar(&o.token, "token", "", "bearer token of the API and the login form, at least 16 bytes (default $"+envUIToken+"; prefer the variable: flags show in ps)")
 	f.StringVar(&o.basicUser, "basic-user", "", "HTTP basic authentication: the user name (with --basic-password)")
-	f.StringVar(&o.basicPassword, "basic-password", "", "HTTP basic authentication: the password (default $"+envUIPassword+")")
+	f.StringVar(&o.basicPassword, "basic-password", "", "HTTP basic authentication: the password, at least 16 bytes (default $"+envUIPassword+"; prefer the variable: flags show in ps)")
 	f.BoolVar(&o.insecure, "insecure-no-auth", false, "serve without authentication (refused unless --listen is a loopback address)")
 	f.BoolVar(&o.readOnly, "read-only", false, "refuse every action: look, never change")
 	f.StringVar(&o.prefix, "prefix", "", "serve under this path (e.g. /exactlyonce, behind a reverse proxy)")
@@ -91,6 +98,9 @@ consumers the overview shows with --redis-consumer, and whose replays publish th
 	f.DurationVar(&o.statsInterval, "stats-interval", 30*time.Second, "compute the overview's figures at most this often (they scan the inbox)")
 	f.StringArrayVar(&o.trustedOrigins, "trusted-origin", nil, "an origin whose pages may post actions, e.g. https://ops.example.com behind a proxy (repeatable)")
 	f.StringArrayVar(&o.allowedHosts, "allowed-host", nil, "a name (host or host:port) requests may address the console by, besides the loopback's: a proxy's that keeps the client's Host (repeatable; on a loopback --listen every other name is refused)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM file, the chain after the leaf; with --tls-key)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "the private key of --tls-cert (PEM file)")
+	f.BoolVar(&o.tlsInFront, "tls-terminated-in-front", false, "serve plain HTTP off the loopback: a proxy or load balancer in front terminates TLS (without it or --tls-cert, a --listen off the loopback is refused)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	return cmd
 }
@@ -107,6 +117,31 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// uiTLS checks the transport the flags choose: HTTPS with --tls-cert and
+// --tls-key (their pair, loaded: a bad file is refused at start, not at
+// the first handshake), or plain HTTP on a loopback address, or off it
+// when --tls-terminated-in-front says a proxy in front terminates TLS.
+// It returns the TLS configuration to serve with, nil for plain HTTP.
+func uiTLS(o uiOptions) (*tls.Config, error) {
+	switch {
+	case (o.tlsCert == "") != (o.tlsKey == ""):
+		return nil, usageErr("--tls-cert and --tls-key go together: give the certificate and its private key (PEM files)")
+	case o.tlsCert != "" && o.tlsInFront:
+		return nil, usageErr("--tls-terminated-in-front with --tls-cert: the console serves HTTPS itself with the certificate; drop --tls-terminated-in-front")
+	case o.tlsCert != "":
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return nil, usageErr("--tls-cert, --tls-key: %v", err)
+		}
+		return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+	case !isLoopback(o.listen) && !o.tlsInFront:
+		return nil, usageErr("--listen %s is not a loopback address, and the console would serve plain HTTP there: the token, the password and the session cookie would cross the network in clear."+
+			" Serve HTTPS with --tls-cert FILE --tls-key FILE; or, if a proxy or load balancer in front terminates TLS, say so with --tls-terminated-in-front;"+
+			" or listen on this machine only (--listen 127.0.0.1:8089)", o.listen)
+	}
+	return nil, nil
 }
 
 // uiAllowedHosts are the names the console answers to: on a loopback
@@ -141,6 +176,9 @@ func (a *app) uiAuth(cmd *cobra.Command, o uiOptions) (auth console.Authenticato
 		if o.basicUser == "" || password == "" {
 			return nil, "", usageErr("basic authentication needs --basic-user and --basic-password (or $%s)", envUIPassword)
 		}
+		if len(password) < console.MinPasswordLength {
+			return nil, "", usageErr("the password is shorter than %d bytes: choose a longer one (a few words, or openssl rand -base64 24)", console.MinPasswordLength)
+		}
 		return console.BasicAuth(o.basicUser, password), "", nil
 	case token != "":
 		if len(token) < console.MinTokenLength {
@@ -162,6 +200,10 @@ func (a *app) ui(cmd *cobra.Command, o uiOptions) error {
 		return err
 	}
 	auth, generated, err := a.uiAuth(cmd, o)
+	if err != nil {
+		return err
+	}
+	tlsConfig, err := uiTLS(o)
 	if err != nil {
 		return err
 	}
@@ -230,8 +272,12 @@ func (a *app) ui(cmd *cobra.Command, o uiOptions) error {
 		mux.Handle("/{$}", http.RedirectHandler(o.prefix+"/", http.StatusSeeOther))
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, WriteTimeout: 10 * time.Minute,
-		IdleTimeout: 2 * time.Minute}
-	url := "http://" + ln.Addr().String() + o.prefix + "/"
+		IdleTimeout: 2 * time.Minute, TLSConfig: tlsConfig}
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+	}
+	url := scheme + "://" + ln.Addr().String() + o.prefix + "/"
 	what := []string{}
 	if cfg.DB.Conn != nil {
 		what = append(what, fmt.Sprintf("inbox %s.%s, outbox %s.%s", cfg.DB.Schema, cfg.DB.InboxTable, cfg.DB.Schema, cfg.DB.OutboxTable))
@@ -246,10 +292,19 @@ func (a *app) ui(cmd *cobra.Command, o uiOptions) error {
 	case auth == nil:
 		fmt.Fprintln(a.stdout, "WARNING: no authentication (--insecure-no-auth): anyone who can reach this address can replay and discard messages.")
 	}
+	if o.tlsInFront {
+		fmt.Fprintln(a.stdout, "Plain HTTP, for a proxy in front that terminates TLS (--tls-terminated-in-front): let nothing else reach this address.")
+	}
 	fmt.Fprintln(a.stdout, "Ctrl-C stops it.")
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() {
+		if tlsConfig != nil {
+			served <- srv.ServeTLS(ln, "", "") // the certificate is in srv.TLSConfig
+			return
+		}
+		served <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serving: %w", err)

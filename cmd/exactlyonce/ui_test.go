@@ -2,10 +2,22 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -21,7 +33,8 @@ const uiToken = "ui-test-token-0123456789abcdef"
 
 // uiProc is a running `exactlyonce ui`.
 type uiProc struct {
-	base           string // http://127.0.0.1:port + prefix
+	base           string       // http(s)://127.0.0.1:port + prefix
+	client         *http.Client // follows no redirect; trusts the test's certificate over TLS
 	stdout, stderr *syncBuffer
 	cmd            *exec.Cmd
 	done           chan struct{} // closed when the process exited
@@ -30,7 +43,8 @@ type uiProc struct {
 
 // startUI starts `exactlyonce ui --listen 127.0.0.1:0 args...` with env
 // (on top of an environment cleared of what the command reads) and waits
-// for the address it prints.
+// for the address it prints (on 127.0.0.1 when args listen on every
+// interface).
 func startUI(t *testing.T, env []string, args ...string) *uiProc {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -44,7 +58,8 @@ func startUI(t *testing.T, env []string, args ...string) *uiProc {
 	}
 	clean = append(clean, env...)
 	cmd.Env = clean
-	p := &uiProc{stdout: &syncBuffer{}, stderr: &syncBuffer{}, cmd: cmd, done: make(chan struct{})}
+	p := &uiProc{stdout: &syncBuffer{}, stderr: &syncBuffer{}, cmd: cmd, done: make(chan struct{}),
+		client: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
 	require.NoError(t, cmd.Start())
 	go func() {
@@ -59,11 +74,11 @@ func startUI(t *testing.T, env []string, args ...string) *uiProc {
 			<-p.done
 		}
 	})
-	addr := regexp.MustCompile(`Serving the exactlyonce console on (http://127\.0\.0\.1:\d+\S*)/ `)
+	addr := regexp.MustCompile(`Serving the exactlyonce console on (https?://)(127\.0\.0\.1|0\.0\.0\.0|\[::\])(:\d+\S*)/ `)
 	require.Eventually(t, func() bool {
 		m := addr.FindStringSubmatch(p.stdout.String())
 		if m != nil {
-			p.base = m[1]
+			p.base = m[1] + "127.0.0.1" + m[3]
 		}
 		select {
 		case <-p.done:
@@ -96,8 +111,7 @@ func (p *uiProc) do(t *testing.T, method, path, auth string) (int, string) {
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	res, err := client.Do(req)
+	res, err := p.client.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
@@ -174,10 +188,17 @@ func TestUIRefuses(t *testing.T) {
 		{[]string{"ui", "--token", "short"}, env, "shorter than 16 bytes"},
 		{[]string{"ui", "--token", uiToken, "--basic-user", "u", "--basic-password", "p"}, env, "choose one"},
 		{[]string{"ui", "--basic-user", "u"}, env, "--basic-password"},
+		{[]string{"ui", "--basic-user", "u", "--basic-password", "short"}, env, "the password is shorter than 16 bytes"},
 		{[]string{"ui", "--token", uiToken}, nil, "no database"},
 		{[]string{"ui", "--token", uiToken, "--prefix", "eo/"}, env, "--prefix"},
 		{[]string{"ui", "--token", uiToken, "--redis-consumer", "x"}, env, "--redis-consumer without --redis-url"},
 		{[]string{"ui", "--token", uiToken, "--stats-interval", "0s"}, env, "--stats-interval"},
+		{[]string{"ui", "--token", uiToken, "--listen", "0.0.0.0:0"}, env, "--listen 0.0.0.0:0 is not a loopback address"},
+		{[]string{"ui", "--token", uiToken, "--listen", ":8089"}, env, "--listen :8089 is not a loopback address"},
+		{[]string{"ui", "--token", uiToken, "--tls-cert", "cert.pem"}, env, "--tls-cert and --tls-key go together"},
+		{[]string{"ui", "--token", uiToken, "--tls-key", "key.pem"}, env, "--tls-cert and --tls-key go together"},
+		{[]string{"ui", "--token", uiToken, "--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"}, env, "--tls-cert, --tls-key: open /nonexistent/cert.pem"},
+		{[]string{"ui", "--token", uiToken, "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-terminated-in-front"}, env, "drop --tls-terminated-in-front"},
 	} {
 		requireExit(t, cli(t, c.env, c.args...), exitUsage, c.want)
 	}
@@ -210,9 +231,9 @@ func TestUIOptions(t *testing.T) {
 	require.Equal(t, "/eo/", res.Header.Get("Location"))
 	p.stop(t)
 
-	p = startUI(t, append(dbEnv(db.Schema), envUIPassword+"=pw"), "--basic-user", "ops")
+	p = startUI(t, append(dbEnv(db.Schema), envUIPassword+"=ops-long-passphrase"), "--basic-user", "ops")
 	req, _ := http.NewRequest("GET", p.base+"/api/v1/overview", nil)
-	req.SetBasicAuth("ops", "pw")
+	req.SetBasicAuth("ops", "ops-long-passphrase")
 	res, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	_ = res.Body.Close()
@@ -285,4 +306,103 @@ func TestUIRefusesOtherHosts(t *testing.T) {
 	code, _ = get(p, "localhost", "")
 	require.Equal(t, http.StatusOK, code)
 	p.stop(t)
+}
+
+// Off the loopback, `exactlyonce ui` refuses to serve plain HTTP unless
+// told that TLS is terminated in front; the refusal says what to do. The
+// loopback's addresses stay plain HTTP.
+func TestUIRefusesPlainHTTPOffLoopback(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t)
+	r := cli(t, dbEnv(db.Schema), "ui", "--token", uiToken, "--listen", "0.0.0.0:8089")
+	requireExit(t, r, exitUsage, "not a loopback address")
+	for _, want := range []string{"would cross the network in clear", "--tls-cert FILE --tls-key FILE", "--tls-terminated-in-front", "--listen 127.0.0.1:8089"} {
+		require.Contains(t, r.stderr, want)
+	}
+	for addr, loopback := range map[string]bool{
+		"127.0.0.1:8089": true, "127.1.2.3:8089": true, "[::1]:8089": true, "localhost:8089": true,
+		":8089": false, "0.0.0.0:8089": false, "[::]:8089": false, "10.0.0.7:8089": false, "ops.example.com:8089": false,
+	} {
+		_, err := uiTLS(uiOptions{listen: addr})
+		require.Equal(t, loopback, err == nil, "%s: %v", addr, err)
+		_, err = uiTLS(uiOptions{listen: addr, tlsInFront: true})
+		require.NoError(t, err, addr)
+	}
+
+	// Stated: plain HTTP off the loopback, saying so.
+	p := startUI(t, append(dbEnv(db.Schema), envUIToken+"="+uiToken), "--listen", "0.0.0.0:0", "--tls-terminated-in-front")
+	require.True(t, strings.HasPrefix(p.base, "http://"), p.base)
+	require.Contains(t, p.stdout.String(), "Plain HTTP, for a proxy in front that terminates TLS")
+	code, body := p.do(t, "GET", "/api/v1/relays", "Bearer "+uiToken)
+	require.Equal(t, http.StatusOK, code, body)
+	p.stop(t)
+}
+
+// With --tls-cert and --tls-key, `exactlyonce ui` serves HTTPS, off the
+// loopback too: a request over TLS that trusts the certificate succeeds,
+// plain HTTP does not, and the login form's cookie is Secure.
+func TestUIServesTLS(t *testing.T) {
+	t.Parallel()
+	requirePostgres(t)
+	db := testenv.Schema(t)
+	certFile, keyFile, pool := selfSignedCert(t)
+	p := startUI(t, append(dbEnv(db.Schema), envUIToken+"="+uiToken), "--listen", "0.0.0.0:0", "--tls-cert", certFile, "--tls-key", keyFile)
+	require.True(t, strings.HasPrefix(p.base, "https://"), p.stdout.String())
+	p.client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+
+	res, err := p.client.Get(p.base + "/api/v1/relays")
+	require.NoError(t, err)
+	_ = res.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+	require.NotNil(t, res.TLS, "over TLS")
+	code, body := p.do(t, "GET", "/api/v1/relays", "Bearer "+uiToken)
+	require.Equal(t, http.StatusOK, code, body)
+
+	res, err = p.client.PostForm(p.base+"/login", url.Values{"token": {uiToken}, "next": {"/"}})
+	require.NoError(t, err)
+	_ = res.Body.Close()
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Len(t, res.Cookies(), 1)
+	require.True(t, res.Cookies()[0].Secure, "the session cookie is sent over HTTPS only")
+
+	res, err = http.Get("http://" + strings.TrimPrefix(p.base, "https://") + "/api/v1/relays")
+	require.NoError(t, err)
+	_ = res.Body.Close()
+	require.Equal(t, http.StatusBadRequest, res.StatusCode, "plain HTTP is not served")
+	p.stop(t)
+}
+
+// selfSignedCert writes a self-signed certificate for 127.0.0.1 and
+// localhost, and its key, to PEM files, and returns them with a pool that
+// trusts the certificate.
+func selfSignedCert(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "exactlyonce ui test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
+	return certFile, keyFile, pool
 }
