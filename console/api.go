@@ -783,10 +783,56 @@ func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched
 	}
 	if verb == "replay" {
 		rep, err := h.replayMatching(ctx, b.query.Store, f, b.topic)
-		return matched, rep.Replayed, rep.Skipped, err
+		return matched, rep.Replayed, rep.Skipped, stoppedAfter(err, rep.Replayed)
 	}
 	n, err := h.parked(b.query.Store).DiscardParkedMatching(ctx, f, inbox.DiscardOptions{Forget: b.forget, All: true})
-	return matched, n, 0, err
+	return matched, n, 0, stoppedAfter(err, n)
+}
+
+// stoppedError is the error of a bulk action that stopped part-way (a
+// store's error, the action timeout), after done.
+type stoppedError struct {
+	err  error
+	done int64
+}
+
+func (e *stoppedError) Error() string { return e.err.Error() }
+func (e *stoppedError) Unwrap() error { return e.err }
+
+// stoppedAfter is err, when not nil, as a bulk action's that stopped after
+// done.
+func stoppedAfter(err error, done int64) error {
+	if err == nil {
+		return nil
+	}
+	return &stoppedError{err: err, done: done}
+}
+
+// stoppedAnswer is the API's answer to a bulk action that stopped
+// part-way: the class of its error, with how many it did and the count of
+// the rest (recount: the same filter counted now), which a confirmation
+// of the same filter goes on with.
+func (h *handler) stoppedAnswer(r *http.Request, se *stoppedError, past, one, many string, recount func(context.Context) (resumeJSON, error)) *apiError {
+	e := *h.classify(r, se.err)
+	e.done = &se.done
+	e.message = fmt.Sprintf("stopped after %s %s: %s; what was done no longer matches the filter", past, plural(se.done, one, many), e.message)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), readTimeout)
+	defer cancel()
+	if res, err := recount(ctx); err == nil {
+		e.resume = &res
+		e.message += fmt.Sprintf(": to go on, confirm the %s that still match (resume: its count and bounds) with the same filter", plural(res.Count, one, many))
+	} else {
+		e.message += ": to go on, count again with the same filter and confirm"
+	}
+	return &e
+}
+
+// parkedResume counts pq again: where a bulk action on it resumes.
+func (h *handler) parkedResume(pq parkedQuery) func(context.Context) (resumeJSON, error) {
+	return func(ctx context.Context) (resumeJSON, error) {
+		n, asOf, err := h.countParked(ctx, pq)
+		return resumeJSON{Count: n, AsOf: asOf.UTC()}, err
+	}
 }
 
 // countChanged is the refusal of a bulk action whose count, within the
@@ -822,14 +868,15 @@ func (h *handler) apiParkedBulk(verb string) func(http.ResponseWriter, *http.Req
 			return err
 		}
 		matched, done, skipped, err := h.runParked(r, verb, b)
+		past := map[string]string{"replay": "replayed", "discard": "discarded"}[verb]
+		var se *stoppedError
+		if errors.As(err, &se) {
+			h.log.Error("exactlyonce console: a bulk action stopped early", "action", "parked."+verb, "done", done, "error", err)
+			return h.stoppedAnswer(r, se, past, "message", "messages", h.parkedResume(b.query))
+		}
 		if err != nil {
-			var ae *apiError
-			if done > 0 && !errors.As(err, &ae) {
-				h.log.Error("exactlyonce console: a bulk action stopped early", "action", "parked."+verb, "done", done, "error", err)
-			}
 			return err
 		}
-		past := map[string]string{"replay": "replayed", "discard": "discarded"}[verb]
 		writeJSON(w, http.StatusOK, map[string]any{"matched": matched, past: done, "skipped": skipped})
 		return nil
 	}
@@ -1117,7 +1164,15 @@ func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, do
 	} else {
 		done, err = outbox.DiscardMatching(ctx, h.cfg.DB, f)
 	}
-	return matched, done, err
+	return matched, done, stoppedAfter(err, done)
+}
+
+// rowsResume counts oq again: where a bulk action on it resumes.
+func (h *handler) rowsResume(oq outboxQuery) func(context.Context) (resumeJSON, error) {
+	return func(ctx context.Context) (resumeJSON, error) {
+		c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
+		return resumeJSON{Count: c.Count, AsOf: c.AsOf.UTC(), MaxID: &c.MaxID}, err
+	}
 }
 
 func (h *handler) apiRowsBulk(verb string) func(http.ResponseWriter, *http.Request) error {
@@ -1133,10 +1188,15 @@ func (h *handler) apiRowsBulk(verb string) func(http.ResponseWriter, *http.Reque
 			return err
 		}
 		matched, done, err := h.runRows(r, verb, b)
+		past := map[string]string{"requeue": "requeued", "discard": "discarded"}[verb]
+		var se *stoppedError
+		if errors.As(err, &se) {
+			h.log.Error("exactlyonce console: a bulk action stopped early", "action", "outbox."+verb, "done", done, "error", err)
+			return h.stoppedAnswer(r, se, past, "row", "rows", h.rowsResume(b.query))
+		}
 		if err != nil {
 			return err
 		}
-		past := map[string]string{"requeue": "requeued", "discard": "discarded"}[verb]
 		writeJSON(w, http.StatusOK, map[string]any{"matched": matched, past: done})
 		return nil
 	}

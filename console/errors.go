@@ -53,6 +53,20 @@ type apiError struct {
 	count *int64
 	asOf  *time.Time
 	maxID *int64
+	// done and resume are a bulk action's that stopped part-way: how many
+	// it did, and the count of the rest to confirm to go on.
+	done   *int64
+	resume *resumeJSON
+}
+
+// resumeJSON is where a bulk action that stopped part-way resumes: what
+// it did no longer matches its filter, so the rest is the filter counted
+// again; confirm this count (expect, as_of, and max_id for outbox rows)
+// with the same filter to go on.
+type resumeJSON struct {
+	Count int64     `json:"count"`
+	AsOf  time.Time `json:"as_of"`
+	MaxID *int64    `json:"max_id,omitempty"`
 }
 
 func (e *apiError) Error() string { return e.message }
@@ -82,10 +96,15 @@ type errorJSON struct {
 	// confirmation of it carries.
 	AsOf  *time.Time `json:"as_of,omitempty"`
 	MaxID *int64     `json:"max_id,omitempty"`
+	// Done and Resume: a bulk action that stopped part-way (an error, the
+	// action timeout) did Done, and resumes with the count in Resume.
+	Done   *int64      `json:"done,omitempty"`
+	Resume *resumeJSON `json:"resume,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	writeJSON(w, e.status, errorBody{errorJSON{Code: e.code, Message: e.message, Consumers: e.consumers, Count: e.count, AsOf: e.asOf, MaxID: e.maxID}})
+	writeJSON(w, e.status, errorBody{errorJSON{Code: e.code, Message: e.message, Consumers: e.consumers, Count: e.count, AsOf: e.asOf, MaxID: e.maxID,
+		Done: e.done, Resume: e.resume}})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

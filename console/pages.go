@@ -600,6 +600,14 @@ func changedText(still, expected, now int64, one, many string) string {
 	return fmt.Sprintf("Nothing was done: %s; %s now. Confirm again with the new count.", was, plural(now, one+" matches", many+" match"))
 }
 
+// stoppedText is the note of the confirmation a bulk action that stopped
+// part-way answers with: what it did, why it stopped, what confirming now
+// does.
+func stoppedText(past string, done int64, why, one, many string) string {
+	return fmt.Sprintf("%s %s, then stopped: %s. What was done no longer matches; the rest is counted below: confirm to go on.",
+		past, plural(done, one, many), why)
+}
+
 // actionFailed shows the result page of an action the store refused. A
 // target that changed since the confirmation says so, and leads back to
 // it.
@@ -692,6 +700,16 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 		}
 		res := resultData{BackURL: back, Back: "Back to the parked messages"}
 		past := map[string]string{"replay": "Replayed", "discard": "Discarded"}[verb]
+		var se *stoppedError
+		if errors.As(err, &se) {
+			// Where to resume: the rest, counted again, to confirm.
+			e := h.stoppedAnswer(r, se, strings.ToLower(past), "message", "messages", h.parkedResume(pq))
+			if e.resume != nil {
+				confirm(e.status, e.resume.Count, e.resume.AsOf, stoppedText(past, done, h.classify(r, se.err).message, "message", "messages"))
+				return nil
+			}
+			err = e
+		}
 		if err != nil {
 			e := h.classify(r, err)
 			res.Heading = "Not done"
@@ -942,6 +960,16 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 		}
 		past := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[verb]
 		res := resultData{BackURL: back, Back: "Back to the outbox"}
+		var se *stoppedError
+		if errors.As(err, &se) {
+			e := h.stoppedAnswer(r, se, strings.ToLower(past), "row", "rows", h.rowsResume(oq))
+			if e.resume != nil {
+				confirm(e.status, outbox.RowCount{Count: e.resume.Count, AsOf: e.resume.AsOf, MaxID: *e.resume.MaxID},
+					stoppedText(past, done, h.classify(r, se.err).message, "row", "rows"))
+				return nil
+			}
+			err = e
+		}
 		if err != nil {
 			e := h.classify(r, err)
 			res.Heading = "Not done"
