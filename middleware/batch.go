@@ -479,14 +479,15 @@ func (b *batcher) failed(j *job, err error) {
 	j.ev.Outcome = Nacked
 	j.err = err
 	var perm *permanentError
-	if errors.As(err, &perm) {
+	switch {
+	case errors.As(err, &perm):
 		j.park = true
-		return
-	}
-	if isOutputError(err) {
+	case isOutputError(err):
 		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,
 			watermill.LogFields{"message_uuid": j.msg.UUID, "consumer": j.consumer, "key": j.key})
 		j.wait = true
+	case errors.Is(err, ErrNestedMiddleware):
+		j.wait = true // logged by the inner middleware; see handlerFailed
 	}
 }
 
