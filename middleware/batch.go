@@ -78,6 +78,7 @@ type job struct {
 	wait          bool // wait NackDelay before returning err
 	park          bool // a Permanent handler error: park the key
 	formerKey     bool // claimed a released record with the former key format
+	copies        int  // deliveries of the key in the batch: this one and its followers
 	queued        []queuedStmt
 }
 
@@ -196,6 +197,11 @@ func (b *batcher) run(jobs []*job) {
 		}
 		first[k] = j
 		leaders = append(leaders, j)
+	}
+	for _, j := range leaders {
+		// The claim counts the followers as duplicates in the key's record,
+		// as their own claims would.
+		j.copies = 1 + len(followers[j])
 	}
 	b.runJobs(leaders)
 	for f, copies := range followers {
@@ -438,10 +444,11 @@ func (b *batcher) beginClaim(ctx context.Context, jobs []*job) (wsql.Tx, []inbox
 	for _, c := range consumers {
 		idx := byConsumer[c]
 		keys := make([]string, len(idx))
+		copies := make([]int, len(idx))
 		for n, i := range idx {
-			keys[n] = jobs[i].key
+			keys[n], copies[n] = jobs[i].key, jobs[i].copies
 		}
-		res, errs, err := b.m.store.ClaimBatchTx(ctx, tx, c, keys)
+		res, errs, err := b.m.store.ClaimBatchCopiesTx(ctx, tx, c, keys, copies)
 		if err != nil {
 			_ = tx.Rollback()
 			return nil, nil, nil, err
