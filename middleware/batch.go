@@ -37,7 +37,12 @@ import (
 // runs again without it (its effects are all in the transaction, so running
 // a handler again is safe): one failure costs its own message and a rerun,
 // never the others' messages. After maxBatchReruns reruns the rest of the
-// batch runs one message per transaction.
+// batch runs one message per transaction. A handler whose statement failed
+// with a deadlock or a serialization failure (pgerr.SerializationFailure:
+// a conflict with another transaction on the handler's own rows, typically
+// another batch updating the same rows in another order) is not at fault:
+// the batch runs again with it (logged at info level), and only after
+// maxBatchReruns is its message nacked.
 //
 // A failure that cannot be pinned on one message, although nothing
 // committed, makes the batch run again one message per transaction: a
@@ -78,6 +83,8 @@ type job struct {
 	wait          bool // wait NackDelay before returning err
 	park          bool // a Permanent handler error: park the key
 	formerKey     bool // claimed a released record with the former key format
+	conflict      bool // failed by a conflict with another transaction (pgerr.SerializationFailure)
+	copies        int  // deliveries of the key in the batch: this one and its followers
 	queued        []queuedStmt
 }
 
@@ -197,6 +204,11 @@ func (b *batcher) run(jobs []*job) {
 		first[k] = j
 		leaders = append(leaders, j)
 	}
+	for _, j := range leaders {
+		// The claim counts the followers as duplicates in the key's record,
+		// as their own claims would.
+		j.copies = 1 + len(followers[j])
+	}
 	b.runJobs(leaders)
 	for f, copies := range followers {
 		for _, j := range copies {
@@ -215,7 +227,10 @@ func (b *batcher) run(jobs []*job) {
 }
 
 // runJobs runs jobs in one transaction, again without each one that fails,
-// and one by one after maxBatchReruns reruns.
+// and one by one after maxBatchReruns reruns. A handler whose statement
+// conflicted with another transaction on the handler's own rows (a
+// deadlock with another batch) is not at fault: the batch runs again with
+// it, as one of those reruns; after them, a conflict nacks its message.
 func (b *batcher) runJobs(jobs []*job) {
 	for reruns := 0; len(jobs) > 0; reruns++ {
 		group := jobs
@@ -235,6 +250,13 @@ func (b *batcher) runJobs(jobs []*job) {
 		if failed == nil {
 			jobs = jobs[len(group):]
 			continue
+		}
+		if failed.conflict {
+			again := reruns < maxBatchReruns
+			b.conflicted(failed, len(group), again)
+			if again {
+				continue
+			}
 		}
 		// The transaction is rolled back: the failed job's key is free.
 		b.parkIfPermanent(failed)
@@ -259,8 +281,28 @@ var errSplit = &job{}
 // runJobs1 runs one job in a transaction of its own.
 func (b *batcher) runJobs1(j *job) {
 	if b.runOnce([]*job{j}) == j {
+		if j.conflict {
+			b.conflicted(j, 1, false)
+		}
 		b.parkIfPermanent(j)
 	}
+}
+
+// conflicted logs, at info level, a batch rolled back because a handler's
+// statement conflicted with another transaction on the handler's own rows
+// (a deadlock between two batches that update the same rows in different
+// orders, or a serialization failure): nothing of it committed, and it
+// runs again (again) or, after maxBatchReruns, the message is nacked and
+// redelivered, its error marked for RouterLogger.
+func (b *batcher) conflicted(j *job, batch int, again bool) {
+	what := "; the batch was rolled back and runs again"
+	if !again {
+		what = "; rolled back, the message will be redelivered"
+		j.err = reported(j.err)
+	}
+	b.m.cfg.Logger.Info(conflictMessage+what, watermill.LogFields{
+		"message_uuid": j.msg.UUID, "consumer": j.consumer, "key": j.key, "batch": batch,
+		"sqlstate": pgerr.Code(j.err), "err": j.err.Error()})
 }
 
 // parkIfPermanent parks the key of a job whose handler returned a
@@ -323,7 +365,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 
 	var run []*job
 	for i, j := range jobs {
-		j.err, j.wait, j.park = nil, false, false
+		j.err, j.wait, j.park, j.conflict = nil, false, false, false
 		switch {
 		case cerrs[i] != nil:
 			j.ev.Outcome = Nacked
@@ -438,10 +480,11 @@ func (b *batcher) beginClaim(ctx context.Context, jobs []*job) (wsql.Tx, []inbox
 	for _, c := range consumers {
 		idx := byConsumer[c]
 		keys := make([]string, len(idx))
+		copies := make([]int, len(idx))
 		for n, i := range idx {
-			keys[n] = jobs[i].key
+			keys[n], copies[n] = jobs[i].key, jobs[i].copies
 		}
-		res, errs, err := b.m.store.ClaimBatchTx(ctx, tx, c, keys)
+		res, errs, err := b.m.store.ClaimBatchCopiesTx(ctx, tx, c, keys, copies)
 		if err != nil {
 			_ = tx.Rollback()
 			return nil, nil, nil, err
@@ -479,14 +522,17 @@ func (b *batcher) failed(j *job, err error) {
 	j.ev.Outcome = Nacked
 	j.err = err
 	var perm *permanentError
-	if errors.As(err, &perm) {
+	switch {
+	case errors.As(err, &perm):
 		j.park = true
-		return
-	}
-	if isOutputError(err) {
+	case isOutputError(err):
 		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,
 			watermill.LogFields{"message_uuid": j.msg.UUID, "consumer": j.consumer, "key": j.key})
 		j.wait = true
+	case errors.Is(err, ErrNestedMiddleware):
+		j.wait = true // logged by the inner middleware; see handlerFailed
+	case pgerr.SerializationFailure(err):
+		j.conflict = true // see runJobs
 	}
 }
 

@@ -58,7 +58,10 @@
 // # Wiring
 //
 // Attach the middleware to the router (router.AddMiddleware(eo.Middleware))
-// or to one handler. Register handlers with OutboxOnly as their publisher,
+// or to handlers (handler.AddMiddleware), never both to one handler: a
+// handler whose modes differ gets its own Middleware, added to it, and
+// none router-wide. A handler wrapped twice fails every delivery with
+// ErrNestedMiddleware. Register handlers with OutboxOnly as their publisher,
 // and with ConcurrentSubscriber for several deliveries in flight under one
 // consumer name. Put Watermill's Retry middleware outside this one (added
 // before it), so that each retry gets a fresh transaction, and

@@ -59,6 +59,19 @@ var (
 	// (IsPermanent): redelivering cannot fix the wiring, so a poison queue
 	// filtered by IsPermanent takes the message out of the loop, kept.
 	ErrNoMiddleware = errors.New("no exactly-once delivery in this context")
+
+	// ErrNestedMiddleware: two exactly-once middlewares wrap one handler
+	// (typically one added router-wide, router.AddMiddleware, and another
+	// on the handler, handler.AddMiddleware). The inner one refuses every
+	// delivery before it claims anything, logs it at ERROR and returns
+	// this error through the outer one, which rolls back (or, in lease
+	// mode, records the attempt failed) and returns it after NackDelay:
+	// the message is nacked and redelivered, failing the same way, until
+	// the wiring is fixed. Nothing is lost; the handler never runs. It is
+	// permanent (IsPermanent), as ErrNoMiddleware is. Fix: add one
+	// middleware to each handler (handler.AddMiddleware) instead of
+	// router-wide, or one router-wide and none per handler.
+	ErrNestedMiddleware = errors.New("two exactly-once middlewares wrap this handler")
 )
 
 // errOutput marks errors about the handler's output messages that no retry
@@ -88,7 +101,8 @@ func (e *permanentError) Unwrap() error { return e.err }
 // IsPermanent reports whether err says that redelivering the message can
 // never succeed: its key is invalid (ErrInvalidKey), the handler's output
 // messages cannot be stored, the middleware does not wrap the handler
-// (ErrNoMiddleware), or the error was made by Permanent (returned
+// (ErrNoMiddleware) or wraps it twice (ErrNestedMiddleware), or the error
+// was made by Permanent (returned
 // to the router only when the key could not be parked, or in a fail-open
 // run). Use it as the filter of Watermill's PoisonQueueWithFilter, added
 // before (outside) this middleware. Configuration errors (ErrNoDestination,
@@ -96,5 +110,6 @@ func (e *permanentError) Unwrap() error { return e.err }
 // queue until the configuration is fixed.
 func IsPermanent(err error) bool {
 	var p *permanentError
-	return errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.Is(err, ErrNoMiddleware) || errors.As(err, &p)
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.Is(err, ErrNoMiddleware) ||
+		errors.Is(err, ErrNestedMiddleware) || errors.As(err, &p)
 }

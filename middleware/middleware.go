@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -20,8 +21,10 @@ import (
 )
 
 // Middleware is the exactly-once middleware. Create it with New and attach
-// its Middleware method to a router (router.AddMiddleware) or to one
-// handler (handler.AddMiddleware).
+// its Middleware method to a router (router.AddMiddleware) or to handlers
+// (handler.AddMiddleware). One handler takes one exactly-once middleware:
+// wrapped by two (one router-wide, another on the handler), every
+// delivery fails with ErrNestedMiddleware.
 type Middleware struct {
 	cfg       Config
 	customKey bool // Config.Key was set (not the message UUID)
@@ -88,9 +91,12 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		b = newBatcher(m, h)
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
+		prev := msg.Context()
+		if valuesFrom(prev) != nil {
+			return m.nested(msg)
+		}
 		start := time.Now()
 		ev := Event{MessageUUID: msg.UUID}
-		prev := msg.Context()
 		ctx, opts := tracing.ConsumerStart(msg)
 		ctx, span := m.tracer.Start(ctx, "exactlyonce.process", append(opts,
 			trace.WithAttributes(attribute.String("messaging.message.id", msg.UUID)))...)
@@ -116,6 +122,37 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		m.cfg.OnEvent(ev)
 		return out, err
 	}
+}
+
+// nested refuses a delivery that an exactly-once middleware outside this
+// one is already handling: its context carries that middleware's
+// handlerValues, which every mode puts only in the context it passes to
+// the handler it wraps (and takes off the message when the handler
+// returns, so that Watermill's Retry, outside, calls again with a clean
+// message). Claiming here would wait for the outer claim's uncommitted row
+// (transactional mode and group commit: a hang), or find its lease held
+// (lease mode: nacked as ErrLeaseHeld on every redelivery). Nothing is
+// claimed; the outer middleware rolls back and returns the error after
+// NackDelay (handlerFailed), and every redelivery fails the same way,
+// logged at ERROR each time, until the wiring is fixed.
+func (m *Middleware) nested(msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	outer := valuesFrom(ctx)
+	handler := message.HandlerNameFromCtx(ctx)
+	consumer := m.cfg.Consumer
+	if consumer == "" {
+		consumer = handler
+	}
+	err := fmt.Errorf("exactlyonce: %w: handler %q, message %q: an exactly-once middleware outside this one already handles the delivery (key %q of consumer %q); "+
+		"this one refuses it rather than claim it a second time, which would wait for the first claim, or find it held, on every delivery. "+
+		"The handler did not run. Add each Middleware to its handlers (handler.AddMiddleware(eo.Middleware), one Middleware per mode), "+
+		"or one router-wide (router.AddMiddleware) and none on the handler",
+		ErrNestedMiddleware, handler, msg.UUID, outer.key, outer.consumer)
+	m.cfg.Logger.Error("exactlyonce: two exactly-once middlewares wrap one handler: the delivery is refused, and will be redelivered and refused until the wiring is fixed", err,
+		watermill.LogFields{"handler": handler, "message_uuid": msg.UUID, "consumer": consumer})
+	err = reported(err)
+	m.cfg.OnEvent(Event{Outcome: Nacked, Consumer: consumer, MessageUUID: msg.UUID, Err: err})
+	return nil, err
 }
 
 // handle derives the consumer and key and hands the delivery to its mode.

@@ -195,17 +195,39 @@ func refusalCause(err error) string {
 	return "SQLSTATE " + pgerr.Code(err)
 }
 
-// handlerFailed returns the handler's error. When it is one of the
-// middleware's own refusals of the handler's output (an outbox publish to
-// no topic, a message the outbox cannot store), which every redelivery
-// meets again, it is logged as the configuration or data error it is and
-// returned after NackDelay, so that the message is kept without a tight
-// redelivery loop.
+// handlerFailed returns the handler's error, as what it is:
+//
+//   - one of the middleware's own refusals of the handler's output (an
+//     outbox publish to no topic, a message the outbox cannot store), which
+//     every redelivery meets again: logged as the configuration or data
+//     error it is, and returned after NackDelay, so that the message is
+//     kept without a tight redelivery loop;
+//   - ErrNestedMiddleware (a second exactly-once middleware inside this
+//     one refused the delivery, and logged it): returned after NackDelay,
+//     for the same reason;
+//   - a conflict with another transaction on the handler's own rows
+//     (pgerr.SerializationFailure: a deadlock, 40P01, or a serialization
+//     failure, 40001): nothing of the message committed, and its
+//     redelivery runs it again in a new transaction. Not an error of the
+//     message: logged at info level (see conflictMessage), and marked for
+//     RouterLogger.
 func (m *Middleware) handlerFailed(msg *message.Message, err error, consumer, key string) error {
-	if isOutputError(err) {
+	switch {
+	case isOutputError(err):
 		m.cfg.Logger.Error("exactlyonce: the handler's outbox publish was refused, message will be redelivered", err,
 			watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
 		sleep(msg.Context(), m.cfg.NackDelay)
+	case errors.Is(err, ErrNestedMiddleware):
+		sleep(msg.Context(), m.cfg.NackDelay)
+	case pgerr.SerializationFailure(err):
+		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
+			"message_uuid": msg.UUID, "consumer": consumer, "key": key, "sqlstate": pgerr.Code(err), "err": err.Error()})
+		return reported(err)
 	}
 	return err
 }
+
+// conflictMessage is the log line of a handler whose statement met a
+// conflict with another transaction on the handler's own rows.
+const conflictMessage = "exactlyonce: a statement of the handler conflicted with another transaction on the handler's own rows " +
+	"(a deadlock or serialization failure, not an error of the message; update rows in one order, by key, to make it rare)"

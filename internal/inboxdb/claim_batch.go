@@ -34,7 +34,27 @@ var ErrVanished = errors.New("the record disappeared during the claim (concurren
 // SERIALIZABLE, a key claimed by another transaction that commits while
 // this one waits fails the statement with 40001: roll back and claim again
 // (see ClaimTx); so does ErrPartitionsChanged on the partitioned layout.
+//
+// It is ClaimBatchCopiesTx with one delivery of each key.
 func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consumer string, keys []string) ([]ClaimResult, []error, error) {
+	return s.ClaimBatchCopiesTx(ctx, tx, consumer, keys, nil)
+}
+
+// ClaimBatchCopiesTx is ClaimBatchTx for a batch that holds copies[i]
+// deliveries of keys[i] (nil: one of each; otherwise one count, at least
+// 1, per key). The caller runs the handler for one of them and reports the
+// others as duplicates of it; the record counts them as their own claims
+// would have, in the same transaction: a record this claim creates (or a
+// released one it claims again) counts copies[i]-1 duplicates, a done or
+// parked one copies[i]. A batch without copies runs the statements of
+// ClaimBatchTx, nothing more; on the partitioned layout, whose insert
+// (the claim_batch function of migration inbox_008) cannot set the count,
+// a batch that created records of keys with copies adds their count with
+// one more UPDATE.
+func (s *Store) ClaimBatchCopiesTx(ctx context.Context, tx wsql.ContextExecutor, consumer string, keys []string, copies []int) ([]ClaimResult, []error, error) {
+	if copies != nil && len(copies) != len(keys) {
+		return nil, nil, fmt.Errorf("claiming %d keys for %q: %d copy counts given, want one per key", len(keys), consumer, len(copies))
+	}
 	results := make([]ClaimResult, len(keys))
 	errs := make([]error, len(keys))
 	if len(keys) == 0 {
@@ -46,12 +66,36 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consu
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
-
-	insert := s.claimBatchPlain
-	if s.part != nil {
-		insert = s.claimBatchPartitioned
+	// n returns the deliveries of key k in the batch.
+	n := func(k string) int64 {
+		if copies == nil {
+			return 1
+		}
+		return int64(max(copies[index[k]], 1))
 	}
-	claimed, err := insert(ctx, tx, consumer, sorted)
+	var sortedCopies []int64 // nil: no key has copies
+	for i, k := range sorted {
+		if c := n(k); c > 1 {
+			if sortedCopies == nil {
+				sortedCopies = make([]int64, len(sorted))
+				for j := range sortedCopies {
+					sortedCopies[j] = 1
+				}
+			}
+			sortedCopies[i] = c
+		}
+	}
+
+	var claimed map[string]bool
+	var err error
+	if s.part == nil {
+		claimed, err = s.claimBatchPlain(ctx, tx, consumer, sorted, sortedCopies)
+	} else {
+		claimed, err = s.claimBatchPartitioned(ctx, tx, consumer, sorted)
+		if err == nil && sortedCopies != nil {
+			err = s.countInsertedCopies(ctx, tx, consumer, sorted, sortedCopies, claimed)
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -68,16 +112,33 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consu
 		return results, errs, nil
 	}
 
-	args := make([]any, 0, len(rest)+1)
-	args = append(args, consumer)
-	placeholders := make([]string, len(rest))
+	var rows wsql.Rows
+	restCopies := make([]int64, len(rest))
+	withCopies := false
 	for i, k := range rest {
-		placeholders[i] = "$" + strconv.Itoa(i+2)
-		args = append(args, k)
+		restCopies[i] = n(k)
+		withCopies = withCopies || restCopies[i] > 1
 	}
-	rows, err := tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN `+settledSQL+` THEN 1 ELSE 0 END
+	if withCopies {
+		// A released record (failed, parked by a transaction) is claimed
+		// again below: its first copy runs, the others are duplicates.
+		rows, err = tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN `+settledSQL+` THEN v.n
+WHEN status = 'failed' AND parked_by_transaction THEN v.n - 1 ELSE 0 END
+FROM unnest($2::text[], $3::bigint[]) v(k, n)
+WHERE consumer = $1 AND message_key = v.k
+RETURNING `+recordColumns, consumer, rest, restCopies)
+	} else {
+		args := make([]any, 0, len(rest)+1)
+		args = append(args, consumer)
+		placeholders := make([]string, len(rest))
+		for i, k := range rest {
+			placeholders[i] = "$" + strconv.Itoa(i+2)
+			args = append(args, k)
+		}
+		rows, err = tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN `+settledSQL+` THEN 1 ELSE 0 END
 WHERE consumer = $1 AND message_key IN (`+strings.Join(placeholders, ", ")+`)
 RETURNING `+recordColumns, args...)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
 	}
@@ -120,23 +181,58 @@ RETURNING `+recordColumns, args...)
 }
 
 // claimBatchPlain inserts the keys (sorted) on the plain layout, returning
-// the keys inserted.
-func (s *Store) claimBatchPlain(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string) (map[string]bool, error) {
-	args := make([]any, 0, len(sorted)+1)
+// the keys inserted. With copies (one count per key, nil when no key has
+// copies), a record inserted counts copies-1 duplicates.
+func (s *Store) claimBatchPlain(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string, copies []int64) (map[string]bool, error) {
+	args := make([]any, 0, 2*len(sorted)+1)
 	args = append(args, consumer)
 	var values strings.Builder
 	for i, k := range sorted {
 		if i > 0 {
 			values.WriteString(", ")
 		}
-		values.WriteString("($1, $" + strconv.Itoa(i+2) + ", 'done', 1, now())")
 		args = append(args, k)
+		values.WriteString("($1, $" + strconv.Itoa(len(args)) + ", 'done', 1, now()")
+		if copies != nil {
+			args = append(args, copies[i]-1)
+			values.WriteString(", $" + strconv.Itoa(len(args)) + "::bigint")
+		}
+		values.WriteString(")")
 	}
-	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at)
+	columns := "consumer, message_key, status, attempts, processed_at"
+	if copies != nil {
+		columns += ", duplicates"
+	}
+	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (`+columns+`)
 VALUES `+values.String()+`
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING message_key`, args...)
 	return claimedKeys(rows, err, len(sorted), consumer)
+}
+
+// countInsertedCopies counts, on the partitioned layout, the copies of the
+// keys whose records the batch's insert created (claimed) as duplicates:
+// copies-1 each (copies: one count per sorted key). The insert, through
+// the claim_batch function or the fallback statements, cannot; the
+// records are the transaction's own, under the keys' locks it holds.
+func (s *Store) countInsertedCopies(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string, copies []int64, claimed map[string]bool) error {
+	var keys []string
+	var extra []int64
+	for i, k := range sorted {
+		if claimed[k] && copies[i] > 1 {
+			keys = append(keys, k)
+			extra = append(extra, copies[i]-1)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + v.n
+FROM unnest($2::text[], $3::bigint[]) v(k, n)
+WHERE consumer = $1 AND message_key = v.k`, consumer, keys, extra); err != nil {
+		return fmt.Errorf("counting the duplicates within the batch for %q: %w", consumer, err)
+	}
+	return nil
 }
 
 // claimedKeys reads the keys a batch claim's INSERT ... RETURNING

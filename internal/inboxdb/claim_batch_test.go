@@ -6,6 +6,7 @@ package inboxdb_test
 // order so that two batches sharing keys cannot deadlock.
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -362,5 +363,122 @@ func TestClaimBatchTxVanished(t *testing.T) {
 		require.ErrorIs(t, o.errs[1], inboxdb.ErrVanished)
 		require.False(t, o.res[1].Claimed)
 		require.NoError(t, tx.Commit())
+	})
+}
+
+// TestClaimBatchCopiesTx: a batch that holds several deliveries of a key
+// (group commit runs the handler for one, and reports the others as
+// duplicates) counts them in the record, in the same transaction, as
+// their own claims would have: copies-1 for a record it creates or a
+// released one it claims again, copies for a done or parked one, nothing
+// for a processing one. Rolled back, nothing is counted.
+func TestClaimBatchCopiesTx(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		b.insertRecord(t, "c", "done", inboxdb.StatusDone, 1, "")
+		b.insertRecord(t, "c", "parked", inboxdb.StatusParked, 1, "400 invalid phone number")
+		b.insertRecord(t, "c", "released", inboxdb.StatusFailed, 2, "released by an operator")
+		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, lease_until, lease_token)
+VALUES ('c', 'processing', 'processing', 1, now() + interval '1 hour', gen_random_uuid())`)
+
+		keys := []string{"new3", "done", "one", "parked", "released", "processing", "new2"}
+		copies := []int{3, 2, 1, 4, 3, 2, 2}
+		want := map[string]int64{"new3": 2, "done": 2, "one": 0, "parked": 4, "released": 2, "processing": 0, "new2": 1}
+		claim := func() ([]inboxdb.ClaimResult, []error, wsql.Tx) {
+			tx := b.begin(t)
+			res, errs, err := b.store.ClaimBatchCopiesTx(b.ctx, tx, "c", keys, copies)
+			require.NoError(t, err)
+			return res, errs, tx
+		}
+
+		_, _, tx := claim()
+		require.NoError(t, tx.Rollback())
+		require.Zero(t, b.count(t, "duplicates <> 0"), "a rolled-back batch counts nothing")
+
+		res, errs, tx := claim()
+		for i, k := range keys {
+			switch k {
+			case "processing":
+				require.ErrorIs(t, errs[i], inboxdb.ErrNotDone)
+				continue
+			case "new3", "one", "released", "new2":
+				require.True(t, res[i].Claimed, k)
+			default:
+				require.False(t, res[i].Claimed, k)
+				require.Equal(t, want[k], res[i].Existing.Duplicates, "%s: the record returned includes the copies", k)
+			}
+			require.NoError(t, errs[i], k)
+		}
+		require.NoError(t, tx.Commit())
+		for k, n := range want {
+			rec, err := b.store.Lookup(b.ctx, b.db, "c", k)
+			require.NoError(t, err)
+			require.Equal(t, n, rec.Duplicates, k)
+		}
+
+		// The same deliveries again: every key has a record now.
+		res, errs, tx = claim()
+		for i, k := range keys {
+			if k == "processing" {
+				require.ErrorIs(t, errs[i], inboxdb.ErrNotDone)
+				continue
+			}
+			require.NoError(t, errs[i], k)
+			require.False(t, res[i].Claimed, k)
+			require.Equal(t, want[k]+int64(copies[i]), res[i].Existing.Duplicates, k)
+		}
+		require.NoError(t, tx.Commit())
+
+		_, _, err := b.store.ClaimBatchCopiesTx(b.ctx, b.db, "c", keys, copies[:2])
+		require.ErrorContains(t, err, "copy counts")
+	})
+}
+
+// statementCounter counts the statements sent through it.
+type statementCounter struct {
+	wsql.ContextExecutor
+	n int
+}
+
+func (c *statementCounter) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	c.n++
+	return c.ContextExecutor.ExecContext(ctx, q, args...)
+}
+
+func (c *statementCounter) QueryContext(ctx context.Context, q string, args ...any) (wsql.Rows, error) {
+	c.n++
+	return c.ContextExecutor.QueryContext(ctx, q, args...)
+}
+
+// TestClaimBatchCopiesCost: counting the copies costs nothing to a batch
+// without copies, nor to a batch whose copies are of keys already
+// recorded (the duplicates' UPDATE counts them); on the partitioned
+// layout, whose claim function cannot count them, a batch that creates a
+// record of a key with copies sends one more statement.
+func TestClaimBatchCopiesCost(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		statements := func(prefix string, copies []int) int {
+			t.Helper()
+			tx := b.begin(t)
+			c := &statementCounter{ContextExecutor: tx}
+			keys := []string{prefix + "-a", prefix + "-b", prefix + "-c"}
+			_, errs, err := b.store.ClaimBatchCopiesTx(b.ctx, c, "c", keys, copies)
+			require.NoError(t, err)
+			require.Equal(t, []error{nil, nil, nil}, errs)
+			require.NoError(t, tx.Commit())
+			return c.n
+		}
+		statements("warm-up", nil) // the store's look-ups of the layout
+		plain := statements("new", nil)
+		require.Equal(t, plain, statements("new1", []int{1, 1, 1}), "copy counts of 1 are no copies")
+		withCopies := statements("newc", []int{1, 3, 1})
+		if b.tables.Partitions != nil {
+			require.Equal(t, plain+1, withCopies, "partitioned: one UPDATE counts the copies of the records created")
+		} else {
+			require.Equal(t, plain, withCopies, "plain: the INSERT counts them")
+		}
+		dups := statements("new", nil)
+		require.Equal(t, dups, statements("new", []int{2, 1, 3}), "copies of recorded keys: the same statements")
 	})
 }
