@@ -586,7 +586,7 @@ func discardNote(forget bool) string {
 	if forget {
 		return "The kept message is deleted and its key forgotten (if parked or released): the key's next delivery runs the handler. This cannot be undone."
 	}
-	return "The kept message is deleted; its key stays recorded, so a late redelivery is still not run. This cannot be undone."
+	return "The kept message is deleted; its key stays recorded, as discarded, so a late redelivery is still not run. This cannot be undone."
 }
 
 // changedText says on a confirmation page that the count confirmed no

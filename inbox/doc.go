@@ -22,8 +22,8 @@
 // ([Store.ReplayParked]: the key is released and the message written to
 // the outbox for its topic with its UUID, in one transaction; the relay
 // publishes it and the consumer runs it once) or discards it
-// ([Store.DiscardParked]: the key stays recorded, so a late redelivery is
-// still not run, unless it is forgotten too). Both work by filter as well
+// ([Store.DiscardParked]: the key stays recorded, as discarded, so a late
+// redelivery is still not run, unless it is forgotten too). Both work by filter as well
 // ([Store.ReplayParkedMatching], [Store.DiscardParkedMatching]), in short
 // transactions; count first.
 //

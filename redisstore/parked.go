@@ -398,12 +398,14 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, 
 	return rep, nil
 }
 
-// DiscardParked deletes the parked message of (consumer, key). The key
-// stays parked (a late redelivery is still acknowledged as parked without
-// running) unless opts.Forget, which deletes its record too, in the same
-// step (the next delivery runs). A released key's record expires after
-// DoneTTL. It returns an error wrapping inbox.ErrNotParked when there is
-// no message, or ErrReplayInProgress; nothing changed then.
+// DiscardParked deletes the parked message of (consumer, key). A parked
+// key becomes discarded (no longer parked; a late redelivery is
+// acknowledged without running, as a duplicate; the record expires after
+// DoneTTL as a done one does) unless opts.Forget, which deletes its record
+// too, in the same step (the next delivery runs). A released key's record
+// expires after DoneTTL. It returns an error wrapping inbox.ErrNotParked
+// when there is no message, ErrReplayInProgress, or inbox.ErrChanged when
+// opts.Expect no longer holds; nothing changed then.
 func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return fmt.Errorf("redisstore: discard parked: %w", err)

@@ -145,7 +145,11 @@ that can never commit) keeps the message it was parked with: its UUID, the topic
 payload and metadata. Find it (list: by consumer, key, UUID, tenant, reason, time, or a metadata
 field such as a business id), read it (show), then replay it (the key is released and the message
 published again with its UUID, to its topic: the consumer runs it once) or discard it (the key
-stays parked, so a late redelivery is not run, unless --forget).
+becomes discarded, so a late redelivery is not run, unless --forget).
+
+The actions on one key (CONSUMER KEY) take what you saw: --if-version (as parked show and inbox
+show print it), --if-uuid, --if-status; a key that changed since is refused, exit status 4,
+nothing done.
 
 The PostgreSQL inbox is the default (--database-url); --redis-url (or $REDIS_URL when the flag is
 given empty) works on the Redis lease store instead, whose replay publishes through RabbitMQ
