@@ -807,10 +807,10 @@ func TestDeadLetterRedis(t *testing.T) {
 	require.Zero(t, n, "parked messages left")
 }
 
-// dlRedisDiscard: with the Redis store, a discarded message is gone but its
-// key stays parked (a redelivery, even after the fix, is acked as parked
-// without running); with Forget the key is forgotten and the redelivery
-// runs once.
+// dlRedisDiscard: with the Redis store, a discarded message is gone and its
+// key discarded, no longer parked (a redelivery, even after the fix, is
+// acked as a duplicate without running); with Forget the key is forgotten
+// and the redelivery runs once.
 func dlRedisDiscard(t *testing.T, store *redisstore.Store, consumer string, log *eventLog, runs *dlRuns,
 	publish func(...dlOrder), kept, forgotten dlOrder) {
 	t.Helper()
@@ -823,14 +823,14 @@ func dlRedisDiscard(t *testing.T, store *redisstore.Store, consumer string, log 
 		"a discard with Forget of a key whose message is gone")
 	rec, err := store.Get(ctx, consumer, kept.UUID)
 	require.NoError(t, err)
-	require.Equal(t, inboxdb.StatusParked, rec.Status, "the discarded message's key stays parked")
+	require.Equal(t, inboxdb.StatusDiscarded, rec.Status, "the discarded message's key is discarded, no longer parked")
 
 	require.NoError(t, store.DiscardParked(ctx, consumer, forgotten.UUID, inbox.DiscardOptions{Forget: true}))
 	_, err = store.Get(ctx, consumer, forgotten.UUID)
 	require.ErrorIs(t, err, inbox.ErrNotFound, "the forgotten key has no record")
 
 	publish(kept, forgotten)
-	dlAwait(t, log, kept.UUID, exactlyonce.Parked, 2)
+	dlAwait(t, log, kept.UUID, exactlyonce.Duplicate, 1)
 	dlAwait(t, log, forgotten.UUID, exactlyonce.Processed, 1)
 	require.Len(t, runs.Of(kept.UUID), 1, "a discarded key's redelivery does not run")
 	require.Len(t, runs.Of(forgotten.UUID), 2, "the forgotten key's redelivery runs")
