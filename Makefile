@@ -38,11 +38,11 @@ help: ## Show this help
 services: ## Make sure PostgreSQL, RabbitMQ and Redis are reachable, pgbouncer, promtool and chromium installed (starts/installs local ones)
 	@bash scripts/services.sh
 
-# -timeout is per test binary and only catches hangs: no test's outcome depends on
-# it. The longest binary is ./tests/, whose TestCoreSuiteThroughPgBouncer runs the
-# core packages' suites again as a nested `go test` within this binary's deadline
-# (5m22s on a loaded 2-core machine for the nested run alone); 30m leaves a busy
-# machine room and keeps `make test` well within CI's 90 minutes.
+# -timeout is per test binary: a hang detector, set far above the longest binary's
+# run. That is ./tests/, whose TestCoreSuiteThroughPgBouncer runs the core packages'
+# suites again as a nested `go test` within this binary's deadline (the nested run
+# alone: 5m22s on a loaded 2-core machine); 30m leaves a busy machine room and keeps
+# `make test` well within CI's 90 minutes.
 test: services ## go vet, then all tests with the race detector (library, then examples)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
