@@ -2,21 +2,20 @@ package console
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // What the database can tell about the relays of the outbox table: no
-// relay registers itself, so the console reads PostgreSQL's own views.
+// relay registers itself, so the console reads PostgreSQL's own views,
+// by what each session holds, never by its last statement.
 const (
-	// basisListen: the session's last statement is the LISTEN on the
-	// outbox's channel: a relay's wake-on-commit connection.
+	// basisListen: the session holds the shared advisory lock a relay
+	// takes on its LISTEN connection (outboxnotify.LockListenerSQL) for
+	// as long as it listens: a relay that wakes on commit.
 	basisListen = "listen"
 	// basisBatch: the session holds row locks (FOR UPDATE) on the outbox
 	// table now: a relay with a batch in flight (or, for an instant, an
@@ -25,11 +24,10 @@ const (
 )
 
 // relaysNote says what the list of relays can miss.
-const relaysNote = "Relays are found in pg_stat_activity and pg_locks: a session whose last statement is the LISTEN on the outbox's " +
-	"channel (a relay that wakes on commit), or that holds row locks on the outbox table (a relay with a batch in flight). " +
+const relaysNote = "Relays are found in pg_locks: a relay that wakes on commit holds an advisory lock of the outbox table on its LISTEN " +
+	"connection for as long as it listens (listen), and a relay with a batch in flight holds row locks on the outbox table (batch_lock). " +
 	"A relay that polls only (NoListen, or behind PgBouncer without ListenConnString) is seen only while a batch is in flight; " +
-	"one whose LISTEN connection was quiet for 30 s shows its keep-alive ping as its last statement and is missed until the next notification; " +
-	"sessions of other database roles are visible only to a role with pg_read_all_stats."
+	"a session of another database role shows only its pid and application name unless the console's role has pg_read_all_stats."
 
 // relayInfo is a session that looks like a relay's.
 type relayInfo struct {
@@ -45,35 +43,27 @@ type relayInfo struct {
 }
 
 // notifyChannel is the channel the outbox's writers NOTIFY and its relays
-// LISTEN on: outbox's channelName (outbox/notify.go), which this must
-// match; the console's relay test checks that it finds a running relay by
-// it.
-func notifyChannel(db sqlschema.DB) string {
-	db = db.WithDefaults()
-	name := "exactlyonce." + db.Schema + "." + db.OutboxTable
-	if len(name) <= 63 {
-		return name
-	}
-	sum := sha256.Sum256([]byte(db.Schema + "." + db.OutboxTable))
-	return "exactlyonce." + hex.EncodeToString(sum[:16])
-}
+// LISTEN on.
+func notifyChannel(db sqlschema.DB) string { return outboxnotify.Channel(db) }
 
+// relaysSQL lists the sessions holding a relay's LISTEN lock or row locks
+// on the outbox table ($1).
 const relaysSQL = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start,
-       coalesce(a.state, ''), a.state_change, a.query = $1,
-       EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.relation = to_regclass($2)
+       coalesce(a.state, ''), a.state_change,
+       EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND ` + outboxnotify.ListenerLockHeld + `),
+       EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.relation = to_regclass($1)
                AND l.mode = 'RowShareLock' AND l.granted)
 FROM pg_stat_activity a
 WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-  AND (a.query = $1 OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation'
-       AND l.relation = to_regclass($2) AND l.mode = 'RowShareLock' AND l.granted))
+  AND a.pid IN (SELECT l.pid FROM pg_locks l WHERE (` + outboxnotify.ListenerLockHeld + `)
+       OR (l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.mode = 'RowShareLock' AND l.granted))
 ORDER BY a.backend_start, a.pid
 LIMIT 1000`
 
 // relays lists the sessions that look like the outbox's relays.
 func (h *handler) relays(ctx context.Context) ([]relayInfo, error) {
 	db := h.cfg.DB
-	listen := "LISTEN " + pgx.Identifier{notifyChannel(db)}.Sanitize()
-	rows, err := db.Conn.QueryContext(ctx, relaysSQL, listen, db.Outbox())
+	rows, err := db.Conn.QueryContext(ctx, relaysSQL, db.Outbox())
 	if err != nil {
 		return nil, err
 	}

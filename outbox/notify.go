@@ -1,14 +1,13 @@
 package outbox
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -47,18 +46,9 @@ const (
 	catchUpPoll    = 2 * time.Millisecond
 )
 
-// channelName is the NOTIFY channel of db's outbox table:
-// "exactlyonce.<schema>.<table>", or, when that is longer than PostgreSQL's
-// 63-byte identifier limit, "exactlyonce." and a hash of the name.
-func channelName(db sqlschema.DB) string {
-	db = db.WithDefaults()
-	name := "exactlyonce." + db.Schema + "." + db.OutboxTable
-	if len(name) <= 63 {
-		return name
-	}
-	sum := sha256.Sum256([]byte(db.Schema + "." + db.OutboxTable))
-	return "exactlyonce." + hex.EncodeToString(sum[:16])
-}
+// channelName is the NOTIFY channel of db's outbox table
+// (outboxnotify.Channel: the console reads it too).
+func channelName(db sqlschema.DB) string { return outboxnotify.Channel(db) }
 
 // notifyGates holds, per channel and database, the time of the latest
 // NOTIFY a writer of this process sent (unix nanoseconds).

@@ -19,6 +19,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // TestRelayOrderedPausedHeadTakesNoRoom: a key whose first row is in a
@@ -194,6 +195,45 @@ func TestOrderingKeySequenceCache(t *testing.T) {
 	runRelay(t, relay2)
 	testenv.Eventually(t, 10*time.Second, func() bool { return logs2.has("INFO outbox relay: start-up check passed") }, "the check passes\n%s", logs2)
 	require.NotContains(t, logs2.String(), "id sequence")
+}
+
+// The id sequence's cache is checked on the table itself, whatever made
+// it: tables created from sqlschema.SQL by another migration tool (goose,
+// golang-migrate, atlas) record no migration, and the relay reports a
+// CACHE above 1 there too, naming the sequence and the fix.
+func TestOrderingKeySequenceCacheWithoutMigrationRecords(t *testing.T) {
+	t.Parallel()
+	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB}
+	db := b.neverMigrated(t)
+	script, err := sqlschema.SQL(db)
+	require.NoError(t, err)
+	b.exec(t, script)
+	d := db.WithDefaults()
+	seq := pgx.Identifier{d.Schema, d.OutboxTable + "_id_seq"}.Sanitize()
+	b.exec(t, `ALTER SEQUENCE `+seq+` CACHE 20`)
+
+	logs := &logCapture{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, NoListen: true, Logger: logs})
+	require.NoError(t, err)
+	runRelay(t, relay)
+	testenv.Eventually(t, 10*time.Second, func() bool { return logs.has("ERROR outbox relay: start-up check: the outbox id sequence") },
+		"the cached sequence is reported although no migration is recorded\n%s", logs)
+	require.Contains(t, logs.String(), "caches 20 values per session")
+	require.Contains(t, logs.String(), "ALTER SEQUENCE "+d.Schema+"."+d.OutboxTable+"_id_seq CACHE 1", "the fix, with the sequence's name")
+
+	// A tool that creates the sequence apart and sets the id's default to
+	// it (the column owns no sequence): the one the default draws from.
+	apart := pgx.Identifier{d.Schema, "outbox_ids"}.Sanitize()
+	b.exec(t, `CREATE SEQUENCE `+apart+` CACHE 5`)
+	b.exec(t, `ALTER TABLE `+db.Outbox()+` ALTER COLUMN id SET DEFAULT nextval('`+apart+`')`)
+	b.exec(t, `ALTER SEQUENCE `+seq+` OWNED BY NONE`)
+	logs2 := &logCapture{}
+	relay2, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, NoListen: true, Logger: logs2})
+	require.NoError(t, err)
+	runRelay(t, relay2)
+	testenv.Eventually(t, 10*time.Second, func() bool { return logs2.has("ERROR outbox relay: start-up check: the outbox id sequence") },
+		"the sequence of the id's default is reported\n%s", logs2)
+	require.Contains(t, logs2.String(), "ALTER SEQUENCE "+d.Schema+".outbox_ids CACHE 1")
 }
 
 func uuidsOf(rows []row) []string {

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	stdsql "database/sql"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -51,10 +52,13 @@ var _ message.Publisher = (*Publisher)(nil)
 // debounce: when one process writes to outbox tables of the same name in
 // several databases, give each Publisher the sqlschema.DB (with Conn) its
 // database's Relay has, or a write to one database can skip the NOTIFY
-// that the other's Relay waits for. Any wsql.ContextExecutor works as tx, but outside a
-// transaction each Publish commits on its own, and the atomicity with your
-// other writes is gone. Inside a handler under the exactly-once middleware,
-// use exactlyonce.OutboxFromContext instead.
+// that the other's Relay waits for. Any wsql.ContextExecutor works as tx.
+// Given a wsql.Beginner that is not a transaction (wsql.BeginnerFromPgx(pool),
+// wsql.BeginnerFromStdSQL(db)), each Publish is a transaction of its own,
+// however many messages it writes, and the atomicity with your other writes
+// is gone; any other executor is taken for a transaction, whose commit is
+// the caller's. Inside a handler under the exactly-once middleware, use
+// exactlyonce.OutboxFromContext instead.
 func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) {
 	if tx == nil {
 		return nil, errors.New("outbox: NewPublisher: tx is nil")
@@ -75,8 +79,11 @@ func NewPublisher(tx wsql.ContextExecutor, db sqlschema.DB) (*Publisher, error) 
 // the transaction: another transaction writing the same key waits here
 // until this one ends, so that the key's messages are relayed in the order
 // their transactions committed (see docs/ordering.md). Outside a
-// transaction each Publish is a transaction of its own, which holds the
-// lock until its rows are committed. Every message
+// transaction (see NewPublisher) each Publish is one transaction of its
+// own, which holds the locks until its rows are committed: one INSERT, or,
+// beyond 1,000 messages (one INSERT takes at most that many), several in a
+// READ COMMITTED transaction that Publish begins, commits, and rolls back
+// when one fails, leaving none of the call's rows. Every message
 // is checked before any is written (a non-empty topic and UUID, valid UTF-8
 // without NUL in the topic, UUID and metadata: the outbox keeps messages
 // byte for byte), so a bad one leaves the
@@ -108,35 +115,91 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	// Every INSERT of the call takes the locks of all the call's keys (a
 	// lock held already is taken again at no cost).
 	lock := lockHashes(messages)
+	if b, ok := ownTransaction(p.db); ok && len(messages) > maxMessagesPerInsert {
+		return p.publishInOwnTx(b, topic, messages, lock)
+	}
+	_, err := p.insert(topic, messages, lock)
+	return err
+}
+
+// ownTransaction returns db as a wsql.Beginner when it is one and not a
+// transaction: a Publisher bound to a pool or a *sql.DB, whose statements
+// each commit on their own.
+func ownTransaction(db wsql.ContextExecutor) (wsql.Beginner, bool) {
+	if _, ok := db.(wsql.Tx); ok {
+		return nil, false
+	}
+	b, ok := db.(wsql.Beginner)
+	return b, ok
+}
+
+// publishInOwnTx writes messages, more than one INSERT takes, in a
+// transaction of its own begun on b (READ COMMITTED, whatever the
+// database's default), so that the call is one transaction, as one INSERT
+// would be: all rows or none are committed, and the keys' locks are held
+// until all are, so no other writer of a key commits between the INSERTs.
+func (p *Publisher) publishInOwnTx(b wsql.Beginner, topic string, messages []*message.Message, lock []int32) error {
+	ctx := messages[0].Context()
+	tx, err := b.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	if err != nil {
+		return fmt.Errorf("outbox: beginning the transaction of %d message(s) for topic %q: %w", len(messages), topic, err)
+	}
+	// The transaction's writes decide about its NOTIFY as a Publisher in
+	// the caller's transaction would; a NOTIFY it sent is gone with it if
+	// it does not commit.
+	in := &Publisher{db: tx, adapter: p.adapter, channel: p.channel, gate: p.gate}
+	undo, err := in.insert(topic, messages, lock)
+	if err != nil {
+		_ = tx.Rollback()
+		undo()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		undo()
+		return fmt.Errorf("outbox: committing %d message(s) for topic %q: %w", len(messages), topic, err)
+	}
+	p.wrote = true
+	return nil
+}
+
+// insert writes messages through p.db, at most maxMessagesPerInsert per
+// INSERT. undo (never nil) takes back the debounce record of a NOTIFY that
+// the call's writes sent, for a caller whose transaction then did not
+// commit.
+func (p *Publisher) insert(topic string, messages []*message.Message, lock []int32) (undo func(), err error) {
+	undo = func() {}
 	for len(messages) > 0 {
 		n := min(len(messages), maxMessagesPerInsert)
 		q, err := p.adapter.insertQuery(wsql.InsertQueryParams{Topic: topic, Msgs: messages[:n]}, lock)
 		if err != nil {
-			return err
+			return undo, err
 		}
 		// Once the transaction has a NOTIFY, every INSERT of it repeats
 		// it: PostgreSQL sends one per transaction and channel anyway
 		// (its cost, at commit, is paid already), and a ROLLBACK TO
 		// SAVEPOINT may have discarded the earlier one with its rows.
 		query := q.Query
-		notify, undo := p.notified, func() {}
+		notify, decided := p.notified, func() {}
 		if !notify && !p.atCommit {
-			notify, undo = shouldNotify(p.gate, time.Now())
+			notify, decided = shouldNotify(p.gate, time.Now())
 		}
 		if notify {
 			query = withNotify(query, p.channel)
 		}
 		if _, err := p.db.ExecContext(messages[0].Context(), query, q.Args...); err != nil {
 			if notify && !p.notified {
-				undo() // no NOTIFY went out: the next writer sends one
+				decided() // no NOTIFY went out: the next writer sends one
 			}
-			return fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
+			return undo, fmt.Errorf("outbox: writing %d message(s) for topic %q: %w", n, topic, err)
+		}
+		if notify && !p.notified {
+			undo = decided
 		}
 		p.notified = p.notified || notify
 		p.wrote = true
 		messages = messages[n:]
 	}
-	return nil
+	return undo, nil
 }
 
 // Close makes later Publish calls fail. It does not touch the transaction.

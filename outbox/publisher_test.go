@@ -1,15 +1,22 @@
 package outbox_test
 
 import (
+	"context"
+	stdsql "database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -161,4 +168,152 @@ func TestPublisherChunksLargeBatches(t *testing.T) {
 		require.NoError(t, tx.Commit())
 		require.Equal(t, int64(n), b.pending(t, b.db), "nothing of the failed call was written")
 	})
+}
+
+// A Publish outside a transaction (the Publisher bound to a pool or a
+// *sql.DB) is one transaction of its own however many messages it writes:
+// when its last INSERT (the outbox takes 1,000 messages per statement)
+// fails, none of the call's rows is committed. Inside the caller's
+// transaction, Publish starts none of its own: the rows appear at the
+// caller's commit.
+func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		// A row the table refuses, written only by the third statement.
+		b.exec(t, `ALTER TABLE `+b.tables.Outbox()+` ADD CONSTRAINT refuses_poison CHECK (uuid <> 'poison')`)
+		const n = 2500
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.SetOrderingKey(message.NewMessage(fmt.Sprintf("m-%05d", i), []byte("{}")), fmt.Sprintf("k%d", i%7))
+		}
+		msgs[n-1] = message.NewMessage("poison", nil)
+
+		pub, err := outbox.NewPublisher(b.db, b.tables)
+		require.NoError(t, err)
+		require.ErrorContains(t, pub.Publish("bulk", msgs...), "refuses_poison")
+		require.Zero(t, b.pending(t, b.db), "the failed Publish left none of its 2,500 rows, although its first two INSERTs succeeded")
+
+		msgs = msgs[:n-1]
+		require.NoError(t, pub.Publish("bulk", msgs...))
+		rows := b.rows(t)
+		require.Len(t, rows, n-1)
+		for i, r := range rows {
+			require.Equal(t, fmt.Sprintf("m-%05d", i), r.UUID, "rows keep the order of the call")
+		}
+
+		// In the caller's transaction: nothing committed before the
+		// caller's commit, and a failure is the caller's to roll back.
+		b.exec(t, `DELETE FROM `+b.tables.Outbox())
+		tx := b.begin(t)
+		pub, err = outbox.NewPublisher(tx, b.tables)
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish("bulk", msgs...))
+		require.Equal(t, int64(n-1), b.pending(t, tx), "the transaction sees its rows")
+		require.Zero(t, b.pending(t, b.db), "Publish in the caller's transaction commits nothing of its own")
+		require.NoError(t, tx.Commit())
+		require.Equal(t, int64(n-1), b.pending(t, b.db))
+	})
+}
+
+// A Publish outside a transaction holds its keys' locks until all its rows
+// are committed: a second writer of a key cannot commit between its
+// INSERTs (1,000 messages each), so its row's id comes after every row of
+// the large Publish, and the key's order is the commits'. The large
+// Publish's driver stops before its second INSERT until the second writer
+// waits for the key's lock, or has committed (which it must not).
+func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		const n = 2000
+		big := make([]*message.Message, n)
+		for i := range big {
+			big[i] = outbox.SetOrderingKey(message.NewMessage(fmt.Sprintf("K-%04d", i), nil), "K")
+		}
+		gate := &pausingBeginner{Beginner: b.db, at: 2, reached: make(chan struct{}), release: make(chan struct{})}
+		bigDone := make(chan error, 1)
+		go func() {
+			pub, err := outbox.NewPublisher(gate, b.tables)
+			if err == nil {
+				err = pub.Publish("orders", big...)
+			}
+			bigDone <- err
+		}()
+		select {
+		case <-gate.reached:
+		case err := <-bigDone:
+			t.Fatalf("the large Publish ended before its second INSERT: %v", err)
+		}
+
+		secondDone := make(chan error, 1)
+		go func() {
+			pub, err := outbox.NewPublisher(b.db, b.tables)
+			if err == nil {
+				err = pub.Publish("orders", outbox.SetOrderingKey(message.NewMessage("second", nil), "K"))
+			}
+			secondDone <- err
+		}()
+		// Either the second writer waits for a key lock of this table (as
+		// it must), or it got in and committed (the bug).
+		class := int64(uint32(outbox.LockClass(b.tables))) // pg_locks shows the int4 as an oid
+		waiting := func() bool {
+			var n int64
+			err := seam.QueryRow(b.ctx, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid AND objsubid = 2`, []any{class}, &n)
+			if err != nil {
+				t.Errorf("reading pg_locks: %v", err)
+			}
+			return n > 0
+		}
+		testenv.Eventually(t, 20*time.Second, func() bool { return len(secondDone) > 0 || waiting() },
+			"the second writer of K either waits for the large Publish or is done")
+		close(gate.release)
+		require.NoError(t, <-bigDone)
+		require.NoError(t, <-secondDone)
+
+		rows := b.rows(t)
+		require.Len(t, rows, n+1)
+		require.Equal(t, "second", rows[n].UUID,
+			"the second writer of K committed after the large Publish of K, so its row comes after all of them (it is at %d)",
+			slices.IndexFunc(rows, func(r row) bool { return r.UUID == "second" }))
+	})
+}
+
+// pausingBeginner is a driver whose statement number at (counted over
+// ExecContext calls on it and on the transactions it began) waits until
+// release is closed; reached is closed when it starts waiting.
+type pausingBeginner struct {
+	wsql.Beginner
+	at      int32
+	execs   atomic.Int32
+	reached chan struct{}
+	release chan struct{}
+}
+
+func (p *pausingBeginner) pause() {
+	if p.execs.Add(1) == p.at {
+		close(p.reached)
+		<-p.release
+	}
+}
+
+func (p *pausingBeginner) ExecContext(ctx context.Context, query string, args ...any) (wsql.Result, error) {
+	p.pause()
+	return p.Beginner.ExecContext(ctx, query, args...)
+}
+
+func (p *pausingBeginner) BeginTx(ctx context.Context, opts *stdsql.TxOptions) (wsql.Tx, error) {
+	tx, err := p.Beginner.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pausingTx{Tx: tx, p: p}, nil
+}
+
+type pausingTx struct {
+	wsql.Tx
+	p *pausingBeginner
+}
+
+func (t pausingTx) ExecContext(ctx context.Context, query string, args ...any) (wsql.Result, error) {
+	t.p.pause()
+	return t.Tx.ExecContext(ctx, query, args...)
 }

@@ -268,30 +268,56 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// idSequenceSQL finds the sequence behind the outbox table's ($1) id
+// column, and its cache, from the table itself, whatever created it: the
+// sequence the column owns (bigserial, or an identity column), else the one
+// its default draws from (a sequence created apart, as some schema tools
+// write it). No row when the table does not exist; NULLs when the column
+// has no sequence.
+const idSequenceSQL = `SELECT s.seqcache, s.seqrelid::regclass::text
+FROM (SELECT to_regclass($1) AS t) t
+LEFT JOIN LATERAL (SELECT coalesce(pg_get_serial_sequence($1, 'id')::regclass,
+    (SELECT d.refobjid::regclass FROM pg_attrdef a
+     JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = a.oid AND d.refclassid = 'pg_class'::regclass
+     JOIN pg_class c ON c.oid = d.refobjid AND c.relkind = 'S'
+     WHERE a.adrelid = t.t AND a.adnum = (SELECT attnum FROM pg_attribute WHERE attrelid = t.t AND attname = 'id' AND NOT attisdropped)
+     LIMIT 1)) AS seq) q ON true
+LEFT JOIN pg_sequence s ON s.seqrelid = q.seq
+WHERE t.t IS NOT NULL`
+
 // checkSequence logs an error when the outbox table's id sequence hands
 // out ids from a per-session cache (CACHE above 1): a transaction that
 // commits later may then draw a smaller id, and the relay, which keeps a
-// key's order by id, would publish it first.
+// key's order by id, would publish it first. It reads the sequence itself,
+// so it holds for tables made by any migration tool; a missing table is
+// left to the batches (sqlschema.ErrNotMigrated).
 func (r *Relay) checkSequence(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var cache int64
-	var seq string
-	err := seam.QueryRow(ctx, r.cfg.DB.Conn, `SELECT s.seqcache, s.seqrelid::regclass::text FROM pg_sequence s
-WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass`, []any{r.cfg.DB.Outbox()}, &cache, &seq)
-	if err != nil {
+	var cache *int64
+	var seq *string
+	err := seam.QueryRow(qctx, r.cfg.DB.Conn, idSequenceSQL, []any{r.cfg.DB.Outbox()}, &cache, &seq)
+	switch {
+	case errors.Is(err, seam.ErrNoRows), err != nil && ctx.Err() != nil:
+		return
+	case err != nil:
 		r.cfg.Logger.Info("outbox relay: start-up check could not read the outbox id sequence's cache (check it is 1 if you use ordering keys): "+err.Error(), nil)
 		return
-	}
-	if cache > 1 {
-		r.cfg.Logger.Error("outbox relay: start-up check: the outbox id sequence "+seq+" caches "+strconv.FormatInt(cache, 10)+
-			" values per session: ids do not follow the order of commits, and messages with an ordering key can be relayed out of order; run ALTER SEQUENCE "+seq+" CACHE 1", nil, nil)
+	case cache == nil || seq == nil:
+		r.cfg.Logger.Info("outbox relay: start-up check found no sequence behind the outbox table's id column (check that its ids increase across sessions, a sequence with CACHE 1, if you use ordering keys)",
+			watermill.LogFields{"outbox_table": r.cfg.DB.Outbox()})
+	case *cache > 1:
+		r.cfg.Logger.Error("outbox relay: start-up check: the outbox id sequence "+*seq+" caches "+strconv.FormatInt(*cache, 10)+
+			" values per session: ids do not follow the order of commits, and messages with an ordering key can be relayed out of order; run ALTER SEQUENCE "+*seq+" CACHE 1", nil, nil)
 	}
 }
 
 // startupCheck checks once that the outbox table has every migration of
-// this version of the library, and logs what it found; while the database
-// cannot be reached it asks again every MaxErrorBackoff.
+// this version of the library, when the migrations table records any
+// (tables made from sqlschema.SQL by another tool record none), and that
+// its id sequence keeps ids in commit order, whatever made the table; it
+// logs what it found. While the database cannot be reached it asks again
+// every MaxErrorBackoff.
 func (r *Relay) startupCheck(ctx context.Context) {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -315,20 +341,19 @@ func (r *Relay) startupCheck(ctx context.Context) {
 			case len(missing) == total:
 				// Not migrated, or migrated from sqlschema.SQL by another
 				// tool, which records nothing: the polls tell which.
-				r.cfg.Logger.Info("outbox relay: start-up check: no migration is recorded for the outbox table (created with sqlschema.SQL by another tool?): not checked", nil)
+				r.cfg.Logger.Info("outbox relay: start-up check: no migration is recorded for the outbox table (created with sqlschema.SQL by another tool?): its migrations are not checked", nil)
 			case len(missing) > 0:
 				r.cfg.Logger.Error("outbox relay: start-up check: the outbox table is not migrated to this version of the library (missing "+strings.Join(missing, ", ")+"): run 'exactlyonce migrate up' or sqlschema.Migrate with the same schema and table names", nil,
 					watermill.LogFields{"schema": r.cfg.DB.Schema, "outbox_table": r.cfg.DB.OutboxTable})
 			default:
 				r.cfg.Logger.Info("outbox relay: start-up check passed: the outbox table is migrated to this version of the library", nil)
 			}
-			if len(missing) < total {
-				r.checkSequence(ctx)
-			}
+			r.checkSequence(ctx)
 			return
 		}
 		if !pgerr.Unreachable(err) && !errors.Is(err, context.DeadlineExceeded) {
 			r.cfg.Logger.Info("outbox relay: start-up check could not tell (check the migrations yourself): "+err.Error(), nil)
+			r.checkSequence(ctx)
 			return
 		}
 		t := time.NewTimer(r.cfg.MaxErrorBackoff)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 )
 
 // listenPing is how long the LISTEN connection may stay silent before the
@@ -109,6 +110,14 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.channel}.Sanitize()); err != nil {
 			return fmt.Errorf("LISTEN: %w", err)
 		}
+		// The session shows what it is by a lock it holds for as long as
+		// it lasts (the console lists the relays by it), whatever its
+		// last statement was; a table not there yet is tried again after
+		// each notification or ping.
+		marked, err := markListener(ctx, conn, r.cfg.DB.Outbox())
+		if err != nil {
+			return err
+		}
 		r.listening.Store(true)
 		up()
 		// Rows committed before the LISTEN took effect sent their NOTIFY to
@@ -123,21 +132,38 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 			waitCtx, cancel := context.WithTimeout(ctx, listenPing)
 			_, err := conn.WaitForNotification(waitCtx)
 			cancel()
-			if err != nil && ctx.Err() == nil && pgconn.Timeout(err) {
+			switch {
+			case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
 				pingCtx, cancel := context.WithTimeout(ctx, listenPingTimeout)
 				err = conn.Ping(pingCtx)
 				cancel()
 				if err != nil {
 					return fmt.Errorf("the LISTEN connection did not answer a ping within %s: %w", listenPingTimeout, err)
 				}
-				continue
-			}
-			if err != nil {
+			case err != nil:
 				return err
+			default:
+				r.wakeWorkers()
 			}
-			r.wakeWorkers()
+			if !marked {
+				if marked, err = markListener(ctx, conn, r.cfg.DB.Outbox()); err != nil {
+					return err
+				}
+			}
 		}
 	})
+}
+
+// markListener takes, in conn's session, the shared advisory lock of the
+// outbox table (quoted, schema-qualified) that marks a relay's LISTEN
+// session (outboxnotify.LockListenerSQL). It reports false when the table
+// does not exist (in this database: see RelayConfig.ListenConnString).
+func markListener(ctx context.Context, conn *pgx.Conn, table string) (bool, error) {
+	var held *bool
+	if err := conn.QueryRow(ctx, outboxnotify.LockListenerSQL, table).Scan(&held); err != nil {
+		return false, fmt.Errorf("taking the lock that marks the LISTEN session: %w", err)
+	}
+	return held != nil && *held, nil
 }
 
 // withListenConn runs f on a connection of its own: a new one to

@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
@@ -87,8 +89,7 @@ func TestRelayListenReconnects(t *testing.T) {
 		}
 
 		admin := testenv.Pool(t)
-		tag, err := admin.Exec(b.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1`,
-			`LISTEN "`+outbox.ChannelName(b.tables)+`"`)
+		tag, err := admin.Exec(b.ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE `+outboxnotify.ListenerLockHeld, b.tables.Outbox())
 		require.NoError(t, err)
 		require.EqualValues(t, 1, tag.RowsAffected(), "one LISTEN connection for the table")
 		testenv.Eventually(t, 5*time.Second, func() bool { return !relay.Stats().Listening }, "the relay did not notice the lost connection")
@@ -128,12 +129,19 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 		b.publish(t, "t", message.NewMessage("p1", nil))
 		waitDelivered(t, rec, 1, 5*time.Second, "polling behind PgBouncer")
 		require.False(t, relay.Stats().Listening)
+		require.Empty(t, listenerApps(t, b), "no session is marked as a relay's LISTEN session (none listens)")
 	})
 	t.Run("direct listen", func(t *testing.T) {
 		rec := &recorder{}
+		app := testenv.Unique(t, "direct_listen_")
+		u, err := url.Parse(testenv.DirectDatabaseURL())
+		require.NoError(t, err)
+		q := u.Query()
+		q.Set("application_name", app)
+		u.RawQuery = q.Encode()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			DB: viaBouncer, Publisher: rec, PollInterval: slowPoll,
-			ListenConnString: testenv.DirectDatabaseURL(), Logger: testenv.Logger(t),
+			ListenConnString: u.String(), Logger: testenv.Logger(t),
 		})
 		require.NoError(t, err)
 		stop := runRelay(t, relay)
@@ -142,7 +150,25 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 		before := rec.count()
 		b.publish(t, "t", message.NewMessage("d1", nil))
 		waitDelivered(t, rec, before+1, 2*time.Second, "waking through a direct LISTEN")
+		require.Equal(t, []string{app}, listenerApps(t, b), "the lock that marks the LISTEN session is on the direct connection that LISTENs")
 	})
+}
+
+// listenerApps returns the application_name of each session holding the
+// lock that marks a relay's LISTEN session for b's outbox table.
+func listenerApps(t *testing.T, b bundle) []string {
+	t.Helper()
+	rows, err := b.db.QueryContext(b.ctx, `SELECT a.application_name FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+WHERE `+outboxnotify.ListenerLockHeld+` ORDER BY 1`, b.tables.Outbox())
+	require.NoError(t, err)
+	var apps []string
+	for rows.Next() {
+		var app string
+		require.NoError(t, rows.Scan(&app))
+		apps = append(apps, app)
+	}
+	require.NoError(t, seam.Close(rows))
+	return apps
 }
 
 // NoListen: the relay opens no connection of its own and only polls.
@@ -155,8 +181,9 @@ func TestRelayNoListen(t *testing.T) {
 		b.publish(t, "t", message.NewMessage("n1", nil))
 		waitDelivered(t, rec, 1, 5*time.Second, "polling")
 		require.False(t, relay.Stats().Listening)
-		n := testenv.Count(t, b.db, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN "`+outbox.ChannelName(b.tables)+`"'`)
-		require.Zero(t, n)
+		n := testenv.Count(t, b.db, `SELECT count(*) FROM pg_stat_activity a WHERE a.query = 'LISTEN "`+outbox.ChannelName(b.tables)+`"'
+OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND `+outboxnotify.ListenerLockHeld+`)`, b.tables.Outbox())
+		require.Zero(t, n, "no LISTEN session")
 	})
 }
 

@@ -1,6 +1,7 @@
 package sqlschema_test
 
 import (
+	stdsql "database/sql"
 	"sync"
 	"testing"
 
@@ -80,8 +81,11 @@ func TestMigrateUpgradesPartitionedInboxToClaimFunctions(t *testing.T) {
 		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB), Partitions: &sqlschema.Partitioning{}}
 		migs := scriptMigrations(t, cfg)
 		fn := pgx.Identifier{cfg.Schema, "watermill_inbox_claim"}.Sanitize()
+		// The partitioned layout's claims need READ COMMITTED (they refuse
+		// any other level): asked for, not left to the database's default,
+		// which a shop may set to REPEATABLE READ.
 		claim := func(key string) string {
-			tx, err := d.DB.BeginTx(ctx, nil)
+			tx, err := d.DB.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback() }()
 			got := queryStrings(t, tx, "SELECT "+fn+"('c', $1, false)::text", key)

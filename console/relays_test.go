@@ -1,0 +1,67 @@
+package console
+
+import (
+	"context"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+)
+
+// A relay that wakes on commit is listed whatever its LISTEN connection
+// ran last: after 30 s without a notification the relay pings the server
+// over it, and the ping is then the session's last statement in
+// pg_stat_activity. The test waits for that (polling pg_stat_activity for
+// the session, known by an application_name of its own), then asks.
+func TestRelaysListedAfterKeepAlivePing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	app := testenv.Unique(t, "relay_listen_")
+	u, err := url.Parse(testenv.DirectDatabaseURL())
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: e.db, Publisher: &recorder{}, PollInterval: time.Second,
+		ListenConnString: u.String(), Logger: watermill.NopLogger{}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = relay.Run(ctx) })
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+
+	var pid int32
+	lastIsPing := func() bool {
+		err := seam.QueryRow(e.ctx, e.db.Conn, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = $1 AND query = '-- ping'`, []any{app}, &pid)
+		if err != nil {
+			t.Errorf("reading pg_stat_activity: %v", err)
+		}
+		return pid != 0
+	}
+	testenv.Eventually(t, 50*time.Second, lastIsPing, "the relay's LISTEN connection pings the server after 30 s without a notification")
+
+	var doc struct {
+		Relays []relayInfo `json:"relays"`
+	}
+	decode(t, e.get("/eo/api/v1/relays"), &doc)
+	var found *relayInfo
+	for i := range doc.Relays {
+		if doc.Relays[i].PID == pid {
+			found = &doc.Relays[i]
+		}
+	}
+	require.NotNil(t, found, "the relay's LISTEN session (pid %d, its last statement the ping) is listed: %+v", pid, doc.Relays)
+	require.Contains(t, found.BasedOn, basisListen)
+	require.Equal(t, app, found.ApplicationName)
+}
