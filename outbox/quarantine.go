@@ -506,46 +506,12 @@ func checkID(op string, db sqlschema.DB, id int64) error {
 	return nil
 }
 
-// actOnQuarantined runs stmt, which requeues or deletes row id if it is
-// quarantined and returns how many it changed, and says why when it changed
-// none. With an expect that checks something, it locks the row first, in
-// the transaction that runs stmt, and checks it.
-func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64, expect Expect, stmt string) error {
-	if expect.Version != "" {
-		return actOnExpected(ctx, db, op, id, expect, stmt)
-	}
-	// A row found quarantined after the statement missed it was
-	// requeued and quarantined again in between: try again.
-	for range 3 {
-		var n int64
-		var ignored bool
-		if err := seam.QueryRow(ctx, db.Conn, stmt, []any{id}, &n, &ignored); err != nil {
-			return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
-		}
-		if n > 0 {
-			return nil
-		}
-		var quarantined, failing bool
-		err := seam.QueryRow(ctx, db.Conn, `SELECT quarantined_at IS NOT NULL, failures > 0 FROM `+db.Outbox()+` WHERE id = $1`,
-			[]any{id}, &quarantined, &failing)
-		switch {
-		case errors.Is(err, seam.ErrNoRows):
-			return fmt.Errorf("outbox: %s: row %d: %w", op, id, ErrRowNotFound)
-		case err != nil:
-			return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
-		case failing && !quarantined:
-			return fmt.Errorf("outbox: %s: row %d: %w: it is failing, and the relay retries it after its backoff", op, id, ErrNotQuarantined)
-		case !quarantined:
-			return fmt.Errorf("outbox: %s: row %d: %w: it has no failure record (the relay publishes it with the live backlog)", op, id, ErrNotQuarantined)
-		}
-	}
-	return fmt.Errorf("outbox: %s: row %d was quarantined again each time it was changed: try again", op, id)
-}
-
-// actOnExpected is actOnQuarantined with a precondition: one READ
-// COMMITTED transaction locks the row, checks that it is quarantined and
-// that its version is expect's, and runs stmt.
-func actOnExpected(ctx context.Context, db sqlschema.DB, op string, id int64, expect Expect, stmt string) (err error) {
+// actOnQuarantined runs stmt, which requeues or deletes row id, in one READ
+// COMMITTED transaction (whatever the database's default isolation) that
+// first locks the row and checks it: that it exists, is quarantined, and,
+// when expect names a version, is the failure record the operator was
+// shown. The statement then acts on exactly the row that was checked.
+func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64, expect Expect, stmt string) (err error) {
 	if len(expect.Version) > 255 {
 		return fmt.Errorf("outbox: %s: Expect.Version is not a version a row shows (over 255 bytes)", op)
 	}
@@ -571,7 +537,7 @@ func actOnExpected(ctx context.Context, db sqlschema.DB, op string, id int64, ex
 		return fmt.Errorf("outbox: %s: row %d: %w: it is failing, and the relay retries it after its backoff", op, id, ErrNotQuarantined)
 	case quarantinedAt == nil:
 		return fmt.Errorf("outbox: %s: row %d: %w: it has no failure record (the relay publishes it with the live backlog)", op, id, ErrNotQuarantined)
-	case parked.RowVersion(id, quarantinedAt, failures, permanent) != expect.Version:
+	case expect.Version != "" && parked.RowVersion(id, quarantinedAt, failures, permanent) != expect.Version:
 		return fmt.Errorf("outbox: %s: row %d: %w: it is quarantined since %s after %d failures (%d its own), not as shown (version %s)",
 			op, id, ErrChanged, quarantinedAt.UTC().Format(time.RFC3339Nano), failures, permanent, expect.Version)
 	}
