@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"os/exec"
 	"testing"
@@ -56,7 +57,9 @@ func TestPurgePartitionsKeepsClaimInFlight(t *testing.T) {
 
 	store, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
 	require.NoError(t, err)
-	tx, err := db.Conn.BeginTx(ctx, nil)
+	// The partitioned layout claims under READ COMMITTED only: ask for it,
+	// whatever the database's default.
+	tx, err := db.Conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
 	res, err := store.ClaimTx(ctx, tx, "c", "k")
