@@ -30,7 +30,7 @@ func TestRedisExpectRacingOperators(t *testing.T) {
 	pub := &publisher{}
 
 	var mu sync.Mutex
-	var discarded []string // the UUIDs A's successful discards read
+	var discarded []string   // the UUIDs A's successful discards read
 	var checked, guarded int // A's refusals by the check, by the script's guard
 	stop := make(chan struct{})
 	aDone := make(chan error, 1)
