@@ -493,7 +493,11 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 		if err := checkText("topic", topic); err != nil {
 			return err
 		}
-		shown, err := expectOf(r.PostFormValue("version"), r.PostFormValue("uuid"), "")
+		// A discard's confirmation carries the key's status too: what a
+		// discard that keeps the key does depends on it (a parked key
+		// becomes discarded, its late copies dropped; a released one stays
+		// failed, its next delivery runs), and the confirmation said which.
+		shown, err := expectOf(r.PostFormValue("version"), r.PostFormValue("uuid"), r.PostFormValue("status"))
 		if err != nil {
 			return err
 		}
@@ -531,8 +535,9 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 				if forget {
 					fields = append(fields, field{"forget", "1"})
 				}
+				fields = append(fields, field{"status", m.Status})
 				d.Heading, d.Count, d.Button, d.Danger = "Discard a parked message", "This discards 1 message.", "Discard 1 message", true
-				d.Note = discardNote(forget)
+				d.Note = discardNote(forget, m.Status)
 			}
 			d.Fields = fields
 			h.render(w, r, http.StatusOK, "confirm", d.Heading, d)
@@ -582,11 +587,31 @@ func replayDone(store, topic string) string {
 	return fmt.Sprintf("written to the outbox for topic %q; the relay publishes it", topic)
 }
 
-func discardNote(forget bool) string {
-	if forget {
-		return "The kept message is deleted and its key forgotten (if parked or released): the key's next delivery runs the handler. This cannot be undone."
+// discardNote says what the discard of one message does to its key, whose
+// status is status (the confirmation carries it: a key whose status
+// changed before the confirm is refused).
+func discardNote(forget bool, status string) string {
+	switch {
+	case forget && (status == "parked" || status == "failed"):
+		return "The kept message is deleted and its key forgotten: the key's next delivery runs the handler. This cannot be undone."
+	case status == "parked":
+		return "The kept message is deleted; its key stays recorded, as discarded, so a late redelivery is still not run. This cannot be undone."
+	case status == "failed":
+		return "The kept message is deleted; its key stays released (failed): its next delivery runs the handler. This cannot be undone."
+	case status == "":
+		return "The kept message is deleted; its key has no record: its next delivery runs the handler. This cannot be undone."
 	}
-	return "The kept message is deleted; its key stays recorded, as discarded, so a late redelivery is still not run. This cannot be undone."
+	// done or processing: processed since, or an attempt holds it.
+	return fmt.Sprintf("The kept message is deleted; its key stays %s, as it is (a discard changes a parked or released key only). This cannot be undone.", status)
+}
+
+// discardBulkNote says what a bulk discard does to the keys, whatever
+// their status.
+func discardBulkNote(forget bool) string {
+	if forget {
+		return "The kept messages are deleted and their keys forgotten (those parked or released): their next deliveries run the handler. This cannot be undone."
+	}
+	return "The kept messages are deleted; their parked keys stay recorded, as discarded, so a late redelivery is still not run (a released key's next delivery runs, as before). This cannot be undone."
 }
 
 // changedText says on a confirmation page that the count confirmed no
@@ -675,7 +700,7 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 					d.Fields = append(d.Fields, field{"forget", "1"})
 				}
 				d.Heading, d.Count, d.Button, d.Danger = "Discard parked messages", "This discards "+plural(n, "message", "messages")+".", "Discard "+plural(n, "message", "messages"), true
-				d.Note = discardNote(forget)
+				d.Note = discardBulkNote(forget)
 			}
 			h.render(w, r, status, "confirm", d.Heading, d)
 		}

@@ -128,7 +128,7 @@ SELECT 'orders', 'r' || g, '{}', '{}', 5, 5, 'too large', now() FROM generate_se
 		}
 		post := func(action string, v url.Values) string {
 			t.Helper()
-			return e.call("POST", action, url.Values(v), "Sec-Fetch-Site", "same-origin").Body.String()
+			return e.call("POST", action, v, "Sec-Fetch-Site", "same-origin").Body.String()
 		}
 		body := page(t, e.call("POST", "/eo/parked/replay", url.Values(map[string][]string{"store": {"redis"}, "consumer": {"send-sms"}}),
 			"Sec-Fetch-Site", "same-origin"), http.StatusOK)

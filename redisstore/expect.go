@@ -116,7 +116,7 @@ func (s *Store) expectMessage(ctx context.Context, consumer, key string, expect 
 	if err != nil {
 		return nil, err
 	}
-	if st["status"] == "" || st["m_uuid"] == "" {
+	if _, message := st["m_uuid"]; st["status"] == "" || !message {
 		return nil, fmt.Errorf("%w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
 	}
 	m, err := st.message(consumer, key)

@@ -1,14 +1,13 @@
 package redisstore_test
 
 import (
-	"time"
-
-	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 

@@ -118,7 +118,10 @@ func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry,
 			v := fields[i].Val()
 			field := func(name string) string { s, _ := v[entryIndex[name]].(string); return s }
 			status := field("status")
-			if status == "" || field("m_uuid") == "" {
+			// A record holds a message while it has m_uuid, empty or not (a
+			// message without a UUID, keyed by its metadata), as the
+			// scripts read it.
+			if status == "" || v[entryIndex["m_uuid"]] == nil {
 				if status != inboxdb.StatusParked {
 					stale = append(stale, k)
 				}
@@ -298,7 +301,7 @@ func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.Park
 	if err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked %q for %q: %w", key, consumer, err)
 	}
-	if m["status"] == "" || m["m_uuid"] == "" {
+	if _, message := m["m_uuid"]; m["status"] == "" || !message {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
 	}
 	payload, kept := m["m_payload"]
