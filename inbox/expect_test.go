@@ -33,7 +33,7 @@ func TestExpect(t *testing.T) {
 		err = b.store.DiscardParked(b.ctx, "c", "k", inbox.DiscardOptions{Expect: inbox.Expect{MessageUUID: "u0"}})
 		require.ErrorIs(t, err, inbox.ErrChanged)
 		require.ErrorContains(t, err, "message u1")
-		_, err = b.store.ReplayParked(b.ctx, "c", "k", inbox.ReplayOptions{Expect: inbox.Expect{Version: "0123456789abcdef"}})
+		_, err = b.store.ReplayParked(b.ctx, "c", "k", inbox.ReplayOptions{Expect: inbox.Expect{Version: "msg-0123456789abcdef"}})
 		require.ErrorIs(t, err, inbox.ErrChanged)
 		_, err = b.store.ReplayParked(b.ctx, "c", "k", inbox.ReplayOptions{Expect: inbox.Expect{Status: "failed"}})
 		require.ErrorIs(t, err, inbox.ErrChanged)
@@ -89,6 +89,15 @@ func TestExpect(t *testing.T) {
 		_, err = b.store.ReplayParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.ReplayOptions{Expect: inbox.Expect{Version: m2.Version}})
 		require.ErrorIs(t, err, inbox.ErrInvalidFilter)
 		_, err = b.store.Forget(b.ctx, "c", "k", inbox.Expect{Version: "a\x00b"})
+		require.ErrorIs(t, err, inbox.ErrInvalidFilter)
+		// A version of another kind is refused as such, not taken for a
+		// change: a message's for a record, a record's for a message.
+		_, err = b.store.Release(b.ctx, "c", "k", inbox.Expect{Version: m2.Version})
+		require.ErrorIs(t, err, inbox.ErrInvalidFilter)
+		require.ErrorContains(t, err, "not the version of a key's record: give the version inbox show")
+		r3, err := b.store.Get(b.ctx, "c", "k")
+		require.NoError(t, err)
+		_, err = b.store.ReplayParked(b.ctx, "c", "k", inbox.ReplayOptions{Expect: inbox.Expect{Version: r3.Version}})
 		require.ErrorIs(t, err, inbox.ErrInvalidFilter)
 	})
 }

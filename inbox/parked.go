@@ -106,7 +106,7 @@ func parkedMessage(r inboxdb.ParkedRow) ParkedMessage {
 		UUID: r.Message.UUID, Topic: r.Message.Topic, Payload: r.Message.Payload, PayloadSize: r.Message.PayloadSize,
 		PayloadKept: r.Kept, Metadata: r.Message.Metadata,
 		Reason: r.Reason, Attempts: r.Attempts, FirstSeenAt: r.FirstSeenAt, ParkedAt: r.ParkedAt, Status: r.Status,
-		Version: parked.MessageVersion(r.Message.UUID, r.ParkedAt),
+		Version: parked.MessageVersion(r.Message.UUID, r.ParkedAt, r.Attempts),
 	}
 }
 
@@ -485,7 +485,7 @@ func checkOne(consumer, key string, e Expect) error {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return err
 	}
-	return e.internal().Validate()
+	return e.internal().ValidateMessage()
 }
 
 func checkTopic(topic string) error {
@@ -596,7 +596,7 @@ func replayable(m ParkedMessage, opts ReplayOptions) error {
 
 // now is m as an Expect compares it.
 func (m ParkedMessage) now() parked.MessageNow {
-	return parked.MessageNow{UUID: m.UUID, ParkedAt: m.ParkedAt, Status: m.Status}
+	return parked.MessageNow{UUID: m.UUID, ParkedAt: m.ParkedAt, Attempts: m.Attempts, Status: m.Status}
 }
 
 // discard deletes the parked message of (consumer, key) in tx, once it has

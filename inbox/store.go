@@ -108,7 +108,7 @@ func (s *Store) Get(ctx context.Context, consumer, key string) (Record, error) {
 // changed nothing: a record done since it was shown parked stays, or its
 // next delivery would run again.
 func (s *Store) Forget(ctx context.Context, consumer, key string, expect Expect) (bool, error) {
-	if err := expect.internal().Validate(); err != nil {
+	if err := expect.internal().ValidateRecord(); err != nil {
 		return false, s.fail("forget", err)
 	}
 	var found bool
@@ -171,7 +171,7 @@ func (s *Store) Parked(ctx context.Context, consumer string, limit int) ([]Recor
 // only while the key is still so, and otherwise returns an error wrapping
 // ErrChanged (a key with no record: ErrNotFound), having changed nothing.
 func (s *Store) Release(ctx context.Context, consumer, key string, expect Expect) (bool, error) {
-	if err := expect.internal().Validate(); err != nil {
+	if err := expect.internal().ValidateRecord(); err != nil {
 		return false, s.fail("release", err)
 	}
 	if expect.internal().Empty() {

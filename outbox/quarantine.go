@@ -515,6 +515,9 @@ func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64,
 	if len(expect.Version) > 255 {
 		return fmt.Errorf("outbox: %s: Expect.Version is not a version a row shows (over 255 bytes)", op)
 	}
+	if err := parked.CheckRowVersion(expect.Version); err != nil {
+		return fmt.Errorf("outbox: %s: %w", op, err)
+	}
 	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
 		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))

@@ -80,7 +80,7 @@ func (st keyState) message(consumer, key string) (parked.MessageNow, error) {
 	if err != nil {
 		return parked.MessageNow{}, err
 	}
-	return parked.MessageNow{UUID: m.UUID, ParkedAt: m.ParkedAt, Status: m.Status}, nil
+	return parked.MessageNow{UUID: m.UUID, ParkedAt: m.ParkedAt, Attempts: m.Attempts, Status: m.Status}, nil
 }
 
 // expectRecord checks expect against the record of (consumer, key) and
@@ -88,7 +88,7 @@ func (st keyState) message(consumer, key string) (parked.MessageNow, error) {
 // nothing.
 func (s *Store) expectRecord(ctx context.Context, consumer, key string, expect inbox.Expect) (guard, error) {
 	e := parked.Expect(expect)
-	if err := e.Validate(); err != nil || e.Empty() {
+	if err := e.ValidateRecord(); err != nil || e.Empty() {
 		return nil, err
 	}
 	st, err := s.readState(ctx, consumer, key)
@@ -109,7 +109,7 @@ func (s *Store) expectRecord(ctx context.Context, consumer, key string, expect i
 // checks nothing.
 func (s *Store) expectMessage(ctx context.Context, consumer, key string, expect inbox.Expect) (guard, error) {
 	e := parked.Expect(expect)
-	if err := e.Validate(); err != nil || e.Empty() {
+	if err := e.ValidateMessage(); err != nil || e.Empty() {
 		return nil, err
 	}
 	st, err := s.readState(ctx, consumer, key)

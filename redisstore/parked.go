@@ -81,7 +81,7 @@ func readParked(consumer, key string, field func(string) string, kept bool) (inb
 		Consumer: consumer, Key: key, UUID: field("m_uuid"), Topic: field("m_topic"), PayloadSize: int(num("m_size")),
 		PayloadKept: kept, Metadata: md, Reason: cmp.Or(field("m_reason"), field("last_error")), Attempts: int(num("attempts")),
 		FirstSeenAt: fromMS(num("first_seen_ms")), ParkedAt: fromMS(parkedAt), Status: field("status"),
-		Version: parked.MessageVersion(field("m_uuid"), fromMS(parkedAt)),
+		Version: parked.MessageVersion(field("m_uuid"), fromMS(parkedAt), int(num("attempts"))),
 	}, nil
 }
 

@@ -11,12 +11,12 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
-// The parked commands print one version (parked show: the message's), and
-// docs/cli.md says --if-version takes it "as inbox show, parked show or
-// outbox show prints it". An operator who looks at a parked message with
-// parked show and releases its key with parked release --if-version and
-// that version, nothing having changed, must not be told that the key
-// changed (exit 4, nothing done): every such confirm would fail.
+// parked show prints the message's version; parked release acts on the
+// key's record, whose version inbox show prints. An operator who gives
+// release the message's version, nothing having changed, must not be told
+// that the key changed (exit 4, nothing done): the version is refused as
+// one of another kind, naming the command that shows the right one, and
+// the record's version releases it.
 func TestParkedReleaseTakesTheVersionParkedShowPrints(t *testing.T) {
 	t.Parallel()
 	requirePostgres(t)
@@ -32,5 +32,9 @@ func TestParkedReleaseTakesTheVersionParkedShowPrints(t *testing.T) {
 	var shown parkedJSON
 	decode(t, cli(t, env, "parked", "show", "--json", "ship-order", "k"), &shown)
 	require.Equal(t, "parked", shown.Status)
-	requireOK(t, cli(t, env, "parked", "release", "ship-order", "k", "--if-version", shown.Version))
+	requireExit(t, cli(t, env, "parked", "release", "ship-order", "k", "--if-version", shown.Version), exitUsage,
+		"is not the version of a key's record: give the version inbox show")
+	var rec recordJSON
+	decode(t, cli(t, env, "inbox", "show", "--json", "-c", "ship-order", "k"), &rec)
+	requireOK(t, cli(t, env, "parked", "release", "ship-order", "k", "--if-version", rec.Version))
 }

@@ -282,7 +282,7 @@ func TestActionsWithPreconditions(t *testing.T) {
 
 	// A precondition that does not hold: exit 4, nothing done.
 	requireExit(t, cli(t, env, "parked", "discard", "ship-order", u1, "--if-uuid", u2), exitChanged, "changed since it was shown")
-	requireExit(t, cli(t, env, "parked", "replay", "ship-order", u1, "--if-version", "0123456789abcdef"), exitChanged, "changed since it was shown")
+	requireExit(t, cli(t, env, "parked", "replay", "ship-order", u1, "--if-version", "msg-0123456789abcdef"), exitChanged, "changed since it was shown")
 	requireExit(t, cli(t, env, "parked", "release", "ship-order", u1, "--if-status", "failed"), exitChanged, "changed since it was shown")
 	decode(t, cli(t, env, "parked", "show", "--json", "ship-order", u1), &shown)
 	require.Equal(t, "parked", shown.Status, "untouched")

@@ -185,6 +185,8 @@ func failuresExit(cmd *cobra.Command) {
 			case err == nil, errors.As(err, &ee):
 			case errors.Is(err, inbox.ErrChanged): // outbox.ErrChanged too
 				return &exitError{code: exitChanged, err: err}
+			case errors.Is(err, inbox.ErrInvalidFilter): // a malformed request, such as a version of another kind
+				return &exitError{code: exitUsage, err: err}
 			default:
 				return &exitError{code: exitFailed, err: err}
 			}

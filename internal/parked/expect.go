@@ -36,26 +36,63 @@ func (e Expect) Validate() error {
 	return nil
 }
 
-// version hashes the parts of a state into a short opaque string: equal
-// states have equal versions, and a version tells nothing else.
-func version(parts ...string) string {
+// The kinds of version: a version starts with its kind, so that one given
+// for another kind of target (a message's for a record) is refused as
+// such, not taken for a change.
+const (
+	kindMessage = "msg-"
+	kindRecord  = "rec-"
+	kindRow     = "row-"
+)
+
+// ValidateMessage is Validate for an action on a parked message (replay,
+// discard): a version must be a message's.
+func (e Expect) ValidateMessage() error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	return checkKind(e.Version, kindMessage, "a parked message", "parked show (GET .../parked/{consumer}/{key})")
+}
+
+// ValidateRecord is Validate for an action on a key's record (forget,
+// release): a version must be a record's.
+func (e Expect) ValidateRecord() error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	return checkKind(e.Version, kindRecord, "a key's record", "inbox show (GET .../consumers/{consumer}/keys/{key})")
+}
+
+// version hashes the parts of a state into a short opaque string after
+// kind: equal states have equal versions, and a version tells nothing else.
+func version(kind string, parts ...string) string {
 	h := sha256.New()
 	for _, p := range parts {
 		h.Write([]byte(strconv.Itoa(len(p))))
 		h.Write([]byte{':'})
 		h.Write([]byte(p))
 	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
+	return kind + hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// checkKind refuses a version of another kind than want, saying where the
+// right one is shown.
+func checkKind(v, want, of, shownBy string) error {
+	if v == "" || strings.HasPrefix(v, want) {
+		return nil
+	}
+	return invalid("Expect.Version %q is not the version of %s: give the version %s shows", v, of, shownBy)
 }
 
 func micros(t time.Time) string { return strconv.FormatInt(t.UnixMicro(), 10) }
 
 // MessageVersion is the version of a parked message (ParkedMessage.Version):
-// the message and the park that kept it. It changes when the key's parked
-// message is replaced (the key parked again, with this message or
-// another), and only then.
-func MessageVersion(uuid string, parkedAt time.Time) string {
-	return version("message", uuid, micros(parkedAt))
+// the message and the park that kept it (its time and the key's attempt
+// then: two parks of one message within one tick of the store's clock are
+// still two). It changes when the key's parked message is replaced (the
+// key parked again, with this message or another).
+func MessageVersion(uuid string, parkedAt time.Time, attempts int) string {
+	return version(kindMessage, uuid, micros(parkedAt), strconv.Itoa(attempts))
 }
 
 // RecordVersion is the version of an inbox record (Record.Version): it
@@ -67,7 +104,7 @@ func RecordVersion(status string, attempts int, firstSeenAt time.Time, processed
 	if processedAt != nil {
 		processed = micros(*processedAt)
 	}
-	return version("record", status, strconv.Itoa(attempts), micros(firstSeenAt), processed)
+	return version(kindRecord, status, strconv.Itoa(attempts), micros(firstSeenAt), processed)
 }
 
 // RowVersion is the version of an outbox row (outbox.Row.Version): its
@@ -78,7 +115,12 @@ func RowVersion(id int64, quarantinedAt *time.Time, failures, permanentFailures 
 	if quarantinedAt != nil {
 		quarantined = micros(*quarantinedAt)
 	}
-	return version("row", strconv.FormatInt(id, 10), quarantined, strconv.Itoa(failures), strconv.Itoa(permanentFailures))
+	return version(kindRow, strconv.FormatInt(id, 10), quarantined, strconv.Itoa(failures), strconv.Itoa(permanentFailures))
+}
+
+// CheckRowVersion refuses a version that is not an outbox row's.
+func CheckRowVersion(v string) error {
+	return checkKind(v, kindRow, "an outbox row", "outbox show (GET .../outbox/rows/{id})")
 }
 
 // MessageNow is a key's parked message as an action found it, under its lock:
@@ -86,6 +128,8 @@ func RowVersion(id int64, quarantinedAt *time.Time, failures, permanentFailures 
 type MessageNow struct {
 	UUID     string
 	ParkedAt time.Time
+	// Attempts is the key's attempts when it was parked.
+	Attempts int
 	// Status is the status of the key's record ("" when none).
 	Status string
 }
@@ -93,8 +137,11 @@ type MessageNow struct {
 // CheckMessage returns nil when e holds for m, the key's parked message
 // now; else an error wrapping ErrChanged that says what it is now.
 func (e Expect) CheckMessage(consumer, key string, m MessageNow) error {
+	if err := checkKind(e.Version, kindMessage, "a parked message", "parked show (GET .../parked/{consumer}/{key})"); err != nil {
+		return err
+	}
 	var diffs []string
-	if e.Version != "" && e.Version != MessageVersion(m.UUID, m.ParkedAt) {
+	if e.Version != "" && e.Version != MessageVersion(m.UUID, m.ParkedAt, m.Attempts) {
 		diffs = append(diffs, "the key's parked message was replaced (shown: version "+e.Version+")")
 	}
 	if e.MessageUUID != "" && e.MessageUUID != m.UUID {
@@ -125,6 +172,9 @@ type RecordNow struct {
 // CheckRecord returns nil when e holds for r, the key's record now; else
 // an error wrapping ErrChanged that says what it is now.
 func (e Expect) CheckRecord(consumer, key string, r RecordNow) error {
+	if err := checkKind(e.Version, kindRecord, "a key's record", "inbox show (GET .../consumers/{consumer}/keys/{key})"); err != nil {
+		return err
+	}
 	var diffs []string
 	if e.Version != "" && e.Version != RecordVersion(r.Status, r.Attempts, r.FirstSeenAt, r.ProcessedAt) {
 		diffs = append(diffs, "the record changed (shown: version "+e.Version+")")
