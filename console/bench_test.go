@@ -100,8 +100,8 @@ func BenchmarkConsole(b *testing.B) {
 	if info.Reused {
 		how = "reused, generated " + info.GeneratedAt.UTC().Format(time.RFC3339)
 	}
-	dataset := fmt.Sprintf("data set %s (%s in %s): %d inbox records, %d parked; on disk (pg_total_relation_size): inbox %s, parked %s, outbox %s",
-		db.Schema, how, info.Took.Round(time.Second), sizes.inboxRows, sizes.parked,
+	dataset := fmt.Sprintf("data set %s (%s in %s): %d inbox records, %d parked, %d outbox rows; on disk (pg_total_relation_size): inbox %s, parked %s, outbox %s",
+		db.Schema, how, info.Took.Round(time.Second), sizes.inboxRows, sizes.parked, sizes.outboxRows,
 		benchMiB(info.Bytes["inbox"]), benchMiB(info.Bytes["parked"]), benchMiB(info.Bytes["outbox"]))
 	sample := benchSampleOf(ctx, b, pool, db)
 
@@ -424,26 +424,30 @@ var benchDatasetSQL string
 
 // benchDatasetVersion is recorded with a generated data set: change it with
 // testdata/bench_console.sql, so that an older data set is rebuilt.
-const benchDatasetVersion = 1
+const benchDatasetVersion = 2
 
 // The data set's default sizes (the issue's), and the schema they live in.
 const (
-	benchDefaultInboxRows = 10_000_000
-	benchDefaultParked    = 1_000_000
-	benchSchema           = "eo_bench_console"
-	benchOutboxRows       = 20_400 // testdata/bench_console.sql's outbox step
-	benchChunk            = 1_000_000
+	benchDefaultInboxRows  = 10_000_000
+	benchDefaultParked     = 1_000_000
+	benchDefaultOutboxRows = 100_000
+	benchSchema            = "eo_bench_console"
+	benchChunk             = 1_000_000
 )
 
-type benchSizes struct{ inboxRows, parked int64 }
+type benchSizes struct{ inboxRows, parked, outboxRows int64 }
 
-// benchSizesFromEnv reads BENCH_CONSOLE_INBOX_ROWS and BENCH_CONSOLE_PARKED.
+// benchDefaultSizes are the sizes of the full data set.
+var benchDefaultSizes = benchSizes{benchDefaultInboxRows, benchDefaultParked, benchDefaultOutboxRows}
+
+// benchSizesFromEnv reads BENCH_CONSOLE_INBOX_ROWS, BENCH_CONSOLE_PARKED
+// and BENCH_CONSOLE_OUTBOX_ROWS.
 func benchSizesFromEnv() (benchSizes, error) {
-	s := benchSizes{inboxRows: benchDefaultInboxRows, parked: benchDefaultParked}
+	s := benchDefaultSizes
 	for _, v := range []struct {
 		name string
 		n    *int64
-	}{{"BENCH_CONSOLE_INBOX_ROWS", &s.inboxRows}, {"BENCH_CONSOLE_PARKED", &s.parked}} {
+	}{{"BENCH_CONSOLE_INBOX_ROWS", &s.inboxRows}, {"BENCH_CONSOLE_PARKED", &s.parked}, {"BENCH_CONSOLE_OUTBOX_ROWS", &s.outboxRows}} {
 		if e := os.Getenv(v.name); e != "" {
 			n, err := strconv.ParseInt(strings.ReplaceAll(e, "_", ""), 10, 64)
 			if err != nil || n < 1 {
@@ -462,10 +466,10 @@ func benchSizesFromEnv() (benchSizes, error) {
 // eo_bench_console, others in a schema named after them, so that a quick
 // run never replaces the full data set.
 func (s benchSizes) schema() string {
-	if s == (benchSizes{benchDefaultInboxRows, benchDefaultParked}) {
+	if s == benchDefaultSizes {
 		return benchSchema
 	}
-	return fmt.Sprintf("%s_%d_%d", benchSchema, s.inboxRows, s.parked)
+	return fmt.Sprintf("%s_%d_%d_%d", benchSchema, s.inboxRows, s.parked, s.outboxRows)
 }
 
 // benchDatasetInfo is what the data set's marker table records.
@@ -520,25 +524,27 @@ func benchDataset(ctx context.Context, pool *pgxpool.Pool, sizes benchSizes, reb
 
 	if !rebuild {
 		var version int
-		var rows, parked int64
+		var rows, parked, outboxRows int64
 		var took float64
-		err := conn.QueryRow(ctx, `SELECT version, inbox_rows, parked, generated_at, anchor, extract(epoch FROM took)::float8 FROM `+marker).
-			Scan(&version, &rows, &parked, &info.GeneratedAt, &info.Anchor, &took)
+		err := conn.QueryRow(ctx, `SELECT version, inbox_rows, parked, outbox_rows, generated_at, anchor, extract(epoch FROM took)::float8 FROM `+marker).
+			Scan(&version, &rows, &parked, &outboxRows, &info.GeneratedAt, &info.Anchor, &took)
+		got := benchSizes{rows, parked, outboxRows}
 		switch {
 		case err != nil:
-			logf("data set %s: not found or incomplete (%v): generating it", db.Schema, err)
-		case version != benchDatasetVersion || rows != sizes.inboxRows || parked != sizes.parked:
-			logf("data set %s: version %d with %d records, %d parked: generating version %d with %d, %d", db.Schema, version, rows, parked,
-				benchDatasetVersion, sizes.inboxRows, sizes.parked)
+			logf("data set %s: not found, incomplete or of an older version (%v): generating it", db.Schema, err)
+		case version != benchDatasetVersion || got != sizes:
+			logf("data set %s: version %d with sizes %+v: generating version %d with %+v", db.Schema, version, got,
+				benchDatasetVersion, sizes)
 		default:
-			var nInbox, nParkedRecords, nParked int64
+			var nInbox, nParkedRecords, nParked, nOutbox int64
 			err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+db.Inbox()+`),
   (SELECT count(*) FROM `+db.Inbox()+` WHERE status = 'parked' AND status <> 'done'),
-  (SELECT count(*) FROM `+q(db.Schema, db.InboxTable+"_parked")+`)`).Scan(&nInbox, &nParkedRecords, &nParked)
+  (SELECT count(*) FROM `+q(db.Schema, db.InboxTable+"_parked")+`),
+  (SELECT count(*) FROM `+db.Outbox()+`)`).Scan(&nInbox, &nParkedRecords, &nParked, &nOutbox)
 			if err != nil {
 				return db, info, err
 			}
-			if nInbox == sizes.inboxRows && nParkedRecords == sizes.parked && nParked == sizes.parked {
+			if nInbox == sizes.inboxRows && nParkedRecords == sizes.parked && nParked == sizes.parked && nOutbox == sizes.outboxRows {
 				if err := sqlschema.Migrate(ctx, db); err != nil {
 					return db, info, err
 				}
@@ -546,8 +552,8 @@ func benchDataset(ctx context.Context, pool *pgxpool.Pool, sizes benchSizes, reb
 				info.Bytes, err = sizesOf()
 				return db, info, err
 			}
-			logf("data set %s: %d records, %d parked records, %d parked messages (changed since generated): generating it again", db.Schema,
-				nInbox, nParkedRecords, nParked)
+			logf("data set %s: %d records, %d parked records, %d parked messages, %d outbox rows (changed since generated): generating it again", db.Schema,
+				nInbox, nParkedRecords, nParked, nOutbox)
 		}
 	}
 
@@ -564,7 +570,7 @@ func benchDataset(ctx context.Context, pool *pgxpool.Pool, sizes benchSizes, reb
 	stride := sizes.inboxRows / sizes.parked
 	render := strings.NewReplacer(
 		"{{schema}}", q(db.Schema), "{{inbox}}", db.Inbox(), "{{parked}}", q(db.Schema, db.InboxTable+"_parked"), "{{outbox}}", db.Outbox(),
-		"{{N}}", strconv.FormatInt(sizes.inboxRows, 10), "{{P}}", strconv.FormatInt(sizes.parked, 10),
+		"{{N}}", strconv.FormatInt(sizes.inboxRows, 10), "{{P}}", strconv.FormatInt(sizes.parked, 10), "{{O}}", strconv.FormatInt(sizes.outboxRows, 10),
 		"{{stride}}", strconv.FormatInt(stride, 10), "{{anchor}}", info.Anchor.UTC().Format(time.RFC3339))
 	steps := strings.Split(benchDatasetSQL, "\n-- step: ")
 	for _, step := range steps[1:] { // steps[0] is the header
@@ -597,8 +603,8 @@ func benchDataset(ctx context.Context, pool *pgxpool.Pool, sizes benchSizes, reb
 	}
 	info.Took = time.Since(start)
 	if _, err := conn.Exec(ctx, `CREATE TABLE `+marker+` AS SELECT $1::int AS version, $2::bigint AS inbox_rows, $3::bigint AS parked,
-  now() AS generated_at, $4::timestamptz AS anchor, make_interval(secs => $5) AS took`,
-		benchDatasetVersion, sizes.inboxRows, sizes.parked, info.Anchor, info.Took.Seconds()); err != nil {
+  $6::bigint AS outbox_rows, now() AS generated_at, $4::timestamptz AS anchor, make_interval(secs => $5) AS took`,
+		benchDatasetVersion, sizes.inboxRows, sizes.parked, info.Anchor, info.Took.Seconds(), sizes.outboxRows); err != nil {
 		return db, info, err
 	}
 	info.GeneratedAt = time.Now()
