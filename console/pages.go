@@ -3,7 +3,6 @@ package console
 import (
 	"bytes"
 	"embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -15,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -181,22 +179,46 @@ func fieldsOf(v url.Values) []field {
 }
 
 // payloadView is a payload as a page shows it: UTF-8 text as it is
-// (escaped by the template), or base64 with a note.
+// (escaped by the template), or base64 with a note; Truncated, when only
+// its first bytes are shown, says so and how to read the rest.
 type payloadView struct {
-	Text   string
-	Note   string
-	Binary bool
+	Text      string
+	Note      string
+	Binary    bool
+	Truncated string
 }
 
-func payloadViewOf(p []byte, kept bool, size int) payloadView {
-	switch {
-	case !kept:
+// payloadViewOf is the view of p, the payload read with a bounded prefix
+// (maxShownPayload) of a payload of size bytes: all of it unless p is
+// shorter. whole is the command that prints the whole payload.
+func payloadViewOf(p []byte, kept bool, size int, whole string) payloadView {
+	if !kept {
 		return payloadView{Note: fmt.Sprintf("The payload (%d bytes) was not kept: it was larger than the middleware keeps. Re-publish it from its source, then release the key.", size)}
-	case utf8.Valid(p):
-		return payloadView{Text: string(p), Note: fmt.Sprintf("%d bytes, UTF-8 text.", len(p))}
 	}
-	return payloadView{Text: base64.StdEncoding.EncodeToString(p), Binary: true,
-		Note: fmt.Sprintf("%d bytes, not UTF-8 text: shown as base64.", len(p))}
+	text, binary, shown := shownPayload(p, size)
+	v := payloadView{Text: text, Binary: binary, Note: fmt.Sprintf("%d bytes, UTF-8 text.", size)}
+	if binary {
+		v.Note = fmt.Sprintf("%d bytes, not UTF-8 text: shown as base64.", size)
+	}
+	if shown < size {
+		kind := "UTF-8 text"
+		if binary {
+			kind = "not UTF-8 text: shown as base64"
+		}
+		v.Note = fmt.Sprintf("Showing the first %d of %d bytes (%s).", shown, size, kind)
+		v.Truncated = fmt.Sprintf("%d more bytes not shown: the console shows at most the first %d bytes of a payload. %s prints all of it.",
+			size-shown, maxShownPayload, whole)
+	}
+	return v
+}
+
+// shellQuote is s as one word of a POSIX shell: as it is when it holds
+// only characters no shell treats specially, else in single quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@%+=,-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 type metaEntry struct{ Key, Value string }
@@ -448,7 +470,7 @@ func (h *handler) pageMessage(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	m, err := h.parked(store).GetParked(ctx, consumer, key)
+	m, err := h.parked(store).GetParkedPrefix(ctx, consumer, key, maxShownPayload)
 	if err != nil {
 		return h.notFoundOrUnknown(ctx, store, consumer, err)
 	}
@@ -457,7 +479,11 @@ func (h *handler) pageMessage(w http.ResponseWriter, r *http.Request) error {
 	if store == storeRedis {
 		v.Set("store", storeRedis)
 	}
-	d := messageData{Store: store, M: m, Payload: payloadViewOf(m.Payload, m.PayloadKept, m.PayloadSize), Metadata: metaEntries(m.Metadata),
+	whole := "exactlyonce parked show --full-payload " + shellQuote(consumer) + " " + shellQuote(key)
+	if store == storeRedis {
+		whole = "exactlyonce parked --redis-url URL show --full-payload " + shellQuote(consumer) + " " + shellQuote(key)
+	}
+	d := messageData{Store: store, M: m, Payload: payloadViewOf(m.Payload, m.PayloadKept, m.PayloadSize, whole), Metadata: metaEntries(m.Metadata),
 		ReplayURL: base + "/replay", DiscardURL: base + "/discard", InboxURL: h.prefix + "/inbox?" + v.Encode()}
 	h.render(w, r, http.StatusOK, "message", "Parked message", d)
 	return nil
@@ -501,7 +527,7 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			m, err := h.parked(store).GetParked(ctx, consumer, key)
+			m, err := h.parked(store).GetParkedPrefix(ctx, consumer, key, 0)
 			if err != nil {
 				return h.notFoundOrUnknown(ctx, store, consumer, err)
 			}
@@ -759,7 +785,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	row, err := outbox.GetRow(ctx, h.cfg.DB, id)
+	row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, maxShownPayload)
 	if err != nil {
 		return err
 	}
@@ -768,7 +794,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	if md == nil {
 		md = map[string]string{"(stored metadata, not an object of strings)": string(row.RawMetadata)}
 	}
-	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: rowState(row), Payload: payloadViewOf(row.Payload, true, len(row.Payload)), Metadata: metaEntries(md),
+	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: rowState(row), Payload: payloadViewOf(row.Payload, true, row.PayloadSize, fmt.Sprintf("exactlyonce outbox show --full-payload %d", id)), Metadata: metaEntries(md),
 		RequeueURL: base + "/requeue", DiscardURL: base + "/discard", Quarantined: row.Quarantined()}
 	h.render(w, r, http.StatusOK, "row", fmt.Sprintf("Outbox row %d", id), d)
 	return nil
@@ -794,7 +820,7 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			row, err := outbox.GetRow(ctx, h.cfg.DB, id)
+			row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, 0)
 			if err != nil {
 				return err
 			}
@@ -956,7 +982,7 @@ func (h *handler) pageInbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fail(h.notFoundOrUnknown(ctx, store, d.Consumer, err))
 	}
-	_, perr := s.GetParked(ctx, d.Consumer, key)
+	_, perr := s.GetParkedPrefix(ctx, d.Consumer, key, 0)
 	if perr != nil && !errors.Is(perr, inbox.ErrNotParked) {
 		return fail(perr)
 	}

@@ -63,7 +63,9 @@ type ParkedMessage struct {
 	// not know it (then a replay needs ReplayOptions.Topic).
 	Topic string
 	// Payload is the message's payload. It is nil when PayloadKept is
-	// false, and in FindParked's pages unless Page.Payloads is set.
+	// false, and in FindParked's pages unless Page.Payloads is set; from
+	// GetParkedPrefix it holds at most the bytes asked for (PayloadSize
+	// says whether it was cut).
 	Payload []byte
 	// PayloadSize is the payload's size in bytes, kept or not.
 	PayloadSize int
@@ -252,12 +254,31 @@ func (s *Store) CountParked(ctx context.Context, f ParkedFilter) (int64, error) 
 }
 
 // GetParked returns the parked message of (consumer, key) with its
-// payload, or an error wrapping ErrNotParked.
+// payload, or an error wrapping ErrNotParked. The payload is read whole
+// (up to the middleware's MaxParkedPayload, 64 MiB at most): to show a
+// message, GetParkedPrefix reads a bounded part of it.
 func (s *Store) GetParked(ctx context.Context, consumer, key string) (ParkedMessage, error) {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return ParkedMessage{}, s.fail("get parked", err)
 	}
 	r, err := s.s.GetParked(ctx, s.db.Conn, consumer, key)
+	if err != nil {
+		return ParkedMessage{}, s.fail("get parked", err)
+	}
+	return parkedMessage(r), nil
+}
+
+// GetParkedPrefix is GetParked with at most the first maxPayload bytes of
+// the payload in ParkedMessage.Payload (PayloadSize is the whole
+// payload's size: the payload is cut when it is larger). The database
+// reads and sends that prefix only, so that showing a message costs the
+// same whatever its payload's size. maxPayload is at least 0 (0 reads no
+// payload: whether the key has a parked message, and its fields).
+func (s *Store) GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (ParkedMessage, error) {
+	if err := parked.CheckKey(consumer, key); err != nil {
+		return ParkedMessage{}, s.fail("get parked", err)
+	}
+	r, err := s.s.GetParkedPrefix(ctx, s.db.Conn, consumer, key, maxPayload)
 	if err != nil {
 		return ParkedMessage{}, s.fail("get parked", err)
 	}

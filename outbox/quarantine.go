@@ -18,8 +18,9 @@ import (
 // The operator's view of the rows the relay gave up on (quarantined) or is
 // retrying (failing): find them by id, topic, message UUID, error text,
 // quarantine time, ordering key or a metadata field such as a business id
-// (each row says how many rows of its ordering key wait behind it); read one with
-// its payload; requeue it (the relay sends it again at once) or discard it
+// (each row says how many rows of its ordering key wait behind it), without
+// their payloads; read one with its payload, or with a bounded prefix of it
+// (GetRowPrefix); requeue it (the relay sends it again at once) or discard it
 // (it is never published), one by one or every row a filter selects.
 // Searches of quarantined rows use the partial indexes of migration
 // outbox_005, which hold quarantined rows only: measured on 50,000 rows of
@@ -59,7 +60,7 @@ const (
 const (
 	// DefaultRowLimit is the page size of FindRows when Paging.Limit is 0.
 	DefaultRowLimit = 100
-	// MaxRowLimit is the largest Paging.Limit (a page holds the payloads).
+	// MaxRowLimit is the largest Paging.Limit.
 	MaxRowLimit = 1000
 	// MaxFilterIDs is the most ids a RowFilter may name.
 	MaxFilterIDs = 10000
@@ -77,8 +78,13 @@ type Row struct {
 	Topic string
 	// UUID is the message's UUID, which the relay publishes it with.
 	UUID string
-	// Payload is the message's payload.
+	// Payload is the message's payload: all of it from GetRow, at most
+	// its first bytes from GetRowPrefix, and nil in FindRows' pages, which
+	// read no payload (PayloadSize says how large it is).
 	Payload []byte
+	// PayloadSize is the size of the whole payload in bytes, whatever
+	// Payload holds of it.
+	PayloadSize int
 	// Metadata is the message's metadata; nil when the stored metadata is
 	// not a JSON object of strings (the relay quarantines such a row at
 	// once, and its LastError says so).
@@ -204,9 +210,13 @@ type RowPage struct {
 }
 
 // FindRows returns a page of the rows of db's outbox table that f selects
-// (by default the quarantined ones), oldest first, with their payloads.
-// A row relayed, requeued or discarded between two pages is not shown
-// twice: paging goes by id. db.Conn is required.
+// (by default the quarantined ones), oldest first, without their payloads
+// (Row.Payload is nil; Row.PayloadSize is the payload's size): the rows the
+// relay quarantines are often those whose payload is too large for the
+// broker, and a page of them would weigh what their payloads weigh. Read
+// one row's payload with GetRow or GetRowPrefix. A row relayed, requeued or
+// discarded between two pages is not shown twice: paging goes by id.
+// db.Conn is required.
 func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowPage, error) {
 	const op = "FindRows"
 	if err := checkDB(db); err != nil {
@@ -303,15 +313,37 @@ func CountRowsAsOf(ctx context.Context, db sqlschema.DB, f RowFilter) (RowCount,
 	return c, nil
 }
 
-// GetRow returns the row of db's outbox table with this id, whatever its
-// state (Row.Quarantined, Row.Failures tell it), or ErrRowNotFound. db.Conn
-// is required.
+// GetRow returns the row of db's outbox table with this id with its whole
+// payload, whatever its state (Row.Quarantined, Row.Failures tell it), or
+// ErrRowNotFound. A row's payload can be as large as the broker refused (a
+// quarantined row's often is): to show a row, GetRowPrefix reads a bounded
+// part of it. db.Conn is required.
 func GetRow(ctx context.Context, db sqlschema.DB, id int64) (Row, error) {
-	const op = "GetRow"
+	return getRow(ctx, db, "GetRow", id, `o.payload`, nil)
+}
+
+// GetRowPrefix is GetRow with at most the first maxPayload bytes of the
+// row's payload in Row.Payload (Row.PayloadSize is the whole payload's
+// size: the payload is cut when it is larger). The database reads and
+// sends that prefix only (substring of the stored value), so that showing
+// a row costs the same whatever its payload's size. maxPayload is at least
+// 0 (0 reads no payload). db.Conn is required.
+func GetRowPrefix(ctx context.Context, db sqlschema.DB, id int64, maxPayload int) (Row, error) {
+	const op = "GetRowPrefix"
+	if maxPayload < 0 {
+		return Row{}, fmt.Errorf("outbox: %s: maxPayload is %d: the most bytes of the payload to read, at least 0", op, maxPayload)
+	}
+	return getRow(ctx, db, op, id, `substring(o.payload FROM 1 FOR $2)`, []any{maxPayload})
+}
+
+// getRow reads row id with payload (an expression of the row as o; its
+// arguments, from $2, in args) as its payload.
+func getRow(ctx context.Context, db sqlschema.DB, op string, id int64, payload string, args []any) (Row, error) {
 	if err := checkID(op, db, id); err != nil {
 		return Row{}, err
 	}
-	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns(db.Outbox())+` FROM `+db.Outbox()+` o WHERE id = $1`, id)
+	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns(db.Outbox(), payload)+` FROM `+db.Outbox()+` o WHERE id = $1`,
+		append([]any{id}, args...)...)
 	if err != nil {
 		return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
@@ -428,7 +460,7 @@ func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, 
 func findSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
 	where, args := f.where()
 	args = append(args, after, limit)
-	return `SELECT ` + rowColumns(db.Outbox()) + ` FROM ` + db.Outbox() + ` o
+	return `SELECT ` + rowColumns(db.Outbox(), `NULL::bytea`) + ` FROM ` + db.Outbox() + ` o
 WHERE ` + where + ` AND id > $` + strconv.Itoa(len(args)-1) + `
 ORDER BY id LIMIT $` + strconv.Itoa(len(args)), args
 }
@@ -443,11 +475,15 @@ func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
 // RequeueFailed does.
 const clearFailures = `failures = 0, attempts = 0, next_attempt_at = NULL, quarantined_at = NULL, last_error = NULL`
 
-// rowColumns are the columns scanRow reads, of table read as o. The rows
-// waiting behind a failed row with a key are counted on the ordering_key
-// index of outbox_006 (a range of it after the row's id).
-func rowColumns(table string) string {
-	return `o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.created_at, o.quarantined_at, o.failures, o.attempts, o.next_attempt_at,
+// rowColumns are the columns scanRow reads, of table read as o, with
+// payload (an expression: o.payload, a prefix of it, or NULL) as the
+// payload. The payload's size is octet_length, which PostgreSQL answers
+// from the stored value's header (a large payload is stored out of line,
+// TOAST, and is not read for it). The rows waiting behind a failed row with
+// a key are counted on the ordering_key index of outbox_006 (a range of it
+// after the row's id).
+func rowColumns(table, payload string) string {
+	return `o.id, o.topic, o.uuid, ` + payload + `, octet_length(o.payload), o.metadata::text, o.created_at, o.quarantined_at, o.failures, o.attempts, o.next_attempt_at,
   coalesce(o.last_error, ''), coalesce(o.ordering_key, ''),
   CASE WHEN o.ordering_key IS NOT NULL AND o.failures > 0
     THEN (SELECT count(*) FROM ` + table + ` w WHERE w.ordering_key = o.ordering_key AND w.id > o.id) ELSE 0 END`
@@ -459,7 +495,7 @@ type scanner interface{ Scan(dest ...any) error }
 func scanRow(rs scanner) (Row, error) {
 	var r Row
 	var meta string
-	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &meta, &r.CreatedAt, &r.QuarantinedAt,
+	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.PayloadSize, &meta, &r.CreatedAt, &r.QuarantinedAt,
 		&r.Failures, &r.PermanentFailures, &r.NextAttemptAt, &r.LastError, &r.OrderingKey, &r.Waiting); err != nil {
 		return Row{}, err
 	}

@@ -288,7 +288,8 @@ func (s *Store) CountParkedKeys(ctx context.Context, consumer string) (int64, er
 }
 
 // GetParked returns the parked message of (consumer, key) with its
-// payload, or an error wrapping inbox.ErrNotParked.
+// payload, or an error wrapping inbox.ErrNotParked. The payload is read
+// whole: to show a message, GetParkedPrefix reads a bounded part of it.
 func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error) {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
@@ -310,6 +311,70 @@ func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.Park
 	}
 	return out, nil
 }
+
+// GetParkedPrefix is GetParked with at most the first maxPayload bytes of
+// the payload in Payload (PayloadSize is the whole payload's size: the
+// payload is cut when it is larger); only that prefix is sent to the
+// caller. Redis has no range read of a hash field: a script cuts the
+// payload inside Redis (which copies the value there, for the script's
+// duration). maxPayload is at least 0 (0 reads no payload).
+func (s *Store) GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error) {
+	if err := parked.CheckKey(consumer, key); err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
+	}
+	if maxPayload < 0 {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w: the most bytes of the payload to read is %d: at least 0",
+			inbox.ErrInvalidFilter, maxPayload)
+	}
+	args := make([]any, 0, 1+len(entryFields))
+	args = append(args, maxPayload)
+	for _, f := range entryFields {
+		args = append(args, f)
+	}
+	v, err := getPrefixScript.Run(ctx, s.b.c, []string{s.b.recordKey(consumer, key)}, args...).Slice()
+	if err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked %q for %q: %w", key, consumer, err)
+	}
+	if len(v) != 3 {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked %q for %q: the script answered %d values, not 3", key, consumer, len(v))
+	}
+	fields, _ := v[0].([]any)
+	field := func(name string) string {
+		if i, ok := entryIndex[name]; ok && i < len(fields) {
+			s, _ := fields[i].(string)
+			return s
+		}
+		return ""
+	}
+	if field("status") == "" || field("m_uuid") == "" {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
+	}
+	kept, _ := v[1].(int64)
+	out, err := readParked(consumer, key, field, kept == 1)
+	if err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
+	}
+	if p, ok := v[2].(string); ok && kept == 1 {
+		out.Payload = []byte(p)
+	}
+	return out, nil
+}
+
+// getPrefixScript: KEYS the record; ARGV the most bytes of the payload,
+// then the fields to read. Returns the fields' values, 1 when the record
+// holds a payload (m_payload) else 0, and the payload's first bytes (nil
+// when it holds none).
+var getPrefixScript = redis.NewScript(`
+local fields = redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+local n = tonumber(ARGV[1])
+if redis.call('HEXISTS', KEYS[1], 'm_payload') == 0 then
+	return {fields, 0, false}
+end
+if n == 0 then
+	return {fields, 1, ''}
+end
+return {fields, 1, string.sub(redis.call('HGET', KEYS[1], 'm_payload'), 1, n)}
+`)
 
 // ReplayParked delivers the parked message of (consumer, key) again
 // through pub, so that the consumer processes it once, in three steps:

@@ -65,19 +65,27 @@ func parkedColumns(payload, status string) string {
 p.payload_size, p.metadata::text, p.reason, p.attempts, p.first_seen_at, p.parked_at, ` + status
 }
 
+// payloadColumn is the payload's expression of a read with or without
+// the payloads: without, the payload column is not read at all (the
+// size is payload_size, its being kept payload IS NOT NULL, which the
+// row's null bitmap answers).
+func payloadColumn(payloads bool) string {
+	if payloads {
+		return `p.payload`
+	}
+	return `NULL::bytea`
+}
+
 // parkedSelect reads the parked table as p with the inbox as i (LEFT
-// JOIN, for the record's status).
-func (s *Store) parkedSelect(payloads bool) string {
-	return s.parkedSelectFrom(payloads, s.ParkedTable()+` p`)
+// JOIN, for the record's status), with payload (an expression of p) as
+// the payload.
+func (s *Store) parkedSelect(payload string) string {
+	return s.parkedSelectFrom(payload, s.ParkedTable()+` p`)
 }
 
 // parkedSelectFrom is parkedSelect with from (the parked table as p, maybe
 // joined to something else) in place of the parked table.
-func (s *Store) parkedSelectFrom(payloads bool, from string) string {
-	payload := `p.payload`
-	if !payloads {
-		payload = `NULL::bytea`
-	}
+func (s *Store) parkedSelectFrom(payload, from string) string {
 	return `SELECT ` + parkedColumns(payload, `coalesce(i.status, '')`) + `
 FROM ` + from + ` LEFT JOIN ` + s.table + ` i ON i.consumer = p.consumer AND i.message_key = p.message_key`
 }
@@ -217,14 +225,14 @@ func (s *Store) findParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payl
 	args = append(args, limit)
 	lim := ` LIMIT $` + strconv.Itoa(len(args))
 	if !keysFirst {
-		return s.parkedSelect(payloads) + ` WHERE ` + where + parkedOrder + lim, args, nil
+		return s.parkedSelect(payloadColumn(payloads)) + ` WHERE ` + where + parkedOrder + lim, args, nil
 	}
 	if f.Consumer == "" {
 		return "", nil, errors.New("inboxdb: findParkedSQL: keys first needs a consumer")
 	}
 	return `WITH page AS MATERIALIZED (SELECT p.consumer, p.message_key FROM ` + s.ParkedTable() + ` p WHERE ` + where +
 		parkedConsumerOrder + lim + `)
-` + s.parkedSelectFrom(payloads, `page k JOIN `+s.ParkedTable()+` p ON p.consumer = k.consumer AND p.message_key = k.message_key`) +
+` + s.parkedSelectFrom(payloadColumn(payloads), `page k JOIN `+s.ParkedTable()+` p ON p.consumer = k.consumer AND p.message_key = k.message_key`) +
 		parkedOrder, args, nil
 }
 
@@ -265,7 +273,25 @@ func (s *Store) CountParked(ctx context.Context, db wsql.ContextExecutor, f park
 // GetParked returns the parked message of (consumer, key) with its
 // payload, or an error wrapping ErrNoParkedMessage.
 func (s *Store) GetParked(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (ParkedRow, error) {
-	rs, err := s.queryParked(ctx, db, s.parkedSelect(true)+` WHERE p.consumer = $1 AND p.message_key = $2`, consumer, key)
+	return s.getParked(ctx, db, consumer, key, `p.payload`)
+}
+
+// GetParkedPrefix is GetParked with at most the first maxPayload bytes of
+// the payload (Message.PayloadSize is the whole payload's size): the
+// database reads and sends only that prefix (substring of the stored
+// value; a large payload is stored out of line, and only the chunks of
+// the prefix are fetched). maxPayload must not be negative.
+func (s *Store) GetParkedPrefix(ctx context.Context, db wsql.ContextExecutor, consumer, key string, maxPayload int) (ParkedRow, error) {
+	if maxPayload < 0 {
+		return ParkedRow{}, fmt.Errorf("%w: the most bytes of the payload to read is %d: at least 0", parked.ErrInvalid, maxPayload)
+	}
+	return s.getParked(ctx, db, consumer, key, `substring(p.payload FROM 1 FOR $3)`, maxPayload)
+}
+
+// getParked reads the parked message of (consumer, key) with payload (an
+// expression of p; its arguments, from $3, in args) as its payload.
+func (s *Store) getParked(ctx context.Context, db wsql.ContextExecutor, consumer, key, payload string, args ...any) (ParkedRow, error) {
+	rs, err := s.queryParked(ctx, db, s.parkedSelect(payload)+` WHERE p.consumer = $1 AND p.message_key = $2`, append([]any{consumer, key}, args...)...)
 	if err != nil {
 		return ParkedRow{}, err
 	}
