@@ -542,6 +542,11 @@ func (h *handler) apiParkedList(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := h.scanSlot(w, pq.scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	page, err := h.parked(pq.Store).FindParked(ctx, pq.Filter, inbox.Page{Limit: limit, After: q.Get("after")})
@@ -631,6 +636,11 @@ func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := h.scanSlot(w, pq.scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	n, asOf, err := h.countParked(ctx, pq)
@@ -918,6 +928,7 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	oq.Filter = h.boundRows(oq.Filter)
 	limit, err := parseLimit(q.Get("limit"))
 	if err != nil {
 		return err
@@ -928,6 +939,11 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 			return badFilter("after is %q: the next_after of the previous page (a row id)", s)
 		}
 	}
+	release, err := h.scanSlot(w, oq.Filter.Scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
@@ -970,6 +986,12 @@ func (h *handler) apiRowsCount(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	oq.Filter = h.boundRows(oq.Filter)
+	release, err := h.scanSlot(w, oq.Filter.Scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)

@@ -35,6 +35,8 @@ const (
 	codeNotReplayable        = "not_replayable"         // 409: a parked message that cannot be replayed as it is
 	codeNotQuarantined       = "not_quarantined"        // 409: an outbox row the relay still owns
 	codeInProgress           = "in_progress"            // 409: a Redis replay of the message is in flight
+	codeTooBroad             = "too_broad"              // 422: a search or count over its bound (Config.MaxScan, MaxCount)
+	codeBusy                 = "busy"                   // 429: Config.MaxConcurrentScans searches by text under way
 	codeUnavailable          = "unavailable"            // 503: database or Redis unreachable, tables not migrated, store not configured
 	codeInternal             = "internal"               // 500: anything else (logged)
 )
@@ -115,6 +117,8 @@ func (h *handler) classify(r *http.Request, err error) *apiError {
 		return &apiError{status: http.StatusConflict, code: codeInProgress, message: err.Error()}
 	case errors.Is(err, inbox.ErrNotReplayable):
 		return &apiError{status: http.StatusConflict, code: codeNotReplayable, message: err.Error()}
+	case errors.Is(err, inbox.ErrTooBroad), errors.Is(err, outbox.ErrTooBroad):
+		return &apiError{status: http.StatusUnprocessableEntity, code: codeTooBroad, message: err.Error()}
 	case errors.Is(err, outbox.ErrNotQuarantined):
 		return &apiError{status: http.StatusConflict, code: codeNotQuarantined, message: err.Error()}
 	case errors.Is(err, sqlschema.ErrNotMigrated):

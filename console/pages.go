@@ -267,9 +267,20 @@ type parkedFormValues struct {
 	Meta                                                      []string
 }
 
+// parkedRowView is a row of the parked list: its fields as the template
+// shows them, flat (a field reached through an embedded struct costs the
+// template a reflective search per row; a page holds up to 1,000) and the
+// times formatted once.
 type parkedRowView struct {
-	inbox.ParkedMessage
-	URL string
+	Consumer, Key, UUID, Status, Reason string
+	Attempts                            int
+	ParkedISO, ParkedAgo                string
+	URL                                 string
+}
+
+func parkedRowOf(m inbox.ParkedMessage, url string) parkedRowView {
+	return parkedRowView{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Status: m.Status, Reason: m.Reason, Attempts: m.Attempts,
+		ParkedISO: fmtISO(m.ParkedAt), ParkedAgo: fmtAgo(m.ParkedAt), URL: url}
 }
 
 type parkedListData struct {
@@ -277,11 +288,14 @@ type parkedListData struct {
 	Searched bool
 	Error    string
 	Count    int64
-	Matching string
-	Messages []parkedRowView
-	NextURL  string
-	Bulk     []field
-	Store    string
+	// CountOver, when not 0, is the bound (Config.MaxCount) the count is
+	// over: the page says "more than" it and offers no bulk action.
+	CountOver int
+	Matching  string
+	Messages  []parkedRowView
+	NextURL   string
+	Bulk      []field
+	Store     string
 }
 
 type messageData struct {
@@ -322,24 +336,32 @@ type outboxFormValues struct {
 	Meta                                                   []string
 }
 
+// rowView is a row of the outbox list: its fields as the template shows
+// them, flat (see parkedRowView).
 type rowView struct {
-	outbox.Row
-	State  string
-	URL    string
-	KeyURL string // the failed rows of its ordering key; "" when none
+	ID                          int64
+	Topic, UUID, LastError      string
+	OrderingKey                 string
+	Waiting                     int64
+	Failures, PermanentFailures int
+	State                       string
+	URL                         string
+	KeyURL                      string // the failed rows of its ordering key; "" when none
 }
 
 type outboxListData struct {
-	Form     outboxFormValues
-	Figures  *outboxFigures
-	AsOf     *time.Time
-	Error    string
-	Count    int64
-	Matching string
-	Rows     []rowView
-	NextURL  string
-	Bulk     []field
-	Discard  bool
+	Form    outboxFormValues
+	Figures *outboxFigures
+	AsOf    *time.Time
+	Error   string
+	Count   int64
+	// CountOver: as parkedListData's.
+	CountOver int
+	Matching  string
+	Rows      []rowView
+	NextURL   string
+	Bulk      []field
+	Discard   bool
 }
 
 type rowData struct {
@@ -417,20 +439,29 @@ func (h *handler) pageParked(w http.ResponseWriter, r *http.Request) error {
 	if err == nil {
 		limit, err = parseLimit(q.Get("limit"))
 	}
+	var release func()
+	if err == nil {
+		release, err = h.scanSlot(w, pq.scans())
+	}
 	if err != nil {
 		e := h.classify(r, err)
 		d.Error = e.message
 		h.render(w, r, e.status, "parked", "Parked messages", d)
 		return nil
 	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	s := h.parked(pq.Store)
 	page, err := s.FindParked(ctx, pq.Filter, inbox.Page{Limit: limit, After: q.Get("after")})
 	if err == nil {
 		d.Count, err = s.CountParked(ctx, pq.Filter)
+		if errors.Is(err, inbox.ErrTooBroad) && len(page.Messages) > 0 {
+			// The page is shown; the count (and a bulk action) is not.
+			d.Count, d.CountOver, err = 0, h.cfg.MaxCount, nil
+		}
 	}
-	if err == nil && d.Count == 0 {
+	if err == nil && d.Count == 0 && d.CountOver == 0 {
 		err = h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer)
 	}
 	if err != nil {
@@ -444,7 +475,7 @@ func (h *handler) pageParked(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.Store, d.Matching = pq.Store, pq.describe()
 	for _, m := range page.Messages {
-		d.Messages = append(d.Messages, parkedRowView{m, h.messageURL(pq.Store, m.Consumer, m.Key)})
+		d.Messages = append(d.Messages, parkedRowOf(m, h.messageURL(pq.Store, m.Consumer, m.Key)))
 	}
 	if page.Next != "" {
 		v := pq.values()
@@ -730,17 +761,27 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 			err = badFilter("after is %q: a row id", s)
 		}
 	}
+	oq.Filter = h.boundRows(oq.Filter)
+	var release func()
+	if err == nil {
+		release, err = h.scanSlot(w, oq.Filter.Scans())
+	}
 	if err != nil {
 		e := h.classify(r, err)
 		d.Error = e.message
 		h.render(w, r, e.status, "outbox", "Outbox", d)
 		return nil
 	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
 	if err == nil {
 		d.Count, err = outbox.CountRows(ctx, h.cfg.DB, oq.Filter)
+		if errors.Is(err, outbox.ErrTooBroad) && len(page.Rows) > 0 {
+			// The page is shown; the count (and a bulk action) is not.
+			d.Count, d.CountOver, err = 0, h.cfg.MaxCount, nil
+		}
 	}
 	if err != nil {
 		e := h.classify(r, err)
@@ -750,7 +791,9 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.Matching = oq.describe()
 	for _, row := range page.Rows {
-		d.Rows = append(d.Rows, rowView{row, rowState(row), h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10), h.keyURL(row.OrderingKey)})
+		d.Rows = append(d.Rows, rowView{ID: row.ID, Topic: row.Topic, UUID: row.UUID, LastError: row.LastError, OrderingKey: row.OrderingKey,
+			Waiting: row.Waiting, Failures: row.Failures, PermanentFailures: row.PermanentFailures, State: rowState(row),
+			URL: h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10), KeyURL: h.keyURL(row.OrderingKey)})
 	}
 	if page.Next != 0 {
 		v := oq.values()

@@ -47,6 +47,12 @@ var (
 	// or its key is being processed (a lease-mode attempt holds it: try
 	// again once it ends).
 	ErrNotReplayable = errors.New("the parked message cannot be replayed")
+
+	// ErrTooBroad is returned (wrapped) by FindParked and CountParked for
+	// a filter whose read would exceed its bound (ParkedFilter.MaxScan,
+	// MaxCount); the error says which and how to narrow the filter.
+	// Nothing was read.
+	ErrTooBroad = parked.ErrTooBroad
 )
 
 // ParkedMessage is a message whose key was parked, as the middleware kept
@@ -130,11 +136,35 @@ type ParkedFilter struct {
 	// as {"order_id": "A-1042"}. The PostgreSQL store looks them up in an
 	// index (metadata @> '{"order_id": "A-1042"}').
 	Metadata map[string]string
+
+	// MaxScan, when positive, bounds the work of FindParked and
+	// CountParked for a filter that Scans (a reason; a tenant or a key
+	// without the consumer: conditions no index serves): they are
+	// refused, with an error wrapping ErrTooBroad, when the other
+	// conditions select more than MaxScan messages to check them on, and
+	// otherwise read only those (the PostgreSQL store counts them on its
+	// indexes first, in the same snapshot). The Redis store, which has no
+	// index but the consumer's parked set, refuses a consumer with more
+	// than MaxScan parked keys. Defaults to 0: no bound. The bulk
+	// operations ignore it (count first).
+	MaxScan int
+	// MaxCount, when positive, bounds CountParked: a count of more than
+	// MaxCount messages is refused (ErrTooBroad); it counts at most
+	// MaxCount+1. Defaults to 0: no bound.
+	MaxCount int
 }
+
+// Scans reports whether f has a condition that the PostgreSQL store's
+// indexes do not serve, which it checks on each message its other
+// conditions select (on every message, when it has none): the reason's
+// text, and a tenant or a key without the consumer (the indexes hold the
+// key after the consumer). Bound such a read with MaxScan where one
+// caller's request must not read the whole table (a console, an API).
+func (f ParkedFilter) Scans() bool { return f.internal().Scans() }
 
 func (f ParkedFilter) internal() parked.Filter {
 	return parked.Filter{Consumer: f.Consumer, Key: f.Key, MessageUUID: f.MessageUUID, Tenant: f.Tenant, Reason: f.Reason,
-		Since: f.Since, Before: f.Before, Metadata: f.Metadata}
+		Since: f.Since, Before: f.Before, Metadata: f.Metadata, MaxScan: f.MaxScan, MaxCount: f.MaxCount}
 }
 
 // Page selects a page of FindParked's results.
@@ -226,7 +256,12 @@ func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedP
 	if err != nil {
 		return ParkedPage{}, s.fail("find parked", err)
 	}
-	rs, err := s.s.FindParked(ctx, s.db.Conn, pf, after, limit+1, p.Payloads)
+	var rs []inboxdb.ParkedRow
+	err = s.boundedRead(ctx, pf, func(db wsql.ContextExecutor) error {
+		var err error
+		rs, err = s.s.FindParked(ctx, db, pf, after, limit+1, p.Payloads)
+		return err
+	})
 	if err != nil {
 		return ParkedPage{}, s.fail("find parked", err)
 	}
@@ -249,8 +284,34 @@ func (s *Store) CountParked(ctx context.Context, f ParkedFilter) (int64, error) 
 	if err := pf.Validate(); err != nil {
 		return 0, s.fail("count parked", err)
 	}
-	n, err := s.s.CountParked(ctx, s.db.Conn, pf)
+	var n int64
+	err := s.boundedRead(ctx, pf, func(db wsql.ContextExecutor) error {
+		var err error
+		n, err = s.s.CountParked(ctx, db, pf)
+		return err
+	})
 	return n, s.fail("count parked", err)
+}
+
+// boundedRead runs read (a find or count of f) on the database; for a
+// filter with MaxScan that Scans, in a read-only REPEATABLE READ
+// transaction that first refuses it when its indexed conditions select
+// more than MaxScan messages (ErrTooBroad) and sets the plan that reads
+// only those (inboxdb.Store.BoundedScan): the check and the read see the
+// same messages, and the read's work is bounded by MaxScan.
+func (s *Store) boundedRead(ctx context.Context, f parked.Filter, read func(db wsql.ContextExecutor) error) error {
+	if f.MaxScan <= 0 || !f.Scans() {
+		return read(s.db.Conn)
+	}
+	tx, err := s.db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to keep
+	if err := s.s.BoundedScan(ctx, tx, f); err != nil {
+		return err
+	}
+	return read(tx)
 }
 
 // GetParked returns the parked message of (consumer, key) with its

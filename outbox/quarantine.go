@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	stdsql "database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -37,6 +40,11 @@ var (
 	// is in the live backlog, or failing and retried after its backoff),
 	// or another operator requeued it first. Nothing was changed.
 	ErrNotQuarantined = errors.New("outbox row is not quarantined")
+	// ErrTooBroad is returned (wrapped) by FindRows, CountRows and
+	// CountRowsAsOf for a filter whose read would exceed its bound
+	// (RowFilter.MaxScan, MaxCount); the error says which and how to
+	// narrow the filter. Nothing was read.
+	ErrTooBroad = errors.New("the filter selects too many outbox rows for the bound of this read")
 )
 
 // RowState selects outbox rows by their failure record.
@@ -156,6 +164,19 @@ type RowFilter struct {
 	// StateAll both its quarantined and its failing ones.
 	OrderingKey string
 
+	// MaxScan, when positive, bounds the work of FindRows, CountRows and
+	// CountRowsAsOf for a filter that Scans (Reason: no index holds the
+	// error's text): they are refused (ErrTooBroad) when the other
+	// conditions select more than MaxScan rows to check it on, and
+	// otherwise read only those (counted on the indexes first, in the same
+	// snapshot). Defaults to 0: no bound. RequeueMatching and
+	// DiscardMatching ignore it (count first).
+	MaxScan int
+	// MaxCount, when positive, bounds CountRows and CountRowsAsOf: a count
+	// of more than MaxCount rows is refused (ErrTooBroad); they count at
+	// most MaxCount+1. Defaults to 0: no bound.
+	MaxCount int
+
 	// AsOf and MaxID bound the rows to those a count could see
 	// (CountRowsAsOf returns both): give them to RequeueMatching or
 	// DiscardMatching after the operator confirmed the count, and the rows
@@ -236,20 +257,23 @@ func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowP
 		limit = DefaultRowLimit
 	}
 	query, args := findSQL(db, f, p.After, limit+1)
-	rs, err := db.Conn.QueryContext(ctx, query, args...)
-	if err != nil {
-		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
-	}
 	var page RowPage
-	for rs.Next() {
-		r, err := scanRow(rs)
+	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
+		rs, err := conn.QueryContext(ctx, query, args...)
 		if err != nil {
-			_ = rs.Close()
-			return RowPage{}, fmt.Errorf("outbox: %s: %w", op, err)
+			return err
 		}
-		page.Rows = append(page.Rows, r)
-	}
-	if err := seam.Close(rs); err != nil {
+		for rs.Next() {
+			r, err := scanRow(rs)
+			if err != nil {
+				_ = rs.Close()
+				return err
+			}
+			page.Rows = append(page.Rows, r)
+		}
+		return seam.Close(rs)
+	})
+	if err != nil {
 		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	if len(page.Rows) > limit {
@@ -273,7 +297,13 @@ func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error)
 	}
 	query, args := countSQL(db, f)
 	var n int64
-	if err := seam.QueryRow(ctx, db.Conn, query, args, &n); err != nil {
+	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
+		if err := seam.QueryRow(ctx, conn, query, args, &n); err != nil {
+			return err
+		}
+		return f.checkCount(n)
+	})
+	if err != nil {
 		return 0, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	return n, nil
@@ -306,11 +336,82 @@ func CountRowsAsOf(ctx context.Context, db sqlschema.DB, f RowFilter) (RowCount,
 		}
 	}
 	where, args := f.where()
+	q := `SELECT count(*), coalesce(max(id), 0) FROM ` + db.Outbox() + ` WHERE ` + where
+	if f.MaxCount > 0 {
+		// MaxCount+1 rows at most: enough to refuse; a count within the
+		// bound read them all, and its max(id) is theirs.
+		args = append(args, f.MaxCount+1)
+		q = `SELECT count(*), coalesce(max(id), 0) FROM (SELECT id FROM ` + db.Outbox() + ` WHERE ` + where +
+			` LIMIT $` + strconv.Itoa(len(args)) + `) c`
+	}
 	c := RowCount{AsOf: f.AsOf}
-	if err := seam.QueryRow(ctx, db.Conn, `SELECT count(*), coalesce(max(id), 0) FROM `+db.Outbox()+` WHERE `+where, args, &c.Count, &c.MaxID); err != nil {
+	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
+		if err := seam.QueryRow(ctx, conn, q, args, &c.Count, &c.MaxID); err != nil {
+			return err
+		}
+		return f.checkCount(c.Count)
+	})
+	if err != nil {
 		return RowCount{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	return c, nil
+}
+
+// Scans reports whether f has a condition no index serves, which a read
+// checks on each row its other conditions select: Reason (the last
+// error's text). Bound such a read with MaxScan where one caller's
+// request must not read every failed row (a console, an API).
+func (f RowFilter) Scans() bool { return f.Reason != "" }
+
+// checkCount refuses a count over f.MaxCount (counted up to MaxCount+1).
+func (f RowFilter) checkCount(n int64) error {
+	if f.MaxCount > 0 && n > int64(f.MaxCount) {
+		return fmt.Errorf("%w: more than %d rows match (the bound of this count, MaxCount): narrow the filter by a topic, a time "+
+			"range (QuarantinedSince, QuarantinedBefore), a metadata field such as a business id, a message UUID or an ordering key",
+			ErrTooBroad, f.MaxCount)
+	}
+	return nil
+}
+
+// boundedRead runs read (a find or count of f) on db; for a filter with
+// MaxScan that Scans, in a read-only REPEATABLE READ transaction that first
+// counts, on the indexes (no sequential scan), the rows f's other
+// conditions select (up to MaxScan+1) and refuses when there are more than
+// MaxScan (ErrTooBroad), then plans the read through those indexes'
+// bitmaps, not by a sequential scan of the table nor a walk of an index in
+// its order (a random read per row), as the inbox's parked messages are
+// read (inboxdb.Store.BoundedScan): the check and the read see the same
+// rows, and the read's work is bounded by MaxScan.
+func boundedRead(ctx context.Context, db sqlschema.DB, f RowFilter, read func(conn wsql.ContextExecutor) error) error {
+	if f.MaxScan <= 0 || !f.Scans() {
+		return read(db.Conn)
+	}
+	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to keep
+	var a, b string
+	if err := seam.QueryRow(ctx, tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, nil, &a, &b); err != nil {
+		return err
+	}
+	indexed := f
+	indexed.Reason = ""
+	where, args := indexed.where()
+	args = append(args, f.MaxScan+1)
+	// set_config runs once this statement is planned: the check reads the
+	// indexes as it will, the read after it through their bitmaps.
+	var n int64
+	if err := seam.QueryRow(ctx, tx, `SELECT count(*), set_config('enable_indexscan', 'off', true) FROM (SELECT 1 FROM `+db.Outbox()+
+		` WHERE `+where+` LIMIT $`+strconv.Itoa(len(args))+`) c`, args, &n, &a); err != nil {
+		return err
+	}
+	if n > int64(f.MaxScan) {
+		return fmt.Errorf("%w: the last error's text (Reason), which no index serves, would be checked on more than %d rows (the bound of "+
+			"this read, MaxScan): narrow the filter by a topic, a time range (QuarantinedSince, QuarantinedBefore), a metadata field such "+
+			"as a business id, a message UUID or an ordering key", ErrTooBroad, f.MaxScan)
+	}
+	return read(tx)
 }
 
 // GetRow returns the row of db's outbox table with this id with its whole
@@ -465,9 +566,14 @@ WHERE ` + where + ` AND id > $` + strconv.Itoa(len(args)-1) + `
 ORDER BY id LIMIT $` + strconv.Itoa(len(args)), args
 }
 
-// countSQL is CountRows' query.
+// countSQL is CountRows' query: with f.MaxCount, it counts MaxCount+1
+// rows at most.
 func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
 	where, args := f.where()
+	if f.MaxCount > 0 {
+		args = append(args, f.MaxCount+1)
+		return `SELECT count(*) FROM (SELECT 1 FROM ` + db.Outbox() + ` WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(args)) + `) c`, args
+	}
 	return `SELECT count(*) FROM ` + db.Outbox() + ` WHERE ` + where, args
 }
 
@@ -615,6 +721,9 @@ func (f RowFilter) validate(op string) error {
 	}
 	if f.MaxID < 0 {
 		return bad("MaxID is %d: ids are positive (RowCount.MaxID; 0 for no bound)", f.MaxID)
+	}
+	if f.MaxScan < 0 || f.MaxCount < 0 {
+		return bad("MaxScan (%d) and MaxCount (%d) are bounds: 0 (none) or positive", f.MaxScan, f.MaxCount)
 	}
 	for k, v := range f.Metadata {
 		if k == "" {

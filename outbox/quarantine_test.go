@@ -254,6 +254,71 @@ func TestGetRowPrefix(t *testing.T) {
 	})
 }
 
+// With MaxScan, a read by Reason (no index holds the error's text) is
+// refused (ErrTooBroad) when the other conditions select more than MaxScan
+// rows, and answers as without it otherwise; with MaxCount, a count of
+// more rows is refused. The bulk operations ignore both.
+func TestRowReadsBounded(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		db := b.schema()
+		ids := b.seed(t,
+			seedRow{Topic: "a", UUID: "q1", State: outbox.StateQuarantined, LastError: "PRECONDITION_FAILED", Metadata: map[string]string{"order_id": "o-1"}},
+			seedRow{Topic: "a", UUID: "q2", State: outbox.StateQuarantined, LastError: "precondition_failed"},
+			seedRow{Topic: "a", UUID: "q3", State: outbox.StateQuarantined, LastError: "no route"},
+			seedRow{Topic: "b", UUID: "q4", State: outbox.StateQuarantined, LastError: "precondition_failed"},
+			seedRow{Topic: "a", UUID: "f1", State: outbox.StateFailing, LastError: "precondition_failed"})
+
+		tooBroad := outbox.RowFilter{Reason: "precondition", MaxScan: 3}
+		require.True(t, tooBroad.Scans())
+		_, err := outbox.FindRows(b.ctx, db, tooBroad, outbox.Paging{})
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		require.ErrorContains(t, err, "would be checked on more than 3 rows")
+		_, err = outbox.CountRows(b.ctx, db, tooBroad)
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		_, err = outbox.CountRowsAsOf(b.ctx, db, tooBroad)
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+
+		for _, c := range []struct {
+			f    outbox.RowFilter
+			want []int64
+		}{
+			{outbox.RowFilter{Topic: "a", Reason: "precondition"}, ids[:2]},
+			{outbox.RowFilter{Reason: "PRECONDITION", Metadata: map[string]string{"order_id": "o-1"}}, ids[:1]},
+			{outbox.RowFilter{State: outbox.StateFailing, Reason: "precondition"}, ids[4:]},
+			{outbox.RowFilter{}, ids[:4]},
+		} {
+			f := c.f
+			f.MaxScan = 3
+			page, err := outbox.FindRows(b.ctx, db, f, outbox.Paging{})
+			require.NoError(t, err, "%+v", f)
+			require.Equal(t, c.want, rowIDs(page.Rows), "%+v", f)
+			n, err := outbox.CountRows(b.ctx, db, f)
+			require.NoError(t, err)
+			require.EqualValues(t, len(c.want), n)
+			rc, err := outbox.CountRowsAsOf(b.ctx, db, f)
+			require.NoError(t, err)
+			require.EqualValues(t, len(c.want), rc.Count)
+			require.Equal(t, c.want[len(c.want)-1], rc.MaxID)
+		}
+
+		rc, err := outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{MaxCount: 4})
+		require.NoError(t, err)
+		require.Equal(t, outbox.RowCount{Count: 4, AsOf: rc.AsOf, MaxID: ids[3]}, rc)
+		_, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		require.ErrorContains(t, err, "more than 4 rows match")
+		_, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		_, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{MaxScan: -1})
+		require.ErrorContains(t, err, "MaxScan (-1)")
+
+		n, err := outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{Reason: "precondition", MaxScan: 1, MaxCount: 1})
+		require.NoError(t, err)
+		require.EqualValues(t, 3, n)
+	})
+}
+
 // Pages in id order by keyset: every quarantined row once, the healthy rows
 // between them never, Next 0 on the last page.
 func TestFindRowsPaging(t *testing.T) {

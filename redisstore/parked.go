@@ -90,12 +90,22 @@ const scanChunk = 1000
 // scanParked reads the consumer's parked set and returns the messages that
 // match f (without payloads), oldest parked first, then by key. Members
 // whose record is gone, or holds neither a park nor a message, are pruned
-// from the set.
+// from the set. With f.MaxScan, a set of more than MaxScan members is
+// refused (f.TooBroad): it reads MaxScan+1 of them at most.
 func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry, error) {
 	b := s.b
-	members, err := b.c.ZRange(ctx, b.parkedKey(f.Consumer), 0, -1).Result()
+	stop := int64(-1)
+	if f.MaxScan > 0 {
+		stop = int64(f.MaxScan)
+	}
+	members, err := b.c.ZRange(ctx, b.parkedKey(f.Consumer), 0, stop).Result()
 	if err != nil {
 		return nil, err
+	}
+	if f.MaxScan > 0 && len(members) > f.MaxScan {
+		return nil, fmt.Errorf("%w: the Redis store has no index but the consumer's parked set, and a find or count reads each of its "+
+			"members: consumer %q has more than %d (the bound of this read, MaxScan); the CLI (exactlyonce parked list --redis-url) reads them all",
+			inbox.ErrTooBroad, f.Consumer, f.MaxScan)
 	}
 	var out []parkedEntry
 	var stale []string
@@ -165,7 +175,7 @@ func (s *Store) prune(ctx context.Context, consumer string, members []string) er
 // filter checks f for the Redis store: valid, with a consumer.
 func filter(f inbox.ParkedFilter) (parked.Filter, error) {
 	pf := parked.Filter{Consumer: f.Consumer, Key: f.Key, MessageUUID: f.MessageUUID, Tenant: f.Tenant, Reason: f.Reason,
-		Since: f.Since, Before: f.Before, Metadata: f.Metadata}
+		Since: f.Since, Before: f.Before, Metadata: f.Metadata, MaxScan: f.MaxScan, MaxCount: f.MaxCount}
 	if err := pf.Validate(); err != nil {
 		return parked.Filter{}, err
 	}
@@ -246,6 +256,9 @@ func (s *Store) CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, e
 	all, err := s.scanParked(ctx, pf)
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: count parked of %q: %w", pf.Consumer, err)
+	}
+	if pf.MaxCount > 0 && len(all) > pf.MaxCount {
+		return 0, fmt.Errorf("redisstore: count parked of %q: %w", pf.Consumer, pf.CountTooBroad())
 	}
 	return int64(len(all)), nil
 }
@@ -533,6 +546,7 @@ func bulkFilter(f inbox.ParkedFilter, all bool, opts string, batchSize int) (par
 	if _, err := parked.Batch(opts+".BatchSize", batchSize); err != nil {
 		return parked.Filter{}, err
 	}
+	pf.MaxScan, pf.MaxCount = 0, 0 // the bounds of finds and counts: a bulk operation acts on every match
 	return pf, nil
 }
 

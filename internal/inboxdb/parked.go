@@ -109,11 +109,17 @@ func scanParked(rows wsql.Rows) (ParkedRow, error) {
 // middleware writes as strings; any other value (written by hand) is kept
 // as its JSON text.
 func decodeMetadata(s string) (map[string]string, error) {
+	// The middleware writes strings only: one decode (a page of 1,000
+	// spent 11 ms in the two below).
+	var md map[string]string
+	if json.Unmarshal([]byte(s), &md) == nil && md != nil {
+		return md, nil
+	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(s), &raw); err != nil {
 		return nil, err
 	}
-	md := make(map[string]string, len(raw))
+	md = make(map[string]string, len(raw))
 	for k, v := range raw {
 		var str string
 		if json.Unmarshal(v, &str) == nil {
@@ -225,7 +231,12 @@ func (s *Store) findParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payl
 	args = append(args, limit)
 	lim := ` LIMIT $` + strconv.Itoa(len(args))
 	if !keysFirst {
-		return s.parkedSelect(payloadColumn(payloads)) + ` WHERE ` + where + parkedOrder + lim, args, nil
+		// The page first, then the records' status: joined before the
+		// LIMIT, a plan that sorts the matches (a bounded scan's) would
+		// look up the record of each match in the inbox, not of the page's
+		// only (4,485 look-ups, 67 ms, for a page of 51).
+		return s.parkedSelectFrom(payloadColumn(payloads), `(SELECT p.* FROM `+s.ParkedTable()+` p WHERE `+where+parkedOrder+lim+`) p`) +
+			parkedOrder, args, nil
 	}
 	if f.Consumer == "" {
 		return "", nil, errors.New("inboxdb: findParkedSQL: keys first needs a consumer")
@@ -256,18 +267,73 @@ func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q stri
 	return out, nil
 }
 
-// CountParked counts the parked messages that match f. f must be valid.
+// CountParked counts the parked messages that match f; with f.MaxCount, it
+// counts at most MaxCount+1 of them and refuses a count over MaxCount
+// (f.CountTooBroad). f must be valid.
 func (s *Store) CountParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter) (int64, error) {
 	var args []any
 	where, err := parkedWhere(f, nil, &args)
 	if err != nil {
 		return 0, err
 	}
+	q := `SELECT count(*) FROM ` + s.ParkedTable() + ` p WHERE ` + where
+	if f.MaxCount > 0 {
+		args = append(args, f.MaxCount+1)
+		q = `SELECT count(*) FROM (SELECT 1 FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(args)) + `) c`
+	}
 	var n int64
-	if err := seam.QueryRow(ctx, db, `SELECT count(*) FROM `+s.ParkedTable()+` p WHERE `+where, args, &n); err != nil {
+	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
 		return 0, fmt.Errorf("counting parked messages: %w", err)
 	}
+	if f.MaxCount > 0 && n > int64(f.MaxCount) {
+		return 0, f.CountTooBroad()
+	}
 	return n, nil
+}
+
+// BoundedScan, in tx (REPEATABLE READ, read-only: the check and the read
+// see the same messages), refuses (f.TooBroad) a find or count of f, a
+// filter that Scans with MaxScan, whose indexed conditions (f.Indexed)
+// select more than f.MaxScan parked messages, counting them up to
+// MaxScan+1 on the indexes alone; then it sets the planner, for the rest
+// of tx, to read the messages of f through the bitmaps of the indexes that
+// serve those conditions (a bitmap heap scan reads the rows they select in
+// the table's order and checks the other conditions on them), not by a
+// sequential scan of the table nor a walk of an index in its order (a
+// random read per row): so that the read's work is the rows the check
+// counted, whatever the planner estimates. Measured on 1,000,000 parked
+// messages (1.3 GB, a loaded development machine), a reason within one
+// consumer's 5,500 messages of three days: 15 ms through the bitmap,
+// 124 ms by the walk of parked_at the planner chose, 1.1 s by its
+// sequential scan for the consumer alone. The check itself may not use a
+// sequential scan either (a selective range would read the whole table)
+// and reads at most MaxScan+1 index entries: about 2 ms. JIT is off: the
+// excluded plans' costs would price these queries for it. f must be valid.
+func (s *Store) BoundedScan(ctx context.Context, tx wsql.Tx, f parked.Filter) error {
+	if f.MaxScan <= 0 || !f.Scans() {
+		return nil
+	}
+	var a, b string
+	if err := seam.QueryRow(ctx, tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, nil, &a, &b); err != nil {
+		return fmt.Errorf("counting the parked messages a search checks: %w", err)
+	}
+	var args []any
+	where, err := parkedWhere(f.Indexed(), nil, &args)
+	if err != nil {
+		return err
+	}
+	args = append(args, f.MaxScan+1)
+	// set_config runs once this statement is planned: the check reads the
+	// indexes as it will, the read after it through their bitmaps.
+	var n int64
+	if err := seam.QueryRow(ctx, tx, `SELECT count(*), set_config('enable_indexscan', 'off', true) FROM (SELECT 1 FROM `+s.ParkedTable()+
+		` p WHERE `+where+` LIMIT $`+strconv.Itoa(len(args))+`) c`, args, &n, &a); err != nil {
+		return fmt.Errorf("counting the parked messages a search checks: %w", err)
+	}
+	if n > int64(f.MaxScan) {
+		return f.TooBroad()
+	}
+	return nil
 }
 
 // GetParked returns the parked message of (consumer, key) with its
