@@ -240,9 +240,11 @@ type DiscardOptions struct {
 // serve the consumer (with or without the key), the message UUID, the
 // metadata fields (a GIN index: a business id among a million parked
 // messages is found in about a millisecond) and the time range; the
-// reason, the tenant and a key without its consumer are checked on the
-// rows the other fields select, or on every row: give a consumer or a
-// time range with them on a large table.
+// reason, and a tenant or a key without its consumer, are checked on the
+// rows the other fields select, or on every row (ParkedFilter.Scans): give
+// a consumer or a time range with them on a large table, and bound the
+// read with ParkedFilter.MaxScan where a caller may not (ErrTooBroad over
+// it). A page reads no payload unless Page.Payloads.
 func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedPage, error) {
 	pf := f.internal()
 	if err := pf.Validate(); err != nil {
@@ -278,7 +280,9 @@ func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedP
 }
 
 // CountParked counts the parked messages that match f: what a bulk replay
-// or discard of f would work on (ask before you run one).
+// or discard of f would work on (ask before you run one). A count reads
+// the indexes, about a microsecond a match; ParkedFilter.MaxCount bounds
+// it, and MaxScan a filter that Scans, as for FindParked.
 func (s *Store) CountParked(ctx context.Context, f ParkedFilter) (int64, error) {
 	pf := f.internal()
 	if err := pf.Validate(); err != nil {
