@@ -59,8 +59,9 @@ import (
 // set. Where a console answers the searches by text without a bound, some
 // take seconds a request (search_reason_recent, count_reason,
 // search_tenant_missing; count_all about 0.3 s): run those with fewer
-// requests (-bench 'Console/(search_reason$|search_reason_recent|count_reason$|search_tenant_missing|count_all)'
-// -benchtime 20x), the others with -benchtime 200x.
+// requests, the others with 200 (docs/console.md, Cost and limits):
+//
+//	-bench '^BenchmarkConsole$/^(search_reason|search_reason_recent|count_reason|search_tenant_missing|count_all)$' -benchtime 20x
 //
 // Sub-benchmarks:
 //   - overview_warm: GET /api/v1/overview once its figures are computed
