@@ -534,8 +534,11 @@ func orTooBroad(ok func(body []byte) error) benchCheck {
 					Code string `json:"code"`
 				} `json:"error"`
 			}
-			if err := json.Unmarshal(body, &d); err != nil || d.Error.Code != "too_broad" {
-				return true, fmt.Errorf("status 422, not too_broad (%v)", err)
+			if err := json.Unmarshal(body, &d); err != nil {
+				return true, fmt.Errorf("status 422: %w", err)
+			}
+			if d.Error.Code != "too_broad" {
+				return true, fmt.Errorf("status 422, code %q, not too_broad", d.Error.Code)
 			}
 			return true, nil
 		}
