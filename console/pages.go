@@ -288,14 +288,15 @@ type parkedListData struct {
 	Searched bool
 	Error    string
 	Count    int64
+	Matching string
+	Messages []parkedRowView
+	NextURL  string
+	Bulk     []field
+	Store    string
+
 	// CountOver, when not 0, is the bound (Config.MaxCount) the count is
 	// over: the page says "more than" it and offers no bulk action.
 	CountOver int
-	Matching  string
-	Messages  []parkedRowView
-	NextURL   string
-	Bulk      []field
-	Store     string
 }
 
 type messageData struct {
@@ -350,18 +351,19 @@ type rowView struct {
 }
 
 type outboxListData struct {
-	Form    outboxFormValues
-	Figures *outboxFigures
-	AsOf    *time.Time
-	Error   string
-	Count   int64
+	Form     outboxFormValues
+	Figures  *outboxFigures
+	AsOf     *time.Time
+	Error    string
+	Count    int64
+	Matching string
+	Rows     []rowView
+	NextURL  string
+	Bulk     []field
+	Discard  bool
+
 	// CountOver: as parkedListData's.
 	CountOver int
-	Matching  string
-	Rows      []rowView
-	NextURL   string
-	Bulk      []field
-	Discard   bool
 }
 
 type rowData struct {
