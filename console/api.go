@@ -19,11 +19,14 @@ import (
 // parkedStore is what the console needs of a store of parked messages:
 // inbox.Store and redisstore.Store offer the same operations with the
 // same types (a replay differs: the Redis store publishes through a
-// publisher).
+// publisher). It reads a message with a bounded prefix of its payload
+// only (GetParkedPrefix, with maxShownPayload, or 0 where the payload is
+// not shown): a payload is read whole by a replay alone, inside the
+// store's action.
 type parkedStore interface {
 	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
 	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
-	GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error)
+	GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
 	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
 	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
 	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
@@ -134,14 +137,50 @@ type payloadJSON struct {
 	Base64 *string `json:"base64,omitempty"`
 }
 
-// payloadDoc is the payload as UTF-8 text, or base64 when it is not.
-func payloadDoc(p []byte) *payloadJSON {
-	if utf8.Valid(p) {
-		s := string(p)
-		return &payloadJSON{Text: &s}
+// maxShownPayload is the most bytes of a payload the console reads and
+// shows (a single message or row; lists show none): the store reads this
+// prefix only (a substring in PostgreSQL, a cut inside Redis), so that
+// showing a message costs the same whatever its size. 64 KiB holds what an
+// operator reads on a page (the payload's first fields, its structure,
+// what was wrong with it) many times over, and keeps a page or an answer
+// under about half a megabyte once escaped, while the payloads the relay
+// quarantines are often megabytes (those the broker refused as too large)
+// and a parked message's up to 64 MiB (the middleware's
+// MaxParkedPayload). The CLI's show commands print the whole payload on
+// request (--full-payload).
+const maxShownPayload = 64 << 10
+
+// shownPayload is the part of a payload the console shows: p (a prefix
+// of a payload of size bytes: cut when shorter) as UTF-8 text, or as
+// base64 when it is not text. A prefix cut inside a character loses the
+// character's first bytes, so that text stays text; shown is the number
+// of the payload's bytes shown.
+func shownPayload(p []byte, size int) (text string, binary bool, shown int) {
+	if len(p) < size {
+		for i := len(p) - 1; i >= 0 && i >= len(p)-utf8.UTFMax; i-- {
+			if utf8.RuneStart(p[i]) {
+				if !utf8.FullRune(p[i:]) && utf8.Valid(p[:i]) {
+					return string(p[:i]), false, i
+				}
+				break
+			}
+		}
 	}
-	s := base64.StdEncoding.EncodeToString(p)
-	return &payloadJSON{Base64: &s}
+	if utf8.Valid(p) {
+		return string(p), false, len(p)
+	}
+	return base64.StdEncoding.EncodeToString(p), true, len(p)
+}
+
+// payloadDoc is a payload (p, a prefix of it when shorter than size) as
+// the API shows it: UTF-8 text, or base64 when it is not; truncated
+// reports whether it was cut.
+func payloadDoc(p []byte, size int) (_ *payloadJSON, truncated bool) {
+	text, binary, shown := shownPayload(p, size)
+	if binary {
+		return &payloadJSON{Base64: &text}, shown < size
+	}
+	return &payloadJSON{Text: &text}, shown < size
 }
 
 type recordJSON struct {
@@ -189,8 +228,14 @@ type parkedJSON struct {
 	// Version is the parked message's (inbox.ParkedMessage.Version): a
 	// replay or discard that passes it acts only on this message and park.
 	Version string `json:"version"`
+	// PayloadTruncated, in a single message's answer, reports whether
+	// Payload holds only the first bytes of the payload (at most
+	// maxShownPayload; PayloadBytes is its whole size).
+	PayloadTruncated *bool `json:"payload_truncated,omitempty"`
 }
 
+// parkedDoc is m as the API shows it; withPayload adds m.Payload, read
+// with GetParkedPrefix (a prefix of the payload when it is larger).
 func parkedDoc(store string, m inbox.ParkedMessage, withPayload bool) parkedJSON {
 	d := parkedJSON{Store: store, Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Topic: m.Topic, Status: m.Status, Reason: m.Reason,
 		Attempts: m.Attempts, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Metadata: m.Metadata,
@@ -199,7 +244,9 @@ func parkedDoc(store string, m inbox.ParkedMessage, withPayload bool) parkedJSON
 		d.Metadata = map[string]string{}
 	}
 	if withPayload && m.PayloadKept {
-		d.Payload = payloadDoc(m.Payload)
+		var cut bool
+		d.Payload, cut = payloadDoc(m.Payload, m.PayloadSize)
+		d.PayloadTruncated = &cut
 	}
 	return d
 }
@@ -221,6 +268,10 @@ type rowJSON struct {
 	MetadataRaw  string       `json:"metadata_raw,omitempty"`
 	PayloadBytes int          `json:"payload_bytes"`
 	Payload      *payloadJSON `json:"payload,omitempty"`
+	// PayloadTruncated, in a single row's answer, reports whether Payload
+	// holds only the first bytes of the payload (at most maxShownPayload;
+	// PayloadBytes is its whole size).
+	PayloadTruncated *bool `json:"payload_truncated,omitempty"`
 	// OrderingKey is the row's ordering key, "" when none; Waiting counts
 	// the rows of its key behind it when it is failing or quarantined
 	// (outbox.Row.Waiting): the rows it holds back.
@@ -243,16 +294,20 @@ func rowState(r outbox.Row) string {
 	return "ready"
 }
 
+// rowDoc is r as the API shows it; withPayload adds r.Payload, read with
+// GetRowPrefix (a prefix of the payload when it is larger).
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: rowState(r), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
 		Failures: r.Failures, PermanentFailures: r.PermanentFailures, NextAttemptAt: r.NextAttemptAt, LastError: r.LastError,
-		Metadata: r.Metadata, PayloadBytes: len(r.Payload), OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
+		Metadata: r.Metadata, PayloadBytes: r.PayloadSize, OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 		d.MetadataRaw = string(r.RawMetadata)
 	}
 	if withPayload {
-		d.Payload = payloadDoc(r.Payload)
+		var cut bool
+		d.Payload, cut = payloadDoc(r.Payload, r.PayloadSize)
+		d.PayloadTruncated = &cut
 	}
 	return d
 }
@@ -425,7 +480,7 @@ func (h *handler) apiKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return h.notFoundOrUnknown(ctx, store, consumer, err)
 	}
-	_, perr := s.GetParked(ctx, consumer, key)
+	_, perr := s.GetParkedPrefix(ctx, consumer, key, 0)
 	if perr != nil && !errors.Is(perr, inbox.ErrNotParked) {
 		return perr
 	}
@@ -484,6 +539,11 @@ func (h *handler) apiParkedList(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := h.scanSlot(w, pq.scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	page, err := h.parked(pq.Store).FindParked(ctx, pq.Filter, inbox.Page{Limit: limit, After: q.Get("after")})
@@ -573,6 +633,11 @@ func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	release, err := h.scanSlot(w, pq.scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	n, asOf, err := h.countParked(ctx, pq)
@@ -599,7 +664,7 @@ func (h *handler) apiParkedGet(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	m, err := h.parked(store).GetParked(ctx, consumer, key)
+	m, err := h.parked(store).GetParkedPrefix(ctx, consumer, key, maxShownPayload)
 	if err != nil {
 		return h.notFoundOrUnknown(ctx, store, consumer, err)
 	}
@@ -919,6 +984,7 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	oq.Filter = h.boundRows(oq.Filter)
 	limit, err := parseLimit(q.Get("limit"))
 	if err != nil {
 		return err
@@ -929,6 +995,11 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 			return badFilter("after is %q: the next_after of the previous page (a row id)", s)
 		}
 	}
+	release, err := h.scanSlot(w, oq.Filter.Scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
@@ -971,6 +1042,12 @@ func (h *handler) apiRowsCount(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	oq.Filter = h.boundRows(oq.Filter)
+	release, err := h.scanSlot(w, oq.Filter.Scans())
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
@@ -1004,7 +1081,7 @@ func (h *handler) apiRow(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	row, err := outbox.GetRow(ctx, h.cfg.DB, id)
+	row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, maxShownPayload)
 	if err != nil {
 		return err
 	}

@@ -110,6 +110,29 @@ type Config struct {
 	// min(StatsInterval, 5s). Defaults to 30s.
 	StatsInterval time.Duration
 
+	// MaxScan bounds the work of a search or count by a condition no index
+	// serves: the reason's text (of parked messages and of outbox rows), a
+	// tenant or a key without the consumer, and any search of the Redis
+	// store (which has no index but a consumer's parked set). Such a
+	// request is refused (422, "too_broad", saying what narrows it: a
+	// consumer, a time range, a business id) when its other conditions
+	// select more than MaxScan messages or rows, counted on the indexes
+	// first; within the bound the database reads those only, in the
+	// table's order. docs/console.md (Cost and limits) has the
+	// measurements. Defaults to 10,000.
+	MaxScan int
+	// MaxCount bounds a count: the list pages' count, GET .../count, and
+	// so a bulk action, which acts on what its count confirmed. More than
+	// MaxCount matches are not counted: the API answers 422 "too_broad",
+	// the pages say "more than MaxCount" and offer no bulk action. A count
+	// reads the indexes, about a microsecond a match. Defaults to 100,000.
+	MaxCount int
+	// MaxConcurrentScans is how many requests may search or count by a
+	// condition no index serves (see MaxScan) at once; one more is
+	// answered 429 ("busy", with Retry-After) at once rather than queued
+	// against the database. Defaults to 2.
+	MaxConcurrentScans int
+
 	// AllowedHosts are names (host, or host:port for that port only)
 	// that requests may address the console by (their Host header),
 	// besides the loopback's (127.0.0.0/8, ::1, localhost), which are
@@ -131,6 +154,11 @@ type Config struct {
 // Defaults.
 const (
 	defaultStatsInterval = 30 * time.Second
+	// defaultMaxScan, defaultMaxCount and defaultMaxConcurrentScans are
+	// Config.MaxScan's, MaxCount's and MaxConcurrentScans's defaults.
+	defaultMaxScan            = 10_000
+	defaultMaxCount           = 100_000
+	defaultMaxConcurrentScans = 2
 	// overviewConsumers is the most consumers the overview shows when
 	// Config.Consumers is empty.
 	overviewConsumers = 100
@@ -175,6 +203,12 @@ type handler struct {
 	// now is the clock of the session cookies and of signIns (a test's
 	// to move).
 	now func() time.Time
+	// scans holds a token per search or count by a condition no index
+	// serves under way (Config.MaxConcurrentScans).
+	scans chan struct{}
+	// scanning, when set (by a test), is called by such a request while
+	// it holds its token, before it reads.
+	scanning func()
 }
 
 // allowedHost is an entry of Config.AllowedHosts: a name, and a port
@@ -278,12 +312,26 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.SignInFailures == 0 {
 		cfg.SignInFailures = DefaultSignInFailures
 	}
+	for _, b := range []struct {
+		name string
+		v    *int
+		def  int
+	}{{"MaxScan", &cfg.MaxScan, defaultMaxScan}, {"MaxCount", &cfg.MaxCount, defaultMaxCount},
+		{"MaxConcurrentScans", &cfg.MaxConcurrentScans, defaultMaxConcurrentScans}} {
+		if *b.v < 0 {
+			return nil, fmt.Errorf("console: New: Config.%s is %d: it must not be negative (0: %d)", b.name, *b.v, b.def)
+		}
+		if *b.v == 0 {
+			*b.v = b.def
+		}
+	}
 	for _, c := range append(append([]string(nil), cfg.Consumers...), cfg.RedisConsumers...) {
 		if c == "" {
 			return nil, errors.New("console: New: an empty consumer name in Config.Consumers or Config.RedisConsumers")
 		}
 	}
-	h := &handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection(), prefix: prefix, apiRoot: prefix + "/api/", now: time.Now}
+	h := &handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection(), prefix: prefix, apiRoot: prefix + "/api/", now: time.Now,
+		scans: make(chan struct{}, cfg.MaxConcurrentScans)}
 	if h.log == nil {
 		h.log = slog.Default()
 	}

@@ -37,6 +37,8 @@ const (
 	codeInProgress           = "in_progress"            // 409: a Redis replay of the message is in flight
 	codeChanged              = "changed"                // 409: the key, message or row is not what the action was shown
 	codeTooManyFailures      = "too_many_failures"      // 429: the client's failed sign-ins are over Config.SignInFailures
+	codeTooBroad             = "too_broad"              // 422: a search or count over its bound (Config.MaxScan, MaxCount)
+	codeBusy                 = "busy"                   // 429: Config.MaxConcurrentScans searches by text under way
 	codeUnavailable          = "unavailable"            // 503: database or Redis unreachable, tables not migrated, store not configured
 	codeInternal             = "internal"               // 500: anything else (logged)
 )
@@ -162,6 +164,8 @@ func classOf(err error) (ae *apiError, unreachable bool) {
 		return &apiError{status: http.StatusConflict, code: codeInProgress, message: err.Error()}, false
 	case errors.Is(err, inbox.ErrNotReplayable):
 		return &apiError{status: http.StatusConflict, code: codeNotReplayable, message: err.Error()}, false
+	case errors.Is(err, inbox.ErrTooBroad), errors.Is(err, outbox.ErrTooBroad):
+		return &apiError{status: http.StatusUnprocessableEntity, code: codeTooBroad, message: err.Error()}, false
 	case errors.Is(err, outbox.ErrNotQuarantined):
 		return &apiError{status: http.StatusConflict, code: codeNotQuarantined, message: err.Error()}, false
 	case errors.Is(err, sqlschema.ErrNotMigrated):

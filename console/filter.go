@@ -198,7 +198,47 @@ func (h *handler) parkedFilterFrom(v url.Values, now time.Time) (parkedQuery, er
 	if store == storeRedis && f.Consumer == "" {
 		return parkedQuery{}, badFilter("consumer is required with store=redis: the Redis store keeps parked messages per consumer")
 	}
+	// The console's bounds (Config.MaxScan, MaxCount): a search or count
+	// over them is refused by the store (too_broad), a bulk action's count
+	// too.
+	f.MaxScan, f.MaxCount = h.cfg.MaxScan, h.cfg.MaxCount
 	return parkedQuery{Store: store, Filter: f}, nil
+}
+
+// scans reports whether a read of q searches by a condition no index
+// serves: a reason, a tenant or a key without the consumer, and any read
+// of the Redis store (which reads each of the consumer's parked keys).
+func (q parkedQuery) scans() bool { return q.Store == storeRedis || q.Filter.Scans() }
+
+// boundRows is f with the console's bounds (Config.MaxScan, MaxCount).
+func (h *handler) boundRows(f outbox.RowFilter) outbox.RowFilter {
+	f.MaxScan, f.MaxCount = h.cfg.MaxScan, h.cfg.MaxCount
+	return f
+}
+
+// scanSlot takes one of the Config.MaxConcurrentScans tokens of the
+// searches and counts by a condition no index serves, when scans is true
+// (else it takes none), and returns its release. When all are taken it
+// answers 429 "busy" with Retry-After: such a read is bounded
+// (Config.MaxScan) but not free, and a crowd of them would queue on the
+// database's connections, which the service shares.
+func (h *handler) scanSlot(w http.ResponseWriter, scans bool) (release func(), err error) {
+	if !scans {
+		return func() {}, nil
+	}
+	select {
+	case h.scans <- struct{}{}:
+	default:
+		w.Header().Set("Retry-After", "1")
+		return nil, &apiError{status: http.StatusTooManyRequests, code: codeBusy,
+			message: fmt.Sprintf("busy: %d searches by text (a reason, a tenant or a key without its consumer, the Redis store) are under way, "+
+				"the most this console runs at once (Config.MaxConcurrentScans): try again in a moment, or narrow the search by a consumer, "+
+				"a business id or a message UUID (those need no token)", cap(h.scans))}
+	}
+	if h.scanning != nil {
+		h.scanning()
+	}
+	return func() { <-h.scans }, nil
 }
 
 // values is q as query values (times in RFC 3339): what a link or a form

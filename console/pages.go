@@ -3,7 +3,6 @@ package console
 import (
 	"bytes"
 	"embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -15,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -181,22 +179,46 @@ func fieldsOf(v url.Values) []field {
 }
 
 // payloadView is a payload as a page shows it: UTF-8 text as it is
-// (escaped by the template), or base64 with a note.
+// (escaped by the template), or base64 with a note; Truncated, when only
+// its first bytes are shown, says so and how to read the rest.
 type payloadView struct {
-	Text   string
-	Note   string
-	Binary bool
+	Text      string
+	Note      string
+	Binary    bool
+	Truncated string
 }
 
-func payloadViewOf(p []byte, kept bool, size int) payloadView {
-	switch {
-	case !kept:
+// payloadViewOf is the view of p, the payload read with a bounded prefix
+// (maxShownPayload) of a payload of size bytes: all of it unless p is
+// shorter. whole is the command that prints the whole payload.
+func payloadViewOf(p []byte, kept bool, size int, whole string) payloadView {
+	if !kept {
 		return payloadView{Note: fmt.Sprintf("The payload (%d bytes) was not kept: it was larger than the middleware keeps. Re-publish it from its source, then release the key.", size)}
-	case utf8.Valid(p):
-		return payloadView{Text: string(p), Note: fmt.Sprintf("%d bytes, UTF-8 text.", len(p))}
 	}
-	return payloadView{Text: base64.StdEncoding.EncodeToString(p), Binary: true,
-		Note: fmt.Sprintf("%d bytes, not UTF-8 text: shown as base64.", len(p))}
+	text, binary, shown := shownPayload(p, size)
+	v := payloadView{Text: text, Binary: binary, Note: fmt.Sprintf("%d bytes, UTF-8 text.", size)}
+	if binary {
+		v.Note = fmt.Sprintf("%d bytes, not UTF-8 text: shown as base64.", size)
+	}
+	if shown < size {
+		kind := "UTF-8 text"
+		if binary {
+			kind = "not UTF-8 text: shown as base64"
+		}
+		v.Note = fmt.Sprintf("Showing the first %d of %d bytes (%s).", shown, size, kind)
+		v.Truncated = fmt.Sprintf("%d more bytes not shown: the console shows at most the first %d bytes of a payload. %s prints all of it.",
+			size-shown, maxShownPayload, whole)
+	}
+	return v
+}
+
+// shellQuote is s as one word of a POSIX shell: as it is when it holds
+// only characters no shell treats specially, else in single quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@%+=,-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 type metaEntry struct{ Key, Value string }
@@ -245,9 +267,20 @@ type parkedFormValues struct {
 	Meta                                                      []string
 }
 
+// parkedRowView is a row of the parked list: its fields as the template
+// shows them, flat (a field reached through an embedded struct costs the
+// template a reflective search per row; a page holds up to 1,000) and the
+// times formatted once.
 type parkedRowView struct {
-	inbox.ParkedMessage
-	URL string
+	Consumer, Key, UUID, Status, Reason string
+	Attempts                            int
+	ParkedISO, ParkedAgo                string
+	URL                                 string
+}
+
+func parkedRowOf(m inbox.ParkedMessage, url string) parkedRowView {
+	return parkedRowView{Consumer: m.Consumer, Key: m.Key, UUID: m.UUID, Status: m.Status, Reason: m.Reason, Attempts: m.Attempts,
+		ParkedISO: fmtISO(m.ParkedAt), ParkedAgo: fmtAgo(m.ParkedAt), URL: url}
 }
 
 type parkedListData struct {
@@ -260,6 +293,10 @@ type parkedListData struct {
 	NextURL  string
 	Bulk     []field
 	Store    string
+
+	// CountOver, when not 0, is the bound (Config.MaxCount) the count is
+	// over: the page says "more than" it and offers no bulk action.
+	CountOver int
 }
 
 type messageData struct {
@@ -300,11 +337,17 @@ type outboxFormValues struct {
 	Meta                                                   []string
 }
 
+// rowView is a row of the outbox list: its fields as the template shows
+// them, flat (see parkedRowView).
 type rowView struct {
-	outbox.Row
-	State  string
-	URL    string
-	KeyURL string // the failed rows of its ordering key; "" when none
+	ID                          int64
+	Topic, UUID, LastError      string
+	OrderingKey                 string
+	Waiting                     int64
+	Failures, PermanentFailures int
+	State                       string
+	URL                         string
+	KeyURL                      string // the failed rows of its ordering key; "" when none
 }
 
 type outboxListData struct {
@@ -318,6 +361,9 @@ type outboxListData struct {
 	NextURL  string
 	Bulk     []field
 	Discard  bool
+
+	// CountOver: as parkedListData's.
+	CountOver int
 }
 
 type rowData struct {
@@ -395,20 +441,29 @@ func (h *handler) pageParked(w http.ResponseWriter, r *http.Request) error {
 	if err == nil {
 		limit, err = parseLimit(q.Get("limit"))
 	}
+	var release func()
+	if err == nil {
+		release, err = h.scanSlot(w, pq.scans())
+	}
 	if err != nil {
 		e := h.classify(r, err)
 		d.Error = e.message
 		h.render(w, r, e.status, "parked", "Parked messages", d)
 		return nil
 	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	s := h.parked(pq.Store)
 	page, err := s.FindParked(ctx, pq.Filter, inbox.Page{Limit: limit, After: q.Get("after")})
 	if err == nil {
 		d.Count, err = s.CountParked(ctx, pq.Filter)
+		if errors.Is(err, inbox.ErrTooBroad) && len(page.Messages) > 0 {
+			// The page is shown; the count (and a bulk action) is not.
+			d.Count, d.CountOver, err = 0, h.cfg.MaxCount, nil
+		}
 	}
-	if err == nil && d.Count == 0 {
+	if err == nil && d.Count == 0 && d.CountOver == 0 {
 		err = h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer)
 	}
 	if err != nil {
@@ -422,7 +477,7 @@ func (h *handler) pageParked(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.Store, d.Matching = pq.Store, pq.describe()
 	for _, m := range page.Messages {
-		d.Messages = append(d.Messages, parkedRowView{m, h.messageURL(pq.Store, m.Consumer, m.Key)})
+		d.Messages = append(d.Messages, parkedRowOf(m, h.messageURL(pq.Store, m.Consumer, m.Key)))
 	}
 	if page.Next != "" {
 		v := pq.values()
@@ -448,7 +503,7 @@ func (h *handler) pageMessage(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	m, err := h.parked(store).GetParked(ctx, consumer, key)
+	m, err := h.parked(store).GetParkedPrefix(ctx, consumer, key, maxShownPayload)
 	if err != nil {
 		return h.notFoundOrUnknown(ctx, store, consumer, err)
 	}
@@ -457,7 +512,11 @@ func (h *handler) pageMessage(w http.ResponseWriter, r *http.Request) error {
 	if store == storeRedis {
 		v.Set("store", storeRedis)
 	}
-	d := messageData{Store: store, M: m, Payload: payloadViewOf(m.Payload, m.PayloadKept, m.PayloadSize), Metadata: metaEntries(m.Metadata),
+	whole := "exactlyonce parked show --full-payload " + shellQuote(consumer) + " " + shellQuote(key)
+	if store == storeRedis {
+		whole = "exactlyonce parked --redis-url URL show --full-payload " + shellQuote(consumer) + " " + shellQuote(key)
+	}
+	d := messageData{Store: store, M: m, Payload: payloadViewOf(m.Payload, m.PayloadKept, m.PayloadSize, whole), Metadata: metaEntries(m.Metadata),
 		ReplayURL: base + "/replay", DiscardURL: base + "/discard", InboxURL: h.prefix + "/inbox?" + v.Encode()}
 	h.render(w, r, http.StatusOK, "message", "Parked message", d)
 	return nil
@@ -509,7 +568,7 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			m, err := h.parked(store).GetParked(ctx, consumer, key)
+			m, err := h.parked(store).GetParkedPrefix(ctx, consumer, key, 0)
 			if err != nil {
 				return h.notFoundOrUnknown(ctx, store, consumer, err)
 			}
@@ -780,17 +839,27 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 			err = badFilter("after is %q: a row id", s)
 		}
 	}
+	oq.Filter = h.boundRows(oq.Filter)
+	var release func()
+	if err == nil {
+		release, err = h.scanSlot(w, oq.Filter.Scans())
+	}
 	if err != nil {
 		e := h.classify(r, err)
 		d.Error = e.message
 		h.render(w, r, e.status, "outbox", "Outbox", d)
 		return nil
 	}
+	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
 	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
 	if err == nil {
 		d.Count, err = outbox.CountRows(ctx, h.cfg.DB, oq.Filter)
+		if errors.Is(err, outbox.ErrTooBroad) && len(page.Rows) > 0 {
+			// The page is shown; the count (and a bulk action) is not.
+			d.Count, d.CountOver, err = 0, h.cfg.MaxCount, nil
+		}
 	}
 	if err != nil {
 		e := h.classify(r, err)
@@ -800,7 +869,9 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.Matching = oq.describe()
 	for _, row := range page.Rows {
-		d.Rows = append(d.Rows, rowView{row, rowState(row), h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10), h.keyURL(row.OrderingKey)})
+		d.Rows = append(d.Rows, rowView{ID: row.ID, Topic: row.Topic, UUID: row.UUID, LastError: row.LastError, OrderingKey: row.OrderingKey,
+			Waiting: row.Waiting, Failures: row.Failures, PermanentFailures: row.PermanentFailures, State: rowState(row),
+			URL: h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10), KeyURL: h.keyURL(row.OrderingKey)})
 	}
 	if page.Next != 0 {
 		v := oq.values()
@@ -835,7 +906,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	row, err := outbox.GetRow(ctx, h.cfg.DB, id)
+	row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, maxShownPayload)
 	if err != nil {
 		return err
 	}
@@ -844,7 +915,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	if md == nil {
 		md = map[string]string{"(stored metadata, not an object of strings)": string(row.RawMetadata)}
 	}
-	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: rowState(row), Payload: payloadViewOf(row.Payload, true, len(row.Payload)), Metadata: metaEntries(md),
+	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: rowState(row), Payload: payloadViewOf(row.Payload, true, row.PayloadSize, fmt.Sprintf("exactlyonce outbox show --full-payload %d", id)), Metadata: metaEntries(md),
 		RequeueURL: base + "/requeue", DiscardURL: base + "/discard", Quarantined: row.Quarantined()}
 	h.render(w, r, http.StatusOK, "row", fmt.Sprintf("Outbox row %d", id), d)
 	return nil
@@ -874,7 +945,7 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			row, err := outbox.GetRow(ctx, h.cfg.DB, id)
+			row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, 0)
 			if err != nil {
 				return err
 			}
@@ -1048,7 +1119,7 @@ func (h *handler) pageInbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fail(h.notFoundOrUnknown(ctx, store, d.Consumer, err))
 	}
-	_, perr := s.GetParked(ctx, d.Consumer, key)
+	_, perr := s.GetParkedPrefix(ctx, d.Consumer, key, 0)
 	if perr != nil && !errors.Is(perr, inbox.ErrNotParked) {
 		return fail(perr)
 	}

@@ -85,7 +85,7 @@ func preStores(t *testing.T) map[string]func(t *testing.T) (*tenv, preStore) {
 // parkedNow is the UUID of key's parked message now; "" when none.
 func (s preStore) parkedNow(t *testing.T, e *tenv, key string) string {
 	t.Helper()
-	m, err := s.store.GetParked(e.ctx, preConsumer, key)
+	m, err := s.store.GetParkedPrefix(e.ctx, preConsumer, key, 0)
 	if err != nil {
 		require.ErrorIs(t, err, inbox.ErrNotParked)
 		return ""

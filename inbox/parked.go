@@ -47,6 +47,12 @@ var (
 	// or its key is being processed (a lease-mode attempt holds it: try
 	// again once it ends).
 	ErrNotReplayable = errors.New("the parked message cannot be replayed")
+
+	// ErrTooBroad is returned (wrapped) by FindParked and CountParked for
+	// a filter whose read would exceed its bound (ParkedFilter.MaxScan,
+	// MaxCount); the error says which and how to narrow the filter.
+	// Nothing was read.
+	ErrTooBroad = parked.ErrTooBroad
 )
 
 // ParkedMessage is a message whose key was parked, as the middleware kept
@@ -63,7 +69,9 @@ type ParkedMessage struct {
 	// not know it (then a replay needs ReplayOptions.Topic).
 	Topic string
 	// Payload is the message's payload. It is nil when PayloadKept is
-	// false, and in FindParked's pages unless Page.Payloads is set.
+	// false, and in FindParked's pages unless Page.Payloads is set; from
+	// GetParkedPrefix it holds at most the bytes asked for (PayloadSize
+	// says whether it was cut).
 	Payload []byte
 	// PayloadSize is the payload's size in bytes, kept or not.
 	PayloadSize int
@@ -136,11 +144,35 @@ type ParkedFilter struct {
 	// as {"order_id": "A-1042"}. The PostgreSQL store looks them up in an
 	// index (metadata @> '{"order_id": "A-1042"}').
 	Metadata map[string]string
+
+	// MaxScan, when positive, bounds the work of FindParked and
+	// CountParked for a filter that Scans (a reason; a tenant or a key
+	// without the consumer: conditions no index serves): they are
+	// refused, with an error wrapping ErrTooBroad, when the other
+	// conditions select more than MaxScan messages to check them on, and
+	// otherwise read only those (the PostgreSQL store counts them on its
+	// indexes first, in the same snapshot). The Redis store, which has no
+	// index but the consumer's parked set, refuses a consumer with more
+	// than MaxScan parked keys. Defaults to 0: no bound. The bulk
+	// operations ignore it (count first).
+	MaxScan int
+	// MaxCount, when positive, bounds CountParked: a count of more than
+	// MaxCount messages is refused (ErrTooBroad); it counts at most
+	// MaxCount+1. Defaults to 0: no bound.
+	MaxCount int
 }
+
+// Scans reports whether f has a condition that the PostgreSQL store's
+// indexes do not serve, which it checks on each message its other
+// conditions select (on every message, when it has none): the reason's
+// text, and a tenant or a key without the consumer (the indexes hold the
+// key after the consumer). Bound such a read with MaxScan where one
+// caller's request must not read the whole table (a console, an API).
+func (f ParkedFilter) Scans() bool { return f.internal().Scans() }
 
 func (f ParkedFilter) internal() parked.Filter {
 	return parked.Filter{Consumer: f.Consumer, Key: f.Key, MessageUUID: f.MessageUUID, Tenant: f.Tenant, Reason: f.Reason,
-		Since: f.Since, Before: f.Before, Metadata: f.Metadata}
+		Since: f.Since, Before: f.Before, Metadata: f.Metadata, MaxScan: f.MaxScan, MaxCount: f.MaxCount}
 }
 
 // Page selects a page of FindParked's results.
@@ -230,9 +262,11 @@ type DiscardOptions struct {
 // serve the consumer (with or without the key), the message UUID, the
 // metadata fields (a GIN index: a business id among a million parked
 // messages is found in about a millisecond) and the time range; the
-// reason, the tenant and a key without its consumer are checked on the
-// rows the other fields select, or on every row: give a consumer or a
-// time range with them on a large table.
+// reason, and a tenant or a key without its consumer, are checked on the
+// rows the other fields select, or on every row (ParkedFilter.Scans): give
+// a consumer or a time range with them on a large table, and bound the
+// read with ParkedFilter.MaxScan where a caller may not (ErrTooBroad over
+// it). A page reads no payload unless Page.Payloads.
 func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedPage, error) {
 	pf := f.internal()
 	if err := pf.Validate(); err != nil {
@@ -246,7 +280,12 @@ func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedP
 	if err != nil {
 		return ParkedPage{}, s.fail("find parked", err)
 	}
-	rs, err := s.s.FindParked(ctx, s.db.Conn, pf, after, limit+1, p.Payloads)
+	var rs []inboxdb.ParkedRow
+	err = s.boundedRead(ctx, pf, func(db wsql.ContextExecutor) error {
+		var err error
+		rs, err = s.s.FindParked(ctx, db, pf, after, limit+1, p.Payloads)
+		return err
+	})
 	if err != nil {
 		return ParkedPage{}, s.fail("find parked", err)
 	}
@@ -263,23 +302,70 @@ func (s *Store) FindParked(ctx context.Context, f ParkedFilter, p Page) (ParkedP
 }
 
 // CountParked counts the parked messages that match f: what a bulk replay
-// or discard of f would work on (ask before you run one).
+// or discard of f would work on (ask before you run one). A count reads
+// the indexes, about a microsecond a match; ParkedFilter.MaxCount bounds
+// it, and MaxScan a filter that Scans, as for FindParked.
 func (s *Store) CountParked(ctx context.Context, f ParkedFilter) (int64, error) {
 	pf := f.internal()
 	if err := pf.Validate(); err != nil {
 		return 0, s.fail("count parked", err)
 	}
-	n, err := s.s.CountParked(ctx, s.db.Conn, pf)
+	var n int64
+	err := s.boundedRead(ctx, pf, func(db wsql.ContextExecutor) error {
+		var err error
+		n, err = s.s.CountParked(ctx, db, pf)
+		return err
+	})
 	return n, s.fail("count parked", err)
 }
 
+// boundedRead runs read (a find or count of f) on the database; for a
+// filter with MaxScan that Scans, in a read-only REPEATABLE READ
+// transaction that first refuses it when its indexed conditions select
+// more than MaxScan messages (ErrTooBroad) and sets the plan that reads
+// only those (inboxdb.Store.BoundedScan): the check and the read see the
+// same messages, and the read's work is bounded by MaxScan.
+func (s *Store) boundedRead(ctx context.Context, f parked.Filter, read func(db wsql.ContextExecutor) error) error {
+	if f.MaxScan <= 0 || !f.Scans() {
+		return read(s.db.Conn)
+	}
+	tx, err := s.db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to keep
+	if err := s.s.BoundedScan(ctx, tx, f); err != nil {
+		return err
+	}
+	return read(tx)
+}
+
 // GetParked returns the parked message of (consumer, key) with its
-// payload, or an error wrapping ErrNotParked.
+// payload, or an error wrapping ErrNotParked. The payload is read whole
+// (up to the middleware's MaxParkedPayload, 64 MiB at most): to show a
+// message, GetParkedPrefix reads a bounded part of it.
 func (s *Store) GetParked(ctx context.Context, consumer, key string) (ParkedMessage, error) {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return ParkedMessage{}, s.fail("get parked", err)
 	}
 	r, err := s.s.GetParked(ctx, s.db.Conn, consumer, key)
+	if err != nil {
+		return ParkedMessage{}, s.fail("get parked", err)
+	}
+	return parkedMessage(r), nil
+}
+
+// GetParkedPrefix is GetParked with at most the first maxPayload bytes of
+// the payload in ParkedMessage.Payload (PayloadSize is the whole
+// payload's size: the payload is cut when it is larger). The database
+// reads and sends that prefix only, so that showing a message costs the
+// same whatever its payload's size. maxPayload is at least 0 (0 reads no
+// payload: whether the key has a parked message, and its fields).
+func (s *Store) GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (ParkedMessage, error) {
+	if err := parked.CheckKey(consumer, key); err != nil {
+		return ParkedMessage{}, s.fail("get parked", err)
+	}
+	r, err := s.s.GetParkedPrefix(ctx, s.db.Conn, consumer, key, maxPayload)
 	if err != nil {
 		return ParkedMessage{}, s.fail("get parked", err)
 	}

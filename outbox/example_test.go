@@ -196,8 +196,15 @@ func ExampleFindRows() {
 		return
 	}
 	for _, row := range page.Rows {
-		fmt.Println(row.Topic, row.UUID, string(row.Payload), row.Quarantined(), row.LastError)
+		fmt.Println(row.Topic, row.UUID, row.PayloadSize, "bytes", row.Quarantined(), row.LastError)
 	}
+	// Read one with its payload (GetRowPrefix reads at most its first bytes).
+	row, err := outbox.GetRow(ctx, db, page.Rows[0].ID)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(row.Payload))
 
 	// Fixed: requeue it, and the relay sends it.
 	dest.fixed = true
@@ -211,7 +218,8 @@ func ExampleFindRows() {
 	fmt.Println("quarantined or failing:", left, err)
 	// Output:
 	// relay failed: true
-	// orders.shipped order-42-shipped {"order":42} true orders.shipped refused: header over the broker's limit
+	// orders.shipped order-42-shipped 12 bytes true orders.shipped refused: header over the broker's limit
+	// {"order":42}
 	// relayed: 1 <nil> [orders.shipped order-42-shipped]
 	// quarantined or failing: 0 <nil>
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -20,8 +22,9 @@ import (
 // The operator's view of the rows the relay gave up on (quarantined) or is
 // retrying (failing): find them by id, topic, message UUID, error text,
 // quarantine time, ordering key or a metadata field such as a business id
-// (each row says how many rows of its ordering key wait behind it); read one with
-// its payload; requeue it (the relay sends it again at once) or discard it
+// (each row says how many rows of its ordering key wait behind it), without
+// their payloads; read one with its payload, or with a bounded prefix of it
+// (GetRowPrefix); requeue it (the relay sends it again at once) or discard it
 // (it is never published), one by one or every row a filter selects.
 // Searches of quarantined rows use the partial indexes of migration
 // outbox_005, which hold quarantined rows only: measured on 50,000 rows of
@@ -43,6 +46,11 @@ var (
 	// the operator was shown (it was requeued and failed again, say).
 	// Nothing was changed. It is inbox.ErrChanged too.
 	ErrChanged = parked.ErrChanged
+	// ErrTooBroad is returned (wrapped) by FindRows, CountRows and
+	// CountRowsAsOf for a filter whose read would exceed its bound
+	// (RowFilter.MaxScan, MaxCount); the error says which and how to
+	// narrow the filter. Nothing was read.
+	ErrTooBroad = errors.New("the filter selects too many outbox rows for the bound of this read")
 )
 
 // Expect is what an operator (a page, a script) was shown of an outbox row
@@ -76,7 +84,7 @@ const (
 const (
 	// DefaultRowLimit is the page size of FindRows when Paging.Limit is 0.
 	DefaultRowLimit = 100
-	// MaxRowLimit is the largest Paging.Limit (a page holds the payloads).
+	// MaxRowLimit is the largest Paging.Limit.
 	MaxRowLimit = 1000
 	// MaxFilterIDs is the most ids a RowFilter may name.
 	MaxFilterIDs = 10000
@@ -94,8 +102,13 @@ type Row struct {
 	Topic string
 	// UUID is the message's UUID, which the relay publishes it with.
 	UUID string
-	// Payload is the message's payload.
+	// Payload is the message's payload: all of it from GetRow, at most
+	// its first bytes from GetRowPrefix, and nil in FindRows' pages, which
+	// read no payload (PayloadSize says how large it is).
 	Payload []byte
+	// PayloadSize is the size of the whole payload in bytes, whatever
+	// Payload holds of it.
+	PayloadSize int
 	// Metadata is the message's metadata; nil when the stored metadata is
 	// not a JSON object of strings (the relay quarantines such a row at
 	// once, and its LastError says so).
@@ -172,6 +185,19 @@ type RowFilter struct {
 	// StateAll both its quarantined and its failing ones.
 	OrderingKey string
 
+	// MaxScan, when positive, bounds the work of FindRows, CountRows and
+	// CountRowsAsOf for a filter that Scans (Reason: no index holds the
+	// error's text): they are refused (ErrTooBroad) when the other
+	// conditions select more than MaxScan rows to check it on, and
+	// otherwise read only those (counted on the indexes first, in the same
+	// snapshot). Defaults to 0: no bound. RequeueMatching and
+	// DiscardMatching ignore it (count first).
+	MaxScan int
+	// MaxCount, when positive, bounds CountRows and CountRowsAsOf: a count
+	// of more than MaxCount rows is refused (ErrTooBroad); they count at
+	// most MaxCount+1. Defaults to 0: no bound.
+	MaxCount int
+
 	// AsOf and MaxID bound the rows to those a count could see
 	// (CountRowsAsOf returns both): give them to RequeueMatching or
 	// DiscardMatching after the operator confirmed the count, and the rows
@@ -226,9 +252,13 @@ type RowPage struct {
 }
 
 // FindRows returns a page of the rows of db's outbox table that f selects
-// (by default the quarantined ones), oldest first, with their payloads.
-// A row relayed, requeued or discarded between two pages is not shown
-// twice: paging goes by id. db.Conn is required.
+// (by default the quarantined ones), oldest first, without their payloads
+// (Row.Payload is nil; Row.PayloadSize is the payload's size): the rows the
+// relay quarantines are often those whose payload is too large for the
+// broker, and a page of them would weigh what their payloads weigh. Read
+// one row's payload with GetRow or GetRowPrefix. A row relayed, requeued or
+// discarded between two pages is not shown twice: paging goes by id.
+// db.Conn is required.
 func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowPage, error) {
 	const op = "FindRows"
 	if err := checkDB(db); err != nil {
@@ -248,20 +278,23 @@ func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowP
 		limit = DefaultRowLimit
 	}
 	query, args := findSQL(db, f, p.After, limit+1)
-	rs, err := db.Conn.QueryContext(ctx, query, args...)
-	if err != nil {
-		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
-	}
 	var page RowPage
-	for rs.Next() {
-		r, err := scanRow(rs)
+	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
+		rs, err := conn.QueryContext(ctx, query, args...)
 		if err != nil {
-			_ = rs.Close()
-			return RowPage{}, fmt.Errorf("outbox: %s: %w", op, err)
+			return err
 		}
-		page.Rows = append(page.Rows, r)
-	}
-	if err := seam.Close(rs); err != nil {
+		for rs.Next() {
+			r, err := scanRow(rs)
+			if err != nil {
+				_ = rs.Close()
+				return err
+			}
+			page.Rows = append(page.Rows, r)
+		}
+		return seam.Close(rs)
+	})
+	if err != nil {
 		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	if len(page.Rows) > limit {
@@ -285,7 +318,13 @@ func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error)
 	}
 	query, args := countSQL(db, f)
 	var n int64
-	if err := seam.QueryRow(ctx, db.Conn, query, args, &n); err != nil {
+	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
+		if err := seam.QueryRow(ctx, conn, query, args, &n); err != nil {
+			return err
+		}
+		return f.checkCount(n)
+	})
+	if err != nil {
 		return 0, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	return n, nil
@@ -318,22 +357,115 @@ func CountRowsAsOf(ctx context.Context, db sqlschema.DB, f RowFilter) (RowCount,
 		}
 	}
 	where, args := f.where()
+	q := `SELECT count(*), coalesce(max(id), 0) FROM ` + db.Outbox() + ` WHERE ` + where
+	if f.MaxCount > 0 {
+		// MaxCount+1 rows at most: enough to refuse; a count within the
+		// bound read them all, and its max(id) is theirs.
+		args = append(args, f.MaxCount+1)
+		q = `SELECT count(*), coalesce(max(id), 0) FROM (SELECT id FROM ` + db.Outbox() + ` WHERE ` + where +
+			` LIMIT $` + strconv.Itoa(len(args)) + `) c`
+	}
 	c := RowCount{AsOf: f.AsOf}
-	if err := seam.QueryRow(ctx, db.Conn, `SELECT count(*), coalesce(max(id), 0) FROM `+db.Outbox()+` WHERE `+where, args, &c.Count, &c.MaxID); err != nil {
+	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
+		if err := seam.QueryRow(ctx, conn, q, args, &c.Count, &c.MaxID); err != nil {
+			return err
+		}
+		return f.checkCount(c.Count)
+	})
+	if err != nil {
 		return RowCount{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
 	return c, nil
 }
 
-// GetRow returns the row of db's outbox table with this id, whatever its
-// state (Row.Quarantined, Row.Failures tell it), or ErrRowNotFound. db.Conn
-// is required.
+// Scans reports whether f has a condition no index serves, which a read
+// checks on each row its other conditions select: Reason (the last
+// error's text). Bound such a read with MaxScan where one caller's
+// request must not read every failed row (a console, an API).
+func (f RowFilter) Scans() bool { return f.Reason != "" }
+
+// checkCount refuses a count over f.MaxCount (counted up to MaxCount+1).
+func (f RowFilter) checkCount(n int64) error {
+	if f.MaxCount > 0 && n > int64(f.MaxCount) {
+		return fmt.Errorf("%w: more than %d rows match (the bound of this count, MaxCount): narrow the filter by a topic, a time "+
+			"range (QuarantinedSince, QuarantinedBefore), a metadata field such as a business id, a message UUID or an ordering key",
+			ErrTooBroad, f.MaxCount)
+	}
+	return nil
+}
+
+// boundedRead runs read (a find or count of f) on db; for a filter with
+// MaxScan that Scans, in a read-only REPEATABLE READ transaction that first
+// counts, on the indexes (no sequential scan), the rows f's other
+// conditions select (up to MaxScan+1) and refuses when there are more than
+// MaxScan (ErrTooBroad), then plans the read through those indexes'
+// bitmaps, not by a sequential scan of the table nor a walk of an index in
+// its order (a random read per row), as the inbox's parked messages are
+// read (inboxdb.Store.BoundedScan): the check and the read see the same
+// rows, and the read's work is bounded by MaxScan.
+func boundedRead(ctx context.Context, db sqlschema.DB, f RowFilter, read func(conn wsql.ContextExecutor) error) error {
+	if f.MaxScan <= 0 || !f.Scans() {
+		return read(db.Conn)
+	}
+	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to keep
+	var a, b string
+	if err := seam.QueryRow(ctx, tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, nil, &a, &b); err != nil {
+		return err
+	}
+	indexed := f
+	indexed.Reason = ""
+	where, args := indexed.where()
+	args = append(args, f.MaxScan+1)
+	// set_config runs once this statement is planned: the check reads the
+	// indexes as it will, the read after it through their bitmaps.
+	var n int64
+	if err := seam.QueryRow(ctx, tx, `SELECT count(*), set_config('enable_indexscan', 'off', true) FROM (SELECT 1 FROM `+db.Outbox()+
+		` WHERE `+where+` LIMIT $`+strconv.Itoa(len(args))+`) c`, args, &n, &a); err != nil {
+		return err
+	}
+	if n > int64(f.MaxScan) {
+		return fmt.Errorf("%w: the last error's text (Reason), which no index serves, would be checked on more than %d rows (the bound of "+
+			"this read, MaxScan): narrow the filter by a topic, a time range (QuarantinedSince, QuarantinedBefore), a metadata field such "+
+			"as a business id, a message UUID or an ordering key", ErrTooBroad, f.MaxScan)
+	}
+	return read(tx)
+}
+
+// GetRow returns the row of db's outbox table with this id with its whole
+// payload, whatever its state (Row.Quarantined, Row.Failures tell it), or
+// ErrRowNotFound. A row's payload can be as large as the broker refused (a
+// quarantined row's often is): to show a row, GetRowPrefix reads a bounded
+// part of it. db.Conn is required.
 func GetRow(ctx context.Context, db sqlschema.DB, id int64) (Row, error) {
-	const op = "GetRow"
+	return getRow(ctx, db, "GetRow", id, `o.payload`, nil)
+}
+
+// GetRowPrefix is GetRow with at most the first maxPayload bytes of the
+// row's payload in Row.Payload (Row.PayloadSize is the whole payload's
+// size: the payload is cut when it is larger). The database reads and
+// sends that prefix only (substring of the stored value), so that showing
+// a row costs the same whatever its payload's size. maxPayload is at least
+// 0 (0 reads no payload). db.Conn is required.
+func GetRowPrefix(ctx context.Context, db sqlschema.DB, id int64, maxPayload int) (Row, error) {
+	const op = "GetRowPrefix"
+	if maxPayload < 0 {
+		return Row{}, fmt.Errorf("outbox: %s: maxPayload is %d: the most bytes of the payload to read, at least 0", op, maxPayload)
+	}
+	return getRow(ctx, db, op, id, `substring(o.payload FROM 1 FOR $2)`, []any{maxPayload})
+}
+
+// getRow reads row id with payload (an expression of the row as o; its
+// arguments, from $2, in args) as its payload.
+func getRow(ctx context.Context, db sqlschema.DB, op string, id int64, payload string, args []any) (Row, error) {
 	if err := checkID(op, db, id); err != nil {
 		return Row{}, err
 	}
-	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns(db.Outbox())+` FROM `+db.Outbox()+` o WHERE id = $1`, id)
+	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns(db.Outbox(), payload)+` FROM `+db.Outbox()+` o WHERE id = $1`,
+		append([]any{id}, args...)...)
 	if err != nil {
 		return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
 	}
@@ -452,14 +584,19 @@ func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, 
 func findSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
 	where, args := f.where()
 	args = append(args, after, limit)
-	return `SELECT ` + rowColumns(db.Outbox()) + ` FROM ` + db.Outbox() + ` o
+	return `SELECT ` + rowColumns(db.Outbox(), `NULL::bytea`) + ` FROM ` + db.Outbox() + ` o
 WHERE ` + where + ` AND id > $` + strconv.Itoa(len(args)-1) + `
 ORDER BY id LIMIT $` + strconv.Itoa(len(args)), args
 }
 
-// countSQL is CountRows' query.
+// countSQL is CountRows' query: with f.MaxCount, it counts MaxCount+1
+// rows at most.
 func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
 	where, args := f.where()
+	if f.MaxCount > 0 {
+		args = append(args, f.MaxCount+1)
+		return `SELECT count(*) FROM (SELECT 1 FROM ` + db.Outbox() + ` WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(args)) + `) c`, args
+	}
 	return `SELECT count(*) FROM ` + db.Outbox() + ` WHERE ` + where, args
 }
 
@@ -467,11 +604,15 @@ func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
 // RequeueFailed does.
 const clearFailures = `failures = 0, attempts = 0, next_attempt_at = NULL, quarantined_at = NULL, last_error = NULL`
 
-// rowColumns are the columns scanRow reads, of table read as o. The rows
-// waiting behind a failed row with a key are counted on the ordering_key
-// index of outbox_006 (a range of it after the row's id).
-func rowColumns(table string) string {
-	return `o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.created_at, o.quarantined_at, o.failures, o.attempts, o.next_attempt_at,
+// rowColumns are the columns scanRow reads, of table read as o, with
+// payload (an expression: o.payload, a prefix of it, or NULL) as the
+// payload. The payload's size is octet_length, which PostgreSQL answers
+// from the stored value's header (a large payload is stored out of line,
+// TOAST, and is not read for it). The rows waiting behind a failed row with
+// a key are counted on the ordering_key index of outbox_006 (a range of it
+// after the row's id).
+func rowColumns(table, payload string) string {
+	return `o.id, o.topic, o.uuid, ` + payload + `, octet_length(o.payload), o.metadata::text, o.created_at, o.quarantined_at, o.failures, o.attempts, o.next_attempt_at,
   coalesce(o.last_error, ''), coalesce(o.ordering_key, ''),
   CASE WHEN o.ordering_key IS NOT NULL AND o.failures > 0
     THEN (SELECT count(*) FROM ` + table + ` w WHERE w.ordering_key = o.ordering_key AND w.id > o.id) ELSE 0 END`
@@ -483,7 +624,7 @@ type scanner interface{ Scan(dest ...any) error }
 func scanRow(rs scanner) (Row, error) {
 	var r Row
 	var meta string
-	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &meta, &r.CreatedAt, &r.QuarantinedAt,
+	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.PayloadSize, &meta, &r.CreatedAt, &r.QuarantinedAt,
 		&r.Failures, &r.PermanentFailures, &r.NextAttemptAt, &r.LastError, &r.OrderingKey, &r.Waiting); err != nil {
 		return Row{}, err
 	}
@@ -625,6 +766,9 @@ func (f RowFilter) validate(op string) error {
 	}
 	if f.MaxID < 0 {
 		return bad("MaxID is %d: ids are positive (RowCount.MaxID; 0 for no bound)", f.MaxID)
+	}
+	if f.MaxScan < 0 || f.MaxCount < 0 {
+		return bad("MaxScan (%d) and MaxCount (%d) are bounds: 0 (none) or positive", f.MaxScan, f.MaxCount)
 	}
 	for k, v := range f.Metadata {
 		if k == "" {

@@ -150,7 +150,8 @@ func TestFindRowsFilters(t *testing.T) {
 		require.Equal(t, q1, r.ID)
 		require.Equal(t, "orders", r.Topic)
 		require.Equal(t, "q1", r.UUID)
-		require.Equal(t, `{"n":1}`, string(r.Payload))
+		require.Nil(t, r.Payload, "a page reads no payload")
+		require.Equal(t, len(`{"n":1}`), r.PayloadSize)
 		require.Equal(t, map[string]string{"order_id": "o-1", "tenant": "acme"}, r.Metadata)
 		require.JSONEq(t, `{"order_id": "o-1", "tenant": "acme"}`, string(r.RawMetadata))
 		require.WithinDuration(t, now, r.CreatedAt, time.Minute)
@@ -162,7 +163,9 @@ func TestFindRowsFilters(t *testing.T) {
 		require.Equal(t, "message q1 refused: PRECONDITION_FAILED", r.LastError)
 		got, err := outbox.GetRow(b.ctx, db, q1)
 		require.NoError(t, err)
-		require.Equal(t, r, got)
+		require.Equal(t, `{"n":1}`, string(got.Payload))
+		got.Payload = nil
+		require.Equal(t, r, got, "GetRow reads the row FindRows read, with its payload")
 
 		failing, err := outbox.GetRow(b.ctx, db, f1)
 		require.NoError(t, err)
@@ -193,6 +196,126 @@ func TestFindRowsFilters(t *testing.T) {
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
 		_, err = outbox.RequeueMatching(b.ctx, missing, outbox.RowFilter{})
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
+	})
+}
+
+// FindRows reads no payload, whatever its size (PayloadSize is the whole
+// size); GetRowPrefix reads at most its first bytes (the whole payload when
+// it is shorter, none with 0); GetRow reads it whole.
+func TestGetRowPrefix(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		db := b.schema()
+		large := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB: stored out of line
+		ids := b.seed(t,
+			seedRow{Topic: "big", UUID: "large", Payload: large, State: outbox.StateQuarantined, LastError: "too large"},
+			seedRow{Topic: "big", UUID: "small", Payload: `{"n":1}`, State: outbox.StateQuarantined, LastError: "too large"},
+			seedRow{Topic: "big", UUID: "empty", Payload: "", State: outbox.StateQuarantined, LastError: "too large"})
+
+		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{Topic: "big"}, outbox.Paging{})
+		require.NoError(t, err)
+		require.Equal(t, ids, rowIDs(page.Rows))
+		for i, want := range []int{len(large), len(`{"n":1}`), 0} {
+			require.Nil(t, page.Rows[i].Payload, "a page reads no payload")
+			require.Equal(t, want, page.Rows[i].PayloadSize)
+		}
+
+		r, err := outbox.GetRowPrefix(b.ctx, db, ids[0], 10)
+		require.NoError(t, err)
+		require.Equal(t, "0123456789", string(r.Payload))
+		require.Equal(t, len(large), r.PayloadSize)
+		require.Equal(t, "large", r.UUID)
+		require.True(t, r.Quarantined())
+
+		r, err = outbox.GetRowPrefix(b.ctx, db, ids[1], 10)
+		require.NoError(t, err)
+		require.Equal(t, `{"n":1}`, string(r.Payload), "shorter than the bound: whole")
+		require.Equal(t, len(`{"n":1}`), r.PayloadSize)
+
+		r, err = outbox.GetRowPrefix(b.ctx, db, ids[0], 0)
+		require.NoError(t, err)
+		require.Empty(t, r.Payload)
+		require.Equal(t, len(large), r.PayloadSize)
+
+		r, err = outbox.GetRowPrefix(b.ctx, db, ids[2], 10)
+		require.NoError(t, err)
+		require.Empty(t, r.Payload)
+		require.Zero(t, r.PayloadSize)
+
+		r, err = outbox.GetRow(b.ctx, db, ids[0])
+		require.NoError(t, err)
+		require.Equal(t, large, string(r.Payload))
+		require.Equal(t, len(large), r.PayloadSize)
+
+		_, err = outbox.GetRowPrefix(b.ctx, db, ids[0], -1)
+		require.ErrorContains(t, err, "maxPayload is -1")
+		_, err = outbox.GetRowPrefix(b.ctx, db, 1<<40, 10)
+		require.ErrorIs(t, err, outbox.ErrRowNotFound)
+	})
+}
+
+// With MaxScan, a read by Reason (no index holds the error's text) is
+// refused (ErrTooBroad) when the other conditions select more than MaxScan
+// rows, and answers as without it otherwise; with MaxCount, a count of
+// more rows is refused. The bulk operations ignore both.
+func TestRowReadsBounded(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		db := b.schema()
+		ids := b.seed(t,
+			seedRow{Topic: "a", UUID: "q1", State: outbox.StateQuarantined, LastError: "PRECONDITION_FAILED", Metadata: map[string]string{"order_id": "o-1"}},
+			seedRow{Topic: "a", UUID: "q2", State: outbox.StateQuarantined, LastError: "precondition_failed"},
+			seedRow{Topic: "a", UUID: "q3", State: outbox.StateQuarantined, LastError: "no route"},
+			seedRow{Topic: "b", UUID: "q4", State: outbox.StateQuarantined, LastError: "precondition_failed"},
+			seedRow{Topic: "a", UUID: "f1", State: outbox.StateFailing, LastError: "precondition_failed"})
+
+		tooBroad := outbox.RowFilter{Reason: "precondition", MaxScan: 3}
+		require.True(t, tooBroad.Scans())
+		_, err := outbox.FindRows(b.ctx, db, tooBroad, outbox.Paging{})
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		require.ErrorContains(t, err, "would be checked on more than 3 rows")
+		_, err = outbox.CountRows(b.ctx, db, tooBroad)
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		_, err = outbox.CountRowsAsOf(b.ctx, db, tooBroad)
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+
+		for _, c := range []struct {
+			f    outbox.RowFilter
+			want []int64
+		}{
+			{outbox.RowFilter{Topic: "a", Reason: "precondition"}, ids[:2]},
+			{outbox.RowFilter{Reason: "PRECONDITION", Metadata: map[string]string{"order_id": "o-1"}}, ids[:1]},
+			{outbox.RowFilter{State: outbox.StateFailing, Reason: "precondition"}, ids[4:]},
+			{outbox.RowFilter{}, ids[:4]},
+		} {
+			f := c.f
+			f.MaxScan = 3
+			page, err := outbox.FindRows(b.ctx, db, f, outbox.Paging{})
+			require.NoError(t, err, "%+v", f)
+			require.Equal(t, c.want, rowIDs(page.Rows), "%+v", f)
+			n, err := outbox.CountRows(b.ctx, db, f)
+			require.NoError(t, err)
+			require.EqualValues(t, len(c.want), n)
+			rc, err := outbox.CountRowsAsOf(b.ctx, db, f)
+			require.NoError(t, err)
+			require.EqualValues(t, len(c.want), rc.Count)
+			require.Equal(t, c.want[len(c.want)-1], rc.MaxID)
+		}
+
+		rc, err := outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{MaxCount: 4})
+		require.NoError(t, err)
+		require.Equal(t, outbox.RowCount{Count: 4, AsOf: rc.AsOf, MaxID: ids[3]}, rc)
+		_, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		require.ErrorContains(t, err, "more than 4 rows match")
+		_, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
+		require.ErrorIs(t, err, outbox.ErrTooBroad)
+		_, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{MaxScan: -1})
+		require.ErrorContains(t, err, "MaxScan (-1)")
+
+		n, err := outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{Reason: "precondition", MaxScan: 1, MaxCount: 1})
+		require.NoError(t, err)
+		require.EqualValues(t, 3, n)
 	})
 }
 

@@ -91,12 +91,22 @@ const scanChunk = 1000
 // scanParked reads the consumer's parked set and returns the messages that
 // match f (without payloads), oldest parked first, then by key. Members
 // whose record is gone, or holds neither a park nor a message, are pruned
-// from the set.
+// from the set. With f.MaxScan, a set of more than MaxScan members is
+// refused (f.TooBroad): it reads MaxScan+1 of them at most.
 func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry, error) {
 	b := s.b
-	members, err := b.c.ZRange(ctx, b.parkedKey(f.Consumer), 0, -1).Result()
+	stop := int64(-1)
+	if f.MaxScan > 0 {
+		stop = int64(f.MaxScan)
+	}
+	members, err := b.c.ZRange(ctx, b.parkedKey(f.Consumer), 0, stop).Result()
 	if err != nil {
 		return nil, err
+	}
+	if f.MaxScan > 0 && len(members) > f.MaxScan {
+		return nil, fmt.Errorf("%w: the Redis store has no index but the consumer's parked set, and a find or count reads each of its "+
+			"members: consumer %q has more than %d (the bound of this read, MaxScan); the CLI (exactlyonce parked list --redis-url) reads them all",
+			inbox.ErrTooBroad, f.Consumer, f.MaxScan)
 	}
 	var out []parkedEntry
 	var stale []string
@@ -169,7 +179,7 @@ func (s *Store) prune(ctx context.Context, consumer string, members []string) er
 // filter checks f for the Redis store: valid, with a consumer.
 func filter(f inbox.ParkedFilter) (parked.Filter, error) {
 	pf := parked.Filter{Consumer: f.Consumer, Key: f.Key, MessageUUID: f.MessageUUID, Tenant: f.Tenant, Reason: f.Reason,
-		Since: f.Since, Before: f.Before, Metadata: f.Metadata}
+		Since: f.Since, Before: f.Before, Metadata: f.Metadata, MaxScan: f.MaxScan, MaxCount: f.MaxCount}
 	if err := pf.Validate(); err != nil {
 		return parked.Filter{}, err
 	}
@@ -251,6 +261,9 @@ func (s *Store) CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, e
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: count parked of %q: %w", pf.Consumer, err)
 	}
+	if pf.MaxCount > 0 && len(all) > pf.MaxCount {
+		return 0, fmt.Errorf("redisstore: count parked of %q: %w", pf.Consumer, pf.CountTooBroad())
+	}
 	return int64(len(all)), nil
 }
 
@@ -292,7 +305,8 @@ func (s *Store) CountParkedKeys(ctx context.Context, consumer string) (int64, er
 }
 
 // GetParked returns the parked message of (consumer, key) with its
-// payload, or an error wrapping inbox.ErrNotParked.
+// payload, or an error wrapping inbox.ErrNotParked. The payload is read
+// whole: to show a message, GetParkedPrefix reads a bounded part of it.
 func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error) {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
@@ -314,6 +328,70 @@ func (s *Store) GetParked(ctx context.Context, consumer, key string) (inbox.Park
 	}
 	return out, nil
 }
+
+// GetParkedPrefix is GetParked with at most the first maxPayload bytes of
+// the payload in Payload (PayloadSize is the whole payload's size: the
+// payload is cut when it is larger); only that prefix is sent to the
+// caller. Redis has no range read of a hash field: a script cuts the
+// payload inside Redis (which copies the value there, for the script's
+// duration). maxPayload is at least 0 (0 reads no payload).
+func (s *Store) GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error) {
+	if err := parked.CheckKey(consumer, key); err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
+	}
+	if maxPayload < 0 {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w: the most bytes of the payload to read is %d: at least 0",
+			inbox.ErrInvalidFilter, maxPayload)
+	}
+	args := make([]any, 0, 1+len(entryFields))
+	args = append(args, maxPayload)
+	for _, f := range entryFields {
+		args = append(args, f)
+	}
+	v, err := getPrefixScript.Run(ctx, s.b.c, []string{s.b.recordKey(consumer, key)}, args...).Slice()
+	if err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked %q for %q: %w", key, consumer, err)
+	}
+	if len(v) != 3 {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked %q for %q: the script answered %d values, not 3", key, consumer, len(v))
+	}
+	fields, _ := v[0].([]any)
+	field := func(name string) string {
+		if i, ok := entryIndex[name]; ok && i < len(fields) {
+			s, _ := fields[i].(string)
+			return s
+		}
+		return ""
+	}
+	if field("status") == "" || field("m_uuid") == "" {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
+	}
+	kept, _ := v[1].(int64)
+	out, err := readParked(consumer, key, field, kept == 1)
+	if err != nil {
+		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: get parked: %w", err)
+	}
+	if p, ok := v[2].(string); ok && kept == 1 {
+		out.Payload = []byte(p)
+	}
+	return out, nil
+}
+
+// getPrefixScript: KEYS the record; ARGV the most bytes of the payload,
+// then the fields to read. Returns the fields' values, 1 when the record
+// holds a payload (m_payload) else 0, and the payload's first bytes (nil
+// when it holds none).
+var getPrefixScript = redis.NewScript(`
+local fields = redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+local n = tonumber(ARGV[1])
+if redis.call('HEXISTS', KEYS[1], 'm_payload') == 0 then
+	return {fields, 0, false}
+end
+if n == 0 then
+	return {fields, 1, ''}
+end
+return {fields, 1, string.sub(redis.call('HGET', KEYS[1], 'm_payload'), 1, n)}
+`)
 
 // ReplayParked delivers the parked message of (consumer, key) again
 // through pub, so that the consumer processes it once, in three steps:
@@ -488,6 +566,7 @@ func bulkFilter(f inbox.ParkedFilter, all bool, opts string, batchSize int) (par
 	if _, err := parked.Batch(opts+".BatchSize", batchSize); err != nil {
 		return parked.Filter{}, err
 	}
+	pf.MaxScan, pf.MaxCount = 0, 0 // the bounds of finds and counts: a bulk operation acts on every match
 	return pf, nil
 }
 

@@ -431,11 +431,18 @@ func (b *backend) ParkInterrupted(ctx context.Context, a leasestore.Attempt, rea
 	return err
 }
 
-// Get reads the record.
+// Get reads the record: its fields, not the message a park kept (whose
+// payload can weigh megabytes).
 func (b *backend) Get(ctx context.Context, consumer, key string) (leasestore.Record, error) {
-	m, err := b.c.HGetAll(ctx, b.recordKey(consumer, key)).Result()
+	vals, err := b.c.HMGet(ctx, b.recordKey(consumer, key), recordFields...).Result()
 	if err != nil {
 		return leasestore.Record{}, fmt.Errorf("%q for %q: %w", key, consumer, err)
+	}
+	m := make(map[string]string, len(recordFields))
+	for i, v := range vals {
+		if s, ok := v.(string); ok {
+			m[recordFields[i]] = s
+		}
 	}
 	if m["status"] == "" {
 		return leasestore.Record{}, fmt.Errorf("%q for %q: %w", key, consumer, inboxdb.ErrNotFound)

@@ -72,9 +72,10 @@ func (a *app) rowCmds() []*cobra.Command {
 	}
 	list.register(rows, false)
 
+	var full bool
 	show := &cobra.Command{
 		Use:   "show ID",
-		Short: "One outbox row: its message (payload pretty-printed when JSON), metadata, failures and last error",
+		Short: "One outbox row: its message (the payload's first 64 KiB, pretty-printed when JSON), metadata, failures and last error",
 		Args:  exactArgs(1, "the row's id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := rowID(args[0])
@@ -82,10 +83,11 @@ func (a *app) rowCmds() []*cobra.Command {
 				return err
 			}
 			return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
-				return a.outboxShow(ctx, db, id)
+				return a.outboxShow(ctx, db, id, full)
 			})
 		},
 	}
+	show.Flags().BoolVar(&full, "full-payload", false, fullPayloadUsage)
 
 	var rq, dc rowFlags
 	var rqIf, dcIf ifFlags
@@ -134,6 +136,9 @@ type rowJSON struct {
 	Metadata          map[string]string `json:"metadata"`
 	PayloadBytes      int               `json:"payload_bytes"`
 	Payload           *payloadJSON      `json:"payload,omitempty"`
+	// PayloadTruncated, with the payload, reports whether it holds only
+	// the payload's first bytes (show without --full-payload).
+	PayloadTruncated *bool `json:"payload_truncated,omitempty"`
 	// OrderingKey is "" for a row without one; Waiting counts the rows of
 	// its key behind a failed row (outbox.Row.Waiting).
 	OrderingKey string `json:"ordering_key"`
@@ -151,13 +156,13 @@ func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	created := r.CreatedAt
 	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: state, CreatedAt: jsonTime(&created),
 		QuarantinedAt: jsonTime(r.QuarantinedAt), NextAttemptAt: jsonTime(r.NextAttemptAt), Failures: r.Failures,
-		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: len(r.Payload),
+		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: r.PayloadSize,
 		OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
 	if withPayload {
-		d.Payload = payloadDoc(r.Payload)
+		d.Payload, d.PayloadTruncated = shownPayloadDoc(r.Payload, r.PayloadSize)
 	}
 	return d
 }
@@ -201,8 +206,14 @@ func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilte
 	return err
 }
 
-func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64) error {
-	r, err := outbox.GetRow(ctx, db, id)
+func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64, full bool) error {
+	var r outbox.Row
+	var err error
+	if full {
+		r, err = outbox.GetRow(ctx, db, id)
+	} else {
+		r, err = outbox.GetRowPrefix(ctx, db, id, showPayloadBytes)
+	}
 	if err != nil {
 		return rowErr(ctx, db, "outbox show", err)
 	}
@@ -232,7 +243,8 @@ func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(a.stdout, "metadata:\n%spayload (%d bytes):\n%s\n", metadataLines(r.Metadata), len(r.Payload), prettyPayload(r.Payload))
+	_, err = fmt.Fprintf(a.stdout, "metadata:\n%spayload (%d bytes)%s\n", metadataLines(r.Metadata), r.PayloadSize,
+		shownPayloadText(r.Payload, r.PayloadSize))
 	return err
 }
 

@@ -31,6 +31,7 @@ type parkedStore interface {
 	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
 	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
 	GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error)
+	GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
 	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
 	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
 	Release(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
@@ -185,16 +186,18 @@ consumers, so there an unknown consumer finds no messages.`,
 	}
 	list.register(listCmd, false)
 
+	var full bool
 	show := &cobra.Command{
 		Use:   "show CONSUMER KEY",
-		Short: "One parked message: payload (pretty-printed when JSON), metadata, reason, attempts, times, the key's status",
+		Short: "One parked message: payload (its first 64 KiB, pretty-printed when JSON), metadata, reason, attempts, times, the key's status",
 		Args:  exactArgs(2, "CONSUMER KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
-				return a.parkedShow(ctx, s, args[0], args[1])
+				return a.parkedShow(ctx, s, args[0], args[1], full)
 			})
 		},
 	}
+	show.Flags().BoolVar(&full, "full-payload", false, fullPayloadUsage)
 
 	var rp parkedFlags
 	var rpIf ifFlags
@@ -345,6 +348,9 @@ type parkedJSON struct {
 	PayloadKept  bool              `json:"payload_kept"`
 	Payload      *payloadJSON      `json:"payload,omitempty"`
 	Version      string            `json:"version"`
+	// PayloadTruncated, with the payload, reports whether it holds only
+	// the payload's first bytes (show without --full-payload).
+	PayloadTruncated *bool `json:"payload_truncated,omitempty"`
 }
 
 func parkedDoc(m inbox.ParkedMessage, withPayload bool) parkedJSON {
@@ -354,8 +360,8 @@ func parkedDoc(m inbox.ParkedMessage, withPayload bool) parkedJSON {
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
-	if withPayload {
-		d.Payload = payloadDoc(m.Payload)
+	if withPayload && m.PayloadKept {
+		d.Payload, d.PayloadTruncated = shownPayloadDoc(m.Payload, m.PayloadSize)
 	}
 	return d
 }
@@ -402,8 +408,14 @@ func (a *app) parkedList(ctx context.Context, s parkedStore, f inbox.ParkedFilte
 	return err
 }
 
-func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key string) error {
-	m, err := s.GetParked(ctx, consumer, key)
+func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key string, full bool) error {
+	var m inbox.ParkedMessage
+	var err error
+	if full {
+		m, err = s.GetParked(ctx, consumer, key)
+	} else {
+		m, err = s.GetParkedPrefix(ctx, consumer, key, showPayloadBytes)
+	}
 	if err != nil {
 		return parkedErr(ctx, s, "parked show", consumerFirst(ctx, s, consumer, err))
 	}
@@ -425,11 +437,11 @@ func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key strin
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	payload := prettyPayload(m.Payload)
+	payload := shownPayloadText(m.Payload, m.PayloadSize)
 	if !m.PayloadKept {
-		payload = "(not kept: larger than the middleware keeps; re-publish it from its source, then release the key)"
+		payload = ":\n(not kept: larger than the middleware keeps; re-publish it from its source, then release the key)"
 	}
-	_, err = fmt.Fprintf(a.stdout, "metadata:\n%spayload (%d bytes):\n%s\n", metadataLines(m.Metadata), m.PayloadSize, payload)
+	_, err = fmt.Fprintf(a.stdout, "metadata:\n%spayload (%d bytes)%s\n", metadataLines(m.Metadata), m.PayloadSize, payload)
 	return err
 }
 

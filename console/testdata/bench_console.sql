@@ -5,7 +5,8 @@
 -- number g, so the inbox record and the parked message of a key agree.
 --
 -- The benchmark renders the placeholders ({{schema}}, {{inbox}}, {{parked}},
--- {{outbox}} are quoted names; {{N}}, {{P}}, {{stride}}, {{anchor}} values)
+-- {{outbox}} are quoted names; {{N}}, {{P}}, {{O}}, {{stride}}, {{anchor}}
+-- values)
 -- and runs the steps in order, each "-- step:" line starting one; a step
 -- "chunked over N" (or P) runs once per range {{lo}}..{{hi}} of 1..N (or
 -- 1..P), a million at a time, so that no statement runs for many minutes.
@@ -26,8 +27,10 @@
 --     consumers), event_type, source, correlation_id, traceparent; one of
 --     8 reasons; a JSON payload of 200-500 bytes (0.2% over the limit: not
 --     kept).
---   * Outbox: 20,000 pending rows, 300 failing (retried with backoff), 100
---     quarantined.
+--   * Outbox: {{O}} rows: 2% quarantined (the first, oldest ids; a large
+--     payload's error), 1% failing (retried with backoff), the rest
+--     pending; half carry an ordering key (a customer, about 4 rows each,
+--     so that a failed row has rows waiting behind it).
 
 -- step: helper functions
 CREATE OR REPLACE FUNCTION {{schema}}.bench_h(g bigint, salt bigint, m bigint) RETURNS bigint
@@ -176,19 +179,26 @@ FROM (
   OFFSET 0) l2;
 
 -- step: outbox backlog
-INSERT INTO {{outbox}} (topic, uuid, payload, metadata, created_at, attempts, failures, next_attempt_at, last_error, quarantined_at)
+-- (Quarantined: g <= {{O}}/50; failing: up to {{O}}*3/100; pending after.)
+INSERT INTO {{outbox}} (topic, uuid, payload, metadata, created_at, attempts, failures, next_attempt_at, last_error, quarantined_at,
+  ordering_key)
 SELECT (ARRAY['orders.placed', 'orders.paid', 'invoices.issued', 'notifications.email'])[g % 4 + 1],
   md5('o' || g)::uuid::text,
   convert_to('{"order_id":"ORD-' || lpad(g::text, 8, '0') || '","note":"' || repeat(md5('p' || g), 6) || '"}', 'UTF8'),
-  jsonb_build_object('order_id', 'ORD-' || lpad(g::text, 8, '0'), 'traceparent', '00-' || md5('ot' || g) || '-' || substr(md5('os' || g), 1, 16) || '-01'),
-  '{{anchor}}'::timestamptz - make_interval(secs => (20400 - g) * 0.003),
-  CASE WHEN g <= 100 THEN 5 ELSE 0 END,
-  CASE WHEN g <= 100 THEN 5 WHEN g <= 400 THEN 1 + g % 4 ELSE 0 END,
-  CASE WHEN g > 100 AND g <= 400 THEN '{{anchor}}'::timestamptz + make_interval(secs => g % 60) END,
-  CASE WHEN g <= 100 THEN 'PRECONDITION_FAILED - message size 3145728 is larger than configured max size 2097152'
-    WHEN g <= 400 THEN 'publish: NOT_FOUND - no exchange ''notifications'' in vhost ''/''' END,
-  CASE WHEN g <= 100 THEN '{{anchor}}'::timestamptz - make_interval(secs => g * 30) END
-FROM generate_series(1, 20400) g;
+  jsonb_build_object('order_id', 'ORD-' || lpad(g::text, 8, '0'), 'traceparent', '00-' || md5('ot' || g) || '-' || substr(md5('os' || g), 1, 16) || '-01')
+    || CASE WHEN ok IS NOT NULL THEN jsonb_build_object('ordering_key', ok) ELSE '{}'::jsonb END,
+  '{{anchor}}'::timestamptz - make_interval(secs => ({{O}} - g) * 3),
+  CASE WHEN q THEN 5 ELSE 0 END,
+  CASE WHEN q THEN 5 WHEN f THEN 1 + g % 4 ELSE 0 END,
+  CASE WHEN f THEN '{{anchor}}'::timestamptz + make_interval(secs => g % 60) END,
+  CASE WHEN q THEN 'PRECONDITION_FAILED - message size 3145728 is larger than configured max size 2097152'
+    WHEN f THEN 'publish: NOT_FOUND - no exchange ''notifications'' in vhost ''/''' END,
+  CASE WHEN q THEN '{{anchor}}'::timestamptz - make_interval(secs => g * 30) END,
+  ok
+FROM (
+  SELECT g, g <= {{O}}::bigint / 50 AS q, g > {{O}}::bigint / 50 AND g <= {{O}}::bigint * 3 / 100 AS f,
+    CASE WHEN g % 2 = 0 THEN 'CUS-' || lpad({{schema}}.bench_h(g, 9, greatest(1, {{O}}::bigint / 8))::text, 6, '0') END AS ok
+  FROM generate_series(1, {{O}}::bigint) g) s;
 
 -- step: vacuum analyze inbox
 VACUUM (ANALYZE) {{inbox}};

@@ -65,19 +65,27 @@ func parkedColumns(payload, status string) string {
 p.payload_size, p.metadata::text, p.reason, p.attempts, p.first_seen_at, p.parked_at, ` + status
 }
 
+// payloadColumn is the payload's expression of a read with or without
+// the payloads: without, the payload column is not read at all (the
+// size is payload_size, its being kept payload IS NOT NULL, which the
+// row's null bitmap answers).
+func payloadColumn(payloads bool) string {
+	if payloads {
+		return `p.payload`
+	}
+	return `NULL::bytea`
+}
+
 // parkedSelect reads the parked table as p with the inbox as i (LEFT
-// JOIN, for the record's status).
-func (s *Store) parkedSelect(payloads bool) string {
-	return s.parkedSelectFrom(payloads, s.ParkedTable()+` p`)
+// JOIN, for the record's status), with payload (an expression of p) as
+// the payload.
+func (s *Store) parkedSelect(payload string) string {
+	return s.parkedSelectFrom(payload, s.ParkedTable()+` p`)
 }
 
 // parkedSelectFrom is parkedSelect with from (the parked table as p, maybe
 // joined to something else) in place of the parked table.
-func (s *Store) parkedSelectFrom(payloads bool, from string) string {
-	payload := `p.payload`
-	if !payloads {
-		payload = `NULL::bytea`
-	}
+func (s *Store) parkedSelectFrom(payload, from string) string {
 	return `SELECT ` + parkedColumns(payload, `coalesce(i.status, '')`) + `
 FROM ` + from + ` LEFT JOIN ` + s.table + ` i ON i.consumer = p.consumer AND i.message_key = p.message_key`
 }
@@ -101,11 +109,17 @@ func scanParked(rows wsql.Rows) (ParkedRow, error) {
 // middleware writes as strings; any other value (written by hand) is kept
 // as its JSON text.
 func decodeMetadata(s string) (map[string]string, error) {
+	// The middleware writes strings only: one decode (a page of 1,000
+	// spent 11 ms in the two below).
+	var md map[string]string
+	if json.Unmarshal([]byte(s), &md) == nil && md != nil {
+		return md, nil
+	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(s), &raw); err != nil {
 		return nil, err
 	}
-	md := make(map[string]string, len(raw))
+	md = make(map[string]string, len(raw))
 	for k, v := range raw {
 		var str string
 		if json.Unmarshal(v, &str) == nil {
@@ -217,14 +231,19 @@ func (s *Store) findParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payl
 	args = append(args, limit)
 	lim := ` LIMIT $` + strconv.Itoa(len(args))
 	if !keysFirst {
-		return s.parkedSelect(payloads) + ` WHERE ` + where + parkedOrder + lim, args, nil
+		// The page first, then the records' status: joined before the
+		// LIMIT, a plan that sorts the matches (a bounded scan's) would
+		// look up the record of each match in the inbox, not of the page's
+		// only (4,485 look-ups, 67 ms, for a page of 51).
+		return s.parkedSelectFrom(payloadColumn(payloads), `(SELECT p.* FROM `+s.ParkedTable()+` p WHERE `+where+parkedOrder+lim+`) p`) +
+			parkedOrder, args, nil
 	}
 	if f.Consumer == "" {
 		return "", nil, errors.New("inboxdb: findParkedSQL: keys first needs a consumer")
 	}
 	return `WITH page AS MATERIALIZED (SELECT p.consumer, p.message_key FROM ` + s.ParkedTable() + ` p WHERE ` + where +
 		parkedConsumerOrder + lim + `)
-` + s.parkedSelectFrom(payloads, `page k JOIN `+s.ParkedTable()+` p ON p.consumer = k.consumer AND p.message_key = k.message_key`) +
+` + s.parkedSelectFrom(payloadColumn(payloads), `page k JOIN `+s.ParkedTable()+` p ON p.consumer = k.consumer AND p.message_key = k.message_key`) +
 		parkedOrder, args, nil
 }
 
@@ -248,24 +267,97 @@ func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q stri
 	return out, nil
 }
 
-// CountParked counts the parked messages that match f. f must be valid.
+// CountParked counts the parked messages that match f; with f.MaxCount, it
+// counts at most MaxCount+1 of them and refuses a count over MaxCount
+// (f.CountTooBroad). f must be valid.
 func (s *Store) CountParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter) (int64, error) {
 	var args []any
 	where, err := parkedWhere(f, nil, &args)
 	if err != nil {
 		return 0, err
 	}
+	q := `SELECT count(*) FROM ` + s.ParkedTable() + ` p WHERE ` + where
+	if f.MaxCount > 0 {
+		args = append(args, f.MaxCount+1)
+		q = `SELECT count(*) FROM (SELECT 1 FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(args)) + `) c`
+	}
 	var n int64
-	if err := seam.QueryRow(ctx, db, `SELECT count(*) FROM `+s.ParkedTable()+` p WHERE `+where, args, &n); err != nil {
+	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
 		return 0, fmt.Errorf("counting parked messages: %w", err)
 	}
+	if f.MaxCount > 0 && n > int64(f.MaxCount) {
+		return 0, f.CountTooBroad()
+	}
 	return n, nil
+}
+
+// BoundedScan, in tx (REPEATABLE READ, read-only: the check and the read
+// see the same messages), refuses (f.TooBroad) a find or count of f, a
+// filter that Scans with MaxScan, whose indexed conditions (f.Indexed)
+// select more than f.MaxScan parked messages, counting them up to
+// MaxScan+1 on the indexes alone; then it sets the planner, for the rest
+// of tx, to read the messages of f through the bitmaps of the indexes that
+// serve those conditions (a bitmap heap scan reads the rows they select in
+// the table's order and checks the other conditions on them), not by a
+// sequential scan of the table nor a walk of an index in its order (a
+// random read per row): so that the read's work is the rows the check
+// counted, whatever the planner estimates. Measured on 1,000,000 parked
+// messages (1.3 GB, a loaded development machine), a reason within one
+// consumer's 5,500 messages of three days: 15 ms through the bitmap,
+// 124 ms by the walk of parked_at the planner chose, 1.1 s by its
+// sequential scan for the consumer alone. The check itself may not use a
+// sequential scan either (a selective range would read the whole table)
+// and reads at most MaxScan+1 index entries: about 2 ms. JIT is off: the
+// excluded plans' costs would price these queries for it. f must be valid.
+func (s *Store) BoundedScan(ctx context.Context, tx wsql.Tx, f parked.Filter) error {
+	if f.MaxScan <= 0 || !f.Scans() {
+		return nil
+	}
+	var a, b string
+	if err := seam.QueryRow(ctx, tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, nil, &a, &b); err != nil {
+		return fmt.Errorf("counting the parked messages a search checks: %w", err)
+	}
+	var args []any
+	where, err := parkedWhere(f.Indexed(), nil, &args)
+	if err != nil {
+		return err
+	}
+	args = append(args, f.MaxScan+1)
+	// set_config runs once this statement is planned: the check reads the
+	// indexes as it will, the read after it through their bitmaps.
+	var n int64
+	if err := seam.QueryRow(ctx, tx, `SELECT count(*), set_config('enable_indexscan', 'off', true) FROM (SELECT 1 FROM `+s.ParkedTable()+
+		` p WHERE `+where+` LIMIT $`+strconv.Itoa(len(args))+`) c`, args, &n, &a); err != nil {
+		return fmt.Errorf("counting the parked messages a search checks: %w", err)
+	}
+	if n > int64(f.MaxScan) {
+		return f.TooBroad()
+	}
+	return nil
 }
 
 // GetParked returns the parked message of (consumer, key) with its
 // payload, or an error wrapping ErrNoParkedMessage.
 func (s *Store) GetParked(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (ParkedRow, error) {
-	rs, err := s.queryParked(ctx, db, s.parkedSelect(true)+` WHERE p.consumer = $1 AND p.message_key = $2`, consumer, key)
+	return s.getParked(ctx, db, consumer, key, `p.payload`)
+}
+
+// GetParkedPrefix is GetParked with at most the first maxPayload bytes of
+// the payload (Message.PayloadSize is the whole payload's size): the
+// database reads and sends only that prefix (substring of the stored
+// value; a large payload is stored out of line, and only the chunks of
+// the prefix are fetched). maxPayload must not be negative.
+func (s *Store) GetParkedPrefix(ctx context.Context, db wsql.ContextExecutor, consumer, key string, maxPayload int) (ParkedRow, error) {
+	if maxPayload < 0 {
+		return ParkedRow{}, fmt.Errorf("%w: the most bytes of the payload to read is %d: at least 0", parked.ErrInvalid, maxPayload)
+	}
+	return s.getParked(ctx, db, consumer, key, `substring(p.payload FROM 1 FOR $3)`, maxPayload)
+}
+
+// getParked reads the parked message of (consumer, key) with payload (an
+// expression of p; its arguments, from $3, in args) as its payload.
+func (s *Store) getParked(ctx context.Context, db wsql.ContextExecutor, consumer, key, payload string, args ...any) (ParkedRow, error) {
+	rs, err := s.queryParked(ctx, db, s.parkedSelect(payload)+` WHERE p.consumer = $1 AND p.message_key = $2`, append([]any{consumer, key}, args...)...)
 	if err != nil {
 		return ParkedRow{}, err
 	}

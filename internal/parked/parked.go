@@ -25,6 +25,10 @@ import (
 // store.
 var ErrInvalid = errors.New("invalid request for parked messages")
 
+// ErrTooBroad is wrapped by the refusal of a find or count bounded by
+// Filter.MaxScan or Filter.MaxCount that would read more than they allow.
+var ErrTooBroad = errors.New("the filter selects too many parked messages for the bound of this read")
+
 // Page sizes and batch sizes.
 const (
 	// DefaultLimit is a page's size when none is given.
@@ -53,6 +57,60 @@ type Filter struct {
 	Since       time.Time
 	Before      time.Time
 	Metadata    map[string]string
+
+	// MaxScan, when positive, bounds a find or count of a filter that
+	// Scans: refused (ErrTooBroad) when the conditions an index serves
+	// select more than MaxScan messages to check the others on.
+	MaxScan int
+	// MaxCount, when positive, bounds a count: refused (ErrTooBroad) when
+	// more than MaxCount messages match.
+	MaxCount int
+}
+
+// Scans reports whether f has a condition that the PostgreSQL store's
+// indexes do not serve, which it checks on each message the other
+// conditions select (or on every message): the reason's text, and a
+// tenant or a key without the consumer (the indexes hold the key after
+// the consumer). The Redis store checks every condition but the consumer
+// on each of the consumer's parked keys.
+func (f Filter) Scans() bool {
+	return f.Reason != "" || f.Consumer == "" && (f.Tenant != "" || f.Key != "")
+}
+
+// Indexed is f with only the conditions an index serves: those that
+// select the messages a filter that Scans checks the others on.
+func (f Filter) Indexed() Filter {
+	f.Reason = ""
+	if f.Consumer == "" {
+		f.Tenant, f.Key = "", ""
+	}
+	return f
+}
+
+// TooBroad is the refusal of a find or count of f whose indexed conditions
+// select more than f.MaxScan messages (checked, at least, on more than that).
+func (f Filter) TooBroad() error {
+	var what []string
+	if f.Reason != "" {
+		what = append(what, "the reason's text")
+	}
+	if f.Consumer == "" && f.Tenant != "" {
+		what = append(what, "a tenant without the consumer")
+	}
+	if f.Consumer == "" && f.Key != "" {
+		what = append(what, "a key without the consumer")
+	}
+	return fmt.Errorf("%w: %s, which no index serves, would be checked on more than %d parked messages (the bound of this read, MaxScan): "+
+		"narrow the filter by a consumer, a time range (Since, Before), a metadata field such as a business id, or a message UUID",
+		ErrTooBroad, strings.Join(what, " and "), f.MaxScan)
+}
+
+// CountTooBroad is the refusal of a count of more than f.MaxCount
+// messages.
+func (f Filter) CountTooBroad() error {
+	return fmt.Errorf("%w: more than %d parked messages match (the bound of this count, MaxCount): "+
+		"narrow the filter by a consumer, a time range (Since, Before), a metadata field such as a business id, or a message UUID",
+		ErrTooBroad, f.MaxCount)
 }
 
 // Empty reports whether f selects every parked message.
@@ -84,6 +142,9 @@ func (f Filter) Validate() error {
 	}
 	if !f.Since.IsZero() && !f.Before.IsZero() && !f.Before.After(f.Since) {
 		return invalid("ParkedFilter.Before (%s) must be after ParkedFilter.Since (%s)", f.Before.Format(time.RFC3339Nano), f.Since.Format(time.RFC3339Nano))
+	}
+	if f.MaxScan < 0 || f.MaxCount < 0 {
+		return invalid("ParkedFilter.MaxScan (%d) and MaxCount (%d) are bounds: 0 (none) or positive", f.MaxScan, f.MaxCount)
 	}
 	for k, v := range f.Metadata {
 		if k == "" {
