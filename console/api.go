@@ -1150,6 +1150,7 @@ func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
 	if err != nil {
 		return bulkRows{}, err
 	}
+	oq.Filter = h.boundRows(oq.Filter)
 	if err := checkMeta(b.Meta); err != nil {
 		return bulkRows{}, err
 	}

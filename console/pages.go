@@ -1009,6 +1009,7 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 		if err != nil {
 			return err
 		}
+		oq.Filter = h.boundRows(oq.Filter)
 		back := h.prefix + "/outbox?" + oq.values().Encode()
 		b := bulkRows{query: oq, all: oq.empty(), expect: expect}
 		confirm := func(status int, c outbox.RowCount, changed string) {
