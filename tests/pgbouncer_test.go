@@ -31,7 +31,7 @@ var pgbouncerSuite = []string{"./console/", "./inbox/", "./internal/inboxdb/", "
 func TestCoreSuiteThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx, childTimeout := nestedBudget(t)
-	bouncer := testenv.StartPgBouncer(t, testenv.PgBouncerConfig{PoolMode: "transaction", PoolSize: pgbouncerSuitePoolSize})
+	bouncer := testenv.StartPgBouncer(t, testenv.PgBouncerConfig{PoolMode: "transaction", PoolSize: pgbouncerSuitePoolSize, ReadCommitted: true})
 	goBin, err := exec.LookPath("go")
 	require.NoError(t, err, "the go command (go test puts GOROOT/bin in PATH)")
 	root, err := filepath.Abs("..")

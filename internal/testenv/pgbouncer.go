@@ -69,6 +69,11 @@ type PgBouncerConfig struct {
 	// refuses clients after a failed login to the server before it tries
 	// again. 0 keeps PgBouncer's default (15).
 	ServerLoginRetry int
+	// ReadCommitted makes PgBouncer's server connections READ COMMITTED
+	// whatever the database's default (connect_query), as the suite's own
+	// direct connections are (see Pool): PgBouncer refuses the startup
+	// parameter that asks for it. For the core suite run through it.
+	ReadCommitted bool
 	// Supervise, when set, restarts a pgbouncer that ends before the test
 	// does, on the same port, and records the crash there instead of
 	// failing the test: for fault tests, where the pooler crashing is one
@@ -149,11 +154,12 @@ func (s *PgBouncerSupervisor) stop() {
 }
 
 // PgBouncer starts a PgBouncer in the given pool mode in front of
-// DirectDatabaseURL() with 4 server connections and returns a DATABASE_URL
-// for it. See StartPgBouncer.
+// DirectDatabaseURL() with 4 server connections, READ COMMITTED as the
+// suite's own connections are (PgBouncerConfig.ReadCommitted), and returns
+// a DATABASE_URL for it. See StartPgBouncer.
 func PgBouncer(t testing.TB, mode string) string {
 	t.Helper()
-	return StartPgBouncer(t, PgBouncerConfig{PoolMode: mode})
+	return StartPgBouncer(t, PgBouncerConfig{PoolMode: mode, ReadCommitted: true})
 }
 
 // StartPgBouncer starts a pgbouncer process listening on a free loopback
@@ -234,6 +240,9 @@ func StartPgBouncer(t testing.TB, cfg PgBouncerConfig) string {
 		entry := fmt.Sprintf("host=%s port=%s dbname=%s user=%s", host, port, dbname, dbUser)
 		if password != "" {
 			entry += " password=" + password
+		}
+		if cfg.ReadCommitted {
+			entry += " connect_query=" + pgbouncerQuote("SET default_transaction_isolation = 'read committed'")
 		}
 		logfile := filepath.Join(dir, "pgbouncer.log")
 		ini := strings.Join([]string{
@@ -442,3 +451,7 @@ func tail(logfile, stderr string) string {
 	}
 	return "(pgbouncer wrote no log)"
 }
+
+// pgbouncerQuote quotes a value of pgbouncer.ini's [databases] entries:
+// in single quotes, a single quote doubled.
+func pgbouncerQuote(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
