@@ -72,10 +72,18 @@ type partitionState struct {
 	// end, read from the catalog by the statement that uses it.
 	newestEnd string
 
+	// mu guards the fields below, and is never held across a round trip:
+	// a claim waiting for it in a transaction holds a connection (behind
+	// PgBouncer, a server connection), and a look-up made under it could
+	// be the one waiting for that connection.
 	mu      sync.Mutex
 	newest  time.Time // end of the newest partition; zero: unknown
 	checked time.Time
-	pinned  time.Time // tests only: the newest partition's end, instead of newestEnd
+	// gen counts what made the cache stale (a claim found no partition,
+	// maintenance created some): a look-up that began before does not
+	// store what it read.
+	gen    uint64
+	pinned time.Time // tests only: the newest partition's end, instead of newestEnd
 
 	funcs funcState // the claim functions (partitioned_func.go)
 }
@@ -164,19 +172,29 @@ func (s *Store) fallbackAt() string {
 // near or past the newest one's end.
 func (s *Store) place(ctx context.Context, db wsql.ContextExecutor) placement {
 	p := s.part
+	now := time.Now()
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if !p.pinned.IsZero() {
+		p.mu.Unlock()
 		return placement{fallback: true}
 	}
-	now := time.Now()
-	if (p.newest.IsZero() || now.Add(p.layout.Step()).After(p.newest)) && now.Sub(p.checked) > refreshEvery {
-		p.checked = now
+	newest, gen := p.newest, p.gen
+	refresh := (newest.IsZero() || now.Add(p.layout.Step()).After(newest)) && now.Sub(p.checked) > refreshEvery
+	if refresh {
+		p.checked = now // the other claims meanwhile go by what is known
+	}
+	p.mu.Unlock()
+	if refresh {
 		if parts, err := p.layout.List(ctx, db); err == nil && len(parts) > 0 {
-			p.newest = parts[len(parts)-1].To
+			newest = parts[len(parts)-1].To
+			p.mu.Lock()
+			if p.gen == gen {
+				p.newest = newest
+			}
+			p.mu.Unlock()
 		}
 	}
-	return placement{fallback: p.newest.IsZero() || !now.Add(p.layout.Step()).Before(p.newest)}
+	return placement{fallback: newest.IsZero() || !now.Add(p.layout.Step()).Before(newest)}
 }
 
 // ErrPartitionsChanged is returned (wrapped) by a claim on the partitioned
@@ -217,6 +235,7 @@ func (s *Store) partitionsChanged(err error) error {
 	p.mu.Lock()
 	p.newest = time.Time{}
 	p.checked = time.Now()
+	p.gen++
 	p.mu.Unlock()
 	return fmt.Errorf("%w: %w", ErrPartitionsChanged, err)
 }
@@ -484,6 +503,7 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 	}
 	s.part.mu.Lock()
 	s.part.checked = time.Time{} // re-read the newest partition at the next claim
+	s.part.gen++
 	s.part.mu.Unlock()
 	return created, nil
 }

@@ -36,9 +36,10 @@ import (
 // funcState records whether the claim functions exist, as a store last
 // found out.
 type funcState struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // never held across a round trip (see partitionState.mu)
 	present bool
 	checked time.Time // zero: never
+	gen     uint64    // counts functionMissing: a look-up that began before does not store what it read
 	off     bool      // tests and benchmarks: never use them
 }
 
@@ -54,18 +55,23 @@ func (s *Store) claimFunction(suffix string) string {
 func (s *Store) useFunctions(ctx context.Context, db wsql.ContextExecutor) bool {
 	f := &s.part.funcs
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.off {
-		return false
+	if f.off || f.present || (!f.checked.IsZero() && time.Since(f.checked) < refreshEvery) {
+		present := !f.off && f.present
+		f.mu.Unlock()
+		return present
 	}
-	if f.present || (!f.checked.IsZero() && time.Since(f.checked) < refreshEvery) {
-		return f.present
-	}
-	f.checked = time.Now()
+	f.checked = time.Now() // the other claims meanwhile claim by statements
+	gen := f.gen
+	f.mu.Unlock()
 	var ok bool
 	if err := seam.QueryRow(ctx, db, `SELECT to_regprocedure($1) IS NOT NULL AND to_regprocedure($2) IS NOT NULL AND to_regprocedure($3) IS NOT NULL`,
 		[]any{s.claimFunction("claim") + "(text, text, boolean)", s.claimFunction("claim_batch") + "(text, text[])",
 			s.claimFunction("duplicate") + "(text, text)"}, &ok); err != nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gen != gen {
 		return false
 	}
 	f.present = ok
@@ -79,6 +85,7 @@ func (s *Store) functionMissing() {
 	f.mu.Lock()
 	f.present = false
 	f.checked = time.Now()
+	f.gen++
 	f.mu.Unlock()
 }
 
