@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 func TestReason(t *testing.T) {

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -60,7 +60,7 @@ func TestMiddlewareEvents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	mw := func(cfg exactlyonce.Config) *exactlyonce.Middleware {
+	mw := func(cfg exactlyonce.Config) *exactlyonce.Guard {
 		cfg.OnEvent = seen.hook(m)
 		cfg.NackDelay = -1
 		cfg.Logger = watermill.NopLogger{}

@@ -17,10 +17,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
@@ -301,7 +301,7 @@ func TestCorePackagesDoNotImportPrometheus(t *testing.T) {
 	t.Parallel()
 	goTool, err := exec.LookPath("go")
 	require.NoError(t, err, "the go command, to list the core packages' dependencies")
-	core := []string{"./middleware", "./inbox", "./outbox", "./sqlschema", "./rabbitmq"}
+	core := []string{"./exactlyonce", "./inbox", "./outbox", "./sqlschema", "./rabbitmq"}
 	cmd := exec.Command(goTool, append([]string{"list", "-deps"}, core...)...)
 	cmd.Dir = ".."
 	out, err := cmd.CombinedOutput()

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // gate lets n handler runs in and holds them until all n are in flight at

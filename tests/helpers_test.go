@@ -32,10 +32,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -98,7 +98,7 @@ func eachDriver(t *testing.T, f func(t *testing.T, e *e2e)) {
 // Middleware returns an exactly-once middleware on the bundle's database and
 // tables, reporting to its event log and then to cfg.OnEvent, if set; cfg
 // supplies the other fields (see newMiddleware).
-func (e *e2e) Middleware(t testing.TB, cfg exactlyonce.Config) *exactlyonce.Middleware {
+func (e *e2e) Middleware(t testing.TB, cfg exactlyonce.Config) *exactlyonce.Guard {
 	t.Helper()
 	cfg.DB = e.DB
 	also := cfg.OnEvent
@@ -113,7 +113,7 @@ func (e *e2e) Middleware(t testing.TB, cfg exactlyonce.Config) *exactlyonce.Midd
 
 // newMiddleware returns exactlyonce.New(cfg), silent unless cfg.Logger is
 // set (the tests provoke failures on purpose and assert them).
-func newMiddleware(t testing.TB, cfg exactlyonce.Config) *exactlyonce.Middleware {
+func newMiddleware(t testing.TB, cfg exactlyonce.Config) *exactlyonce.Guard {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}

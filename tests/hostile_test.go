@@ -33,10 +33,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -88,7 +88,7 @@ func hostileSetup(t *testing.T, d testenv.Driver) *hostileEnv {
 // middleware returns the exactly-once middleware on e's database and
 // tables, in lease mode when lease is set, keyed by key (nil: the message
 // UUID).
-func (e *hostileEnv) middleware(t testing.TB, lease bool, key func(*message.Message) (string, error)) *exactlyonce.Middleware {
+func (e *hostileEnv) middleware(t testing.TB, lease bool, key func(*message.Message) (string, error)) *exactlyonce.Guard {
 	t.Helper()
 	cfg := exactlyonce.Config{Key: key, NackDelay: -1}
 	if lease {
@@ -143,7 +143,7 @@ func hostileIsKeyError(err error) bool {
 // (prefetch 1, so deliveries are handled in queue order) with the
 // exactly-once middleware inside a poison queue (filter nil: no poison
 // queue), and the handler's publish topic e.Out.
-func (e *hostileEnv) startRouter(t testing.TB, name string, eo *exactlyonce.Middleware, filter func(error) bool, sub message.Subscriber, h message.HandlerFunc) *message.Router {
+func (e *hostileEnv) startRouter(t testing.TB, name string, eo *exactlyonce.Guard, filter func(error) bool, sub message.Subscriber, h message.HandlerFunc) *message.Router {
 	t.Helper()
 	r := newRouter(t)
 	if filter != nil {

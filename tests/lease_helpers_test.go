@@ -20,8 +20,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 const (
@@ -157,7 +157,7 @@ func (s *leaseSender) Keys() (keys, runs int) {
 // leaseConsumer, lease leaseDuration, NackDelay leaseNackDelay) reporting to
 // e.Log and then to also, when not nil. Each router gets its own, as each
 // replica of a service would.
-func leaseMiddleware(t testing.TB, e *e2e, also func(exactlyonce.Event)) *exactlyonce.Middleware {
+func leaseMiddleware(t testing.TB, e *e2e, also func(exactlyonce.Event)) *exactlyonce.Guard {
 	t.Helper()
 	return e.Middleware(t, exactlyonce.Config{
 		Lease:     &exactlyonce.LeaseConfig{Duration: leaseDuration},

@@ -16,7 +16,7 @@ import (
 
 // pgbouncerSuite is what TestCoreSuiteThroughPgBouncer runs: the core
 // packages' own tests.
-var pgbouncerSuite = []string{"./console/", "./inbox/", "./internal/inboxdb/", "./middleware/", "./outbox/", "./sqlschema/"}
+var pgbouncerSuite = []string{"./console/", "./inbox/", "./internal/inboxdb/", "./exactlyonce/", "./outbox/", "./sqlschema/"}
 
 // TestCoreSuiteThroughPgBouncer runs the core packages' own test suites
 // with DATABASE_URL pointing at a PgBouncer in transaction pooling (pgx in

@@ -10,8 +10,8 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 )
 
 // retryFailures is the number of handler runs that fail (after writing

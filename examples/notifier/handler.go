@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 )
 
 // ErrInvalidRequest marks a send request that can never be processed; such

@@ -17,8 +17,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -42,7 +42,7 @@ type Service struct {
 	db       sqlschema.DB // the database and the library's tables: stated once, passed everywhere
 	logTable string
 	store    *inbox.Store
-	receipts *exactlyonce.Middleware
+	receipts *exactlyonce.Guard
 
 	providers map[string]Provider
 	fakes     []*fakeProvider

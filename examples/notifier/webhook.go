@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 )
 
 // receiptsConsumer is the inbox consumer name of the receipts webhook.

@@ -19,7 +19,7 @@
 // Lease mode's steps ([Store.ClaimLease] with a fencing token, ExtendLease,
 // CompleteTx, Fail, ParkInterrupted, Owns) are here too. The package is
 // internal: using the steps safely needs the unknown-outcome rules of the
-// middleware (middleware/lease.go), and operators use the public inbox
+// middleware (exactlyonce/lease.go), and operators use the public inbox
 // package, which wraps the operations below.
 //
 // Errors carry no package prefix; the public package that returns them adds

@@ -7,7 +7,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 

@@ -31,8 +31,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"

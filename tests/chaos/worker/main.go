@@ -67,8 +67,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	exactlyonce "github.com/exactlyonce/watermill-exactlyonce/middleware"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
@@ -356,7 +356,7 @@ func (w *worker) subscriber(ctx context.Context) (*wamqp.Subscriber, error) {
 // middleware returns the exactly-once middleware of role, in lease mode
 // (with the configured lease) when lease is set, with group commit when
 // batch is set.
-func (w *worker) middleware(consumer, role string, lease, batch bool) (*exactlyonce.Middleware, error) {
+func (w *worker) middleware(consumer, role string, lease, batch bool) (*exactlyonce.Guard, error) {
 	cfg := exactlyonce.Config{
 		DB:        w.tables,
 		Consumer:  consumer,

@@ -1,0 +1,158 @@
+package exactlyonce
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+)
+
+// claimFailure handles a database error before the handler ran (begin or
+// claim). Only an unreachable database (pgerr.Unreachable) is
+// ErrDBUnavailable and may run the handler fail-open; any other error is
+// ErrClaimFailed and always a nack: the database is there, and another copy
+// may be running the key.
+func (m *Guard) claimFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
+	where := fmt.Sprintf("exactlyonce: claim of %q for %q", ev.Key, ev.Consumer)
+	if !m.unreachable(cause) {
+		ev.Outcome = Nacked
+		err := fmt.Errorf("%s: %w: %w", where, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
+		m.claimFailed(err, fields)
+		sleep(msg.Context(), m.cfg.NackDelay)
+		return nil, reported(err)
+	}
+	err := fmt.Errorf("%s: %w: %w", where, ErrDBUnavailable, cause)
+	if !m.cfg.FailOpen || m.cfg.Lease != nil || msg.Context().Err() != nil {
+		ev.Outcome = Nacked
+		m.claimFailed(err, fields)
+		sleep(msg.Context(), m.cfg.NackDelay)
+		return nil, reported(err)
+	}
+	ev.Outcome = FailOpen
+	m.episodes.Fail(episodeFailOpen, "exactlyonce: FAIL-OPEN: the database is unavailable, handlers run without deduplication", err, fields)
+	origCtx := msg.Context()
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: ev.Consumer, key: ev.Key, failOpen: true}))
+	produced, herr := m.callHandler(h, msg)
+	msg.SetContext(origCtx)
+	if herr != nil {
+		return nil, herr
+	}
+	return m.failOpenOutputs(msg, produced)
+}
+
+// The kinds of the middleware's episodes (see internal/episode): failures
+// that repeat for one cause are logged when they start, every
+// episode.DefaultInterval while they go on, and when they end.
+const (
+	episodeUnavailable = "unavailable"
+	episodeNotMigrated = "not-migrated"
+	episodeClaim       = "claim"
+	episodeFailOpen    = "fail-open"
+)
+
+// claimFailed logs a claim that failed before any handler ran (err wraps
+// ErrDBUnavailable or ErrClaimFailed) as part of its episode.
+func (m *Guard) claimFailed(err error, fields watermill.LogFields) {
+	switch {
+	case errors.Is(err, ErrDBUnavailable):
+		what := "exactlyonce: database unavailable, messages are nacked and redelivered until it is back"
+		if m.lease != nil && !m.lease.Transactional() {
+			what = "exactlyonce: the lease store is unavailable, messages are nacked and redelivered until it is back"
+		}
+		m.episodes.Fail(episodeUnavailable, what, err, fields)
+	case errors.Is(err, pgerr.ErrNotMigrated):
+		m.episodes.Fail(episodeNotMigrated, "exactlyonce: the inbox table is not migrated, messages are nacked and redelivered until it is (run 'exactlyonce migrate up' or sqlschema.Migrate)", err, fields)
+	default:
+		m.episodes.Fail(episodeClaim, "exactlyonce: claims are failing, messages are nacked and redelivered", err, fields)
+	}
+}
+
+// claimed ends the episodes a successful claim shows are over.
+func (m *Guard) claimed() {
+	m.episodes.End(episodeUnavailable, episodeNotMigrated, episodeClaim, episodeFailOpen)
+	if m.check.pending.Load() {
+		m.check.due.Store(true)
+	}
+}
+
+// reportedError marks an error the middleware returns to the router after
+// logging it itself (as part of an episode), or that is expected (a lease
+// held by another worker): RouterLogger logs it at debug level.
+type reportedError struct{ error }
+
+func (e reportedError) Unwrap() error { return e.error }
+
+func reported(err error) error { return reportedError{err} }
+
+// unreachable reports whether cause means the store could not be reached:
+// lease mode asks its store, transactional mode pgerr.
+func (m *Guard) unreachable(cause error) bool {
+	if m.lease != nil {
+		return m.lease.Unreachable(cause)
+	}
+	return pgerr.Unreachable(cause)
+}
+
+// failOpenOutputs returns the fail-open handler's messages to the router,
+// which publishes them to the handler's publish topic. A message meant for
+// another topic (SetDestination, or a Config.PublishTopic that differs) has
+// no way out without the outbox: the delivery fails (nack) rather than
+// publish it to the wrong topic or drop it. The internal destination key
+// never reaches the router.
+func (m *Guard) failOpenOutputs(msg *message.Message, produced []*message.Message) ([]*message.Message, error) {
+	if len(produced) == 0 {
+		return nil, nil
+	}
+	routerTopic := message.PublishTopicFromCtx(msg.Context())
+	defaultTopic := m.defaultTopic(msg)
+	out := make([]*message.Message, 0, len(produced))
+	for i, p := range produced {
+		topic, err := destination(p, i, defaultTopic)
+		if err != nil {
+			return nil, err
+		}
+		if routerTopic == "" || topic != routerTopic {
+			return nil, fmt.Errorf("exactlyonce: %w: fail-open: message %q is for topic %q, but without the database only the router can publish, and it publishes to the handler's publish topic %q; the delivery is nacked (the handler's other effects happened)",
+				ErrNoDestination, p.UUID, topic, routerTopic)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// callHandler runs h in an "exactlyonce.handler" span (the handler's
+// context holds it) and turns a panic into Watermill's
+// middleware.RecoveredPanicError (the value and the stack), wrapped.
+func (m *Guard) callHandler(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	orig := msg.Context()
+	ctx, span := m.tracer.Start(orig, "exactlyonce.handler")
+	msg.SetContext(ctx)
+	produced, err := runHandler(h, msg)
+	msg.SetContext(orig)
+	endSpan(span, err)
+	return produced, err
+}
+
+// runHandler runs h and turns a panic into Watermill's
+// middleware.RecoveredPanicError (the value and the stack), wrapped.
+func runHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+	panicked := true
+	defer func() {
+		if r := recover(); r != nil || panicked {
+			err = fmt.Errorf("exactlyonce: handler panicked: %w", wmiddleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())})
+		}
+	}()
+	produced, err = h(msg)
+	panicked = false
+	return produced, err
+}
+
+func isOutputError(err error) bool {
+	return errors.Is(err, errOutput) || errors.Is(err, ErrNoDestination)
+}

@@ -1,0 +1,238 @@
+package exactlyonce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
+)
+
+// Guard is the exactly-once middleware: it guards the handlers it wraps so
+// that their effects happen once. Create it with New and attach its
+// Middleware method to a router (router.AddMiddleware) or to handlers
+// (handler.AddMiddleware). One handler takes one exactly-once middleware:
+// wrapped by two (one router-wide, another on the handler), every
+// delivery fails with ErrNestedMiddleware.
+type Guard struct {
+	cfg       Config
+	customKey bool // Config.Key was set (not the message UUID)
+	store     *inboxdb.Store
+	lease     leasestore.Backend // lease mode's store
+	names     pgerr.Tables
+	scopes    scopes
+	tracer    trace.Tracer
+	// misconfigured holds, per consumer and handler (misconfiguredKey),
+	// why the handler cannot run under a store-only lease (it asked for a
+	// transaction or an outbox, or returned messages): its later keys are
+	// refused before it runs, until the process restarts.
+	misconfigured sync.Map // [2]string -> error
+	episodes      *episode.Log
+	check         startupCheck
+}
+
+// New checks cfg, applies its defaults and returns the middleware. It does
+// not touch the database. The first delivery whose claim succeeded runs a
+// start-up check once, after it was handled, and logs what it finds: tables missing or older than
+// this version of the library (sqlschema.Check), or, with the Redis lease
+// store, a server without an append-only file or with an eviction policy
+// (redisstore.Store.CheckServer). It fails nothing: a store that cannot be
+// reached then is checked again after the next successful claim; tables
+// missing altogether are reported by the failing claims.
+// Deliveries that need what is missing fail with ErrClaimFailed wrapping
+// sqlschema.ErrNotMigrated; run sqlschema.Check yourself to fail a
+// deployment on it.
+func New(cfg Config) (*Guard, error) {
+	customKey := cfg.Key != nil
+	if cfg.storeOnly() {
+		if err := cfg.validateStoreOnly(); err != nil {
+			return nil, err
+		}
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: cfg.DB, MaxKeyLength: cfg.MaxKeyLength,
+		LiteralClaim: cfg.LiteralClaim, OnLiteralClaim: literalClaimLogger(cfg.Logger)})
+	if err != nil {
+		return nil, fmt.Errorf("exactlyonce: %w", err)
+	}
+	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
+	m := &Guard{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider),
+		episodes: episode.New(cfg.Logger, 0, 0)}
+	m.check.pending.Store(true)
+	switch {
+	case cfg.storeOnly():
+		if m.lease = cfg.Lease.Store.LeaseBackend(); m.lease == nil {
+			return nil, errors.New("exactlyonce: Config.Lease.Store has no backend (use redisstore.New)")
+		}
+	case cfg.Lease != nil:
+		m.lease = &leasestore.Postgres{Store: store, DB: cfg.DB.Conn}
+	}
+	return m, nil
+}
+
+// Middleware wraps h. It has the signature of message.HandlerMiddleware.
+func (m *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	var b *batcher
+	if m.cfg.Batch != nil {
+		b = newBatcher(m, h)
+	}
+	return func(msg *message.Message) ([]*message.Message, error) {
+		prev := msg.Context()
+		if valuesFrom(prev) != nil {
+			return m.nested(msg)
+		}
+		start := time.Now()
+		ev := Event{MessageUUID: msg.UUID}
+		ctx, opts := tracing.ConsumerStart(msg)
+		ctx, span := m.tracer.Start(ctx, "exactlyonce.process", append(opts,
+			trace.WithAttributes(attribute.String("messaging.message.id", msg.UUID)))...)
+		msg.SetContext(ctx)
+		out, err := m.handle(msg, h, b, &ev)
+		msg.SetContext(prev)
+		if err != nil {
+			ev.Err = err
+			if ev.Outcome == "" {
+				ev.Outcome = Nacked
+			}
+		}
+		ev.Duration = time.Since(start)
+		span.SetAttributes(
+			attribute.String("exactlyonce.consumer", ev.Consumer),
+			attribute.String("exactlyonce.outcome", string(ev.Outcome)))
+		if ev.Attempt > 0 {
+			span.SetAttributes(attribute.Int("exactlyonce.attempt", ev.Attempt))
+		}
+		endSpan(span, err)
+		// Before the event: a delivery is reported once all of it is done.
+		m.runCheck(prev)
+		m.cfg.OnEvent(ev)
+		return out, err
+	}
+}
+
+// nested refuses a delivery that an exactly-once middleware outside this
+// one is already handling: its context carries that middleware's
+// handlerValues, which every mode puts only in the context it passes to
+// the handler it wraps (and takes off the message when the handler
+// returns, so that Watermill's Retry, outside, calls again with a clean
+// message). Claiming here would wait for the outer claim's uncommitted row
+// (transactional mode and group commit: a hang), or find its lease held
+// (lease mode: nacked as ErrLeaseHeld on every redelivery). Nothing is
+// claimed; the outer middleware rolls back and returns the error after
+// NackDelay (handlerFailed), and every redelivery fails the same way,
+// logged at ERROR each time, until the wiring is fixed.
+func (m *Guard) nested(msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	outer := valuesFrom(ctx)
+	handler := message.HandlerNameFromCtx(ctx)
+	consumer := m.cfg.Consumer
+	if consumer == "" {
+		consumer = handler
+	}
+	err := fmt.Errorf("exactlyonce: %w: handler %q, message %q: an exactly-once middleware outside this one already handles the delivery (key %q of consumer %q); "+
+		"this one refuses it rather than claim it a second time, which would wait for the first claim, or find it held, on every delivery. "+
+		"The handler did not run. Add each Middleware to its handlers (handler.AddMiddleware(eo.Middleware), one Middleware per mode), "+
+		"or one router-wide (router.AddMiddleware) and none on the handler",
+		ErrNestedMiddleware, handler, msg.UUID, outer.key, outer.consumer)
+	m.cfg.Logger.Error("exactlyonce: two exactly-once middlewares wrap one handler: the delivery is refused, and will be redelivered and refused until the wiring is fixed", err,
+		watermill.LogFields{"handler": handler, "message_uuid": msg.UUID, "consumer": consumer})
+	err = reported(err)
+	m.cfg.OnEvent(Event{Outcome: Nacked, Consumer: consumer, MessageUUID: msg.UUID, Err: err})
+	return nil, err
+}
+
+// handle derives the consumer and key and hands the delivery to its mode.
+func (m *Guard) handle(msg *message.Message, h message.HandlerFunc, b *batcher, ev *Event) ([]*message.Message, error) {
+	origCtx := msg.Context()
+	consumer := m.cfg.Consumer
+	if consumer == "" {
+		consumer = message.HandlerNameFromCtx(origCtx)
+	}
+	ev.Consumer = consumer
+
+	key, err := m.cfg.Key(msg)
+	if err == nil {
+		err = m.store.ValidateKey(consumer, key)
+	}
+	if err != nil {
+		ev.Outcome = Nacked
+		// Never succeeds on redelivery: the wait keeps a consumer without a
+		// poison queue from spinning on it (it still blocks that consumer).
+		sleep(origCtx, m.cfg.NackDelay)
+		return nil, keyError(msg, consumer, err, m.customKey)
+	}
+	ev.Key = key
+	if m.cfg.Lease != nil {
+		return m.handleLease(msg, h, ev, origCtx, consumer, key)
+	}
+	m.scopes.check(m, msg, consumer)
+	if b != nil {
+		return b.handleBatched(msg, ev, consumer, key)
+	}
+	return m.handleTransactional(msg, h, ev, origCtx, consumer, key)
+}
+
+func keyError(msg *message.Message, consumer string, err error, customKey bool) error {
+	if !errors.Is(err, ErrInvalidKey) {
+		// The Key function's own error: say so, and keep it branchable.
+		err = fmt.Errorf("%w: Config.Key: %w", ErrInvalidKey, err)
+	}
+	hint := ""
+	switch {
+	case errors.Is(err, inboxdb.ErrEmptyKey) && customKey:
+		hint = ": Config.Key returned an empty key for this message (a missing metadata field?)"
+	case errors.Is(err, inboxdb.ErrEmptyKey):
+		hint = ": set a UUID on the message (for a RabbitMQ producer that is not Watermill: use rabbitmq.Marshaler, which takes the message_id property) or configure Config.Key"
+	case errors.Is(err, inboxdb.ErrEmptyConsumer):
+		hint = ": set Config.Consumer, or run the handler in a Watermill router"
+	}
+	return fmt.Errorf("exactlyonce: message %q for handler %q cannot be deduplicated: %w%s", msg.UUID, consumer, err, hint)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// endSpan records err on span, if any, and ends it.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// startClaim starts the claim's span; the function it returns ends it and
+// records the claim's time in ev.
+func (m *Guard) startClaim(ctx context.Context, ev *Event) func(error) {
+	start := time.Now()
+	_, span := m.tracer.Start(ctx, "exactlyonce.claim")
+	return func(err error) {
+		ev.ClaimDuration = time.Since(start)
+		endSpan(span, err)
+	}
+}

@@ -1,0 +1,233 @@
+package exactlyonce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+)
+
+// maxClaimTries bounds the claims of one delivery that lose a race under
+// REPEATABLE READ or SERIALIZABLE (see beginClaim).
+const maxClaimTries = 5
+
+// handleTransactional claims the key, runs the handler and writes its
+// output messages in one transaction, and commits.
+func (m *Guard) handleTransactional(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
+	endClaim := m.startClaim(origCtx, ev)
+	tx, claim, err := m.beginClaim(origCtx, consumer, key)
+	endClaim(err)
+	if errors.Is(err, inboxdb.ErrNotDone) {
+		ev.Outcome = Nacked
+		err = fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", key, consumer, ErrClaimFailed, err)
+		m.claimFailed(err, watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
+		sleep(origCtx, m.cfg.NackDelay) // a configuration error: never succeeds on redelivery
+		return nil, reported(err)
+	}
+	if err != nil {
+		return m.claimFailure(msg, h, ev, err)
+	}
+	m.claimed()
+	if !claim.Claimed {
+		rec := claim.Existing
+		ev.FirstSeenAt = rec.FirstSeenAt
+		if rec.Status == inboxdb.StatusParked {
+			ev.Outcome = Parked
+			return nil, nil
+		}
+		ev.Outcome = Duplicate
+		m.cfg.Logger.Debug("exactlyonce: duplicate message acked without running the handler", watermill.LogFields{
+			"message_uuid": msg.UUID, "consumer": consumer, "key": key,
+			"first_seen_at": rec.FirstSeenAt, "duplicates": rec.Duplicates,
+		})
+		return nil, nil
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+
+	ob := &lazyOutbox{tx: readyTx(tx), db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key, formerKey: claim.FormerKeyFormat}))
+	produced, err := m.callHandler(h, msg)
+	msg.SetContext(origCtx)
+	if err != nil {
+		_ = tx.Rollback()
+		done = true
+		var perm *permanentError
+		if errors.As(err, &perm) {
+			return m.parkTransactional(msg, ev, err, consumer, key)
+		}
+		ev.Outcome = Nacked
+		return nil, m.handlerFailed(msg, err, consumer, key)
+	}
+	outputs, err := m.prepareOutputs(msg, produced)
+	if err == nil {
+		err = outputs.write(ob)
+	}
+	if err != nil {
+		ev.Outcome = Nacked
+		_ = tx.Rollback()
+		done = true
+		if isOutputError(err) {
+			// Refused before any SQL: the same on every redelivery.
+			m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,
+				watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
+			sleep(origCtx, m.cfg.NackDelay)
+		}
+		return nil, err
+	}
+	ob.beforeCommit(context.WithoutCancel(origCtx))
+	done = true
+	if err := tx.Commit(); err != nil {
+		ev.Outcome = Nacked
+		if pgerr.CommitRefused(err) {
+			return nil, fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
+				key, consumer, refusalCause(err), err)
+		}
+		return nil, fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown, the message will be redelivered: %w", key, consumer, err)
+	}
+	ev.Outcome = Processed
+	return nil, nil
+}
+
+// parkTransactional records the key parked after the handler returned a
+// Permanent error (its transaction is rolled back), keeping msg with it in
+// the same statement, and acks. If the record cannot be written, the
+// delivery is nacked: nothing is lost.
+func (m *Guard) parkTransactional(msg *message.Message, ev *Event, herr error, consumer, key string) ([]*message.Message, error) {
+	ctx := context.WithoutCancel(msg.Context())
+	if err := m.store.Park(ctx, m.cfg.DB.Conn, consumer, key, herr.Error(), m.parkedMessage(msg)); err != nil {
+		ev.Outcome = Nacked
+		return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)",
+			key, consumer, pgerr.IfNotMigrated(m.names, err), herr)
+	}
+	return m.parkedNow(msg, ev, herr, consumer, key, 0)
+}
+
+// beginClaim begins the message's transaction and claims the key in it.
+// For a duplicate it returns a nil tx (the duplicate counter is already
+// committed, best-effort). A pgx pool takes the one-round-trip path.
+//
+// The transaction has the database's default isolation (the handler's
+// writes share it). Under REPEATABLE READ or SERIALIZABLE a claim that
+// waited for another transaction's claim of the same key fails with a
+// serialization failure when that one commits, because the row is not in
+// this transaction's snapshot. The claim is the transaction's first
+// statement, so nothing is lost by rolling back and claiming again in a new
+// transaction, whose snapshot sees the winner's row: the delivery is then a
+// duplicate, exactly as under READ COMMITTED.
+//
+// On the partitioned layout, a claim that found no partition for its record
+// (inboxdb.ErrPartitionsChanged: the partitions changed since the store
+// last looked) is retried the same way; the next one asks the database
+// where the record goes.
+func (m *Guard) beginClaim(ctx context.Context, consumer, key string) (wsql.Tx, inboxdb.ClaimResult, error) {
+	for try := 1; ; try++ {
+		tx, claim, err := m.beginClaimOnce(ctx, consumer, key)
+		if err == nil || try == maxClaimTries || !claimAgain(err) || ctx.Err() != nil {
+			return tx, claim, err
+		}
+	}
+}
+
+// claimAgain reports whether a claim that failed with err, as the first
+// statements of its transaction, succeeds in a new transaction: it lost a
+// race under REPEATABLE READ or SERIALIZABLE, or met a partition change.
+func claimAgain(err error) bool {
+	return pgerr.SerializationFailure(err) || errors.Is(err, inboxdb.ErrPartitionsChanged)
+}
+
+func (m *Guard) beginClaimOnce(ctx context.Context, consumer, key string) (wsql.Tx, inboxdb.ClaimResult, error) {
+	if pool, ok := inboxdb.PgxPool(m.cfg.DB.Conn); ok {
+		tx, claim, err := m.store.BeginClaimPool(ctx, pool, consumer, key)
+		if tx == nil {
+			return nil, claim, err
+		}
+		return tx, claim, err
+	}
+	tx, err := m.cfg.DB.Conn.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, inboxdb.ClaimResult{}, fmt.Errorf("begin: %w", err)
+	}
+	claim, err := m.store.ClaimTx(ctx, tx, consumer, key)
+	if err != nil || !claim.Claimed {
+		if err == nil {
+			// The key is recorded as done whether or not the counter
+			// update commits, so the delivery is acked either way.
+			if cerr := tx.Commit(); cerr != nil {
+				m.cfg.Logger.Info("exactlyonce: duplicate counter not committed", watermill.LogFields{"err": cerr.Error(), "key": key})
+			}
+			return nil, claim, nil
+		}
+		_ = tx.Rollback()
+		return nil, claim, err
+	}
+	return tx, claim, nil
+}
+
+// literalClaimLogger logs, once per middleware, that its claims no longer
+// use the prepared statement (inboxdb.Config.OnLiteralClaim).
+func literalClaimLogger(logger watermill.LoggerAdapter) func(error) {
+	return func(cause error) {
+		logger.Info("exactlyonce: the claim's prepared statement was not in the database session its connection prepared it in "+
+			"(a connection pooler in transaction pooling?): claims send the INSERT as literals from now on; "+
+			"behind PgBouncer set default_query_exec_mode=exec on the pool (docs/pgbouncer.md), or Config.LiteralClaim",
+			watermill.LogFields{"err": cause.Error()})
+	}
+}
+
+// refusalCause says why the server refused a COMMIT (pgerr.CommitRefused),
+// for the error the delivery is nacked with.
+func refusalCause(err error) string {
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return "the server answered ROLLBACK: a statement of the transaction had failed and its error was ignored, by the handler most likely"
+	}
+	return "SQLSTATE " + pgerr.Code(err)
+}
+
+// handlerFailed returns the handler's error, as what it is:
+//
+//   - one of the middleware's own refusals of the handler's output (an
+//     outbox publish to no topic, a message the outbox cannot store), which
+//     every redelivery meets again: logged as the configuration or data
+//     error it is, and returned after NackDelay, so that the message is
+//     kept without a tight redelivery loop;
+//   - ErrNestedMiddleware (a second exactly-once middleware inside this
+//     one refused the delivery, and logged it): returned after NackDelay,
+//     for the same reason;
+//   - a conflict with another transaction on the handler's own rows
+//     (pgerr.SerializationFailure: a deadlock, 40P01, or a serialization
+//     failure, 40001): nothing of the message committed, and its
+//     redelivery runs it again in a new transaction. Not an error of the
+//     message: logged at info level (see conflictMessage), and marked for
+//     RouterLogger.
+func (m *Guard) handlerFailed(msg *message.Message, err error, consumer, key string) error {
+	switch {
+	case isOutputError(err):
+		m.cfg.Logger.Error("exactlyonce: the handler's outbox publish was refused, message will be redelivered", err,
+			watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
+		sleep(msg.Context(), m.cfg.NackDelay)
+	case errors.Is(err, ErrNestedMiddleware):
+		sleep(msg.Context(), m.cfg.NackDelay)
+	case pgerr.SerializationFailure(err):
+		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
+			"message_uuid": msg.UUID, "consumer": consumer, "key": key, "sqlstate": pgerr.Code(err), "err": err.Error()})
+		return reported(err)
+	}
+	return err
+}
+
+// conflictMessage is the log line of a handler whose statement met a
+// conflict with another transaction on the handler's own rows.
+const conflictMessage = "exactlyonce: a statement of the handler conflicted with another transaction on the handler's own rows " +
+	"(a deadlock or serialization failure, not an error of the message; update rows in one order, by key, to make it rare)"
