@@ -17,8 +17,8 @@ import (
 )
 
 // parkedStore is what the console needs of a store of parked messages:
-// inbox.Store and redisstore.Store offer the same operations with the
-// same types (a replay differs: the Redis store publishes through a
+// inbox.Store and RedisStore offer the same operations with the same
+// types (a replay differs: the Redis store publishes through a
 // publisher). It reads a message with a bounded prefix of its payload
 // only (GetParkedPrefix, with maxShownPayload, or 0 where the payload is
 // not shown): a payload is read whole by a replay alone, inside the

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -93,6 +94,8 @@ func TestNewRefuses(t *testing.T) {
 		{"prefix pattern", Config{DB: db, Auth: BearerToken(testToken), Prefix: "/a/{b}"}, "Config.Prefix"},
 		{"consumers without DB", Config{Redis: r.store, Auth: BearerToken(testToken), Consumers: []string{"a"}}, "Config.RedisConsumers"},
 		{"redis consumers without Redis", Config{DB: db, Auth: BearerToken(testToken), RedisConsumers: []string{"a"}}, "without Config.Redis"},
+		{"nil Redis store", Config{Redis: (*redisstore.Store)(nil), Auth: BearerToken(testToken)}, "Config.DB.Conn or Config.Redis is required"},
+		{"redis consumers with a nil Redis store", Config{DB: db, Redis: (*redisstore.Store)(nil), Auth: BearerToken(testToken), RedisConsumers: []string{"a"}}, "without Config.Redis"},
 		{"empty consumer", Config{DB: db, Auth: BearerToken(testToken), Consumers: []string{""}}, "empty consumer name"},
 		{"origin", Config{DB: db, Auth: BearerToken(testToken), TrustedOrigins: []string{"not an origin"}}, "TrustedOrigins"},
 		{"interval", Config{DB: db, Auth: BearerToken(testToken), StatsInterval: -1}, "StatsInterval"},

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"html/template"
@@ -8,6 +9,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,9 +18,36 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
+
+// RedisStore is what the console needs of the Redis lease store
+// (Config.Redis): the operators' operations on its records and parked
+// messages. *redisstore.Store implements it. It is an interface so that a
+// service that mounts the console over PostgreSQL alone imports no Redis
+// client: this package does not import redisstore. The errors are
+// inbox's (inbox.ErrNotParked, inbox.ErrNotFound, inbox.ErrChanged,
+// inbox.ErrNotReplayable, inbox.ErrReplayInProgress, inbox.ErrTooBroad,
+// inbox.ErrInvalidFilter): the console answers each with its code.
+type RedisStore interface {
+	// FindParked, CountParked, GetParkedPrefix, DiscardParked,
+	// DiscardParkedMatching, Get and Forget are as inbox.Store's.
+	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
+	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
+	GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
+	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
+	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
+	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
+	Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
+	// ReplayParked and ReplayParkedMatching replay as inbox.Store's do,
+	// but publish through pub (Config.RedisReplayPublisher): the store
+	// has no outbox.
+	ReplayParked(ctx context.Context, consumer, key string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error)
+	ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
+	// CountParkedKeys counts the consumer's parked keys (the overview's
+	// figure; the store keeps no other count).
+	CountParkedKeys(ctx context.Context, consumer string) (int64, error)
+}
 
 // Config configures the console's handler (New).
 type Config struct {
@@ -27,10 +56,11 @@ type Config struct {
 	// set; the outbox's figures, rows and relays need it.
 	DB sqlschema.DB
 
-	// Redis is the Redis lease store (redisstore.New, with the services'
-	// Prefix and DoneTTL): its records and parked messages are shown and
-	// acted on with ?store=redis. Optional.
-	Redis *redisstore.Store
+	// Redis is the Redis lease store (a *redisstore.Store from
+	// redisstore.New, with the services' Prefix and DoneTTL): its records
+	// and parked messages are shown and acted on with ?store=redis.
+	// Optional: nil (or a nil *redisstore.Store) is none.
+	Redis RedisStore
 	// RedisReplayPublisher is the publisher a replay from the Redis store
 	// publishes through: one of the broker the consumers read from (a
 	// rabbitmq.Publisher, say). Without it the Redis store's replays are
@@ -255,6 +285,16 @@ func (h *handler) hostAllowed(host string) bool {
 	return false
 }
 
+// nilStore reports whether s is no store: nil, or a nil pointer in the
+// interface (a nil *redisstore.Store), which New takes as none.
+func nilStore(s RedisStore) bool {
+	if s == nil {
+		return true
+	}
+	v := reflect.ValueOf(s)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
 // New returns the console's http.Handler: the admin API under
 // Prefix+"/api/v1/" and the web console's pages under Prefix+"/". Mount
 // it on your mux at Prefix+"/":
@@ -267,6 +307,9 @@ func (h *handler) hostAllowed(host string) bool {
 // come from the console's own origin (http.CrossOriginProtection) and is
 // refused in ReadOnly mode. New does not touch the database.
 func New(cfg Config) (http.Handler, error) {
+	if nilStore(cfg.Redis) {
+		cfg.Redis = nil
+	}
 	if cfg.DB.Conn == nil && cfg.Redis == nil {
 		return nil, errors.New("console: New: Config.DB.Conn or Config.Redis is required: the console shows the PostgreSQL inbox and outbox, or the Redis lease store")
 	}

@@ -22,8 +22,11 @@
 //
 // It works on the PostgreSQL inbox and outbox (Config.DB, through the
 // inbox and outbox packages' operator functions) and on the Redis lease
-// store (Config.Redis, with ?store=redis), as the exactlyonce CLI does;
-// `exactlyonce ui` serves it standalone.
+// store (Config.Redis, a *redisstore.Store, with ?store=redis), as the
+// exactlyonce CLI does; `exactlyonce ui` serves it standalone. The package
+// imports no Redis client: Config.Redis is an interface (RedisStore), so a
+// service that mounts the console over PostgreSQL alone has none in its
+// build or its go.mod.
 //
 // Mount it on your own mux, as riverui does:
 //

@@ -13,7 +13,6 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
-	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -160,7 +159,7 @@ func classOf(err error) (ae *apiError, unreachable bool) {
 		return notFound("%s", err), false
 	case errors.Is(err, inbox.ErrChanged):
 		return &apiError{status: http.StatusConflict, code: codeChanged, message: err.Error()}, false
-	case errors.Is(err, redisstore.ErrReplayInProgress):
+	case errors.Is(err, inbox.ErrReplayInProgress):
 		return &apiError{status: http.StatusConflict, code: codeInProgress, message: err.Error()}, false
 	case errors.Is(err, inbox.ErrNotReplayable):
 		return &apiError{status: http.StatusConflict, code: codeNotReplayable, message: err.Error()}, false

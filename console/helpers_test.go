@@ -300,6 +300,9 @@ func (p *recorder) all() []published {
 	return append([]published(nil), p.msgs...)
 }
 
+// *redisstore.Store is what Config.Redis takes.
+var _ RedisStore = (*redisstore.Store)(nil)
+
 // redisEnv is a Redis store of the test's own prefix.
 type redisEnv struct {
 	c     *redis.Client

@@ -48,6 +48,16 @@ var (
 	// again once it ends).
 	ErrNotReplayable = errors.New("the parked message cannot be replayed")
 
+	// ErrReplayInProgress is returned (wrapped) by a store whose replay of
+	// a parked message is not one transaction (the Redis store,
+	// redisstore.Store): its ReplayParked (with ErrNotReplayable) and its
+	// DiscardParked return it when a replay of the message is in flight,
+	// another operator's or one whose process stopped before it ended
+	// (it lapses after that store's replay timeout). Nothing changed; try
+	// again later. The PostgreSQL inbox (Store) replays in one
+	// transaction and never returns it.
+	ErrReplayInProgress = errors.New("a replay of the parked message is in flight")
+
 	// ErrTooBroad is returned (wrapped) by FindParked and CountParked for
 	// a filter whose read would exceed its bound (ParkedFilter.MaxScan,
 	// MaxCount); the error says which and how to narrow the filter.

@@ -64,7 +64,7 @@ func TestRedisExpectRacingOperators(t *testing.T) {
 					checked++
 				}
 				mu.Unlock()
-			case errors.Is(err, inbox.ErrNotParked), errors.Is(err, redisstore.ErrReplayInProgress):
+			case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrReplayInProgress):
 			default:
 				aDone <- err
 				return

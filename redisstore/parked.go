@@ -23,17 +23,12 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
-// ErrReplayInProgress is returned (wrapped) by ReplayParked (with
-// inbox.ErrNotReplayable) and DiscardParked when a replay of the message
-// is in flight: another operator's, or one whose process stopped before
-// it ended (then it lapses after Config.ReplayTimeout). Nothing changed;
-// try again later.
-var ErrReplayInProgress = errors.New("a replay of the parked message is in flight")
-
 // The operators' view of parked messages in Redis, the counterpart of
 // inbox.Store's FindParked, CountParked, GetParked, ReplayParked and
 // DiscardParked, with the same types, filters and errors
-// (inbox.ErrNotParked, inbox.ErrNotReplayable, inbox.ErrInvalidFilter).
+// (inbox.ErrNotParked, inbox.ErrNotReplayable, inbox.ErrInvalidFilter,
+// inbox.ErrChanged; and inbox.ErrReplayInProgress, which the PostgreSQL
+// inbox, replaying in one transaction, never returns).
 //
 // Cost: Redis has no index but the consumer's parked set. Every find,
 // count and bulk operation reads the whole set and, for each member, its
@@ -399,7 +394,7 @@ return {fields, 1, string.sub(redis.call('HGET', KEYS[1], 'm_payload'), 1, n)}
 //  1. One script checks that the record holds a message that can be
 //     replayed, releases the key (parked → failed) and marks the message
 //     as being replayed: a second replay, or a discard, is refused
-//     meanwhile (ErrReplayInProgress).
+//     meanwhile (inbox.ErrReplayInProgress).
 //  2. pub publishes the message to its topic (opts.Topic to name another)
 //     with its UUID, payload and metadata, with a context that ends after
 //     Config.ReplayTimeout.
@@ -421,7 +416,7 @@ return {fields, 1, string.sub(redis.call('HGET', KEYS[1], 'm_payload'), 1, n)}
 // queue or routing key). It returns the message as published, or an
 // error wrapping inbox.ErrNotParked (no message: replayed or discarded
 // meanwhile) or inbox.ErrNotReplayable (nothing changed: see its
-// reasons, and ErrReplayInProgress).
+// reasons, and inbox.ErrReplayInProgress).
 func (s *Store) ReplayParked(ctx context.Context, consumer, key string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
 	if err := checkReplay(consumer, key, pub, opts); err != nil {
 		return inbox.ParkedMessage{}, fmt.Errorf("redisstore: replay parked: %w", err)
@@ -485,8 +480,8 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, 
 // DoneTTL as a done one does) unless opts.Forget, which deletes its record
 // too, in the same step (the next delivery runs). A released key's record
 // expires after DoneTTL. It returns an error wrapping inbox.ErrNotParked
-// when there is no message, ErrReplayInProgress, or inbox.ErrChanged when
-// opts.Expect no longer holds; nothing changed then.
+// when there is no message, inbox.ErrReplayInProgress, or
+// inbox.ErrChanged when opts.Expect no longer holds; nothing changed then.
 func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error {
 	if err := parked.CheckKey(consumer, key); err != nil {
 		return fmt.Errorf("redisstore: discard parked: %w", err)
@@ -527,7 +522,7 @@ func (s *Store) DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter,
 		switch {
 		case err == nil:
 			n++
-		case errors.Is(err, inbox.ErrNotParked), errors.Is(err, ErrReplayInProgress), errors.Is(err, inbox.ErrChanged):
+		case errors.Is(err, inbox.ErrNotParked), errors.Is(err, inbox.ErrReplayInProgress), errors.Is(err, inbox.ErrChanged):
 		default:
 			return n, fmt.Errorf("redisstore: discard parked: %w", err)
 		}
@@ -605,7 +600,7 @@ func (s *Store) replay(ctx context.Context, consumer, key string, g guard, pub m
 		return inbox.ParkedMessage{}, changedMeanwhile(consumer, key)
 	case "replaying":
 		until, _ := strconv.ParseInt(res[1], 10, 64)
-		return inbox.ParkedMessage{}, refuse("another replay holds it until "+fromMS(until).UTC().Format(time.RFC3339)+": try again then", ErrReplayInProgress)
+		return inbox.ParkedMessage{}, refuse("another replay holds it until "+fromMS(until).UTC().Format(time.RFC3339)+": try again then", inbox.ErrReplayInProgress)
 	case "not_kept":
 		return inbox.ParkedMessage{}, refuse("its payload (" + res[1] + " bytes) was over the size the middleware keeps: re-publish it from its source, then Release the key")
 	case "no_topic":
@@ -690,7 +685,7 @@ func (s *Store) discard(ctx context.Context, consumer, key string, g guard, opts
 	case n == 0:
 		return fmt.Errorf("%w (consumer %q, key %q)", inbox.ErrNotParked, consumer, key)
 	case n < 0:
-		return fmt.Errorf("%w: %q for %q: try again once it ends (at most Config.ReplayTimeout)", ErrReplayInProgress, key, consumer)
+		return fmt.Errorf("%w: %q for %q: try again once it ends (at most Config.ReplayTimeout)", inbox.ErrReplayInProgress, key, consumer)
 	}
 	return nil
 }

@@ -57,8 +57,8 @@ func TestReplayCrashBetweenSteps(t *testing.T) {
 
 	pub := &sink{}
 	_, err = s.ReplayParked(ctx, "c", "k", pub, inbox.ReplayOptions{})
-	require.ErrorIs(t, err, ErrReplayInProgress)
-	require.ErrorIs(t, s.DiscardParked(ctx, "c", "k", inbox.DiscardOptions{}), ErrReplayInProgress)
+	require.ErrorIs(t, err, inbox.ErrReplayInProgress)
+	require.ErrorIs(t, s.DiscardParked(ctx, "c", "k", inbox.DiscardOptions{}), inbox.ErrReplayInProgress)
 	require.Empty(t, pub.got)
 
 	// Once the mark lapsed, a replay takes the message over.

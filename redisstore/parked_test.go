@@ -420,7 +420,7 @@ func TestRedisReplayParkedConcurrently(t *testing.T) {
 			ok++
 			continue
 		}
-		require.ErrorIs(t, err, redisstore.ErrReplayInProgress)
+		require.ErrorIs(t, err, inbox.ErrReplayInProgress)
 		require.ErrorIs(t, err, inbox.ErrNotReplayable)
 	}
 	require.Equal(t, 1, ok)

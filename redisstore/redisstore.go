@@ -103,7 +103,7 @@ type Config struct {
 	// else the message's context, which a publisher may ignore: keep
 	// ReplayTimeout above that publisher's own timeout), and while it runs a
 	// second replay or a discard of the message is refused
-	// (ErrReplayInProgress). Should the replaying process stop between
+	// (inbox.ErrReplayInProgress). Should the replaying process stop between
 	// the release and the end of the replay, the key stays released with
 	// its message kept, and the message can be replayed (or discarded)
 	// again once ReplayTimeout has passed. At least 1s. Defaults to 1

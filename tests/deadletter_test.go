@@ -765,7 +765,7 @@ func TestDeadLetterRedis(t *testing.T) {
 			won++
 			continue
 		}
-		if !errorIs(err, inbox.ErrNotParked) && !errorIs(err, redisstore.ErrReplayInProgress) {
+		if !errorIs(err, inbox.ErrNotParked) && !errorIs(err, inbox.ErrReplayInProgress) {
 			t.Fatalf("the losing replay: want ErrNotParked or ErrReplayInProgress, got %v", err)
 		}
 	}
