@@ -163,12 +163,12 @@ RETURNING `+recordColumns, args...)
 		case Settled(rec.Status):
 			results[i] = ClaimResult{Existing: rec}
 		case rec.Status == StatusFailed && rec.ParkedByTransaction:
-			ok, former, err := s.reclaim(ctx, tx, consumer, k)
+			ok, err := s.reclaim(ctx, tx, consumer, k)
 			if err != nil {
 				return nil, nil, fmt.Errorf("claiming released %q for %q: %w", k, consumer, err)
 			}
 			if ok {
-				results[i] = ClaimResult{Claimed: true, FormerKeyFormat: former}
+				results[i] = ClaimResult{Claimed: true}
 			} else {
 				errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
 			}

@@ -41,9 +41,6 @@
 --                 transactional claim must never take those over (the two
 --                 modes must not share a consumer name, and the claim says
 --                 so)
---   idempotency_key_format  the encoding of the idempotency key
---                 (Info.IdempotencyKey) that the record's attempts pass to
---                 providers; NULL: the former <consumer>:<key>
 CREATE TABLE IF NOT EXISTS {{.Inbox}} (
     consumer      text        COLLATE "C" NOT NULL,
     message_key   text        COLLATE "C" NOT NULL,
@@ -60,8 +57,7 @@ CREATE TABLE IF NOT EXISTS {{.Inbox}} (
     interrupted   boolean     NOT NULL DEFAULT false,
     lease_token   uuid,
     interruptions integer     NOT NULL DEFAULT 0,
-    parked_by_transaction  boolean NOT NULL DEFAULT false,
-    idempotency_key_format smallint,
+    parked_by_transaction boolean NOT NULL DEFAULT false,
     CONSTRAINT {{.InboxIndex "status_check"}}
         CHECK (status IN ('processing', 'done', 'failed', 'parked', 'discarded')),
 {{- if .Partitioned}}
