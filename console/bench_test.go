@@ -643,7 +643,7 @@ var benchDatasetSQL string
 
 // benchDatasetVersion is recorded with a generated data set: change it with
 // testdata/bench_console.sql, so that an older data set is rebuilt.
-const benchDatasetVersion = 2
+const benchDatasetVersion = 3
 
 // The data set's default sizes (the issue's), and the schema they live in.
 const (

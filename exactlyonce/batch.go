@@ -82,7 +82,6 @@ type job struct {
 	err           error
 	wait          bool // wait NackDelay before returning err
 	park          bool // a Permanent handler error: park the key
-	formerKey     bool // claimed a released record with the former key format
 	conflict      bool // failed by a conflict with another transaction (pgerr.SerializationFailure)
 	copies        int  // deliveries of the key in the batch: this one and its followers
 	queued        []queuedStmt
@@ -379,7 +378,6 @@ func (b *batcher) runOnce(jobs []*job) *job {
 				j.ev.Outcome = Parked
 			}
 		default:
-			j.formerKey = claims[i].FormerKeyFormat
 			run = append(run, j)
 		}
 	}
@@ -390,7 +388,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	for i, j := range run {
 		j.queued = j.queued[:0]
 		ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: j.msg.Context(), tracer: m.tracer}
-		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key, formerKey: j.formerKey}
+		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key}
 		if pipelined {
 			vals.queue = &j.queued
 		}

@@ -23,11 +23,8 @@ type handlerValues struct {
 	outbox   message.Publisher
 	consumer string
 	key      string
-	// formerKey: the key's record was created by a version before the
-	// current idempotency key encoding (see idempotencyKey).
-	formerKey bool
-	lease     *leaseState // lease mode only
-	failOpen  bool        // a fail-open run: no tx, no outbox
+	lease    *leaseState // lease mode only
+	failOpen bool        // a fail-open run: no tx, no outbox
 	// storeOnly is set in lease mode with a store that is not PostgreSQL:
 	// no tx, no outbox; asking for them is recorded.
 	storeOnly *storeOnlyUse
@@ -192,17 +189,12 @@ type Info struct {
 	// every other (consumer, key). For a consumer that contains no ':' and
 	// is not "sha256" (nearly all) it is "<consumer>:<key>", or
 	// "sha256:<hex>" (the SHA-256 of consumer, a NUL byte and key) when that
-	// would be longer than 255 bytes, as in earlier versions of the
-	// library. For any other consumer it is
+	// would be longer than 255 bytes. For any other consumer it is
 	// ":<len(consumer)>:<consumer>:<key>" (the length in bytes, in decimal),
 	// or ":sha256:<hex>" (the SHA-256 of that string) when longer than 255
 	// bytes. The leading ':' and the length keep the two forms and the
 	// consumer's end apart: "notify" with key "vip:42" gets
 	// "notify:vip:42", "notify:vip" with key "42" gets ":10:notify:vip:42".
-	//
-	// In lease mode, and after a key parked in transactional mode is
-	// released, a record created by an earlier version (which knew only
-	// "<consumer>:<key>") keeps that key on every later attempt.
 	IdempotencyKey string
 	// Attempt is 1 for the first run of the key in lease mode, and counts
 	// up; 0 in transactional mode.
@@ -226,7 +218,7 @@ func InfoFromContext(ctx context.Context) (Info, error) {
 	if v == nil {
 		return Info{}, noDelivery(ctx, "InfoFromContext")
 	}
-	info := Info{Consumer: v.consumer, Key: v.key, IdempotencyKey: idempotencyKey(v.consumer, v.key, v.formerKey), FailOpen: v.failOpen}
+	info := Info{Consumer: v.consumer, Key: v.key, IdempotencyKey: idempotencyKey(v.consumer, v.key), FailOpen: v.failOpen}
 	if v.lease != nil {
 		l := v.lease.snapshot()
 		info.Attempt, info.Interrupted, info.LeaseUntil = l.attempt, l.interrupted, l.leaseUntil

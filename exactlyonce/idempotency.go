@@ -12,25 +12,22 @@ import (
 // header to 255 characters).
 const maxIdempotencyKey = 255
 
-// idempotencyKey is Info.IdempotencyKey of (consumer, key). former says
-// that the key's record was created by a version of the library before the
-// current encoding (lease mode: a record with no key format; transactional
-// mode: a parked record with none, released): its attempts keep the former
-// key.
-//
-// The encoding, for a consumer that contains no ':' and is not "sha256"
-// (and, with former, for any consumer):
+// idempotencyKey is Info.IdempotencyKey of (consumer, key). The encoding,
+// for a consumer that contains no ':' and is not "sha256" (nearly all,
+// whose keys read as they are):
 //
 //	<consumer>:<key>                  at most 255 bytes
 //	sha256:<hex SHA-256 of consumer NUL key>   otherwise
 //
-// and for a consumer that contains ':' or is "sha256":
+// and for a consumer that contains ':' or is "sha256" (for which the
+// first form would be ambiguous: consumer "a" with key "b:c" and consumer
+// "a:b" with key "c" would share "a:b:c"):
 //
 //	:<len(consumer) in decimal>:<consumer>:<key>   at most 255 bytes
 //	:sha256:<hex SHA-256 of that string>           otherwise
 //
 // It is injective (two different (consumer, key) pairs never share a key,
-// save for a SHA-256 collision), without former:
+// save for a SHA-256 collision):
 //
 //   - A first-form key starts with its consumer, which is not empty (the
 //     middleware refuses an empty consumer before any mode runs: ValidateKey)
@@ -46,14 +43,8 @@ const maxIdempotencyKey = 255
 //     then the key. Its second field is digits, never "sha256", so it never
 //     meets the hashed second form, whose input is the short second form,
 //     itself injective.
-//
-// The first form is the only encoding of versions before this one, byte
-// for byte: consumers without ':' other than "sha256" (nearly all) keep
-// their keys across the upgrade. Only the others could collide, and only
-// they moved. A record created by an older version keeps the former key
-// (former), with the ambiguity it always had.
-func idempotencyKey(consumer, key string, former bool) string {
-	if former || (!strings.Contains(consumer, ":") && consumer != "sha256") {
+func idempotencyKey(consumer, key string) string {
+	if !strings.Contains(consumer, ":") && consumer != "sha256" {
 		k := consumer + ":" + key
 		if len(k) <= maxIdempotencyKey {
 			return k

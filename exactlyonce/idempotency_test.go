@@ -20,11 +20,11 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// formerIdempotencyKey is the encoding of the versions before the
-// injective one: "<consumer>:<key>", or "sha256:<hex>" of consumer, NUL,
-// key when longer than 255 bytes. It is still the key of every consumer
-// without ':' that is not "sha256".
-func formerIdempotencyKey(consumer, key string) string {
+// firstForm is the encoding's first form: "<consumer>:<key>", or
+// "sha256:<hex>" of consumer, NUL, key when longer than 255 bytes. It is
+// the key of every consumer without ':' that is not "sha256"; for any
+// consumer it would be ambiguous.
+func firstForm(consumer, key string) string {
 	k := consumer + ":" + key
 	if len(k) <= 255 {
 		return k
@@ -44,12 +44,13 @@ func tenantKey(t *testing.T, tenant, inner string) (string, bool) {
 }
 
 // TestIdempotencyKeyCollidingPairs: pairs of (consumer, key) that the
-// former encoding gave one idempotency key get two; the keys of consumers
-// without ':' (other than "sha256") are the former ones, byte for byte.
+// first form alone would give one idempotency key get two; the keys of
+// consumers without ':' (other than "sha256") are the first form, byte for
+// byte.
 func TestIdempotencyKeyCollidingPairs(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("x", 300)
-	hashedHex := strings.TrimPrefix(formerIdempotencyKey("c", long), "sha256:")
+	hashedHex := strings.TrimPrefix(firstForm("c", long), "sha256:")
 	vip42, ok := tenantKey(t, "vip", "42")
 	require.True(t, ok)
 	for _, p := range []struct{ a, b [2]string }{
@@ -62,13 +63,13 @@ func TestIdempotencyKeyCollidingPairs(t *testing.T) {
 	} {
 		a := exactlyonce.IdempotencyKey(p.a[0], p.a[1])
 		b := exactlyonce.IdempotencyKey(p.b[0], p.b[1])
-		require.Equal(t, formerIdempotencyKey(p.a[0], p.a[1]), formerIdempotencyKey(p.b[0], p.b[1]), "%q and %q collided before", p.a, p.b)
+		require.Equal(t, firstForm(p.a[0], p.a[1]), firstForm(p.b[0], p.b[1]), "%q and %q share the first form", p.a, p.b)
 		require.NotEqual(t, a, b, "%q and %q must not share an idempotency key", p.a, p.b)
 	}
 
-	// Unchanged for the consumers that could not collide.
+	// The first form for the consumers that cannot collide.
 	for _, p := range [][2]string{{"sms", "k1"}, {"notify", vip42}, {"c", long}, {"sha256x", "k"}, {"Sha256", "k"}} {
-		require.Equal(t, formerIdempotencyKey(p[0], p[1]), exactlyonce.IdempotencyKey(p[0], p[1]), "%q", p)
+		require.Equal(t, firstForm(p[0], p[1]), exactlyonce.IdempotencyKey(p[0], p[1]), "%q", p)
 	}
 	// The form of the others: ":" <length of consumer> ":" consumer ":"
 	// key, or ":sha256:" and the hex SHA-256 of that when over 255 bytes.
@@ -86,11 +87,11 @@ func validPair(consumer, key string) bool {
 }
 
 // FuzzIdempotencyKey: f(a) == f(b) implies a == b, over the pairs given
-// and those built to collide under the former encoding: every other split
+// and those built to collide under the first form alone: every other split
 // of "<consumer>:<key>" at a ':', the tenant-scoped keys of KeyByTenant with
 // the tenant moved into the consumer, and consumer "sha256" with the hex of
-// a hashed key. Keys of consumers without ':' (other than "sha256") stay
-// the former ones; every key fits in 255 bytes.
+// a hashed key. Keys of consumers without ':' (other than "sha256") are
+// the first form; every key fits in 255 bytes.
 func FuzzIdempotencyKey(f *testing.F) {
 	f.Add("notify", "vip:42", "notify:vip", "42", "vip")
 	f.Add("a", "b:c:d", "a:b:c", "d", "t")
@@ -113,8 +114,8 @@ func FuzzIdempotencyKey(f *testing.F) {
 					add(joined[:i], joined[i+1:])
 				}
 			}
-			if former := formerIdempotencyKey(p[0], p[1]); strings.HasPrefix(former, "sha256:") {
-				add("sha256", strings.TrimPrefix(former, "sha256:"))
+			if first := firstForm(p[0], p[1]); strings.HasPrefix(first, "sha256:") {
+				add("sha256", strings.TrimPrefix(first, "sha256:"))
 			}
 			if k, ok := tenantKey(t, tenant, p[1]); ok {
 				add(p[0], k)
@@ -126,7 +127,7 @@ func FuzzIdempotencyKey(f *testing.F) {
 			keys[i] = exactlyonce.IdempotencyKey(p[0], p[1])
 			require.LessOrEqual(t, len(keys[i]), 255, "%q", p)
 			if !strings.Contains(p[0], ":") && p[0] != "sha256" {
-				require.Equal(t, formerIdempotencyKey(p[0], p[1]), keys[i], "%q: unchanged", p)
+				require.Equal(t, firstForm(p[0], p[1]), keys[i], "%q: the first form", p)
 			}
 		}
 		for i := range pairs {
@@ -167,7 +168,7 @@ func TestIdempotencyKeyAcrossConsumers(t *testing.T) {
 		t.Helper()
 		byTenant := run(t, cfg(), "notify", true)
 		byConsumer := run(t, cfg(), "notify:vip", false)
-		require.Equal(t, "notify:vip:42", byTenant.IdempotencyKey, "a consumer without ':': the key it always had")
+		require.Equal(t, "notify:vip:42", byTenant.IdempotencyKey, "a consumer without ':': the first form")
 		require.Equal(t, ":10:notify:vip:42", byConsumer.IdempotencyKey)
 	}
 	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
@@ -189,17 +190,15 @@ func TestIdempotencyKeyAcrossConsumers(t *testing.T) {
 }
 
 // TestIdempotencyKeyStableAcrossAttempts: in lease mode the key of a record
-// is the same on every attempt, also for a consumer whose key format
-// changed: a record this version created keeps the new key, and a record
-// an older version created (no key format on the record) keeps the former
-// one, "<consumer>:<key>", on the attempts this version runs.
+// is the same on every attempt: after a failed one, and after one whose
+// worker stopped mid-attempt (interrupted).
 func TestIdempotencyKeyStableAcrossAttempts(t *testing.T) {
 	t.Parallel()
 	const consumer = "notify:vip"
 	eachLeaseStore(t, func(t *testing.T, s *leaseStore) {
 		ctx := context.Background()
 		var r recorder
-		fails := map[string]int{"new": 1, "old": 1}
+		fails := map[string]int{"new": 1, "stopped": 1}
 		r.result = func(msg *message.Message) error {
 			if fails[msg.UUID] > 0 {
 				fails[msg.UUID]--
@@ -209,7 +208,7 @@ func TestIdempotencyKeyStableAcrossAttempts(t *testing.T) {
 		}
 		h := s.middleware(t, exactlyonce.Config{Consumer: consumer}).Middleware(r.handle)
 
-		// Created by this version: attempt 1 fails, attempt 2 succeeds.
+		// Attempt 1 fails, attempt 2 succeeds.
 		require.Error(t, deliverKey(h, "new"))
 		require.NoError(t, deliverKey(h, "new"))
 		runs := r.runs()
@@ -218,20 +217,19 @@ func TestIdempotencyKeyStableAcrossAttempts(t *testing.T) {
 		require.Equal(t, ":10:notify:vip:new", runs[0].IdempotencyKey)
 		require.Equal(t, runs[0].IdempotencyKey, runs[1].IdempotencyKey)
 
-		// Claimed by an older version, which stopped mid-attempt: this
-		// version's attempts keep the key the older one used.
-		c, err := s.backend.Claim(ctx, consumer, "old", leasestore.Options{Lease: time.Minute})
+		// Claimed by another worker, which stopped mid-attempt: the next
+		// attempts are interrupted ones, with the same key.
+		c, err := s.backend.Claim(ctx, consumer, "stopped", leasestore.Options{Lease: time.Minute})
 		require.NoError(t, err)
 		require.Equal(t, leasestore.Acquired, c.Outcome)
-		s.unmark(t, consumer, "old")
-		s.expireOf(t, consumer, "old")
-		require.Error(t, deliverKey(h, "old"))
-		require.NoError(t, deliverKey(h, "old"))
+		s.expireOf(t, consumer, "stopped")
+		require.Error(t, deliverKey(h, "stopped"))
+		require.NoError(t, deliverKey(h, "stopped"))
 		runs = r.runs()[2:]
 		require.Len(t, runs, 2)
 		require.Equal(t, []int{2, 3}, []int{runs[0].Attempt, runs[1].Attempt})
 		require.True(t, runs[0].Interrupted)
-		require.Equal(t, "notify:vip:old", runs[0].IdempotencyKey, "the key the older version passed on attempt 1")
+		require.Equal(t, ":10:notify:vip:stopped", runs[0].IdempotencyKey)
 		require.Equal(t, runs[0].IdempotencyKey, runs[1].IdempotencyKey)
 	})
 }
@@ -239,9 +237,8 @@ func TestIdempotencyKeyStableAcrossAttempts(t *testing.T) {
 // TestIdempotencyKeyStableAcrossRelease: in transactional mode a record
 // outlives its attempt only when the handler parked it (Permanent) and an
 // operator released it; the attempt after the release gets the key of the
-// attempt that parked it: the new one for a key this version parked, the
-// former one for a key an older version parked. Through every claim path
-// (pgx's one-round-trip claim, database/sql's, group commit's).
+// attempt that parked it. Through every claim path (pgx's one-round-trip
+// claim, database/sql's, group commit's).
 func TestIdempotencyKeyStableAcrossRelease(t *testing.T) {
 	t.Parallel()
 	const consumer = "notify:vip"
@@ -277,18 +274,6 @@ func TestIdempotencyKeyStableAcrossRelease(t *testing.T) {
 			require.True(t, strings.HasPrefix(want, ":"), want)
 			require.Equal(t, want, runs[0].IdempotencyKey)
 			require.Equal(t, want, runs[1].IdempotencyKey, "after the release: the key of the attempt that parked it")
-
-			// Parked by an older version (no key format), released.
-			require.NoError(t, store.Park(b.Ctx, b.DB.Conn, cons, "old", "invalid phone number", nil))
-			b.Exec(t, "UPDATE "+b.DB.Inbox()+" SET idempotency_key_format = NULL WHERE consumer = $1 AND message_key = 'old'", cons)
-			released, err = store.Release(b.Ctx, b.DB.Conn, cons, "old")
-			require.NoError(t, err)
-			require.True(t, released)
-			require.NoError(t, deliverKey(h, "old"))
-
-			runs = r.runs()
-			require.Len(t, runs, 3)
-			require.Equal(t, cons+":old", runs[2].IdempotencyKey, "parked by an older version: its key")
 		}
 	})
 }

@@ -46,7 +46,6 @@ type leaseState struct {
 	m             *Guard
 	consumer, key string
 	token         string
-	formerKey     bool                   // the record has the former idempotency key format
 	parked        *inboxdb.ParkedMessage // what a park of the attempt keeps
 	mu            sync.Mutex
 	info          leaseInfo
@@ -166,7 +165,7 @@ func (m *Guard) handleLease(msg *message.Message, h message.HandlerFunc, ev *Eve
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, formerKey: claim.FormerKeyFormat, parked: parked, info: leaseInfo{
+	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, parked: parked, info: leaseInfo{
 		attempt:     claim.Attempt,
 		interrupted: claim.Interrupted,
 		leaseUntil:  claim.LeaseUntil,
@@ -183,7 +182,7 @@ func (m *Guard) handleLease(msg *message.Message, h message.HandlerFunc, ev *Eve
 	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
 	ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, formerKey: lease.formerKey, lease: lease}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	berr := th.beginErr()
@@ -257,7 +256,7 @@ func misconfiguredKey(ctx context.Context, consumer string) [2]string {
 func (m *Guard) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
 	use := &storeOnlyUse{}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, formerKey: lease.formerKey, lease: lease, storeOnly: use}))
+	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, lease: lease, storeOnly: use}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)
 	if use.asked.Load() || len(produced) > 0 {

@@ -35,9 +35,6 @@ type leaseStore struct {
 	// expireOf ends the live lease of consumer's key now, as if its worker
 	// had stopped long ago.
 	expireOf func(t *testing.T, consumer, key string)
-	// unmark makes consumer's record of key look created by a version
-	// that wrote no idempotency key format (the record's marker is gone).
-	unmark func(t *testing.T, consumer, key string)
 	// kept reads the message kept with the park of consumer's key (see
 	// keptMessage); false when none.
 	kept func(t *testing.T, consumer, key string) (keptMessage, bool)
@@ -63,11 +60,6 @@ func postgresLeaseStore(t *testing.T) *leaseStore {
 				" SET lease_until = now() - interval '1 second' WHERE consumer = $1 AND message_key = $2 AND status = 'processing'", consumer, key)
 			require.NoError(t, err)
 		},
-		unmark: func(t *testing.T, consumer, key string) {
-			_, err := tables.Conn.ExecContext(context.Background(), "UPDATE "+tables.Inbox()+
-				" SET idempotency_key_format = NULL WHERE consumer = $1 AND message_key = $2", consumer, key)
-			require.NoError(t, err)
-		},
 		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) {
 			return keptInPostgres(t, tables, consumer, key)
 		},
@@ -90,11 +82,6 @@ redis.call('HSET', KEYS[1], 'lease_until_ms', 1) end`, []string{prefix + "{" + c
 			if err != nil && err.Error() != "redis: nil" {
 				require.NoError(t, err)
 			}
-		},
-		unmark: func(t *testing.T, consumer, key string) {
-			n, err := c.HDel(context.Background(), prefix+"{"+consumer+"}:k:"+key, "key_format").Result()
-			require.NoError(t, err)
-			require.Equal(t, int64(1), n, "the record had a key format")
 		},
 		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) {
 			return keptInRedis(t, c, prefix, consumer, key)

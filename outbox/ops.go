@@ -52,7 +52,7 @@ type Pending struct {
 
 // PendingStats reports the backlog of db's outbox table. The count scans
 // the table, which holds only unrelayed rows; BlockedKeys and Blocked read
-// the ordering_key indexes of migration outbox_006 from each blocked key's
+// the ordering_key indexes of migration outbox_001 from each blocked key's
 // first failed row on, a cost that grows with the rows blocked, not with
 // the table. db.Conn is required.
 func PendingStats(ctx context.Context, db sqlschema.DB) (Pending, error) {

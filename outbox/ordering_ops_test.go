@@ -207,7 +207,7 @@ func TestRelayBlockedKeyShowsAndDiscardUnblocks(t *testing.T) {
 
 // TestOrderingKeySearchUsesIndexes: on 20,000 keyed rows, a search by
 // ordering key and the rows waiting behind each failed row read
-// outbox_006's ordering_key indexes, never the whole table.
+// outbox_001's ordering_key indexes, never the whole table.
 func TestOrderingKeySearchUsesIndexes(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {

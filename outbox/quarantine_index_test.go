@@ -12,11 +12,11 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
-// The searches of FindRows and CountRows use outbox_005's partial indexes
-// (or outbox_004's for failing rows) on 50,000 rows of which 1,000
-// quarantined and 100 failing. With the values bound (the custom plans
-// PostgreSQL keeps using while they cost less than its generic plan), each
-// uses the index named; a generic plan (plan_cache_mode =
+// The searches of FindRows and CountRows use outbox_001's partial
+// quarantined_* indexes (or its failing index for failing rows) on 50,000
+// rows of which 1,000 quarantined and 100 failing. With the values bound
+// (the custom plans PostgreSQL keeps using while they cost less than its
+// generic plan), each uses the index named; a generic plan (plan_cache_mode =
 // force_generic_plan), which cannot know how selective a value is, may read
 // the quarantined rows through another partial index instead, but never
 // scans the table.

@@ -51,7 +51,7 @@ type Relay struct {
 }
 
 // NewRelay validates cfg and returns a Relay. The outbox table must exist,
-// migrated by sqlschema.Migrate to its latest version (outbox_005).
+// migrated by sqlschema.Migrate.
 func NewRelay(cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {

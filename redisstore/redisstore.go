@@ -310,18 +310,18 @@ func (b *backend) Claim(ctx context.Context, consumer, key string, opts leasesto
 		return leasestore.Claim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
 	token := watermill.NewUUID() // random (version 4): every claim its own
-	args := []any{token, ms(opts.Lease), opts.MaxInterrupted, key, inboxdb.KeyFormat, "0"}
+	args := []any{token, ms(opts.Lease), opts.MaxInterrupted, key, "0"}
 	if opts.Message != nil {
-		args[5] = "?" // sent only to the claim that parks (see claimScript)
+		args[4] = "?" // sent only to the claim that parks (see claimScript)
 	}
 	res, err := claimScript.Run(ctx, b.c, b.keys(consumer, key), args...).Slice()
-	if err == nil && len(res) == 8 && res[0] == "message" {
-		res, err = claimScript.Run(ctx, b.c, b.keys(consumer, key), append(args[:5:5], messageArgs(opts.Message)...)...).Slice()
+	if err == nil && len(res) == 7 && res[0] == "message" {
+		res, err = claimScript.Run(ctx, b.c, b.keys(consumer, key), append(args[:4:4], messageArgs(opts.Message)...)...).Slice()
 	}
 	if err != nil {
 		return leasestore.Claim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
 	}
-	if len(res) != 8 {
+	if len(res) != 7 {
 		return leasestore.Claim{}, fmt.Errorf("lease claim of %q for %q: unexpected reply %v", key, consumer, res)
 	}
 	outcome, _ := res[0].(string)
@@ -331,12 +331,11 @@ func (b *backend) Claim(ctx context.Context, consumer, key string, opts leasesto
 	parkedNow, _ := res[4].(int64)
 	firstSeen, _ := res[5].(int64)
 	lastErr, _ := res[6].(string)
-	former, _ := res[7].(int64)
 	c := leasestore.Claim{Attempt: int(attempts), Interrupted: interrupted == 1, ParkedNow: parkedNow == 1}
 	c.Record = leasestore.Record{Consumer: consumer, Key: key, Attempts: int(attempts), FirstSeenAt: fromMS(firstSeen), LastError: lastErr}
 	switch outcome {
 	case "acquired":
-		c.Outcome, c.Token, c.LeaseUntil, c.FormerKeyFormat = leasestore.Acquired, token, fromMS(until), former == 1
+		c.Outcome, c.Token, c.LeaseUntil = leasestore.Acquired, token, fromMS(until)
 		c.Record.Status, c.Record.LeaseUntil = inboxdb.StatusProcessing, &c.LeaseUntil
 	case "duplicate":
 		c.Outcome, c.Record.Status = leasestore.Duplicate, inboxdb.StatusDone

@@ -11,10 +11,7 @@ import "github.com/redis/go-redis/v9"
 // Record fields: status (processing, done, failed, parked), attempts,
 // token (the fencing token of the processing attempt), lease_until_ms,
 // first_seen_ms, processed_at_ms, last_error, interrupted (0/1),
-// interruptions, duplicates, key_format (the idempotency key encoding of
-// the record's attempts, inboxdb.KeyFormat; absent on a record an earlier
-// version created, whose attempts keep the former key). Times are Unix
-// milliseconds of the server.
+// interruptions, duplicates. Times are Unix milliseconds of the server.
 //
 // A park also keeps the message it parked (inboxdb.ParkedMessage, as
 // inboxdb.ParkedMessage.Row makes it): m_uuid, m_topic, m_payload (absent
@@ -48,34 +45,31 @@ end
 `
 
 // claimScript: ARGV token, lease ms, max interrupted (0: no bound), the
-// message key (the parked set's member), the key format of a new record,
-// then the message to keep if the claim parks: ARGV[6] '1' with the
-// message (see luaKeep), '0' for none, or '?' when the caller has one but
-// did not send it (the usual case: most claims do not park): a claim that
-// would park then changes nothing and returns the outcome 'message', and
-// the caller runs it again with the message. Returns {outcome, attempts,
-// lease_until_ms, interrupted, parked_now, first_seen_ms, last_error,
-// former} (former: 1 when the record has no key_format).
+// message key (the parked set's member), then the message to keep if the
+// claim parks: ARGV[5] '1' with the message (see luaKeep), '0' for none,
+// or '?' when the caller has one but did not send it (the usual case: most
+// claims do not park): a claim that would park then changes nothing and
+// returns the outcome 'message', and the caller runs it again with the
+// message. Returns {outcome, attempts,
+// lease_until_ms, interrupted, parked_now, first_seen_ms, last_error}.
 var claimScript = redis.NewScript(luaNow + luaKeep + `
 local rec, token, lease, maxi, member = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local until_ms = now + lease
-local f = redis.call('HMGET', rec, 'status', 'attempts', 'lease_until_ms', 'first_seen_ms', 'interrupted', 'interruptions', 'last_error', 'key_format')
+local f = redis.call('HMGET', rec, 'status', 'attempts', 'lease_until_ms', 'first_seen_ms', 'interrupted', 'interruptions', 'last_error')
 local status = f[1]
 if not status then
 	redis.call('DEL', rec)
 	redis.call('HSET', rec, 'status', 'processing', 'attempts', 1, 'token', token, 'lease_until_ms', until_ms,
-		'first_seen_ms', now, 'interrupted', 0, 'interruptions', 0, 'duplicates', 0, 'key_format', ARGV[5])
-	return {'acquired', 1, until_ms, 0, 0, now, '', 0}
+		'first_seen_ms', now, 'interrupted', 0, 'interruptions', 0, 'duplicates', 0)
+	return {'acquired', 1, until_ms, 0, 0, now, ''}
 end
 local attempts, lu, fs = tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0
 local interrupted, interruptions, last_error = f[5] == '1', tonumber(f[6]) or 0, f[7] or ''
-local former = 0
-if not f[8] then former = 1 end
 if status == 'done' or status == 'parked' or status == 'discarded' then
 	redis.call('HINCRBY', rec, 'duplicates', 1)
 	local outcome = 'duplicate'
 	if status == 'parked' then outcome = 'parked' end
-	return {outcome, attempts, 0, 0, 0, fs, last_error, former}
+	return {outcome, attempts, 0, 0, 0, fs, last_error}
 end
 if status == 'failed' then
 	-- A failed record that was parked after an interrupted attempt and then
@@ -84,15 +78,15 @@ if status == 'failed' then
 	redis.call('PERSIST', rec)
 	local was = 0
 	if interrupted then was = 1 end
-	return {'acquired', attempts + 1, until_ms, was, 0, fs, last_error, former}
+	return {'acquired', attempts + 1, until_ms, was, 0, fs, last_error}
 end
 if lu >= now then
-	return {'busy', attempts, lu, 0, 0, fs, last_error, former}
+	return {'busy', attempts, lu, 0, 0, fs, last_error}
 end
 -- Processing with an expired lease: the attempt was interrupted.
 if maxi > 0 and interruptions + 1 >= maxi then
-	if ARGV[6] == '?' then
-		return {'message', attempts, 0, 0, 0, fs, last_error, former}
+	if ARGV[5] == '?' then
+		return {'message', attempts, 0, 0, 0, fs, last_error}
 	end
 	local reason = string.format('lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown (%d interrupted attempts; retries stop at %d)',
 		attempts, interruptions + 1, maxi)
@@ -100,11 +94,11 @@ if maxi > 0 and interruptions + 1 >= maxi then
 	redis.call('HDEL', rec, 'token', 'lease_until_ms')
 	redis.call('ZADD', KEYS[2], fs, member)
 	redis.call('PERSIST', rec)
-	keep(rec, 6, reason)
-	return {'parked', attempts, 0, 1, 1, fs, reason, former}
+	keep(rec, 5, reason)
+	return {'parked', attempts, 0, 1, 1, fs, reason}
 end
 redis.call('HSET', rec, 'attempts', attempts + 1, 'token', token, 'lease_until_ms', until_ms, 'interrupted', 0, 'interruptions', interruptions + 1)
-return {'acquired', attempts + 1, until_ms, 1, 0, fs, last_error, former}
+return {'acquired', attempts + 1, until_ms, 1, 0, fs, last_error}
 `)
 
 // luaOwned is the fencing check: the record is processing with ARGV[1].

@@ -195,11 +195,6 @@ func (c DB) Outbox() string {
 	return pgx.Identifier{c.Schema, c.OutboxTable}.Sanitize()
 }
 
-func (c DB) outboxSequence(suffix string) string {
-	c = c.WithDefaults()
-	return pgx.Identifier{c.Schema, c.OutboxTable + "_" + suffix}.Sanitize()
-}
-
 // migrations returns the quoted, schema-qualified migrations table name.
 func (c DB) migrations() string {
 	c = c.WithDefaults()

@@ -94,13 +94,6 @@ func TestDBQuotedNames(t *testing.T) {
 	require.Equal(t, `"s"."watermill_inbox"`, DB{Schema: "s"}.Inbox())
 	require.Equal(t, `"public"."o"`, DB{OutboxTable: "o"}.Outbox())
 
-	require.Equal(t, `"public"."watermill_outbox_accepted"`, DB{}.outboxSequence("accepted"))
-	require.Equal(t, `"Tenant_A"."Out_accepted"`, cfg.outboxSequence("accepted"))
-	long := DB{OutboxTable: strings.Repeat("o", 40)}
-	require.NoError(t, long.Validate())
-	require.Len(t, strings.Repeat("o", 40)+"_accepted", 49, "within PostgreSQL's 63 bytes for the longest table name")
-	require.Equal(t, `"public"."`+strings.Repeat("o", 40)+`_accepted"`, long.outboxSequence("accepted"))
-
 	// Even without Validate, a quote in a name is escaped, not interpreted.
 	evil := DB{Schema: `x"; DROP TABLE y; --`}
 	require.Equal(t, `"x""; DROP TABLE y; --"."watermill_inbox"`, evil.Inbox())
@@ -125,8 +118,8 @@ func TestMigrations(t *testing.T) {
 		require.True(t, strings.HasSuffix(m.Name, ".up.sql"), m.Name)
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 	}
-	require.Equal(t, 9, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format, parked-messages, parked-consumer-order, partitioned-claim-functions and discarded-status migrations")
-	require.Equal(t, 6, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause, quarantine-search and ordering-key migrations")
+	require.Equal(t, 2, last["inbox"], "inbox has its create and partitioned-claim-functions migrations")
+	require.Equal(t, 1, last["outbox"], "outbox has its create migration")
 }
 
 // SQL is the schema followed by every migration, in order, each under a

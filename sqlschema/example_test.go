@@ -40,7 +40,6 @@ func ExampleSQL() {
 	// CREATE INDEX IF NOT EXISTS "inbox_parked_metadata" ON "billing"."inbox_parked" USING gin (metadata jsonb_path_ops);
 	// CREATE INDEX IF NOT EXISTS "inbox_parked_consumer_at" ON "billing"."inbox_parked" (consumer, parked_at, message_key COLLATE "C");
 	// CREATE TABLE IF NOT EXISTS "billing"."outbox" (
-	// CREATE SEQUENCE IF NOT EXISTS "billing"."outbox_accepted" AS bigint CACHE 1;
 	// CREATE INDEX IF NOT EXISTS "outbox_failing" ON "billing"."outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_at" ON "billing"."outbox" (quarantined_at) WHERE quarantined_at IS NOT NULL;
 	// CREATE INDEX IF NOT EXISTS "outbox_quarantined_uuid" ON "billing"."outbox" (uuid) WHERE quarantined_at IS NOT NULL;
@@ -109,20 +108,8 @@ func ExampleMigrate() {
 	// Output:
 	// check: <nil>
 	// inbox:inbox 1 inbox_001_create.up.sql
-	// inbox:inbox 2 inbox_002_lease.up.sql
-	// inbox:inbox 3 inbox_003_fencing_retention.up.sql
-	// inbox:inbox 4 inbox_004_transactional_park.up.sql
-	// inbox:inbox 5 inbox_005_idempotency_key_format.up.sql
-	// inbox:inbox 6 inbox_006_parked_messages.up.sql
-	// inbox:inbox 7 inbox_007_parked_consumer_order.up.sql
-	// inbox:inbox 8 inbox_008_partitioned_claim_functions.up.sql
-	// inbox:inbox 9 inbox_009_discarded_status.up.sql
+	// inbox:inbox 2 inbox_002_partitioned_claim_functions.up.sql
 	// outbox:outbox 1 outbox_001_create.up.sql
-	// outbox:outbox 2 outbox_002_quarantine.up.sql
-	// outbox:outbox 3 outbox_003_failure_accounting.up.sql
-	// outbox:outbox 4 outbox_004_failure_causes.up.sql
-	// outbox:outbox 5 outbox_005_quarantine_search.up.sql
-	// outbox:outbox 6 outbox_006_ordering_key.up.sql
 }
 
 // Check at start-up when another process owns the migrations: tables that

@@ -118,7 +118,6 @@ func FuzzDBNames(f *testing.F) {
 		}{
 			{cfg.Inbox(), []string{noNUL(d.Schema), noNUL(d.InboxTable)}},
 			{cfg.Outbox(), []string{noNUL(d.Schema), noNUL(d.OutboxTable)}},
-			{cfg.outboxSequence("accepted"), []string{noNUL(d.Schema), noNUL(d.OutboxTable) + "_accepted"}},
 			{cfg.migrations(), []string{noNUL(d.Schema), migrationsTable}},
 		} {
 			parts, ok := fuzzParseQualified(q.got)

@@ -200,10 +200,9 @@ CREATE TABLE IF NOT EXISTS %s (
 	return nil
 }
 
-// claimFunctionsMigrations create the partitioned layout's claim functions
-// (<table>_claim, <table>_claim_batch, <table>_duplicate), in this order:
-// each is idempotent, and a later one replaces what an earlier one made.
-var claimFunctionsMigrations = []string{"inbox_008_partitioned_claim_functions.up.sql", "inbox_009_discarded_status.up.sql"}
+// claimFunctionsMigration creates the partitioned layout's claim functions
+// (<table>_claim, <table>_claim_batch, <table>_duplicate).
+const claimFunctionsMigration = "inbox_002_partitioned_claim_functions.up.sql"
 
 // ensureClaimFunctions creates the partitioned layout's claim functions
 // when they are missing although their migration was recorded for this
@@ -221,14 +220,12 @@ func ensureClaimFunctions(ctx context.Context, tx wsql.ContextExecutor, cfg DB, 
 	if !missing {
 		return nil
 	}
-	for _, name := range claimFunctionsMigrations {
-		i := slices.IndexFunc(migs, func(m migration) bool { return m.Target == "inbox" && m.Name == name })
-		if i < 0 {
-			return errors.New("the migration " + name + " is missing")
-		}
-		if _, err := tx.ExecContext(ctx, migs[i].SQL); err != nil {
-			return fmt.Errorf("creating the claim functions (%s): %w", name, err)
-		}
+	i := slices.IndexFunc(migs, func(m migration) bool { return m.Target == "inbox" && m.Name == claimFunctionsMigration })
+	if i < 0 {
+		return errors.New("the migration " + claimFunctionsMigration + " is missing")
+	}
+	if _, err := tx.ExecContext(ctx, migs[i].SQL); err != nil {
+		return fmt.Errorf("creating the claim functions (%s): %w", claimFunctionsMigration, err)
 	}
 	return nil
 }
@@ -306,12 +303,4 @@ func (d templateData) DuplicateMarker() string { return inboxpart.DuplicateMarke
 // OutboxIndex names an index of the outbox table.
 func (d templateData) OutboxIndex(suffix string) string {
 	return pgx.Identifier{d.cfg.OutboxTable + "_" + suffix}.Sanitize()
-}
-
-// OutboxSequence names a sequence that belongs to the outbox table,
-// schema-qualified (unlike an index, a sequence is created in the first
-// schema of the search path unless qualified). The table name is at most 40
-// bytes, so a short suffix stays within PostgreSQL's 63.
-func (d templateData) OutboxSequence(suffix string) string {
-	return d.cfg.outboxSequence(suffix)
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -68,8 +67,8 @@ func TestSQLMigrations(t *testing.T) {
 		require.NotContains(t, m.SQL, "{{", "template not rendered in %s", m.Name)
 		require.NotEmpty(t, strings.TrimSpace(m.SQL), m.Name)
 	}
-	require.Equal(t, 9, last["inbox"], "inbox has its create, lease, fencing/retention, transactional-park, idempotency-key-format, parked-messages, parked-consumer-order, partitioned-claim-functions and discarded-status migrations")
-	require.Equal(t, 6, last["outbox"], "outbox has its create, quarantine, failure-accounting, failure-cause, quarantine-search and ordering-key migrations")
+	require.Equal(t, 2, last["inbox"], "inbox has its create and partitioned-claim-functions migrations")
+	require.Equal(t, 1, last["outbox"], "outbox has its create migration")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
@@ -257,9 +256,9 @@ func TestSQL(t *testing.T) {
 		`CREATE INDEX IF NOT EXISTS "my_inbox_first_seen_brin"`,
 		`ON "custom_s"."my_inbox" USING brin (first_seen_at)`,
 		`PRIMARY KEY (consumer, message_key)`,
-		`id         bigserial   PRIMARY KEY`,
-		`CREATE SEQUENCE IF NOT EXISTS "custom_s"."my_outbox_accepted" AS bigint CACHE 1;`,
-		`DROP SEQUENCE IF EXISTS "custom_s"."my_outbox_accepted";`,
+		`id              bigserial   PRIMARY KEY`,
+		`CONSTRAINT "my_inbox_status_check"`,
+		`CREATE TABLE IF NOT EXISTS "custom_s"."my_inbox_parked" (`,
 		`CREATE INDEX IF NOT EXISTS "my_outbox_failing" ON "custom_s"."my_outbox" (id) WHERE failures > 0 AND quarantined_at IS NULL;`,
 		`CREATE INDEX IF NOT EXISTS "my_outbox_quarantined_metadata" ON "custom_s"."my_outbox" USING gin (metadata jsonb_path_ops) WHERE quarantined_at IS NOT NULL;`,
 	} {
@@ -295,124 +294,5 @@ func TestSQL(t *testing.T) {
 		// Migrate adopts a schema created from the script.
 		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
-	})
-}
-
-// A database migrated before inbox_002 existed is upgraded in place, its
-// rows kept: the upgrade path every later migration must also follow.
-func TestMigrateUpgradesFromVersion1(t *testing.T) {
-	t.Parallel()
-	eachDriver(t, func(t *testing.T, d testenv.Driver) {
-		ctx := ctxT(t)
-		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
-		migs := scriptMigrations(t, cfg)
-
-		// What Migrate did when only the version-1 migrations existed.
-		_, err := d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
-CREATE TABLE `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+` (
-    target text NOT NULL, version integer NOT NULL, name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version))`)
-		require.NoError(t, err)
-		for _, m := range migs {
-			if m.Version != 1 {
-				continue
-			}
-			_, err := d.DB.ExecContext(ctx, m.SQL)
-			require.NoError(t, err, m.Name)
-			target := "inbox:" + defaultInboxTable
-			if m.Target == "outbox" {
-				target = "outbox:" + defaultOutboxTable
-			}
-			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+
-				` (target, version, name) VALUES ($1, 1, $2)`, target, m.Name)
-			require.NoError(t, err)
-		}
-		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Inbox()+` (consumer, message_key) VALUES ('c', 'old')`)
-		require.NoError(t, err)
-		// A failed lease-mode record of the old versions had no processed_at.
-		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Inbox()+` (consumer, message_key, status, first_seen_at)
-VALUES ('c', 'old-failed', 'failed', now() - interval '10 days')`)
-		require.NoError(t, err)
-		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload) VALUES ('t', 'old', '')`)
-		require.NoError(t, err)
-
-		require.NoError(t, sqlschema.Migrate(ctx, cfg))
-		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
-		var interrupted bool
-		var interruptions int
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT interrupted, interruptions FROM `+cfg.Inbox()+` WHERE message_key = 'old'`,
-			nil, &interrupted, &interruptions))
-		require.False(t, interrupted, "the old row is kept and gets the new columns' defaults")
-		require.Zero(t, interruptions)
-		var formerKey bool
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT idempotency_key_format IS NULL FROM `+cfg.Inbox()+` WHERE message_key = 'old'`, nil, &formerKey))
-		require.True(t, formerKey, "a record of an earlier version has no idempotency key format: its attempts keep the former key")
-		var recent bool
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT processed_at > now() - interval '1 hour' FROM `+cfg.Inbox()+
-			` WHERE message_key = 'old-failed'`, nil, &recent))
-		require.True(t, recent, "a failed record gets a finish time, so retention keeps it a full period")
-
-		// The outbox row gets the columns of outbox_002 to outbox_004 with
-		// their defaults: no failure, due now, not quarantined.
-		var attempts, failures int
-		var due, quarantined bool
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT attempts, failures, next_attempt_at IS NULL,
-			quarantined_at IS NOT NULL FROM `+cfg.Outbox()+` WHERE uuid = 'old'`, nil, &attempts, &failures, &due, &quarantined))
-		require.Zero(t, attempts)
-		require.Zero(t, failures)
-		require.True(t, due)
-		require.False(t, quarantined)
-	})
-}
-
-// outbox_004 drops what outbox_003 kept to infer blame from timing (two
-// columns and a sequence), forgets the failures it blamed on rows that are
-// not quarantined, and keeps the quarantined ones quarantined.
-func TestMigrateOutbox004ForgetsBlame(t *testing.T) {
-	t.Parallel()
-	eachDriver(t, func(t *testing.T, d testenv.Driver) {
-		ctx := ctxT(t)
-		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
-		_, err := d.DB.ExecContext(ctx, `CREATE SCHEMA `+pgx.Identifier{cfg.Schema}.Sanitize()+`;
-CREATE TABLE `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+` (
-    target text NOT NULL, version integer NOT NULL, name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version))`)
-		require.NoError(t, err)
-		for _, m := range scriptMigrations(t, cfg) {
-			if m.Target == "outbox" && m.Version > 3 {
-				continue
-			}
-			_, err := d.DB.ExecContext(ctx, m.SQL)
-			require.NoError(t, err, m.Name)
-			target := "inbox:" + defaultInboxTable
-			if m.Target == "outbox" {
-				target = "outbox:" + defaultOutboxTable
-			}
-			_, err = d.DB.ExecContext(ctx, `INSERT INTO `+pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+
-				` (target, version, name) VALUES ($1, $2, $3)`, target, m.Version, m.Name)
-			require.NoError(t, err)
-		}
-		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload, failures, attempts, blame_pending, fail_mark, next_attempt_at)
-VALUES ('t', 'blamed', '', 3, 2, true, 7, now() + interval '1 minute')`)
-		require.NoError(t, err)
-		_, err = d.DB.ExecContext(ctx, `INSERT INTO `+cfg.Outbox()+` (topic, uuid, payload, failures, attempts, quarantined_at)
-VALUES ('t', 'quarantined', '', 6, 5, now())`)
-		require.NoError(t, err)
-
-		require.NoError(t, sqlschema.Migrate(ctx, cfg))
-		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
-		var attempts, failures int
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT attempts, failures FROM `+cfg.Outbox()+` WHERE uuid = 'blamed'`, nil, &attempts, &failures))
-		require.Zero(t, attempts, "blamed failures are forgotten")
-		require.Equal(t, 3, failures, "the backoff goes on")
-		var quarantined bool
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT quarantined_at IS NOT NULL AND attempts = 5 FROM `+cfg.Outbox()+` WHERE uuid = 'quarantined'`, nil, &quarantined))
-		require.True(t, quarantined, "a quarantined row stays quarantined until requeued")
-		var leftovers int
-		require.NoError(t, seam.QueryRow(ctx, d.DB, `SELECT (SELECT count(*) FROM information_schema.columns
-  WHERE table_schema = $1 AND table_name = $2 AND column_name IN ('blame_pending', 'fail_mark'))
-  + (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 || '_accepted')`,
-			[]any{cfg.Schema, defaultOutboxTable}, &leftovers))
-		require.Zero(t, leftovers, "the blame columns and the accepted sequence are dropped")
 	})
 }

@@ -29,9 +29,10 @@ type schemaTables struct {
 // libraryTablesSQL finds the library's tables in every schema the user may
 // use, from the catalog alone (no table is read, so a schema dropped
 // meanwhile or a table the user may not read is no error): a table with
-// the columns inbox_001 (or outbox_001) creates, in a schema that holds
-// the library's migrations table, or that also has a column of a later
-// migration (tables created with 'migrate sql' and another tool record no
+// the inbox's (or the outbox's) first columns, in a schema that holds the
+// library's migrations table, or that also has the column lease_token
+// (quarantined_at), which a table of the user's of that shape is unlikely
+// to have (tables created with 'migrate sql' and another tool record no
 // migrations). A partition of a partitioned inbox is not a table of its
 // own. The inbox's table of parked messages has neither shape.
 const libraryTablesSQL = `

@@ -117,7 +117,7 @@ SELECT 'ORD-' || lpad((((p * 4 / 5) * 7919) % 10000019)::text, 8, '0') $$;
 -- (Each OFFSET 0 keeps a level's columns computed once per row: without
 -- it the planner inlines them into every expression that uses them.)
 INSERT INTO {{inbox}} (consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at,
-  last_error, interrupted, lease_token, interruptions, parked_by_transaction, idempotency_key_format)
+  last_error, interrupted, lease_token, interruptions, parked_by_transaction)
 SELECT {{schema}}.bench_consumer_name(c), {{schema}}.bench_key(g, {{schema}}.bench_tenant(g, c)), st,
   CASE st WHEN 'done' THEN 1 + (h % 100 < 3)::int WHEN 'failed' THEN 1 + h % 3 WHEN 'processing' THEN 1
     ELSE CASE WHEN interrupted THEN 3 WHEN lease THEN 1 + h % 3 ELSE 1 END END,
@@ -130,8 +130,7 @@ SELECT {{schema}}.bench_consumer_name(c), {{schema}}.bench_key(g, {{schema}}.ben
   interrupted,
   CASE WHEN lease AND st IN ('processing', 'failed', 'parked') THEN md5('t' || g)::uuid END,
   CASE WHEN interrupted THEN 3 ELSE 0 END,
-  st = 'parked' AND NOT lease,
-  CASE WHEN lease THEN 2 END
+  st = 'parked' AND NOT lease
 FROM (
   SELECT *, CASE
       WHEN parked THEN 'parked'

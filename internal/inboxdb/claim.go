@@ -22,12 +22,6 @@ type ClaimResult struct {
 	// Existing is the committed record found when not claimed (its
 	// Duplicates already counts this delivery). Zero when Claimed.
 	Existing Record
-	// FormerKeyFormat is true when the claim took over a released record
-	// that an earlier version of the library parked (it has no idempotency
-	// key format): the handler keeps the former idempotency key, the one
-	// the attempt that parked it passed. A claim that inserts the record
-	// needs none: the record did not outlive an earlier attempt.
-	FormerKeyFormat bool
 }
 
 // ClaimTx records (consumer, key) as done inside tx, the transaction that
@@ -110,14 +104,14 @@ RETURNING first_seen_at`
 			if !rec.ParkedByTransaction {
 				return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 			}
-			ok, former, err := s.reclaim(ctx, tx, consumer, key)
+			ok, err := s.reclaim(ctx, tx, consumer, key)
 			if err != nil {
 				return ClaimResult{}, fmt.Errorf("claiming released %q for %q: %w", key, consumer, err)
 			}
 			if !ok {
 				continue // changed in between: look again
 			}
-			return ClaimResult{Claimed: true, FormerKeyFormat: former}, nil
+			return ClaimResult{Claimed: true}, nil
 		}
 		return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 	}
@@ -135,17 +129,16 @@ RETURNING ` + recordColumns
 
 // reclaim takes over a failed record (released by an operator) as done in
 // tx, which holds its row lock until it ends; a rollback restores it. It
-// reports false when the record is no longer failed, and whether the
-// record has the former idempotency key format (ClaimResult).
-func (s *Store) reclaim(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ok, former bool, err error) {
+// reports false when the record is no longer failed.
+func (s *Store) reclaim(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ok bool, err error) {
 	err = seam.QueryRow(ctx, tx, `UPDATE `+s.table+` SET status = 'done', attempts = attempts + 1, processed_at = now(),
 lease_until = NULL, lease_token = NULL, last_error = NULL
 WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction
-RETURNING idempotency_key_format IS NULL`, []any{consumer, key}, &former)
+RETURNING true`, []any{consumer, key}, &ok)
 	if notFound(err) {
-		return false, false, nil
+		return false, nil
 	}
-	return err == nil, former, err
+	return ok, err
 }
 
 func notDone(consumer, key string, rec Record) error {
@@ -155,9 +148,7 @@ func notDone(consumer, key string, rec Record) error {
 // Park records (consumer, key) as parked with reason, in a statement of its
 // own: a transactional-mode handler returned a Permanent error, and its
 // transaction was rolled back. A key recorded done in the meantime stays
-// done; a failed (released) one is parked again. A record it creates has
-// the current idempotency key format (the attempt that parked it used it);
-// one parked again keeps its own.
+// done; a failed (released) one is parked again.
 //
 // The same statement keeps msg, the message the key was parked with, in
 // the table of parked messages (replacing what an earlier park of the key
@@ -172,8 +163,8 @@ func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key
 		}
 		return nil
 	}
-	q := `INSERT INTO ` + s.table + ` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format)
-VALUES ($1, $2, 'parked', 1, now(), $3, true, ` + keyFormatLiteral + `)
+	q := `INSERT INTO ` + s.table + ` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
+VALUES ($1, $2, 'parked', 1, now(), $3, true)
 ON CONFLICT (consumer, message_key) DO UPDATE SET status = 'parked', attempts = t.attempts + 1, processed_at = now(),
 last_error = EXCLUDED.last_error WHERE t.status = 'failed' AND t.parked_by_transaction`
 	args := []any{consumer, key, pgtext.Truncate(reason)}

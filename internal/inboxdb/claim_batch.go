@@ -48,7 +48,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx wsql.ContextExecutor, consu
 // released one it claims again) counts copies[i]-1 duplicates, a done or
 // parked one copies[i]. A batch without copies runs the statements of
 // ClaimBatchTx, nothing more; on the partitioned layout, whose insert
-// (the claim_batch function of migration inbox_008) cannot set the count,
+// (the claim_batch function of migration inbox_002) cannot set the count,
 // a batch that created records of keys with copies adds their count with
 // one more UPDATE.
 func (s *Store) ClaimBatchCopiesTx(ctx context.Context, tx wsql.ContextExecutor, consumer string, keys []string, copies []int) ([]ClaimResult, []error, error) {
@@ -163,12 +163,12 @@ RETURNING `+recordColumns, args...)
 		case Settled(rec.Status):
 			results[i] = ClaimResult{Existing: rec}
 		case rec.Status == StatusFailed && rec.ParkedByTransaction:
-			ok, former, err := s.reclaim(ctx, tx, consumer, k)
+			ok, err := s.reclaim(ctx, tx, consumer, k)
 			if err != nil {
 				return nil, nil, fmt.Errorf("claiming released %q for %q: %w", k, consumer, err)
 			}
 			if ok {
-				results[i] = ClaimResult{Claimed: true, FormerKeyFormat: former}
+				results[i] = ClaimResult{Claimed: true}
 			} else {
 				errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
 			}

@@ -122,7 +122,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 			if err != nil {
 				return nil, ClaimResult{}, fmt.Errorf("claiming released %q for %q: begin: %w", key, consumer, err)
 			}
-			ok, former, err := s.reclaim(ctx, wsql.TxFromPgx(tx), consumer, key)
+			ok, err := s.reclaim(ctx, wsql.TxFromPgx(tx), consumer, key)
 			if err != nil || !ok {
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 				if err != nil {
@@ -130,7 +130,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 				}
 				continue
 			}
-			return tx, ClaimResult{Claimed: true, FormerKeyFormat: former}, nil
+			return tx, ClaimResult{Claimed: true}, nil
 		}
 		return nil, ClaimResult{Existing: rec}, notDone(consumer, key, rec)
 	}

@@ -36,7 +36,7 @@ func (s *Store) PretendPartitionsEnd(end time.Time) {
 }
 
 // KeysFirst reports whether FindParked reads f's page keys first (from
-// inbox_007's index) and then their rows.
+// the parked_consumer_at index) and then their rows.
 func KeysFirst(f parked.Filter) bool { return keysFirst(f) }
 
 // FindParkedSQL is the query FindParked runs, or with keysFirst the

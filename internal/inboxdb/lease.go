@@ -91,12 +91,6 @@ type LeaseClaim struct {
 	// Record is the key's record after the claim (zero for LeaseBusy when
 	// the record was locked by another transaction).
 	Record Record
-	// FormerKeyFormat is true (LeaseAcquired) when the record was created
-	// by an earlier version of the library, which wrote no idempotency key
-	// format: the attempt keeps the former idempotency key, the one the
-	// record's earlier attempts passed. A record this version creates has
-	// the current format (KeyFormat).
-	FormerKeyFormat bool
 }
 
 // claimLockTimeout bounds how long a claim waits for another transaction
@@ -169,8 +163,8 @@ func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string
 	// The CTE sets the transaction's lock_timeout for the statements that
 	// follow (the row lock below), in the same round trip as the insert.
 	insert := `WITH lock_wait AS (SELECT set_config('lock_timeout', $5, true))
-INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, idempotency_key_format)
-SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + keyFormatLiteral + ` FROM lock_wait
+INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token)
+SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid FROM lock_wait
 ON CONFLICT (consumer, message_key) DO NOTHING
 RETURNING ` + recordColumns
 	args := []any{consumer, key, leaseSecs, token, lockTimeout}
@@ -190,9 +184,9 @@ RETURNING ` + recordColumns
 		return LeaseClaim{}, err
 	}
 
-	var expired, former bool
-	err = seam.QueryRow(ctx, tx, `SELECT `+recordColumns+`, coalesce(lease_until < now(), true), idempotency_key_format IS NULL FROM `+s.table+`
-WHERE consumer = $1 AND message_key = $2 FOR UPDATE`, []any{consumer, key}, append(rec.scanDest(), &expired, &former)...)
+	var expired bool
+	err = seam.QueryRow(ctx, tx, `SELECT `+recordColumns+`, coalesce(lease_until < now(), true) FROM `+s.table+`
+WHERE consumer = $1 AND message_key = $2 FOR UPDATE`, []any{consumer, key}, append(rec.scanDest(), &expired)...)
 	if notFound(err) {
 		// Deleted between the two statements (Forget, Purge): a
 		// conflict-free retry of the insert is the simplest correct answer.
@@ -230,7 +224,7 @@ lease_token = $4::uuid, interrupted = false`
 			return LeaseClaim{}, err
 		}
 		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Token: token, Interrupted: rec.Interrupted,
-			LeaseUntil: *out.LeaseUntil, Record: out, FormerKeyFormat: former}, nil
+			LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	case !expired:
 		lc := LeaseClaim{Outcome: LeaseBusy, Attempt: rec.Attempts, Record: rec}
 		if rec.LeaseUntil != nil {
@@ -259,7 +253,7 @@ SELECT `+recordColumns+` FROM u`, append([]any{consumer, key, reason}, opts.Mess
 			return LeaseClaim{}, err
 		}
 		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Token: token, Interrupted: true,
-			LeaseUntil: *out.LeaseUntil, Record: out, FormerKeyFormat: former}, nil
+			LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 )
 
 // The operators' side of the table of parked messages (<inbox>_parked,
-// migration inbox_006): find, count, show, and the steps of a replay or a
+// migration inbox_001): find, count, show, and the steps of a replay or a
 // discard. The middleware writes the rows (with the park); these read them
 // and remove them.
 //
@@ -184,7 +184,7 @@ func parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error)
 const parkedOrder = ` ORDER BY p.parked_at, p.consumer COLLATE "C", p.message_key COLLATE "C"`
 
 // parkedConsumerOrder is parkedOrder within one consumer: the order of
-// inbox_007's index (consumer, parked_at, message_key COLLATE "C").
+// the parked_consumer_at index (consumer, parked_at, message_key COLLATE "C").
 const parkedConsumerOrder = ` ORDER BY p.parked_at, p.message_key COLLATE "C"`
 
 // FindParked returns up to limit parked messages that match f, after c
@@ -199,7 +199,7 @@ func (s *Store) FindParked(ctx context.Context, db wsql.ContextExecutor, f parke
 }
 
 // keysFirst reports whether FindParked reads the page's keys first, from
-// inbox_007's index, and then their rows: when f names a consumer and
+// the parked_consumer_at index, and then their rows: when f names a consumer and
 // every other condition of f is on the index's columns (the time range, a
 // tenant: a key prefix; the cursor's too). For the plain query of a
 // consumer alone the planner does not choose that index: it expects the
@@ -217,7 +217,7 @@ func keysFirst(f parked.Filter) bool {
 
 // findParkedSQL is FindParked's query and its arguments. With keysFirst,
 // a materialized CTE selects the page's keys (consumer, key) in the
-// order of inbox_007's index, which within one consumer is parkedOrder
+// order of the parked_consumer_at index, which within one consumer is parkedOrder
 // (an index-only scan of the consumer's range, the limit applied there);
 // the rows are then read by the primary key and sorted in parkedOrder
 // (the page only). The rows, their order and the limit are the plain

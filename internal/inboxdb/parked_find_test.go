@@ -1,7 +1,7 @@
 package inboxdb_test
 
-// FindParked of one consumer reads the page's keys first, from inbox_007's
-// index (consumer, parked_at, message_key COLLATE "C"), then their rows:
+// FindParked of one consumer reads the page's keys first, from the
+// parked_consumer_at index (consumer, parked_at, message_key COLLATE "C"), then their rows:
 // the same rows, in the same order and pages, as the plain query; and the
 // plan reads the consumer's range of that index, never a walk of the
 // parked_at index that filters out the other consumers' messages.
@@ -153,7 +153,7 @@ func TestFindParkedKeysFirstOnlyForTheIndex(t *testing.T) {
 // On a table of parked messages where one consumer's are all recent (an
 // incident: 1,000 of 30,000, in the last 2 days; the others spread over
 // 30 days), the first page of that consumer, and of the others, reads the
-// consumer's range of inbox_007's index (index only) and then the page's
+// consumer's range of the parked_consumer_at index (index only) and then the page's
 // rows by the primary key: never the parked_at index with a filter on the
 // consumer (which reads the table up to the incident), nor a scan. So do
 // the same page within a time range, of a tenant, and after a cursor; and
@@ -175,7 +175,7 @@ func TestFindParkedConsumerPlan(t *testing.T) {
 		// counts on the former: the planner costs an index-only scan by
 		// the share of the table's pages that are all-visible, and with
 		// none (a table never vacuumed) it prices the consumer's range of
-		// inbox_007's index above a walk of the parked_at index.
+		// the parked_consumer_at index above a walk of the parked_at index.
 		base := time.Now().UTC().Truncate(time.Second)
 		park := `INSERT INTO ` + store.ParkedTable() + ` (consumer, message_key, message_uuid, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
 SELECT c, (ARRAY['acme:', 'globex:'])[1 + i % 2] || 'key-' || i, 'uuid-' || i, convert_to(repeat('x', 200), 'UTF8'), 200,

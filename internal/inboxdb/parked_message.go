@@ -2,7 +2,7 @@ package inboxdb
 
 // ParkedMessage is the message a key was parked with: kept with the park
 // (in the same statement or transaction) in the table of parked messages,
-// <inbox>_parked (migration inbox_006), so that an operator can find it and
+// <inbox>_parked (migration inbox_001), so that an operator can find it and
 // replay it. The Redis store keeps the same fields in the key's record
 // (hash fields m_uuid, m_topic, m_payload, m_size, m_meta as JSON, and
 // parked_at_ms).

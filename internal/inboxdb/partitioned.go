@@ -405,8 +405,8 @@ func (s *Store) leaseInsertPartitioned(ctx context.Context, tx wsql.ContextExecu
 		`pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`), consumer, key, lockTimeout); err != nil {
 		return "", err
 	}
-	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, idempotency_key_format, partition_at)
-SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + keyFormatLiteral + `, ` + s.partitionAtSQL(pl) + `
+	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, partition_at)
+SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + s.partitionAtSQL(pl) + `
 WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2)
 RETURNING ` + recordColumns, nil
 }
@@ -421,8 +421,8 @@ func (s *Store) parkPartitioned(ctx context.Context, db wsql.ContextExecutor, co
 UPDATE ` + s.table + ` SET status = 'parked', attempts = attempts + 1, processed_at = now(), last_error = $3
 WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction RETURNING ` + parkedReturning + `),
 created AS (
-INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, idempotency_key_format, partition_at)
-SELECT $1, $2, 'parked', 1, now(), $3, true, ` + keyFormatLiteral + `, {{partition_at}}
+INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, partition_at)
+SELECT $1, $2, 'parked', 1, now(), $3, true, {{partition_at}}
 WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2) RETURNING ` + parkedReturning + `)
 `
 	args := []any{consumer, key, reason}

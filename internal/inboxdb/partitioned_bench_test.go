@@ -24,7 +24,7 @@ import (
 // BenchmarkPartitionedClaim compares, on one daily-partitioned inbox
 // filled like the benchtable's retention section (done records of 36-byte
 // keys spread over the past days, one partition per day), the claims
-// before and after the claim functions of migration inbox_008:
+// before and after the claim functions of migration inbox_002:
 //
 //   - statements: the key's lock, then the look-up and insert (the pgx
 //     fast path: BEGIN with the lock, then the prepared insert);

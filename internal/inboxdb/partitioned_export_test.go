@@ -3,9 +3,9 @@ package inboxdb
 import "time"
 
 // UseClaimFunctions switches the store's use of the partitioned layout's
-// claim functions (migration inbox_008) on or off: off, every claim takes
-// the statements of its own it took before them (the key's lock, then the
-// look-up and insert), as with a table not migrated to inbox_008 yet.
+// claim functions (migration inbox_002) on or off: off, every claim takes
+// statements of its own (the key's lock, then the look-up and insert), as
+// with a table whose functions are missing.
 // Tests and benchmarks compare the two on one table.
 func (s *Store) UseClaimFunctions(on bool) {
 	f := &s.part.funcs

@@ -15,7 +15,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
-// The partitioned layout's claim functions (migration inbox_008): the
+// The partitioned layout's claim functions (migration inbox_002): the
 // key's lock, the look-up in every partition and the insert, in one
 // PL/pgSQL call. A claim at clock_timestamp() (a partition covers now and
 // the next interval: the usual case) calls them; a fallback write (see
@@ -50,8 +50,8 @@ func (s *Store) claimFunction(suffix string) string {
 
 // useFunctions reports whether a claim may call the claim functions: they
 // exist (asked through db at the first claim, and again at most every
-// refreshEvery while they are missing: a table not migrated to inbox_008
-// yet claims by the statements of its own, as before).
+// refreshEvery while they are missing: a table whose functions are
+// missing claims by statements of its own).
 func (s *Store) useFunctions(ctx context.Context, db wsql.ContextExecutor) bool {
 	f := &s.part.funcs
 	f.mu.Lock()

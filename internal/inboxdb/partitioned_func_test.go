@@ -1,6 +1,6 @@
 package inboxdb_test
 
-// The partitioned layout's claim functions (migration inbox_008): they take
+// The partitioned layout's claim functions (migration inbox_002): they take
 // the same per-key lock as the statements they replace and as every other
 // writer of records (lease claims, Park, retention's moves), so that claims
 // through them and claims through statements, on one instance or two,
@@ -310,7 +310,7 @@ VALUES ('c', $1, 'done', $2::timestamptz, $2::timestamptz)`, fmt.Sprintf("expire
 	})
 }
 
-// A table whose claim functions are missing (not migrated to inbox_008
+// A table whose claim functions are missing (not migrated to inbox_002
 // yet, or dropped since a store found them) is claimed by statements: a
 // store that finds them missing uses its statements; one that believed
 // them present retries the pgx fast path by statements, and fails ClaimTx

@@ -131,16 +131,6 @@ func validText(s string) error {
 	return nil
 }
 
-// KeyFormat is the idempotency key encoding (see the middleware's
-// Info.IdempotencyKey) that this version writes, as the record's
-// idempotency_key_format, on the records it creates that can outlive an
-// attempt: lease mode's, and those Park creates. A record without one was
-// created by an earlier version, whose attempts passed the former key.
-const KeyFormat = 2
-
-// keyFormatLiteral is KeyFormat in SQL (one digit).
-const keyFormatLiteral = string(rune('0' + KeyFormat))
-
 // The statuses of a record (Record.Status). Transactional mode writes done,
 // and parked for a Permanent handler error; an operator's discard of a
 // parked message (without forgetting the key) writes discarded.

@@ -77,10 +77,7 @@ type Attempt struct {
 //     acquired as attempts+1 with Interrupted, or parked with ParkedNow once
 //     MaxInterrupted attempts were interrupted (keeping Options.Message
 //     with the park, atomically). Every acquired claim gets a
-//     new random Token. A record the claim creates carries the current
-//     idempotency key format (inboxdb.KeyFormat); an acquired claim of a
-//     record without one (created by an earlier version) reports
-//     FormerKeyFormat.
+//     new random Token.
 //   - Extend, Complete, Fail, ParkInterrupted act only while the record is
 //     processing with the attempt's Token; otherwise ErrLeaseLost.
 //   - Fail records failed (the next claim runs again) or, when permanent,

@@ -20,7 +20,11 @@
 -- Only records at clock_timestamp(), in the partition that covers now:
 -- while partition maintenance is behind, claims take the fallback lock
 -- and place their record in the newest partition by statements of their
--- own, as before.
+-- own.
+--
+-- Idempotent (CREATE OR REPLACE): Migrate runs it again when the functions
+-- are missing although it is recorded, as for a table renamed into place
+-- (docs/retention.md), whose functions kept its former name.
 {{if .Partitioned}}
 -- Claims p_key for p_consumer as done, in the caller's transaction.
 -- Returns true when it inserted the record; when the key has one, false,
@@ -68,11 +72,11 @@ BEGIN
 END
 $fn$;
 
--- Counts a duplicate delivery of a done or parked record, under the key's
--- lock (a purge moving the record to another partition holds it: without
--- it the update could fail with SQLSTATE 40001), and returns the record
--- (any status; a record that is not done or parked is left unchanged).
--- No row: the key has no record. The columns are listed (rather than the
+-- Counts a duplicate delivery of a done, parked or discarded record, under
+-- the key's lock (a purge moving the record to another partition holds it:
+-- without it the update could fail with SQLSTATE 40001), and returns the
+-- record (any status; a record of another status is left unchanged). No
+-- row: the key has no record. The columns are listed (rather than the
 -- table's row type) so that the function does not depend on the table.
 CREATE OR REPLACE FUNCTION {{.InboxFunction "duplicate"}}(p_consumer text, p_key text)
 RETURNS TABLE (r_consumer text, r_message_key text, r_status text, r_attempts integer, r_duplicates bigint,
@@ -82,7 +86,7 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     PERFORM pg_advisory_xact_lock({{.LockKey "p_consumer" "p_key"}});
     RETURN QUERY
-    UPDATE {{.Inbox}} t SET duplicates = t.duplicates + CASE WHEN t.status IN ('done', 'parked') THEN 1 ELSE 0 END
+    UPDATE {{.Inbox}} t SET duplicates = t.duplicates + CASE WHEN t.status IN ('done', 'parked', 'discarded') THEN 1 ELSE 0 END
     WHERE t.consumer = p_consumer AND t.message_key = p_key
     RETURNING t.consumer::text, t.message_key::text, t.status, t.attempts, t.duplicates, t.lease_until, t.first_seen_at,
         t.processed_at, coalesce(t.last_error, ''), t.interrupted, t.interruptions, t.parked_by_transaction;
