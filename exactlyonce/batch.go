@@ -521,9 +521,8 @@ func (b *batcher) claimFailed(jobs []*job, cause error) {
 func (b *batcher) failed(j *job, err error) {
 	j.ev.Outcome = Nacked
 	j.err = err
-	var perm *permanentError
 	switch {
-	case errors.As(err, &perm):
+	case marked(err):
 		j.park = true
 	case isOutputError(err):
 		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,

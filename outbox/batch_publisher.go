@@ -21,8 +21,8 @@ type BatchPublisher interface {
 	// the message (it has it: the Relay deletes the row), else why not
 	// (nack, returned as unroutable, channel or connection lost, ctx ended).
 	// A message whose outcome is unknown is a failure: its row stays and is
-	// published again later. Mark an error permanent (Permanent, or a method
-	// Permanent() bool) only when it is the message's own and will repeat
+	// published again later. Mark an error permanent (exactlyonce.Permanent, or a
+	// method Permanent() bool) only when it is the message's own and will repeat
 	// (the broker refused this message: too large, a property it rejects);
 	// never for the broker's state. PublishBatch returns when every message
 	// has an outcome, and at the latest soon after ctx ends. It must be safe

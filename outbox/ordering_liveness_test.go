@@ -17,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -258,7 +259,7 @@ func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 			case m.Metadata.Get("dest") == "down":
 				return errBrokerDown
 			case m.UUID == "Q-001":
-				return outbox.Permanent(errUnpublishable)
+				return exactlyonce.Permanent(errUnpublishable)
 			}
 			return nil
 		}}

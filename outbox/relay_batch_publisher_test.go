@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -141,7 +142,7 @@ func (c *confirmBroker) PublishBatch(ctx context.Context, topics []string, msgs 
 		key := topics[i] + "/" + m.UUID
 		call = append(call, key)
 		if m.Metadata.Get(badHeader) != "" {
-			errs[i] = outbox.Permanent(fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable))
+			errs[i] = exactlyonce.Permanent(fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable))
 			continue
 		}
 		if errs[i] = step(ctx, i); errs[i] == nil {

@@ -21,6 +21,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
@@ -385,7 +386,7 @@ func TestPublisherConfirmTimeout(t *testing.T) {
 	require.NoError(t, ctx.Err(), "the call returned only when its context ended")
 	for i, err := range errs {
 		require.ErrorContains(t, err, "no confirm", "message %d", i)
-		require.False(t, outbox.IsPermanent(err), "an outcome unknown is not the message's own failure")
+		require.False(t, exactlyonce.IsPermanent(err), "an outcome unknown is not the message's own failure")
 	}
 	t.Logf("returned after %v", took)
 
@@ -412,7 +413,7 @@ func TestPublisherBlockedConnection(t *testing.T) {
 		if errs[0] != nil {
 			for i, err := range errs {
 				require.ErrorContains(t, err, "blocked the connection", "message %d", i)
-				require.False(t, outbox.IsPermanent(err))
+				require.False(t, exactlyonce.IsPermanent(err))
 			}
 			return
 		}
@@ -433,7 +434,7 @@ func TestPublisherHeadersOverFrameSizeFailAlone(t *testing.T) {
 	errs := pub.PublishBatch(testContext(t), repeat(q, 3), msgs)
 	require.NoError(t, errs[0])
 	require.ErrorContains(t, errs[1], "frame size")
-	require.True(t, outbox.IsPermanent(errs[1]))
+	require.True(t, exactlyonce.IsPermanent(errs[1]))
 	require.NoError(t, errs[2])
 	got := queueUUIDs(t, amqpURL, q)
 	require.Equal(t, map[string]int{msgs[0].UUID: 1, msgs[2].UUID: 1}, got)

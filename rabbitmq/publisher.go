@@ -97,8 +97,9 @@ type PublisherConfig struct {
 // at-least-once.
 //
 // Failures that are the message's own are marked permanent (a method
-// Permanent() bool, which outbox.IsPermanent recognises, so that the outbox
-// relay quarantines the row after RelayConfig.MaxAttempts of them): a
+// Permanent() bool, exactlyonce.Permanent's mark, which the outbox relay
+// recognises by default, so that it quarantines the row after
+// RelayConfig.MaxAttempts of them; exactlyonce.IsPermanent reports it): a
 // message the broker closed the channel for when it was alone on it
 // (PRECONDITION_FAILED or CONTENT_TOO_LARGE: over max_message_size, an
 // invalid expiration, a user_id that is not the connection's), one the
@@ -928,7 +929,8 @@ func checkTableKeys(v any) error {
 
 // permanentError marks a failure that is the message's own: it repeats
 // whenever the message is published (the outbox relay counts it towards
-// RelayConfig.MaxAttempts; see outbox.IsPermanent).
+// RelayConfig.MaxAttempts). Its mark is exactlyonce.Permanent's, a method
+// Permanent() bool, so that this package need not import the middleware.
 type permanentError struct{ err error }
 
 func permanent(err error) error { return permanentError{err} }

@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
@@ -189,7 +190,7 @@ func TestPublisherUnroutableFailsAlone(t *testing.T) {
 	for i, err := range errs {
 		if i == 4 {
 			require.ErrorContains(t, err, "returned by the broker: 312 NO_ROUTE")
-			require.False(t, outbox.IsPermanent(err), "a missing queue is the destination's state, not the message's")
+			require.False(t, exactlyonce.IsPermanent(err), "a missing queue is the destination's state, not the message's")
 			continue
 		}
 		require.NoError(t, err, "message %d", i)
@@ -228,7 +229,7 @@ func TestPublisherNackFailsThoseMessages(t *testing.T) {
 	for _, err := range mismatched.PublishBatch(ctx, repeat(q, 2), messages("d", 2)) {
 		require.ErrorContains(t, err, "PRECONDITION_FAILED")
 		require.ErrorContains(t, err, "NoQueueDeclare")
-		require.False(t, outbox.IsPermanent(err), "a queue declared otherwise is the destination's state")
+		require.False(t, exactlyonce.IsPermanent(err), "a queue declared otherwise is the destination's state")
 	}
 
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, NoQueueDeclare: true})
@@ -238,7 +239,7 @@ func TestPublisherNackFailsThoseMessages(t *testing.T) {
 			require.NoError(t, err, "message %d", i)
 		} else {
 			require.ErrorContains(t, err, "nacked", "message %d", i)
-			require.False(t, outbox.IsPermanent(err), "back-pressure is the broker's state, not the message's")
+			require.False(t, exactlyonce.IsPermanent(err), "back-pressure is the broker's state, not the message's")
 		}
 	}
 	_, err = ch.QueuePurge(q, false)
@@ -272,7 +273,7 @@ func TestPublisherChannelClosedByBrokerFailsOnlyThatMessage(t *testing.T) {
 	for i, err := range errs {
 		if i == 150 {
 			require.ErrorContains(t, err, "PRECONDITION_FAILED")
-			require.True(t, outbox.IsPermanent(err), "the broker refused the message itself")
+			require.True(t, exactlyonce.IsPermanent(err), "the broker refused the message itself")
 			continue
 		}
 		require.NoError(t, err, "message %d", i)
@@ -306,8 +307,8 @@ func TestPublisherRefusesWhatAMQPCannotCarry(t *testing.T) {
 	require.ErrorContains(t, errs[1], "header name")
 	require.NoError(t, errs[2])
 	require.ErrorContains(t, errs[3], "routing key")
-	require.True(t, outbox.IsPermanent(errs[1]))
-	require.True(t, outbox.IsPermanent(errs[3]))
+	require.True(t, exactlyonce.IsPermanent(errs[1]))
+	require.True(t, exactlyonce.IsPermanent(errs[3]))
 	require.Len(t, queueUUIDs(t, amqpURL, q), 2)
 }
 
@@ -360,8 +361,8 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 		} else {
 			failed++
 			require.Contains(t, err.Error(), "connection", "why a message failed")
-			require.False(t, outbox.IsPermanent(err),
-				"a message lost with the connection is not its own failure: the relay must not count it (outbox.IsPermanent): %v", err)
+			require.False(t, exactlyonce.IsPermanent(err),
+				"a message lost with the connection is not its own failure: the relay must not count it (exactlyonce.IsPermanent): %v", err)
 		}
 	}
 	t.Logf("%d confirmed, %d failed when the connection was cut", confirmed, failed)
@@ -371,7 +372,7 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 	// While the broker is unreachable, a call fails at once.
 	for _, err := range pub.PublishBatch(ctx, repeat(q, 2), messages("down", 2)) {
 		require.ErrorContains(t, err, "cannot connect")
-		require.False(t, outbox.IsPermanent(err), "not sent for want of a connection: not the message's failure")
+		require.False(t, exactlyonce.IsPermanent(err), "not sent for want of a connection: not the message's failure")
 	}
 	proxy.Allow()
 	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 3), messages("after", 3)))

@@ -649,15 +649,15 @@ func (w *worker) runRelay(ctx context.Context) error {
 
 // expirationCheck refuses, before publishing, a message whose expiration
 // RabbitMQ would refuse (not a number of milliseconds), marking the error
-// as the message's own (outbox.Permanent): what a user of a publisher that
-// cannot tell causes apart does for the refusals they know.
+// as the message's own (exactlyonce.Permanent): what a user of a publisher
+// that cannot tell causes apart does for the refusals they know.
 type expirationCheck struct{ message.Publisher }
 
 func (p expirationCheck) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if v := m.Metadata.Get(PoisonMetadata); v != "" {
 			if _, err := strconv.ParseUint(v, 10, 32); err != nil {
-				return outbox.Permanent(fmt.Errorf("message %s: expiration %q is not a number of milliseconds: RabbitMQ refuses it", m.UUID, v))
+				return exactlyonce.Permanent(fmt.Errorf("message %s: expiration %q is not a number of milliseconds: RabbitMQ refuses it", m.UUID, v))
 			}
 		}
 	}
