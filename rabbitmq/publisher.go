@@ -67,12 +67,12 @@ type PublisherConfig struct {
 	// across keys, see PartitionedSubscriber and docs/ordering.md): topic
 	// -> number of partition queues. A message to such a topic goes to the
 	// queue PartitionQueue(topic, Partition(key, n)) of its ordering key
-	// (metadata OrderingKeyMetadata; its UUID when it has none). The first
-	// message to the topic on a connection declares its n queues, durable,
-	// with PartitionQueueArguments (unless NoQueueDeclare). Changing a
-	// topic's number of partitions moves keys to other queues: drain the
-	// queues first, or the messages of a moved key may be handled out of
-	// order.
+	// (metadata outbox.OrderingKeyMetadata; its UUID when it has none). The
+	// first message to the topic on a connection declares its n queues,
+	// durable, with PartitionQueueArguments (unless NoQueueDeclare).
+	// Changing a topic's number of partitions moves keys to other queues:
+	// drain the queues first, or the messages of a moved key may be handled
+	// out of order.
 	Partitions map[string]int
 }
 
