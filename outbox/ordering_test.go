@@ -130,10 +130,10 @@ func (f *flakyBroker) outcome(msg *message.Message) error {
 	return nil
 }
 
-func (f *flakyBroker) PublishBatch(_ context.Context, _ []string, msgs []*message.Message) []error {
-	errs := make([]error, len(msgs))
-	for i, m := range msgs {
-		errs[i] = f.outcome(m)
+func (f *flakyBroker) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+	errs := make([]error, len(batch))
+	for i, tm := range batch {
+		errs[i] = f.outcome(tm.Message)
 	}
 	return errs
 }

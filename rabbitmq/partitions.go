@@ -92,26 +92,23 @@ func checkPartitions(topic string, n int) error {
 	return nil
 }
 
-// route returns the queue each message goes to: its topic, or for a
-// partitioned topic its key's partition queue.
-func (p *Publisher) route(topics []string, msgs []*message.Message) []string {
-	if len(p.cfg.Partitions) == 0 {
-		return topics
-	}
-	out := make([]string, len(topics))
-	for i, t := range topics {
-		out[i] = t
-		n := p.cfg.Partitions[t]
-		if n == 0 || i >= len(msgs) || msgs[i] == nil {
+// route returns the queue each message of batch goes to (its topic, or for
+// a partitioned topic its key's partition queue) and the messages.
+func (p *Publisher) route(batch []outbox.TopicMessage) (queues []string, msgs []*message.Message) {
+	queues, msgs = make([]string, len(batch)), make([]*message.Message, len(batch))
+	for i, tm := range batch {
+		queues[i], msgs[i] = tm.Topic, tm.Message
+		n := p.cfg.Partitions[tm.Topic]
+		if n == 0 || tm.Message == nil {
 			continue
 		}
-		key := outbox.OrderingKey(msgs[i])
+		key := outbox.OrderingKey(tm.Message)
 		if key == "" {
-			key = msgs[i].UUID
+			key = tm.Message.UUID
 		}
-		out[i] = PartitionQueue(t, Partition(key, n))
+		queues[i] = PartitionQueue(tm.Topic, Partition(key, n))
 	}
-	return out
+	return queues, msgs
 }
 
 // queueArguments are the arguments queue is declared with.

@@ -13,6 +13,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 
@@ -207,10 +208,10 @@ func TestRedisParkedReasonOutlivesLaterAttempts(t *testing.T) {
 // end (a confirm that does not come).
 type batchPublisher struct{ batch, plain atomic.Int32 }
 
-func (p *batchPublisher) PublishBatch(ctx context.Context, _ []string, msgs []*message.Message) []error {
+func (p *batchPublisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
 	p.batch.Add(1)
 	<-ctx.Done()
-	errs := make([]error, len(msgs))
+	errs := make([]error, len(batch))
 	for i := range errs {
 		errs[i] = ctx.Err()
 	}

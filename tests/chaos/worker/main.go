@@ -714,8 +714,8 @@ type countingBatchPublisher struct {
 	sink *sink
 }
 
-func (p countingBatchPublisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
-	errs := p.Publisher.PublishBatch(ctx, topics, msgs)
+func (p countingBatchPublisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+	errs := p.Publisher.PublishBatch(ctx, batch)
 	n := 0
 	for _, err := range errs {
 		if err == nil {
