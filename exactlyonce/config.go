@@ -176,7 +176,7 @@ type LeaseConfig struct {
 // the done record, in the store, so it cannot hold database writes or
 // output messages. With such a store, New refuses Config.DB, Batch,
 // FailOpen and PublishTopic; a handler that asks for a transaction or an
-// outbox (PgxTxFromContext, StdTxFromContext, OutboxFromContext, Queue)
+// outbox (PgxTxFromContext, StdTxFromContext, OutboxFromContext, Exec)
 // gets an error. A handler that asked for them or returned output messages
 // is misconfigured, which no retry can fix: its key is parked with its
 // message at once (never run again, whatever external call it made), and

@@ -51,7 +51,7 @@ var (
 	ErrNoDestination = errors.New("output message has no destination topic")
 
 	// ErrNoMiddleware: a context helper (PgxTxFromContext, OutboxFromContext,
-	// Queue, InfoFromContext...) was given a context that carries no
+	// Exec, InfoFromContext...) was given a context that carries no
 	// delivery of this middleware: the middleware does not wrap the
 	// handler (the error then names the handler and says how to add it),
 	// or the handler passed a context that is not msg.Context() or derived

@@ -75,8 +75,8 @@ func TestRedisStoreHandlerNeedingADatabaseIsParkedOnce(t *testing.T) {
 			_, err := exactlyonce.OutboxFromContext(msg.Context())
 			return nil, err
 		}},
-		{"Queue", func(msg *message.Message) ([]*message.Message, error) {
-			return nil, exactlyonce.Queue(msg.Context(), "SELECT 1")
+		{"Exec", func(msg *message.Message) ([]*message.Message, error) {
+			return nil, exactlyonce.Exec(msg.Context(), "SELECT 1")
 		}},
 		{"outputs", func(msg *message.Message) ([]*message.Message, error) {
 			return []*message.Message{message.NewMessage("out", nil)}, nil

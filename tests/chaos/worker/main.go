@@ -11,7 +11,7 @@
 //     Mode batch is transactional mode with group commit (Config.Batch with
 //     its defaults): one handler on exactlyonce.ConcurrentSubscriber with
 //     4 x CHAOS_HANDLERS deliveries in flight, whose effect row is written
-//     with exactlyonce.Queue (pipelined with pgx). With
+//     with exactlyonce.Exec (pipelined with pgx). With
 //     CHAOS_SUBSCRIBER=rabbitmq (either mode) the consumer has one handler
 //     on rabbitmq.Subscriber with a prefetch of 4 x CHAOS_HANDLERS.
 //   - relay: outbox.Relay from the outbox to the output queue, with publisher
@@ -564,7 +564,7 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 	// closing (it cancels the message's context): the effect happened.
 	write := testenv.Exec
 	if w.cfg.Mode == "batch" {
-		write = exactlyonce.Queue // sent with the batch's other writes
+		write = exactlyonce.Exec // sent with the batch's other writes
 	}
 	if err := write(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
 		key, attempt, w.cfg.Name, out.UUID); err != nil {
