@@ -186,11 +186,13 @@ type LeaseConfig struct {
 // of a handler registered with a publish topic (router.AddHandler: use
 // AddConsumerHandler). See docs/redis.md.
 //
-// Only this module's packages implement it: its method returns a type
-// internal to the module.
+// It is sealed: only this module's stores implement it (its method is
+// internal to the module, and a store has it by embedding an internal
+// type), so that the contract between the middleware and its stores can
+// change without breaking a program. Pass the store; there is nothing to
+// call on it.
 type LeaseStore interface {
-	// LeaseBackend returns the store's implementation.
-	LeaseBackend() leasestore.Backend
+	leasestore.Provider
 }
 
 // BatchConfig configures group commit (Config.Batch).
