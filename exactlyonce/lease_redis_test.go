@@ -45,6 +45,8 @@ func TestRedisStoreRefusesWhatItCannotHonour(t *testing.T) {
 	}
 	_, err = exactlyonce.New(exactlyonce.Config{Lease: lease()})
 	require.NoError(t, err, "no DB needed")
+	_, err = exactlyonce.New(exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Store: &redisstore.Store{}}})
+	require.ErrorContains(t, err, "use redisstore.New", "a store not made by its constructor")
 }
 
 // TestRedisStoreHandlerNeedingADatabaseIsParkedOnce: a handler under the
