@@ -219,7 +219,7 @@ func ExampleFindRows() {
 	fmt.Println("quarantined or failing:", left, err)
 	// Output:
 	// relay failed: true
-	// orders.shipped order-42-shipped 12 bytes true orders.shipped refused: header over the broker's limit
+	// orders.shipped order-42-shipped 12 bytes true permanent: orders.shipped refused: header over the broker's limit
 	// {"order":42}
 	// relayed: 1 <nil> [orders.shipped order-42-shipped]
 	// quarantined or failing: 0 <nil>
