@@ -74,7 +74,7 @@ RETURNING id`, []any{fmt.Sprintf("row-%d", i), payload}, &id)
 		msg := &inboxdb.ParkedMessage{UUID: "uuid-" + key, Topic: "orders", Payload: payload, PayloadSize: len(payload),
 			Metadata: map[string]string{"order_id": "A-1"}}
 		require.NoError(b, inner.Park(ctx, db.Conn, consumer, key, "permanent: too large", msg))
-		lb := rs.LeaseBackend()
+		lb := leasestore.BackendOf(rs)
 		claim, err := lb.Claim(ctx, consumer, key, leasestore.Options{Lease: time.Minute})
 		require.NoError(b, err)
 		require.NoError(b, lb.Fail(ctx, leasestore.Attempt{Consumer: consumer, Key: key, Token: claim.Token, Message: msg}, "permanent: too large", true))

@@ -326,7 +326,7 @@ func (r redisEnv) park(t *testing.T, ctx context.Context, consumer, key string, 
 	if m.reason == "" {
 		m.reason = "permanent: invalid order"
 	}
-	lb := r.store.LeaseBackend()
+	lb := leasestore.BackendOf(r.store)
 	claim, err := lb.Claim(ctx, consumer, key, leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, claim.Outcome)
@@ -341,7 +341,7 @@ func (r redisEnv) park(t *testing.T, ctx context.Context, consumer, key string, 
 // done records (consumer, key) as done in Redis.
 func (r redisEnv) done(t *testing.T, ctx context.Context, consumer, key string) {
 	t.Helper()
-	lb := r.store.LeaseBackend()
+	lb := leasestore.BackendOf(r.store)
 	claim, err := lb.Claim(ctx, consumer, key, leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, lb.Complete(ctx, leasestore.Attempt{Consumer: consumer, Key: key, Token: claim.Token}))

@@ -32,7 +32,7 @@ import (
 // A batch: BEGIN; one statement claims every key (sorted, so that batches on
 // two instances cannot deadlock); the handlers of the claimed keys run in
 // turn with the transaction in their context; their output messages go to
-// the outbox; their queued statements (Queue) are sent in one round trip;
+// the outbox; the statements they deferred (Exec) are sent in one round trip;
 // COMMIT. When a handler fails, the transaction is rolled back and the batch
 // runs again without it (its effects are all in the transaction, so running
 // a handler again is safe): one failure costs its own message and a rerun,
@@ -425,7 +425,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 				// Aborted by any handler's own statement before.
 				return errSplit
 			}
-			b.failed(j, fmt.Errorf("exactlyonce: a statement queued with Queue failed: %w", qerr))
+			b.failed(j, fmt.Errorf("exactlyonce: a statement deferred by Exec failed: %w", qerr))
 			return j
 		}
 	}
@@ -519,9 +519,8 @@ func (b *batcher) claimFailed(jobs []*job, cause error) {
 func (b *batcher) failed(j *job, err error) {
 	j.ev.Outcome = Nacked
 	j.err = err
-	var perm *permanentError
 	switch {
-	case errors.As(err, &perm):
+	case marked(err):
 		j.park = true
 	case isOutputError(err):
 		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,

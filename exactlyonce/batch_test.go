@@ -372,13 +372,13 @@ func (tr *batchTracer) take() []int {
 	return out
 }
 
-// TestBatchQueue: statements handlers queue with exactlyonce.Queue are
-// applied with the batch. With pgx they are sent after the last handler
-// ran, all in one pipeline (one round trip): no handler sees another's
-// queued write. With database/sql Queue runs the statement at once. A
-// queued statement that fails (a unique violation) fails only its own
-// message.
-func TestBatchQueue(t *testing.T) {
+// TestBatchExec: statements handlers give exactlyonce.Exec are
+// applied with the batch. With pgx they are deferred: sent after the last
+// handler ran, all in one pipeline (one round trip): no handler sees
+// another's deferred write. With database/sql Exec runs the statement at
+// once. A deferred statement that fails (a unique violation) fails only
+// its own message.
+func TestBatchExec(t *testing.T) {
 	t.Parallel()
 	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
 		effects := b.Table("effects")
@@ -400,7 +400,7 @@ func TestBatchQueue(t *testing.T) {
 		var seen []int64
 		h := func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			if err := exactlyonce.Queue(ctx, "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
+			if err := exactlyonce.Exec(ctx, "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
 				return nil, err
 			}
 			var n int64
@@ -428,7 +428,7 @@ func TestBatchQueue(t *testing.T) {
 			require.Equal(t, make([]int64, 10), seen, "pgx: queued writes are sent after the last handler ran")
 			require.Equal(t, []int{10}, tracer.take(), "pgx: the batch's queued writes travel in one pipeline")
 		} else {
-			require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, seen, "database/sql: Queue runs the statement at once")
+			require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, seen, "database/sql: Exec runs the statement at once")
 		}
 
 		// A queued write that fails: only its message is nacked.
@@ -454,7 +454,7 @@ func TestBatchQueue(t *testing.T) {
 			require.Equal(t, 9, got[1])
 		}
 
-		require.Error(t, exactlyonce.Queue(context.Background(), "SELECT 1"), "Queue outside the middleware")
+		require.Error(t, exactlyonce.Exec(context.Background(), "SELECT 1"), "Exec outside the middleware")
 	})
 }
 
@@ -1171,7 +1171,7 @@ func TestBatchThroughRabbitMQ(t *testing.T) {
 	r.AddConsumerHandler("batch-smoke", q, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 32), func(msg *message.Message) error {
 		storeMax(&maxSeen, inHandler.Add(1))
 		defer inHandler.Add(-1)
-		return exactlyonce.Queue(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
+		return exactlyonce.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
 	})
 	testenv.StartRouter(t, r)
 	pub := testenv.AMQPPublisher(t)
@@ -1207,7 +1207,7 @@ func TestBatchThroughRabbitMQ(t *testing.T) {
 // are processed (one effect each) and only the one that ignored its error
 // is nacked. The abort is met by the COMMIT (the healthy handlers run no
 // statement), by the healthy handlers' own statements (they insert their
-// effect and return its error), or by the statements they queued (Queue:
+// effect and return its error), or by the statements they deferred (Exec:
 // with pgx, sent in one round trip before the COMMIT).
 //
 // The same handler without group commit: the 6 are processed, the bad one
@@ -1236,7 +1236,7 @@ func TestBatchHandlerIgnoresFailedStatement(t *testing.T) {
 					case "exec":
 						return nil, testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
 					case "queue":
-						return nil, exactlyonce.Queue(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
+						return nil, exactlyonce.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
 					}
 					return nil, nil
 				}

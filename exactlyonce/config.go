@@ -176,7 +176,7 @@ type LeaseConfig struct {
 // the done record, in the store, so it cannot hold database writes or
 // output messages. With such a store, New refuses Config.DB, Batch,
 // FailOpen and PublishTopic; a handler that asks for a transaction or an
-// outbox (PgxTxFromContext, StdTxFromContext, OutboxFromContext, Queue)
+// outbox (PgxTxFromContext, StdTxFromContext, OutboxFromContext, Exec)
 // gets an error. A handler that asked for them or returned output messages
 // is misconfigured, which no retry can fix: its key is parked with its
 // message at once (never run again, whatever external call it made), and
@@ -186,11 +186,13 @@ type LeaseConfig struct {
 // of a handler registered with a publish topic (router.AddHandler: use
 // AddConsumerHandler). See docs/redis.md.
 //
-// Only this module's packages implement it: its method returns a type
-// internal to the module.
+// It is sealed: only this module's stores implement it (its method is
+// internal to the module, and a store has it by embedding an internal
+// type), so that the contract between the middleware and its stores can
+// change without breaking a program. Pass the store; there is nothing to
+// call on it.
 type LeaseStore interface {
-	// LeaseBackend returns the store's implementation.
-	LeaseBackend() leasestore.Backend
+	leasestore.Provider
 }
 
 // BatchConfig configures group commit (Config.Batch).

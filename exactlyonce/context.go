@@ -28,7 +28,7 @@ type handlerValues struct {
 	// storeOnly is set in lease mode with a store that is not PostgreSQL:
 	// no tx, no outbox; asking for them is recorded.
 	storeOnly *storeOnlyUse
-	queue     *[]queuedStmt // group commit with pgx: Queue appends here
+	queue     *[]queuedStmt // group commit with pgx: Exec defers its statements here
 }
 
 func withHandlerContext(ctx context.Context, v *handlerValues) context.Context {
@@ -149,27 +149,29 @@ func OutboxFromContext(ctx context.Context) (message.Publisher, error) {
 	return v.outbox, nil
 }
 
-// Queue adds a write to the handler's transaction without waiting for its
-// result. With group commit (Config.Batch) and pgx, the statements every
-// handler of the batch queued are sent in one round trip (a pgx batch) after
-// the last handler ran and before the COMMIT; otherwise Queue runs the
-// statement at once, like Exec on the transaction. Use it for writes whose
-// result the handler does not need (an INSERT, an UPDATE), and do not read
-// in the handler what it queued: it has not run yet. A queued statement that fails fails its message as if the handler
-// had returned the error (the rest of the batch runs again without it).
-// Queue returns an error where PgxTxFromContext does.
-func Queue(ctx context.Context, query string, args ...any) error {
+// Exec runs a write in the handler's transaction, for handlers that do not
+// need its result (an INSERT, an UPDATE). With group commit (Config.Batch)
+// and pgx it defers the statement: the statements every handler of the
+// batch gave Exec are sent in one round trip (a pgx batch) after the last
+// handler ran and before the COMMIT, and Exec returns nil at once; do not
+// read in the handler what it wrote with Exec then: it has not run yet. A
+// deferred statement that fails fails its message as if the handler had
+// returned the error (the rest of the batch runs again without it).
+// Otherwise Exec runs the statement at once, as ExecContext on the
+// transaction does, and returns its error. Exec returns an error where
+// PgxTxFromContext does.
+func Exec(ctx context.Context, query string, args ...any) error {
 	v := valuesFrom(ctx)
 	switch {
 	case v == nil:
-		return noDelivery(ctx, "Queue")
+		return noDelivery(ctx, "Exec")
 	case v.failOpen:
 		return errFailOpen
 	case v.queue != nil:
 		*v.queue = append(*v.queue, queuedStmt{query: query, args: args})
 		return nil
 	}
-	t, err := tx(ctx, "Queue")
+	t, err := tx(ctx, "Exec")
 	if err != nil {
 		return err
 	}

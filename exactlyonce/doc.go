@@ -52,7 +52,7 @@
 // handler in flight at the same moment (ConcurrentSubscriber) share one
 // transaction: one statement claims their keys, their handlers run in turn,
 // one COMMIT, then every message is acked. A failing handler costs only its
-// own message (the batch runs again without it). Queue lets handlers
+// own message (the batch runs again without it). Exec lets handlers
 // pipeline their writes. Same guarantees, several times the throughput.
 //
 // # Wiring

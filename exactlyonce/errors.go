@@ -51,7 +51,7 @@ var (
 	ErrNoDestination = errors.New("output message has no destination topic")
 
 	// ErrNoMiddleware: a context helper (PgxTxFromContext, OutboxFromContext,
-	// Queue, InfoFromContext...) was given a context that carries no
+	// Exec, InfoFromContext...) was given a context that carries no
 	// delivery of this middleware: the middleware does not wrap the
 	// handler (the error then names the handler and says how to add it),
 	// or the handler passed a context that is not msg.Context() or derived
@@ -79,13 +79,30 @@ var (
 // refused before any SQL ran.
 var errOutput = errors.New("invalid output message")
 
-// Permanent marks a handler error that no retry can fix (a phone number the
-// provider rejects, a payload that will never parse). In both modes the
-// handler's transaction is rolled back, the key is recorded as parked with
-// the error as its reason, and the message is kept with it (see
-// Config.MaxParkedPayload) and acked: later deliveries of the key are acked
-// as parked too, until an operator replays the kept message or releases
-// the key (inbox.Store.Release). Permanent(nil) is nil.
+// Permanent marks an error that no retry can fix. It is the library's one
+// mark of a permanent failure, for handlers and publishers alike.
+//
+// Returned by a handler (a phone number the provider rejects, a payload
+// that will never parse), in both modes: the handler's transaction is
+// rolled back, the key is recorded as parked with the error as its reason,
+// and the message is kept with it (see Config.MaxParkedPayload) and acked:
+// later deliveries of the key are acked as parked too, until an operator
+// replays the kept message or releases the key (inbox.Store.Release).
+//
+// Returned by a publisher the outbox relay uses (outbox.RelayConfig), it
+// says that the broker (or the publisher, before sending) refused this
+// message for a reason that repeats whenever it is published, whatever the
+// broker's state: too large, a property or header the broker rejects, not
+// marshallable. The relay counts such failures against the row and
+// quarantines it after RelayConfig.MaxAttempts of them. Never mark the
+// broker's own state (a connection lost, a timeout, a nack, an unroutable
+// message, an unknown outcome): that is retried for as long as it lasts.
+//
+// The mark is a method Permanent() bool returning true, which the error
+// returned has: a package can mark its errors the same way without
+// importing this one (rabbitmq.Publisher does), and the middleware and the
+// relay recognise them anywhere in the error's chain. Permanent(nil) is
+// nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -95,21 +112,29 @@ func Permanent(err error) error {
 
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
+func (e *permanentError) Error() string   { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error   { return e.err }
+func (e *permanentError) Permanent() bool { return true }
+
+// marked reports whether err, or an error it wraps, carries the mark of
+// Permanent: a method Permanent() bool that returns true.
+func marked(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
 
 // IsPermanent reports whether err says that redelivering the message can
-// never succeed: its key is invalid (ErrInvalidKey), the handler's output
-// messages cannot be stored, the middleware does not wrap the handler
-// (ErrNoMiddleware) or wraps it twice (ErrNestedMiddleware), or the error
-// was made by Permanent (returned
-// to the router only when the key could not be parked, or in a fail-open
-// run). Use it as the filter of Watermill's PoisonQueueWithFilter, added
-// before (outside) this middleware. Configuration errors (ErrNoDestination,
-// sqlschema.ErrNotMigrated) are not permanent: the message waits in the
-// queue until the configuration is fixed.
+// never succeed: it is marked permanent (made by Permanent, or an error
+// with a method Permanent() bool that returns true; returned to the router
+// only when the key could not be parked, or in a fail-open run), its key is
+// invalid (ErrInvalidKey), the handler's output messages cannot be stored,
+// or the middleware does not wrap the handler (ErrNoMiddleware) or wraps
+// it twice (ErrNestedMiddleware). Use it as the filter of Watermill's
+// PoisonQueueWithFilter, added before (outside) this middleware.
+// Configuration errors (ErrNoDestination, sqlschema.ErrNotMigrated) are not
+// permanent: the message waits in the queue until the configuration is
+// fixed.
 func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.Is(err, ErrNoMiddleware) ||
-		errors.Is(err, ErrNestedMiddleware) || errors.As(err, &p)
+	return marked(err) || errors.Is(err, ErrInvalidKey) || errors.Is(err, errOutput) || errors.Is(err, ErrNoMiddleware) ||
+		errors.Is(err, ErrNestedMiddleware)
 }

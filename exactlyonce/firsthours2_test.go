@@ -154,7 +154,7 @@ func TestFirstHoursForgottenMiddleware(t *testing.T) {
 		require.Contains(t, err.Error(), "msg.Context()", "it says which context to pass")
 		_, err = exactlyonce.OutboxFromContext(context.Background())
 		require.ErrorIs(t, err, exactlyonce.ErrNoMiddleware)
-		require.ErrorIs(t, exactlyonce.Queue(context.Background(), "SELECT 1"), exactlyonce.ErrNoMiddleware)
+		require.ErrorIs(t, exactlyonce.Exec(context.Background(), "SELECT 1"), exactlyonce.ErrNoMiddleware)
 		_, err = exactlyonce.InfoFromContext(context.Background())
 		require.ErrorIs(t, err, exactlyonce.ErrNoMiddleware)
 	})

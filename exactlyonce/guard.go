@@ -76,7 +76,7 @@ func New(cfg Config) (*Guard, error) {
 	m.check.pending.Store(true)
 	switch {
 	case cfg.storeOnly():
-		if m.lease = cfg.Lease.Store.LeaseBackend(); m.lease == nil {
+		if m.lease = leasestore.BackendOf(cfg.Lease.Store); m.lease == nil {
 			return nil, errors.New("exactlyonce: Config.Lease.Store has no backend (use redisstore.New)")
 		}
 	case cfg.Lease != nil:

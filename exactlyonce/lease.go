@@ -199,8 +199,7 @@ func (m *Guard) handleLease(msg *message.Message, h message.HandlerFunc, ev *Eve
 // (acked), failed otherwise (nacked; the next delivery runs attempt n+1).
 func (m *Guard) leaseHandlerFailed(msg *message.Message, ev *Event, lease *leaseState, herr error) ([]*message.Message, error) {
 	consumer, key := lease.consumer, lease.key
-	var perm *permanentError
-	if errors.As(herr, &perm) {
+	if marked(herr) {
 		if ferr := m.recordFailure(msg.Context(), lease, herr, true); ferr != nil {
 			// Not recorded: nack, so that the key is not lost.
 			ev.Outcome = Nacked

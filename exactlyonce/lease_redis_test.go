@@ -45,6 +45,8 @@ func TestRedisStoreRefusesWhatItCannotHonour(t *testing.T) {
 	}
 	_, err = exactlyonce.New(exactlyonce.Config{Lease: lease()})
 	require.NoError(t, err, "no DB needed")
+	_, err = exactlyonce.New(exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Store: &redisstore.Store{}}})
+	require.ErrorContains(t, err, "use redisstore.New", "a store not made by its constructor")
 }
 
 // TestRedisStoreHandlerNeedingADatabaseIsParkedOnce: a handler under the
@@ -75,8 +77,8 @@ func TestRedisStoreHandlerNeedingADatabaseIsParkedOnce(t *testing.T) {
 			_, err := exactlyonce.OutboxFromContext(msg.Context())
 			return nil, err
 		}},
-		{"Queue", func(msg *message.Message) ([]*message.Message, error) {
-			return nil, exactlyonce.Queue(msg.Context(), "SELECT 1")
+		{"Exec", func(msg *message.Message) ([]*message.Message, error) {
+			return nil, exactlyonce.Exec(msg.Context(), "SELECT 1")
 		}},
 		{"outputs", func(msg *message.Message) ([]*message.Message, error) {
 			return []*message.Message{message.NewMessage("out", nil)}, nil

@@ -73,7 +73,7 @@ func redisLeaseStore(t *testing.T) *leaseStore {
 	require.NoError(t, err)
 	return &leaseStore{
 		name:    "redis",
-		backend: store.LeaseBackend(),
+		backend: leasestore.BackendOf(store),
 		with:    func(cfg *exactlyonce.Config) { cfg.Lease.Store = store },
 		expireOf: func(t *testing.T, consumer, key string) {
 			// The record's layout is redisstore's (see its package doc).

@@ -63,8 +63,7 @@ func (m *Guard) handleTransactional(msg *message.Message, h message.HandlerFunc,
 	if err != nil {
 		_ = tx.Rollback()
 		done = true
-		var perm *permanentError
-		if errors.As(err, &perm) {
+		if marked(err) {
 			return m.parkTransactional(msg, ev, err, consumer, key)
 		}
 		ev.Outcome = Nacked

@@ -22,7 +22,7 @@ func TestWatchRedisStore(t *testing.T) {
 	c := testenv.Redis(t)
 	store, err := redisstore.New(redisstore.Config{Client: c, Prefix: testenv.RedisPrefix(t, c)})
 	require.NoError(t, err)
-	b := store.LeaseBackend()
+	b := leasestore.BackendOf(store)
 	park := func(consumer, key string) {
 		claim, err := b.Claim(ctx, consumer, key, leasestore.Options{Lease: time.Minute})
 		require.NoError(t, err)

@@ -16,16 +16,24 @@ import (
 // (counted towards RelayConfig.MaxAttempts only when it is permanent: see
 // RelayConfig.IsPermanent).
 type BatchPublisher interface {
-	// PublishBatch publishes msgs[i] to topics[i], in order, and returns one
-	// error per message (len(msgs) of them): nil when the broker confirmed
-	// the message (it has it: the Relay deletes the row), else why not
-	// (nack, returned as unroutable, channel or connection lost, ctx ended).
-	// A message whose outcome is unknown is a failure: its row stays and is
-	// published again later. Mark an error permanent (Permanent, or a method
-	// Permanent() bool) only when it is the message's own and will repeat
-	// (the broker refused this message: too large, a property it rejects);
-	// never for the broker's state. PublishBatch returns when every message
-	// has an outcome, and at the latest soon after ctx ends. It must be safe
-	// for concurrent use (RelayConfig.Workers call it concurrently).
-	PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error
+	// PublishBatch publishes each batch[i].Message to batch[i].Topic, in
+	// order, and returns one error per message (len(batch) of them): nil
+	// when the broker confirmed the message (it has it: the Relay deletes
+	// the row), else why not (nack, returned as unroutable, channel or
+	// connection lost, ctx ended). A message whose outcome is unknown is a
+	// failure: its row stays and is published again later. Mark an error
+	// permanent (exactlyonce.Permanent, or a method Permanent() bool) only
+	// when it is the message's own and will repeat (the broker refused this
+	// message: too large, a property it rejects); never for the broker's
+	// state. PublishBatch returns when every message has an outcome, and at
+	// the latest soon after ctx ends. It must be safe for concurrent use
+	// (RelayConfig.Workers call it concurrently).
+	PublishBatch(ctx context.Context, batch []TopicMessage) []error
+}
+
+// TopicMessage is a message and the topic it is published to: one entry of
+// a PublishBatch call.
+type TopicMessage struct {
+	Topic   string
+	Message *message.Message
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -118,7 +119,7 @@ func Example() {
 }
 
 // refusing is a destination that refuses every message for good
-// (outbox.Permanent) until it is fixed, and keeps what it accepts.
+// (exactlyonce.Permanent) until it is fixed, and keeps what it accepts.
 type refusing struct {
 	fixed bool
 	got   []string
@@ -126,7 +127,7 @@ type refusing struct {
 
 func (r *refusing) Publish(topic string, msgs ...*message.Message) error {
 	if !r.fixed {
-		return outbox.Permanent(fmt.Errorf("%s refused: header over the broker's limit", topic))
+		return exactlyonce.Permanent(fmt.Errorf("%s refused: header over the broker's limit", topic))
 	}
 	for _, m := range msgs {
 		r.got = append(r.got, topic+" "+m.UUID)
@@ -218,7 +219,7 @@ func ExampleFindRows() {
 	fmt.Println("quarantined or failing:", left, err)
 	// Output:
 	// relay failed: true
-	// orders.shipped order-42-shipped 12 bytes true orders.shipped refused: header over the broker's limit
+	// orders.shipped order-42-shipped 12 bytes true permanent: orders.shipped refused: header over the broker's limit
 	// {"order":42}
 	// relayed: 1 <nil> [orders.shipped order-42-shipped]
 	// quarantined or failing: 0 <nil>

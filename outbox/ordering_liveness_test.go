@@ -17,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -79,17 +80,21 @@ type blockingBroker struct {
 	enteredO sync.Once
 }
 
-func (f *blockingBroker) PublishBatch(_ context.Context, _ []string, msgs []*message.Message) []error {
+func (f *blockingBroker) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
 	f.enteredO.Do(func() { close(f.entered) })
 	<-f.release
-	for _, m := range msgs {
-		f.log.add(m)
+	for _, tm := range batch {
+		f.log.add(tm.Message)
 	}
-	return make([]error, len(msgs))
+	return make([]error, len(batch))
 }
 
 func (f *blockingBroker) Publish(topic string, msgs ...*message.Message) error {
-	for _, err := range f.PublishBatch(context.Background(), nil, msgs) {
+	batch := make([]outbox.TopicMessage, len(msgs))
+	for i, m := range msgs {
+		batch[i] = outbox.TopicMessage{Topic: topic, Message: m}
+	}
+	for _, err := range f.PublishBatch(context.Background(), batch) {
 		if err != nil {
 			return err
 		}
@@ -258,7 +263,7 @@ func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 			case m.Metadata.Get("dest") == "down":
 				return errBrokerDown
 			case m.UUID == "Q-001":
-				return outbox.Permanent(errUnpublishable)
+				return exactlyonce.Permanent(errUnpublishable)
 			}
 			return nil
 		}}

@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -129,10 +130,10 @@ func (f *flakyBroker) outcome(msg *message.Message) error {
 	return nil
 }
 
-func (f *flakyBroker) PublishBatch(_ context.Context, _ []string, msgs []*message.Message) []error {
-	errs := make([]error, len(msgs))
-	for i, m := range msgs {
-		errs[i] = f.outcome(m)
+func (f *flakyBroker) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+	errs := make([]error, len(batch))
+	for i, tm := range batch {
+		errs[i] = f.outcome(tm.Message)
 	}
 	return errs
 }
@@ -347,7 +348,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 
 				log := newAcceptLog()
 				var refuseMu sync.Mutex
-				refuse := map[string]error{"A-001": errBrokerDown, "C-002": outbox.Permanent(errUnpublishable)}
+				refuse := map[string]error{"A-001": errBrokerDown, "C-002": exactlyonce.Permanent(errUnpublishable)}
 				broker := &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(1, 2)), refuse: func(m *message.Message) error {
 					refuseMu.Lock()
 					defer refuseMu.Unlock()
@@ -407,7 +408,7 @@ func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 		b.publish(t, "orders", keyed("A", 1), keyed("A", 2), keyed("A", 3))
 		log := newAcceptLog()
 		var refuseMu sync.Mutex
-		refuse := map[string]error{"A-002": outbox.Permanent(errUnpublishable)}
+		refuse := map[string]error{"A-002": exactlyonce.Permanent(errUnpublishable)}
 		broker := &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(3, 4)), refuse: func(m *message.Message) error {
 			refuseMu.Lock()
 			defer refuseMu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -36,10 +37,10 @@ type oneByOne struct{ message.Publisher }
 
 var _ outbox.BatchPublisher = oneByOne{}
 
-func (o oneByOne) PublishBatch(_ context.Context, topics []string, msgs []*message.Message) []error {
-	errs := make([]error, len(msgs))
-	for i, m := range msgs {
-		errs[i] = o.Publisher.Publish(topics[i], m)
+func (o oneByOne) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+	errs := make([]error, len(batch))
+	for i, tm := range batch {
+		errs[i] = o.Publisher.Publish(tm.Topic, tm.Message)
 	}
 	return errs
 }
@@ -128,25 +129,26 @@ func cancelAfter(k int, cancel context.CancelFunc) func(context.Context, int) er
 	}
 }
 
-func (c *confirmBroker) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
+func (c *confirmBroker) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	step := func(context.Context, int) error { return nil }
 	if len(c.steps) > 0 {
 		step, c.steps = c.steps[0], c.steps[1:]
 	}
-	errs := make([]error, len(msgs))
+	errs := make([]error, len(batch))
 	var call []string
-	for i, m := range msgs {
-		key := topics[i] + "/" + m.UUID
+	for i, tm := range batch {
+		m := tm.Message
+		key := tm.Topic + "/" + m.UUID
 		call = append(call, key)
 		if m.Metadata.Get(badHeader) != "" {
-			errs[i] = outbox.Permanent(fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable))
+			errs[i] = exactlyonce.Permanent(fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable))
 			continue
 		}
 		if errs[i] = step(ctx, i); errs[i] == nil {
 			c.accepted[key]++
-			c.got = append(c.got, delivered{Topic: topics[i], UUID: m.UUID, Payload: string(m.Payload), Metadata: maps.Clone(m.Metadata)})
+			c.got = append(c.got, delivered{Topic: tm.Topic, UUID: m.UUID, Payload: string(m.Payload), Metadata: maps.Clone(m.Metadata)})
 		}
 	}
 	c.calls = append(c.calls, call)
@@ -458,8 +460,8 @@ func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
 // messages.
 type shortBatch struct{ nopPublisher }
 
-func (shortBatch) PublishBatch(_ context.Context, _ []string, msgs []*message.Message) []error {
-	return make([]error, len(msgs)-1)
+func (shortBatch) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+	return make([]error, len(batch)-1)
 }
 
 // A publisher that breaks the contract (one outcome per message) confirms

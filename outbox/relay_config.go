@@ -85,9 +85,10 @@ type RelayConfig struct {
 
 	// IsPermanent reports whether a publish error is the message's own: the
 	// broker refused this message in a way that will repeat (see
-	// Permanent). Only such failures count towards MaxAttempts. Defaults to
-	// IsPermanent, which recognises errors the publisher marked:
-	// rabbitmq.Publisher marks a message the broker closed the channel for
+	// exactlyonce.Permanent). Only such failures count towards MaxAttempts.
+	// Defaults to recognising the errors the publisher marked with a method
+	// Permanent() bool that returns true (exactlyonce.Permanent's mark,
+	// anywhere in the error's chain): rabbitmq.Publisher marks a message the broker closed the channel for
 	// (too large, a property it rejects) and one it cannot marshal or
 	// send. A publisher that does not mark its errors (watermill-amqp's)
 	// needs a predicate of yours to quarantine anything, for example
@@ -165,7 +166,7 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 		c.MaxAttempts = defaultMaxAttempts
 	}
 	if c.IsPermanent == nil {
-		c.IsPermanent = IsPermanent
+		c.IsPermanent = marked
 	}
 	return c
 }

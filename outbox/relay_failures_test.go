@@ -1,7 +1,7 @@
 package outbox_test
 
 // Failure accounting of the relay: rows behind a failing row keep flowing, a
-// row the broker can never take (its publisher says so: outbox.Permanent) is
+// row the broker can never take (its publisher says so: exactlyonce.Permanent) is
 // quarantined whatever its neighbours did, and an outage (every publish
 // failing, even when it begins in the middle of a batch) quarantines
 // nothing.
@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -22,7 +23,7 @@ import (
 
 // badHeader marks a message the scripted broker refuses for good (as
 // RabbitMQ refuses a header name over 255 bytes), with an error marked
-// outbox.Permanent.
+// exactlyonce.Permanent.
 const badHeader = "x-test-refused"
 
 // scriptedBroker is a message.Publisher whose state the test scripts: it
@@ -49,7 +50,7 @@ func (s *scriptedBroker) Publish(topic string, msgs ...*message.Message) error {
 	s.calls++
 	for _, m := range msgs {
 		if m.Metadata.Get(badHeader) != "" {
-			return outbox.Permanent(fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable))
+			return exactlyonce.Permanent(fmt.Errorf("message %s refused: %w", m.UUID, errUnpublishable))
 		}
 	}
 	for _, m := range msgs {

@@ -157,7 +157,11 @@ func (r *Relay) publishBatch(ctx context.Context, b batch) (p published) {
 		p.cancelled = err
 		return p
 	}
-	errs := r.batchPub.PublishBatch(ctx, b.topics, b.msgs)
+	out := make([]TopicMessage, len(b.msgs))
+	for i, msg := range b.msgs {
+		out[i] = TopicMessage{Topic: b.topics[i], Message: msg}
+	}
+	errs := r.batchPub.PublishBatch(ctx, out)
 	if len(errs) != len(b.msgs) {
 		// A broken publisher: no message of the call counts as confirmed,
 		// and nothing says they are at fault.

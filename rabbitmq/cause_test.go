@@ -21,6 +21,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
@@ -110,7 +111,7 @@ func TestPublisherAttributesReturnsWithoutMessageID(t *testing.T) {
 		}
 		deleted <- purged
 	}()
-	errs := pub.PublishBatch(ctx, repeat(q, n), msgs)
+	errs := pub.PublishBatch(ctx, to(q, msgs))
 	purged, ok := <-deleted
 	require.True(t, ok, "the queue was not deleted and declared again during the call")
 	<-consumerDone // the deletion cancelled the consumer
@@ -247,7 +248,7 @@ func TestPublisherConfirmsOnlyWhatReachedTheQueueAcrossCuts(t *testing.T) {
 	var mu sync.Mutex
 	call := func(prefix string) {
 		msgs := messages(prefix, perCall)
-		for i, err := range pub.PublishBatch(ctx, repeat(q, perCall), msgs) {
+		for i, err := range pub.PublishBatch(ctx, to(q, msgs)) {
 			if err == nil {
 				mu.Lock()
 				confirmed[msgs[i].UUID] = true
@@ -376,21 +377,21 @@ func TestPublisherConfirmTimeout(t *testing.T) {
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: viaProxy, NoQueueDeclare: true, ConfirmTimeout: 300 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 2), messages("before", 2)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("before", 2))))
 
 	proxy.dropAcks.Store(true)
 	start := time.Now()
-	errs := pub.PublishBatch(ctx, repeat(q, 5), messages("noack", 5))
+	errs := pub.PublishBatch(ctx, to(q, messages("noack", 5)))
 	took := time.Since(start)
 	require.NoError(t, ctx.Err(), "the call returned only when its context ended")
 	for i, err := range errs {
 		require.ErrorContains(t, err, "no confirm", "message %d", i)
-		require.False(t, outbox.IsPermanent(err), "an outcome unknown is not the message's own failure")
+		require.False(t, exactlyonce.IsPermanent(err), "an outcome unknown is not the message's own failure")
 	}
 	t.Logf("returned after %v", took)
 
 	proxy.dropAcks.Store(false)
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 2), messages("after", 2)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("after", 2))))
 }
 
 // A broker that blocks the connection (a resource alarm) stops taking
@@ -403,16 +404,16 @@ func TestPublisherBlockedConnection(t *testing.T) {
 	proxy, viaProxy := newFrameProxy(t, amqpURL)
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: viaProxy, NoQueueDeclare: true})
 	ctx := testContext(t)
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 2), messages("before", 2)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("before", 2))))
 
 	proxy.block()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		errs := pub.PublishBatch(ctx, repeat(q, 3), messages(fmt.Sprintf("blocked-%d", time.Now().UnixNano()), 3))
+		errs := pub.PublishBatch(ctx, to(q, messages(fmt.Sprintf("blocked-%d", time.Now().UnixNano()), 3)))
 		if errs[0] != nil {
 			for i, err := range errs {
 				require.ErrorContains(t, err, "blocked the connection", "message %d", i)
-				require.False(t, outbox.IsPermanent(err))
+				require.False(t, exactlyonce.IsPermanent(err))
 			}
 			return
 		}
@@ -430,10 +431,10 @@ func TestPublisherHeadersOverFrameSizeFailAlone(t *testing.T) {
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL})
 	msgs := messages("f", 3)
 	msgs[1].Metadata.Set("big", strings.Repeat("h", 200_000))
-	errs := pub.PublishBatch(testContext(t), repeat(q, 3), msgs)
+	errs := pub.PublishBatch(testContext(t), to(q, msgs))
 	require.NoError(t, errs[0])
 	require.ErrorContains(t, errs[1], "frame size")
-	require.True(t, outbox.IsPermanent(errs[1]))
+	require.True(t, exactlyonce.IsPermanent(errs[1]))
 	require.NoError(t, errs[2])
 	got := queueUUIDs(t, amqpURL, q)
 	require.Equal(t, map[string]int{msgs[0].UUID: 1, msgs[2].UUID: 1}, got)

@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/fanin"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // Partitioned topics: per-key order on the consumer's side, with
@@ -22,17 +23,13 @@ import (
 // (PartitionQueueArguments): however many instances subscribe to a
 // partition, RabbitMQ delivers it to one at a time, in queue order. The
 // Publisher (PublisherConfig.Partitions) sends a message to the partition
-// of its ordering key (the metadata field OrderingKeyMetadata, which the
-// outbox sets), Partition(key, n); a message without one to the partition
-// of its UUID. PartitionedSubscriber subscribes a handler to every
+// of its ordering key (outbox.OrderingKey: the metadata field
+// outbox.OrderingKeyMetadata, which the outbox sets), Partition(key, n); a
+// message without one to the partition of its UUID. PartitionedSubscriber subscribes a handler to every
 // partition of a topic, each subscription taking one message at a time.
 // So the messages of one key reach one queue, in the order the relay
 // published them, and are handled one at a time in that order, while the
 // n partitions run in parallel.
-
-// OrderingKeyMetadata is the metadata field the outbox keeps a message's
-// ordering key in (outbox.OrderingKeyMetadata).
-const OrderingKeyMetadata = "ordering_key"
 
 // MaxPartitions is the most partitions a topic may have.
 const MaxPartitions = 1024
@@ -95,26 +92,23 @@ func checkPartitions(topic string, n int) error {
 	return nil
 }
 
-// route returns the queue each message goes to: its topic, or for a
-// partitioned topic its key's partition queue.
-func (p *Publisher) route(topics []string, msgs []*message.Message) []string {
-	if len(p.cfg.Partitions) == 0 {
-		return topics
-	}
-	out := make([]string, len(topics))
-	for i, t := range topics {
-		out[i] = t
-		n := p.cfg.Partitions[t]
-		if n == 0 || i >= len(msgs) || msgs[i] == nil {
+// route returns the queue each message of batch goes to (its topic, or for
+// a partitioned topic its key's partition queue) and the messages.
+func (p *Publisher) route(batch []outbox.TopicMessage) (queues []string, msgs []*message.Message) {
+	queues, msgs = make([]string, len(batch)), make([]*message.Message, len(batch))
+	for i, tm := range batch {
+		queues[i], msgs[i] = tm.Topic, tm.Message
+		n := p.cfg.Partitions[tm.Topic]
+		if n == 0 || tm.Message == nil {
 			continue
 		}
-		key := msgs[i].Metadata.Get(OrderingKeyMetadata)
+		key := outbox.OrderingKey(tm.Message)
 		if key == "" {
-			key = msgs[i].UUID
+			key = tm.Message.UUID
 		}
-		out[i] = PartitionQueue(t, Partition(key, n))
+		queues[i] = PartitionQueue(tm.Topic, Partition(key, n))
 	}
-	return out
+	return queues, msgs
 }
 
 // queueArguments are the arguments queue is declared with.

@@ -21,10 +21,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 )
 
-func TestOrderingKeyMetadataIsTheOutboxs(t *testing.T) {
-	require.Equal(t, outbox.OrderingKeyMetadata, rabbitmq.OrderingKeyMetadata)
-}
-
 func TestPartitionIsStable(t *testing.T) {
 	// FNV-1a 32 of "order-1" is 0x2b7fcd6d (729795949): fixed, so that a
 	// producer in another language routes the same way.
@@ -99,7 +95,7 @@ func TestPublisherPartitionsByKey(t *testing.T) {
 			if !ok {
 				break
 			}
-			key, _ := d.Headers[rabbitmq.OrderingKeyMetadata].(string)
+			key, _ := d.Headers[outbox.OrderingKeyMetadata].(string)
 			require.Equal(t, q, rabbitmq.PartitionQueue(topic, rabbitmq.Partition(key, n)), "key %s in the wrong partition", key)
 			seq, _ := strconv.Atoi(string(d.Body))
 			got[key] = append(got[key], seq)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // defaultWindow is PublisherConfig.Window's default.
@@ -67,12 +69,12 @@ type PublisherConfig struct {
 	// across keys, see PartitionedSubscriber and docs/ordering.md): topic
 	// -> number of partition queues. A message to such a topic goes to the
 	// queue PartitionQueue(topic, Partition(key, n)) of its ordering key
-	// (metadata OrderingKeyMetadata; its UUID when it has none). The first
-	// message to the topic on a connection declares its n queues, durable,
-	// with PartitionQueueArguments (unless NoQueueDeclare). Changing a
-	// topic's number of partitions moves keys to other queues: drain the
-	// queues first, or the messages of a moved key may be handled out of
-	// order.
+	// (metadata outbox.OrderingKeyMetadata; its UUID when it has none). The
+	// first message to the topic on a connection declares its n queues,
+	// durable, with PartitionQueueArguments (unless NoQueueDeclare).
+	// Changing a topic's number of partitions moves keys to other queues:
+	// drain the queues first, or the messages of a moved key may be handled
+	// out of order.
 	Partitions map[string]int
 }
 
@@ -97,8 +99,9 @@ type PublisherConfig struct {
 // at-least-once.
 //
 // Failures that are the message's own are marked permanent (a method
-// Permanent() bool, which outbox.IsPermanent recognises, so that the outbox
-// relay quarantines the row after RelayConfig.MaxAttempts of them): a
+// Permanent() bool, exactlyonce.Permanent's mark, which the outbox relay
+// recognises by default, so that it quarantines the row after
+// RelayConfig.MaxAttempts of them; exactlyonce.IsPermanent reports it): a
 // message the broker closed the channel for when it was alone on it
 // (PRECONDITION_FAILED or CONTENT_TOO_LARGE: over max_message_size, an
 // invalid expiration, a user_id that is not the connection's), one the
@@ -175,13 +178,13 @@ var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")
 // Publish publishes msgs to topic (see PublishBatch) and returns an error if
 // any of them was not confirmed; the others were.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	topics := make([]string, len(msgs))
-	for i := range topics {
-		topics[i] = topic
+	batch := make([]outbox.TopicMessage, len(msgs))
+	for i, m := range msgs {
+		batch[i] = outbox.TopicMessage{Topic: topic, Message: m}
 	}
 	var first error
 	failed := 0
-	for _, err := range p.PublishBatch(context.Background(), topics, msgs) {
+	for _, err := range p.PublishBatch(context.Background(), batch) {
 		if err != nil {
 			if first == nil {
 				first = err
@@ -195,11 +198,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return fmt.Errorf("rabbitmq: %d of %d message(s) to %q not confirmed, the first: %w", failed, len(msgs), topic, first)
 }
 
-// PublishBatch publishes msgs[i] to the queue topics[i] (the default
-// exchange, routing key topics[i]; for a partitioned topic, see
-// PublisherConfig.Partitions, its partition queue), in order, on one channel, keeping up to
-// Window of them awaiting their confirm, and returns one error per message:
-// nil when the broker confirmed it, else why not. It returns when every
+// PublishBatch publishes each batch[i].Message to the queue batch[i].Topic
+// (the default exchange, routing key batch[i].Topic; for a partitioned
+// topic, see PublisherConfig.Partitions, its partition queue), in order, on
+// one channel, keeping up to Window of them awaiting their confirm, and
+// returns one error per message: nil when the broker confirmed it, else why
+// not. It returns when every
 // message has an outcome, or soon after ctx ends (the messages not confirmed
 // by then fail with ctx's error).
 //
@@ -211,16 +215,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // message the broker refuses fails, permanently (the others may arrive
 // twice). When the connection is lost, the messages not confirmed fail, and
 // the next call dials again.
-func (p *Publisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
-	topics = p.route(topics, msgs)
+func (p *Publisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+	topics, msgs := p.route(batch)
 	b := &outcomes{topics: topics, msgs: msgs, errs: make([]error, len(msgs)), settled: make([]bool, len(msgs))}
-	if len(topics) != len(msgs) {
-		err := fmt.Errorf("rabbitmq: PublishBatch got %d topics for %d messages", len(topics), len(msgs))
-		for i := range b.errs {
-			b.errs[i] = err
-		}
-		return b.errs
-	}
 	b.pubs = make([]amqp091.Publishing, len(msgs))
 	todo := make([]int, 0, len(msgs))
 	for i, m := range msgs {
@@ -928,7 +925,8 @@ func checkTableKeys(v any) error {
 
 // permanentError marks a failure that is the message's own: it repeats
 // whenever the message is published (the outbox relay counts it towards
-// RelayConfig.MaxAttempts; see outbox.IsPermanent).
+// RelayConfig.MaxAttempts). Its mark is exactlyonce.Permanent's, a method
+// Permanent() bool, so that this package need not import the middleware.
 type permanentError struct{ err error }
 
 func permanent(err error) error { return permanentError{err} }

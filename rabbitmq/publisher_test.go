@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
@@ -40,10 +41,11 @@ func messages(prefix string, n int) []*message.Message {
 	return out
 }
 
-func repeat(topic string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = topic
+// to is the batch of msgs, each to topic.
+func to(topic string, msgs []*message.Message) []outbox.TopicMessage {
+	out := make([]outbox.TopicMessage, len(msgs))
+	for i, m := range msgs {
+		out[i] = outbox.TopicMessage{Topic: topic, Message: m}
 	}
 	return out
 }
@@ -94,17 +96,17 @@ func TestPublisherDeliversEachMessageOnce(t *testing.T) {
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, Window: 16})
 
 	msgs := messages("m", 300)
-	topics := make([]string, len(msgs))
-	for i := range topics {
-		topics[i] = []string{qa, qa, qb}[i%3]
+	batch := to(qa, msgs)
+	for i := range batch {
+		batch[i].Topic = []string{qa, qa, qb}[i%3]
 	}
-	requireAllNil(t, pub.PublishBatch(ctx, topics, msgs))
+	requireAllNil(t, pub.PublishBatch(ctx, batch))
 	require.NoError(t, pub.Publish(qb, messages("p", 5)...), "Publish: a batch to one topic")
 
 	sub := newSubscriber(t, amqpURL, rabbitmq.Marshaler{})
 	want := map[string]*message.Message{}
-	for i, m := range msgs {
-		want[topics[i]+"/"+m.UUID] = m
+	for _, tm := range batch {
+		want[tm.Topic+"/"+tm.Message.UUID] = tm.Message
 	}
 	for _, m := range messages("p", 5) {
 		want[qb+"/"+m.UUID] = m
@@ -159,9 +161,9 @@ func TestPublisherWindowKeepsManyInFlight(t *testing.T) {
 		q := uniqueQueue(t, amqpURL, fmt.Sprint("window", window))
 		pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, Window: window, Marshaler: rabbitmq.Marshaler{NotPersistent: true}})
 		msgs := messages("w", n)
-		requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 1), msgs[:1])) // connect and declare
+		requireAllNil(t, pub.PublishBatch(ctx, to(q, msgs[:1]))) // connect and declare
 		start := time.Now()
-		requireAllNil(t, pub.PublishBatch(ctx, repeat(q, n-1), msgs[1:]))
+		requireAllNil(t, pub.PublishBatch(ctx, to(q, msgs[1:])))
 		elapsed[window] = time.Since(start)
 		got := queueUUIDs(t, amqpURL, q)
 		require.Len(t, got, n)
@@ -183,13 +185,13 @@ func TestPublisherUnroutableFailsAlone(t *testing.T) {
 
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, NoQueueDeclare: true})
 	msgs := messages("u", 9)
-	topics := repeat(q, 9)
-	topics[4] = missing
-	errs := pub.PublishBatch(ctx, topics, msgs)
+	batch := to(q, msgs)
+	batch[4].Topic = missing
+	errs := pub.PublishBatch(ctx, batch)
 	for i, err := range errs {
 		if i == 4 {
 			require.ErrorContains(t, err, "returned by the broker: 312 NO_ROUTE")
-			require.False(t, outbox.IsPermanent(err), "a missing queue is the destination's state, not the message's")
+			require.False(t, exactlyonce.IsPermanent(err), "a missing queue is the destination's state, not the message's")
 			continue
 		}
 		require.NoError(t, err, "message %d", i)
@@ -197,18 +199,18 @@ func TestPublisherUnroutableFailsAlone(t *testing.T) {
 	got := queueUUIDs(t, amqpURL, q)
 	require.Len(t, got, 8)
 	require.NotContains(t, got, msgs[4].UUID)
-	requireAllNil(t, pub.PublishBatch(ctx, topics[:4], msgs[:4]))
+	requireAllNil(t, pub.PublishBatch(ctx, batch[:4]))
 
 	// Declarations on: a queue deleted behind the publisher's back.
 	declaring := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL})
 	gone := uniqueQueue(t, amqpURL, "gone")
-	requireAllNil(t, declaring.PublishBatch(ctx, repeat(gone, 3), messages("g", 3)))
+	requireAllNil(t, declaring.PublishBatch(ctx, to(gone, messages("g", 3))))
 	_, err := rawChannel(t, amqpURL).QueueDelete(gone, false, false, false)
 	require.NoError(t, err)
-	for _, err := range declaring.PublishBatch(ctx, repeat(gone, 3), messages("h", 3)) {
+	for _, err := range declaring.PublishBatch(ctx, to(gone, messages("h", 3))) {
 		require.ErrorContains(t, err, "NO_ROUTE")
 	}
-	requireAllNil(t, declaring.PublishBatch(ctx, repeat(gone, 3), messages("i", 3)))
+	requireAllNil(t, declaring.PublishBatch(ctx, to(gone, messages("i", 3))))
 	require.Len(t, queueUUIDs(t, amqpURL, gone), 3)
 }
 
@@ -225,25 +227,25 @@ func TestPublisherNackFailsThoseMessages(t *testing.T) {
 
 	// The publisher's own declaration (no arguments) would not match.
 	mismatched := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL})
-	for _, err := range mismatched.PublishBatch(ctx, repeat(q, 2), messages("d", 2)) {
+	for _, err := range mismatched.PublishBatch(ctx, to(q, messages("d", 2))) {
 		require.ErrorContains(t, err, "PRECONDITION_FAILED")
 		require.ErrorContains(t, err, "NoQueueDeclare")
-		require.False(t, outbox.IsPermanent(err), "a queue declared otherwise is the destination's state")
+		require.False(t, exactlyonce.IsPermanent(err), "a queue declared otherwise is the destination's state")
 	}
 
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, NoQueueDeclare: true})
-	errs := pub.PublishBatch(ctx, repeat(q, 10), messages("n", 10))
+	errs := pub.PublishBatch(ctx, to(q, messages("n", 10)))
 	for i, err := range errs {
 		if i < 3 {
 			require.NoError(t, err, "message %d", i)
 		} else {
 			require.ErrorContains(t, err, "nacked", "message %d", i)
-			require.False(t, outbox.IsPermanent(err), "back-pressure is the broker's state, not the message's")
+			require.False(t, exactlyonce.IsPermanent(err), "back-pressure is the broker's state, not the message's")
 		}
 	}
 	_, err = ch.QueuePurge(q, false)
 	require.NoError(t, err)
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 3), messages("o", 3)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("o", 3))))
 }
 
 // expiringMarshaler is rabbitmq.Marshaler with the AMQP expiration property
@@ -268,11 +270,11 @@ func TestPublisherChannelClosedByBrokerFailsOnlyThatMessage(t *testing.T) {
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL, Window: 64, Marshaler: expiringMarshaler{}})
 	msgs := messages("c", 300)
 	msgs[150].Metadata.Set("expiration", "not-a-number")
-	errs := pub.PublishBatch(ctx, repeat(q, len(msgs)), msgs)
+	errs := pub.PublishBatch(ctx, to(q, msgs))
 	for i, err := range errs {
 		if i == 150 {
 			require.ErrorContains(t, err, "PRECONDITION_FAILED")
-			require.True(t, outbox.IsPermanent(err), "the broker refused the message itself")
+			require.True(t, exactlyonce.IsPermanent(err), "the broker refused the message itself")
 			continue
 		}
 		require.NoError(t, err, "message %d", i)
@@ -289,7 +291,7 @@ func TestPublisherChannelClosedByBrokerFailsOnlyThatMessage(t *testing.T) {
 	}
 	t.Logf("%d duplicates (messages in flight when the channel closed, published again)", dups)
 	require.LessOrEqual(t, dups, 64)
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 3), messages("after", 3)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("after", 3))))
 }
 
 // A header name or property AMQP cannot carry fails that message before it
@@ -301,13 +303,15 @@ func TestPublisherRefusesWhatAMQPCannotCarry(t *testing.T) {
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL})
 	msgs := messages("h", 4)
 	msgs[1].Metadata.Set(strings.Repeat("k", 256), "v")
-	errs := pub.PublishBatch(ctx, []string{q, q, q, strings.Repeat("q", 256)}, msgs)
+	batch := to(q, msgs)
+	batch[3].Topic = strings.Repeat("q", 256)
+	errs := pub.PublishBatch(ctx, batch)
 	require.NoError(t, errs[0])
 	require.ErrorContains(t, errs[1], "header name")
 	require.NoError(t, errs[2])
 	require.ErrorContains(t, errs[3], "routing key")
-	require.True(t, outbox.IsPermanent(errs[1]))
-	require.True(t, outbox.IsPermanent(errs[3]))
+	require.True(t, exactlyonce.IsPermanent(errs[1]))
+	require.True(t, exactlyonce.IsPermanent(errs[3]))
 	require.Len(t, queueUUIDs(t, amqpURL, q), 2)
 }
 
@@ -344,7 +348,7 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 	const n = 50_000
 	msgs := messages("x", n)
 	done := make(chan []error, 1)
-	go func() { done <- pub.PublishBatch(ctx, repeat(q, n), msgs) }()
+	go func() { done <- pub.PublishBatch(ctx, to(q, msgs)) }()
 	waitForMessages(t, rawChannel(t, amqpURL), q, 2000)
 	proxy.Refuse()
 	var errs []error
@@ -360,8 +364,8 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 		} else {
 			failed++
 			require.Contains(t, err.Error(), "connection", "why a message failed")
-			require.False(t, outbox.IsPermanent(err),
-				"a message lost with the connection is not its own failure: the relay must not count it (outbox.IsPermanent): %v", err)
+			require.False(t, exactlyonce.IsPermanent(err),
+				"a message lost with the connection is not its own failure: the relay must not count it (exactlyonce.IsPermanent): %v", err)
 		}
 	}
 	t.Logf("%d confirmed, %d failed when the connection was cut", confirmed, failed)
@@ -369,12 +373,12 @@ func TestPublisherConnectionLostMidBatch(t *testing.T) {
 	require.Positive(t, failed, "the cut came after the call ended: nothing was tested")
 
 	// While the broker is unreachable, a call fails at once.
-	for _, err := range pub.PublishBatch(ctx, repeat(q, 2), messages("down", 2)) {
+	for _, err := range pub.PublishBatch(ctx, to(q, messages("down", 2))) {
 		require.ErrorContains(t, err, "cannot connect")
-		require.False(t, outbox.IsPermanent(err), "not sent for want of a connection: not the message's failure")
+		require.False(t, exactlyonce.IsPermanent(err), "not sent for want of a connection: not the message's failure")
 	}
 	proxy.Allow()
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 3), messages("after", 3)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("after", 3))))
 
 	got := queueUUIDs(t, amqpURL, q)
 	for i, err := range errs {
@@ -398,7 +402,7 @@ func TestPublisherContextEndsMidBatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(testContext(t))
 	const n = 50_000
 	done := make(chan []error, 1)
-	go func() { done <- pub.PublishBatch(ctx, repeat(q, n), messages("y", n)) }()
+	go func() { done <- pub.PublishBatch(ctx, to(q, messages("y", n))) }()
 	waitForMessages(t, rawChannel(t, amqpURL), q, 2000)
 	cancel()
 	var errs []error
@@ -417,7 +421,7 @@ func TestPublisherContextEndsMidBatch(t *testing.T) {
 	t.Logf("%d of %d not confirmed when the context ended", cancelled, n)
 	require.Positive(t, cancelled, "the call ended before the cancel: nothing was tested")
 	require.GreaterOrEqual(t, n-cancelled, 2000-256, "the messages confirmed before the cancel (2000 were in the queue, at most a window of 256 unconfirmed) are nil")
-	requireAllNil(t, pub.PublishBatch(testContext(t), repeat(q, 3), messages("z", 3)))
+	requireAllNil(t, pub.PublishBatch(testContext(t), to(q, messages("z", 3))))
 }
 
 // Concurrent callers (the relay's workers) each get their messages
@@ -433,7 +437,7 @@ func TestPublisherConcurrentCallers(t *testing.T) {
 	for c := range callers {
 		wg.Go(func() {
 			for k := range calls {
-				errs[c*calls+k] = pub.PublishBatch(ctx, repeat(q, size), messages(fmt.Sprintf("c%d-%d", c, k), size))
+				errs[c*calls+k] = pub.PublishBatch(ctx, to(q, messages(fmt.Sprintf("c%d-%d", c, k), size)))
 			}
 		})
 	}
@@ -457,11 +461,11 @@ func TestPublisherClose(t *testing.T) {
 	require.NoError(t, rabbitmq.DeclareQueues(ctx, amqpURL, q))
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
 	require.NoError(t, err)
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(q, 3), messages("a", 3)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(q, messages("a", 3))))
 
 	const n = 50_000
 	done := make(chan []error, 1)
-	go func() { done <- pub.PublishBatch(ctx, repeat(q, n), messages("b", n)) }()
+	go func() { done <- pub.PublishBatch(ctx, to(q, messages("b", n))) }()
 	waitForMessages(t, rawChannel(t, amqpURL), q, 2000)
 	require.NoError(t, pub.Close())
 	select {
@@ -470,7 +474,7 @@ func TestPublisherClose(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		require.FailNow(t, "a call in progress did not return after Close")
 	}
-	for _, err := range pub.PublishBatch(ctx, repeat(q, 2), messages("c", 2)) {
+	for _, err := range pub.PublishBatch(ctx, to(q, messages("c", 2))) {
 		require.ErrorContains(t, err, "closed")
 	}
 	require.ErrorContains(t, pub.Publish(q, messages("d", 1)...), "closed")
@@ -486,9 +490,7 @@ func TestNewPublisherConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Window")
 	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: "amqp://guest:guest@127.0.0.1:1/"})
 	require.NoError(t, err, "NewPublisher does not connect")
-	errs := p.PublishBatch(context.Background(), []string{"t"}, messages("m", 1))
+	errs := p.PublishBatch(context.Background(), to("t", messages("m", 1)))
 	require.ErrorContains(t, errs[0], "cannot connect")
-	errs = p.PublishBatch(context.Background(), []string{"t", "u"}, messages("m", 1))
-	require.ErrorContains(t, errs[0], "2 topics for 1 messages")
 	require.NoError(t, p.Close())
 }

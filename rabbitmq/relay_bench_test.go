@@ -102,10 +102,10 @@ type serialized struct {
 	mu sync.Mutex
 }
 
-func (s *serialized) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
+func (s *serialized) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.Publisher.PublishBatch(ctx, topics, msgs)
+	return s.Publisher.PublishBatch(ctx, batch)
 }
 
 // BenchmarkRelayWatermillAMQP: the relay through watermill-amqp v3's

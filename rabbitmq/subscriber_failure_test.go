@@ -198,7 +198,7 @@ func TestSubscriberQueueDeletedConsumesAgain(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 50*time.Millisecond)
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: url})
-	requireAllNil(t, pub.PublishBatch(ctx, repeat(queue, 3), messages("new", 3)))
+	requireAllNil(t, pub.PublishBatch(ctx, to(queue, messages("new", 3))))
 	got := map[string]bool{}
 	for len(got) < 3 {
 		select {

@@ -31,7 +31,7 @@ func fill(t *testing.T, url, queue, prefix string, n int) {
 	t.Helper()
 	require.NoError(t, rabbitmq.DeclareQueues(testContext(t), url, queue))
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: url})
-	requireAllNil(t, pub.PublishBatch(testContext(t), repeat(queue, n), messages(prefix, n)))
+	requireAllNil(t, pub.PublishBatch(testContext(t), to(queue, messages(prefix, n))))
 }
 
 // queueDepth is the number of ready messages in queue (unacked ones are

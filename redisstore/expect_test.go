@@ -26,7 +26,7 @@ func TestRedisExpect(t *testing.T) {
 	require.NotEmpty(t, r1.Version)
 
 	// A duplicate is counted in the record: its version stays.
-	_, err = b.s.LeaseBackend().Claim(b.ctx, "c", "k", leasestore.Options{Lease: time.Minute})
+	_, err = leasestore.BackendOf(b.s).Claim(b.ctx, "c", "k", leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	r, err := b.s.Get(b.ctx, "c", "k")
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 
@@ -20,7 +21,7 @@ import (
 // middleware does, keeping msg.
 func (b parkedBundle) parkWith(t *testing.T, consumer, key, reason string, msg *inboxdb.ParkedMessage) {
 	t.Helper()
-	lb := b.s.LeaseBackend()
+	lb := leasestore.BackendOf(b.s)
 	c, err := lb.Claim(b.ctx, consumer, key, leasestore.Options{Lease: time.Minute, Message: msg})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, c.Outcome)
@@ -30,7 +31,7 @@ func (b parkedBundle) parkWith(t *testing.T, consumer, key, reason string, msg *
 // takeAndFail is a delivery of a released key that fails transiently.
 func (b parkedBundle) takeAndFail(t *testing.T, consumer, key, reason string, msg *inboxdb.ParkedMessage) {
 	t.Helper()
-	lb := b.s.LeaseBackend()
+	lb := leasestore.BackendOf(b.s)
 	c, err := lb.Claim(b.ctx, consumer, key, leasestore.Options{Lease: time.Minute, Message: msg})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, c.Outcome)
@@ -62,7 +63,7 @@ func TestAbortedReplayDoesNotReparkAKeyADeliveryTook(t *testing.T) {
 	_, err := b.s.ReplayParked(b.ctx, "c", "k", pub, inbox.ReplayOptions{})
 	require.ErrorContains(t, err, "no confirm")
 	require.Equal(t, "failed", b.status(t, "c", "k"), "a delivery took the key since the replay began: it stays released")
-	c, err := b.s.LeaseBackend().Claim(b.ctx, "c", "k", leasestore.Options{Lease: time.Minute, Message: msg})
+	c, err := leasestore.BackendOf(b.s).Claim(b.ctx, "c", "k", leasestore.Options{Lease: time.Minute, Message: msg})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, c.Outcome, "the copy's redelivery runs")
 
@@ -112,7 +113,7 @@ func TestParkedListsParkedKeysBehindReleasedOnes(t *testing.T) {
 func TestRedisDiscardForgetKeepsDoneAndProcessingRecords(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
-	lb := b.s.LeaseBackend()
+	lb := leasestore.BackendOf(b.s)
 	for _, end := range []string{"done", "processing"} {
 		k := "k-" + end
 		msg := &inboxdb.ParkedMessage{UUID: "u-" + k, Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
@@ -207,10 +208,10 @@ func TestRedisParkedReasonOutlivesLaterAttempts(t *testing.T) {
 // end (a confirm that does not come).
 type batchPublisher struct{ batch, plain atomic.Int32 }
 
-func (p *batchPublisher) PublishBatch(ctx context.Context, _ []string, msgs []*message.Message) []error {
+func (p *batchPublisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
 	p.batch.Add(1)
 	<-ctx.Done()
-	errs := make([]error, len(msgs))
+	errs := make([]error, len(batch))
 	for i := range errs {
 		errs[i] = ctx.Err()
 	}

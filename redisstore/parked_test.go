@@ -54,7 +54,7 @@ type redisMsg struct {
 // writes its message into the record as the middleware does.
 func (b parkedBundle) park(t *testing.T, m redisMsg) {
 	t.Helper()
-	lb := b.s.LeaseBackend()
+	lb := leasestore.BackendOf(b.s)
 	claim, err := lb.Claim(b.ctx, m.consumer, m.key, leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, claim.Outcome)
@@ -170,9 +170,9 @@ func TestRedisFindParked(t *testing.T) {
 	b.park(t, redisMsg{consumer: "invoices", key: "acme:1", topic: "invoices.in", payload: "inv", meta: map[string]string{"order_id": "A-1"}})
 	// A parked key without a message (parked by an earlier version): a
 	// key, not a message.
-	claim, err := b.s.LeaseBackend().Claim(b.ctx, "orders", "bare", leasestore.Options{Lease: time.Minute})
+	claim, err := leasestore.BackendOf(b.s).Claim(b.ctx, "orders", "bare", leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
-	require.NoError(t, b.s.LeaseBackend().Fail(b.ctx, leasestore.Attempt{Consumer: "orders", Key: "bare", Token: claim.Token}, "x", true))
+	require.NoError(t, leasestore.BackendOf(b.s).Fail(b.ctx, leasestore.Attempt{Consumer: "orders", Key: "bare", Token: claim.Token}, "x", true))
 
 	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{}, inbox.Page{})
 	require.ErrorIs(t, err, inbox.ErrInvalidFilter)
@@ -298,7 +298,7 @@ func TestRedisReplayParked(t *testing.T) {
 	require.Len(t, pub.messages(), 1)
 
 	// The replayed message runs once; a late copy is a duplicate.
-	lb := b.s.LeaseBackend()
+	lb := leasestore.BackendOf(b.s)
 	claim, err := lb.Claim(b.ctx, "sms", "k1", leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, claim.Outcome)
@@ -474,7 +474,7 @@ func TestRedisDiscardParked(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, keys, 1, "nor listed as a parked key")
 	require.Equal(t, "forget", keys[0].Key)
-	claim, err := b.s.LeaseBackend().Claim(b.ctx, "c", "keep", leasestore.Options{Lease: time.Minute})
+	claim, err := leasestore.BackendOf(b.s).Claim(b.ctx, "c", "keep", leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Duplicate, claim.Outcome, "a late redelivery does not run: a duplicate")
 	require.ErrorIs(t, b.s.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}), inbox.ErrNotParked)
@@ -482,7 +482,7 @@ func TestRedisDiscardParked(t *testing.T) {
 	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "forget", inbox.DiscardOptions{Forget: true}))
 	require.Equal(t, "", b.status(t, "c", "forget"))
 	require.False(t, b.inSet(t, "c", "forget"))
-	claim, err = b.s.LeaseBackend().Claim(b.ctx, "c", "forget", leasestore.Options{Lease: time.Minute})
+	claim, err = leasestore.BackendOf(b.s).Claim(b.ctx, "c", "forget", leasestore.Options{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, leasestore.Acquired, claim.Outcome, "forgotten: the next delivery runs")
 

@@ -22,7 +22,7 @@ import (
 func TestParksKeepTheMessage(t *testing.T) {
 	t.Parallel()
 	s, c, prefix := newStore(t, redisstore.Config{})
-	b := s.LeaseBackend()
+	b := leasestore.BackendOf(s)
 	ctx := context.Background()
 	fields := func(key string) map[string]string {
 		t.Helper()

@@ -152,9 +152,16 @@ func (c Config) validate() error {
 // equivalent of inbox.Store for the PostgreSQL store). Safe for concurrent
 // use.
 type Store struct {
+	leaseHandle   // provides b to the middleware (exactlyonce.LeaseStore)
 	b             *backend
 	replayTimeout time.Duration
 }
+
+// leaseHandle names leasestore.Handle for Store to embed it unexported.
+type leaseHandle = leasestore.Handle
+
+// A Store is an exactlyonce.LeaseStore.
+var _ leasestore.Provider = (*Store)(nil)
 
 // New checks cfg and returns a Store. It does not contact Redis.
 func New(cfg Config) (*Store, error) {
@@ -162,11 +169,9 @@ func New(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{b: &backend{c: cfg.Client, prefix: cfg.Prefix, ttl: cfg.DoneTTL}, replayTimeout: cfg.ReplayTimeout}, nil
+	b := &backend{c: cfg.Client, prefix: cfg.Prefix, ttl: cfg.DoneTTL}
+	return &Store{leaseHandle: leasestore.NewHandle(b), b: b, replayTimeout: cfg.ReplayTimeout}, nil
 }
-
-// LeaseBackend implements exactlyonce.LeaseStore.
-func (s *Store) LeaseBackend() leasestore.Backend { return s.b }
 
 // Get returns the record of (consumer, key), or an error wrapping
 // inbox.ErrNotFound (also once a done record's DoneTTL has passed).

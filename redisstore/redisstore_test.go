@@ -75,7 +75,7 @@ func hashTag(key string) string {
 func TestKeysOfAConsumerShareASlot(t *testing.T) {
 	t.Parallel()
 	s, c, prefix := newStore(t, redisstore.Config{})
-	b := s.LeaseBackend()
+	b := leasestore.BackendOf(s)
 	ctx := context.Background()
 	consumers := []string{"sms", "a}b", "a%7Db", "}x", "{x}", "{", "50%"}
 	for _, consumer := range consumers {
@@ -110,7 +110,7 @@ func TestDoneTTLIsTheDeduplicationWindow(t *testing.T) {
 	t.Parallel()
 	const ttl = 1500 * time.Millisecond
 	s, c, prefix := newStore(t, redisstore.Config{DoneTTL: ttl})
-	b := s.LeaseBackend()
+	b := leasestore.BackendOf(s)
 	ctx := context.Background()
 	opts := leasestore.Options{Lease: time.Minute}
 	pttl := func(key string) time.Duration {
@@ -165,7 +165,7 @@ func TestDoneTTLIsTheDeduplicationWindow(t *testing.T) {
 func TestConcurrentClaimsOneWinner(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newStore(t, redisstore.Config{})
-	b := s.LeaseBackend()
+	b := leasestore.BackendOf(s)
 	const n = 32
 	var wg sync.WaitGroup
 	outcomes := make([]leasestore.Outcome, n)
@@ -205,23 +205,23 @@ func TestUnreachable(t *testing.T) {
 	t.Cleanup(func() { _ = down.Close() })
 	s, err := redisstore.New(redisstore.Config{Client: down})
 	require.NoError(t, err)
-	_, err = s.LeaseBackend().Claim(ctx, "c", "k", opts)
+	_, err = leasestore.BackendOf(s).Claim(ctx, "c", "k", opts)
 	require.Error(t, err)
-	require.True(t, s.LeaseBackend().Unreachable(err), "connection refused: %v", err)
+	require.True(t, leasestore.BackendOf(s).Unreachable(err), "connection refused: %v", err)
 
 	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	require.NoError(t, closed.Close())
 	s, err = redisstore.New(redisstore.Config{Client: closed})
 	require.NoError(t, err)
-	_, err = s.LeaseBackend().Claim(ctx, "c", "k", opts)
+	_, err = leasestore.BackendOf(s).Claim(ctx, "c", "k", opts)
 	require.ErrorIs(t, err, redis.ErrClosed)
-	require.False(t, s.LeaseBackend().Unreachable(err), "a closed client is a program error")
+	require.False(t, leasestore.BackendOf(s).Unreachable(err), "a closed client is a program error")
 
 	live, c, prefix := newStore(t, redisstore.Config{})
 	require.NoError(t, c.Set(ctx, prefix+"{c}:k:k", "not a hash", 0).Err())
-	_, err = live.LeaseBackend().Claim(ctx, "c", "k", opts)
+	_, err = leasestore.BackendOf(live).Claim(ctx, "c", "k", opts)
 	require.Error(t, err, "WRONGTYPE")
-	require.False(t, live.LeaseBackend().Unreachable(err), "an error reply: %v", err)
-	require.False(t, live.LeaseBackend().Unreachable(errors.New("other")))
-	require.False(t, live.LeaseBackend().Unreachable(context.Canceled))
+	require.False(t, leasestore.BackendOf(live).Unreachable(err), "an error reply: %v", err)
+	require.False(t, leasestore.BackendOf(live).Unreachable(errors.New("other")))
+	require.False(t, leasestore.BackendOf(live).Unreachable(context.Canceled))
 }

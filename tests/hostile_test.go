@@ -638,7 +638,7 @@ func TestHostileOutputMetadataNotJSONText(t *testing.T) {
 
 // hostileShortstrPublisher refuses, as the AMQP client would, a message
 // with a header name over 255 bytes, before it reaches the client (with
-// permanent, marked as the message's own: outbox.Permanent): with
+// permanent, marked as the message's own: exactlyonce.Permanent): with
 // watermill-amqp v3.1.0 the client's own refusal tears the connection down,
 // and the publisher's reconnect logic then has a data race
 // (ConnectionWrapper.handleConnectionClose writes the connected flag that
@@ -654,7 +654,7 @@ func (p hostileShortstrPublisher) Publish(topic string, msgs ...*message.Message
 			if len(k) > 255 {
 				err := fmt.Errorf("amqp: shortstr %q... exceeds 255 bytes", k[:16])
 				if p.permanent {
-					err = outbox.Permanent(err)
+					err = exactlyonce.Permanent(err)
 				}
 				return err
 			}

@@ -67,7 +67,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	router.AddMiddleware(eo.Middleware)
 	router.AddConsumerHandler(consumer, queue, testenv.AMQPSubscriber(t, 0), func(msg *message.Message) error {
 		orderID := msg.Metadata.Get("order_id")
-		if err := exactlyonce.Queue(msg.Context(), `INSERT INTO `+effects+` VALUES ($1, $2)`, orderID, msg.UUID); err != nil {
+		if err := exactlyonce.Exec(msg.Context(), `INSERT INTO `+effects+` VALUES ($1, $2)`, orderID, msg.UUID); err != nil {
 			return err
 		}
 		if broken.Load() {

@@ -115,10 +115,10 @@ func run(ctx context.Context) error {
 		if err := json.Unmarshal(msg.Payload, &order); err != nil {
 			return nil, exactlyonce.Permanent(err) // can never succeed: parked for an operator, acked
 		}
-		// Queued in the batch's transaction, sent with the batch's other writes in one round trip before
+		// Deferred in the batch's transaction, sent with the batch's other writes in one round trip before
 		// its COMMIT; if it fails, only this message is nacked and redelivered. (For reads, take the
 		// transaction itself: exactlyonce.PgxTxFromContext.)
-		if err := exactlyonce.Queue(msg.Context(), `INSERT INTO `+payments+` (order_id, amount_cents) VALUES ($1, $2)`,
+		if err := exactlyonce.Exec(msg.Context(), `INSERT INTO `+payments+` (order_id, amount_cents) VALUES ($1, $2)`,
 			order.OrderID, order.AmountCents); err != nil {
 			return nil, err
 		}

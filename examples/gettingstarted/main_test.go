@@ -253,7 +253,7 @@ func TestDocsQuoteThisFile(t *testing.T) {
 	require.GreaterOrEqual(t, len(blocks), 5, "docs/getting-started.md quotes the program section by section")
 
 	quoted := strings.Join(slices.Concat(blocks...), "\n")
-	for _, must := range []string{"Batch: &exactlyonce.BatchConfig{}", "exactlyonce.Queue(", "rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256", "outbox.NewRelay("} {
+	for _, must := range []string{"Batch: &exactlyonce.BatchConfig{}", "exactlyonce.Exec(", "rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256", "outbox.NewRelay("} {
 		require.Contains(t, quoted, must, "the page quotes the configuration it leads with")
 	}
 	for i, block := range blocks {

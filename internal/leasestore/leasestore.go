@@ -5,8 +5,8 @@
 // store by store.
 //
 // The package is internal so that only this module provides stores: the
-// middleware's exported LeaseStore handle returns a Backend, a type other
-// modules cannot name.
+// middleware's exported LeaseStore is sealed by Provider, whose one method
+// is unexported; a store provides its Backend by embedding a Handle.
 package leasestore
 
 import (
@@ -133,4 +133,30 @@ type Checker interface {
 	// set-up is as the documentation asks), or an error when it cannot
 	// tell (Backend.Unreachable tells whether to ask again later).
 	StartupCheck(ctx context.Context) (problems []string, err error)
+}
+
+// Provider is a store that provides a Backend: the middleware's
+// exactlyonce.LeaseStore embeds it. Its one method is unexported, so that
+// only this package's Handle has it: other modules cannot implement
+// LeaseStore, and users see no method of it. A store embeds a Handle (as an
+// unexported field, through a type alias, so that its docs show nothing).
+type Provider interface {
+	backend() Backend
+}
+
+// Handle gives the store that embeds it its Backend (see Provider).
+type Handle struct{ b Backend }
+
+// NewHandle returns the Handle of b.
+func NewHandle(b Backend) Handle { return Handle{b: b} }
+
+func (h Handle) backend() Backend { return h.b }
+
+// BackendOf returns p's Backend: nil when p is nil or its Handle is the
+// zero value (a store not made by its constructor).
+func BackendOf(p Provider) Backend {
+	if p == nil {
+		return nil
+	}
+	return p.backend()
 }

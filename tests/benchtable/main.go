@@ -13,7 +13,7 @@
 //     the handler does one INSERT into a business table. Modes: no
 //     middleware (its own BEGIN/INSERT/COMMIT on the pool), per-message
 //     middleware (PgxTxFromContext), group commit (Config.Batch,
-//     PgxTxFromContext) and group commit with exactlyonce.Queue; each over
+//     PgxTxFromContext) and group commit with exactlyonce.Exec; each over
 //     rabbitmq.Subscriber (prefetch 64, or 256 for group commit) and over
 //     watermill-amqp's subscriber (ConcurrentSubscriber, 64 subscriptions of
 //     prefetch 64: the setup before rabbitmq.Subscriber); and a bare
@@ -28,7 +28,7 @@
 //   - ordered: per-key order (see ordered.go): the relay alone with 1,000
 //     ordering keys, with one hot key, and without keys; end to end (relay
 //     and a consuming router together, per-message and group commit +
-//     Queue) with 1,000 keys on 16 partition queues against no key on one
+//     Exec) with 1,000 keys on 16 partition queues against no key on one
 //     queue, 16 deliveries in flight each; a bare amqp091 consumer on both
 //     layouts (the broker's share).
 //   - wake: commit-to-consumer latency at a steady 100 events/s, relay with
@@ -39,7 +39,7 @@
 //     retention removes a day of rows, for the plain table (row purge) and
 //     the daily-partitioned one (partition drop); bytes per row.
 //   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
-//     (a router with the middleware, group commit + Queue) at a 1k and a 1M
+//     (a router with the middleware, group commit + Exec) at a 1k and a 1M
 //     backlog, each a subprocess (this binary re-executed with -child).
 //
 // It is a main package, not a test: it re-executes itself as the relay and

@@ -29,7 +29,7 @@ import (
 //     section) through rabbitmq.Publisher, partitioned for the keyed rows,
 //     until every row is confirmed (or -relay-time);
 //   - end to end: the relay and a consuming router started together, the
-//     router with the middleware (per-message, or group commit + Queue) and
+//     router with the middleware (per-message, or group commit + Exec) and
 //     the router section's business INSERT, until the router handled every
 //     message. Unordered: one queue, ConcurrentSubscriber with
 //     orderedPartitions subscriptions (prefetch orderedPartitions each).
@@ -199,7 +199,7 @@ FROM generate_series(1, $5::bigint) g`, dest, prefix, benchPayload, v.keys(), n)
 		}
 		hv := perMessage
 		if strings.Contains(string(v), "group commit") {
-			hv = groupCommitQueu
+			hv = groupCommitExec
 		}
 		handler, err := env.handler(hv)
 		if err != nil {

@@ -357,7 +357,7 @@ func runChild(ctx context.Context, cfg *config) error {
 			return err
 		}
 		defer e.pool.Close()
-		h, err := e.handler(groupCommitQueu)
+		h, err := e.handler(groupCommitExec)
 		if err != nil {
 			return err
 		}

@@ -122,7 +122,7 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 	}
 	write := testenv.Exec
 	if mode == "batch" {
-		write = exactlyonce.Queue // sent with the batch's other writes
+		write = exactlyonce.Exec // sent with the batch's other writes
 	}
 	for ctx.Err() == nil {
 		sub, err := wamqp.NewSubscriber(amqpCfg, logger)

@@ -11,7 +11,7 @@
 //     Mode batch is transactional mode with group commit (Config.Batch with
 //     its defaults): one handler on exactlyonce.ConcurrentSubscriber with
 //     4 x CHAOS_HANDLERS deliveries in flight, whose effect row is written
-//     with exactlyonce.Queue (pipelined with pgx). With
+//     with exactlyonce.Exec (pipelined with pgx). With
 //     CHAOS_SUBSCRIBER=rabbitmq (either mode) the consumer has one handler
 //     on rabbitmq.Subscriber with a prefetch of 4 x CHAOS_HANDLERS.
 //   - relay: outbox.Relay from the outbox to the output queue, with publisher
@@ -564,7 +564,7 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 	// closing (it cancels the message's context): the effect happened.
 	write := testenv.Exec
 	if w.cfg.Mode == "batch" {
-		write = exactlyonce.Queue // sent with the batch's other writes
+		write = exactlyonce.Exec // sent with the batch's other writes
 	}
 	if err := write(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
 		key, attempt, w.cfg.Name, out.UUID); err != nil {
@@ -649,15 +649,15 @@ func (w *worker) runRelay(ctx context.Context) error {
 
 // expirationCheck refuses, before publishing, a message whose expiration
 // RabbitMQ would refuse (not a number of milliseconds), marking the error
-// as the message's own (outbox.Permanent): what a user of a publisher that
-// cannot tell causes apart does for the refusals they know.
+// as the message's own (exactlyonce.Permanent): what a user of a publisher
+// that cannot tell causes apart does for the refusals they know.
 type expirationCheck struct{ message.Publisher }
 
 func (p expirationCheck) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if v := m.Metadata.Get(PoisonMetadata); v != "" {
 			if _, err := strconv.ParseUint(v, 10, 32); err != nil {
-				return outbox.Permanent(fmt.Errorf("message %s: expiration %q is not a number of milliseconds: RabbitMQ refuses it", m.UUID, v))
+				return exactlyonce.Permanent(fmt.Errorf("message %s: expiration %q is not a number of milliseconds: RabbitMQ refuses it", m.UUID, v))
 			}
 		}
 	}
@@ -714,8 +714,8 @@ type countingBatchPublisher struct {
 	sink *sink
 }
 
-func (p countingBatchPublisher) PublishBatch(ctx context.Context, topics []string, msgs []*message.Message) []error {
-	errs := p.Publisher.PublishBatch(ctx, topics, msgs)
+func (p countingBatchPublisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+	errs := p.Publisher.PublishBatch(ctx, batch)
 	n := 0
 	for _, err := range errs {
 		if err == nil {
