@@ -48,23 +48,14 @@ const hostileCaseHeader = "hostile-case"
 // hostileKeyHeader is the metadata field of KeyFromMetadata in these tests.
 const hostileKeyHeader = "idempotency-key"
 
-var hostileModes = []struct {
-	name  string
-	lease bool
-}{{"transactional", false}, {"lease", true}}
-
 // hostileEachDriverMode runs f as parallel subtests, once per driver and
-// mode (lease: lease mode, else transactional).
+// mode (testenv.ForEachDriver with the modes as variants; lease: lease
+// mode, else transactional).
 func hostileEachDriverMode(t *testing.T, f func(t *testing.T, d testenv.Driver, lease bool)) {
 	t.Helper()
-	for _, dn := range testenv.DriverNames {
-		for _, m := range hostileModes {
-			t.Run(dn+"/"+m.name, func(t *testing.T) {
-				t.Parallel()
-				f(t, testenv.DriverNamed(t, dn), m.lease)
-			})
-		}
-	}
+	testenv.ForEachDriver(t, []string{"transactional", "lease"}, func(t *testing.T, d testenv.Driver, mode string) {
+		f(t, d, mode == "lease")
+	})
 }
 
 // hostileEnv is one test's world: the e2e bundle, the input's poison
