@@ -95,28 +95,43 @@ func TestBadKeysAreRejectedBeforeTheDatabase(t *testing.T) {
 	}
 }
 
+// An empty key's error says what to do: for the default key (an empty
+// UUID), set one or configure Config.Key, naming the consumer; for a
+// Config.Key that returned an empty key, blame the key function, not the
+// message's UUID.
 func TestEmptyKeyErrorSaysWhatToDo(t *testing.T) {
 	t.Parallel()
-	eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: refusingDB{t}}, Consumer: "notify", NackDelay: -1,
-		Logger: testenv.Logger(t)})
-	require.NoError(t, err)
-	_, err = eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("", nil))
-	require.ErrorIs(t, err, inboxdb.ErrEmptyKey)
-	require.ErrorIs(t, err, exactlyonce.ErrInvalidKey)
-	require.Contains(t, err.Error(), "message_id")
-	require.Contains(t, err.Error(), "Config.Key")
-	require.Contains(t, err.Error(), `"notify"`)
-}
-
-func TestEmptyCustomKeyErrorBlamesTheKeyFunction(t *testing.T) {
-	t.Parallel()
-	eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: refusingDB{t}}, Consumer: "notify", NackDelay: -1,
-		Key: exactlyonce.KeyFromMetadata("idempotency_key"), Logger: testenv.Logger(t)})
-	require.NoError(t, err)
-	_, err = eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("has-a-uuid", nil))
-	require.ErrorIs(t, err, inboxdb.ErrEmptyKey)
-	require.Contains(t, err.Error(), "Config.Key returned an empty key")
-	require.NotContains(t, err.Error(), "set a UUID", "the message has a UUID: the hint must not send the user there")
+	for _, tc := range []struct {
+		name        string
+		key         func(*message.Message) (string, error) // Config.Key
+		uuid        string
+		contains    []string
+		notContains string
+		why         string
+	}{
+		{name: "empty UUID", uuid: "", contains: []string{"message_id", "Config.Key", `"notify"`}},
+		{
+			name: "custom key function", key: exactlyonce.KeyFromMetadata("idempotency_key"), uuid: "has-a-uuid",
+			contains:    []string{"Config.Key returned an empty key"},
+			notContains: "set a UUID", why: "the message has a UUID: the hint must not send the user there",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: refusingDB{t}}, Consumer: "notify", NackDelay: -1,
+				Key: tc.key, Logger: testenv.Logger(t)})
+			require.NoError(t, err)
+			_, err = eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage(tc.uuid, nil))
+			require.ErrorIs(t, err, inboxdb.ErrEmptyKey)
+			require.ErrorIs(t, err, exactlyonce.ErrInvalidKey)
+			for _, want := range tc.contains {
+				require.Contains(t, err.Error(), want)
+			}
+			if tc.notContains != "" {
+				require.NotContains(t, err.Error(), tc.notContains, tc.why)
+			}
+		})
+	}
 }
 
 func TestNewValidatesConfig(t *testing.T) {

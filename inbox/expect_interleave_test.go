@@ -1,7 +1,6 @@
 package inbox_test
 
 import (
-	"context"
 	stdsql "database/sql"
 	"errors"
 	"strconv"
@@ -181,14 +180,7 @@ func eachConnection(t *testing.T, f func(t *testing.T, b bundle)) {
 						if name != "pgbouncer" { // its 4 server connections: one at a time
 							t.Parallel()
 						}
-						db := testenv.WithConn(testenv.SchemaLayout(t, layout), d.DB)
-						store, err := inbox.NewStore(db)
-						require.NoError(t, err)
-						inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
-						require.NoError(t, err)
-						ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-						t.Cleanup(cancel)
-						f(t, bundle{ctx: ctx, db: db, store: store, inner: inner})
+						f(t, newBundle(t, testenv.WithConn(testenv.SchemaLayout(t, layout), d.DB), 90*time.Second))
 					})
 				}
 			}
@@ -199,20 +191,11 @@ func eachConnection(t *testing.T, f func(t *testing.T, b bundle)) {
 // eachPartitioned runs f per driver on the partitioned layout.
 func eachPartitioned(t *testing.T, f func(t *testing.T, b bundle, l inboxpart.Layout)) {
 	t.Helper()
-	for _, driver := range testenv.DriverNames {
-		t.Run(driver, func(t *testing.T) {
-			t.Parallel()
-			db := testenv.WithConn(testenv.SchemaLayout(t, "partitioned"), testenv.DriverNamed(t, driver).DB)
-			store, err := inbox.NewStore(db)
-			require.NoError(t, err)
-			inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
-			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			t.Cleanup(cancel)
-			f(t, bundle{ctx: ctx, db: db, store: store, inner: inner},
-				inboxpart.Layout{Schema: db.Schema, Table: db.InboxTable, Ahead: db.Partitions.Ahead})
-		})
-	}
+	testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		db := testenv.WithConn(testenv.SchemaLayout(t, "partitioned"), d.DB)
+		f(t, newBundle(t, db, 60*time.Second),
+			inboxpart.Layout{Schema: db.Schema, Table: db.InboxTable, Ahead: db.Partitions.Ahead})
+	})
 }
 
 // pastPartition attaches the daily partition daysAgo days before today (as

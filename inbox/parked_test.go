@@ -18,23 +18,17 @@ import (
 )
 
 // eachLayout runs f once per inbox layout (plain, partitioned) and driver,
-// as parallel subtests, each with its own migrated schema.
+// as parallel subtests named layout first ("plain/pgxpool"), each with its
+// own migrated schema.
 func eachLayout(t *testing.T, f func(t *testing.T, b bundle)) {
 	t.Helper()
 	for _, layout := range testenv.Layouts {
-		for _, driver := range testenv.DriverNames {
-			t.Run(layout+"/"+driver, func(t *testing.T) {
-				t.Parallel()
-				db := testenv.WithConn(testenv.SchemaLayout(t, layout), testenv.DriverNamed(t, driver).DB)
-				store, err := inbox.NewStore(db)
-				require.NoError(t, err)
-				inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
-				require.NoError(t, err)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				t.Cleanup(cancel)
-				f(t, bundle{ctx: ctx, db: db, store: store, inner: inner})
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+				f(t, newBundle(t, testenv.WithConn(testenv.SchemaLayout(t, layout), d.DB), 60*time.Second))
 			})
-		}
+		})
 	}
 }
 

@@ -25,25 +25,26 @@ type bundle struct {
 	inner *inboxdb.Store
 }
 
-// eachDriver runs f once per driver of testenv.Drivers, as parallel
-// subtests, each with its own migrated schema.
+// eachDriver runs f once per driver (testenv.ForEachDriver), each with its
+// own migrated schema.
 func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	t.Helper()
-	for i, name := range []string{"pgxpool", "database-sql"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			d := testenv.Drivers(t)[i]
-			require.Equal(t, name, d.Name)
-			db := testenv.WithConn(testenv.Schema(t), d.DB)
-			store, err := inbox.NewStore(db)
-			require.NoError(t, err)
-			inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
-			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			t.Cleanup(cancel)
-			f(t, bundle{ctx: ctx, db: db, store: store, inner: inner})
-		})
-	}
+	testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		f(t, newBundle(t, testenv.WithConn(testenv.Schema(t), d.DB), 60*time.Second))
+	})
+}
+
+// newBundle is the bundle of db (a migrated schema reached through one
+// driver), its context bounded by timeout.
+func newBundle(t *testing.T, db sqlschema.DB, timeout time.Duration) bundle {
+	t.Helper()
+	store, err := inbox.NewStore(db)
+	require.NoError(t, err)
+	inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return bundle{ctx: ctx, db: db, store: store, inner: inner}
 }
 
 // claim records (consumer, key) as done, as the middleware's

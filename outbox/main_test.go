@@ -38,22 +38,16 @@ func (b bundle) schema() sqlschema.DB {
 	return testenv.WithConn(b.tables, b.db)
 }
 
-// eachDriver runs f once per driver of testenv.Drivers, as parallel
-// subtests, each with its own migrated schema. Connections are opened inside
-// the subtest, so subtests waiting for their turn hold none.
+// eachDriver runs f once per driver (testenv.ForEachDriver), each with its
+// own migrated schema.
 func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	t.Helper()
-	for i, name := range []string{"pgxpool", "database-sql"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			d := testenv.Drivers(t)[i]
-			require.Equal(t, name, d.Name)
-			tables := testenv.Schema(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			t.Cleanup(cancel)
-			f(t, bundle{ctx: ctx, db: d.DB, tables: tables})
-		})
-	}
+	testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		tables := testenv.Schema(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		t.Cleanup(cancel)
+		f(t, bundle{ctx: ctx, db: d.DB, tables: tables})
+	})
 }
 
 // begin starts a transaction that is rolled back at cleanup if the test did

@@ -31,19 +31,10 @@ const (
 	defaultOutboxTable = "watermill_outbox"
 )
 
-// eachDriver runs f once per driver of testenv.Drivers, as parallel
-// subtests. The connections are opened inside the subtest, so subtests
-// waiting for their turn hold none.
+// eachDriver runs f once per driver (testenv.ForEachDriver).
 func eachDriver(t *testing.T, f func(t *testing.T, d testenv.Driver)) {
 	t.Helper()
-	for i, name := range []string{"pgxpool", "database-sql"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			d := testenv.Drivers(t)[i]
-			require.Equal(t, name, d.Name)
-			f(t, d)
-		})
-	}
+	testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) { f(t, d) })
 }
 
 // freshSchema returns a unique schema name that does not exist yet, and

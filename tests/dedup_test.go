@@ -60,28 +60,6 @@ func requireDedupOutcome(t *testing.T, e *e2e, r *message.Router, runs *runCount
 	requireExactlyOneOutput(t, e.DB, e.Out, outputUUID(uuid, 1))
 }
 
-// TestDedupRepublished: a producer publishes the same message (same UUID)
-// five times; the handler's effect and output happen once, and every copy
-// is acked.
-func TestDedupRepublished(t *testing.T) {
-	t.Parallel()
-	eachDriver(t, func(t *testing.T, e *e2e) {
-		eo := e.Middleware(t, exactlyonce.Config{})
-
-		var runs runCounter
-		var deliveries deliveryLog
-		r := newRouter(t)
-		r.AddMiddleware(deliveries.Middleware, eo.Middleware)
-		addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
-
-		uuid := watermill.NewUUID()
-		publishCopies(t, e.Pub, e.In, uuid, []byte(`{"n":1}`), dedupCopies)
-		testenv.StartRouter(t, r)
-
-		requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
-	})
-}
-
 // errLostAck simulates an ack that never reached the broker.
 var errLostAck = errors.New("simulated lost ack")
 
@@ -102,24 +80,39 @@ func loseAcks(n int64) message.HandlerMiddleware {
 	}
 }
 
-// TestDedupRedelivered: one published message is redelivered by RabbitMQ
+// TestDedup: dedupCopies deliveries of one message reach the router; the
+// handler's effect and output happen once, and every copy is acked.
+// Republished: a producer publishes the same message (same UUID) five
+// times. Redelivered: one published message is redelivered by RabbitMQ
 // four times, because the first four acks are "lost" after the middleware
-// committed; the handler's effect and output happen once.
-func TestDedupRedelivered(t *testing.T) {
+// committed.
+func TestDedup(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, e *e2e) {
-		eo := e.Middleware(t, exactlyonce.Config{})
+	for _, c := range []struct {
+		name      string
+		published int   // copies the producer publishes
+		lostAcks  int64 // acks lost after the middleware committed (loseAcks)
+	}{
+		{"republished", dedupCopies, 0},
+		{"redelivered", 1, dedupCopies - 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			eachDriver(t, func(t *testing.T, e *e2e) {
+				eo := e.Middleware(t, exactlyonce.Config{})
 
-		var runs runCounter
-		var deliveries deliveryLog
-		r := newRouter(t)
-		r.AddMiddleware(deliveries.Middleware, loseAcks(dedupCopies-1), eo.Middleware)
-		addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
+				var runs runCounter
+				var deliveries deliveryLog
+				r := newRouter(t)
+				r.AddMiddleware(deliveries.Middleware, loseAcks(c.lostAcks), eo.Middleware)
+				addHandler(t, r, dedupHandlerName, e.In, e.Out, dedupHandler(e, &runs))
 
-		uuid := watermill.NewUUID()
-		publishCopies(t, e.Pub, e.In, uuid, []byte(`{"n":1}`), 1)
-		testenv.StartRouter(t, r)
+				uuid := watermill.NewUUID()
+				publishCopies(t, e.Pub, e.In, uuid, []byte(`{"n":1}`), c.published)
+				testenv.StartRouter(t, r)
 
-		requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
-	})
+				requireDedupOutcome(t, e, r, &runs, &deliveries, uuid)
+			})
+		})
+	}
 }

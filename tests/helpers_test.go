@@ -86,12 +86,12 @@ func setupE2E(t testing.TB, d testenv.Driver) *e2e {
 	}
 }
 
-// eachDriver runs f once per driver (testenv.EachDriver) with an e2e
+// eachDriver runs f once per driver (testenv.ForEachDriver) with an e2e
 // bundle.
 func eachDriver(t *testing.T, f func(t *testing.T, e *e2e)) {
 	t.Helper()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
-		f(t, setupE2E(t, b.Driver))
+	testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		f(t, setupE2E(t, d))
 	})
 }
 

@@ -264,7 +264,7 @@ func FuzzNotifierMarshaler(f *testing.F) {
 // once under its own identity, x-death arrives as JSON text, and nothing is
 // left in the queue. (With
 // watermill-amqp's DefaultMarshaler the same deliveries never reach the
-// router: tests/hostile_test.go, TestHostileNonStringHeadersDefaultMarshaler.)
+// router: tests/untrusted_input_test.go, TestNonStringHeadersWithDefaultMarshaler.)
 func TestNotifierMarshalerRealDeadLetter(t *testing.T) {
 	t.Parallel()
 	in := testenv.Queue(t, "ntdl_in_")
@@ -373,7 +373,7 @@ func TestNotifierMarshalerRealDeadLetter(t *testing.T) {
 // notification_log (PostgreSQL text). Expected, as for any request that can
 // never be processed: dead-lettered with the reason, provider not called;
 // the good request behind it is sent once.
-func TestNotifierHostileUnstorableRequest(t *testing.T) {
+func TestNotifierUnstorableRequestIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	n := startNotifier(t, notifierOptions{})
 	bad := []string{"nul-id", "nul-to"}

@@ -27,7 +27,7 @@ type bundle struct {
 	store  *inboxdb.Store
 }
 
-// eachDriver runs f once per driver of testenv.Drivers and per inbox
+// eachDriver runs f once per driver (testenv.ForEachDriver) and per inbox
 // layout (testenv.Layouts: the plain table and the time-partitioned one),
 // as parallel subtests ("pgxpool/plain", ...), each with its own migrated
 // schema. Connections are opened inside the subtest, so subtests waiting
@@ -56,23 +56,17 @@ func eachLayout(t *testing.T, f func(t *testing.T, layout string)) {
 	}
 }
 
+// eachDriverOf runs f once per driver and layout (testenv.ForEachDriver).
 func eachDriverOf(t *testing.T, layouts []string, f func(t *testing.T, b bundle)) {
 	t.Helper()
-	for i, name := range []string{"pgxpool", "database-sql"} {
-		for _, layout := range layouts {
-			t.Run(name+"/"+layout, func(t *testing.T) {
-				t.Parallel()
-				d := testenv.Drivers(t)[i]
-				require.Equal(t, name, d.Name)
-				tables := testenv.SchemaLayout(t, layout)
-				store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
-				require.NoError(t, err)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				t.Cleanup(cancel)
-				f(t, bundle{ctx: ctx, db: d.DB, tables: tables, store: store})
-			})
-		}
-	}
+	testenv.ForEachDriver(t, layouts, func(t *testing.T, d testenv.Driver, layout string) {
+		tables := testenv.SchemaLayout(t, layout)
+		store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		t.Cleanup(cancel)
+		f(t, bundle{ctx: ctx, db: d.DB, tables: tables, store: store})
+	})
 }
 
 // begin starts a transaction that is rolled back at cleanup if the test did

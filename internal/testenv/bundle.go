@@ -57,17 +57,40 @@ func DriverNamed(t testing.TB, name string) Driver {
 	return Driver{}
 }
 
-// EachDriver runs f once per driver as parallel subtests named after the
-// driver, each with its own Bundle. The driver is opened inside the
-// subtest, so that subtests waiting for their turn hold no connection.
-func EachDriver(t *testing.T, f func(t *testing.T, b *Bundle)) {
+// ForEachDriver is the suite's driver matrix: it runs f once per driver
+// (DriverNames, in that order) and, when variants is not empty, once per
+// variant of each driver, as parallel subtests named "driver" or
+// "driver/variant" ("pgxpool/plain"). The variants are usually the inbox
+// layouts (Layouts, for SchemaLayout) and may be any other dimension (a
+// middleware mode); f gets the variant, or "" without variants. The driver
+// is opened inside the subtest, so that subtests waiting for their turn
+// hold no connection. A package's own helper builds its bundle inside f.
+func ForEachDriver(t *testing.T, variants []string, f func(t *testing.T, d Driver, variant string)) {
 	t.Helper()
 	for _, name := range DriverNames {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			f(t, NewBundle(t, DriverNamed(t, name)))
-		})
+		if len(variants) == 0 {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				f(t, DriverNamed(t, name), "")
+			})
+			continue
+		}
+		for _, variant := range variants {
+			t.Run(name+"/"+variant, func(t *testing.T) {
+				t.Parallel()
+				f(t, DriverNamed(t, name), variant)
+			})
+		}
 	}
+}
+
+// EachDriver runs f once per driver (ForEachDriver, subtests named after
+// the driver), each with its own Bundle.
+func EachDriver(t *testing.T, f func(t *testing.T, b *Bundle)) {
+	t.Helper()
+	ForEachDriver(t, nil, func(t *testing.T, d Driver, _ string) {
+		f(t, NewBundle(t, d))
+	})
 }
 
 // Table returns the quoted name of table in the bundle's schema (a

@@ -1,11 +1,12 @@
 package exactlyonce_test
 
-// Regression tests for the "first hour" issue: the mistakes a new user
-// makes in the first hour with the library (a Permanent error in
-// transactional mode, a handler without a publish topic, forgotten
-// migrations, OutboxOnly without the middleware, a panicking handler, a
-// poison queue, the context helpers), each through a Watermill router on a
-// real RabbitMQ queue and real PostgreSQL. The rate tests count deliveries
+// The errors the middleware returns for a handler's failure or a
+// misconfiguration, and what the router then does with the delivery (a
+// Permanent error in transactional mode, a handler without a publish
+// topic, forgotten migrations, OutboxOnly without the middleware, a
+// panicking handler, IsPermanent with a poison queue, the context helpers),
+// each through a Watermill router on a real RabbitMQ queue and real
+// PostgreSQL. The rate tests count deliveries
 // in a fixed window (fhWindow); everything else awaits events.
 
 import (
@@ -197,7 +198,7 @@ func fhEffects(t *testing.T, tables sqlschema.DB) (insert, countQuery string) {
 // delivery, the handler's writes rolled back, the record parked with the
 // reason, a later copy acked as parked without running the handler.
 // Before: neither parked nor acked, redelivered in a tight loop.
-func TestFirstHourPermanentTransactionalParks(t *testing.T) {
+func TestPermanentInTransactionalModeParks(t *testing.T) {
 	t.Parallel()
 	for _, d := range testenv.Drivers(t) {
 		t.Run(d.Name, func(t *testing.T) {
@@ -279,7 +280,7 @@ func TestFirstHourPermanentTransactionalParks(t *testing.T) {
 // of writing: the outbox publisher's "empty destination topic" error is a
 // handler error, not ErrNoDestination, and is nacked at once (~1,300
 // redeliveries/s).
-func TestFirstHourNoDestinationIsBoundedAndKept(t *testing.T) {
+func TestNoDestinationIsBoundedAndKept(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name     string
@@ -357,7 +358,7 @@ func TestFirstHourNoDestinationIsBoundedAndKept(t *testing.T) {
 // ErrClaimFailed (never ErrDBUnavailable), says what to run and names the
 // schema; FailOpen does not run the handler for it; the redeliveries are
 // bounded by NackDelay and the message is kept.
-func TestFirstHourNotMigratedSaysSo(t *testing.T) {
+func TestNotMigratedSaysSo(t *testing.T) {
 	t.Parallel()
 	for _, d := range testenv.Drivers(t) {
 		for _, create := range []bool{true, false} {
@@ -452,7 +453,7 @@ func (p *fhRecordingPublisher) first() (error, bool) {
 // (d) OutboxOnly as a handler's publisher without the middleware: the
 // router's publish fails with ErrNoMiddleware naming the handler, the
 // delivery is nacked (kept) once a second, and nothing reaches the broker.
-func TestFirstHourOutboxOnlyWithoutMiddleware(t *testing.T) {
+func TestOutboxOnlyWithoutMiddlewareFails(t *testing.T) {
 	t.Parallel()
 	in := testenv.Queue(t, "fh_oo_in_")
 	out := testenv.Queue(t, "fh_oo_out_")
@@ -487,7 +488,7 @@ func TestFirstHourOutboxOnlyWithoutMiddleware(t *testing.T) {
 // (e) A panicking handler: the error is Watermill's RecoveredPanicError
 // with the panic value, and nothing of the attempt commits: the redelivery
 // runs again and commits once.
-func TestFirstHourPanicIsRecoveredPanicError(t *testing.T) {
+func TestPanicIsRecoveredPanicError(t *testing.T) {
 	t.Parallel()
 	for _, d := range testenv.Drivers(t) {
 		t.Run(d.Name, func(t *testing.T) {
@@ -583,7 +584,7 @@ func fhHostPort(t *testing.T, url string) string {
 // what a fix or time can; with PoisonQueueWithFilter(IsPermanent) outside
 // the middleware, a message with an empty UUID lands in a poison queue
 // declared up front, and can be read back from it.
-func TestFirstHourIsPermanent(t *testing.T) {
+func TestIsPermanent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	d := testenv.Drivers(t)[0]
@@ -711,7 +712,7 @@ func TestFirstHourIsPermanent(t *testing.T) {
 // (g) The context helpers return an error outside a handler (never a
 // zero value with no reason); in a fail-open run the transaction helpers
 // return an error wrapping ErrDBUnavailable while InfoFromContext works.
-func TestFirstHourContextHelpers(t *testing.T) {
+func TestContextHelpersErrors(t *testing.T) {
 	t.Parallel()
 	t.Run("outside a handler", func(t *testing.T) {
 		t.Parallel()

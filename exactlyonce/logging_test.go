@@ -1,8 +1,10 @@
 package exactlyonce_test
 
-// Regression tests for the second "first hours" report: a forgotten
-// middleware, a store-only lease handler that returns messages, log noise
-// during an outage and under lease contention, and the start-up checks.
+// What the middleware logs and reports of a mistake or an outage: the
+// context helpers without the middleware, a store-only lease handler that
+// returns messages, the log lines of an outage and of lease contention
+// (RouterLogger, episodes), and the start-up check, which reports through
+// the log.
 // Each goes through a Watermill router on a real RabbitMQ queue and real
 // PostgreSQL (and Redis for the Redis store).
 
@@ -71,7 +73,7 @@ func (e *fh2Errors) first(t *testing.T) error {
 // one delivery, kept in the poison queue.
 // Before: "the context is not a handler's ... (use msg.Context() inside
 // the handler)", not permanent, thousands of redeliveries per second.
-func TestFirstHoursForgottenMiddleware(t *testing.T) {
+func TestContextHelpersWithoutMiddleware(t *testing.T) {
 	t.Parallel()
 	handler := func(run *fhRun, seen *fh2Errors) message.NoPublishHandlerFunc {
 		return func(msg *message.Message) error {
@@ -218,7 +220,7 @@ func (l *fh2Log) dump(t *testing.T, level string) {
 // count), however many deliveries failed meanwhile.
 // Before: two ERROR lines per failed delivery (the middleware's and the
 // router's).
-func TestFirstHoursOutageIsAFewLines(t *testing.T) {
+func TestOutageIsLoggedInAFewLines(t *testing.T) {
 	t.Parallel()
 	proxy := testenv.NewProxy(t, fhHostPort(t, testenv.DatabaseURL()))
 	pool := testenv.PoolFor(t, proxy.RewriteURL(testenv.DatabaseURL()))
@@ -269,7 +271,7 @@ func TestFirstHoursOutageIsAFewLines(t *testing.T) {
 // key wait for the lease to expire. That is expected contention, not an
 // error: nothing at ERROR level with the recommended logging set-up.
 // Before: "another worker holds the lease" at ERROR on every redelivery.
-func TestFirstHoursLeaseContentionIsNotAnError(t *testing.T) {
+func TestLeaseContentionIsNotLoggedAsAnError(t *testing.T) {
 	t.Parallel()
 	eachLeaseStore(t, func(t *testing.T, s *leaseStore) {
 		var log fh2Log
@@ -311,7 +313,7 @@ func fh2ForgetLastMigration(t *testing.T, db sqlschema.DB, target string) {
 // tables older than this version of the library; a database that is down at start-up fails
 // nothing, and the check runs once it is back.
 // Before: nothing was checked unless the service called sqlschema.Check.
-func TestFirstHoursStartupCheck(t *testing.T) {
+func TestStartupCheck(t *testing.T) {
 	t.Parallel()
 	start := func(t *testing.T, db sqlschema.DB, log *fh2Log, q string) {
 		t.Helper()
@@ -429,7 +431,7 @@ func fh2RedisServer(t *testing.T, args ...string) *redis.Client {
 // A handler's mistake under a store-only lease refuses that handler's
 // later keys, not those of another handler recording under the same
 // consumer (a router-level middleware with Config.Consumer set).
-func TestFirstHoursStoreOnlyRefusalIsPerHandler(t *testing.T) {
+func TestStoreOnlyRefusalIsPerHandler(t *testing.T) {
 	t.Parallel()
 	s := redisLeaseStore(t)
 	eo := s.middleware(t, exactlyonce.Config{Consumer: "svc"})
@@ -463,7 +465,7 @@ func TestFirstHoursStoreOnlyRefusalIsPerHandler(t *testing.T) {
 // InfoFromContext is a read-only probe that callers may ignore: outside
 // the middleware it fails at once, without the wait of the helpers a
 // handler needs for its work.
-func TestFirstHoursInfoFromContextDoesNotWait(t *testing.T) {
+func TestInfoFromContextDoesNotWait(t *testing.T) {
 	t.Parallel()
 	q := testenv.Queue(t, "fh2_info_")
 	var took atomic.Int64
@@ -488,7 +490,7 @@ func TestFirstHoursInfoFromContextDoesNotWait(t *testing.T) {
 
 // One key whose claim keeps failing among keys that succeed is one
 // episode: a start line, not a start and an end per failure.
-func TestFirstHoursEpisodeOfOneBadKey(t *testing.T) {
+func TestOneFailingKeyIsOneEpisode(t *testing.T) {
 	t.Parallel()
 	s := postgresLeaseStore(t)
 	s.claimElsewhere(t, "stuck", time.Hour) // a lease-mode record: a transactional claim is refused (ErrNotDone)
@@ -509,7 +511,7 @@ func TestFirstHoursEpisodeOfOneBadKey(t *testing.T) {
 
 // Tables created from sqlschema.SQL by another migration tool record no
 // migration: the start-up checks cannot tell, and say so without an ERROR.
-func TestFirstHoursStartupCheckOfTablesFromAnotherTool(t *testing.T) {
+func TestStartupCheckOfTablesFromAnotherTool(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: testenv.Unique(t, "fh2sql_")}
@@ -535,7 +537,7 @@ func TestFirstHoursStartupCheckOfTablesFromAnotherTool(t *testing.T) {
 }
 
 // Under concurrent deliveries the start-up check runs once.
-func TestFirstHoursStartupCheckRunsOnce(t *testing.T) {
+func TestStartupCheckRunsOnce(t *testing.T) {
 	t.Parallel()
 	var log fh2Log
 	eo, err := exactlyonce.New(exactlyonce.Config{DB: testenv.Schema(t), Consumer: "c", Logger: &log})
@@ -555,7 +557,7 @@ func TestFirstHoursStartupCheckRunsOnce(t *testing.T) {
 
 // RouterLogger demotes only what the middleware reported: an error joined
 // with another (a poison queue whose publish failed too) stays an error.
-func TestFirstHoursRouterLoggerKeepsJoinedErrors(t *testing.T) {
+func TestRouterLoggerKeepsJoinedErrors(t *testing.T) {
 	t.Parallel()
 	eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: refusedDB(t, "pgxpool")}, Consumer: "c", NackDelay: -1, Logger: watermill.NopLogger{}})
 	require.NoError(t, err)

@@ -1,10 +1,10 @@
 package tests
 
-// Hostile input (issue 5): messages and configuration an attacker, a buggy
+// Untrusted input: messages and configuration an attacker, a buggy
 // producer or a careless operator can send. Every test runs a real Watermill
 // router on RabbitMQ with the exactly-once middleware (both modes where the
 // mode changes the code path, both drivers where the database is involved)
-// and checks what the issue asks: a clear error or a dead letter with its
+// and checks for each: a clear error or a dead letter with its
 // reason, no crash, nothing else blocked (a good message published after the
 // bad ones is processed), nothing lost.
 //
@@ -48,23 +48,14 @@ const hostileCaseHeader = "hostile-case"
 // hostileKeyHeader is the metadata field of KeyFromMetadata in these tests.
 const hostileKeyHeader = "idempotency-key"
 
-var hostileModes = []struct {
-	name  string
-	lease bool
-}{{"transactional", false}, {"lease", true}}
-
 // hostileEachDriverMode runs f as parallel subtests, once per driver and
-// mode (lease: lease mode, else transactional).
+// mode (testenv.ForEachDriver with the modes as variants; lease: lease
+// mode, else transactional).
 func hostileEachDriverMode(t *testing.T, f func(t *testing.T, d testenv.Driver, lease bool)) {
 	t.Helper()
-	for _, dn := range testenv.DriverNames {
-		for _, m := range hostileModes {
-			t.Run(dn+"/"+m.name, func(t *testing.T) {
-				t.Parallel()
-				f(t, testenv.DriverNamed(t, dn), m.lease)
-			})
-		}
-	}
+	testenv.ForEachDriver(t, []string{"transactional", "lease"}, func(t *testing.T, d testenv.Driver, mode string) {
+		f(t, d, mode == "lease")
+	})
 }
 
 // hostileEnv is one test's world: the e2e bundle, the input's poison
@@ -258,7 +249,7 @@ func hostileKeyCases(fromMetadata bool) []hostileBadKey {
 // claim, dead-lettered with the reason by the recommended poison-queue
 // filter, the handler never runs for it, and a good message published after
 // all of them is processed (and its duplicate recognised).
-func TestHostileKeys(t *testing.T) {
+func TestUnstorableKeysAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	for _, source := range []string{"uuid", "metadata"} {
 		t.Run(source, func(t *testing.T) {
@@ -349,7 +340,7 @@ func hostileKeysRun(t *testing.T, d testenv.Driver, lease bool, fromMetadata boo
 // nacks, is disabled to show the loop quickly). This test records what that means for the
 // messages behind it on a prefetch-1 consumer: it is not lost, and the good
 // message behind it is blocked as long as the router runs.
-func TestHostileRejectedKeyWithoutPoisonQueue(t *testing.T) {
+func TestRejectedKeyWithoutPoisonQueueIsRequeued(t *testing.T) {
 	t.Parallel()
 	e := hostileSetup(t, testenv.DriverNamed(t, "pgxpool"))
 	eo := e.middleware(t, false, nil)
@@ -413,7 +404,7 @@ func hostileSQLKeys(schema string) []string {
 // modes. Each key is published twice: the handler runs once, the second copy
 // is a duplicate, the inbox holds exactly the key, and the canary table the
 // injections aim at is still there.
-func TestHostileSQLKeys(t *testing.T) {
+func TestSQLMetacharacterKeysAreStoredVerbatim(t *testing.T) {
 	t.Parallel()
 	hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, lease bool) {
 		e := hostileSetup(t, d)
@@ -514,7 +505,7 @@ func hostileOutputMetadata() message.Metadata {
 // metadata of odd values (unicode, quotes, newlines, JSON-looking text,
 // a 33 KB value, a 255-byte name) intact. A good message behind them is
 // processed too. Both drivers, both modes.
-func TestHostilePayloads(t *testing.T) {
+func TestOddPayloadsAreRelayedIntact(t *testing.T) {
 	t.Parallel()
 	payloads := hostilePayloads()
 	hostileEachDriverMode(t, func(t *testing.T, d testenv.Driver, lease bool) {
@@ -566,7 +557,7 @@ func TestHostilePayloads(t *testing.T) {
 // The outbox must relay each intact or refuse it with a clear error (the
 // input then goes to the poison queue with the reason) — never change it
 // silently; the good message behind them is processed either way.
-func TestHostileOutputMetadataNotJSONText(t *testing.T) {
+func TestOutputMetadataNotJSONText(t *testing.T) {
 	t.Parallel()
 	for _, dn := range testenv.DriverNames {
 		t.Run(dn, func(t *testing.T) {
@@ -663,14 +654,14 @@ func (p hostileShortstrPublisher) Publish(topic string, msgs ...*message.Message
 	return p.Publisher.Publish(topic, msgs...)
 }
 
-// TestHostileOutboxRowUnpublishable: an output message the broker can never
+// TestUnpublishableOutboxRowDoesNotBlock: an output message the broker can never
 // take (a header name over AMQP's 255 bytes) does not block the rows behind
 // it: they are relayed to RabbitMQ while it waits out its backoff. When the
 // publisher says the failure is the message's own (as rabbitmq.Publisher
 // does, and as a wrapper that checks what AMQP cannot carry can), it is
 // quarantined after MaxAttempts failures and reported; when nothing says so,
 // it is retried and reported as failing, never quarantined.
-func TestHostileOutboxRowUnpublishable(t *testing.T) {
+func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 	t.Parallel()
 	d := testenv.DriverNamed(t, "pgxpool")
 	e := hostileSetup(t, d)
@@ -813,7 +804,7 @@ func hostileDeadLetter(t testing.TB, conn *amqp.Connection, queue string, msg am
 // good message behind it. rabbitmq.Marshaler handles these
 // headers (examples/notifier/fuzz_test.go), as does a PreprocessDelivery
 // that turns them into strings.
-func TestHostileNonStringHeadersDefaultMarshaler(t *testing.T) {
+func TestNonStringHeadersWithDefaultMarshaler(t *testing.T) {
 	t.Parallel()
 	e := hostileSetup(t, testenv.DriverNamed(t, "pgxpool"))
 	uuidKey := wamqp.DefaultMessageUUIDHeaderKey
@@ -955,7 +946,7 @@ func (hostileNamePublisher) Close() error { return nil }
 // outbox.PendingStats, outbox.RequeueFailed — are rejected as an "invalid
 // SQL identifier" naming the field, before the database is touched; Migrate against the real database creates nothing (checked in
 // pg_namespace and pg_class for the marker every injection would create).
-func TestHostileConfigNames(t *testing.T) {
+func TestSQLInjectionInConfigNamesIsRejected(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	real := wsql.BeginnerFromPgx(pool)
@@ -1039,7 +1030,7 @@ func TestHostileConfigNames(t *testing.T) {
 // has its failure recorded as readable, bounded text: the permanent one is
 // parked and acked, the transient one runs again and succeeds, and the good
 // message behind both is processed. Both drivers.
-func TestHostileLeaseErrorText(t *testing.T) {
+func TestLeaseErrorTextFromUntrustedInput(t *testing.T) {
 	t.Parallel()
 	for _, dn := range testenv.DriverNames {
 		t.Run(dn, func(t *testing.T) {
