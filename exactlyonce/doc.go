@@ -1,6 +1,6 @@
-// Package exactlyonce (import path .../watermill-exactlyonce/middleware)
-// gives Watermill handlers exactly-once effects by configuration. Import it
-// under its name, next to Watermill's own middleware package:
+// Package exactlyonce gives Watermill handlers exactly-once effects by
+// configuration. It is named as its folder, and sits next to Watermill's
+// own middleware package without an alias:
 //
 //	import (
 //		"github.com/ThreeDotsLabs/watermill/message/router/middleware"

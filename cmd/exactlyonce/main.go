@@ -31,7 +31,7 @@
 // catalog) instead of advising 'exactlyonce migrate up', which would create
 // empty tables in the wrong place.
 //
-// docs/cli.md describes every command with examples of its output.
+// Every command has --help; docs/cli.md is the guide to the operator tasks.
 package main
 
 import (
