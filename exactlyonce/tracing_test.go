@@ -99,7 +99,7 @@ func TestTraceContextThroughTheOutbox(t *testing.T) {
 			broker := &capturePublisher{}
 			relay, err := outbox.NewRelay(outbox.RelayConfig{DB: tables, Publisher: broker, TracerProvider: tp, Logger: testenv.Logger(t), NoListen: true})
 			require.NoError(t, err)
-			n, err := relay.RelayOnce(ctx)
+			n, err := relay.Flush(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 1, n)
 			require.Len(t, broker.msgs, 1)

@@ -156,7 +156,7 @@ func TestWatchRelay(t *testing.T) {
 	writeOutbox(t, ctx, db, "refused", "r-4")
 	writeOutbox(t, ctx, db, "ok", "r-5")
 	execSQL(t, ctx, "UPDATE "+db.Outbox()+` SET metadata = '{"a": [1]}' WHERE uuid = 'r-5'`)
-	n, err := relay.RelayOnce(ctx)
+	n, err := relay.Flush(ctx)
 	require.Error(t, err)
 	require.Equal(t, 3, n)
 
@@ -196,7 +196,7 @@ func TestWatchRelay(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, m.WatchRelay(relay2))
 	writeOutbox(t, ctx, db, "ok", "r-6", "r-7")
-	n, err = relay2.RelayOnce(ctx)
+	n, err = relay2.Flush(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Equal(t, float64(6), scrape(t, reg)["exactlyonce_relay_relayed_total"])

@@ -21,7 +21,7 @@ import (
 )
 
 // A handler writes its output message to the outbox in its own transaction
-// (NewPublisher); the relay (NewRelay, RelayOnce) then moves it to the real
+// (NewPublisher); the relay (NewRelay, Flush) then moves it to the real
 // publisher (here an in-memory gochannel; in production watermill-amqp with
 // ConfirmDelivery), keeping its UUID and metadata. One sqlschema.DB names
 // the database and the table for all of them.
@@ -88,7 +88,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	n, err := relay.RelayOnce(ctx)
+	n, err := relay.Flush(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -187,7 +187,7 @@ func ExampleFindRows() {
 		fmt.Println(err)
 		return
 	}
-	_, err = relay.RelayOnce(ctx)
+	_, err = relay.Flush(ctx)
 	fmt.Println("relay failed:", err != nil)
 
 	// Find it by its business id.
@@ -213,7 +213,7 @@ func ExampleFindRows() {
 		fmt.Println(err)
 		return
 	}
-	n, err := relay.RelayOnce(ctx)
+	n, err := relay.Flush(ctx)
 	fmt.Println("relayed:", n, err, dest.got)
 	left, err := outbox.CountRows(ctx, db, outbox.RowFilter{State: outbox.StateAll})
 	fmt.Println("quarantined or failing:", left, err)

@@ -12,12 +12,10 @@ import (
 // ChannelName exposes channelName to the tests of package outbox_test.
 var ChannelName = channelName
 
-// SetListenPing shortens the LISTEN connection's ping interval and timeout
-// for a test, and returns a function that restores them.
-func SetListenPing(every, timeout time.Duration) (restore func()) {
-	oldEvery, oldTimeout := listenPing, listenPingTimeout
-	listenPing, listenPingTimeout = every, timeout
-	return func() { listenPing, listenPingTimeout = oldEvery, oldTimeout }
+// SetListenPing sets r's LISTEN connection's ping interval and timeout;
+// call it before r.Run.
+func SetListenPing(r *Relay, every, timeout time.Duration) {
+	r.listenPing, r.listenPingTimeout = every, timeout
 }
 
 // SelectSQL is the statement that locks a relay's batch ($1 batch size, $2

@@ -43,7 +43,7 @@ func requireNotMigrated(t *testing.T, err error, db sqlschema.DB) {
 	require.ErrorContains(t, err, `OutboxTable: "`+db.OutboxTable+`"`, "the error names the table")
 }
 
-// A relay against a schema that was never migrated: RelayOnce returns
+// A relay against a schema that was never migrated: Flush returns
 // ErrNotMigrated with the fix, and Run logs it, at error level, saying
 // what to run, and then polls slowly (MaxErrorBackoff) instead of
 // hammering the database.
@@ -53,7 +53,7 @@ func TestRelayNotMigrated(t *testing.T) {
 		db := b.neverMigrated(t)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, Logger: testenv.Logger(t)})
 		require.NoError(t, err, "NewRelay does not touch the database")
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.Zero(t, n)
 		requireNotMigrated(t, err, db)
 		require.ErrorContains(t, err, "outbox relay", "the error says who failed")
@@ -127,7 +127,7 @@ func TestRelayOlderTablesNotMigrated(t *testing.T) {
 		require.NoError(t, err)
 
 		b.exec(t, "ALTER TABLE "+b.tables.Outbox()+" DROP COLUMN next_attempt_at")
-		_, err = relay.RelayOnce(b.ctx)
+		_, err = relay.Flush(b.ctx)
 		requireNotMigrated(t, err, b.tables)
 
 		b.exec(t, "ALTER TABLE "+b.tables.Outbox()+" DROP COLUMN quarantined_at")

@@ -46,7 +46,7 @@ func TestRelayOrderedPausedHeadTakesNoRoom(t *testing.T) {
 		down := func(m *message.Message) *message.Message { m.Metadata.Set("dest", "down"); return m }
 		// Topic "down" fails once: it is paused for ErrorBackoff.
 		b.publish(t, "down", down(keyed("X", 1)))
-		_, err = relay.RelayOnce(b.ctx)
+		_, err = relay.Flush(b.ctx)
 		require.Error(t, err)
 
 		// Key K: its first message to the paused topic, its next ones to
@@ -60,7 +60,7 @@ func TestRelayOrderedPausedHeadTakesNoRoom(t *testing.T) {
 		b.publish(t, "up", keyed("J", 1))
 
 		for range 5 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
@@ -132,12 +132,12 @@ func TestRelayOrderedKeyInFlightElsewhereTakesNoRoom(t *testing.T) {
 		require.NoError(t, err)
 
 		done := make(chan struct{})
-		go func() { defer close(done); _, _ = relayA.RelayOnce(b.ctx) }()
+		go func() { defer close(done); _, _ = relayA.Flush(b.ctx) }()
 		<-slow.entered // relay A holds H-001, in flight
 		defer func() { close(slow.release); <-done }()
 
 		for range 3 {
-			_, _ = relayB.RelayOnce(b.ctx)
+			_, _ = relayB.Flush(b.ctx)
 		}
 		require.Equal(t, []int{1}, fastLog.distinct()["J"],
 			"key J is free, yet relay B's batches are all H's blocked rows while relay A has H in flight")
@@ -278,7 +278,7 @@ func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 		b.publish(t, "down", down)
 		b.publish(t, "up", keyed("Q", 1))
 		for range 3 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		p, err := outbox.PendingStats(b.ctx, b.schema())
 		require.NoError(t, err)
@@ -292,7 +292,7 @@ func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 		b.publish(t, "up", tail...)
 		b.publish(t, "up", keyed("J", 1))
 		for range 3 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		require.Equal(t, []int{1}, log.distinct()["J"], "J waits behind the blocked keys' rows")
 		require.Empty(t, log.distinct()["Q"])

@@ -177,7 +177,7 @@ func TestRelayBlockedKeyShowsAndDiscardUnblocks(t *testing.T) {
 		})
 		require.NoError(t, err)
 		for range 3 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		var got []string
 		for _, d := range rec.delivered() {
@@ -194,7 +194,7 @@ func TestRelayBlockedKeyShowsAndDiscardUnblocks(t *testing.T) {
 		require.NoError(t, outbox.Discard(b.ctx, db, page.Rows[0].ID, outbox.Expect{}))
 		require.Equal(t, blockedFigures{}, b.blockedFigures(t), "discarded: the key is not blocked")
 		for range 3 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		got = got[:0]
 		for _, d := range rec.delivered() {

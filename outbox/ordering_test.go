@@ -266,7 +266,7 @@ func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(2, 2))},
 			Logger: watermill.NopLogger{}})
 		require.NoError(t, err)
-		_, err = relay.RelayOnce(b.ctx)
+		_, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, []int{1, 2}, log.accepted["K"])
 	})
@@ -363,7 +363,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 				require.NoError(t, err)
 				drain := func() {
 					for range 20 {
-						_, _ = relay.RelayOnce(b.ctx)
+						_, _ = relay.Flush(b.ctx)
 						time.Sleep(2 * time.Millisecond)
 					}
 				}
@@ -417,7 +417,7 @@ func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: broker, Logger: watermill.NopLogger{}, MaxAttempts: 1})
 		require.NoError(t, err)
 		for range 5 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		require.Equal(t, []int{1}, log.distinct()["A"])
 		refuseMu.Lock()
@@ -427,7 +427,7 @@ func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n)
 		for range 5 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		require.Equal(t, []int{1, 2, 3}, log.distinct()["A"])
 		require.Empty(t, log.violations(nil))
@@ -446,7 +446,7 @@ func TestRelayOrderedUnreadableRowBlocksItsKey(t *testing.T) {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: broker, Logger: watermill.NopLogger{}})
 		require.NoError(t, err)
 		for range 3 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		require.Equal(t, map[string][]int{"B": {1}}, log.distinct())
 		require.Len(t, b.rows(t), 2)

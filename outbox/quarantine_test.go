@@ -451,11 +451,11 @@ func TestRequeueOne(t *testing.T) {
 			ErrorBackoff: time.Microsecond, MaxErrorBackoff: time.Microsecond,
 		})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.ErrorIs(t, err, errUnpublishable)
 		require.Equal(t, 2, n, "the rows around the refused one")
 		require.Equal(t, []string{"orders/msg-2"}, b.quarantined(t))
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "quarantined: skipped")
 
@@ -477,7 +477,7 @@ func TestRequeueOne(t *testing.T) {
 		require.Zero(t, requeued.PermanentFailures)
 		require.Nil(t, requeued.NextAttemptAt)
 		require.Empty(t, requeued.LastError)
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		got := rec.delivered()
@@ -493,7 +493,7 @@ func TestRequeueOne(t *testing.T) {
 		// by id, unchanged.
 		rec.setFailTopic("orders")
 		b.publish(t, "orders", message.NewMessage("failing", nil))
-		_, err = relay.RelayOnce(b.ctx)
+		_, err = relay.Flush(b.ctx)
 		require.ErrorIs(t, err, errBrokerDown)
 		b.publish(t, "orders", message.NewMessage("fresh", nil))
 		rows := b.rows(t)
@@ -588,7 +588,7 @@ func TestRequeueMatching(t *testing.T) {
 			t.Helper()
 			var out []string
 			for {
-				n, err := relay.RelayOnce(b.ctx)
+				n, err := relay.Flush(b.ctx)
 				require.NoError(t, err)
 				if n == 0 {
 					return out
@@ -693,7 +693,7 @@ func TestDiscard(t *testing.T) {
 		rec := &recorder{}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: rec, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
-		_, err = relay.RelayOnce(b.ctx)
+		_, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		got := rec.delivered()
 		require.Len(t, got, 1)

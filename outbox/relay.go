@@ -47,8 +47,27 @@ type Relay struct {
 	tracer      trace.Tracer
 	lastErrMu   sync.Mutex
 	lastErr     error
-	runningMux  sync.Mutex
+
+	// The LISTEN connection's ping (see listenOnce): after listenPing
+	// without a notification the relay pings the server, and replaces the
+	// connection when the ping takes longer than listenPingTimeout.
+	listenPing        time.Duration
+	listenPingTimeout time.Duration
+
+	// The lifecycle (Run, Close, Running).
+	runMu     sync.Mutex
+	runDone   chan struct{} // while Run runs: closed when it returns
+	running   chan struct{} // closed once Run relays
+	startOnce sync.Once
+	closing   chan struct{} // closed by Close
+	closeOnce sync.Once
 }
+
+// The LISTEN connection's ping defaults (Relay.listenPing).
+const (
+	defaultListenPing        = 30 * time.Second
+	defaultListenPingTimeout = 10 * time.Second
+)
 
 // NewRelay validates cfg and returns a Relay. The outbox table must exist,
 // migrated by sqlschema.Migrate.
@@ -106,6 +125,11 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		episodes: episode.New(cfg.Logger, 0, 0),
 		wake:     make(chan struct{}, 1),
 		tracer:   tracing.Tracer(cfg.TracerProvider),
+
+		listenPing:        defaultListenPing,
+		listenPingTimeout: defaultListenPingTimeout,
+		running:           make(chan struct{}),
+		closing:           make(chan struct{}),
 		// A batch ($1 rows) is the oldest rows that never failed, and the
 		// oldest failed rows whose backoff is over, these at most half the
 		// batch ($2) when there are enough of the others: failing rows never
@@ -204,8 +228,8 @@ type RelayStats struct {
 	// Batches is the number of committed batches that relayed a message or
 	// recorded a failure (an empty poll is not a batch).
 	Batches int64
-	// Failures is the number of RelayOnce calls (batches) that returned an
-	// error: a publish failed, a row was quarantined, or the database
+	// Failures is the number of batches (Run's, and Flush calls) that
+	// failed: a publish failed, a row was quarantined, or the database
 	// failed. Errors caused by the context ending are not counted.
 	Failures int64
 	// FailedPublishes is the number of messages whose publish failed (each
@@ -239,24 +263,53 @@ func (r *Relay) Stats() RelayStats {
 	}
 }
 
-// Run relays until ctx is done, then returns nil after the batches in
-// flight finished (each either committed or rolled back). Errors are
-// logged, not returned. A full batch of which something was published is
-// followed at once by the next. A topic whose rows that never failed
-// before failed for reasons not their own, with none of its rows
+// Run relays until ctx is done or Close is called, then returns nil after
+// the batches in flight finished (each either committed or rolled back).
+// Errors are logged, not returned. A full batch of which something was
+// published is followed at once by the next. A topic whose rows that never
+// failed before failed for reasons not their own, with none of its rows
 // published (its destination, or the broker, looks down), is paused for
 // ErrorBackoff, doubling to MaxErrorBackoff while it lasts, while the
 // other topics flow; a batch the database failed is followed by a wait of
 // the same length. Rows that failed wait out their own backoff (see
-// RelayConfig.ErrorBackoff) while the rows behind them are relayed. Run
-// may be called once at a time per Relay.
+// RelayConfig.ErrorBackoff) while the rows behind them are relayed.
+//
+// Run may be called once at a time per Relay (a second call while one
+// runs returns an error); after it returned because ctx ended it may be
+// called again. Once Close was called, Run returns nil at once. Running
+// tells when it relays.
 func (r *Relay) Run(ctx context.Context) error {
-	if !r.runningMux.TryLock() {
+	r.runMu.Lock()
+	if r.runDone != nil {
+		r.runMu.Unlock()
 		return errors.New("outbox: Relay.Run is already running")
 	}
-	defer r.runningMux.Unlock()
+	select {
+	case <-r.closing:
+		r.runMu.Unlock()
+		return nil
+	default:
+	}
+	done := make(chan struct{})
+	r.runDone = done
+	r.runMu.Unlock()
+	defer func() {
+		r.runMu.Lock()
+		r.runDone = nil
+		r.runMu.Unlock()
+		close(done)
+	}()
 
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-r.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
 	wg.Go(func() { r.startupCheck(ctx) })
 	if !r.cfg.NoListen {
 		wg.Go(func() { r.listen(ctx) })
@@ -264,8 +317,32 @@ func (r *Relay) Run(ctx context.Context) error {
 	for range r.cfg.Workers {
 		wg.Go(func() { r.work(ctx) })
 	}
+	r.startOnce.Do(func() { close(r.running) })
 	wg.Wait()
 	return nil
+}
+
+// Close stops a running Run and waits for it to return (the batches in
+// flight finish, as when Run's context ends). It is idempotent, and safe
+// to call before Run, which then returns at once: a closed Relay does not
+// relay again. Flush still works after Close. It returns nil.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() { close(r.closing) })
+	r.runMu.Lock()
+	done := r.runDone
+	r.runMu.Unlock()
+	if done != nil {
+		<-done
+	}
+	return nil
+}
+
+// Running returns a channel that is closed once Run relays (its workers
+// started), as message.Router.Running does. It stays closed after Run
+// returns; it is never closed when Run is not called (or is called only
+// after Close).
+func (r *Relay) Running() chan struct{} {
+	return r.running
 }
 
 // idSequenceSQL finds the sequence behind the outbox table's ($1) id
@@ -441,11 +518,15 @@ const logSample = 5
 // its rows is worth finishing even while the relay shuts down.
 const finishTimeout = 30 * time.Second
 
-// RelayOnce relays at most one batch in one transaction and returns how
-// many messages it published and deleted. The batch is the oldest
-// BatchSize rows that are neither quarantined nor waiting out the backoff of
-// an earlier failure; rows that failed before take at most half of it when
-// enough others wait. They are published in id order, the rows that failed
+// Flush relays one batch of the rows pending now, in one transaction, and
+// returns how many messages it published and deleted: it is Run's step,
+// for tests and one-shot tools (call it until it returns 0 to drain the
+// table); a service calls Run. It needs no Run, and may be called while
+// Run runs or after Close.
+//
+// The batch is the oldest BatchSize rows that are neither quarantined nor
+// waiting out the backoff of an earlier failure; rows that failed before
+// take at most half of it when enough others wait. They are published in id order, the rows that failed
 // before first, each of those in a Publish call of its own, the others with
 // consecutive rows of one topic in one call. When a call of several
 // messages fails, its messages are published one at a time, so that a
@@ -467,15 +548,15 @@ const finishTimeout = 30 * time.Second
 // rows relayed. A crash (or a failed commit) after a publish leaves rows
 // that were sent: they are sent again later (at-least-once).
 //
-// Cancelling ctx stops RelayOnce before the next poll or publish, but what
+// Cancelling ctx stops Flush before the next poll or publish, but what
 // the publisher already accepted is still deleted and committed. An error
 // caused by ctx ending is not counted in Stats().Failures.
-func (r *Relay) RelayOnce(ctx context.Context) (n int, err error) {
+func (r *Relay) Flush(ctx context.Context) (n int, err error) {
 	res, err := r.relayBatch(ctx)
 	return res.relayed, err
 }
 
-// relayBatch relays one batch (see RelayOnce); the error is counted and
+// relayBatch relays one batch (see Flush); the error is counted and
 // kept for Stats.
 func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	res, err := r.relayBatchOnce(ctx)

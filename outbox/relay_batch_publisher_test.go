@@ -218,14 +218,14 @@ func TestRelayBatchPublisherAllConfirmed(t *testing.T) {
 
 		var sizes []int
 		for {
-			n, err := relay.RelayOnce(b.ctx)
+			n, err := relay.Flush(b.ctx)
 			require.NoError(t, err)
 			if n == 0 {
 				break
 			}
 			sizes = append(sizes, n)
 			require.Len(t, br.lastCall(), n, "one call per batch")
-			require.Less(t, len(sizes), 100, "RelayOnce does not converge")
+			require.Less(t, len(sizes), 100, "Flush does not converge")
 		}
 		require.Equal(t, []int{40, 40, 40, 40, 40, 40, 10}, sizes)
 		require.Equal(t, 7, br.callCount(), "an empty poll makes no call")
@@ -238,7 +238,7 @@ func TestRelayBatchPublisherAllConfirmed(t *testing.T) {
 		// sequential publish.
 		rows := b.goodRows(t, "t", "r", 0, 3)
 		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, last_error = 'test' WHERE uuid = 'r-00002'")
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 3, n)
 		require.Equal(t, []string{rows[2], rows[0], rows[1]}, br.lastCall())
@@ -266,7 +266,7 @@ func TestRelayBatchPublisherPoisonAmongGoodOnes(t *testing.T) {
 		good = append(good, b.goodRows(t, "t", "g", 2, 2)...)
 		b.publish(t, "t", poisonMessage("last"))
 		for i := range 3 {
-			n, err := relay.RelayOnce(b.ctx)
+			n, err := relay.Flush(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 			require.Equal(t, []int{4, 1, 1}[i], n, "batch %d", i)
 			for _, uuid := range []string{"head", "mid", "last"} {
@@ -311,13 +311,13 @@ func TestRelayBatchPublisherOutageMidBatchQuarantinesNothing(t *testing.T) {
 			time.Sleep(10 * time.Millisecond) // every failed row is due again
 			before, calls := b.pending(t, b.db), br.callCount()
 			br.script(upTo(accepted), upTo(0), upTo(0))
-			n, err := relay.RelayOnce(b.ctx)
+			n, err := relay.Flush(b.ctx)
 			require.ErrorIs(t, err, errBrokerDown, "cycle %d: the outage begins mid-call", c)
 			require.Equal(t, accepted, n, "cycle %d: the confirmed prefix is relayed", c)
 			require.Len(t, br.lastCall(), batchSize, "cycle %d: every row of the batch was in the call", c)
 			require.Equal(t, before-accepted, b.pending(t, b.db), "cycle %d: the prefix is deleted, the rest stays", c)
 			for range 2 { // the outage goes on: nothing confirmed
-				n, err := relay.RelayOnce(b.ctx)
+				n, err := relay.Flush(b.ctx)
 				require.Zero(t, n)
 				if err != nil {
 					require.ErrorIs(t, err, errBrokerDown)
@@ -333,7 +333,7 @@ func TestRelayBatchPublisherOutageMidBatchQuarantinesNothing(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for b.pending(t, b.db) > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
-			_, err := relay.RelayOnce(b.ctx)
+			_, err := relay.Flush(b.ctx)
 			require.NoError(t, err)
 		}
 		br.requireConfirmedOnce(t, rows)
@@ -357,7 +357,7 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 			ErrorBackoff: 600 * time.Millisecond, MaxErrorBackoff: 600 * time.Millisecond,
 		})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.ErrorIs(t, err, errBrokerDown)
 		require.Contains(t, err.Error(), "10 failed and wait for a retry")
 		require.Zero(t, n)
@@ -370,20 +370,20 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 		require.Equal(t, outbox.RelayStats{Batches: 1, Failures: 1, FailedPublishes: 10, LastError: relay.Stats().LastError}, relay.Stats())
 
 		// Every row waits out its backoff: nothing is due.
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, 1, br.callCount())
 
 		// The rows due, the topics are still paused.
 		b.makeDue(t)
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, 1, br.callCount())
 
 		time.Sleep(650 * time.Millisecond) // the pauses end
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 10, n)
 		br.requireConfirmedOnce(t, rows)
@@ -406,7 +406,7 @@ func TestRelayBatchPublisherCancelledMidCall(t *testing.T) {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: br, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
 
-		n, err := relay.RelayOnce(ctx)
+		n, err := relay.Flush(ctx)
 		require.ErrorIs(t, err, context.Canceled)
 		require.Equal(t, 3, n, "the confirmed messages' rows are deleted")
 		require.Equal(t, int64(7), b.pending(t, b.db))
@@ -416,11 +416,11 @@ func TestRelayBatchPublisherCancelledMidCall(t *testing.T) {
 		require.Zero(t, relay.Stats().Failures, "a shutdown is not a failure")
 		require.Equal(t, int64(3), relay.Stats().Relayed)
 
-		_, err = relay.RelayOnce(ctx)
+		_, err = relay.Flush(ctx)
 		require.ErrorIs(t, err, context.Canceled)
 		require.Equal(t, 1, br.callCount(), "a cancelled context makes no call")
 
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 7, n)
 		br.requireConfirmedOnce(t, rows)
@@ -438,7 +438,7 @@ func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
 		br := newConfirmBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: br, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.ErrorContains(t, err, "unreadable metadata")
 		require.Equal(t, 3, n)
 		require.Equal(t, want, br.got)
@@ -448,7 +448,7 @@ func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
 
 		// Only unreadable rows: quarantined, no call at all.
 		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'v', '\x7b7d', '"x"')`)
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.ErrorContains(t, err, "unreadable metadata")
 		require.Zero(t, n)
 		require.Equal(t, 1, br.callCount())
@@ -472,7 +472,7 @@ func TestRelayBatchPublisherWrongOutcomeCount(t *testing.T) {
 		b.goodRows(t, "t", "row", 0, 4)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: shortBatch{}, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.ErrorContains(t, err, "returned 3 outcomes for 4 messages")
 		require.Zero(t, n)
 		p, err := outbox.PendingStats(b.ctx, b.schema())
@@ -513,7 +513,7 @@ func TestRelayBatchPublisherConnectionLostQuarantinesNothing(t *testing.T) {
 		b.alternating(t, "row", 0, 30)
 		for range 5 {
 			br.script(interleaved)
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 			b.makeDue(t)
 		}
 		require.Zero(t, b.permanentFailures(t), "a lost confirm counted against a healthy row")
@@ -521,7 +521,7 @@ func TestRelayBatchPublisherConnectionLostQuarantinesNothing(t *testing.T) {
 		for i := 0; b.pending(t, b.db) > 0; i++ {
 			require.Less(t, i, 100, "the outbox does not drain")
 			b.makeDue(t)
-			_, err := relay.RelayOnce(b.ctx)
+			_, err := relay.Flush(b.ctx)
 			require.NoError(t, err)
 		}
 	})

@@ -21,7 +21,7 @@ type nopPublisher struct{}
 func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
 func (nopPublisher) Close() error                              { return nil }
 
-// BenchmarkRelayBacklog measures RelayOnce (lock a batch of 100, publish to
+// BenchmarkRelayBacklog measures Flush (lock a batch of 100, publish to
 // a no-op publisher, delete, commit) with 1k, 20k and 100k rows waiting. The
 // backlog is topped up (outside the timer) whenever it fell by 10%, so each
 // poll sees about the same backlog. The poll cost should not grow with it:
@@ -58,7 +58,7 @@ FROM generate_series($1::bigint, $2::bigint) g`, seq+1, seq+n)
 			relayed := 0
 			b.ResetTimer()
 			for b.Loop() {
-				n, err := relay.RelayOnce(ctx)
+				n, err := relay.Flush(ctx)
 				if err != nil {
 					b.Fatal(err)
 				}

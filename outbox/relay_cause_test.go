@@ -95,7 +95,7 @@ func (b bundle) drain(t *testing.T, relay *outbox.Relay) {
 	for i := 0; b.pending(t, b.db) > 0; i++ {
 		require.Less(t, i, 200, "the outbox does not drain")
 		b.makeDue(t)
-		_, _ = relay.RelayOnce(b.ctx)
+		_, _ = relay.Flush(b.ctx)
 	}
 }
 
@@ -123,7 +123,7 @@ func TestRelayBlipInsideBatchQuarantinesNothing(t *testing.T) {
 				})
 				require.NoError(t, err)
 
-				relayed, err := relay.RelayOnce(b.ctx)
+				relayed, err := relay.Flush(b.ctx)
 				require.ErrorIs(t, err, errTransient)
 				require.Equal(t, 7, relayed)
 				require.Empty(t, b.quarantined(t), "a blip of the broker's quarantines no row")
@@ -164,7 +164,7 @@ func TestRelayFlappingRetriedAtOutageOnsetQuarantinesNothing(t *testing.T) {
 						br.setScript(down)
 						b.makeDue(t)
 						time.Sleep(2 * time.Millisecond) // its topic's pause ended
-						_, err := relay.RelayOnce(b.ctx)
+						_, err := relay.Flush(b.ctx)
 						require.ErrorIs(t, err, errTransient, "cycle %d", cycle)
 						require.Empty(t, b.quarantined(t), "cycle %d: X is quarantined for the broker's outages", cycle)
 						// The broker is up: other rows flow while X waits.
@@ -172,7 +172,7 @@ func TestRelayFlappingRetriedAtOutageOnsetQuarantinesNothing(t *testing.T) {
 						b.holdBack(t)
 						want = append(want, b.goodRows(t, "y", fmt.Sprintf("y-%d-%d", batchSize, cycle), 0, 3)...)
 						for b.pending(t, b.db) > 1 {
-							_, err := relay.RelayOnce(b.ctx)
+							_, err := relay.Flush(b.ctx)
 							require.NoError(t, err)
 						}
 					}
@@ -240,11 +240,11 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 
 				bDone := make(chan error, 1)
 				go func() {
-					_, err := relayB.RelayOnce(context.Background())
+					_, err := relayB.Flush(context.Background())
 					bDone <- err
 				}()
 				<-yAccepted
-				relayedA, err := relayA.RelayOnce(b.ctx) // W accepted, X fails: the outage began
+				relayedA, err := relayA.Flush(b.ctx) // W accepted, X fails: the outage began
 				require.ErrorIs(t, err, errTransient)
 				require.Equal(t, 1, relayedA)
 				close(releaseY)
@@ -252,7 +252,7 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 
 				b.makeDue(t)
 				time.Sleep(2 * time.Millisecond) // X's topic pause ended
-				_, err = relayA.RelayOnce(b.ctx) // still in the outage
+				_, err = relayA.Flush(b.ctx)     // still in the outage
 				require.ErrorIs(t, err, errTransient)
 				require.Empty(t, b.quarantined(t), "X is quarantined for an outage")
 
@@ -448,7 +448,7 @@ func TestRelayRetryRowsLockedElsewhereShrinkNoBatch(t *testing.T) {
 
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: newStepBroker(up), Logger: testenv.Logger(t), BatchSize: 100})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 100, n, "a full batch of the rows this worker can lock")
 		require.NoError(t, other.Rollback())

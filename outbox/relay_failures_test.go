@@ -224,9 +224,9 @@ func relayPoisonRowFirstBatchSizeOne(wrap publisherAs) func(t *testing.T, b bund
 			if len(q) == 0 && pending < 10 && len(good) < 2000 {
 				good = append(good, b.goodRows(t, "t", "good", len(good), 20)...)
 			}
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
-		t.Logf("%d RelayOnce calls, %d good rows, %d relayed before the quarantine", calls, len(good), relayedBeforeQuarantine)
+		t.Logf("%d Flush calls, %d good rows, %d relayed before the quarantine", calls, len(good), relayedBeforeQuarantine)
 		require.Positive(t, br.acceptedCount(), "no row behind the poison row was relayed")
 		requireEachOnce(t, br, good)
 		require.Equal(t, []string{"t/poison"}, b.quarantined(t), "the poison row is quarantined")
@@ -268,7 +268,7 @@ func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
 			ErrorBackoff: 5 * time.Millisecond, MaxErrorBackoff: 40 * time.Millisecond,
 		})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.ErrorIs(t, err, errUnpublishable)
 		require.Zero(t, n)
 
@@ -283,10 +283,10 @@ func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
 			if len(q) < 2 && len(good) < 1000 {
 				good = append(good, b.alternating(t, "good", len(good), 1)...)
 			}
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 			time.Sleep(time.Millisecond)
 		}
-		t.Logf("%d RelayOnce calls, %d good rows", calls, len(good))
+		t.Logf("%d Flush calls, %d good rows", calls, len(good))
 		require.Positive(t, br.acceptedCount(), "no good row was relayed behind the batch of bad rows")
 		requireEachOnce(t, br, good)
 		require.Equal(t, []string{"a/fanned-out", "b/fanned-out"}, b.quarantined(t), "both bad rows are quarantined")
@@ -325,14 +325,14 @@ func relayOutageOnsetsQuarantineNoHealthyRow(wrap publisherAs) func(t *testing.T
 			rows = append(rows, b.alternating(t, "row", len(rows), accepted)...)
 			time.Sleep(10 * time.Millisecond) // every failed row is due again
 			br.setBudget(accepted)
-			n, err := relay.RelayOnce(b.ctx)
+			n, err := relay.Flush(b.ctx)
 			require.ErrorIs(t, err, errBrokerDown, "cycle %d: the outage begins mid-batch", c)
 			// A call of several rows of one topic that the outage cut
 			// leaves rows the broker took counted as failed: at-least-once.
 			require.LessOrEqual(t, n, accepted, "cycle %d", c)
 			require.Positive(t, n, "cycle %d", c)
 			for range 2 { // the outage goes on
-				n, err := relay.RelayOnce(b.ctx)
+				n, err := relay.Flush(b.ctx)
 				require.Zero(t, n)
 				if err != nil {
 					require.ErrorIs(t, err, errBrokerDown)
@@ -347,7 +347,7 @@ func relayOutageOnsetsQuarantineNoHealthyRow(wrap publisherAs) func(t *testing.T
 		deadline := time.Now().Add(20 * time.Second)
 		for b.pending(t, b.db) > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
-			_, err := relay.RelayOnce(b.ctx)
+			_, err := relay.Flush(b.ctx)
 			require.NoError(t, err)
 		}
 		requireEachAtLeastOnce(t, br, rows)
@@ -383,7 +383,7 @@ func relayFlappingBrokerQuarantinesOnlyThePoisonRow(wrap publisherAs) func(t *te
 			rows = append(rows, b.alternating(t, "row", len(rows), newRows)...)
 			time.Sleep(10 * time.Millisecond) // every failed row is due again
 			br.setBudget(budget)
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		quarantinedAt := -1
 		for c := 0; c < 40 && (quarantinedAt < 0 || c < quarantinedAt+5); c++ {
@@ -404,7 +404,7 @@ func relayFlappingBrokerQuarantinesOnlyThePoisonRow(wrap publisherAs) func(t *te
 		deadline := time.Now().Add(20 * time.Second)
 		for b.pending(t, b.db) > 1 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		requireEachOnce(t, br, rows)
 		require.Equal(t, []string{"b/poison"}, b.quarantined(t), "only the poison row is quarantined")
@@ -449,7 +449,7 @@ func relayRetriesBehindFailingPairAreTried(wrap publisherAs) func(t *testing.T, 
 		})
 		require.NoError(t, err)
 		for range 5 {
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 		}
 		requireEachOnce(t, br, good)
 		require.Equal(t, int64(2), b.pending(t, b.db), "only the poison rows are left")
@@ -481,26 +481,26 @@ func relayOutageAfterBriefRecoveryQuarantinesNothing(wrap publisherAs) func(t *t
 			// Onset mid-batch: 3 rows accepted, the other 5 fail.
 			rows = append(rows, b.alternating(t, fmt.Sprint("c", c), 0, 8)...)
 			br.setBudget(3)
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 			// The outage goes on: the failed rows are due again, and new rows
 			// keep arriving; whatever the relay tries fails.
 			br.setBudget(0)
 			time.Sleep(40 * time.Millisecond)
 			rows = append(rows, b.alternating(t, fmt.Sprint("n", c), 0, 4)...)
-			_, _ = relay.RelayOnce(b.ctx)
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 			// The broker comes back for a moment: it takes two messages of
 			// the next batch and dies again.
 			time.Sleep(40 * time.Millisecond)
 			rows = append(rows, b.alternating(t, fmt.Sprint("e", c), 0, 4)...)
 			br.setBudget(2)
-			_, _ = relay.RelayOnce(b.ctx)
+			_, _ = relay.Flush(b.ctx)
 			require.Empty(t, b.quarantined(t), "cycle %d: a healthy row was quarantined", c)
 			require.Zero(t, b.permanentFailures(t), "cycle %d: a failure counted against a healthy row", c)
 			br.setBudget(-1)
 			for range 5 {
 				time.Sleep(35 * time.Millisecond)
-				_, _ = relay.RelayOnce(b.ctx)
+				_, _ = relay.Flush(b.ctx)
 			}
 		}
 		requireEachOnce(t, br, rows)

@@ -53,7 +53,7 @@ func (b bundle) publishAll(t testing.TB, want []delivered) {
 	require.NoError(t, tx.Commit())
 }
 
-func TestRelayOnceDeliversInOrder(t *testing.T) {
+func TestFlushDeliversInOrder(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		want := mixedMessages(250)
@@ -65,13 +65,13 @@ func TestRelayOnceDeliversInOrder(t *testing.T) {
 
 		var sizes []int
 		for {
-			n, err := relay.RelayOnce(b.ctx)
+			n, err := relay.Flush(b.ctx)
 			require.NoError(t, err)
 			if n == 0 {
 				break
 			}
 			sizes = append(sizes, n)
-			require.Less(t, len(sizes), 100, "RelayOnce does not converge")
+			require.Less(t, len(sizes), 100, "Flush does not converge")
 		}
 		require.Equal(t, []int{40, 40, 40, 40, 40, 40, 10}, sizes)
 
@@ -83,7 +83,7 @@ func TestRelayOnceDeliversInOrder(t *testing.T) {
 		st := relay.Stats()
 		require.Equal(t, outbox.RelayStats{Relayed: 250, Batches: 7}, st)
 
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, int64(7), relay.Stats().Batches, "an empty poll is not a batch")
@@ -101,7 +101,7 @@ func TestRelayGroupsConsecutiveTopics(t *testing.T) {
 		rec := &recorder{}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 6, n)
 		require.Equal(t, want, rec.delivered())
@@ -176,7 +176,7 @@ func relayPublisherFailure(wrap publisherAs) func(t *testing.T, b bundle) {
 		require.NoError(t, err)
 
 		polledAt := time.Now()
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		failedAt := time.Now()
 		require.ErrorIs(t, err, errBrokerDown)
 		require.Contains(t, err.Error(), `"b"`)
@@ -201,14 +201,14 @@ func relayPublisherFailure(wrap publisherAs) func(t *testing.T, b bundle) {
 		// The failed rows wait out their backoff, and topic b its pause,
 		// instead of being retried at once: this poll begins within them.
 		require.Less(t, time.Since(polledAt), backoff, "the machine is too slow for this check")
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 
 		// Recovery sends the rest; nothing handed over before is sent again.
 		rec.setFailTopic("")
 		time.Sleep(time.Until(failedAt.Add(backoff + 50*time.Millisecond)))
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 5, n)
 		require.Equal(t, want, rec.delivered())
@@ -267,7 +267,7 @@ func TestRelayUnreadableMetadata(t *testing.T) {
 		rec := &recorder{}
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "unreadable metadata")
 		require.Equal(t, 3, n, "the rows behind the unreadable one are relayed")
@@ -283,7 +283,7 @@ func TestRelayUnreadableMetadata(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
 
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err, "the quarantined row is skipped")
 		require.Zero(t, n)
 	})
@@ -414,6 +414,104 @@ func TestRelayRun(t *testing.T) {
 	})
 }
 
+// Close ends a running Run and waits for it: Run returns nil, and its
+// LISTEN connection is gone when Close returns. A second Close is a no-op;
+// a closed Relay's Run returns nil at once and relays nothing, while Flush
+// still relays. Running is closed once Run relays, and stays closed.
+func TestRelayClose(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, b bundle) {
+		rec := &recorder{}
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), PollInterval: 5 * time.Millisecond, Workers: 2,
+			ListenConnString: testenv.ListenConnString()})
+		require.NoError(t, err)
+		select {
+		case <-relay.Running():
+			t.Fatal("Running is closed before Run")
+		default:
+		}
+
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(context.Background()) }()
+		select {
+		case <-relay.Running():
+		case <-time.After(10 * time.Second):
+			t.Fatal("Running was not closed within 10s of Run")
+		}
+		b.publish(t, "t", message.NewMessage("first", nil))
+		testenv.Eventually(t, 10*time.Second, func() bool { return rec.count() == 1 && b.pending(t, b.db) == 0 }, "Run should relay a new row")
+		waitListening(t, relay)
+
+		require.NoError(t, relay.Close())
+		require.False(t, relay.Stats().Listening, "Close returned while Run still listened")
+		select {
+		case err := <-done:
+			require.NoError(t, err, "Run returns nil after Close")
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return within 10s of Close")
+		}
+		require.NoError(t, relay.Close(), "a second Close")
+		<-relay.Running() // still closed
+
+		b.publish(t, "t", message.NewMessage("second", nil))
+		returnsAtOnce(t, relay)
+		require.Equal(t, 1, rec.count(), "a closed Relay's Run relays nothing")
+		n, err := relay.Flush(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "Flush relays after Close")
+		require.Equal(t, []string{"first", "second"}, []string{rec.delivered()[0].UUID, rec.delivered()[1].UUID})
+	})
+}
+
+// Close before Run: Run returns nil at once and relays nothing, Running
+// is never closed; Close while Run starts ends it too.
+func TestRelayCloseBeforeRun(t *testing.T) {
+	t.Parallel()
+	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b.publish(t, "t", message.NewMessage("pending", nil))
+	rec := &recorder{}
+	newRelay := func() *outbox.Relay {
+		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t), PollInterval: 5 * time.Millisecond})
+		require.NoError(t, err)
+		return relay
+	}
+
+	relay := newRelay()
+	require.NoError(t, relay.Close())
+	require.NoError(t, relay.Close())
+	returnsAtOnce(t, relay)
+	select {
+	case <-relay.Running():
+		t.Fatal("Running is closed, but Run never relayed")
+	default:
+	}
+	require.Zero(t, rec.count())
+
+	relay = newRelay()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(context.Background()) }()
+	require.NoError(t, relay.Close())
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of a Close made while it started")
+	}
+}
+
+// returnsAtOnce requires relay.Run to return nil within 10s.
+func returnsAtOnce(t *testing.T, relay *outbox.Relay) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run of a closed Relay did not return within 10s")
+	}
+}
+
 func TestNewRelayConfig(t *testing.T) {
 	t.Parallel()
 	db := sqlschema.DB{Conn: testenv.Drivers(t)[0].DB}
@@ -482,7 +580,7 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 		defer cancel()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: cancellingPublisher{cancel}, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
-		n, err := relay.RelayOnce(ctx)
+		n, err := relay.Flush(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		require.Zero(t, b.pending(t, b.db), "the broker has the batch: it must be deleted, not re-sent after a restart")
@@ -490,7 +588,7 @@ func TestRelayShutdownAfterPublishStillDeletes(t *testing.T) {
 		require.Equal(t, int64(1), relay.Stats().Relayed)
 
 		// A cancelled context before the poll: an error, not counted.
-		_, err = relay.RelayOnce(ctx)
+		_, err = relay.Flush(ctx)
 		require.ErrorIs(t, err, context.Canceled)
 		require.Zero(t, relay.Stats().Failures)
 	})
@@ -522,7 +620,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		// Nothing says the error is the message's own: retried, reported as
 		// failing, never quarantined.
 		for range 4 {
-			_, err := relay.RelayOnce(b.ctx)
+			_, err := relay.Flush(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 		}
 		p, err := outbox.PendingStats(b.ctx, b.schema())
@@ -538,7 +636,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		require.NoError(t, err)
 		for i := range 3 {
 			b.publishAll(t, []delivered{{Topic: "orders", UUID: fmt.Sprint("good-", i), Payload: "{}", Metadata: map[string]string{}}})
-			n, err := relay.RelayOnce(b.ctx)
+			n, err := relay.Flush(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 			require.Equal(t, 1, n)
 			require.Equal(t, int64(i+1), b.permanentFailures(t), "batch %d", i)
@@ -548,7 +646,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		}
 		require.Equal(t, []string{"orders/" + msgs[0].UUID}, b.quarantined(t))
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
-		n, err := relay.RelayOnce(b.ctx)
+		n, err := relay.Flush(b.ctx)
 		require.NoError(t, err, "quarantined: skipped")
 		require.Zero(t, n)
 		p, err = outbox.PendingStats(b.ctx, b.schema())
@@ -574,7 +672,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge}, p, "nothing failing or quarantined")
 		require.Zero(t, b.permanentFailures(t))
-		n, err = relay.RelayOnce(b.ctx)
+		n, err = relay.Flush(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		require.Zero(t, b.pending(t, b.db))

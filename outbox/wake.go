@@ -16,15 +16,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 )
 
-// listenPing is how long the LISTEN connection may stay silent before the
-// relay pings the server over it; listenPingTimeout is how long the ping may
-// take before the connection is taken for dead and replaced. Variables for
-// the tests.
-var (
-	listenPing        = 30 * time.Second
-	listenPingTimeout = 10 * time.Second
-)
-
 // errNoListen says why the relay cannot LISTEN at all with this
 // configuration: it polls, and does not try again.
 type errNoListen struct{ reason string }
@@ -128,17 +119,19 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 			// connection: a failover, a NAT dropping it) would leave the
 			// relay believing it listens until TCP keepalive noticed,
 			// minutes later. So it pings the server after each
-			// listenPing without a notification.
-			waitCtx, cancel := context.WithTimeout(ctx, listenPing)
+			// r.listenPing without a notification, and takes the
+			// connection for dead when the ping takes longer than
+			// r.listenPingTimeout.
+			waitCtx, cancel := context.WithTimeout(ctx, r.listenPing)
 			_, err := conn.WaitForNotification(waitCtx)
 			cancel()
 			switch {
 			case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
-				pingCtx, cancel := context.WithTimeout(ctx, listenPingTimeout)
+				pingCtx, cancel := context.WithTimeout(ctx, r.listenPingTimeout)
 				err = conn.Ping(pingCtx)
 				cancel()
 				if err != nil {
-					return fmt.Errorf("the LISTEN connection did not answer a ping within %s: %w", listenPingTimeout, err)
+					return fmt.Errorf("the LISTEN connection did not answer a ping within %s: %w", r.listenPingTimeout, err)
 				}
 			case err != nil:
 				return err

@@ -208,11 +208,9 @@ func (l *logCapture) String() string                                     { retur
 // A LISTEN connection that dies without a word (a partition leaving both
 // TCP ends open: nothing arrives, nothing is refused) is found by the ping
 // after a silent interval and replaced: rows committed meanwhile are
-// relayed without waiting for the poll. Not parallel: it shortens the
-// package's ping interval.
+// relayed without waiting for the poll. The relay's ping interval and
+// timeout are shortened to 300 ms.
 func TestRelayListenSilentConnectionIsReplaced(t *testing.T) {
-	restore := outbox.SetListenPing(300*time.Millisecond, 300*time.Millisecond)
-	defer restore()
 	proxy := testenv.NewProxy(t, hostPort(t, testenv.DirectDatabaseURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -224,6 +222,7 @@ func TestRelayListenSilentConnectionIsReplaced(t *testing.T) {
 		ListenConnString: proxy.RewriteURL(testenv.DirectDatabaseURL()), Logger: logs,
 	})
 	require.NoError(t, err)
+	outbox.SetListenPing(relay, 300*time.Millisecond, 300*time.Millisecond)
 	runRelay(t, relay)
 	waitListening(t, relay)
 

@@ -57,7 +57,7 @@ FROM generate_series($2::bigint, $3::bigint) g`, q, seq+1, seq+benchBacklog)
 				for range workers {
 					wg.Go(func() {
 						for {
-							n, err := relay.RelayOnce(ctx)
+							n, err := relay.Flush(ctx)
 							if err != nil {
 								b.Error(err)
 								return

@@ -199,7 +199,7 @@ func TestRelayQuarantinesARowTheBrokerClosesTheChannelFor(t *testing.T) {
 	for round := 0; pending(t, db).Quarantined == 0 && round < 50; round++ {
 		want = append(want, writeRows(t, ctx, db, fmt.Sprint("r", round), 20, q)...)
 		time.Sleep(6 * time.Millisecond) // the poison row is due again
-		_, err := relay.RelayOnce(ctx)
+		_, err := relay.Flush(ctx)
 		if err != nil {
 			require.ErrorContains(t, err, "PRECONDITION_FAILED")
 		}
@@ -208,7 +208,7 @@ func TestRelayQuarantinesARowTheBrokerClosesTheChannelFor(t *testing.T) {
 	require.Equal(t, int64(1), p.Quarantined, "the poison row is quarantined")
 	require.Equal(t, int64(1), relay.Stats().Quarantined)
 	for pending(t, db).Count > 1 {
-		_, err := relay.RelayOnce(ctx)
+		_, err := relay.Flush(ctx)
 		require.NoError(t, err)
 	}
 	got := countArrived(t, amqpURL, q)

@@ -335,7 +335,7 @@ func relayAll(t testing.TB, relay *outbox.Relay, db sqlschema.DB) int {
 	ctx := testCtx(t)
 	total := 0
 	for ctx.Err() == nil {
-		n, err := relay.RelayOnce(ctx)
+		n, err := relay.Flush(ctx)
 		require.NoError(t, err)
 		total += n
 		if n > 0 {

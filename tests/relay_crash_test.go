@@ -76,7 +76,7 @@ func TestRelayCrashWorkerProcess(t *testing.T) {
 	relay := newRelay(t, outbox.RelayConfig{DB: db, Publisher: pub, BatchSize: relayCrashBatchSize})
 	ctx := testCtx(t)
 	for range relayCrashRows {
-		_, err := relay.RelayOnce(ctx)
+		_, err := relay.Flush(ctx)
 		require.NoError(t, err)
 	}
 	t.Fatalf("worker: relayed everything without reaching message %d", after)

@@ -690,7 +690,7 @@ func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 	relay := newRelay(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	n, err := relay.RelayOnce(ctx)
+	n, err := relay.Flush(ctx)
 	require.Error(t, err, "the unpublishable row is reported")
 	require.Contains(t, err.Error(), "255", "the error says why: %v", err)
 	require.Equal(t, 1, n, "the good row behind it was relayed")
@@ -700,7 +700,7 @@ func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 	// Nothing says the failure is the message's own: failing, not quarantined.
 	for range 3 {
 		time.Sleep(5 * time.Millisecond)
-		_, err = relay.RelayOnce(ctx)
+		_, err = relay.Flush(ctx)
 		require.Error(t, err)
 	}
 	p, err := outbox.PendingStats(ctx, e.DB)
@@ -720,13 +720,13 @@ func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 		goods = append(goods, "good-"+watermill.NewUUID())
 		require.NoError(t, direct.Publish(e.Out, message.NewMessage(goods[i], []byte(`{}`))))
 		time.Sleep(5 * time.Millisecond) // its backoff is over
-		n, err := relay.RelayOnce(ctx)
+		n, err := relay.Flush(ctx)
 		require.Error(t, err)
 		require.Equal(t, 1, n, "the good row behind it is relayed")
 		p, err = outbox.PendingStats(ctx, e.DB)
 		require.NoError(t, err)
 	}
-	n, err = relay.RelayOnce(ctx)
+	n, err = relay.Flush(ctx)
 	require.NoError(t, err, "quarantined rows are skipped")
 	require.Zero(t, n)
 	require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p, "the quarantined row is reported")

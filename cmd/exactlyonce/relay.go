@@ -228,14 +228,14 @@ func (a *app) relay(cmd *cobra.Command, o relayOptions) error {
 	return nil
 }
 
-// relayUntilIdle runs workers loops of RelayOnce, each until a batch
+// relayUntilIdle runs workers loops of Flush, each until a batch
 // relays nothing: no row is ready (or every ready row failed).
 func relayUntilIdle(ctx context.Context, log *slog.Logger, relay *outbox.Relay, workers int) {
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				n, err := relay.RelayOnce(ctx)
+				n, err := relay.Flush(ctx)
 				if err != nil && ctx.Err() == nil {
 					log.Error("outbox relay: rows failed, each is retried after its own backoff", "error", err, "relayed", n)
 				}
