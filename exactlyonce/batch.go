@@ -387,7 +387,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	var wrote *lazyOutbox // one whose rows the batch's NOTIFY is for
 	for i, j := range run {
 		j.queued = j.queued[:0]
-		ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: j.msg.Context(), tracer: m.tracer}
+		ob := &lazyOutbox{tx: th, w: m.outbox, ctx: j.msg.Context(), tracer: m.tracer}
 		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key}
 		if pipelined {
 			vals.queue = &j.queued
@@ -402,7 +402,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 				herr = outputs.write(ob)
 			}
 		}
-		if wrote == nil && ob.notify != nil {
+		if wrote == nil && ob.pub != nil {
 			wrote = ob
 		}
 		if herr != nil {

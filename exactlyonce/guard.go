@@ -16,6 +16,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 )
@@ -41,6 +42,9 @@ type Guard struct {
 	misconfigured sync.Map // [2]string -> error
 	episodes      *episode.Log
 	check         startupCheck
+	// outbox writes the deliveries' output messages, and holds the
+	// debounce of their wake-on-commit NOTIFYs.
+	outbox *outboxwrite.Writer
 }
 
 // New checks cfg, applies its defaults and returns the middleware. It does
@@ -70,9 +74,13 @@ func New(cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}
+	ob, err := outboxwrite.New(cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("exactlyonce: %w", err)
+	}
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
 	m := &Guard{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider),
-		episodes: episode.New(cfg.Logger, 0, 0)}
+		episodes: episode.New(cfg.Logger, 0, 0), outbox: ob}
 	m.check.pending.Store(true)
 	switch {
 	case cfg.storeOnly():

@@ -181,7 +181,7 @@ func (m *Guard) handleLease(msg *message.Message, h message.HandlerFunc, ev *Eve
 	// (database/sql would roll the transaction back on cancel).
 	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
 	defer th.rollback()
-	ob := &lazyOutbox{tx: th, db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
+	ob := &lazyOutbox{tx: th, w: m.outbox, ctx: origCtx, tracer: m.tracer}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
 	produced, herr := m.callHandler(h, msg)
 	msg.SetContext(origCtx)

@@ -8,11 +8,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
-	_ "github.com/exactlyonce/watermill-exactlyonce/outbox" // sets outboxnotify.AtCommit
-	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // outputGroup is a run of consecutive output messages with one destination:
@@ -106,10 +104,9 @@ func (set outputSet) write(ob *lazyOutbox) error {
 // of many handlers write no output.
 type lazyOutbox struct {
 	tx     *txHandle
-	db     sqlschema.DB
-	pub    message.Publisher
-	notify func(context.Context) error // the NOTIFY, right before the commit
-	ctx    context.Context             // the delivery's (its process span)
+	w      *outboxwrite.Writer    // the Guard's
+	pub    *outboxwrite.Publisher // its NOTIFY is sent right before the commit
+	ctx    context.Context        // the delivery's (its process span)
 	tracer trace.Tracer
 }
 
@@ -128,11 +125,7 @@ func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 		if err != nil {
 			return fmt.Errorf("exactlyonce: outbox: %w", err)
 		}
-		pub, notify, err := outboxnotify.AtCommit(tx, l.db)
-		if err != nil {
-			return err
-		}
-		l.pub, l.notify = pub, notify
+		l.pub = l.w.AtCommit(tx)
 	}
 	// The rows carry the trace context of the span that wrote them: a
 	// child of the messages' context when the handler gave them one with a
@@ -151,14 +144,14 @@ func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 }
 
 // beforeCommit sends the wake-on-commit NOTIFY of the rows written, if any
-// (debounced per process). Call it right before the transaction commits;
-// the middleware decides it there, not at the first write, because it owns
-// the commit: a handler may write its rows long before it returns, or fail
-// after (see package outbox's notify.go). A failure only means that no
+// (debounced among the Guard's deliveries). Call it right before the
+// transaction commits; the middleware decides it there, not at the first
+// write, because it owns the commit: a handler may write its rows long
+// before it returns, or fail after (see internal/outboxwrite's notify.go). A failure only means that no
 // NOTIFY went out; the commit reports an aborted transaction.
 func (l *lazyOutbox) beforeCommit(ctx context.Context) {
-	if l.notify != nil {
-		_ = l.notify(ctx)
+	if l.pub != nil {
+		_ = l.pub.BeforeCommit(ctx)
 	}
 }
 

@@ -56,7 +56,7 @@ func (m *Guard) handleTransactional(msg *message.Message, h message.HandlerFunc,
 		}
 	}()
 
-	ob := &lazyOutbox{tx: readyTx(tx), db: m.cfg.DB, ctx: origCtx, tracer: m.tracer}
+	ob := &lazyOutbox{tx: readyTx(tx), w: m.outbox, ctx: origCtx, tracer: m.tracer}
 	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key}))
 	produced, err := m.callHandler(h, msg)
 	msg.SetContext(origCtx)

@@ -18,7 +18,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // Errors of the operations on parked messages.
@@ -642,10 +641,7 @@ func (s *Store) replay(ctx context.Context, tx wsql.Tx, consumer, key string, f 
 			return ParkedMessage{}, fmt.Errorf("releasing %q for %q: the record is no longer parked", key, consumer)
 		}
 	}
-	pub, err := outbox.NewPublisher(tx, s.db)
-	if err != nil {
-		return ParkedMessage{}, err
-	}
+	pub := s.outbox.Publisher(tx)
 	msg := message.NewMessage(m.UUID, m.Payload)
 	msg.Metadata = maps.Clone(m.Metadata)
 	// The replay keeps the message's metadata as it was: no trace context

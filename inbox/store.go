@@ -9,6 +9,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	tenantpkg "github.com/exactlyonce/watermill-exactlyonce/internal/tenant"
@@ -21,9 +22,10 @@ var ErrNotFound = inboxdb.ErrNotFound
 // Store reads and edits the inbox table for operators and retention jobs.
 // It is safe for concurrent use.
 type Store struct {
-	db    sqlschema.DB
-	names pgerr.Tables
-	s     *inboxdb.Store
+	db     sqlschema.DB
+	names  pgerr.Tables
+	s      *inboxdb.Store
+	outbox *outboxwrite.Writer // the replays' (ReplayParked)
 }
 
 // NewStore returns a Store for db's inbox table. db.Conn is required; the
@@ -37,7 +39,11 @@ func NewStore(db sqlschema.DB) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inbox: NewStore: %w", err)
 	}
-	return &Store{db: db, s: s, names: pgerr.Tables{Schema: db.Schema, Inbox: db.InboxTable, Outbox: db.OutboxTable}}, nil
+	ob, err := outboxwrite.New(db)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: NewStore: %w", err)
+	}
+	return &Store{db: db, s: s, outbox: ob, names: pgerr.Tables{Schema: db.Schema, Inbox: db.InboxTable, Outbox: db.OutboxTable}}, nil
 }
 
 // Record is one row of the inbox.

@@ -25,7 +25,9 @@ func writeOutbox(t testing.TB, ctx context.Context, db sqlschema.DB, topic strin
 	tx, err := db.Conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback()
-	pub, err := outbox.NewPublisher(tx, db)
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
+	pub, err := w.Publisher(tx)
 	require.NoError(t, err)
 	for _, u := range uuids {
 		require.NoError(t, pub.Publish(topic, message.NewMessage(u, []byte("{}"))))
@@ -82,7 +84,9 @@ func TestWatchOutbox(t *testing.T) {
 	// (the rows above have no key: they block nothing).
 	tx, err := db.Conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	pub, err := outbox.NewPublisher(tx, db)
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
+	pub, err := w.Publisher(tx)
 	require.NoError(t, err)
 	for _, u := range []string{"a-1", "a-2", "a-3"} {
 		require.NoError(t, pub.Publish("t", outbox.SetOrderingKey(message.NewMessage(u, []byte("{}")), "A")))

@@ -4,8 +4,9 @@
 //
 // Under the exactly-once middleware a handler's output messages are written
 // to the outbox table in the same transaction as its other writes (returned
-// messages, or exactlyonce.OutboxFromContext); outside it, NewPublisher binds
-// a Publisher to your own transaction. Each row keeps the message's UUID,
+// messages, or exactlyonce.OutboxFromContext); outside it, a Writer (one per
+// table, kept for the process's life) binds a Publisher to your own
+// transaction (Writer.Publisher). Each row keeps the message's UUID,
 // metadata and destination topic. Either everything commits or nothing does.
 //
 // State the database once (a sqlschema.DB) and hand the same value to the

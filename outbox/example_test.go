@@ -21,7 +21,7 @@ import (
 )
 
 // A handler writes its output message to the outbox in its own transaction
-// (NewPublisher); the relay (NewRelay, Flush) then moves it to the real
+// (a Writer's Publisher); the relay (NewRelay, Flush) then moves it to the real
 // publisher (here an in-memory gochannel; in production watermill-amqp with
 // ConfirmDelivery), keeping its UUID and metadata. One sqlschema.DB names
 // the database and the table for all of them.
@@ -45,13 +45,20 @@ func Example() {
 		return
 	}
 
+	// Once, at start-up: the Writer of the outbox table.
+	w, err := outbox.NewWriter(db)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
 	// In the handler's transaction: business writes, then the output message.
 	tx, err := db.Conn.BeginTx(ctx, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	pub, err := outbox.NewPublisher(tx, db)
+	pub, err := w.Publisher(tx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -158,12 +165,17 @@ func ExampleFindRows() {
 		fmt.Println(err)
 		return
 	}
+	w, err := outbox.NewWriter(db)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	tx, err := db.Conn.BeginTx(ctx, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	pub, err := outbox.NewPublisher(tx, db)
+	pub, err := w.Publisher(tx)
 	if err != nil {
 		fmt.Println(err)
 		return

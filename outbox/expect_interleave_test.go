@@ -38,7 +38,7 @@ func TestRowActionSeesWhatAnotherPartyDidWhileItWaited(t *testing.T) {
 				t.Run(d.Name, func(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 					t.Cleanup(cancel)
-					b := bundle{ctx: ctx, db: d.DB, tables: testenv.Schema(t)}
+					b := newBundle(t, ctx, d.DB, testenv.Schema(t))
 					db := b.schema()
 					for _, verb := range []string{"requeue", "discard"} {
 						act := func(id int64, e outbox.Expect) error {

@@ -6,6 +6,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -37,7 +38,7 @@ func CountSQL(db sqlschema.DB, f RowFilter) (string, []any) { return countSQL(db
 const MatchingBatch = matchingBatch
 
 // LockClass is the first value of the advisory locks of db's ordering keys.
-func LockClass(db sqlschema.DB) int32 { return lockClass(db.WithDefaults().Outbox()) }
+func LockClass(db sqlschema.DB) int32 { return outboxwrite.LockClass(db.Outbox()) }
 
 // PlainSQL is the batch statement of a table without keyed rows ($1 batch
 // size, $2 the most retried rows, $3 the paused topics).

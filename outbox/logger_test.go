@@ -32,7 +32,7 @@ func TestRelayLogsToSlogDefaultWithoutLogger(t *testing.T) {
 	d := testenv.Drivers(t)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: d.DB, tables: testenv.Schema(t)}
+	b := newBundle(t, ctx, d.DB, testenv.Schema(t))
 	b.publish(t, "t", message.NewMessage("m1", nil))
 
 	rec := &recorder{failTopic: "t"}

@@ -25,11 +25,23 @@ func TestMain(m *testing.M) {
 }
 
 // bundle is what a test of one driver works with: db is the driver, tables
-// the migrated schema (whose Conn schema() replaces with db).
+// the migrated schema (whose Conn schema() replaces with db), w the Writer
+// of its outbox (see newBundle).
 type bundle struct {
 	ctx    context.Context
 	db     wsql.Beginner
 	tables sqlschema.DB
+	w      *outbox.Writer
+}
+
+// newBundle returns the bundle of db and tables, with a Writer of tables'
+// outbox that all its writes share (as a service's would: one NOTIFY
+// debounce).
+func newBundle(t testing.TB, ctx context.Context, db wsql.Beginner, tables sqlschema.DB) bundle {
+	t.Helper()
+	w, err := outbox.NewWriter(tables)
+	require.NoError(t, err)
+	return bundle{ctx: ctx, db: db, tables: tables, w: w}
 }
 
 // schema is the bundle's tables reached through its driver: the
@@ -46,7 +58,7 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 		tables := testenv.Schema(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		t.Cleanup(cancel)
-		f(t, bundle{ctx: ctx, db: d.DB, tables: tables})
+		f(t, newBundle(t, ctx, d.DB, tables))
 	})
 }
 
@@ -64,7 +76,7 @@ func (b bundle) begin(t testing.TB) wsql.Tx {
 func (b bundle) publish(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := outbox.NewPublisher(tx, b.tables)
+	pub, err := b.w.Publisher(tx)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish(topic, msgs...))
 	require.NoError(t, tx.Commit())

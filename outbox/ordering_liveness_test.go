@@ -153,7 +153,7 @@ func TestRelayOrderedKeyInFlightElsewhereTakesNoRoom(t *testing.T) {
 // relay's start-up check, with the fix.
 func TestOrderingKeySequenceCache(t *testing.T) {
 	t.Parallel()
-	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, context.Background(), testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	d := b.tables.WithDefaults()
 	seq := pgx.Identifier{d.Schema, d.OutboxTable + "_id_seq"}.Sanitize()
 	b.exec(t, `ALTER SEQUENCE `+seq+` CACHE 10`)
@@ -171,7 +171,7 @@ func TestOrderingKeySequenceCache(t *testing.T) {
 	write := func(c *pgx.Conn, m *message.Message) {
 		tx, err := c.Begin(ctx)
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), b.tables)
+		pub, err := b.w.Publisher(wsql.TxFromPgx(tx))
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("orders", m))
 		require.NoError(t, tx.Commit(ctx))
@@ -208,7 +208,7 @@ func TestOrderingKeySequenceCache(t *testing.T) {
 // CACHE above 1 there too, naming the sequence and the fix.
 func TestOrderingKeySequenceCacheWithoutMigrationRecords(t *testing.T) {
 	t.Parallel()
-	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB}
+	b := newBundle(t, context.Background(), testenv.Drivers(t)[0].DB, sqlschema.DB{})
 	db := b.neverMigrated(t)
 	script, err := sqlschema.SQL(db)
 	require.NoError(t, err)

@@ -23,7 +23,7 @@ func TestOrderedScenarioNeedsTheKeyLock(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, ctx, testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	orderedScenario(t, b, 10, 40, 6, false) // no ordering keys: no advisory lock
 	rs, err := b.db.QueryContext(ctx, `SELECT metadata->>'key', (metadata->>'seq')::int FROM `+b.tables.Outbox()+` ORDER BY id`)
 	require.NoError(t, err)

@@ -175,7 +175,7 @@ func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		first := b.begin(t)
-		pub1, err := outbox.NewPublisher(first, b.tables)
+		pub1, err := b.w.Publisher(first)
 		require.NoError(t, err)
 		require.NoError(t, pub1.Publish("orders", keyed("A", 1)))
 
@@ -189,7 +189,7 @@ func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 				done <- err
 				return
 			}
-			pub2, err := outbox.NewPublisher(tx, b.tables)
+			pub2, err := b.w.Publisher(tx)
 			if err == nil {
 				err = pub2.Publish("orders", keyed("A", 2))
 			}
@@ -244,14 +244,14 @@ func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		auto := pausingExec{ContextExecutor: b.db, paused: make(chan struct{}), release: make(chan struct{})}
-		autoPub, err := outbox.NewPublisher(auto, b.tables)
+		autoPub, err := b.w.Publisher(auto)
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- autoPub.Publish("orders", keyed("K", 2)) }()
 		<-auto.paused // before its INSERT
 
 		tx := b.begin(t)
-		txPub, err := outbox.NewPublisher(tx, b.tables)
+		txPub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, txPub.Publish("orders", keyed("K", 1)))
 		close(auto.release)
@@ -278,7 +278,7 @@ func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		first := b.begin(t)
-		pub1, err := outbox.NewPublisher(first, b.tables)
+		pub1, err := b.w.Publisher(first)
 		require.NoError(t, err)
 		require.NoError(t, pub1.Publish("orders", keyed("A", 1)))
 		done := make(chan error, 1)
@@ -288,7 +288,7 @@ func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 				done <- err
 				return
 			}
-			pub2, _ := outbox.NewPublisher(tx, b.tables)
+			pub2, _ := b.w.Publisher(tx)
 			if err := pub2.Publish("orders", keyed("A", 2)); err != nil {
 				_ = tx.Rollback()
 				done <- err
@@ -311,7 +311,7 @@ func TestOrderingKeyTooLong(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		long := make([]byte, outbox.MaxOrderingKeyBytes+1)
 		for i := range long {
@@ -479,7 +479,7 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			return 0, err
 		}
 		defer func() { _ = tx.Rollback() }()
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		if err != nil {
 			return 0, err
 		}
@@ -609,7 +609,7 @@ func TestRelayOrderedUnderConcurrency(t *testing.T) {
 // of the backlog per row.
 func TestRelayOrderedSelectPlan(t *testing.T) {
 	t.Parallel()
-	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, context.Background(), testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, ordering_key) SELECT 'one', 'u' || g, '\x7b7d', 'k' || (g % 1000) FROM generate_series(1, 20000) g`)
 	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, quarantined_at = now() WHERE id <= 3")
 	b.exec(t, "ANALYZE "+b.tables.Outbox())

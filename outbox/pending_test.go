@@ -44,7 +44,7 @@ func TestPendingStats(t *testing.T) {
 
 		// A transaction sees its own uncommitted rows; others do not.
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("t", message.NewMessage("p-4", nil)))
 		require.Equal(t, int64(4), b.pending(t, tx))

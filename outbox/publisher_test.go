@@ -32,7 +32,7 @@ func TestPublisherWritesRowsExactly(t *testing.T) {
 		m3 := message.NewMessage("order-42-empty", nil)
 
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("orders.confirmed", m1, m2))
 		require.NoError(t, pub.Publish("audit", m3))
@@ -68,7 +68,7 @@ func TestPublisherRollback(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("t", message.NewMessage("a", []byte("1")), message.NewMessage("b", []byte("2"))))
 		require.Equal(t, int64(2), b.pending(t, tx))
@@ -81,18 +81,21 @@ func TestPublisherRollback(t *testing.T) {
 func TestPublisherErrors(t *testing.T) {
 	t.Parallel()
 
-	_, err := outbox.NewPublisher(nil, sqlschema.DB{})
+	w, err := outbox.NewWriter(sqlschema.DB{})
+	require.NoError(t, err)
+	_, err = w.Publisher(nil)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "tx is nil")
 
+	_, err = outbox.NewWriter(sqlschema.DB{OutboxTable: `x"; DROP TABLE y; --`})
+	require.ErrorContains(t, err, "invalid SQL identifier")
+	require.Contains(t, err.Error(), "outbox: NewWriter")
+	require.Contains(t, err.Error(), "DB.OutboxTable")
+
 	eachDriver(t, func(t *testing.T, b bundle) {
-		_, err := outbox.NewPublisher(b.db, sqlschema.DB{OutboxTable: `x"; DROP TABLE y; --`})
-		require.ErrorContains(t, err, "invalid SQL identifier")
-		require.Contains(t, err.Error(), "outbox: NewPublisher")
-		require.Contains(t, err.Error(), "DB.OutboxTable")
 
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 
 		err = pub.Publish("", message.NewMessage("u-1", nil))
@@ -129,7 +132,7 @@ func TestPublisherErrors(t *testing.T) {
 		require.Equal(t, "sms/sent v2.0 é", rows[1].Topic)
 
 		tx = b.begin(t)
-		pub, err = outbox.NewPublisher(tx, b.tables)
+		pub, err = b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Close())
 		require.ErrorIs(t, pub.Publish("t", message.NewMessage("closed", nil)), wsql.ErrPublisherClosed)
@@ -161,7 +164,7 @@ func TestPublisherChunksLargeBatches(t *testing.T) {
 		// A bad message anywhere fails the call before any chunk is
 		// written, even if the caller then commits.
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		msgs[1500] = message.NewMessage("", nil)
 		require.ErrorContains(t, pub.Publish("bulk", msgs...), "message 1500 has an empty UUID")
@@ -188,7 +191,7 @@ func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 		}
 		msgs[n-1] = message.NewMessage("poison", nil)
 
-		pub, err := outbox.NewPublisher(b.db, b.tables)
+		pub, err := b.w.Publisher(b.db)
 		require.NoError(t, err)
 		require.ErrorContains(t, pub.Publish("bulk", msgs...), "refuses_poison")
 		require.Zero(t, b.pending(t, b.db), "the failed Publish left none of its 2,500 rows, although its first two INSERTs succeeded")
@@ -205,7 +208,7 @@ func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 		// caller's commit, and a failure is the caller's to roll back.
 		b.exec(t, `DELETE FROM `+b.tables.Outbox())
 		tx := b.begin(t)
-		pub, err = outbox.NewPublisher(tx, b.tables)
+		pub, err = b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("bulk", msgs...))
 		require.Equal(t, int64(n-1), b.pending(t, tx), "the transaction sees its rows")
@@ -232,7 +235,7 @@ func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
 		gate := &pausingBeginner{Beginner: b.db, at: 2, reached: make(chan struct{}), release: make(chan struct{})}
 		bigDone := make(chan error, 1)
 		go func() {
-			pub, err := outbox.NewPublisher(gate, b.tables)
+			pub, err := b.w.Publisher(gate)
 			if err == nil {
 				err = pub.Publish("orders", big...)
 			}
@@ -246,7 +249,7 @@ func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
 
 		secondDone := make(chan error, 1)
 		go func() {
-			pub, err := outbox.NewPublisher(b.db, b.tables)
+			pub, err := b.w.Publisher(b.db)
 			if err == nil {
 				err = pub.Publish("orders", outbox.SetOrderingKey(message.NewMessage("second", nil), "K"))
 			}

@@ -13,6 +13,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -509,7 +510,7 @@ func Requeue(ctx context.Context, db sqlschema.DB, id int64, expect Expect) erro
   UPDATE `+db.Outbox()+` SET `+clearFailures+`
   WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
 )
-SELECT n, (CASE WHEN n > 0 THEN pg_notify(`+quoteLiteral(channelName(db))+`, '') END) IS NULL
+SELECT n, (CASE WHEN n > 0 THEN `+outboxnotify.NotifySQL(db)+` END) IS NULL
 FROM (SELECT count(*) AS n FROM acted) c`)
 }
 
@@ -710,7 +711,7 @@ func actOnMatching(ctx context.Context, db sqlschema.DB, op string, f RowFilter,
 	cursor, batch := len(args)+1, len(args)+2
 	notice := "true"
 	if notify {
-		notice = `(CASE WHEN (SELECT count(*) FROM acted) > 0 THEN pg_notify(` + quoteLiteral(channelName(db)) + `, '') END) IS NULL`
+		notice = `(CASE WHEN (SELECT count(*) FROM acted) > 0 THEN ` + outboxnotify.NotifySQL(db) + ` END) IS NULL`
 	}
 	stmt := `WITH picked AS (
   SELECT id FROM ` + db.Outbox() + ` WHERE ` + where + ` AND id > $` + strconv.Itoa(cursor) + `

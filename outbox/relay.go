@@ -93,7 +93,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	// failing or quarantined (and not due), in a paused topic, or locked by
 	// another relay (in flight) has no head this batch can take: none of
 	// its rows is taken, and it takes no room. Writers of a key take its
-	// lock before they draw ids (schemaAdapter.insertQuery), so a row
+	// lock before they draw ids (internal/outboxwrite's insertQuery), so a row
 	// visible here has every earlier row of its key visible too.
 	// The head test asks for the key's first row (ORDER BY ... LIMIT 1):
 	// in that form the planner takes the ordering_key index even for a
@@ -476,7 +476,7 @@ func (r *Relay) work(ctx context.Context) {
 			}
 			wait, wakeable = r.cfg.PollInterval, true
 			if r.listening.Load() {
-				// Catch-up (see notifyDebounce): rows of transactions
+				// Catch-up (see notify.go): rows of transactions
 				// that skipped their NOTIFY commit shortly after the
 				// notified ones.
 				now := time.Now()

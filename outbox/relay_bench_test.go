@@ -29,7 +29,7 @@ func (nopPublisher) Close() error                              { return nil }
 func BenchmarkRelayBacklog(b *testing.B) {
 	pool := testenv.Pool(b)
 	db := wsql.BeginnerFromPgx(pool)
-	bb := bundle{ctx: context.Background(), db: db, tables: testenv.Schema(b)}
+	bb := newBundle(b, context.Background(), db, testenv.Schema(b))
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: bb.schema(), Publisher: nopPublisher{}, Logger: testenv.Logger(b), BatchSize: 100})
 	require.NoError(b, err)
 

@@ -366,7 +366,7 @@ func TestRelayBatchSizeOneFailingRowsStarveNothing(t *testing.T) {
 // slower at 20k rows).
 func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 	t.Parallel()
-	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, context.Background(), testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload) SELECT 'one', 'u' || g, '\x7b7d' FROM generate_series(1, 20000) g`)
 	b.exec(t, "ANALYZE "+b.tables.Outbox())
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: newStepBroker(up), Logger: testenv.Logger(t)})
@@ -403,7 +403,7 @@ func TestRelaySelectWalksThePrimaryKey(t *testing.T) {
 // table that large.
 func TestRelayBatchIsNotJITCompiled(t *testing.T) {
 	t.Parallel()
-	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, context.Background(), testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload) SELECT 'one', 'u' || g, '\x7b7d' FROM generate_series(1, 1000) g`)
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: newStepBroker(up), Logger: testenv.Logger(t)})
 	require.NoError(t, err)

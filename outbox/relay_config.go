@@ -30,7 +30,7 @@ type RelayConfig struct {
 	// ListenConnString is a PostgreSQL connection string (URL or key=value)
 	// for the relay's LISTEN connection, used by Run for wake-on-commit:
 	// every transaction that writes outbox rows sends a NOTIFY (debounced
-	// per process), and a listening relay relays them when they commit
+	// per Writer, and per exactly-once middleware), and a listening relay relays them when they commit
 	// instead of at its next poll (milliseconds instead of PollInterval/2
 	// on average; figures in docs/benchmarks.md).
 	//

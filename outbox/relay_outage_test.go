@@ -25,7 +25,7 @@ func TestRelayOutageIsAFewLines(t *testing.T) {
 	pool := testenv.PoolFor(t, proxy.RewriteURL(testenv.DirectDatabaseURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, ctx, testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	logs := &logCapture{}
 	rec := &recorder{}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{

@@ -41,7 +41,7 @@ func mixedMessages(n int) []delivered {
 func (b bundle) publishAll(t testing.TB, want []delivered) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := outbox.NewPublisher(tx, b.tables)
+	pub, err := b.w.Publisher(tx)
 	require.NoError(t, err)
 	for _, d := range want {
 		m := message.NewMessage(d.UUID, []byte(d.Payload))
@@ -467,7 +467,7 @@ func TestRelayClose(t *testing.T) {
 // is never closed; Close while Run starts ends it too.
 func TestRelayCloseBeforeRun(t *testing.T) {
 	t.Parallel()
-	b := bundle{ctx: context.Background(), db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, context.Background(), testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	b.publish(t, "t", message.NewMessage("pending", nil))
 	rec := &recorder{}
 	newRelay := func() *outbox.Relay {

@@ -17,10 +17,11 @@ import (
 )
 
 // One process writing to two databases whose outbox tables have the same
-// schema and name (a database per tenant or per shard): each database's
-// writes wake its own relay. The writers' debounce was per table name only:
-// a NOTIFY sent to one database made a write to the other, in the next
-// 10 ms, skip its own, and that database's relay waited for its poll.
+// schema and name (a database per tenant or per shard), a Writer per
+// database: each database's writes wake its own relay. The writers'
+// debounce was per table name only: a NOTIFY sent to one database made a
+// write to the other, in the next 10 ms, skip its own, and that database's
+// relay waited for its poll.
 func TestNotifyDebounceIsPerDatabase(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -50,15 +51,19 @@ func TestNotifyDebounceIsPerDatabase(t *testing.T) {
 	waitListening(t, relay)
 	time.Sleep(20 * time.Millisecond)
 
-	write := func(db sqlschema.DB, id string) {
+	write := func(db sqlschema.DB, w *outbox.Writer, id string) {
 		tx, err := db.Conn.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(tx, db)
+		pub, err := w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("t", message.NewMessage(id, nil)))
 		require.NoError(t, tx.Commit())
 	}
-	write(first, "in-the-first-database")
-	write(second, "in-the-second-database")
+	firstW, err := outbox.NewWriter(first)
+	require.NoError(t, err)
+	secondW, err := outbox.NewWriter(second)
+	require.NoError(t, err)
+	write(first, firstW, "in-the-first-database")
+	write(second, secondW, "in-the-second-database")
 	waitDelivered(t, rec, 1, 2*time.Second, "a write to the second database right after one to the first")
 }

@@ -43,14 +43,14 @@ func TestPublishFailedInsertSendsNoNotifyButKeepsNone(t *testing.T) {
 	tables := testenv.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: tables}
+	b := newBundle(t, ctx, testenv.Drivers(t)[0].DB, tables)
 	listener := listenFor(t, ctx, tables)
 
 	failing := func(t *testing.T) (wsql.Tx, *outbox.Publisher) {
 		tx := b.begin(t)
 		_, err := tx.ExecContext(ctx, "SAVEPOINT s")
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(tx, tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		cancelled, cancelNow := context.WithCancel(ctx)
 		cancelNow()
@@ -84,7 +84,7 @@ func TestPublishFailedInsertSendsNoNotifyButKeepsNone(t *testing.T) {
 		tx := b.begin(t)
 		_, err := tx.ExecContext(ctx, "SAVEPOINT s")
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(tx, tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("t", message.NewMessage("undone", nil)))
 		_, err = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT s")

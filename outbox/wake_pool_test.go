@@ -27,7 +27,7 @@ func TestRelayListenDoesNotTakeAPoolConnection(t *testing.T) {
 	db.SetMaxOpenConns(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: wsql.BeginnerFromStdSQL(db), tables: tables}
+	b := newBundle(t, ctx, wsql.BeginnerFromStdSQL(db), tables)
 
 	rec := &recorder{}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, PollInterval: 50 * time.Millisecond, Logger: testenv.Logger(t)})
@@ -36,7 +36,7 @@ func TestRelayListenDoesNotTakeAPoolConnection(t *testing.T) {
 	waitListening(t, relay)
 
 	// Written through another pool: the relay's is the one under test.
-	pb := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: tables}
+	pb := newBundle(t, ctx, testenv.Drivers(t)[0].DB, tables)
 	pb.publish(t, "t", message.NewMessage("m1", nil))
 	waitDelivered(t, rec, 1, 3*time.Second, "a relay whose database/sql pool has one connection")
 	_ = db
@@ -55,7 +55,7 @@ func TestRelayListenWithAOneConnectionPgxPool(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	b := bundle{ctx: ctx, db: wsql.BeginnerFromPgx(pool), tables: tables}
+	b := newBundle(t, ctx, wsql.BeginnerFromPgx(pool), tables)
 
 	rec := &recorder{}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, PollInterval: slowPoll, Logger: testenv.Logger(t)})
@@ -64,7 +64,7 @@ func TestRelayListenWithAOneConnectionPgxPool(t *testing.T) {
 	defer stop()
 	waitListening(t, relay)
 
-	pb := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: tables}
+	pb := newBundle(t, ctx, testenv.Drivers(t)[0].DB, tables)
 	for i := range 3 {
 		pb.publish(t, "t", message.NewMessage("m"+string(rune('1'+i)), nil))
 		waitDelivered(t, rec, i+1, 3*time.Second, "a relay whose pgx pool has one connection")

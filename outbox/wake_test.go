@@ -59,7 +59,7 @@ func TestRelayWakesOnCommit(t *testing.T) {
 		waitDelivered(t, rec, 35, 2*time.Second, "back-to-back commits")
 
 		tx := b.begin(t)
-		pub, err := outbox.NewPublisher(tx, b.tables)
+		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("rolled-back", message.NewMessage("r", nil)))
 		require.NoError(t, tx.Rollback())
@@ -114,7 +114,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 	tables := testenv.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: tables}
+	b := newBundle(t, ctx, testenv.Drivers(t)[0].DB, tables)
 	viaBouncer := testenv.WithConn(tables, wsql.BeginnerFromPgx(pool))
 
 	t.Run("polls", func(t *testing.T) {
@@ -214,7 +214,7 @@ func TestRelayListenSilentConnectionIsReplaced(t *testing.T) {
 	proxy := testenv.NewProxy(t, hostPort(t, testenv.DirectDatabaseURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b := bundle{ctx: ctx, db: testenv.Drivers(t)[0].DB, tables: testenv.Schema(t)}
+	b := newBundle(t, ctx, testenv.Drivers(t)[0].DB, testenv.Schema(t))
 	logs := &logCapture{}
 	rec := &recorder{}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{

@@ -40,14 +40,16 @@ func schema(t testing.TB) sqlschema.DB {
 }
 
 // writeRows writes n rows alternating between the topics, in transactions
-// of 500 through outbox.NewPublisher, and returns topic/uuid of each.
+// of 500 through an outbox.Writer, and returns topic/uuid of each.
 func writeRows(t testing.TB, ctx context.Context, db sqlschema.DB, prefix string, n int, topics ...string) []string {
 	t.Helper()
 	var keys []string
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
 	for start := 0; start < n; start += 500 {
 		tx, err := db.Conn.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(tx, db)
+		pub, err := w.Publisher(tx)
 		require.NoError(t, err)
 		for i := start; i < min(start+500, n); i++ {
 			topic := topics[i%len(topics)]
@@ -104,7 +106,7 @@ func countArrived(t *testing.T, amqpURL string, queues ...string) map[string]int
 	return got
 }
 
-// Rows written with outbox.NewPublisher are relayed by outbox.Relay through
+// Rows written through an outbox.Writer are relayed by outbox.Relay through
 // rabbitmq.Publisher (each batch one PublishBatch call) while the connection
 // to RabbitMQ is cut in the middle: every row arrives, with its UUID, and
 // the outbox ends empty. A row arrives twice only if its confirm was lost in
@@ -189,7 +191,9 @@ func TestRelayQuarantinesARowTheBrokerClosesTheChannelFor(t *testing.T) {
 	want := writeRows(t, ctx, db, "before", 20, q)
 	tx, err := db.Conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	op, err := outbox.NewPublisher(tx, db)
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
+	op, err := w.Publisher(tx)
 	require.NoError(t, err)
 	poison := message.NewMessage("poison", []byte("{}"))
 	poison.Metadata.Set("expiration", "not-a-number")

@@ -31,7 +31,7 @@ var errInvalidName = errors.New("invalid SQL identifier")
 
 // DB is the database and the names of the library's tables in it. State it
 // once and hand the same value to Migrate, to the middleware's Config, to
-// outbox.RelayConfig, outbox.NewPublisher and the operator functions
+// outbox.RelayConfig, outbox.NewWriter and the operator functions
 // (inbox.NewStore, outbox.PendingStats), so that they cannot disagree about
 // where the tables are.
 //
@@ -42,7 +42,7 @@ type DB struct {
 	// Conn reaches the database: wsql.BeginnerFromPgx(pool) for a
 	// *pgxpool.Pool, or wsql.BeginnerFromStdSQL(db) for a *sql.DB, from
 	// github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql (imported as wsql).
-	// Required by everything that queries; SQL and NewPublisher do not use it.
+	// Required by everything that queries; SQL and outbox.NewWriter do not use it.
 	Conn wsql.Beginner
 
 	// Schema holds the inbox, outbox and migrations tables. It is created by

@@ -94,7 +94,9 @@ func TestRelayCrashMidBatch(t *testing.T) {
 			msgs[i].SetContext(e.Ctx)
 		}
 		tx := e.Begin(t)
-		ob, err := outbox.NewPublisher(tx, e.DB)
+		w, err := outbox.NewWriter(e.DB)
+		require.NoError(t, err)
+		ob, err := w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, ob.Publish(e.Out, msgs...))
 		require.NoError(t, tx.Commit())

@@ -712,7 +712,9 @@ func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 	// such failures quarantine it, while good rows behind it flow.
 	cfg.Publisher = hostileShortstrPublisher{Publisher: testenv.AMQPPublisher(t), permanent: true}
 	relay = newRelay(t, cfg)
-	direct, err := outbox.NewPublisher(d.DB, e.DB)
+	ob, err := outbox.NewWriter(e.DB)
+	require.NoError(t, err)
+	direct, err := ob.Publisher(d.DB)
 	require.NoError(t, err)
 	var goods []string
 	for i := 0; p.Quarantined == 0; i++ {
@@ -942,7 +944,7 @@ func (hostileNamePublisher) Close() error { return nil }
 // Schema and table names that try SQL injection (and names PostgreSQL would
 // mangle) through every function that takes them — sqlschema.DB (Validate,
 // SQL, Migrate, Check), inbox.NewStore (and the internal inboxdb.NewStore),
-// exactlyonce.New (both modes), outbox.NewRelay, outbox.NewPublisher,
+// exactlyonce.New (both modes), outbox.NewRelay, outbox.NewWriter,
 // outbox.PendingStats, outbox.RequeueFailed — are rejected as an "invalid
 // SQL identifier" naming the field, before the database is touched; Migrate against the real database creates nothing (checked in
 // pg_namespace and pg_class for the marker every injection would create).
@@ -1008,8 +1010,8 @@ func TestSQLInjectionInConfigNamesIsRejected(t *testing.T) {
 			requireInvalid(err, "exactlyonce.New (lease)")
 			_, err = outbox.NewRelay(outbox.RelayConfig{DB: noDB, Publisher: hostileNamePublisher{t}})
 			requireInvalid(err, "outbox.NewRelay")
-			_, err = outbox.NewPublisher(hostileNoDB{t}, cfg)
-			requireInvalid(err, "outbox.NewPublisher")
+			_, err = outbox.NewWriter(noDB)
+			requireInvalid(err, "outbox.NewWriter")
 			_, err = outbox.PendingStats(ctx, noDB)
 			requireInvalid(err, "outbox.PendingStats")
 			_, err = outbox.RequeueFailed(ctx, noDB)

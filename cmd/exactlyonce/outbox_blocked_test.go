@@ -20,7 +20,9 @@ func writeKeyed(t *testing.T, db sqlschema.DB, topic string, uuids []string, key
 	tx, err := testenv.Pool(t).Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit: a no-op
-	pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), db)
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
+	pub, err := w.Publisher(wsql.TxFromPgx(tx))
 	require.NoError(t, err)
 	for _, u := range uuids {
 		msg := outbox.SetOrderingKey(message.NewMessage(u, []byte("payload "+u)), keys[u])

@@ -31,7 +31,9 @@ func writeOutbox(t *testing.T, db sqlschema.DB, topic string, n int) []string {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit: a no-op
-	pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), db)
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
+	pub, err := w.Publisher(wsql.TxFromPgx(tx))
 	require.NoError(t, err)
 	var uuids []string
 	for i := range n {

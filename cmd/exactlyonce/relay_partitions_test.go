@@ -37,7 +37,9 @@ func TestRelayPartitions(t *testing.T) {
 	})
 	tx, err := db.Conn.BeginTx(testCtx(t), nil)
 	require.NoError(t, err)
-	pub, err := outbox.NewPublisher(tx, db)
+	w, err := outbox.NewWriter(db)
+	require.NoError(t, err)
+	pub, err := w.Publisher(tx)
 	require.NoError(t, err)
 	for seq := range 4 {
 		for _, key := range []string{"a", "b", "c", "d"} {

@@ -1,20 +1,14 @@
 // Package outboxnotify holds what the outbox's wake-on-commit shares with
 // the other packages of the module: the NOTIFY channel of an outbox table
-// (Channel), the advisory lock by which a relay's LISTEN session shows
-// itself (LockListenerSQL, ListenerLockHeld: the console lists the relays by
-// it), and AtCommit, which lets the middleware, which commits the
-// transactions it writes outbox rows in, send their NOTIFY right before
-// the commit instead of with the first INSERT (see package outbox's
-// notify.go). Package outbox sets AtCommit when it is initialised.
+// (Channel, NotifySQL), and the advisory lock by which a relay's LISTEN
+// session shows itself (LockListenerSQL, ListenerLockHeld: the console
+// lists the relays by it).
 package outboxnotify
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
-
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/message"
+	"strings"
 
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -61,10 +55,8 @@ const classSQL = "1701802604"
 // schema-qualified).
 const ListenerLockHeld = `l.locktype = 'advisory' AND l.classid = ` + classSQL + `::oid AND l.objid = to_regclass($1)::oid AND l.objsubid = 1 AND l.granted`
 
-// AtCommit returns an outbox publisher writing to db's outbox table through
-// tx whose writes send no NOTIFY, and beforeCommit, to call right before tx
-// commits: when a write of the publisher succeeded, it sends the table's
-// NOTIFY in tx unless another transaction of this process decided to send
-// one within the debounce interval. Its error only means that no NOTIFY
-// was sent (the transaction may be aborted, which its commit reports).
-var AtCommit func(tx wsql.ContextExecutor, db sqlschema.DB) (pub message.Publisher, beforeCommit func(ctx context.Context) error, err error)
+// NotifySQL is the SQL expression that sends the NOTIFY of db's outbox
+// table: a pg_notify call on Channel(db), with an empty payload.
+func NotifySQL(db sqlschema.DB) string {
+	return "pg_notify('" + strings.ReplaceAll(Channel(db), "'", "''") + "', '')"
+}

@@ -24,7 +24,7 @@ import (
 
 // The wake section: commit-to-consumer latency of events written at a
 // steady rate (cfg.wakeRate events/s, each in its own transaction through
-// outbox.NewPublisher) and relayed to RabbitMQ by outbox.Relay with
+// an outbox.Writer's Publisher) and relayed to RabbitMQ by outbox.Relay with
 // rabbitmq.Publisher, with wake-on-commit (the default) and with polling
 // only (NoListen, the default PollInterval of 100ms). Latency is from the
 // return of the producer's COMMIT to the delivery of the message to a
@@ -163,6 +163,10 @@ func (h *harness) wakeRound(ctx context.Context, pool *pgxpool.Pool, pub *rabbit
 	}
 
 	// The producer: one transaction per event, at a steady rate.
+	w, err := outbox.NewWriter(db)
+	if err != nil {
+		return nil, err
+	}
 	n := int(cfg.wakeTime.Seconds() * float64(cfg.wakeRate))
 	committed := make(map[string]time.Time, n)
 	tick := time.NewTicker(time.Second / time.Duration(cfg.wakeRate))
@@ -174,8 +178,9 @@ func (h *harness) wakeRound(ctx context.Context, pool *pgxpool.Pool, pub *rabbit
 		if err != nil {
 			return nil, err
 		}
-		p, err := outbox.NewPublisher(tx, db)
+		p, err := w.Publisher(tx)
 		if err != nil {
+			_ = tx.Rollback()
 			return nil, err
 		}
 		if err := p.Publish(q, message.NewMessage(id, benchPayload)); err != nil {
@@ -236,15 +241,19 @@ func (h *harness) writeRound(ctx context.Context, pool *pgxpool.Pool, notify boo
 		return 0, err
 	}
 	db.Conn = wsql.BeginnerFromPgx(pool)
+	w, err := outbox.NewWriter(db)
+	if err != nil {
+		return 0, err
+	}
 	var count atomic.Int64
 	var firstErr atomic.Value
 	stopAt := time.Now().Add(cfg.wakeWriteTime)
 	var wg sync.WaitGroup
 	start := time.Now()
-	for w := range cfg.wakeWriters {
+	for n := range cfg.wakeWriters {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(stopAt); i++ {
-				if err := writeOne(ctx, db, fmt.Sprintf("w%d-%d", w, i), notify); err != nil {
+				if err := writeOne(ctx, db, w, fmt.Sprintf("w%d-%d", n, i), notify); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
@@ -259,13 +268,15 @@ func (h *harness) writeRound(ctx context.Context, pool *pgxpool.Pool, notify boo
 	return float64(count.Load()) / time.Since(start).Seconds(), nil
 }
 
-func writeOne(ctx context.Context, db sqlschema.DB, id string, notify bool) error {
+// writeOne commits one outbox row through w (notify) or the same INSERT
+// without the NOTIFY.
+func writeOne(ctx context.Context, db sqlschema.DB, w *outbox.Writer, id string, notify bool) error {
 	tx, err := db.Conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	if notify {
-		p, err := outbox.NewPublisher(tx, db)
+		p, err := w.Publisher(tx)
 		if err == nil {
 			err = p.Publish("t", message.NewMessage(id, benchPayload))
 		}

@@ -106,6 +106,7 @@ type harness struct {
 	logDir string
 
 	tables             sqlschema.DB // its Conn is pool
+	outbox             *outbox.Writer
 	pool               *pgxpool.Pool
 	conn               *amqp.Connection
 	in, out, out2      string
@@ -168,6 +169,8 @@ func runChaos(t *testing.T, s settings, bin string, v variant, stream uint64) {
 
 	h.pool = testenv.Pool(t)
 	h.tables = testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(h.pool))
+	h.outbox, err = outbox.NewWriter(h.tables)
+	require.NoError(t, err)
 	_, err = h.pool.Exec(ctx, `CREATE TABLE `+h.table("effects")+` (id bigserial PRIMARY KEY, key text NOT NULL,
 attempt int NOT NULL, worker text NOT NULL, out_uuid text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),
 txid bigint NOT NULL DEFAULT txid_current());
@@ -513,7 +516,7 @@ func (h *harness) trickle(ctx context.Context) {
 		return
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	pub, err := outbox.NewPublisher(wsql.TxFromPgx(tx), h.tables)
+	pub, err := h.outbox.Publisher(wsql.TxFromPgx(tx))
 	if err != nil {
 		return
 	}

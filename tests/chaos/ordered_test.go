@@ -177,8 +177,10 @@ func runOrdered(t *testing.T, bin string, s orderedSettings, mode string, ordere
 	start := time.Now()
 	var writers sync.WaitGroup
 	writing := make(chan struct{})
+	ob, err := outbox.NewWriter(db)
+	require.NoError(t, err)
 	for w := range orderedWriters {
-		writers.Go(func() { orderedWriter(ctx, t, db, s, topic, w, ordered) })
+		writers.Go(func() { orderedWriter(ctx, t, db, ob, s, topic, w, ordered) })
 	}
 	go func() { writers.Wait(); close(writing) }()
 
@@ -358,7 +360,7 @@ func queueArgs(ordered bool) amqp.Table {
 // keys' message poisonSeq carries a header name RabbitMQ cannot take.
 var errKeyFull = errors.New("the key has all its messages (test)")
 
-func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s orderedSettings, topic string, w int, ordered bool) {
+func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, ob *outbox.Writer, s orderedSettings, topic string, w int, ordered bool) {
 	rng := mrand.New(mrand.NewPCG(uint64(w), 11))
 	counters := db.Schema + ".counters"
 	badHeader := strings.Repeat("h", 300)
@@ -368,7 +370,7 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, s ordered
 			return 0, err
 		}
 		defer func() { _ = tx.Rollback() }()
-		pub, err := outbox.NewPublisher(tx, db)
+		pub, err := ob.Publisher(tx)
 		if err != nil {
 			return 0, err
 		}

@@ -134,6 +134,8 @@ func TestChaosRelay(t *testing.T) {
 		wmu             sync.Mutex
 	)
 	var writing sync.WaitGroup
+	ob, err := outbox.NewWriter(db)
+	require.NoError(t, err)
 	for w := range writers {
 		writing.Go(func() {
 			rng := mrand.New(mrand.NewPCG(uint64(w), 7))
@@ -143,7 +145,7 @@ func TestChaosRelay(t *testing.T) {
 				if !assertNoError(t, err) {
 					return
 				}
-				pub, err := outbox.NewPublisher(tx, db)
+				pub, err := ob.Publisher(tx)
 				if !assertNoError(t, err) {
 					return
 				}
