@@ -389,6 +389,32 @@ func (r *Relay) checkSequence(ctx context.Context) {
 	}
 }
 
+// migrationVerdict is what the start-up check logs for the outbox's
+// recorded migrations: at INFO that none is recorded (not migrated yet, or
+// created from sqlschema.SQL by another tool, which records nothing: the
+// polls tell which) or that all are; at ERROR which are missing when only
+// some are (a table migrated by an earlier version of the library).
+func migrationVerdict(status []sqlschema.MigrationStatus) (level, msg string) {
+	var missing []string
+	total := 0
+	for _, m := range status {
+		if m.Target == "outbox" {
+			total++
+			if !m.Applied {
+				missing = append(missing, m.Name)
+			}
+		}
+	}
+	switch {
+	case len(missing) == total:
+		return "INFO", "outbox relay: start-up check: no migration is recorded for the outbox table (created with sqlschema.SQL by another tool?): its migrations are not checked"
+	case len(missing) > 0:
+		return "ERROR", "outbox relay: start-up check: the outbox table is not migrated to this version of the library (missing " + strings.Join(missing, ", ") + "): run 'exactlyonce migrate up' or sqlschema.Migrate with the same schema and table names"
+	default:
+		return "INFO", "outbox relay: start-up check passed: the outbox table is migrated to this version of the library"
+	}
+}
+
 // startupCheck checks once that the outbox table has every migration of
 // this version of the library, when the migrations table records any
 // (tables made from sqlschema.SQL by another tool record none), and that
@@ -404,26 +430,11 @@ func (r *Relay) startupCheck(ctx context.Context) {
 			return
 		}
 		if err == nil {
-			var missing []string
-			total := 0
-			for _, m := range status {
-				if m.Target == "outbox" {
-					total++
-					if !m.Applied {
-						missing = append(missing, m.Name)
-					}
-				}
-			}
-			switch {
-			case len(missing) == total:
-				// Not migrated, or migrated from sqlschema.SQL by another
-				// tool, which records nothing: the polls tell which.
-				r.cfg.Logger.Info("outbox relay: start-up check: no migration is recorded for the outbox table (created with sqlschema.SQL by another tool?): its migrations are not checked", nil)
-			case len(missing) > 0:
-				r.cfg.Logger.Error("outbox relay: start-up check: the outbox table is not migrated to this version of the library (missing "+strings.Join(missing, ", ")+"): run 'exactlyonce migrate up' or sqlschema.Migrate with the same schema and table names", nil,
-					watermill.LogFields{"schema": r.cfg.DB.Schema, "outbox_table": r.cfg.DB.OutboxTable})
-			default:
-				r.cfg.Logger.Info("outbox relay: start-up check passed: the outbox table is migrated to this version of the library", nil)
+			level, msg := migrationVerdict(status)
+			if level == "ERROR" {
+				r.cfg.Logger.Error(msg, nil, watermill.LogFields{"schema": r.cfg.DB.Schema, "outbox_table": r.cfg.DB.OutboxTable})
+			} else {
+				r.cfg.Logger.Info(msg, nil)
 			}
 			r.checkSequence(ctx)
 			return
