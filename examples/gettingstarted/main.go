@@ -89,7 +89,7 @@ func run(ctx context.Context) error {
 	}
 
 	// Group commit: the deliveries in flight share one transaction (one claim statement, one COMMIT).
-	eo, err := exactlyonce.New(exactlyonce.Config{DB: db, Batch: &exactlyonce.BatchConfig{}})
+	guard, err := exactlyonce.New(exactlyonce.Config{DB: db, Batch: &exactlyonce.BatchConfig{}})
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(poisonQueue, eo.Middleware)
+	router.AddMiddleware(poisonQueue, guard.Middleware)
 	// The returned event goes to the outbox in the batch's transaction, bound for events.
 	router.AddHandler("payments", orders, sub, events, exactlyonce.OutboxOnly(), func(msg *message.Message) ([]*message.Message, error) {
 		var order struct {
