@@ -118,6 +118,9 @@ func TestParkedRedisReplayPartitions(t *testing.T) {
 	r.AddMiddleware(eo.Middleware)
 	sub, err := wamqp.NewSubscriber(testenv.PartitionSubscriberConfig(testenv.AMQPURL()), watermill.NopLogger{})
 	require.NoError(t, err)
+	// The router closes its handlers' subscribers only when it is closed,
+	// not when its context ends first (StartRouter's cleanup cancels it).
+	t.Cleanup(func() { _ = sub.Close() })
 	r.AddConsumerHandler("ship-order", topic, rabbitmq.PartitionedSubscriber(sub, n), h.handle)
 	testenv.StartRouter(t, r)
 
