@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if code == 0 {
-		if err := findLeaks(); err != nil {
+		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}
@@ -53,25 +53,6 @@ func TestMain(m *testing.M) {
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
-
-// findLeaks reports the goroutines still running after the tests, once
-// they have had leakGrace to end. goleak.Find on its own waits about half
-// a second: the RabbitMQ clients the tests closed end their goroutines
-// after Close returns, and on a loaded machine that took longer (a
-// connection's reader was reported as leaked, and gone a moment later).
-// A goroutine that never ends is still reported.
-func findLeaks() error {
-	deadline := time.Now().Add(leakGrace)
-	for {
-		err := goleak.Find()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
-
-const leakGrace = 10 * time.Second
 
 // result is what one run of the command printed and its exit status.
 type result struct {
