@@ -123,11 +123,13 @@ func TestPartitionedSubscriberKeepsKeyOrder(t *testing.T) {
 	t.Run("watermill-amqp", func(t *testing.T) {
 		sub, err := wamqp.NewSubscriber(testenv.PartitionSubscriberConfig(testenv.AMQPURL()), watermill.NopLogger{})
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() }) // the router closes it only when Close ends it
 		testPartitionedKeyOrder(t, sub)
 	})
 	t.Run("Subscriber", func(t *testing.T) {
 		sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: testenv.AMQPURL(), Prefetch: 64, Logger: watermill.NopLogger{}})
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
 		testPartitionedKeyOrder(t, sub)
 	})
 }
