@@ -40,26 +40,13 @@ func Check(ctx context.Context, db DB) error {
 	if !exists {
 		return pgerr.NotMigrated(db.names(), "no migrations table "+db.migrations())
 	}
-	rows, err := db.Conn.QueryContext(ctx, "SELECT target, version FROM "+db.migrations())
+	applied, err := appliedMigrations(ctx, db.Conn, db, migs)
 	if err != nil {
-		return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
-	}
-	applied := map[string]bool{}
-	for rows.Next() {
-		var target string
-		var version int
-		if err := rows.Scan(&target, &version); err != nil {
-			_ = rows.Close()
-			return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
-		}
-		applied[target+":"+strconv.Itoa(version)] = true
-	}
-	if err := seam.Close(rows); err != nil {
-		return fmt.Errorf("sqlschema: Check: reading applied migrations: %w", err)
+		return fmt.Errorf("sqlschema: Check: %w", err)
 	}
 	var missing []string
 	for _, m := range migs {
-		if !applied[db.targetName(m.Target)+":"+strconv.Itoa(m.Version)] {
+		if _, ok := applied[db.targetName(m.Target)+":"+strconv.Itoa(m.Version)]; !ok {
 			missing = append(missing, m.Name)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
@@ -151,27 +152,14 @@ CREATE TABLE IF NOT EXISTS %s (
 		return fmt.Errorf("sqlschema: Migrate: creating %s: %w", cfg.migrations(), err)
 	}
 
-	applied := map[string]bool{}
-	rows, err := tx.QueryContext(ctx, "SELECT target, version FROM "+cfg.migrations())
+	applied, err := appliedMigrations(ctx, tx, cfg, migs)
 	if err != nil {
-		return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
-	}
-	for rows.Next() {
-		var target string
-		var version int
-		if err = rows.Scan(&target, &version); err != nil {
-			_ = rows.Close()
-			return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
-		}
-		applied[target+":"+strconv.Itoa(version)] = true
-	}
-	if err = seam.Close(rows); err != nil {
-		return fmt.Errorf("sqlschema: Migrate: reading applied migrations: %w", err)
+		return fmt.Errorf("sqlschema: Migrate: %w", err)
 	}
 
 	for _, m := range migs {
 		target := cfg.targetName(m.Target)
-		if applied[target+":"+strconv.Itoa(m.Version)] {
+		if _, ok := applied[target+":"+strconv.Itoa(m.Version)]; ok {
 			continue
 		}
 		if _, err = tx.ExecContext(ctx, m.SQL); err != nil {
@@ -303,4 +291,56 @@ func (d templateData) DuplicateMarker() string { return inboxpart.DuplicateMarke
 // OutboxIndex names an index of the outbox table.
 func (d templateData) OutboxIndex(suffix string) string {
 	return pgx.Identifier{d.cfg.OutboxTable + "_" + suffix}.Sanitize()
+}
+
+// appliedMigrations reads what db's migrations table records for db's
+// tables: target:version -> when it was applied. A record is known by its
+// file name, not its number alone: a record whose name is not this
+// version's file of that number, or whose number this version has no file
+// for, was made by a development build from before v0.1.0 (whose
+// migrations were folded into one per table) or by another version of the
+// library. Those tables do not have the shape this version expects, and
+// migrating them in place is not supported: the error says to drop them
+// and migrate again.
+func appliedMigrations(ctx context.Context, q wsql.ContextExecutor, db DB, migs []migration) (map[string]time.Time, error) {
+	ours := map[string]string{} // target:version -> file name
+	targets := map[string]bool{}
+	for _, m := range migs {
+		t := db.targetName(m.Target)
+		ours[t+":"+strconv.Itoa(m.Version)] = m.Name
+		targets[t] = true
+	}
+	rows, err := q.QueryContext(ctx, "SELECT target, version, name, applied_at FROM "+db.migrations())
+	if err != nil {
+		return nil, fmt.Errorf("reading applied migrations: %w", err)
+	}
+	applied := map[string]time.Time{}
+	var foreign []string
+	for rows.Next() {
+		var target, name string
+		var version int
+		var at time.Time
+		if err := rows.Scan(&target, &version, &name, &at); err != nil {
+			_ = rows.Close()
+			return nil, fmt.Errorf("reading applied migrations: %w", err)
+		}
+		if !targets[target] {
+			continue // another table set's record
+		}
+		key := target + ":" + strconv.Itoa(version)
+		if ours[key] != name {
+			foreign = append(foreign, name)
+			continue
+		}
+		applied[key] = at
+	}
+	if err := seam.Close(rows); err != nil {
+		return nil, fmt.Errorf("reading applied migrations: %w", err)
+	}
+	if len(foreign) > 0 {
+		sort.Strings(foreign)
+		return nil, fmt.Errorf("%w: %s records migrations this version of the library does not have (%s): the tables were made by a development build from before v0.1.0 or by another version; drop them (or their schema) and migrate again",
+			ErrNotMigrated, db.migrations(), strings.Join(foreign, ", "))
+	}
+	return applied, nil
 }

@@ -296,3 +296,39 @@ func TestSQL(t *testing.T) {
 		require.Equal(t, expected(t, cfg), recorded(t, d.DB, cfg))
 	})
 }
+
+// Tables whose migrations table records files this version does not have
+// (a development build from before v0.1.0 recorded 15 migrations, of which
+// the first numbers now name other files) are refused, by name, by
+// Migrate, Check and Status: they do not have the shape this version
+// expects, and counting them as migrated by their numbers alone left a
+// service failing with "not migrated" that Migrate could not fix.
+func TestMigrateRefusesTablesOfAnotherBuild(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+		ctx := ctxT(t)
+		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
+		require.NoError(t, sqlschema.Migrate(ctx, cfg))
+		table := pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()
+		_, err := d.DB.ExecContext(ctx, "UPDATE "+table+" SET name = 'inbox_002_lease.up.sql' WHERE target LIKE 'inbox:%' AND version = 2")
+		require.NoError(t, err)
+		_, err = d.DB.ExecContext(ctx, "INSERT INTO "+table+" (target, version, name) SELECT target, 3, 'inbox_003_fencing_retention.up.sql' FROM "+table+" WHERE target LIKE 'inbox:%' AND version = 1")
+		require.NoError(t, err)
+
+		for name, run := range map[string]func() error{
+			"Migrate": func() error { return sqlschema.Migrate(ctx, cfg) },
+			"Check":   func() error { return sqlschema.Check(ctx, cfg) },
+			"Status":  func() error { _, err := sqlschema.Status(ctx, cfg); return err },
+		} {
+			err := run()
+			require.ErrorIs(t, err, sqlschema.ErrNotMigrated, name)
+			require.ErrorContains(t, err, "inbox_002_lease.up.sql, inbox_003_fencing_retention.up.sql", name)
+			require.ErrorContains(t, err, "drop them (or their schema) and migrate again", name)
+		}
+		// Another table set's records in the same migrations table are not
+		// this one's concern.
+		other := sqlschema.DB{Conn: d.DB, Schema: cfg.Schema, InboxTable: "other_inbox", OutboxTable: "other_outbox"}
+		require.NoError(t, sqlschema.Migrate(ctx, other))
+		require.NoError(t, sqlschema.Check(ctx, other))
+	})
+}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // MigrationStatus is one migration embedded in this version of the library
@@ -50,22 +48,8 @@ func Status(ctx context.Context, db DB) ([]MigrationStatus, error) {
 		return nil, fmt.Errorf("sqlschema: Status: %w", err)
 	}
 	if exists {
-		rows, err := db.Conn.QueryContext(ctx, "SELECT target, version, applied_at FROM "+db.migrations())
-		if err != nil {
-			return nil, fmt.Errorf("sqlschema: Status: reading applied migrations: %w", err)
-		}
-		for rows.Next() {
-			var target string
-			var version int
-			var at time.Time
-			if err := rows.Scan(&target, &version, &at); err != nil {
-				_ = rows.Close()
-				return nil, fmt.Errorf("sqlschema: Status: reading applied migrations: %w", err)
-			}
-			applied[target+":"+strconv.Itoa(version)] = at
-		}
-		if err := seam.Close(rows); err != nil {
-			return nil, fmt.Errorf("sqlschema: Status: reading applied migrations: %w", err)
+		if applied, err = appliedMigrations(ctx, db.Conn, db, migs); err != nil {
+			return nil, fmt.Errorf("sqlschema: Status: %w", err)
 		}
 	}
 
