@@ -222,10 +222,14 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessag
 	todo := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		switch {
+		// A nil message or an empty topic is the caller's mistake, not the
+		// message's (the outbox never hands either over): not marked
+		// permanent, so that a handler publishing with a topic missing from
+		// its configuration is redelivered until it is fixed, not parked.
 		case m == nil:
-			b.set(i, permanent(errors.New("rabbitmq: nil message")))
+			b.set(i, errors.New("rabbitmq: nil message"))
 		case topics[i] == "":
-			b.set(i, permanent(fmt.Errorf("rabbitmq: message %q has an empty topic", m.UUID)))
+			b.set(i, fmt.Errorf("rabbitmq: message %q has an empty topic", m.UUID))
 		default:
 			pub, err := p.cfg.Marshaler.Marshal(m)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -493,4 +494,27 @@ func TestNewPublisherConfig(t *testing.T) {
 	errs := p.PublishBatch(context.Background(), to("t", messages("m", 1)))
 	require.ErrorContains(t, errs[0], "cannot connect")
 	require.NoError(t, p.Close())
+}
+
+// A nil message or an empty topic is the caller's mistake, not the
+// message's: its error is not marked permanent (a handler that publishes
+// with a topic missing from its configuration is redelivered until that is
+// fixed, not parked), while a message the broker can never take is.
+func TestPublisherMarksOnlyTheMessagesOwnFailures(t *testing.T) {
+	t.Parallel()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	errs := pub.PublishBatch(context.Background(), []outbox.TopicMessage{
+		{Topic: "q", Message: nil},
+		{Topic: "", Message: message.NewMessage(watermill.NewUUID(), []byte("x"))},
+		{Topic: strings.Repeat("q", 256), Message: message.NewMessage(watermill.NewUUID(), []byte("x"))},
+	})
+	require.Len(t, errs, 3)
+	require.ErrorContains(t, errs[0], "nil message")
+	require.False(t, exactlyonce.IsPermanent(errs[0]), "nil message: %v", errs[0])
+	require.ErrorContains(t, errs[1], "empty topic")
+	require.False(t, exactlyonce.IsPermanent(errs[1]), "empty topic: %v", errs[1])
+	require.Error(t, errs[2])
+	require.True(t, exactlyonce.IsPermanent(errs[2]), "a routing key over 255 bytes: %v", errs[2])
 }
