@@ -47,6 +47,11 @@ func TestRedisStoreRefusesWhatItCannotHonour(t *testing.T) {
 	require.NoError(t, err, "no DB needed")
 	_, err = exactlyonce.New(exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Store: &redisstore.Store{}}})
 	require.ErrorContains(t, err, "use redisstore.New", "a store not made by its constructor")
+	var none *redisstore.Store // a store left nil, e.g. when Redis is not configured
+	require.NotPanics(t, func() {
+		_, err = exactlyonce.New(exactlyonce.Config{Lease: &exactlyonce.LeaseConfig{Store: none}})
+	})
+	require.ErrorContains(t, err, "use redisstore.New", "a nil *redisstore.Store")
 }
 
 // TestRedisStoreHandlerNeedingADatabaseIsParkedOnce: a handler under the

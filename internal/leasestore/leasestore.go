@@ -11,6 +11,7 @@ package leasestore
 
 import (
 	"context"
+	"reflect"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -152,10 +153,14 @@ func NewHandle(b Backend) Handle { return Handle{b: b} }
 
 func (h Handle) backend() Backend { return h.b }
 
-// BackendOf returns p's Backend: nil when p is nil or its Handle is the
-// zero value (a store not made by its constructor).
+// BackendOf returns p's Backend: nil when p is nil, a nil pointer (a
+// store left nil, whose promoted method would dereference it), or its
+// Handle is the zero value (a store not made by its constructor).
 func BackendOf(p Provider) Backend {
 	if p == nil {
+		return nil
+	}
+	if v := reflect.ValueOf(p); v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil
 	}
 	return p.backend()
