@@ -84,10 +84,10 @@ func fuzzQuoted(script string) ([]string, bool) {
 
 var fuzzPlainName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
-// FuzzDBNames (an internal test: it reaches the unexported migrations, the
-// invalid-name sentinel and the outbox's sequence name): for any schema and
-// table names, nothing panics; Inbox(), Outbox(), the migrations table and
-// the outbox's accepted sequence are always exactly two quoted identifiers
+// FuzzDBNames (an internal test: it reaches the unexported migrations and
+// the invalid-name sentinel): for any schema and table names, nothing
+// panics; Inbox(), Outbox() and the migrations table are always exactly two
+// quoted identifiers
 // holding the names given (defaults applied, NUL bytes dropped as pgx does),
 // so a quote in a name can never end the identifier; Validate accepts only
 // plain identifiers of at most 40 bytes with distinct table names, and a
