@@ -14,7 +14,7 @@ func TestShouldNotifyDebouncesPerWriter(t *testing.T) {
 	t.Parallel()
 	var w, other Writer
 	t0 := time.Unix(1_000_000, 0)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	at := t0.Add
 
 	ok, _ := w.shouldNotify(at(0))
 	require.True(t, ok, "the first writer sends one")
