@@ -1,0 +1,2 @@
+-- name: A
+SELECT 1

@@ -1,0 +1,2 @@
+-- name: C
+SELECT 2
