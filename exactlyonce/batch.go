@@ -53,6 +53,13 @@ import (
 // it may be innocent). Only a COMMIT whose outcome is unknown (a lost
 // connection) nacks every message of the batch: redelivery finds what
 // committed.
+//
+// In code: runOnce makes one attempt at a group of jobs and returns what it
+// came to (an attempt: its claims, and where it failed), setting no
+// outcome; nextStep, a pure function, decides from it the batch's next step
+// (settled, split, retry with the job at fault, or again without it) and
+// the fates of the jobs it settles; runJobs acts on the step, and each
+// job's delivery is settled once.
 
 // maxBatchReruns bounds the reruns of one batch after handler failures.
 const maxBatchReruns = 3

@@ -192,12 +192,12 @@ func (m *Guard) handleLease(d *delivery, h message.HandlerFunc) {
 	// completion transaction), bounded by their own timeout.
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), completionTimeout)
 	defer cancel()
-	end := leaseFailure{stage: stageHandler, err: herr, handlerErr: herr}
+	end := leaseResult{stage: stageHandler, err: herr, handlerErr: herr}
 	switch berr := th.beginErr(); {
 	case berr != nil:
 		// The database failed under the handler (which may have ignored
 		// the error): its external effect may have happened.
-		end = leaseFailure{stage: stageBegin, err: berr, handlerErr: herr}
+		end = leaseResult{stage: stageBegin, err: berr, handlerErr: herr}
 	case herr == nil:
 		end.stage, end.err = m.completeLease(finishCtx, d, lease, th, ob, produced)
 	}
@@ -258,7 +258,7 @@ func (m *Guard) handleStoreOnly(d *delivery, h message.HandlerFunc, lease *lease
 	// Like the PostgreSQL completion, it outlives the message's context.
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), completionTimeout)
 	defer cancel()
-	end := leaseFailure{stage: stageHandler, err: herr, handlerErr: herr}
+	end := leaseResult{stage: stageHandler, err: herr, handlerErr: herr}
 	switch {
 	case use.asked.Load() || len(produced) > 0:
 		what := "asked for a transaction or an outbox"
@@ -271,7 +271,7 @@ func (m *Guard) handleStoreOnly(d *delivery, h message.HandlerFunc, lease *lease
 		if herr != nil {
 			reason = fmt.Errorf("%w (handler: %w)", reason, herr)
 		}
-		end = leaseFailure{stage: stageMisuse, err: reason, handlerErr: herr}
+		end = leaseResult{stage: stageMisuse, err: reason, handlerErr: herr}
 	case herr == nil:
 		end.stage, end.err = stageComplete, m.lease.Complete(finishCtx, lease.attempt())
 		if end.err == nil {
@@ -297,10 +297,10 @@ const (
 	stagePark                       // parking the key after a completion that can never commit
 )
 
-// leaseFailure is what a lease-mode attempt came to: where it stopped,
+// leaseResult is what a lease-mode attempt came to: where it stopped,
 // with that stage's error, the handler's error, and, at stagePark, the
 // completion's failure that made it park.
-type leaseFailure struct {
+type leaseResult struct {
 	stage      leaseStage
 	err        error
 	handlerErr error
@@ -382,7 +382,7 @@ func classifyLease(stage leaseStage, err error) leaseEnd {
 // that acts on it, and settles the delivery. th is the completion
 // transaction (nil for a store-only lease), rolled back before anything is
 // recorded; ctx bounds the completion's statements.
-func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *txHandle, f leaseFailure) {
+func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *txHandle, f leaseResult) {
 	for {
 		end := classifyLease(f.stage, f.err)
 		if end != leaseDone && th != nil {
@@ -426,7 +426,7 @@ func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *tx
 					cause = fmt.Errorf("commit: %w", cause)
 				}
 				if err := m.lease.ParkInterrupted(ctx, l.attempt(), parkReason(cause)); err != nil {
-					f = leaseFailure{stage: stagePark, err: err, handlerErr: f.handlerErr, cause: cause}
+					f = leaseResult{stage: stagePark, err: err, handlerErr: f.handlerErr, cause: cause}
 					continue
 				}
 				m.parkedNow(d, fmt.Errorf("completion can never commit: %w", cause), l.info.attempt)
@@ -447,7 +447,7 @@ func parkReason(cause error) string {
 
 // afterLeaseError is the error of an attempt whose completion failed with
 // an unknown outcome (leaseAfterLease).
-func afterLeaseError(d *delivery, f leaseFailure) error {
+func afterLeaseError(d *delivery, f leaseResult) error {
 	const after = "the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts)"
 	cause := f.err
 	switch f.stage {

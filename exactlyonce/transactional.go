@@ -214,7 +214,7 @@ func refusalCause(err error) string {
 }
 
 // handlerFailed settles a delivery whose handler returned err (not
-// Permanent), as what err is:
+// Permanent), as what err is (failedFate, group commit's too):
 //
 //   - one of the middleware's own refusals of the handler's output (an
 //     outbox publish to no topic, a message the outbox cannot store), which
@@ -232,20 +232,17 @@ func refusalCause(err error) string {
 //     RouterLogger;
 //   - anything else: returned at once.
 func (m *Guard) handlerFailed(d *delivery, err error) {
+	f := failedFate(err)
 	switch {
+	case f.conflict:
+		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
+			"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key, "sqlstate": pgerr.Code(err), "err": err.Error()})
+		f.err = reported(err)
 	case isOutputError(err):
 		m.cfg.Logger.Error("exactlyonce: the handler's outbox publish was refused, message will be redelivered", err,
 			watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key})
-		d.nackLater(err)
-	case errors.Is(err, ErrNestedMiddleware):
-		d.nackLater(err)
-	case pgerr.SerializationFailure(err):
-		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
-			"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key, "sqlstate": pgerr.Code(err), "err": err.Error()})
-		d.nack(reported(err))
-	default:
-		d.nack(err)
 	}
+	settle(d, f)
 }
 
 // conflictMessage is the log line of a handler whose statement met a
