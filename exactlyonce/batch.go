@@ -53,6 +53,13 @@ import (
 // it may be innocent). Only a COMMIT whose outcome is unknown (a lost
 // connection) nacks every message of the batch: redelivery finds what
 // committed.
+//
+// In code: runOnce makes one attempt at a group of jobs and returns what it
+// came to (an attempt: its claims, and where it failed), setting no
+// outcome; nextStep, a pure function, decides from it the batch's next step
+// (settled, split, retry with the job at fault, or again without it) and
+// the fates of the jobs it settles; runJobs acts on the step, and each
+// job's delivery is settled once.
 
 // maxBatchReruns bounds the reruns of one batch after handler failures.
 const maxBatchReruns = 3
@@ -74,17 +81,11 @@ type batcher struct {
 
 // job is one delivery in a batch.
 type job struct {
-	msg           *message.Message
-	ev            *Event
-	consumer, key string
-	lead          chan struct{} // closed: this delivery collects the next batch
-	done          chan struct{} // closed: the outcome (ev.Outcome, err) is set
-	err           error
-	wait          bool // wait NackDelay before returning err
-	park          bool // a Permanent handler error: park the key
-	conflict      bool // failed by a conflict with another transaction (pgerr.SerializationFailure)
-	copies        int  // deliveries of the key in the batch: this one and its followers
-	queued        []queuedStmt
+	d      *delivery
+	lead   chan struct{} // closed: this delivery collects the next batch
+	done   chan struct{} // closed: the delivery is settled
+	copies int           // deliveries of the key in the batch: this one and its followers
+	queued []queuedStmt
 }
 
 type queuedStmt struct {
@@ -102,14 +103,10 @@ func newBatcher(m *Guard, h message.HandlerFunc) *batcher {
 	return &batcher{m: m, h: h, running: make(chan struct{}, batchesInFlight)}
 }
 
-// handleBatched runs one delivery through its handler's batcher.
-func (b *batcher) handleBatched(msg *message.Message, ev *Event, consumer, key string) ([]*message.Message, error) {
-	j := &job{msg: msg, ev: ev, consumer: consumer, key: key, lead: make(chan struct{}), done: make(chan struct{})}
-	b.submit(j)
-	if j.wait {
-		sleep(msg.Context(), b.m.cfg.NackDelay)
-	}
-	return nil, j.err
+// handleBatched runs one delivery through its handler's batcher; it
+// returns once the delivery is settled.
+func (b *batcher) handleBatched(d *delivery) {
+	b.submit(&job{d: d, lead: make(chan struct{}), done: make(chan struct{})})
 }
 
 // submit queues j and returns when its outcome is set, leading batches when
@@ -175,7 +172,7 @@ func (b *batcher) lead() {
 	b.run(batch)
 }
 
-// run runs a batch and sets every job's outcome.
+// run runs a batch and settles every job's delivery.
 func (b *batcher) run(jobs []*job) {
 	defer func() {
 		for _, j := range jobs {
@@ -183,19 +180,18 @@ func (b *batcher) run(jobs []*job) {
 		}
 	}()
 	for i, j := range jobs {
-		j.ev.BatchSize, j.ev.BatchFirst = len(jobs), i == 0
+		j.d.ev.BatchSize, j.d.ev.BatchFirst = len(jobs), i == 0
 	}
 	// Copies of one key in one batch: the first runs; the others follow.
 	first := map[[2]string]*job{}
 	followers := map[*job][]*job{}
 	var leaders []*job
 	for _, j := range jobs {
-		if err := j.msg.Context().Err(); err != nil {
-			j.ev.Outcome = Nacked
-			j.err = fmt.Errorf("exactlyonce: %q for %q: the message's context ended while it waited for its batch: %w", j.key, j.consumer, err)
+		if err := j.d.ctx.Err(); err != nil {
+			j.d.nack(fmt.Errorf("exactlyonce: %q for %q: the message's context ended while it waited for its batch: %w", j.d.key, j.d.consumer, err))
 			continue
 		}
-		k := [2]string{j.consumer, j.key}
+		k := [2]string{j.d.consumer, j.d.key}
 		if f, ok := first[k]; ok {
 			followers[f] = append(followers[f], j)
 			continue
@@ -208,83 +204,94 @@ func (b *batcher) run(jobs []*job) {
 		// as their own claims would.
 		j.copies = 1 + len(followers[j])
 	}
-	b.runJobs(leaders)
+	b.runJobs(leaders, 0)
 	for f, copies := range followers {
 		for _, j := range copies {
-			switch f.ev.Outcome {
-			case Processed, Duplicate:
-				j.ev.Outcome = Duplicate
-				j.ev.FirstSeenAt = f.ev.FirstSeenAt
-			case Parked:
-				j.ev.Outcome = Parked
-			default:
-				j.ev.Outcome = Nacked
-				j.err = fmt.Errorf("exactlyonce: %q for %q: another copy of the message in the same batch was not processed (redelivery decides): %w", j.key, j.consumer, f.err)
-			}
+			settle(j.d, followerFate(j.d, f.d))
 		}
 	}
 }
 
-// runJobs runs jobs in one transaction, again without each one that fails,
-// and one by one after maxBatchReruns reruns. A handler whose statement
-// conflicted with another transaction on the handler's own rows (a
-// deadlock with another batch) is not at fault: the batch runs again with
-// it, as one of those reruns; after them, a conflict nacks its message.
-func (b *batcher) runJobs(jobs []*job) {
-	for reruns := 0; len(jobs) > 0; reruns++ {
+// followerFate is the fate of a copy of a key that followed its first
+// delivery in the batch (leader, settled): a duplicate of a key processed,
+// parked with a key parked, nacked with one nacked (redelivery decides).
+func followerFate(d, leader *delivery) fate {
+	switch leader.ev.Outcome {
+	case Processed, Duplicate:
+		return fate{outcome: Duplicate, firstSeen: leader.ev.FirstSeenAt}
+	case Parked:
+		return fate{outcome: Parked}
+	}
+	return fate{outcome: Nacked, err: fmt.Errorf("exactlyonce: %q for %q: another copy of the message in the same batch was not processed (redelivery decides): %w",
+		d.key, d.consumer, leader.ev.Err)}
+}
+
+// runJobs runs jobs in transactions until every one is settled, as the
+// policy (nextStep) says after each: all of them in one, again without
+// each one that fails, and one by one after maxBatchReruns reruns (reruns
+// counts the reruns so far).
+func (b *batcher) runJobs(jobs []*job, reruns int) {
+	for ; len(jobs) > 0; reruns++ {
 		group := jobs
 		if reruns >= maxBatchReruns {
 			group = jobs[:1]
 		}
-		failed := b.runOnce(group)
-		if failed == errSplit {
+		st := nextStep(b.runOnce(group), group, reruns)
+		switch st.kind {
+		case stepSettled:
+			for i, j := range group {
+				settle(j.d, st.fates[i])
+			}
+			jobs = jobs[len(group):]
+		case stepSplit:
 			// Nothing committed, and the cause is one of the messages:
 			// find it one message at a time.
 			for _, j := range group {
-				b.runJobs1(j)
+				b.runJobs([]*job{j}, maxBatchReruns)
 			}
 			jobs = jobs[len(group):]
-			continue
-		}
-		if failed == nil {
-			jobs = jobs[len(group):]
-			continue
-		}
-		if failed.conflict {
-			again := reruns < maxBatchReruns
-			b.conflicted(failed, len(group), again)
-			if again {
-				continue
+		case stepRetry:
+			b.conflicted(group[st.fault], st.err, len(group), true)
+		case stepWithout:
+			// The transaction is rolled back: the failed job's key is free.
+			failed := group[st.fault]
+			b.fail(failed, st.fates[st.fault], len(group))
+			rest := make([]*job, 0, len(jobs)-1)
+			for _, j := range jobs {
+				if j != failed {
+					rest = append(rest, j)
+				}
 			}
+			jobs = rest
 		}
-		// The transaction is rolled back: the failed job's key is free.
-		b.parkIfPermanent(failed)
-		rest := make([]*job, 0, len(jobs)-1)
-		for _, j := range jobs {
-			if j != failed {
-				rest = append(rest, j)
-			}
-		}
-		jobs = rest
 	}
 }
 
-// errSplit is what runOnce returns when nothing of the batch committed and
-// the failure cannot be pinned on one message: the server refused the
-// COMMIT (pgerr.CommitRefused), or a statement was refused because an
-// earlier one of another handler had aborted the transaction
-// (pgerr.InFailedTransaction). The batch must run again one message per
-// transaction, so that the failure costs only the message that caused it.
-var errSplit = &job{}
-
-// runJobs1 runs one job in a transaction of its own.
-func (b *batcher) runJobs1(j *job) {
-	if b.runOnce([]*job{j}) == j {
-		if j.conflict {
-			b.conflicted(j, 1, false)
-		}
-		b.parkIfPermanent(j)
+// fail acts on the fate of the job at fault (stepWithout): it logs what
+// needs it, and parks the key of a Permanent handler error (then the
+// delivery is Parked, or Nacked if the park fails) or settles the delivery.
+// batch is the size of the group it ran in, for the log.
+func (b *batcher) fail(j *job, f fate, batch int) {
+	switch {
+	case f.park:
+		b.m.parkTransactional(j.d, f.err)
+		return
+	case f.conflict:
+		b.conflicted(j, f.err, batch, false)
+	case isOutputError(f.err):
+		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", f.err,
+			watermill.LogFields{"message_uuid": j.d.msg.UUID, "consumer": j.d.consumer, "key": j.d.key})
 	}
+	settle(j.d, f)
+}
+
+// settle settles d as f says (f.park aside: see batcher.fail).
+func settle(d *delivery, f fate) {
+	if !f.firstSeen.IsZero() {
+		d.ev.FirstSeenAt = f.firstSeen
+	}
+	d.settle(f.outcome, f.err)
+	d.wait = f.wait
 }
 
 // conflicted logs, at info level, a batch rolled back because a handler's
@@ -293,42 +300,176 @@ func (b *batcher) runJobs1(j *job) {
 // orders, or a serialization failure): nothing of it committed, and it
 // runs again (again) or, after maxBatchReruns, the message is nacked and
 // redelivered, its error marked for RouterLogger.
-func (b *batcher) conflicted(j *job, batch int, again bool) {
+func (b *batcher) conflicted(j *job, err error, batch int, again bool) {
 	what := "; the batch was rolled back and runs again"
 	if !again {
 		what = "; rolled back, the message will be redelivered"
-		j.err = reported(j.err)
 	}
 	b.m.cfg.Logger.Info(conflictMessage+what, watermill.LogFields{
-		"message_uuid": j.msg.UUID, "consumer": j.consumer, "key": j.key, "batch": batch,
-		"sqlstate": pgerr.Code(j.err), "err": j.err.Error()})
+		"message_uuid": j.d.msg.UUID, "consumer": j.d.consumer, "key": j.d.key, "batch": batch,
+		"sqlstate": pgerr.Code(err), "err": err.Error()})
 }
 
-// parkIfPermanent parks the key of a job whose handler returned a
-// Permanent error, once its transaction was rolled back, keeping its
-// message (parkTransactional), and acks it; if the key cannot be parked,
-// the delivery stays nacked.
-func (b *batcher) parkIfPermanent(j *job) {
-	if !j.park {
-		return
-	}
-	j.park = false
-	if _, err := b.m.parkTransactional(j.msg, j.ev, j.err, j.consumer, j.key); err != nil {
-		j.err = err
-		return
-	}
-	j.err = nil
+// attempt is what one transaction of a batch came to (runOnce): its claim
+// and where it failed, if it did. It sets no outcome: nextStep decides
+// from it.
+type attempt struct {
+	// claimErr: the batch's claim failed (after its retries): no handler
+	// ran. claimSentinel is ErrDBUnavailable or ErrClaimFailed.
+	claimErr, claimSentinel error
+	claims                  []inboxdb.ClaimResult // per job, when claimErr is nil
+	cerrs                   []error               // per job: its own claim's error
+	at                      failedAt              // where the transaction failed
+	job                     int                   // the job whose handler or deferred statement failed (atHandler, atDeferred)
+	err                     error                 // that failure, or the COMMIT's (atCommit)
 }
 
-// runOnce runs jobs in one transaction. It returns the job whose handler
-// (or output, or queued statement) failed, with its outcome set, after
-// rolling back: the others must run again. It returns errSplit when nothing
-// committed and the failure may be another job's. Otherwise every job's
-// outcome is set: processed, duplicate or parked when the transaction
-// committed, or nacked with the reason when the claim or the commit failed.
-func (b *batcher) runOnce(jobs []*job) *job {
+// failedAt is where a batch's transaction failed, after its claim.
+type failedAt int
+
+const (
+	committed  failedAt = iota // it committed
+	atHandler                  // a handler, or the writing of its outputs
+	atDeferred                 // a statement a handler deferred (Exec, pgx)
+	atCommit                   // the COMMIT
+)
+
+// stepKind is what a batch does after an attempt (nextStep).
+type stepKind int
+
+const (
+	// stepSettled: every job of the group has its fate (the transaction
+	// committed, or the claim failed, or the COMMIT failed for good).
+	stepSettled stepKind = iota
+	// stepSplit: nothing committed and the failure cannot be pinned on one
+	// job: the server refused the COMMIT (pgerr.CommitRefused), or a
+	// statement was refused because an earlier one of another handler had
+	// aborted the transaction (pgerr.InFailedTransaction). Each job of the
+	// group runs again alone, so that the failure costs only the message
+	// that caused it.
+	stepSplit
+	// stepRetry: a handler's statement conflicted with another transaction
+	// on the handler's own rows (a deadlock with another batch): it is not
+	// at fault, and the group runs again with it.
+	stepRetry
+	// stepWithout: the job at fault has its fate; the rest runs again
+	// without it (its effects were all in the transaction, rolled back).
+	stepWithout
+)
+
+// step is the policy's answer to an attempt: what the batch does next,
+// and the fates it settles.
+type step struct {
+	kind  stepKind
+	fault int    // stepRetry, stepWithout: the job at fault (index in the group)
+	err   error  // stepRetry: its error, for the log
+	fates []fate // stepSettled: every job's; stepWithout: fates[fault] only
+}
+
+// fate is a job's outcome as the policy decides it.
+type fate struct {
+	outcome   Outcome
+	err       error     // returned to the router (Nacked)
+	firstSeen time.Time // when its key was first recorded (a duplicate or parked key)
+	wait      bool      // return err after NackDelay
+	park      bool      // a Permanent handler error: park the key (then Parked, or Nacked if the park fails)
+	conflict  bool      // nacked after conflicts with other transactions: logged at info level
+}
+
+// nextStep is group commit's policy: from what an attempt at group came to
+// and the reruns so far, it decides what the batch does next and the fates
+// of the jobs it settles. It does no I/O.
+func nextStep(a attempt, group []*job, reruns int) step {
+	fates := make([]fate, len(group))
+	if a.claimErr != nil {
+		for i, j := range group {
+			fates[i] = fate{outcome: Nacked, err: reported(claimError(j.d, a.claimSentinel, a.claimErr)), wait: true}
+		}
+		return step{kind: stepSettled, fates: fates}
+	}
+	var run []int // the jobs whose handler ran (their keys claimed)
+	pos := -1     // the failed job's place among them
+	for i, c := range a.claims {
+		switch {
+		case a.cerrs[i] != nil:
+			fates[i] = fate{outcome: Nacked, err: claimError(group[i].d, ErrClaimFailed, a.cerrs[i]),
+				wait: errors.Is(a.cerrs[i], inboxdb.ErrNotDone)} // a configuration error
+		case !c.Claimed:
+			fates[i] = fate{outcome: existing(c.Existing), firstSeen: c.Existing.FirstSeenAt}
+		default:
+			if i == a.job {
+				pos = len(run)
+			}
+			run = append(run, i)
+		}
+	}
+	switch a.at {
+	case atHandler, atDeferred:
+		if pgerr.InFailedTransaction(a.err) && (a.at == atHandler && pos > 0 || a.at == atDeferred && len(run) > 1) {
+			// An earlier handler may have aborted the transaction (and
+			// ignored its statement's error).
+			return step{kind: stepSplit}
+		}
+		f := failedFate(a.err)
+		if f.conflict && reruns < maxBatchReruns {
+			return step{kind: stepRetry, fault: a.job, err: a.err}
+		}
+		if f.conflict {
+			f.err = reported(f.err)
+		}
+		fates := make([]fate, len(group))
+		fates[a.job] = f
+		return step{kind: stepWithout, fault: a.job, fates: fates}
+	case atCommit:
+		refused := pgerr.CommitRefused(a.err)
+		if refused && len(run) > 1 {
+			return step{kind: stepSplit}
+		}
+		for _, i := range run {
+			d := group[i].d
+			err := commitError(d, a.err)
+			if !refused {
+				err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, its outcome is unknown, the messages will be redelivered: %w",
+					len(run), d.key, d.consumer, a.err)
+			}
+			fates[i] = fate{outcome: Nacked, err: err}
+		}
+		return step{kind: stepSettled, fates: fates}
+	}
+	for _, i := range run {
+		fates[i] = fate{outcome: Processed}
+	}
+	return step{kind: stepSettled, fates: fates}
+}
+
+// failedFate is the fate of a job whose handler, outputs or deferred
+// statement failed with err: nacked, and
+//
+//   - parked instead, for a Permanent error;
+//   - after NackDelay, for output messages the outbox refuses (logged) and
+//     for ErrNestedMiddleware (logged by the inner middleware; see
+//     handlerFailed);
+//   - as a conflict for a deadlock or serialization failure: the batch
+//     runs again with it (nextStep) until maxBatchReruns.
+func failedFate(err error) fate {
+	f := fate{outcome: Nacked, err: err}
+	switch {
+	case marked(err):
+		f.park = true
+	case isOutputError(err), errors.Is(err, ErrNestedMiddleware):
+		f.wait = true
+	case pgerr.SerializationFailure(err):
+		f.conflict = true
+	}
+	return f
+}
+
+// runOnce runs jobs in one transaction and returns what it came to: the
+// claim, and the handler, deferred statement or COMMIT that failed, if
+// any, after rolling back. It sets no outcome.
+func (b *batcher) runOnce(jobs []*job) attempt {
 	m := b.m
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobs[0].msg.Context()), batchTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobs[0].d.ctx), batchTimeout)
 	defer cancel()
 
 	var (
@@ -338,7 +479,7 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		err    error
 	)
 	claimStart := time.Now()
-	_, claimSpan := m.tracer.Start(jobs[0].msg.Context(), "exactlyonce.claim",
+	_, claimSpan := m.tracer.Start(jobs[0].d.ctx, "exactlyonce.claim",
 		trace.WithLinks(links(jobs)...), trace.WithAttributes(attribute.Int("exactlyonce.batch_size", len(jobs))))
 	for try := 1; ; try++ {
 		tx, claims, cerrs, err = b.beginClaim(ctx, jobs)
@@ -348,13 +489,14 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	}
 	endSpan(claimSpan, err)
 	for _, j := range jobs {
-		j.ev.ClaimDuration = time.Since(claimStart)
+		j.d.ev.ClaimDuration = time.Since(claimStart)
 	}
 	if err != nil {
-		b.claimFailed(jobs, err)
-		return nil
+		sentinel, cause := b.claimFailed(jobs, err)
+		return attempt{claimErr: cause, claimSentinel: sentinel}
 	}
 	b.m.claimed()
+	a := attempt{claims: claims, cerrs: cerrs}
 	ended := false
 	defer func() {
 		if !ended {
@@ -362,43 +504,28 @@ func (b *batcher) runOnce(jobs []*job) *job {
 		}
 	}()
 
-	var run []*job
+	var run []*job // the jobs whose keys it claimed
+	var at []int   // their places in jobs
 	for i, j := range jobs {
-		j.err, j.wait, j.park, j.conflict = nil, false, false, false
-		switch {
-		case cerrs[i] != nil:
-			j.ev.Outcome = Nacked
-			j.err = fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", j.key, j.consumer, ErrClaimFailed, cerrs[i])
-			j.wait = errors.Is(cerrs[i], inboxdb.ErrNotDone) // a configuration error
-		case !claims[i].Claimed:
-			rec := claims[i].Existing
-			j.ev.FirstSeenAt = rec.FirstSeenAt
-			j.ev.Outcome = Duplicate
-			if rec.Status == inboxdb.StatusParked {
-				j.ev.Outcome = Parked
-			}
-		default:
-			run = append(run, j)
+		if cerrs[i] == nil && claims[i].Claimed {
+			run, at = append(run, j), append(at, i)
 		}
 	}
 
 	th := readyTx(tx)
 	ptx, pipelined := pgxOf(tx)
 	var wrote *lazyOutbox // one whose rows the batch's NOTIFY is for
-	for i, j := range run {
+	for n, j := range run {
 		j.queued = j.queued[:0]
-		ob := &lazyOutbox{tx: th, w: m.outbox, ctx: j.msg.Context(), tracer: m.tracer}
-		vals := &handlerValues{tx: th, outbox: ob, consumer: j.consumer, key: j.key}
+		ob := &lazyOutbox{tx: th, w: m.outbox, ctx: j.d.ctx, tracer: m.tracer}
+		vals := &handlerValues{tx: th, outbox: ob, consumer: j.d.consumer, key: j.d.key}
 		if pipelined {
 			vals.queue = &j.queued
 		}
-		orig := j.msg.Context()
-		j.msg.SetContext(withHandlerContext(orig, vals))
-		produced, herr := m.callHandler(b.h, j.msg)
-		j.msg.SetContext(orig)
+		produced, herr := m.runHandler(j.d, b.h, vals)
 		if herr == nil {
 			var outputs outputSet
-			if outputs, herr = m.prepareOutputs(j.msg, produced); herr == nil {
+			if outputs, herr = m.prepareOutputs(j.d, produced); herr == nil {
 				herr = outputs.write(ob)
 			}
 		}
@@ -406,27 +533,14 @@ func (b *batcher) runOnce(jobs []*job) *job {
 			wrote = ob
 		}
 		if herr != nil {
-			_ = tx.Rollback()
-			ended = true
-			if i > 0 && pgerr.InFailedTransaction(herr) {
-				// An earlier handler may have aborted the transaction
-				// (and ignored its statement's error).
-				return errSplit
-			}
-			b.failed(j, herr)
-			return j
+			a.at, a.job, a.err = atHandler, at[n], herr
+			return a
 		}
 	}
 	if pipelined {
-		if j, qerr := sendQueued(ctx, ptx, run); qerr != nil {
-			_ = tx.Rollback()
-			ended = true
-			if len(run) > 1 && pgerr.InFailedTransaction(qerr) {
-				// Aborted by any handler's own statement before.
-				return errSplit
-			}
-			b.failed(j, fmt.Errorf("exactlyonce: a statement deferred by Exec failed: %w", qerr))
-			return j
+		if n, qerr := sendQueued(ctx, ptx, run); qerr != nil {
+			a.at, a.job, a.err = atDeferred, at[n], fmt.Errorf("exactlyonce: a statement deferred by Exec failed: %w", qerr)
+			return a
 		}
 	}
 	if wrote != nil {
@@ -434,27 +548,9 @@ func (b *batcher) runOnce(jobs []*job) *job {
 	}
 	ended = true
 	if err := tx.Commit(); err != nil {
-		refused := pgerr.CommitRefused(err)
-		if refused && len(run) > 1 {
-			return errSplit
-		}
-		for _, j := range run {
-			j.ev.Outcome = Nacked
-			switch {
-			case refused:
-				j.err = fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
-					j.key, j.consumer, refusalCause(err), err)
-			default:
-				j.err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, its outcome is unknown, the messages will be redelivered: %w",
-					len(run), j.key, j.consumer, err)
-			}
-		}
-		return nil
+		a.at, a.err = atCommit, err
 	}
-	for _, j := range run {
-		j.ev.Outcome = Processed
-	}
-	return nil
+	return a
 }
 
 // beginClaim begins the batch's transaction and claims every job's key in
@@ -469,10 +565,10 @@ func (b *batcher) beginClaim(ctx context.Context, jobs []*job) (wsql.Tx, []inbox
 	byConsumer := map[string][]int{}
 	var consumers []string
 	for i, j := range jobs {
-		if _, ok := byConsumer[j.consumer]; !ok {
-			consumers = append(consumers, j.consumer)
+		if _, ok := byConsumer[j.d.consumer]; !ok {
+			consumers = append(consumers, j.d.consumer)
 		}
-		byConsumer[j.consumer] = append(byConsumer[j.consumer], i)
+		byConsumer[j.d.consumer] = append(byConsumer[j.d.consumer], i)
 	}
 	sort.Strings(consumers)
 	for _, c := range consumers {
@@ -480,7 +576,7 @@ func (b *batcher) beginClaim(ctx context.Context, jobs []*job) (wsql.Tx, []inbox
 		keys := make([]string, len(idx))
 		copies := make([]int, len(idx))
 		for n, i := range idx {
-			keys[n], copies[n] = jobs[i].key, jobs[i].copies
+			keys[n], copies[n] = jobs[i].d.key, jobs[i].copies
 		}
 		res, errs, err := b.m.store.ClaimBatchCopiesTx(ctx, tx, c, keys, copies)
 		if err != nil {
@@ -494,71 +590,46 @@ func (b *batcher) beginClaim(ctx context.Context, jobs []*job) (wsql.Tx, []inbox
 	return tx, claims, cerrs, nil
 }
 
-// claimFailed sets the outcome of every job of a batch whose claim failed
-// before any handler ran (see claimFailure; group commit never fails open).
-func (b *batcher) claimFailed(jobs []*job, cause error) {
-	sentinel := ErrClaimFailed
+// claimFailed logs the failed claim of a batch (see claimFailure; group
+// commit never fails open) and returns what every job's error wraps:
+// ErrDBUnavailable or ErrClaimFailed, and the cause.
+func (b *batcher) claimFailed(jobs []*job, cause error) (sentinel, _ error) {
+	sentinel = ErrClaimFailed
 	if pgerr.Unreachable(cause) {
 		sentinel = ErrDBUnavailable
 	} else {
 		cause = pgerr.IfNotMigrated(b.m.names, cause)
 	}
-	for i, j := range jobs {
-		j.ev.Outcome = Nacked
-		err := fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", j.key, j.consumer, sentinel, cause)
-		if i == 0 {
-			b.m.claimFailed(err, watermill.LogFields{"batch": len(jobs), "consumer": j.consumer})
-		}
-		j.err = reported(err)
-		j.wait = true
-	}
-}
-
-// failed sets the outcome of a job whose handler, outputs or queued
-// statements failed.
-func (b *batcher) failed(j *job, err error) {
-	j.ev.Outcome = Nacked
-	j.err = err
-	switch {
-	case marked(err):
-		j.park = true
-	case isOutputError(err):
-		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,
-			watermill.LogFields{"message_uuid": j.msg.UUID, "consumer": j.consumer, "key": j.key})
-		j.wait = true
-	case errors.Is(err, ErrNestedMiddleware):
-		j.wait = true // logged by the inner middleware; see handlerFailed
-	case pgerr.SerializationFailure(err):
-		j.conflict = true // see runJobs
-	}
+	b.m.claimFailed(claimError(jobs[0].d, sentinel, cause), watermill.LogFields{"batch": len(jobs), "consumer": jobs[0].d.consumer})
+	return sentinel, cause
 }
 
 // sendQueued sends the statements the jobs queued, in job order, in one
-// round trip. On an error it returns the job that queued the failing
-// statement.
-func sendQueued(ctx context.Context, tx pgx.Tx, jobs []*job) (*job, error) {
+// round trip. On an error it returns the place in jobs of the job that
+// queued the failing statement.
+func sendQueued(ctx context.Context, tx pgx.Tx, jobs []*job) (int, error) {
 	batch := &pgx.Batch{}
-	var owners []*job
-	for _, j := range jobs {
+	var owners []int
+	for n, j := range jobs {
 		for _, q := range j.queued {
 			batch.Queue(q.query, q.args...)
-			owners = append(owners, j)
+			owners = append(owners, n)
 		}
 	}
 	if len(owners) == 0 {
-		return nil, nil
+		return -1, nil
 	}
 	br := tx.SendBatch(ctx, batch)
-	for _, j := range owners {
+	for _, n := range owners {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return j, err
+			return n, err
 		}
 	}
 	if err := br.Close(); err != nil {
 		return owners[len(owners)-1], err
 	}
-	return nil, nil
+	return -1, nil
 }
 
 // pgxOf returns the pgx transaction behind tx, if it is one.
@@ -579,7 +650,7 @@ func pgxOf(tx wsql.Tx) (pgx.Tx, bool) {
 func links(jobs []*job) []trace.Link {
 	out := make([]trace.Link, 0, len(jobs))
 	for _, j := range jobs {
-		if sc := trace.SpanContextFromContext(j.msg.Context()); sc.IsValid() {
+		if sc := trace.SpanContextFromContext(j.d.ctx); sc.IsValid() {
 			out = append(out, trace.Link{SpanContext: sc})
 		}
 	}

@@ -12,38 +12,31 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
-// claimFailure handles a database error before the handler ran (begin or
-// claim). Only an unreachable database (pgerr.Unreachable) is
-// ErrDBUnavailable and may run the handler fail-open; any other error is
-// ErrClaimFailed and always a nack: the database is there, and another copy
-// may be running the key.
-func (m *Guard) claimFailure(msg *message.Message, h message.HandlerFunc, ev *Event, cause error) ([]*message.Message, error) {
-	fields := watermill.LogFields{"message_uuid": msg.UUID, "consumer": ev.Consumer, "key": ev.Key}
-	where := fmt.Sprintf("exactlyonce: claim of %q for %q", ev.Key, ev.Consumer)
+// claimFailure settles a delivery whose claim failed with a database error
+// before the handler ran (begin or claim). Only an unreachable database
+// (pgerr.Unreachable) is ErrDBUnavailable and may run the handler
+// fail-open; any other error is ErrClaimFailed and always a nack: the
+// database is there, and another copy may be running the key.
+func (m *Guard) claimFailure(d *delivery, h message.HandlerFunc, cause error) {
+	fields := watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key}
 	if !m.unreachable(cause) {
-		ev.Outcome = Nacked
-		err := fmt.Errorf("%s: %w: %w", where, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
+		err := claimError(d, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
 		m.claimFailed(err, fields)
-		sleep(msg.Context(), m.cfg.NackDelay)
-		return nil, reported(err)
+		d.nackLater(reported(err))
+		return
 	}
-	err := fmt.Errorf("%s: %w: %w", where, ErrDBUnavailable, cause)
-	if !m.cfg.FailOpen || m.cfg.Lease != nil || msg.Context().Err() != nil {
-		ev.Outcome = Nacked
+	err := claimError(d, ErrDBUnavailable, cause)
+	if !m.cfg.FailOpen || m.cfg.Lease != nil || d.ctx.Err() != nil {
 		m.claimFailed(err, fields)
-		sleep(msg.Context(), m.cfg.NackDelay)
-		return nil, reported(err)
+		d.nackLater(reported(err))
+		return
 	}
-	ev.Outcome = FailOpen
 	m.episodes.Fail(episodeFailOpen, "exactlyonce: FAIL-OPEN: the database is unavailable, handlers run without deduplication", err, fields)
-	origCtx := msg.Context()
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: ev.Consumer, key: ev.Key, failOpen: true}))
-	produced, herr := m.callHandler(h, msg)
-	msg.SetContext(origCtx)
-	if herr != nil {
-		return nil, herr
+	produced, herr := m.runHandler(d, h, &handlerValues{consumer: d.consumer, key: d.key, failOpen: true})
+	if herr == nil {
+		d.out, herr = m.failOpenOutputs(d, produced)
 	}
-	return m.failOpenOutputs(msg, produced)
+	d.settle(FailOpen, herr)
 }
 
 // The kinds of the middleware's episodes (see internal/episode): failures
@@ -105,12 +98,12 @@ func (m *Guard) unreachable(cause error) bool {
 // no way out without the outbox: the delivery fails (nack) rather than
 // publish it to the wrong topic or drop it. The internal destination key
 // never reaches the router.
-func (m *Guard) failOpenOutputs(msg *message.Message, produced []*message.Message) ([]*message.Message, error) {
+func (m *Guard) failOpenOutputs(d *delivery, produced []*message.Message) ([]*message.Message, error) {
 	if len(produced) == 0 {
 		return nil, nil
 	}
-	routerTopic := message.PublishTopicFromCtx(msg.Context())
-	defaultTopic := m.defaultTopic(msg)
+	routerTopic := message.PublishTopicFromCtx(d.ctx)
+	defaultTopic := m.defaultTopic(d.ctx)
 	out := make([]*message.Message, 0, len(produced))
 	for i, p := range produced {
 		topic, err := destination(p, i, defaultTopic)
@@ -126,22 +119,9 @@ func (m *Guard) failOpenOutputs(msg *message.Message, produced []*message.Messag
 	return out, nil
 }
 
-// callHandler runs h in an "exactlyonce.handler" span (the handler's
-// context holds it) and turns a panic into Watermill's
+// recoverHandler runs h and turns a panic into Watermill's
 // middleware.RecoveredPanicError (the value and the stack), wrapped.
-func (m *Guard) callHandler(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	orig := msg.Context()
-	ctx, span := m.tracer.Start(orig, "exactlyonce.handler")
-	msg.SetContext(ctx)
-	produced, err := runHandler(h, msg)
-	msg.SetContext(orig)
-	endSpan(span, err)
-	return produced, err
-}
-
-// runHandler runs h and turns a panic into Watermill's
-// middleware.RecoveredPanicError (the value and the stack), wrapped.
-func runHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
+func recoverHandler(h message.HandlerFunc, msg *message.Message) (produced []*message.Message, err error) {
 	panicked := true
 	defer func() {
 		if r := recover(); r != nil || panicked {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -35,13 +34,13 @@ type Guard struct {
 	names     pgerr.Tables
 	scopes    scopes
 	tracer    trace.Tracer
-	// misconfigured holds, per consumer and handler (misconfiguredKey),
-	// why the handler cannot run under a store-only lease (it asked for a
-	// transaction or an outbox, or returned messages): its later keys are
-	// refused before it runs, until the process restarts.
-	misconfigured sync.Map // [2]string -> error
-	episodes      *episode.Log
-	check         startupCheck
+	// misuses holds, per handler, why it cannot run under a store-only
+	// lease (it asked for a transaction or an outbox, or returned
+	// messages): its later keys are refused before it runs, for the
+	// Guard's lifetime.
+	misuses  misuses
+	episodes *episode.Log
+	check    startupCheck
 	// outbox writes the deliveries' output messages, and holds the
 	// debounce of their wake-on-commit NOTIFYs.
 	outbox *outboxwrite.Writer
@@ -105,19 +104,16 @@ func (m *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return m.nested(msg)
 		}
 		start := time.Now()
-		ev := Event{MessageUUID: msg.UUID}
 		ctx, opts := tracing.ConsumerStart(msg)
 		ctx, span := m.tracer.Start(ctx, "exactlyonce.process", append(opts,
 			trace.WithAttributes(attribute.String("messaging.message.id", msg.UUID)))...)
-		msg.SetContext(ctx)
-		out, err := m.handle(msg, h, b, &ev)
-		msg.SetContext(prev)
-		if err != nil {
-			ev.Err = err
-			if ev.Outcome == "" {
-				ev.Outcome = Nacked
-			}
+		d := &delivery{msg: msg, orig: prev, ctx: ctx, ev: Event{MessageUUID: msg.UUID}}
+		m.handle(d, h, b)
+		if d.wait {
+			sleep(d.ctx, m.cfg.NackDelay)
 		}
+		out, err := d.result()
+		ev := d.ev
 		ev.Duration = time.Since(start)
 		span.SetAttributes(
 			attribute.String("exactlyonce.consumer", ev.Consumer),
@@ -164,35 +160,38 @@ func (m *Guard) nested(msg *message.Message) ([]*message.Message, error) {
 	return nil, err
 }
 
-// handle derives the consumer and key and hands the delivery to its mode.
-func (m *Guard) handle(msg *message.Message, h message.HandlerFunc, b *batcher, ev *Event) ([]*message.Message, error) {
-	origCtx := msg.Context()
-	consumer := m.cfg.Consumer
-	if consumer == "" {
-		consumer = message.HandlerNameFromCtx(origCtx)
+// handle derives the consumer and key and hands the delivery to its mode,
+// which settles it.
+func (m *Guard) handle(d *delivery, h message.HandlerFunc, b *batcher) {
+	d.consumer = m.cfg.Consumer
+	if d.consumer == "" {
+		d.consumer = message.HandlerNameFromCtx(d.orig)
 	}
-	ev.Consumer = consumer
+	d.ev.Consumer = d.consumer
 
-	key, err := m.cfg.Key(msg)
+	var key string
+	var err error
+	d.under(d.ctx, func() { key, err = m.cfg.Key(d.msg) })
 	if err == nil {
-		err = m.store.ValidateKey(consumer, key)
+		err = m.store.ValidateKey(d.consumer, key)
 	}
 	if err != nil {
-		ev.Outcome = Nacked
 		// Never succeeds on redelivery: the wait keeps a consumer without a
 		// poison queue from spinning on it (it still blocks that consumer).
-		sleep(origCtx, m.cfg.NackDelay)
-		return nil, keyError(msg, consumer, err, m.customKey)
+		d.nackLater(keyError(d.msg, d.consumer, err, m.customKey))
+		return
 	}
-	ev.Key = key
-	if m.cfg.Lease != nil {
-		return m.handleLease(msg, h, ev, origCtx, consumer, key)
+	d.key, d.ev.Key = key, key
+	switch {
+	case m.cfg.Lease != nil:
+		m.handleLease(d, h)
+	case b != nil:
+		m.scopes.check(m, d)
+		b.handleBatched(d)
+	default:
+		m.scopes.check(m, d)
+		m.handleTransactional(d, h)
 	}
-	m.scopes.check(m, msg, consumer)
-	if b != nil {
-		return b.handleBatched(msg, ev, consumer, key)
-	}
-	return m.handleTransactional(msg, h, ev, origCtx, consumer, key)
 }
 
 func keyError(msg *message.Message, consumer string, err error, customKey bool) error {
@@ -234,13 +233,13 @@ func endSpan(span trace.Span, err error) {
 	span.End()
 }
 
-// startClaim starts the claim's span; the function it returns ends it and
-// records the claim's time in ev.
-func (m *Guard) startClaim(ctx context.Context, ev *Event) func(error) {
+// startClaim starts the delivery's claim span; the function it returns
+// ends it and records the claim's time in the delivery's event.
+func (m *Guard) startClaim(d *delivery) func(error) {
 	start := time.Now()
-	_, span := m.tracer.Start(ctx, "exactlyonce.claim")
+	_, span := m.tracer.Start(d.ctx, "exactlyonce.claim")
 	return func(err error) {
-		ev.ClaimDuration = time.Since(start)
+		d.ev.ClaimDuration = time.Since(start)
 		endSpan(span, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -107,71 +108,75 @@ func (l *leaseState) snapshot() leaseInfo {
 	return l.info
 }
 
-func (m *Guard) handleLease(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
+// handleLease runs a delivery in lease mode: the claim commits on its own
+// with a lease, the handler runs, then its completion commits (endLease).
+func (m *Guard) handleLease(d *delivery, h message.HandlerFunc) {
 	if !m.lease.Transactional() {
-		if err := m.storeOnlyRefusal(origCtx, consumer, key); err != nil {
-			ev.Outcome = Nacked
-			m.episodes.Fail("store-only:"+consumer, "exactlyonce: consumer "+strconv.Quote(consumer)+": the handler needs what a store-only lease cannot give, messages are refused before the handler runs and redelivered until the configuration is fixed", err,
-				watermill.LogFields{"consumer": consumer, "key": key, "message_uuid": msg.UUID})
-			sleep(origCtx, m.cfg.NackDelay)
-			return nil, reported(err)
+		if err := m.storeOnlyRefusal(d); err != nil {
+			m.episodes.Fail("store-only:"+d.consumer, "exactlyonce: consumer "+strconv.Quote(d.consumer)+": the handler needs what a store-only lease cannot give, messages are refused before the handler runs and redelivered until the configuration is fixed", err,
+				watermill.LogFields{"consumer": d.consumer, "key": d.key, "message_uuid": d.msg.UUID})
+			d.nackLater(reported(err))
+			return
 		}
 	}
-	endClaim := m.startClaim(origCtx, ev)
-	parked := m.parkedMessage(msg)
-	claim, err := m.lease.Claim(origCtx, consumer, key, leasestore.Options{
+	endClaim := m.startClaim(d)
+	parked := m.parkedMessage(d)
+	claim, err := m.lease.Claim(d.ctx, d.consumer, d.key, leasestore.Options{
 		Lease: m.cfg.Lease.Duration, MaxInterrupted: m.cfg.Lease.MaxInterruptedAttempts, Message: parked,
 	})
 	endClaim(err)
 	if err != nil {
-		return m.claimFailure(msg, h, ev, err)
+		m.claimFailure(d, h, err)
+		return
 	}
 	m.claimed()
-	ev.Attempt = claim.Attempt
+	d.ev.Attempt = claim.Attempt
 	switch claim.Outcome {
 	case leasestore.Duplicate:
-		ev.Outcome = Duplicate
-		ev.FirstSeenAt = claim.Record.FirstSeenAt
-		return nil, nil
+		d.ev.FirstSeenAt = claim.Record.FirstSeenAt
+		d.settle(Duplicate, nil)
+		return
 	case leasestore.Parked:
-		ev.Outcome = Parked
-		if claim.ParkedNow {
-			ev.Err = errors.New(claim.Record.LastError)
-			show, replay := m.parkedCommands(consumer, key)
-			m.cfg.Logger.Error("exactlyonce: lease expired mid-attempt, key parked for an operator with its message; show it: "+show+"; replay it: "+replay,
-				ev.Err, watermill.LogFields{"consumer": consumer, "key": key, "attempt": claim.Attempt, "message_uuid": msg.UUID})
+		if !claim.ParkedNow {
+			d.settle(Parked, nil)
+			return
 		}
-		return nil, nil
+		reason := errors.New(claim.Record.LastError)
+		d.settle(Parked, reason)
+		show, replay := m.parkedCommands(d.consumer, d.key)
+		m.cfg.Logger.Error("exactlyonce: lease expired mid-attempt, key parked for an operator with its message; show it: "+show+"; replay it: "+replay,
+			reason, watermill.LogFields{"consumer": d.consumer, "key": d.key, "attempt": claim.Attempt, "message_uuid": d.msg.UUID})
+		return
 	case leasestore.Busy:
 		// Expected contention (another worker runs the key, or ran it and
 		// stopped: its lease has to expire first), not an error: logged at
 		// debug level, and marked for RouterLogger.
-		ev.Outcome = Nacked
 		var err error
 		if claim.LeaseUntil.IsZero() {
-			err = fmt.Errorf("exactlyonce: %w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, key, consumer)
+			err = fmt.Errorf("exactlyonce: %w: %q for %q is held by another transaction (a claim or completion in progress)", ErrLeaseHeld, d.key, d.consumer)
 		} else {
-			err = fmt.Errorf("exactlyonce: %w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, key, consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
+			err = fmt.Errorf("exactlyonce: %w: %q for %q, attempt %d, lease until %s", ErrLeaseHeld, d.key, d.consumer, claim.Attempt, claim.LeaseUntil.Format(time.RFC3339Nano))
 		}
 		m.cfg.Logger.Debug("exactlyonce: another worker holds the lease on this key, message will be redelivered", watermill.LogFields{
-			"consumer": consumer, "key": key, "attempt": claim.Attempt, "lease_until": claim.LeaseUntil, "message_uuid": msg.UUID})
-		sleep(origCtx, m.cfg.NackDelay)
-		return nil, reported(err)
+			"consumer": d.consumer, "key": d.key, "attempt": claim.Attempt, "lease_until": claim.LeaseUntil, "message_uuid": d.msg.UUID})
+		d.nackLater(reported(err))
+		return
 	}
 	if claim.Interrupted {
-		ev.Interrupted = true
+		d.ev.Interrupted = true
 		m.cfg.Logger.Info("exactlyonce: retrying a key whose previous attempt was interrupted", watermill.LogFields{
-			"consumer": consumer, "key": key, "attempt": claim.Attempt,
+			"consumer": d.consumer, "key": d.key, "attempt": claim.Attempt,
 		})
 	}
 
-	lease := &leaseState{m: m, consumer: consumer, key: key, token: claim.Token, parked: parked, info: leaseInfo{
+	lease := &leaseState{m: m, consumer: d.consumer, key: d.key, token: claim.Token, parked: parked, info: leaseInfo{
 		attempt:     claim.Attempt,
 		interrupted: claim.Interrupted,
 		leaseUntil:  claim.LeaseUntil,
 	}}
 	if !m.lease.Transactional() {
-		return m.handleStoreOnly(msg, h, ev, origCtx, lease)
+		m.handleStoreOnly(d, h, lease)
+		return
 	}
 	// The completion transaction begins when the handler first asks for it
 	// (or at completion), so no connection is held during an external call
@@ -179,69 +184,64 @@ func (m *Guard) handleLease(msg *message.Message, h message.HandlerFunc, ev *Eve
 	// message's context: the router cancels that when it closes, and once
 	// the handler's effect happened, recording it is worth finishing
 	// (database/sql would roll the transaction back on cancel).
-	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(origCtx), nil) })
+	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(d.ctx), nil) })
 	defer th.rollback()
-	ob := &lazyOutbox{tx: th, w: m.outbox, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: th, outbox: ob, consumer: consumer, key: key, lease: lease}))
-	produced, herr := m.callHandler(h, msg)
-	msg.SetContext(origCtx)
-	berr := th.beginErr()
-	if herr != nil && berr == nil {
-		// The handler's own failure: it knows whether its call happened,
-		// and chose a retry (or, with Permanent, an operator).
-		th.rollback()
-		return m.leaseHandlerFailed(msg, ev, lease, herr)
+	ob := &lazyOutbox{tx: th, w: m.outbox, ctx: d.ctx, tracer: m.tracer}
+	produced, herr := m.runHandler(d, h, &handlerValues{tx: th, outbox: ob, consumer: d.consumer, key: d.key, lease: lease})
+	// The completion's statements outlive the message's context (see the
+	// completion transaction), bounded by their own timeout.
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), completionTimeout)
+	defer cancel()
+	end := leaseResult{stage: stageHandler, err: herr, handlerErr: herr}
+	switch berr := th.beginErr(); {
+	case berr != nil:
+		// The database failed under the handler (which may have ignored
+		// the error): its external effect may have happened.
+		end = leaseResult{stage: stageBegin, err: berr, handlerErr: herr}
+	case herr == nil:
+		end.stage, end.err = m.completeLease(finishCtx, d, lease, th, ob, produced)
 	}
-	return m.completeLease(msg, ev, lease, th, ob, produced, herr, berr)
+	m.endLease(finishCtx, d, lease, th, end)
 }
 
-// leaseHandlerFailed records the handler's error: parked for Permanent
-// (acked), failed otherwise (nacked; the next delivery runs attempt n+1).
-func (m *Guard) leaseHandlerFailed(msg *message.Message, ev *Event, lease *leaseState, herr error) ([]*message.Message, error) {
-	consumer, key := lease.consumer, lease.key
-	if marked(herr) {
-		if ferr := m.recordFailure(msg.Context(), lease, herr, true); ferr != nil {
-			// Not recorded: nack, so that the key is not lost.
-			ev.Outcome = Nacked
-			return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", key, consumer, ferr, herr)
+// completeLease runs the completion of an attempt whose handler succeeded:
+// its output messages, the done record, COMMIT, in the handler's
+// transaction. It returns the stage that failed and its error, or
+// stageNone. A serialization failure of the done record (under REPEATABLE
+// READ or SERIALIZABLE: the record changed after the transaction's
+// snapshot) is checked in a fresh statement, after a rollback: only a
+// takeover or an operator changes a held record, and then the error wraps
+// ErrLeaseLost.
+func (m *Guard) completeLease(ctx context.Context, d *delivery, l *leaseState, th *txHandle, ob *lazyOutbox,
+	produced []*message.Message) (leaseStage, error) {
+	outputs, err := m.prepareOutputs(d, produced)
+	if err != nil {
+		return stageOutputs, err
+	}
+	outputs.setContext(ctx)
+	if err := outputs.write(ob); err != nil {
+		return stageWrite, err
+	}
+	tx, err := th.get()
+	if err != nil {
+		return stageBegin, err
+	}
+	a := l.attempt()
+	a.Tx = tx
+	if err := m.lease.Complete(ctx, a); err != nil {
+		if pgerr.SerializationFailure(err) && !errors.Is(err, leasestore.ErrLeaseLost) {
+			th.rollback()
+			if owns, oerr := m.lease.Owns(ctx, l.attempt()); oerr == nil && !owns {
+				err = fmt.Errorf("%w (%w)", leasestore.ErrLeaseLost, err)
+			}
 		}
-		return m.parkedNow(msg, ev, herr, consumer, key, lease.info.attempt)
+		return stageComplete, err
 	}
-	ev.Outcome = Nacked
-	_ = m.recordFailure(msg.Context(), lease, herr, false)
-	return nil, m.handlerFailed(msg, herr, consumer, key)
-}
-
-// storeOnlyRefusal returns why consumer's handler cannot run under a
-// store-only lease, known before it runs: it is registered with a publish
-// topic (router.AddHandler: it means to return messages, which the store
-// cannot record), or an earlier delivery showed that it needs a
-// transaction, an outbox or outputs. Nil when nothing is known against it,
-// and for a key already settled (done, parked, discarded): the claim acks it without running
-// the handler.
-func (m *Guard) storeOnlyRefusal(ctx context.Context, consumer, key string) error {
-	topic := message.PublishTopicFromCtx(ctx)
-	why, known := m.misconfigured.Load(misconfiguredKey(ctx, consumer))
-	if topic == "" && !known {
-		return nil
+	ob.beforeCommit(ctx)
+	if err := th.commit(); err != nil {
+		return stageCommit, err
 	}
-	if rec, err := m.lease.Get(ctx, consumer, key); err == nil && inboxdb.Settled(rec.Status) {
-		return nil
-	}
-	if topic := message.PublishTopicFromCtx(ctx); topic != "" {
-		return fmt.Errorf("exactlyonce: consumer %q: %w: handler %q is registered with publish topic %q, but the lease store (Config.Lease.Store) is not PostgreSQL and cannot record output messages with its completion: refused before the handler ran; register it with router.AddConsumerHandler (no publish topic), or use the PostgreSQL lease store", consumer, ErrClaimFailed, message.HandlerNameFromCtx(ctx), topic)
-	}
-	if known {
-		return fmt.Errorf("exactlyonce: consumer %q, handler %q: %w: refused before the handler ran, because an earlier delivery showed what it needs: %w", consumer, message.HandlerNameFromCtx(ctx), ErrClaimFailed, why.(error))
-	}
-	return nil
-}
-
-// misconfiguredKey names a handler for Middleware.misconfigured: its
-// consumer and its router handler name, so that a handler's mistake does
-// not refuse another handler recording under the same consumer.
-func misconfiguredKey(ctx context.Context, consumer string) [2]string {
-	return [2]string{consumer, message.HandlerNameFromCtx(ctx)}
+	return stageNone, nil
 }
 
 // handleStoreOnly runs the handler of a lease whose store is not
@@ -252,156 +252,225 @@ func misconfiguredKey(ctx context.Context, consumer string) [2]string {
 // message (the handler never runs again for it: an operator replays the
 // message once the handler is fixed), and the handler's later keys are
 // refused before the handler runs (storeOnlyRefusal).
-func (m *Guard) handleStoreOnly(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, lease *leaseState) ([]*message.Message, error) {
-	consumer, key := lease.consumer, lease.key
+func (m *Guard) handleStoreOnly(d *delivery, h message.HandlerFunc, lease *leaseState) {
 	use := &storeOnlyUse{}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{consumer: consumer, key: key, lease: lease, storeOnly: use}))
-	produced, herr := m.callHandler(h, msg)
-	msg.SetContext(origCtx)
-	if use.asked.Load() || len(produced) > 0 {
+	produced, herr := m.runHandler(d, h, &handlerValues{consumer: d.consumer, key: d.key, lease: lease, storeOnly: use})
+	// Like the PostgreSQL completion, it outlives the message's context.
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), completionTimeout)
+	defer cancel()
+	end := leaseResult{stage: stageHandler, err: herr, handlerErr: herr}
+	switch {
+	case use.asked.Load() || len(produced) > 0:
 		what := "asked for a transaction or an outbox"
 		if len(produced) > 0 {
 			what = fmt.Sprintf("returned %d output messages", len(produced))
 		}
 		why := fmt.Errorf("the handler %s, which the lease store (Config.Lease.Store) cannot record with its completion; use the PostgreSQL lease store for a handler with database writes or outputs", what)
-		m.misconfigured.Store(misconfiguredKey(origCtx, consumer), why)
-		reason := fmt.Errorf("exactlyonce: %q for %q: configuration error: %w; parked so that the handler (and any external call it made) does not run again for this key: replay it once the handler is fixed", key, consumer, why)
+		m.misuses.set(handlerOf(d), why)
+		reason := fmt.Errorf("exactlyonce: %q for %q: configuration error: %w; parked so that the handler (and any external call it made) does not run again for this key: replay it once the handler is fixed", d.key, d.consumer, why)
 		if herr != nil {
 			reason = fmt.Errorf("%w (handler: %w)", reason, herr)
 		}
-		if ferr := m.recordFailure(origCtx, lease, reason, true); ferr != nil {
-			// Not parked: the key stays processing until its lease
-			// expires; the refusal above keeps the handler from running
-			// it again in this process.
-			ev.Outcome = Nacked
-			sleep(origCtx, m.cfg.NackDelay)
-			return nil, fmt.Errorf("%w; the park could not be recorded (%w), the message will be redelivered", reason, ferr)
+		end = leaseResult{stage: stageMisuse, err: reason, handlerErr: herr}
+	case herr == nil:
+		end.stage, end.err = stageComplete, m.lease.Complete(finishCtx, lease.attempt())
+		if end.err == nil {
+			end.stage = stageNone
 		}
-		return m.parkedNow(msg, ev, reason, consumer, key, lease.info.attempt)
 	}
-	if herr != nil {
-		return m.leaseHandlerFailed(msg, ev, lease, herr)
-	}
-	// Like the PostgreSQL completion, it outlives the message's context.
-	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(origCtx), completionTimeout)
-	defer cancel()
-	if err := m.lease.Complete(finishCtx, lease.attempt()); err != nil {
-		ev.Outcome = Nacked
-		if errors.Is(err, leasestore.ErrLeaseLost) {
-			return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w", key, consumer, err)
-		}
-		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, err)
-	}
-	ev.Outcome = Processed
-	return nil, nil
+	m.endLease(finishCtx, d, lease, nil, end)
 }
 
-// completeLease commits the completion of an attempt whose handler
-// succeeded (or under which the database failed): its external effect
-// probably happened. How a failure here ends depends on whether repeating
-// the attempt could ever succeed:
-//
-//   - deterministic (an output the outbox refuses, a constraint or data
-//     error, also at COMMIT): repeating would repeat the effect and fail the
-//     same way, so the key is parked with the reason, marked interrupted,
-//     and the message acked;
-//   - lease lost (another worker took over, or an operator changed the
-//     record): rolled back, the new holder decides;
-//   - anything else (the database unreachable, the commit's outcome
-//     unknown): nothing is recorded, the key stays processing until its
-//     lease expires; then it runs again with Interrupted set, at most
-//     MaxInterruptedAttempts times. Never a blind immediate retry.
-func (m *Guard) completeLease(msg *message.Message, ev *Event, lease *leaseState, th *txHandle, ob *lazyOutbox,
-	produced []*message.Message, herr, berr error) ([]*message.Message, error) {
-	consumer, key := lease.consumer, lease.key
-	// The completion's statements outlive the message's context (see the
-	// completion transaction), bounded by their own timeout.
-	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), completionTimeout)
-	defer cancel()
-	unknown := func(cause error) ([]*message.Message, error) {
-		th.rollback()
-		ev.Outcome = Nacked
-		return nil, fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, cause)
-	}
-	park := func(cause error) ([]*message.Message, error) {
-		th.rollback()
-		reason := "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
-		if pgerr.InFailedTransaction(cause) {
-			reason = "completion failed after the handler ran (its effect probably happened): a statement of the handler's transaction failed and the handler did not return the error, which aborted the transaction: " + cause.Error()
+// leaseStage is where a lease-mode attempt stopped: the stage that failed,
+// or stageNone when its completion committed.
+type leaseStage int
+
+const (
+	stageNone     leaseStage = iota // the completion committed
+	stageHandler                    // the handler returned an error (its transaction, if any, began)
+	stageMisuse                     // store-only: the handler needed what the store cannot give (a configuration error)
+	stageBegin                      // the completion's transaction could not begin (ErrDBUnavailable)
+	stageOutputs                    // the handler's output messages were refused before any SQL
+	stageWrite                      // writing the output messages to the outbox
+	stageComplete                   // recording the key done (Complete)
+	stageCommit                     // the completion's COMMIT
+	stagePark                       // parking the key after a completion that can never commit
+)
+
+// leaseResult is what a lease-mode attempt came to: where it stopped,
+// with that stage's error, the handler's error, and, at stagePark, the
+// completion's failure that made it park.
+type leaseResult struct {
+	stage      leaseStage
+	err        error
+	handlerErr error
+	cause      error // stagePark
+}
+
+// leaseEnd is how a lease-mode attempt ends (classifyLease).
+type leaseEnd int
+
+const (
+	// leaseDone: the completion committed: processed, acked.
+	leaseDone leaseEnd = iota
+	// leaseFailed: the handler returned an error: it knows whether its
+	// call happened, and chose a retry. The attempt is recorded failed
+	// (the next delivery runs attempt n+1 at once), nacked.
+	leaseFailed
+	// leasePark: no retry can succeed: the handler's Permanent error, a
+	// store-only misconfiguration, or a completion that would fail the
+	// same way again (an output the outbox refuses, a constraint or data
+	// error, also at COMMIT), after the handler's effect probably
+	// happened. The key is parked with its message (a completion's park
+	// marks the attempt interrupted), acked.
+	leasePark
+	// leaseAfterLease: the completion's outcome is unknown, or it cannot
+	// be recorded (the database unreachable, a COMMIT lost or refused for
+	// a reason not known to repeat): nothing is recorded, nacked. The key
+	// stays processing until its lease expires; then it runs again as an
+	// interrupted attempt, at most MaxInterruptedAttempts times. Never a
+	// blind immediate retry.
+	leaseAfterLease
+	// leaseLost: another worker took the key over, or an operator changed
+	// its record: rolled back, nacked; the new holder decides.
+	leaseLost
+)
+
+// classifyLease decides how a lease-mode attempt ends from the stage it
+// stopped at and that stage's error. It does no I/O: endLease acts on it.
+func classifyLease(stage leaseStage, err error) leaseEnd {
+	switch stage {
+	case stageNone:
+		return leaseDone
+	case stageHandler:
+		if marked(err) {
+			return leasePark
 		}
-		if err := m.lease.ParkInterrupted(finishCtx, lease.attempt(), reason); err != nil {
-			if errors.Is(err, leasestore.ErrLeaseLost) {
-				ev.Outcome = Nacked
-				return nil, fmt.Errorf("exactlyonce: %q for %q: %w (completion: %w)", key, consumer, err, cause)
-			}
-			return unknown(fmt.Errorf("%w (and parking failed: %w)", cause, err))
-		}
-		return m.parkedNow(msg, ev, fmt.Errorf("completion can never commit: %w", cause), consumer, key, lease.info.attempt)
-	}
-	switch {
-	case berr != nil && herr != nil:
-		return unknown(fmt.Errorf("%w: begin completion: %w (handler: %w)", ErrDBUnavailable, berr, herr))
-	case berr != nil:
-		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, berr))
-	}
-	outputs, err := m.prepareOutputs(msg, produced)
-	if err != nil {
-		return park(err)
-	}
-	outputs.setContext(finishCtx)
-	if err := outputs.write(ob); err != nil {
+		return leaseFailed
+	case stageMisuse, stageOutputs:
+		return leasePark
+	case stageWrite:
 		if pgerr.Deterministic(err) || isOutputError(err) {
-			return park(err)
+			return leasePark
 		}
-		return unknown(err)
-	}
-	tx, err := th.get()
-	if err != nil {
-		return unknown(fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, err))
-	}
-	a := lease.attempt()
-	a.Tx = tx
-	if err := m.lease.Complete(finishCtx, a); err != nil {
+	case stageComplete:
 		switch {
 		case errors.Is(err, leasestore.ErrLeaseLost):
-			th.rollback()
-			ev.Outcome = Nacked
-			return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w", key, consumer, err)
+			return leaseLost
 		case pgerr.SerializationFailure(err):
-			// Under REPEATABLE READ or SERIALIZABLE: the record changed
-			// after this transaction's snapshot. Only a takeover or an
-			// operator changes a held record; check in a fresh statement.
-			th.rollback()
-			if owns, oerr := m.lease.Owns(finishCtx, lease.attempt()); oerr == nil && !owns {
-				ev.Outcome = Nacked
-				return nil, fmt.Errorf("exactlyonce: completing %q for %q: %w (%w)", key, consumer, leasestore.ErrLeaseLost, err)
-			}
-			return unknown(err)
+			// Lost or not, checked by completeLease: here it still owned
+			// the key; whether a new transaction would succeed is unknown.
+			return leaseAfterLease
 		case pgerr.Deterministic(err):
-			return park(err)
+			return leasePark
 		}
-		return unknown(err)
-	}
-	ob.beforeCommit(finishCtx)
-	if err := th.commit(); err != nil {
+	case stageCommit:
 		if pgerr.Deterministic(err) {
 			// The server refused the commit (a deferred constraint): it
 			// did not happen, and would not happen again.
-			return park(fmt.Errorf("commit: %w", err))
+			return leasePark
 		}
-		ev.Outcome = Nacked
+	case stagePark:
+		if errors.Is(err, leasestore.ErrLeaseLost) {
+			return leaseLost
+		}
+	}
+	return leaseAfterLease
+}
+
+// endLease ends a lease-mode attempt as classifyLease says: the one place
+// that acts on it, and settles the delivery. th is the completion
+// transaction (nil for a store-only lease), rolled back before anything is
+// recorded; ctx bounds the completion's statements.
+func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *txHandle, f leaseResult) {
+	for {
+		end := classifyLease(f.stage, f.err)
+		if end != leaseDone && th != nil {
+			th.rollback()
+		}
+		switch end {
+		case leaseDone:
+			d.settle(Processed, nil)
+		case leaseFailed:
+			_ = m.recordFailure(d.ctx, l, f.err, false)
+			m.handlerFailed(d, f.err)
+		case leaseLost:
+			if f.stage == stagePark {
+				d.nack(fmt.Errorf("exactlyonce: %q for %q: %w (completion: %w)", d.key, d.consumer, f.err, f.cause))
+			} else {
+				d.nack(fmt.Errorf("exactlyonce: completing %q for %q: %w", d.key, d.consumer, f.err))
+			}
+		case leaseAfterLease:
+			d.nack(afterLeaseError(d, f))
+		case leasePark:
+			switch f.stage {
+			case stageHandler:
+				if ferr := m.recordFailure(d.ctx, l, f.err, true); ferr != nil {
+					// Not recorded: nack, so that the key is not lost.
+					d.nack(fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", d.key, d.consumer, ferr, f.err))
+					break
+				}
+				m.parkedNow(d, f.err, l.info.attempt)
+			case stageMisuse:
+				if ferr := m.recordFailure(d.ctx, l, f.err, true); ferr != nil {
+					// Not parked: the key stays processing until its lease
+					// expires; the refusal (storeOnlyRefusal) keeps the
+					// handler from running it again in this process.
+					d.nackLater(fmt.Errorf("%w; the park could not be recorded (%w), the message will be redelivered", f.err, ferr))
+					break
+				}
+				m.parkedNow(d, f.err, l.info.attempt)
+			default: // a completion that can never commit
+				cause := f.err
+				if f.stage == stageCommit {
+					cause = fmt.Errorf("commit: %w", cause)
+				}
+				if err := m.lease.ParkInterrupted(ctx, l.attempt(), parkReason(cause)); err != nil {
+					f = leaseResult{stage: stagePark, err: err, handlerErr: f.handlerErr, cause: cause}
+					continue
+				}
+				m.parkedNow(d, fmt.Errorf("completion can never commit: %w", cause), l.info.attempt)
+			}
+		}
+		return
+	}
+}
+
+// parkReason is the reason recorded with a key parked because its
+// completion can never commit, after cause.
+func parkReason(cause error) string {
+	if pgerr.InFailedTransaction(cause) {
+		return "completion failed after the handler ran (its effect probably happened): a statement of the handler's transaction failed and the handler did not return the error, which aborted the transaction: " + cause.Error()
+	}
+	return "completion failed after the handler ran (its effect probably happened), and would fail the same way again: " + cause.Error()
+}
+
+// afterLeaseError is the error of an attempt whose completion failed with
+// an unknown outcome (leaseAfterLease).
+func afterLeaseError(d *delivery, f leaseResult) error {
+	const after = "the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts)"
+	cause := f.err
+	switch f.stage {
+	case stageCommit:
 		what := "failed, its outcome is unknown"
-		if pgerr.CommitRefused(err) {
+		if pgerr.CommitRefused(f.err) {
 			// Nothing committed, but whether it would again is unknown
 			// (the statement that aborted the transaction is not known):
 			// the attempt's effect probably happened, so it is treated as
 			// interrupted, never retried blindly.
-			what = "refused by the server, nothing committed (" + refusalCause(err) + ")"
+			what = "refused by the server, nothing committed (" + refusalCause(f.err) + ")"
 		}
-		return nil, fmt.Errorf("exactlyonce: completion of %q for %q %s; the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts): %w", key, consumer, what, err)
+		return fmt.Errorf("exactlyonce: completion of %q for %q %s; "+after+": %w", d.key, d.consumer, what, f.err)
+	case stageBegin:
+		if f.handlerErr != nil {
+			cause = fmt.Errorf("%w: begin completion: %w (handler: %w)", ErrDBUnavailable, f.err, f.handlerErr)
+		} else {
+			cause = fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, f.err)
+		}
+	case stagePark:
+		cause = fmt.Errorf("%w (and parking failed: %w)", f.cause, f.err)
 	}
-	ev.Outcome = Processed
-	return nil, nil
+	return fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; "+after+": %w", d.key, d.consumer, cause)
 }
 
 // completionTimeout bounds the statements of a lease-mode completion, which
@@ -420,14 +489,66 @@ func (m *Guard) recordFailure(ctx context.Context, l *leaseState, cause error, p
 	return err
 }
 
-// parkedNow reports a key parked by this delivery (a Permanent handler
-// error, or a completion that can never commit), its message kept with
-// it: logged with the commands that show and replay it, acked.
-func (m *Guard) parkedNow(msg *message.Message, ev *Event, reason error, consumer, key string, attempt int) ([]*message.Message, error) {
-	ev.Outcome = Parked
-	ev.Err = reason
-	show, replay := m.parkedCommands(consumer, key)
-	m.cfg.Logger.Error("exactlyonce: key parked for an operator with its message, message acked; show it: "+show+"; replay it: "+replay, reason,
-		watermill.LogFields{"consumer": consumer, "key": key, "attempt": attempt, "message_uuid": msg.UUID})
-	return nil, nil
+// storeOnlyRefusal returns why the delivery's handler cannot run under a
+// store-only lease, known before it runs: it is registered with a publish
+// topic (router.AddHandler: it means to return messages, which the store
+// cannot record), or an earlier delivery showed that it needs a
+// transaction, an outbox or outputs (Guard.misuses). Nil when nothing is
+// known against it, and for a key already settled (done, parked,
+// discarded): the claim acks it without running the handler.
+func (m *Guard) storeOnlyRefusal(d *delivery) error {
+	topic := message.PublishTopicFromCtx(d.ctx)
+	why := m.misuses.get(handlerOf(d))
+	if topic == "" && why == nil {
+		return nil
+	}
+	if rec, err := m.lease.Get(d.ctx, d.consumer, d.key); err == nil && inboxdb.Settled(rec.Status) {
+		return nil
+	}
+	handler := message.HandlerNameFromCtx(d.ctx)
+	if topic != "" {
+		return fmt.Errorf("exactlyonce: consumer %q: %w: handler %q is registered with publish topic %q, but the lease store (Config.Lease.Store) is not PostgreSQL and cannot record output messages with its completion: refused before the handler ran; register it with router.AddConsumerHandler (no publish topic), or use the PostgreSQL lease store", d.consumer, ErrClaimFailed, handler, topic)
+	}
+	return fmt.Errorf("exactlyonce: consumer %q, handler %q: %w: refused before the handler ran, because an earlier delivery showed what it needs: %w", d.consumer, handler, ErrClaimFailed, why)
+}
+
+// handlerID names a handler: its consumer and its router handler name, so
+// that a handler's mistake does not refuse another handler recording under
+// the same consumer.
+type handlerID struct{ consumer, handler string }
+
+func handlerOf(d *delivery) handlerID {
+	return handlerID{d.consumer, message.HandlerNameFromCtx(d.ctx)}
+}
+
+// misuses remembers, per handler, why it cannot run under a store-only
+// lease: it asked for a transaction or an outbox, or returned messages.
+// Only a run shows that (New sees the configuration, not the handlers,
+// and refuses what the configuration alone shows: Config.DB, Batch,
+// FailOpen, PublishTopic), so it is kept by the Guard, for its lifetime:
+// the handler's later keys are refused before it runs (storeOnlyRefusal).
+type misuses struct {
+	some atomic.Bool // a misuse is known: most Guards never have one
+	mu   sync.Mutex
+	why  map[handlerID]error
+}
+
+// get returns why the handler cannot run, or nil.
+func (s *misuses) get(id handlerID) error {
+	if !s.some.Load() {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.why[id]
+}
+
+func (s *misuses) set(id handlerID, why error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.why == nil {
+		s.why = map[handlerID]error{}
+	}
+	s.why[id] = why
+	s.some.Store(true)
 }

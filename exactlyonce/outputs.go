@@ -28,11 +28,11 @@ type outputSet []outputGroup
 // metadata that is not valid UTF-8 or contains NUL. Errors wrap
 // ErrNoDestination or errOutput (see isOutputError). The internal
 // destination key is removed from the metadata.
-func (m *Guard) prepareOutputs(msg *message.Message, produced []*message.Message) (outputSet, error) {
+func (m *Guard) prepareOutputs(d *delivery, produced []*message.Message) (outputSet, error) {
 	if len(produced) == 0 {
 		return nil, nil
 	}
-	defaultTopic := m.defaultTopic(msg)
+	defaultTopic := m.defaultTopic(d.ctx)
 	topics := make([]string, len(produced))
 	for i, p := range produced {
 		topic, err := destination(p, i, defaultTopic)
@@ -45,7 +45,7 @@ func (m *Guard) prepareOutputs(msg *message.Message, produced []*message.Message
 		if err := outboxrow.Validate(topic, p); err != nil {
 			return nil, fmt.Errorf("exactlyonce: %w: message %d: %w", errOutput, i, err)
 		}
-		p.SetContext(msg.Context())
+		p.SetContext(d.ctx)
 		topics[i] = topic
 	}
 	var set outputSet
@@ -58,12 +58,13 @@ func (m *Guard) prepareOutputs(msg *message.Message, produced []*message.Message
 }
 
 // defaultTopic is where the handler's messages go unless SetDestination
-// says otherwise: Config.PublishTopic, or the router handler's publish topic.
-func (m *Guard) defaultTopic(msg *message.Message) string {
+// says otherwise: Config.PublishTopic, or the router handler's publish topic
+// (in the delivery's context, ctx).
+func (m *Guard) defaultTopic(ctx context.Context) string {
 	if m.cfg.PublishTopic != "" {
 		return m.cfg.PublishTopic
 	}
-	return message.PublishTopicFromCtx(msg.Context())
+	return message.PublishTopicFromCtx(ctx)
 }
 
 // destination returns the topic of output message i (SetDestination's, or

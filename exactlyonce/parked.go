@@ -8,15 +8,17 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 )
 
-// parkedMessage is what a park of msg keeps (Config.MaxParkedPayload): its
-// UUID, the topic it was consumed from, its payload (left out when over the
-// limit) and metadata. It refers to msg's payload and metadata, not copies
-// (a handler that changes them in place changes what a later park keeps);
-// the store encodes them only when it parks.
-func (m *Guard) parkedMessage(msg *message.Message) *inboxdb.ParkedMessage {
+// parkedMessage is what a park of the delivery keeps
+// (Config.MaxParkedPayload): its message's UUID, the topic it was consumed
+// from, its payload (left out when over the limit) and metadata. It refers
+// to the message's payload and metadata, not copies (a handler that changes
+// them in place changes what a later park keeps); the store encodes them
+// only when it parks.
+func (m *Guard) parkedMessage(d *delivery) *inboxdb.ParkedMessage {
+	msg := d.msg
 	pm := &inboxdb.ParkedMessage{
 		UUID:        msg.UUID,
-		Topic:       message.SubscribeTopicFromCtx(msg.Context()),
+		Topic:       message.SubscribeTopicFromCtx(d.ctx),
 		PayloadSize: len(msg.Payload),
 		Metadata:    msg.Metadata,
 	}

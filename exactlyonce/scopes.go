@@ -22,11 +22,12 @@ type scopes struct {
 	warned map[[3]string]bool
 }
 
-func (s *scopes) check(m *Guard, msg *message.Message, consumer string) {
+func (s *scopes) check(m *Guard, d *delivery) {
 	if m.cfg.Consumer != "" {
 		return
 	}
-	topic := message.SubscribeTopicFromCtx(msg.Context())
+	consumer := d.consumer
+	topic := message.SubscribeTopicFromCtx(d.ctx)
 	if topic == "" {
 		return
 	}

@@ -20,34 +20,32 @@ const maxClaimTries = 5
 
 // handleTransactional claims the key, runs the handler and writes its
 // output messages in one transaction, and commits.
-func (m *Guard) handleTransactional(msg *message.Message, h message.HandlerFunc, ev *Event, origCtx context.Context, consumer, key string) ([]*message.Message, error) {
-	endClaim := m.startClaim(origCtx, ev)
-	tx, claim, err := m.beginClaim(origCtx, consumer, key)
+func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
+	endClaim := m.startClaim(d)
+	tx, claim, err := m.beginClaim(d.ctx, d.consumer, d.key)
 	endClaim(err)
 	if errors.Is(err, inboxdb.ErrNotDone) {
-		ev.Outcome = Nacked
-		err = fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", key, consumer, ErrClaimFailed, err)
-		m.claimFailed(err, watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
-		sleep(origCtx, m.cfg.NackDelay) // a configuration error: never succeeds on redelivery
-		return nil, reported(err)
+		err = claimError(d, ErrClaimFailed, err)
+		m.claimFailed(err, watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key})
+		d.nackLater(reported(err)) // a configuration error: never succeeds on redelivery
+		return
 	}
 	if err != nil {
-		return m.claimFailure(msg, h, ev, err)
+		m.claimFailure(d, h, err)
+		return
 	}
 	m.claimed()
 	if !claim.Claimed {
 		rec := claim.Existing
-		ev.FirstSeenAt = rec.FirstSeenAt
-		if rec.Status == inboxdb.StatusParked {
-			ev.Outcome = Parked
-			return nil, nil
+		d.ev.FirstSeenAt = rec.FirstSeenAt
+		if rec.Status != inboxdb.StatusParked {
+			m.cfg.Logger.Debug("exactlyonce: duplicate message acked without running the handler", watermill.LogFields{
+				"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key,
+				"first_seen_at": rec.FirstSeenAt, "duplicates": rec.Duplicates,
+			})
 		}
-		ev.Outcome = Duplicate
-		m.cfg.Logger.Debug("exactlyonce: duplicate message acked without running the handler", watermill.LogFields{
-			"message_uuid": msg.UUID, "consumer": consumer, "key": key,
-			"first_seen_at": rec.FirstSeenAt, "duplicates": rec.Duplicates,
-		})
-		return nil, nil
+		d.settle(existing(rec), nil)
+		return
 	}
 	done := false
 	defer func() {
@@ -56,61 +54,82 @@ func (m *Guard) handleTransactional(msg *message.Message, h message.HandlerFunc,
 		}
 	}()
 
-	ob := &lazyOutbox{tx: readyTx(tx), w: m.outbox, ctx: origCtx, tracer: m.tracer}
-	msg.SetContext(withHandlerContext(origCtx, &handlerValues{tx: ob.tx, outbox: ob, consumer: consumer, key: key}))
-	produced, err := m.callHandler(h, msg)
-	msg.SetContext(origCtx)
+	ob := &lazyOutbox{tx: readyTx(tx), w: m.outbox, ctx: d.ctx, tracer: m.tracer}
+	produced, err := m.runHandler(d, h, &handlerValues{tx: ob.tx, outbox: ob, consumer: d.consumer, key: d.key})
 	if err != nil {
 		_ = tx.Rollback()
 		done = true
 		if marked(err) {
-			return m.parkTransactional(msg, ev, err, consumer, key)
+			m.parkTransactional(d, err)
+			return
 		}
-		ev.Outcome = Nacked
-		return nil, m.handlerFailed(msg, err, consumer, key)
+		m.handlerFailed(d, err)
+		return
 	}
-	outputs, err := m.prepareOutputs(msg, produced)
+	outputs, err := m.prepareOutputs(d, produced)
 	if err == nil {
 		err = outputs.write(ob)
 	}
 	if err != nil {
-		ev.Outcome = Nacked
 		_ = tx.Rollback()
 		done = true
 		if isOutputError(err) {
 			// Refused before any SQL: the same on every redelivery.
 			m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", err,
-				watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
-			sleep(origCtx, m.cfg.NackDelay)
+				watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key})
+			d.nackLater(err)
+			return
 		}
-		return nil, err
+		d.nack(err)
+		return
 	}
-	ob.beforeCommit(context.WithoutCancel(origCtx))
+	ob.beforeCommit(context.WithoutCancel(d.ctx))
 	done = true
 	if err := tx.Commit(); err != nil {
-		ev.Outcome = Nacked
-		if pgerr.CommitRefused(err) {
-			return nil, fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
-				key, consumer, refusalCause(err), err)
-		}
-		return nil, fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown, the message will be redelivered: %w", key, consumer, err)
+		d.nack(commitError(d, err))
+		return
 	}
-	ev.Outcome = Processed
-	return nil, nil
+	d.settle(Processed, nil)
+}
+
+// existing is the outcome of a delivery whose key its claim found
+// recorded: Parked, or Duplicate (done).
+func existing(rec inboxdb.Record) Outcome {
+	if rec.Status == inboxdb.StatusParked {
+		return Parked
+	}
+	return Duplicate
+}
+
+// claimError is the error of a delivery whose claim failed before its
+// handler ran: sentinel is ErrClaimFailed or ErrDBUnavailable.
+func claimError(d *delivery, sentinel, cause error) error {
+	return fmt.Errorf("exactlyonce: claim of %q for %q: %w: %w", d.key, d.consumer, sentinel, cause)
+}
+
+// commitError is the error of a delivery whose transaction did not
+// commit: the server refused the COMMIT (nothing committed), or its
+// outcome is unknown.
+func commitError(d *delivery, err error) error {
+	if pgerr.CommitRefused(err) {
+		return fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
+			d.key, d.consumer, refusalCause(err), err)
+	}
+	return fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown, the message will be redelivered: %w", d.key, d.consumer, err)
 }
 
 // parkTransactional records the key parked after the handler returned a
-// Permanent error (its transaction is rolled back), keeping msg with it in
-// the same statement, and acks. If the record cannot be written, the
-// delivery is nacked: nothing is lost.
-func (m *Guard) parkTransactional(msg *message.Message, ev *Event, herr error, consumer, key string) ([]*message.Message, error) {
-	ctx := context.WithoutCancel(msg.Context())
-	if err := m.store.Park(ctx, m.cfg.DB.Conn, consumer, key, herr.Error(), m.parkedMessage(msg)); err != nil {
-		ev.Outcome = Nacked
-		return nil, fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)",
-			key, consumer, pgerr.IfNotMigrated(m.names, err), herr)
+// Permanent error (its transaction is rolled back), keeping the message
+// with it in the same statement, and acks. If the record cannot be
+// written, the delivery is nacked: nothing is lost.
+func (m *Guard) parkTransactional(d *delivery, herr error) {
+	ctx := context.WithoutCancel(d.ctx)
+	if err := m.store.Park(ctx, m.cfg.DB.Conn, d.consumer, d.key, herr.Error(), m.parkedMessage(d)); err != nil {
+		d.nack(fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)",
+			d.key, d.consumer, pgerr.IfNotMigrated(m.names, err), herr))
+		return
 	}
-	return m.parkedNow(msg, ev, herr, consumer, key, 0)
+	m.parkedNow(d, herr, 0)
 }
 
 // beginClaim begins the message's transaction and claims the key in it.
@@ -194,7 +213,8 @@ func refusalCause(err error) string {
 	return "SQLSTATE " + pgerr.Code(err)
 }
 
-// handlerFailed returns the handler's error, as what it is:
+// handlerFailed settles a delivery whose handler returned err (not
+// Permanent), as what err is (failedFate, group commit's too):
 //
 //   - one of the middleware's own refusals of the handler's output (an
 //     outbox publish to no topic, a message the outbox cannot store), which
@@ -209,21 +229,20 @@ func refusalCause(err error) string {
 //     failure, 40001): nothing of the message committed, and its
 //     redelivery runs it again in a new transaction. Not an error of the
 //     message: logged at info level (see conflictMessage), and marked for
-//     RouterLogger.
-func (m *Guard) handlerFailed(msg *message.Message, err error, consumer, key string) error {
+//     RouterLogger;
+//   - anything else: returned at once.
+func (m *Guard) handlerFailed(d *delivery, err error) {
+	f := failedFate(err)
 	switch {
+	case f.conflict:
+		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
+			"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key, "sqlstate": pgerr.Code(err), "err": err.Error()})
+		f.err = reported(err)
 	case isOutputError(err):
 		m.cfg.Logger.Error("exactlyonce: the handler's outbox publish was refused, message will be redelivered", err,
-			watermill.LogFields{"message_uuid": msg.UUID, "consumer": consumer, "key": key})
-		sleep(msg.Context(), m.cfg.NackDelay)
-	case errors.Is(err, ErrNestedMiddleware):
-		sleep(msg.Context(), m.cfg.NackDelay)
-	case pgerr.SerializationFailure(err):
-		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
-			"message_uuid": msg.UUID, "consumer": consumer, "key": key, "sqlstate": pgerr.Code(err), "err": err.Error()})
-		return reported(err)
+			watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key})
 	}
-	return err
+	settle(d, f)
 }
 
 // conflictMessage is the log line of a handler whose statement met a
