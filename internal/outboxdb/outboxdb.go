@@ -37,7 +37,8 @@ const migrationsTable = "watermill_exactlyonce_migrations"
 // Store runs the statements of one outbox table.
 type Store struct {
 	st    sqlfile.Statements
-	table string // quoted and schema-qualified
+	rows  map[string]sqlfile.Statements // rows/*.sql, by the filter's state
+	table string                        // quoted and schema-qualified
 }
 
 // tables is what the statements are rendered with.
@@ -51,8 +52,9 @@ type tables struct {
 	ListenerLockClass int64
 	// MigrationsTable is the name of sqlschema's migrations table.
 	MigrationsTable string
-	// RowFilter is the condition of include/row_filter.sql.
-	RowFilter string
+	// State is the filter's state, and RowFilter the condition of
+	// include/row_filter.sql for it (rows/*.sql).
+	State, RowFilter string
 }
 
 // New renders the statements of db's outbox table. It does not touch the
@@ -69,16 +71,21 @@ func New(db sqlschema.DB) (*Store, error) {
 		ListenerLockClass: outboxnotify.ListenerLockClass,
 		MigrationsTable:   migrationsTable,
 	}
-	filter, err := include("row_filter.sql", "RowFilter", data)
-	if err != nil {
-		return nil, err
-	}
-	data.RowFilter = filter
 	st, err := sqlfile.Render(queries, dir, data)
 	if err != nil {
 		return nil, err
 	}
-	return &Store{st: st, table: data.Outbox}, nil
+	s := &Store{st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox}
+	for _, state := range []string{StateQuarantined, StateFailing, StateAll} {
+		data.State = state
+		if data.RowFilter, err = include("row_filter.sql", "RowFilter", data); err != nil {
+			return nil, err
+		}
+		if s.rows[state], err = sqlfile.Render(queries, dir+"/rows", data); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // include renders the condition called name of the file include/file: a
@@ -102,3 +109,26 @@ func include(file, name string, data tables) (string, error) {
 
 // Table returns the outbox table, quoted and schema-qualified.
 func (s *Store) Table() string { return s.table }
+
+// Statement is a rendered statement.
+type Statement struct {
+	// Name is the statement's name; for a statement of rows/*.sql, its
+	// name, "/" and the filter's state.
+	Name string
+	SQL  string
+}
+
+// Statements returns every statement rendered for the table set, by name
+// (the test that PREPAREs them all reads them).
+func (s *Store) Statements() []Statement {
+	var out []Statement
+	for _, name := range s.st.Names() {
+		out = append(out, Statement{name, s.st.Get(name)})
+	}
+	for _, state := range []string{StateQuarantined, StateFailing, StateAll} {
+		for _, name := range s.rows[state].Names() {
+			out = append(out, Statement{name + "/" + state, s.rows[state].Get(name)})
+		}
+	}
+	return out
+}

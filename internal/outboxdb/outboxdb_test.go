@@ -1,4 +1,4 @@
-package outboxdb
+package outboxdb_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
@@ -23,15 +24,15 @@ func TestStatementsPrepare(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	db := testenv.Schema(t)
-	s, err := New(db)
+	s, err := outboxdb.New(db)
 	require.NoError(t, err)
-	names := s.st.Names()
-	require.GreaterOrEqual(t, len(names), 20)
+	all := s.Statements()
+	require.GreaterOrEqual(t, len(all), 35)
 	conn, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())
 	require.NoError(t, err)
 	defer func() { _ = conn.Close(context.Background()) }()
-	for i, name := range names {
-		q := s.st.Get(name)
+	for i, st := range all {
+		name, q := st.Name, st.SQL
 		require.NotContains(t, q, "{{", "%s: rendered", name)
 		if name == "Listen" {
 			// A utility statement: PREPARE does not take it. Run it.
@@ -50,16 +51,18 @@ func TestStatementsName(t *testing.T) {
 	t.Parallel()
 	db := testenv.Schema(t)
 	db.Conn = nil
-	s, err := New(db)
+	s, err := outboxdb.New(db)
 	require.NoError(t, err)
-	for _, name := range s.st.Names() {
-		q := s.st.Get(name)
+	byName := map[string]string{}
+	for _, st := range s.Statements() {
+		name, q := st.Name, st.SQL
+		byName[name] = q
 		if strings.Contains(q, `"watermill_outbox"`) {
 			require.Contains(t, q, db.Outbox(), name)
 		}
 	}
-	require.Contains(t, s.st.Get("Notify"), "'"+outboxnotify.Channel(db)+"'")
-	require.Contains(t, s.st.Get("LockListener"), strconv.Itoa(outboxnotify.ListenerLockClass))
+	require.Contains(t, byName["Notify"], "'"+outboxnotify.Channel(db)+"'")
+	require.Contains(t, byName["LockListener"], strconv.Itoa(outboxnotify.ListenerLockClass))
 }
 
 // The lock a relay's LISTEN session takes is the one Relays finds, as
@@ -72,7 +75,7 @@ func TestListenerLock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	db := testenv.Schema(t)
-	s, err := New(db)
+	s, err := outboxdb.New(db)
 	require.NoError(t, err)
 	conn := func() *pgx.Conn {
 		c, err := pgx.Connect(ctx, testenv.DirectDatabaseURL())
@@ -116,7 +119,7 @@ AND l.objid = $2::regclass::oid AND l.objsubid = 1 ORDER BY l.pid`, uint32(outbo
 
 	missing := db
 	missing.OutboxTable = "no_such_table"
-	ms, err := New(missing)
+	ms, err := outboxdb.New(missing)
 	require.NoError(t, err)
 	held, err := ms.LockListener(ctx, c2)
 	require.NoError(t, err)

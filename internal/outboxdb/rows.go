@@ -33,13 +33,9 @@ type Filter struct {
 	AsOf              time.Time
 }
 
-// args are the filter's parameters, $1 to $11 of rows.sql's statements
-// (include/row_filter.sql): NULL for a field not set.
+// args are the filter's parameters, $1 to $10 of the statements of
+// rows/*.sql (include/row_filter.sql): NULL for a field not set.
 func (f Filter) args() []any {
-	state := f.State
-	if state == "" {
-		state = StateQuarantined
-	}
 	var ids any
 	if len(f.IDs) > 0 {
 		ids = f.IDs
@@ -49,8 +45,37 @@ func (f Filter) args() []any {
 		js, _ := json.Marshal(f.Metadata) // a map of strings always encodes
 		metadata = string(js)
 	}
-	return []any{state, ids, text(f.Topic), text(f.UUID), text(f.Reason), text(f.OrderingKey),
+	return []any{ids, text(f.Topic), text(f.UUID), text(f.Reason), text(f.OrderingKey),
 		stamp(f.QuarantinedSince), stamp(f.QuarantinedBefore), metadata, positive(f.MaxID), stamp(f.AsOf)}
+}
+
+// query is the statement called name of f's state.
+func (s *Store) query(name string, f Filter) string {
+	state := f.State
+	if state == "" {
+		state = StateQuarantined
+	}
+	st, ok := s.rows[state]
+	if !ok {
+		panic("outboxdb: no filter state " + state)
+	}
+	return st.Get(name)
+}
+
+// FindRowsQuery is FindRows' statement for f and its arguments (the plan
+// tests EXPLAIN it).
+func (s *Store) FindRowsQuery(f Filter, after int64, limit int) (string, []any) {
+	return s.query("FindRows", f), append(f.args(), after, limit)
+}
+
+// CountRowsQuery is CountRows' statement for f and its arguments (the plan
+// tests EXPLAIN it).
+func (s *Store) CountRowsQuery(f Filter, limit int) (string, []any) {
+	var bound any
+	if limit > 0 {
+		bound = limit
+	}
+	return s.query("CountRows", f), append(f.args(), bound)
 }
 
 func text(s string) any {
@@ -104,7 +129,8 @@ func scanRow(rs scanner) (Row, error) {
 // FindRows returns at most limit rows that f selects with ids above
 // after, in id order, without their payloads.
 func (s *Store) FindRows(ctx context.Context, q wsql.ContextExecutor, f Filter, after int64, limit int) ([]Row, error) {
-	rs, err := q.QueryContext(ctx, s.st.Get("FindRows"), append(f.args(), after, limit)...)
+	query, args := s.FindRowsQuery(f, after, limit)
+	rs, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -145,11 +171,8 @@ func (s *Store) GetRow(ctx context.Context, q wsql.ContextExecutor, id int64, ma
 // CountRows counts the rows f selects, at most limit of them when limit is
 // positive, and returns the largest id among them (0 when none).
 func (s *Store) CountRows(ctx context.Context, q wsql.ContextExecutor, f Filter, limit int) (n, maxID int64, err error) {
-	var bound any
-	if limit > 0 {
-		bound = limit
-	}
-	err = seam.QueryRow(ctx, q, s.st.Get("CountRows"), append(f.args(), bound), &n, &maxID)
+	query, args := s.CountRowsQuery(f, limit)
+	err = seam.QueryRow(ctx, q, query, args, &n, &maxID)
 	return n, maxID, err
 }
 
@@ -172,7 +195,7 @@ func (s *Store) BoundedScan(ctx context.Context, tx wsql.ContextExecutor, f Filt
 	}
 	f.Reason = ""
 	var n int64
-	err := seam.QueryRow(ctx, tx, s.st.Get("BoundedScanCount"), append(f.args(), limit), &n, &a)
+	err := seam.QueryRow(ctx, tx, s.query("BoundedScanCount", f), append(f.args(), limit), &n, &a)
 	return n, err
 }
 
@@ -224,6 +247,6 @@ func (s *Store) DiscardMatching(ctx context.Context, q wsql.ContextExecutor, f F
 func (s *Store) actOnMatching(ctx context.Context, q wsql.ContextExecutor, name string, f Filter, after int64, limit int) (Matched, error) {
 	var m Matched
 	var ignored bool
-	err := seam.QueryRow(ctx, q, s.st.Get(name), append(f.args(), after, limit), &m.Acted, &m.Picked, &m.Last, &ignored)
+	err := seam.QueryRow(ctx, q, s.query(name, f), append(f.args(), after, limit), &m.Acted, &m.Picked, &m.Last, &ignored)
 	return m, err
 }
