@@ -23,7 +23,7 @@ import (
 // quarantine time, ordering key or a metadata field such as a business id
 // (each row says how many rows of its ordering key wait behind it), without
 // their payloads; read one with its payload, or with a bounded prefix of it
-// (GetRowPrefix); requeue it (the relay sends it again at once) or discard it
+// (Store.GetPrefix); requeue it (the relay sends it again at once) or discard it
 // (it is never published), one by one or every row a filter selects.
 // Searches of quarantined rows use the partial quarantined_* indexes of
 // migration outbox_001, which hold quarantined rows only: measured on
@@ -31,7 +31,7 @@ import (
 // UUID takes under 0.1 ms (a sequential scan of 8-14 ms without them).
 
 var (
-	// ErrRowNotFound is returned (wrapped) by GetRow, Requeue and Discard
+	// ErrRowNotFound is returned (wrapped) by Store.Get, Requeue and Discard
 	// for an id that has no outbox row: it was relayed (rows are deleted
 	// once published), discarded, or never existed.
 	ErrRowNotFound = errors.New("no such outbox row: relayed, discarded, or never written")
@@ -45,8 +45,8 @@ var (
 	// the operator was shown (it was requeued and failed again, say).
 	// Nothing was changed. It is inbox.ErrChanged too.
 	ErrChanged = parked.ErrChanged
-	// ErrTooBroad is returned (wrapped) by FindRows, CountRows and
-	// CountRowsAsOf for a filter whose read would exceed its bound
+	// ErrTooBroad is returned (wrapped) by Store.Find, Count and
+	// CountAsOf for a filter whose read would exceed its bound
 	// (RowFilter.MaxScan, MaxCount); the error says which and how to
 	// narrow the filter. Nothing was read.
 	ErrTooBroad = errors.New("the filter selects too many outbox rows for the bound of this read")
@@ -74,16 +74,16 @@ const (
 	// that are not quarantined: the relay retries each after its backoff.
 	StateFailing RowState = "failing"
 	// StateAll selects both: every row with a failure record. Rows that
-	// never failed (the live backlog, which PendingStats counts) are never
+	// never failed (the live backlog, which Store.Pending counts) are never
 	// selected.
 	StateAll RowState = "all"
 )
 
-// Limits of the operator functions.
+// Limits of the Store's operations.
 const (
-	// DefaultRowLimit is the page size of FindRows when Paging.Limit is 0.
+	// DefaultRowLimit is the page size of Store.Find when Page.Limit is 0.
 	DefaultRowLimit = 100
-	// MaxRowLimit is the largest Paging.Limit.
+	// MaxRowLimit is the largest Page.Limit.
 	MaxRowLimit = 1000
 	// MaxFilterIDs is the most ids a RowFilter may name.
 	MaxFilterIDs = 10000
@@ -101,8 +101,8 @@ type Row struct {
 	Topic string
 	// UUID is the message's UUID, which the relay publishes it with.
 	UUID string
-	// Payload is the message's payload: all of it from GetRow, at most
-	// its first bytes from GetRowPrefix, and nil in FindRows' pages, which
+	// Payload is the message's payload: all of it from Store.Get, at most
+	// its first bytes from Store.GetPrefix, and nil in Store.Find's pages, which
 	// read no payload (PayloadSize says how large it is).
 	Payload []byte
 	// PayloadSize is the size of the whole payload in bytes, whatever
@@ -184,21 +184,21 @@ type RowFilter struct {
 	// StateAll both its quarantined and its failing ones.
 	OrderingKey string
 
-	// MaxScan, when positive, bounds the work of FindRows, CountRows and
-	// CountRowsAsOf for a filter that Scans (Reason: no index holds the
+	// MaxScan, when positive, bounds the work of Store.Find, Count and
+	// CountAsOf for a filter that Scans (Reason: no index holds the
 	// error's text): they are refused (ErrTooBroad) when the other
 	// conditions select more than MaxScan rows to check it on, and
 	// otherwise read only those (counted on the indexes first, in the same
 	// snapshot). Defaults to 0: no bound. RequeueMatching and
 	// DiscardMatching ignore it (count first).
 	MaxScan int
-	// MaxCount, when positive, bounds CountRows and CountRowsAsOf: a count
+	// MaxCount, when positive, bounds Store.Count and CountAsOf: a count
 	// of more than MaxCount rows is refused (ErrTooBroad); they count at
 	// most MaxCount+1. Defaults to 0: no bound.
 	MaxCount int
 
 	// AsOf and MaxID bound the rows to those a count could see
-	// (CountRowsAsOf returns both): give them to RequeueMatching or
+	// (Store.CountAsOf returns both): give them to RequeueMatching or
 	// DiscardMatching after the operator confirmed the count, and the rows
 	// acted on are among the rows counted that still match; the set can
 	// only shrink.
@@ -217,7 +217,7 @@ type RowFilter struct {
 }
 
 // RowCount is a count of rows and the bounds of what it counted
-// (CountRowsAsOf).
+// (Store.CountAsOf).
 type RowCount struct {
 	// Count is the number of rows counted.
 	Count int64
