@@ -322,7 +322,7 @@ func TestRowReadsBounded(t *testing.T) {
 
 // Pages in id order by keyset: every quarantined row once, the healthy rows
 // between them never, Next 0 on the last page.
-func TestFindRowsPaging(t *testing.T) {
+func TestFindPaging(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		db := b.schema()
@@ -392,7 +392,7 @@ func TestRowFilterValidation(t *testing.T) {
 			_, err := mustStore(t, db).Find(ctx, outbox.RowFilter{}, outbox.Page{Limit: outbox.MaxRowLimit + 1})
 			return err
 		}(),
-			"Paging.Limit is 1001: it must be between 1 and 1000 (0 for 100)"},
+			"outbox: Find: Page.Limit is 1001: it must be between 1 and 1000 (0 for 100)"},
 		{"negative limit", func() error {
 			_, err := mustStore(t, db).Find(ctx, outbox.RowFilter{}, outbox.Page{Limit: -1})
 			return err
@@ -419,7 +419,7 @@ func TestRowFilterValidation(t *testing.T) {
 			return err
 		}(), `RowFilter.State is "all": only quarantined rows can be discarded`},
 		{"discard everything", func() error { _, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{}); return err }(),
-			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountRowsAsOf, or QuarantinedBefore to the current time)"},
+			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountAsOf, or QuarantinedBefore to the current time)"},
 		{"max id", find(outbox.RowFilter{MaxID: -3}), "RowFilter.MaxID is -3: ids are positive"},
 		{"get id", func() error { _, err := mustStore(t, db).Get(ctx, 0); return err }(), "outbox: Get: row id 0: ids are positive"},
 		{"requeue id", mustStore(t, db).Requeue(ctx, -2, outbox.Expect{}), "outbox: Requeue: row id -2: ids are positive"},

@@ -516,7 +516,7 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	r.failedPubs.Add(int64(len(p.failed)))
 	r.quarantined.Add(int64(len(quarantined)))
 	for _, q := range quarantined {
-		r.cfg.Logger.Error("outbox relay: row quarantined; it is skipped until outbox.RequeueFailed",
+		r.cfg.Logger.Error("outbox relay: row quarantined; it is skipped until outbox.Store.RequeueFailed",
 			errors.New(q.lastError), watermill.LogFields{
 				"id": q.id, "topic": q.topic, "uuid": q.uuid, "permanent_failures": q.attempts, "failures": q.failures,
 			})
