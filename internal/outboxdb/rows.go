@@ -99,7 +99,8 @@ func positive(n int64) any {
 	return n
 }
 
-// Row is an outbox row as rows.sql's FindRows and GetRow read it.
+// Row is an outbox row as FindRows (rows/filtered.sql) and GetRow
+// (row.sql) read it.
 type Row struct {
 	ID                int64
 	Topic             string

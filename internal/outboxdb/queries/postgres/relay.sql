@@ -121,6 +121,14 @@ FROM taken t ORDER BY id
 -- same as ClaimKeyed's, flags it blocked when an earlier row of its key is
 -- outside the batch (another relay has it), so the order never rests on
 -- the probe's timing.
+--
+-- Two statements, not one with the variant as a parameter: each is planned
+-- (and, prepared, cached) for its own shape. One statement would carry the
+-- keyed CTEs (the window, the heads, the followers) in every plan of a
+-- table without keys, with the costs of both arms mixed in its generic
+-- plan, and a change to one variant could move the plan of the other.
+-- They differ in fresh and retry only (no window, no head test); due,
+-- taken and the final SELECT are written the same in both.
 WITH due AS (
   SELECT count(*) AS n FROM (
     SELECT 1 FROM {{.Outbox}}
