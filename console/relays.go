@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -14,7 +14,7 @@ import (
 // by what each session holds, never by its last statement.
 const (
 	// basisListen: the session holds the shared advisory lock a relay
-	// takes on its LISTEN connection (outboxnotify.LockListenerSQL) for
+	// takes on its LISTEN connection (internal/outboxdb's LockListener) for
 	// as long as it listens: a relay that wakes on commit.
 	basisListen = "listen"
 	// basisBatch: the session holds row locks (FOR UPDATE) on the outbox
@@ -46,46 +46,29 @@ type relayInfo struct {
 // LISTEN on.
 func notifyChannel(db sqlschema.DB) string { return outboxnotify.Channel(db) }
 
-// relaysSQL lists the sessions holding a relay's LISTEN lock or row locks
-// on the outbox table ($1).
-const relaysSQL = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start,
-       coalesce(a.state, ''), a.state_change,
-       EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND ` + outboxnotify.ListenerLockHeld + `),
-       EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.relation = to_regclass($1)
-               AND l.mode = 'RowShareLock' AND l.granted)
-FROM pg_stat_activity a
-WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-  AND a.pid IN (SELECT l.pid FROM pg_locks l WHERE (` + outboxnotify.ListenerLockHeld + `)
-       OR (l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.mode = 'RowShareLock' AND l.granted))
-ORDER BY a.backend_start, a.pid
-LIMIT 1000`
-
 // relays lists the sessions that look like the outbox's relays.
 func (h *handler) relays(ctx context.Context) ([]relayInfo, error) {
-	db := h.cfg.DB
-	rows, err := db.Conn.QueryContext(ctx, relaysSQL, db.Outbox())
+	// The statement is internal/outboxdb's Relays. (The store is built per
+	// call: the handler could keep one.)
+	st, err := outboxdb.New(h.cfg.DB)
 	if err != nil {
 		return nil, err
 	}
-	out := []relayInfo{}
-	for rows.Next() {
-		var r relayInfo
-		var listening, locking bool
-		if err := rows.Scan(&r.PID, &r.ApplicationName, &r.ClientAddr, &r.BackendStart, &r.State, &r.StateChange, &listening, &locking); err != nil {
-			_ = rows.Close()
-			return nil, err
-		}
-		r.BasedOn = []string{}
-		if listening {
+	sessions, err := st.Relays(ctx, h.cfg.DB.Conn)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]relayInfo, 0, len(sessions))
+	for _, s := range sessions {
+		r := relayInfo{PID: s.PID, ApplicationName: s.ApplicationName, ClientAddr: s.ClientAddr, BackendStart: s.BackendStart,
+			State: s.State, StateChange: s.StateChange, BasedOn: []string{}}
+		if s.Listening {
 			r.BasedOn = append(r.BasedOn, basisListen)
 		}
-		if locking {
+		if s.Locking {
 			r.BasedOn = append(r.BasedOn, basisBatch)
 		}
 		out = append(out, r)
-	}
-	if err := seam.Close(rows); err != nil {
-		return nil, err
 	}
 	return out, nil
 }

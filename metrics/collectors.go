@@ -34,7 +34,7 @@ func (m *Metrics) WatchRelay(r *outbox.Relay) error {
 }
 
 // WatchOutbox exports the backlog of db's outbox table: each scrape runs
-// one outbox.PendingStats query, bounded by Config.ScrapeTimeout. A query
+// one outbox.Store.Pending query, bounded by Config.ScrapeTimeout. A query
 // that fails increments exactlyonce_outbox_scrape_errors_total, is logged
 // at warning level, and the outbox gauges are left out of that scrape
 // rather than reported with a made-up value. A second call replaces the
@@ -47,9 +47,13 @@ func (m *Metrics) WatchOutbox(db sqlschema.DB) error {
 	if err := db.Validate(); err != nil {
 		return err
 	}
+	store, err := outbox.NewStore(db)
+	if err != nil {
+		return err
+	}
 	m.outbox.mu.Lock()
 	defer m.outbox.mu.Unlock()
-	m.outbox.db = &db
+	m.outbox.store = store
 	return nil
 }
 
@@ -103,7 +107,7 @@ func newRelayCollector(ns string) *relayCollector {
 		batches:         d("batches_total", "Relay batches committed that relayed a message or recorded a failure."),
 		failedBatches:   d("failed_batches_total", "Relay batches that returned an error (a publish failed, a row was quarantined, or the database failed)."),
 		failedPublishes: d("failed_publishes_total", "Messages whose publish by the relay failed (each failure of a row counts; the row is retried)."),
-		quarantined:     d("quarantined_total", "Outbox rows the relay quarantined (skipped until outbox.RequeueFailed)."),
+		quarantined:     d("quarantined_total", "Outbox rows the relay quarantined (skipped until outbox.Store.RequeueFailed)."),
 		listening:       d("listening", "Watched relays that hold their wake-on-commit LISTEN connection (the others poll)."),
 	}
 }
@@ -148,14 +152,14 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.listening, prometheus.GaugeValue, float64(listening))
 }
 
-// outboxCollector runs outbox.PendingStats at scrape.
+// outboxCollector runs outbox.Store.Pending at scrape.
 type outboxCollector struct {
 	timeout time.Duration
 	logger  *slog.Logger
 	errors  atomic.Int64
 
-	mu sync.Mutex
-	db *sqlschema.DB
+	mu    sync.Mutex
+	store *outbox.Store // WatchOutbox's
 
 	pending, failing, quarantined, blockedKeys, blocked, oldestAge, scrapeErrors *prometheus.Desc
 }
@@ -169,11 +173,11 @@ func newOutboxCollector(ns string, timeout time.Duration, logger *slog.Logger) *
 		logger:       logger,
 		pending:      d("pending_rows", "Outbox rows not relayed yet, quarantined ones included."),
 		failing:      d("failing_rows", "Outbox rows not quarantined whose publish failed at least once (retried with backoff)."),
-		quarantined:  d("quarantined_rows", "Outbox rows the relay gave up on, skipped until outbox.RequeueFailed."),
+		quarantined:  d("quarantined_rows", "Outbox rows the relay gave up on, skipped until outbox.Store.RequeueFailed."),
 		blockedKeys:  d("blocked_keys", "Ordering keys with a failing or quarantined outbox row: their later rows wait until it is published, requeued or discarded."),
 		blocked:      d("blocked_rows", "Outbox rows waiting behind a failing or quarantined row of their ordering key."),
 		oldestAge:    d("oldest_pending_age_seconds", "Age of the oldest outbox row not quarantined: the relay lag (0 when there is none)."),
-		scrapeErrors: d("scrape_errors_total", "Outbox backlog queries (outbox.PendingStats) that failed during a scrape."),
+		scrapeErrors: d("scrape_errors_total", "Outbox backlog queries (outbox.Store.Pending) that failed during a scrape."),
 	}
 }
 
@@ -189,14 +193,14 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	db := c.db
+	store := c.store
 	c.mu.Unlock()
-	if db == nil {
+	if store == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	p, err := outbox.PendingStats(ctx, *db)
+	p, err := store.Pending(ctx)
 	if err != nil {
 		c.errors.Add(1)
 		c.logger.Warn("metrics: outbox backlog query failed; the outbox gauges are left out of this scrape", "error", err)

@@ -53,17 +53,17 @@
 //	exactlyonce_relay_quarantined_total        counter  rows this process quarantined
 //	exactlyonce_relay_listening                gauge    watched relays holding their wake-on-commit LISTEN
 //
-// From WatchOutbox, one outbox.PendingStats query per scrape (bounded by
+// From WatchOutbox, one outbox.Store.Pending query per scrape (bounded by
 // Config.ScrapeTimeout; it counts the outbox table, which holds only rows not
 // relayed yet):
 //
 //	exactlyonce_outbox_pending_rows                gauge    rows not relayed yet, quarantined ones included
 //	exactlyonce_outbox_failing_rows                gauge    rows not quarantined whose publish failed at least once
-//	exactlyonce_outbox_quarantined_rows            gauge    rows the relay gave up on, waiting for outbox.RequeueFailed
+//	exactlyonce_outbox_quarantined_rows            gauge    rows the relay gave up on, waiting for outbox.Store.RequeueFailed
 //	exactlyonce_outbox_blocked_keys                gauge    ordering keys with a failing or quarantined row (their later rows wait)
 //	exactlyonce_outbox_blocked_rows                gauge    rows waiting behind a failing or quarantined row of their ordering key
 //	exactlyonce_outbox_oldest_pending_age_seconds  gauge    age of the oldest row not quarantined (the relay lag); 0 when none
-//	exactlyonce_outbox_scrape_errors_total         counter  PendingStats queries that failed; the gauges are then absent from that scrape
+//	exactlyonce_outbox_scrape_errors_total         counter  Store.Pending queries that failed; the gauges are then absent from that scrape
 //
 // From WatchInbox, inbox.Store.Stats, at most once per Config.InboxInterval
 // (Stats scans the inbox table, or a consumer's part of it: on a table of

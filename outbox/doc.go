@@ -10,8 +10,8 @@
 // metadata and destination topic. Either everything commits or nothing does.
 //
 // State the database once (a sqlschema.DB) and hand the same value to the
-// middleware, NewRelay and the operator functions (PendingStats,
-// RequeueFailed, FindRows and the others below).
+// middleware, NewRelay and NewStore, the operator's view of the table
+// (Store.Pending, Store.RequeueFailed, Store.Find and the others below).
 //
 // The Relay is at-least-once towards the broker: it locks a batch of rows
 // (FOR UPDATE SKIP LOCKED, so several relays share the work without sending a
@@ -66,9 +66,11 @@
 //
 // # Operations
 //
-// PendingStats reports the backlog (alert on Pending.OldestAge and
-// Pending.Quarantined); RequeueFailed puts every quarantined row back after
-// the cause is fixed. For one row or a few, FindRows, CountRows and GetRow
+// A Store (NewStore) is the operator's view of the table, as inbox.Store is
+// of the inbox. Store.Pending reports the backlog (alert on
+// Pending.OldestAge and Pending.Quarantined); Store.RequeueFailed puts every
+// quarantined row back after the cause is fixed. For one row or a few,
+// Store.Find (a Page at a time, as inbox.Store.FindParked), Count and Get
 // find quarantined (or failing) rows by id, topic, message UUID, error text,
 // quarantine time, ordering key or a metadata field such as a business id,
 // with their payloads; Requeue and RequeueMatching send them again, at once

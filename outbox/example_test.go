@@ -75,7 +75,13 @@ func Example() {
 		return
 	}
 
-	pending, err := outbox.PendingStats(ctx, db)
+	// The operator's view of the table: the backlog, the failed rows.
+	store, err := outbox.NewStore(db)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	pending, err := store.Pending(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -112,7 +118,7 @@ func Example() {
 	}
 	fmt.Println(got.UUID, string(got.Payload), got.Metadata.Get("tenant"))
 
-	pending, err = outbox.PendingStats(ctx, db)
+	pending, err = store.Pending(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -203,7 +209,12 @@ func ExampleFindRows() {
 	fmt.Println("relay failed:", err != nil)
 
 	// Find it by its business id.
-	page, err := outbox.FindRows(ctx, db, outbox.RowFilter{Metadata: map[string]string{"order_id": "42"}}, outbox.Paging{})
+	store, err := outbox.NewStore(db)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	page, err := store.Find(ctx, outbox.RowFilter{Metadata: map[string]string{"order_id": "42"}}, outbox.Page{})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -211,8 +222,8 @@ func ExampleFindRows() {
 	for _, row := range page.Rows {
 		fmt.Println(row.Topic, row.UUID, row.PayloadSize, "bytes", row.Quarantined(), row.LastError)
 	}
-	// Read one with its payload (GetRowPrefix reads at most its first bytes).
-	row, err := outbox.GetRow(ctx, db, page.Rows[0].ID)
+	// Read one with its payload (GetPrefix reads at most its first bytes).
+	row, err := store.Get(ctx, page.Rows[0].ID)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -221,13 +232,13 @@ func ExampleFindRows() {
 
 	// Fixed: requeue it, and the relay sends it.
 	dest.fixed = true
-	if err := outbox.Requeue(ctx, db, page.Rows[0].ID, outbox.Expect{}); err != nil {
+	if err := store.Requeue(ctx, page.Rows[0].ID, outbox.Expect{}); err != nil {
 		fmt.Println(err)
 		return
 	}
 	n, err := relay.Flush(ctx)
 	fmt.Println("relayed:", n, err, dest.got)
-	left, err := outbox.CountRows(ctx, db, outbox.RowFilter{State: outbox.StateAll})
+	left, err := store.Count(ctx, outbox.RowFilter{State: outbox.StateAll})
 	fmt.Println("quarantined or failing:", left, err)
 	// Output:
 	// relay failed: true

@@ -43,13 +43,13 @@ func TestRowActionSeesWhatAnotherPartyDidWhileItWaited(t *testing.T) {
 					for _, verb := range []string{"requeue", "discard"} {
 						act := func(id int64, e outbox.Expect) error {
 							if verb == "requeue" {
-								return outbox.Requeue(ctx, db, id, e)
+								return mustStore(t, db).Requeue(ctx, id, e)
 							}
-							return outbox.Discard(ctx, db, id, e)
+							return mustStore(t, db).Discard(ctx, id, e)
 						}
 						for _, again := range []bool{true, false} {
 							ids := b.seed(t, seedRow{Topic: "t", UUID: verb + strconv.FormatBool(again), State: outbox.StateQuarantined, LastError: "too large"})
-							shown, err := outbox.GetRow(ctx, db, ids[0])
+							shown, err := mustStore(t, db).Get(ctx, ids[0])
 							require.NoError(t, err)
 
 							tx, err := d.DB.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
@@ -76,7 +76,7 @@ func TestRowActionSeesWhatAnotherPartyDidWhileItWaited(t *testing.T) {
 							} else {
 								require.ErrorIs(t, err, outbox.ErrNotQuarantined, verb)
 							}
-							now, err := outbox.GetRow(ctx, db, ids[0])
+							now, err := mustStore(t, db).Get(ctx, ids[0])
 							require.NoError(t, err, "%s: the row stays", verb)
 							require.Equal(t, again, now.Quarantined(), "%s: untouched", verb)
 						}

@@ -6,6 +6,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -22,18 +23,38 @@ func SetListenPing(r *Relay, every, timeout time.Duration) {
 // SelectSQL is the statement that locks a relay's batch ($1 batch size, $2
 // the most retried rows, $3 the paused topics, $4 the window of rows the
 // heads of keys are looked for among).
-func SelectSQL(r *Relay) string { return r.selectSQL }
+func SelectSQL(r *Relay) string { return statement(r.store, "ClaimKeyed") }
 
-// FindSQL is the query of FindRows for f: up to limit rows with ids above
-// after, and its arguments.
-func FindSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
-	return findSQL(db, f, after, limit)
+// statement is the statement called name of st.
+func statement(st *outboxdb.Store, name string) string {
+	for _, s := range st.Statements() {
+		if s.Name == name {
+			return s.SQL
+		}
+	}
+	panic("no statement " + name)
 }
 
-// CountSQL is the query of CountRows for f, and its arguments.
-func CountSQL(db sqlschema.DB, f RowFilter) (string, []any) { return countSQL(db, f) }
+// FindSQL is the query of Store.Find for f: up to limit rows with ids
+// above after, and its arguments.
+func FindSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
+	st, err := outboxdb.New(db)
+	if err != nil {
+		panic(err)
+	}
+	return st.FindRowsQuery(f.internal(), after, limit)
+}
 
-// MatchingBatch is how many rows RequeueMatching and DiscardMatching change
+// CountSQL is the query of Store.Count for f, and its arguments.
+func CountSQL(db sqlschema.DB, f RowFilter) (string, []any) {
+	st, err := outboxdb.New(db)
+	if err != nil {
+		panic(err)
+	}
+	return st.CountRowsQuery(f.internal(), f.countBound())
+}
+
+// MatchingBatch is how many rows Store.RequeueMatching and DiscardMatching change
 // per statement.
 const MatchingBatch = matchingBatch
 
@@ -42,9 +63,9 @@ func LockClass(db sqlschema.DB) int32 { return outboxwrite.LockClass(db.Outbox()
 
 // PlainSQL is the batch statement of a table without keyed rows ($1 batch
 // size, $2 the most retried rows, $3 the paused topics).
-func PlainSQL(r *Relay) string { return r.plainSQL }
+func PlainSQL(r *Relay) string { return statement(r.store, "ClaimPlain") }
 
 // HasKeyedRows runs the relay's probe in tx.
 func HasKeyedRows(ctx context.Context, r *Relay, tx wsql.Tx) (bool, error) {
-	return r.hasKeyedRows(ctx, tx)
+	return r.store.Probe(ctx, tx)
 }

@@ -99,7 +99,7 @@ func (b bundle) pending(t testing.TB, db wsql.ContextExecutor) int64 {
 	if !ok {
 		conn = txConn{db}
 	}
-	p, err := outbox.PendingStats(b.ctx, testenv.WithConn(b.tables, conn))
+	p, err := mustStore(t, testenv.WithConn(b.tables, conn)).Pending(b.ctx)
 	require.NoError(t, err)
 	return p.Count
 }
@@ -219,4 +219,12 @@ func runRelay(t *testing.T, relay *outbox.Relay) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// mustStore is outbox.NewStore(db), which must succeed.
+func mustStore(t testing.TB, db sqlschema.DB) *outbox.Store {
+	t.Helper()
+	s, err := outbox.NewStore(db)
+	require.NoError(t, err)
+	return s
 }

@@ -99,12 +99,12 @@ func TestOperatorsNotMigrated(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		db := b.neverMigrated(t)
-		p, err := outbox.PendingStats(b.ctx, db)
+		p, err := mustStore(t, db).Pending(b.ctx)
 		requireNotMigrated(t, err, db)
-		require.True(t, strings.HasPrefix(err.Error(), "outbox: PendingStats: "), err.Error())
+		require.True(t, strings.HasPrefix(err.Error(), "outbox: Pending: "), err.Error())
 		require.Zero(t, p)
 
-		n, err := outbox.RequeueFailed(b.ctx, db)
+		n, err := mustStore(t, db).RequeueFailed(b.ctx)
 		requireNotMigrated(t, err, db)
 		require.True(t, strings.HasPrefix(err.Error(), "outbox: RequeueFailed: "), err.Error())
 		require.Zero(t, n)
@@ -112,7 +112,7 @@ func TestOperatorsNotMigrated(t *testing.T) {
 		// Custom names are named in the fix.
 		custom := db
 		custom.OutboxTable = "my_outbox"
-		_, err = outbox.PendingStats(b.ctx, custom)
+		_, err = mustStore(t, custom).Pending(b.ctx)
 		requireNotMigrated(t, err, custom)
 	})
 }
@@ -131,9 +131,9 @@ func TestRelayOlderTablesNotMigrated(t *testing.T) {
 		requireNotMigrated(t, err, b.tables)
 
 		b.exec(t, "ALTER TABLE "+b.tables.Outbox()+" DROP COLUMN quarantined_at")
-		_, err = outbox.PendingStats(b.ctx, b.schema())
+		_, err = mustStore(t, b.schema()).Pending(b.ctx)
 		requireNotMigrated(t, err, b.tables)
-		_, err = outbox.RequeueFailed(b.ctx, b.schema())
+		_, err = mustStore(t, b.schema()).RequeueFailed(b.ctx)
 		requireNotMigrated(t, err, b.tables)
 	})
 }

@@ -62,7 +62,7 @@ func TestRelayOrderedPausedHeadTakesNoRoom(t *testing.T) {
 		for range 5 {
 			_, _ = relay.Flush(b.ctx)
 		}
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		t.Logf("PendingStats: BlockedKeys %d, Blocked %d (K's rows wait, not reported)", p.BlockedKeys, p.Blocked)
 		require.Equal(t, []int{1}, log.distinct()["J"],
@@ -280,7 +280,7 @@ func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 		for range 3 {
 			_, _ = relay.Flush(b.ctx)
 		}
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Quarantined)
 

@@ -26,7 +26,7 @@ type blockedFigures struct{ Failing, Quarantined, BlockedKeys, Blocked int64 }
 
 func (b bundle) blockedFigures(t *testing.T) blockedFigures {
 	t.Helper()
-	p, err := outbox.PendingStats(b.ctx, b.schema())
+	p, err := mustStore(t, b.schema()).Pending(b.ctx)
 	require.NoError(t, err)
 	return blockedFigures{p.Failing, p.Quarantined, p.BlockedKeys, p.Blocked}
 }
@@ -85,12 +85,12 @@ WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
 		b.exec(t, `UPDATE `+out+` SET failures = 5, attempts = 5, quarantined_at = now(), last_error = 'PRECONDITION_FAILED' WHERE uuid = 'B-1'`)
 		require.Equal(t, blockedFigures{Failing: 3, Quarantined: 1, BlockedKeys: 2, Blocked: 3}, b.blockedFigures(t),
 			"keys A and B blocked; waiting: A-3 (behind A-2), B-2 and B-3 (behind B-1)")
-		p, err := outbox.PendingStats(b.ctx, db)
+		p, err := mustStore(t, db).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(11), p.Count, "blocked rows are pending rows")
 
 		// The failed rows with their keys and the rows waiting behind them.
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll}, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{State: outbox.StateAll}, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, []keyWaiting{{"A-2", "A", 2}, {"A-4", "A", 0}, {"B-1", "B", 2}, {"free-1", "", 0}}, keysOf(page.Rows))
 
@@ -107,18 +107,18 @@ WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
 			{outbox.RowFilter{State: outbox.StateAll, OrderingKey: "C"}, []keyWaiting{}},
 			{outbox.RowFilter{State: outbox.StateAll, OrderingKey: "a"}, []keyWaiting{}},
 		} {
-			page, err := outbox.FindRows(b.ctx, db, c.f, outbox.Paging{})
+			page, err := mustStore(t, db).Find(b.ctx, c.f, outbox.Page{})
 			require.NoError(t, err)
 			require.Equal(t, c.want, keysOf(page.Rows), "%+v", c.f)
-			n, err := outbox.CountRows(b.ctx, db, c.f)
+			n, err := mustStore(t, db).Count(b.ctx, c.f)
 			require.NoError(t, err)
 			require.Equal(t, int64(len(c.want)), n, "%+v", c.f)
 		}
-		first, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, OrderingKey: "A"}, outbox.Paging{Limit: 1})
+		first, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{State: outbox.StateAll, OrderingKey: "A"}, outbox.Page{Limit: 1})
 		require.NoError(t, err)
 		require.Equal(t, []keyWaiting{{"A-2", "A", 2}}, keysOf(first.Rows))
 		require.NotZero(t, first.Next)
-		second, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, OrderingKey: "A"}, outbox.Paging{After: first.Next, Limit: 1})
+		second, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{State: outbox.StateAll, OrderingKey: "A"}, outbox.Page{After: first.Next, Limit: 1})
 		require.NoError(t, err)
 		require.Equal(t, []keyWaiting{{"A-4", "A", 0}}, keysOf(second.Rows))
 		require.Zero(t, second.Next)
@@ -128,22 +128,22 @@ WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
 		for uuid, want := range map[string]keyWaiting{
 			"A-2": {"A-2", "A", 2}, "A-3": {"A-3", "A", 0}, "A-1": {"A-1", "A", 0}, "B-1": {"B-1", "B", 2}, "free-2": {"free-2", "", 0},
 		} {
-			r, err := outbox.GetRow(b.ctx, db, b.rowID(t, uuid))
+			r, err := mustStore(t, db).Get(b.ctx, b.rowID(t, uuid))
 			require.NoError(t, err)
 			require.Equal(t, []keyWaiting{want}, keysOf([]outbox.Row{r}), uuid)
 		}
 
 		// A key that no stored text can hold is refused, naming the field.
-		_, err = outbox.FindRows(b.ctx, db, outbox.RowFilter{OrderingKey: "A\x00"}, outbox.Paging{})
+		_, err = mustStore(t, db).Find(b.ctx, outbox.RowFilter{OrderingKey: "A\x00"}, outbox.Page{})
 		require.ErrorContains(t, err, "RowFilter.OrderingKey")
 
 		// Discarding B's quarantined row unblocks B: its next row goes.
-		require.NoError(t, outbox.Discard(b.ctx, db, b.rowID(t, "B-1"), outbox.Expect{}))
+		require.NoError(t, mustStore(t, db).Discard(b.ctx, b.rowID(t, "B-1"), outbox.Expect{}))
 		require.Equal(t, blockedFigures{Failing: 3, BlockedKeys: 1, Blocked: 1}, b.blockedFigures(t), "A-3 still waits behind A-2")
 
 		// Requeueing A's failing rows (by key: free-1 is left as it is)
 		// unblocks A.
-		n, err := outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{State: outbox.StateFailing, OrderingKey: "A"})
+		n, err := mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{State: outbox.StateFailing, OrderingKey: "A"})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n)
 		require.Equal(t, blockedFigures{Failing: 1}, b.blockedFigures(t))
@@ -152,7 +152,7 @@ WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
 		// a discard of every quarantined row.
 		b.exec(t, `UPDATE `+out+` SET failures = 1, attempts = 1, quarantined_at = now() WHERE uuid IN ('C-1', 'A-4')`)
 		require.Equal(t, blockedFigures{Failing: 1, Quarantined: 2, BlockedKeys: 2, Blocked: 1}, b.blockedFigures(t), "C-2 waits behind C-1; A-4 is A's last")
-		n, err = outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{OrderingKey: "C"})
+		n, err = mustStore(t, db).DiscardMatching(b.ctx, outbox.RowFilter{OrderingKey: "C"})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n)
 		require.Equal(t, blockedFigures{Failing: 1, Quarantined: 1, BlockedKeys: 1}, b.blockedFigures(t))
@@ -186,12 +186,12 @@ func TestRelayBlockedKeyShowsAndDiscardUnblocks(t *testing.T) {
 		require.Equal(t, []string{"B-1", "B-2"}, got, "key B flows; A waits behind its quarantined first row")
 		require.Equal(t, blockedFigures{Quarantined: 1, BlockedKeys: 1, Blocked: 2}, b.blockedFigures(t))
 
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{OrderingKey: "A"}, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{OrderingKey: "A"}, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, []keyWaiting{{"A-1", "A", 2}}, keysOf(page.Rows))
 		require.Contains(t, page.Rows[0].LastError, "too large for the broker")
 
-		require.NoError(t, outbox.Discard(b.ctx, db, page.Rows[0].ID, outbox.Expect{}))
+		require.NoError(t, mustStore(t, db).Discard(b.ctx, page.Rows[0].ID, outbox.Expect{}))
 		require.Equal(t, blockedFigures{}, b.blockedFigures(t), "discarded: the key is not blocked")
 		for range 3 {
 			_, _ = relay.Flush(b.ctx)

@@ -373,7 +373,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 				require.Empty(t, got["A"], "key A waits behind its failing first row")
 				require.Equal(t, []int{1}, got["C"], "key C waits behind its quarantined second row")
 				require.Len(t, got[""], 3, "rows without a key flow")
-				p, err := outbox.PendingStats(b.ctx, b.schema())
+				p, err := mustStore(t, b.schema()).Pending(b.ctx)
 				require.NoError(t, err)
 				require.Equal(t, int64(1), p.Quarantined)
 				require.Equal(t, int64(1), p.Failing)
@@ -387,10 +387,10 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 				require.Equal(t, []int{1}, log.distinct()["C"], "a quarantined row holds its key until an operator acts")
 
 				// Discarding C's quarantined row lets C's third row go.
-				page, err := outbox.FindRows(b.ctx, b.schema(), outbox.RowFilter{UUID: "C-002"}, outbox.Paging{})
+				page, err := mustStore(t, b.schema()).Find(b.ctx, outbox.RowFilter{UUID: "C-002"}, outbox.Page{})
 				require.NoError(t, err)
 				require.Len(t, page.Rows, 1)
-				require.NoError(t, outbox.Discard(b.ctx, b.schema(), page.Rows[0].ID, outbox.Expect{}))
+				require.NoError(t, mustStore(t, b.schema()).Discard(b.ctx, page.Rows[0].ID, outbox.Expect{}))
 				drain()
 				require.Equal(t, []int{1, 3}, log.distinct()["C"])
 				require.Empty(t, log.violations(map[string]map[int]bool{"C": {2: true}}))
@@ -423,7 +423,7 @@ func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 		refuseMu.Lock()
 		delete(refuse, "A-002")
 		refuseMu.Unlock()
-		n, err := outbox.RequeueFailed(b.ctx, b.schema())
+		n, err := mustStore(t, b.schema()).RequeueFailed(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n)
 		for range 5 {

@@ -14,7 +14,7 @@ import (
 func TestPendingStats(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{}, p, "an empty outbox has no count, no oldest row and no age")
 
@@ -22,7 +22,7 @@ func TestPendingStats(t *testing.T) {
 		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET created_at = now() - interval '90 seconds' WHERE uuid = 'p-2'"))
 
 		before := time.Now()
-		p, err = outbox.PendingStats(b.ctx, b.schema())
+		p, err = mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(3), p.Count)
 		require.NotNil(t, p.OldestCreatedAt)
@@ -34,7 +34,7 @@ func TestPendingStats(t *testing.T) {
 		// row retrying after failures is failing.
 		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET quarantined_at = now(), failures = 7 WHERE uuid = 'p-2'"))
 		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 2 WHERE uuid = 'p-3'"))
-		p, err = outbox.PendingStats(b.ctx, b.schema())
+		p, err = mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(3), p.Count)
 		require.Equal(t, int64(1), p.Quarantined)
@@ -51,13 +51,13 @@ func TestPendingStats(t *testing.T) {
 		require.Equal(t, int64(3), b.pending(t, b.db))
 		require.NoError(t, tx.Rollback())
 
-		_, err = outbox.PendingStats(b.ctx, sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "no-such table"})
+		_, err = outbox.NewStore(sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "no-such table"})
 		require.ErrorContains(t, err, "invalid SQL identifier")
 		require.ErrorContains(t, err, "DB.OutboxTable")
-		_, err = outbox.PendingStats(b.ctx, sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "missing"})
+		_, err = mustStore(t, sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "missing"}).Pending(b.ctx)
 		require.Error(t, err, "a missing table is an error, not an empty outbox")
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
-		_, err = outbox.PendingStats(b.ctx, sqlschema.DB{Schema: b.tables.Schema})
+		_, err = outbox.NewStore(sqlschema.DB{Schema: b.tables.Schema})
 		require.ErrorContains(t, err, "DB.Conn is nil")
 	})
 }

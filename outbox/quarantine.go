@@ -6,14 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
@@ -25,7 +23,7 @@ import (
 // quarantine time, ordering key or a metadata field such as a business id
 // (each row says how many rows of its ordering key wait behind it), without
 // their payloads; read one with its payload, or with a bounded prefix of it
-// (GetRowPrefix); requeue it (the relay sends it again at once) or discard it
+// (Store.GetPrefix); requeue it (the relay sends it again at once) or discard it
 // (it is never published), one by one or every row a filter selects.
 // Searches of quarantined rows use the partial quarantined_* indexes of
 // migration outbox_001, which hold quarantined rows only: measured on
@@ -33,7 +31,7 @@ import (
 // UUID takes under 0.1 ms (a sequential scan of 8-14 ms without them).
 
 var (
-	// ErrRowNotFound is returned (wrapped) by GetRow, Requeue and Discard
+	// ErrRowNotFound is returned (wrapped) by Store.Get, Requeue and Discard
 	// for an id that has no outbox row: it was relayed (rows are deleted
 	// once published), discarded, or never existed.
 	ErrRowNotFound = errors.New("no such outbox row: relayed, discarded, or never written")
@@ -47,8 +45,8 @@ var (
 	// the operator was shown (it was requeued and failed again, say).
 	// Nothing was changed. It is inbox.ErrChanged too.
 	ErrChanged = parked.ErrChanged
-	// ErrTooBroad is returned (wrapped) by FindRows, CountRows and
-	// CountRowsAsOf for a filter whose read would exceed its bound
+	// ErrTooBroad is returned (wrapped) by Store.Find, Count and
+	// CountAsOf for a filter whose read would exceed its bound
 	// (RowFilter.MaxScan, MaxCount); the error says which and how to
 	// narrow the filter. Nothing was read.
 	ErrTooBroad = errors.New("the filter selects too many outbox rows for the bound of this read")
@@ -76,16 +74,16 @@ const (
 	// that are not quarantined: the relay retries each after its backoff.
 	StateFailing RowState = "failing"
 	// StateAll selects both: every row with a failure record. Rows that
-	// never failed (the live backlog, which PendingStats counts) are never
+	// never failed (the live backlog, which Store.Pending counts) are never
 	// selected.
 	StateAll RowState = "all"
 )
 
-// Limits of the operator functions.
+// Limits of the Store's operations.
 const (
-	// DefaultRowLimit is the page size of FindRows when Paging.Limit is 0.
+	// DefaultRowLimit is the page size of Store.Find when Page.Limit is 0.
 	DefaultRowLimit = 100
-	// MaxRowLimit is the largest Paging.Limit.
+	// MaxRowLimit is the largest Page.Limit.
 	MaxRowLimit = 1000
 	// MaxFilterIDs is the most ids a RowFilter may name.
 	MaxFilterIDs = 10000
@@ -103,8 +101,8 @@ type Row struct {
 	Topic string
 	// UUID is the message's UUID, which the relay publishes it with.
 	UUID string
-	// Payload is the message's payload: all of it from GetRow, at most
-	// its first bytes from GetRowPrefix, and nil in FindRows' pages, which
+	// Payload is the message's payload: all of it from Store.Get, at most
+	// its first bytes from Store.GetPrefix, and nil in Store.Find's pages, which
 	// read no payload (PayloadSize says how large it is).
 	Payload []byte
 	// PayloadSize is the size of the whole payload in bytes, whatever
@@ -186,21 +184,21 @@ type RowFilter struct {
 	// StateAll both its quarantined and its failing ones.
 	OrderingKey string
 
-	// MaxScan, when positive, bounds the work of FindRows, CountRows and
-	// CountRowsAsOf for a filter that Scans (Reason: no index holds the
+	// MaxScan, when positive, bounds the work of Store.Find, Count and
+	// CountAsOf for a filter that Scans (Reason: no index holds the
 	// error's text): they are refused (ErrTooBroad) when the other
 	// conditions select more than MaxScan rows to check it on, and
 	// otherwise read only those (counted on the indexes first, in the same
 	// snapshot). Defaults to 0: no bound. RequeueMatching and
 	// DiscardMatching ignore it (count first).
 	MaxScan int
-	// MaxCount, when positive, bounds CountRows and CountRowsAsOf: a count
+	// MaxCount, when positive, bounds Store.Count and CountAsOf: a count
 	// of more than MaxCount rows is refused (ErrTooBroad); they count at
 	// most MaxCount+1. Defaults to 0: no bound.
 	MaxCount int
 
 	// AsOf and MaxID bound the rows to those a count could see
-	// (CountRowsAsOf returns both): give them to RequeueMatching or
+	// (Store.CountAsOf returns both): give them to RequeueMatching or
 	// DiscardMatching after the operator confirmed the count, and the rows
 	// acted on are among the rows counted that still match; the set can
 	// only shrink.
@@ -219,7 +217,7 @@ type RowFilter struct {
 }
 
 // RowCount is a count of rows and the bounds of what it counted
-// (CountRowsAsOf).
+// (Store.CountAsOf).
 type RowCount struct {
 	// Count is the number of rows counted.
 	Count int64
@@ -231,152 +229,189 @@ type RowCount struct {
 	MaxID int64
 }
 
-// Paging is a page of FindRows: rows with ids above After, oldest (lowest
-// id) first.
-type Paging struct {
-	// After is the keyset cursor: only rows with a larger id are read. Use
-	// the RowPage.Next of the previous page. Defaults to 0 (the first
-	// page).
-	After int64
-	// Limit is the most rows on the page, at most MaxRowLimit. Defaults to
-	// DefaultRowLimit.
+// Page is a page of Store.Find: rows oldest (lowest id) first, as
+// inbox.Page is a page of parked messages.
+type Page struct {
+	// Limit is the page's size. Defaults to DefaultRowLimit; at most
+	// MaxRowLimit.
 	Limit int
+	// After is the previous page's RowPage.Next, to read the page after
+	// it; "" reads the first page. Pages follow the rows' ids: a row
+	// relayed, requeued or discarded between two pages is not shown twice,
+	// and a row that fails (or is quarantined) after the first page was
+	// read comes on a later page only if its id is above the cursor.
+	After string
 }
 
-// RowPage is a page of rows, oldest first.
+// RowPage is a page of outbox rows.
 type RowPage struct {
-	// Rows are the rows of the page, in id order.
+	// Rows are the page's rows, in id order.
 	Rows []Row
-	// Next is the Paging.After that reads the next page; 0 when this page
-	// is the last.
-	Next int64
+	// Next is the cursor of the page after this one (Page.After); "" when
+	// this is the last page.
+	Next string
 }
 
-// FindRows returns a page of the rows of db's outbox table that f selects
-// (by default the quarantined ones), oldest first, without their payloads
-// (Row.Payload is nil; Row.PayloadSize is the payload's size): the rows the
-// relay quarantines are often those whose payload is too large for the
-// broker, and a page of them would weigh what their payloads weigh. Read
-// one row's payload with GetRow or GetRowPrefix. A row relayed, requeued or
-// discarded between two pages is not shown twice: paging goes by id.
-// db.Conn is required.
-func FindRows(ctx context.Context, db sqlschema.DB, f RowFilter, p Paging) (RowPage, error) {
-	const op = "FindRows"
-	if err := checkDB(db); err != nil {
-		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, err)
+// cursor decodes Page.After: the id of the previous page's last row.
+func cursor(after string) (int64, error) {
+	if after == "" {
+		return 0, nil
 	}
+	id, err := strconv.ParseInt(after, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("Page.After is %q: use \"\" for the first page, RowPage.Next for the next", after)
+	}
+	return id, nil
+}
+
+// Store is the operator's view of one outbox table: find and count the
+// rows the relay quarantined or is retrying (Find, Count, CountAsOf),
+// read one (Get, GetPrefix), requeue or discard them one by one (Requeue,
+// Discard) or by filter (RequeueMatching, DiscardMatching), and the
+// backlog (Pending, RequeueFailed). Its statements are rendered once, by
+// NewStore. Safe for concurrent use.
+type Store struct {
+	db sqlschema.DB
+	st *outboxdb.Store
+}
+
+// NewStore returns a Store for db's outbox table. db.Conn is required; the
+// table must exist (sqlschema.Migrate). It does not touch the database.
+func NewStore(db sqlschema.DB) (*Store, error) {
+	if err := checkDB(db); err != nil {
+		return nil, fmt.Errorf("outbox: NewStore: %w", err)
+	}
+	st, err := outboxdb.New(db)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: NewStore: %w", err)
+	}
+	return &Store{db: db, st: st}, nil
+}
+
+// fail is err as the Store's operation op returns it: with the
+// not-migrated hint when the table (or a column) is missing.
+func (s *Store) fail(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(s.db, err))
+}
+
+// Find returns a page of the rows that f selects (by default the
+// quarantined ones), oldest first, without their payloads (Row.Payload is
+// nil; Row.PayloadSize is the payload's size): the rows the relay
+// quarantines are often those whose payload is too large for the broker,
+// and a page of them would weigh what their payloads weigh. Read one
+// row's payload with Get or GetPrefix. RowPage.Next reads the next page.
+func (s *Store) Find(ctx context.Context, f RowFilter, p Page) (RowPage, error) {
+	const op = "Find"
 	if err := f.validate(op); err != nil {
 		return RowPage{}, err
 	}
-	if p.After < 0 {
-		return RowPage{}, fmt.Errorf("outbox: %s: Paging.After is %d: use 0 for the first page, RowPage.Next for the next", op, p.After)
+	after, err := cursor(p.After)
+	if err != nil {
+		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, err)
 	}
 	if p.Limit < 0 || p.Limit > MaxRowLimit {
-		return RowPage{}, fmt.Errorf("outbox: %s: Paging.Limit is %d: it must be between 1 and %d (0 for %d)", op, p.Limit, MaxRowLimit, DefaultRowLimit)
+		return RowPage{}, fmt.Errorf("outbox: %s: Page.Limit is %d: it must be between 1 and %d (0 for %d)", op, p.Limit, MaxRowLimit, DefaultRowLimit)
 	}
 	limit := p.Limit
 	if limit == 0 {
 		limit = DefaultRowLimit
 	}
-	query, args := findSQL(db, f, p.After, limit+1)
-	var page RowPage
-	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
-		rs, err := conn.QueryContext(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		for rs.Next() {
-			r, err := scanRow(rs)
-			if err != nil {
-				_ = rs.Close()
-				return err
-			}
-			page.Rows = append(page.Rows, r)
-		}
-		return seam.Close(rs)
+	var rows []outboxdb.Row
+	err = s.boundedRead(ctx, f, func(conn wsql.ContextExecutor) error {
+		var err error
+		rows, err = s.st.FindRows(ctx, conn, f.internal(), after, limit+1)
+		return err
 	})
 	if err != nil {
-		return RowPage{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		return RowPage{}, s.fail(op, err)
 	}
-	if len(page.Rows) > limit {
-		page.Rows = page.Rows[:limit]
-		page.Next = page.Rows[limit-1].ID
+	var page RowPage
+	if len(rows) > limit {
+		rows = rows[:limit]
+		page.Next = strconv.FormatInt(rows[limit-1].ID, 10)
+	}
+	page.Rows = make([]Row, len(rows))
+	for i, r := range rows {
+		page.Rows[i] = rowOf(r)
 	}
 	return page, nil
 }
 
-// CountRows returns the number of rows of db's outbox table that f selects
-// (by default the quarantined ones). To confirm a count before
-// RequeueMatching or DiscardMatching, use CountRowsAsOf: the action then
-// acts on no row the count did not see. db.Conn is required.
-func CountRows(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
-	const op = "CountRows"
-	if err := checkDB(db); err != nil {
-		return 0, fmt.Errorf("outbox: %s: %w", op, err)
-	}
+// Count returns the number of rows that f selects (by default the
+// quarantined ones). To confirm a count before RequeueMatching or
+// DiscardMatching, use CountAsOf: the action then acts on no row the
+// count did not see.
+func (s *Store) Count(ctx context.Context, f RowFilter) (int64, error) {
+	const op = "Count"
 	if err := f.validate(op); err != nil {
 		return 0, err
 	}
-	query, args := countSQL(db, f)
 	var n int64
-	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
-		if err := seam.QueryRow(ctx, conn, query, args, &n); err != nil {
+	err := s.boundedRead(ctx, f, func(conn wsql.ContextExecutor) error {
+		var err error
+		if n, _, err = s.st.CountRows(ctx, conn, f.internal(), f.countBound()); err != nil {
 			return err
 		}
 		return f.checkCount(n)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		return 0, s.fail(op, err)
 	}
 	return n, nil
 }
 
-// CountRowsAsOf counts as CountRows does, at the database's current time
-// (or at f.AsOf when it is set), and returns the bounds of what it
-// counted: the time (RowCount.AsOf) and the largest id (RowCount.MaxID).
-// Count, have the count confirmed, then act with f.AsOf and f.MaxID set
-// to them: RequeueMatching and DiscardMatching then act on rows the count
-// saw, never on one quarantined or written after it. Count again with the
-// bounds just before acting, to check that the confirmed count still
-// holds (a row requeued, relayed or discarded meanwhile drops out). One
-// window remains: a row the relay quarantined (its time stamped by the
-// relay's statement, before AsOf) in a transaction that committed after
-// the count read the table was not counted, and, when its id is below
-// MaxID, is within the bounds; the window is the relay's commit after that
-// statement. db.Conn is required.
-func CountRowsAsOf(ctx context.Context, db sqlschema.DB, f RowFilter) (RowCount, error) {
-	const op = "CountRowsAsOf"
-	if err := checkDB(db); err != nil {
-		return RowCount{}, fmt.Errorf("outbox: %s: %w", op, err)
-	}
+// CountAsOf counts as Count does, at the database's current time (or at
+// f.AsOf when it is set), and returns the bounds of what it counted: the
+// time (RowCount.AsOf) and the largest id (RowCount.MaxID). Count, have
+// the count confirmed, then act with f.AsOf and f.MaxID set to them:
+// RequeueMatching and DiscardMatching then act on rows the count saw,
+// never on one quarantined or written after it. Count again with the
+// bounds just before acting, to check that the confirmed count still holds
+// (a row requeued, relayed or discarded meanwhile drops out). One window
+// remains: a row the relay quarantined (its time stamped by the relay's
+// statement, before AsOf) in a transaction that committed after the count
+// read the table was not counted, and, when its id is below MaxID, is
+// within the bounds; the window is the relay's commit after that
+// statement.
+func (s *Store) CountAsOf(ctx context.Context, f RowFilter) (RowCount, error) {
+	const op = "CountAsOf"
 	if err := f.validate(op); err != nil {
 		return RowCount{}, err
 	}
 	if f.AsOf.IsZero() {
-		if err := seam.QueryRow(ctx, db.Conn, `SELECT now()`, nil, &f.AsOf); err != nil {
-			return RowCount{}, fmt.Errorf("outbox: %s: %w", op, err)
+		now, err := s.st.Now(ctx, s.db.Conn)
+		if err != nil {
+			return RowCount{}, s.fail(op, err)
 		}
-	}
-	where, args := f.where()
-	q := `SELECT count(*), coalesce(max(id), 0) FROM ` + db.Outbox() + ` WHERE ` + where
-	if f.MaxCount > 0 {
-		// MaxCount+1 rows at most: enough to refuse; a count within the
-		// bound read them all, and its max(id) is theirs.
-		args = append(args, f.MaxCount+1)
-		q = `SELECT count(*), coalesce(max(id), 0) FROM (SELECT id FROM ` + db.Outbox() + ` WHERE ` + where +
-			` LIMIT $` + strconv.Itoa(len(args)) + `) c`
+		f.AsOf = now
 	}
 	c := RowCount{AsOf: f.AsOf}
-	err := boundedRead(ctx, db, f, func(conn wsql.ContextExecutor) error {
-		if err := seam.QueryRow(ctx, conn, q, args, &c.Count, &c.MaxID); err != nil {
+	err := s.boundedRead(ctx, f, func(conn wsql.ContextExecutor) error {
+		var err error
+		// With MaxCount, MaxCount+1 rows at most: enough to refuse; a
+		// count within the bound read them all, and its max(id) is
+		// theirs.
+		if c.Count, c.MaxID, err = s.st.CountRows(ctx, conn, f.internal(), f.countBound()); err != nil {
 			return err
 		}
 		return f.checkCount(c.Count)
 	})
 	if err != nil {
-		return RowCount{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		return RowCount{}, s.fail(op, err)
 	}
 	return c, nil
+}
+
+// countBound is the most rows a count of f reads: MaxCount+1 with a
+// MaxCount, else 0 (no bound).
+func (f RowFilter) countBound() int {
+	if f.MaxCount > 0 {
+		return f.MaxCount + 1
+	}
+	return 0
 }
 
 // Scans reports whether f has a condition no index serves, which a read
@@ -395,8 +430,8 @@ func (f RowFilter) checkCount(n int64) error {
 	return nil
 }
 
-// boundedRead runs read (a find or count of f) on db; for a filter with
-// MaxScan that Scans, in a read-only REPEATABLE READ transaction that first
+// boundedRead runs read (a find or count of f); for a filter with MaxScan
+// that Scans, in a read-only REPEATABLE READ transaction that first
 // counts, on the indexes (no sequential scan), the rows f's other
 // conditions select (up to MaxScan+1) and refuses when there are more than
 // MaxScan (ErrTooBroad), then plans the read through those indexes'
@@ -404,28 +439,17 @@ func (f RowFilter) checkCount(n int64) error {
 // its order (a random read per row), as the inbox's parked messages are
 // read (inboxdb.Store.BoundedScan): the check and the read see the same
 // rows, and the read's work is bounded by MaxScan.
-func boundedRead(ctx context.Context, db sqlschema.DB, f RowFilter, read func(conn wsql.ContextExecutor) error) error {
+func (s *Store) boundedRead(ctx context.Context, f RowFilter, read func(conn wsql.ContextExecutor) error) error {
 	if f.MaxScan <= 0 || !f.Scans() {
-		return read(db.Conn)
+		return read(s.db.Conn)
 	}
-	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelRepeatableRead, ReadOnly: true})
+	tx, err := s.db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }() // read-only: nothing to keep
-	var a, b string
-	if err := seam.QueryRow(ctx, tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, nil, &a, &b); err != nil {
-		return err
-	}
-	indexed := f
-	indexed.Reason = ""
-	where, args := indexed.where()
-	args = append(args, f.MaxScan+1)
-	// set_config runs once this statement is planned: the check reads the
-	// indexes as it will, the read after it through their bitmaps.
-	var n int64
-	if err := seam.QueryRow(ctx, tx, `SELECT count(*), set_config('enable_indexscan', 'off', true) FROM (SELECT 1 FROM `+db.Outbox()+
-		` WHERE `+where+` LIMIT $`+strconv.Itoa(len(args))+`) c`, args, &n, &a); err != nil {
+	n, err := s.st.BoundedScan(ctx, tx, f.internal(), f.MaxScan+1)
+	if err != nil {
 		return err
 	}
 	if n > int64(f.MaxScan) {
@@ -436,55 +460,42 @@ func boundedRead(ctx context.Context, db sqlschema.DB, f RowFilter, read func(co
 	return read(tx)
 }
 
-// GetRow returns the row of db's outbox table with this id with its whole
-// payload, whatever its state (Row.Quarantined, Row.Failures tell it), or
-// ErrRowNotFound. A row's payload can be as large as the broker refused (a
-// quarantined row's often is): to show a row, GetRowPrefix reads a bounded
-// part of it. db.Conn is required.
-func GetRow(ctx context.Context, db sqlschema.DB, id int64) (Row, error) {
-	return getRow(ctx, db, "GetRow", id, `o.payload`, nil)
+// Get returns the row with this id with its whole payload, whatever its
+// state (Row.Quarantined, Row.Failures tell it), or ErrRowNotFound. A
+// row's payload can be as large as the broker refused (a quarantined
+// row's often is): to show a row, GetPrefix reads a bounded part of it.
+func (s *Store) Get(ctx context.Context, id int64) (Row, error) {
+	return s.get(ctx, "Get", id, -1)
 }
 
-// GetRowPrefix is GetRow with at most the first maxPayload bytes of the
-// row's payload in Row.Payload (Row.PayloadSize is the whole payload's
-// size: the payload is cut when it is larger). The database reads and
-// sends that prefix only (substring of the stored value), so that showing
-// a row costs the same whatever its payload's size. maxPayload is at least
-// 0 (0 reads no payload). db.Conn is required.
-func GetRowPrefix(ctx context.Context, db sqlschema.DB, id int64, maxPayload int) (Row, error) {
-	const op = "GetRowPrefix"
+// GetPrefix is Get with at most the first maxPayload bytes of the row's
+// payload in Row.Payload (Row.PayloadSize is the whole payload's size: the
+// payload is cut when it is larger). The database reads and sends that
+// prefix only (substring of the stored value), so that showing a row costs
+// the same whatever its payload's size. maxPayload is at least 0 (0 reads
+// no payload).
+func (s *Store) GetPrefix(ctx context.Context, id int64, maxPayload int) (Row, error) {
+	const op = "GetPrefix"
 	if maxPayload < 0 {
 		return Row{}, fmt.Errorf("outbox: %s: maxPayload is %d: the most bytes of the payload to read, at least 0", op, maxPayload)
 	}
-	return getRow(ctx, db, op, id, `substring(o.payload FROM 1 FOR $2)`, []any{maxPayload})
+	return s.get(ctx, op, id, maxPayload)
 }
 
-// getRow reads row id with payload (an expression of the row as o; its
-// arguments, from $2, in args) as its payload.
-func getRow(ctx context.Context, db sqlschema.DB, op string, id int64, payload string, args []any) (Row, error) {
-	if err := checkID(op, db, id); err != nil {
+// get reads row id with at most maxPayload bytes of its payload (all of
+// it when negative).
+func (s *Store) get(ctx context.Context, op string, id int64, maxPayload int) (Row, error) {
+	if err := checkID(op, id); err != nil {
 		return Row{}, err
 	}
-	rs, err := db.Conn.QueryContext(ctx, `SELECT `+rowColumns(db.Outbox(), payload)+` FROM `+db.Outbox()+` o WHERE id = $1`,
-		append([]any{id}, args...)...)
+	r, found, err := s.st.GetRow(ctx, s.db.Conn, id, maxPayload)
 	if err != nil {
-		return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		return Row{}, s.fail(op, err)
 	}
-	if !rs.Next() {
-		if err := seam.Close(rs); err != nil {
-			return Row{}, fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
-		}
+	if !found {
 		return Row{}, fmt.Errorf("outbox: %s: row %d: %w", op, id, ErrRowNotFound)
 	}
-	r, err := scanRow(rs)
-	if err != nil {
-		_ = rs.Close()
-		return Row{}, fmt.Errorf("outbox: %s: %w", op, err)
-	}
-	if err := seam.Close(rs); err != nil {
-		return Row{}, fmt.Errorf("outbox: %s: %w", op, err)
-	}
-	return r, nil
+	return rowOf(r), nil
 }
 
 // Requeue puts the quarantined row with this id back in the relay's
@@ -500,18 +511,9 @@ func getRow(ctx context.Context, db sqlschema.DB, op string, id int64, payload s
 // quarantined (the relay is still trying it, or another operator requeued it
 // first), and ErrChanged when expect no longer holds: nothing is changed
 // then. To make failing rows due at once, use RequeueMatching with
-// StateFailing. db.Conn is required.
-func Requeue(ctx context.Context, db sqlschema.DB, id int64, expect Expect) error {
-	const op = "Requeue"
-	if err := checkID(op, db, id); err != nil {
-		return err
-	}
-	return actOnQuarantined(ctx, db, op, id, expect, `WITH acted AS (
-  UPDATE `+db.Outbox()+` SET `+clearFailures+`
-  WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
-)
-SELECT n, (CASE WHEN n > 0 THEN `+outboxnotify.NotifySQL(db)+` END) IS NULL
-FROM (SELECT count(*) AS n FROM acted) c`)
+// StateFailing.
+func (s *Store) Requeue(ctx context.Context, id int64, expect Expect) error {
+	return s.actOnQuarantined(ctx, "Requeue", id, expect, s.st.RequeueRow)
 }
 
 // Discard deletes the quarantined row with this id: its message is then
@@ -519,17 +521,9 @@ FROM (SELECT count(*) AS n FROM acted) c`)
 // copy). It returns ErrRowNotFound when there is no row with this id, and
 // ErrNotQuarantined when the row is not quarantined (the relay may be
 // publishing it at this moment; a failing row cannot be discarded), and
-// ErrChanged when expect no longer holds: nothing is changed then. db.Conn
-// is required.
-func Discard(ctx context.Context, db sqlschema.DB, id int64, expect Expect) error {
-	const op = "Discard"
-	if err := checkID(op, db, id); err != nil {
-		return err
-	}
-	return actOnQuarantined(ctx, db, op, id, expect, `WITH acted AS (
-  DELETE FROM `+db.Outbox()+` WHERE id = $1 AND quarantined_at IS NOT NULL RETURNING id
-)
-SELECT n, true FROM (SELECT count(*) AS n FROM acted) c`)
+// ErrChanged when expect no longer holds: nothing is changed then.
+func (s *Store) Discard(ctx context.Context, id int64, expect Expect) error {
+	return s.actOnQuarantined(ctx, "Discard", id, expect, s.st.DiscardRow)
 }
 
 // RequeueMatching requeues (see Requeue) every row that f selects: by
@@ -539,33 +533,25 @@ SELECT n, true FROM (SELECT count(*) AS n FROM acted) c`)
 // a few hundred rows, each its own short transaction, and returns the
 // number of rows requeued; after an error, the number requeued by the
 // batches before it. Rows a relay holds at that moment (it is publishing
-// them) are skipped. db.Conn is required.
-func RequeueMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
+// them) are skipped.
+func (s *Store) RequeueMatching(ctx context.Context, f RowFilter) (int64, error) {
 	const op = "RequeueMatching"
-	if err := checkDB(db); err != nil {
-		return 0, fmt.Errorf("outbox: %s: %w", op, err)
-	}
 	if err := f.validate(op); err != nil {
 		return 0, err
 	}
-	return actOnMatching(ctx, db, op, f, func(picked string) string {
-		return `UPDATE ` + db.Outbox() + ` o SET ` + clearFailures + ` FROM ` + picked + ` p WHERE o.id = p.id RETURNING o.id`
-	}, true)
+	return s.actOnMatching(ctx, op, f, s.st.RequeueMatching)
 }
 
 // DiscardMatching deletes every quarantined row that f selects: their
 // messages are then never published. f.State must be StateQuarantined (or
 // empty): a failing row is still the relay's. f must name at least one
 // criterion (to discard every quarantined row on purpose, set AsOf, from
-// CountRowsAsOf, or QuarantinedBefore to the current time). It works in batches of a few
-// hundred rows, each its own short transaction, and returns the number of
-// rows deleted; after an error, the number deleted by the batches before
-// it. db.Conn is required.
-func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, error) {
+// CountAsOf, or QuarantinedBefore to the current time). It works in
+// batches of a few hundred rows, each its own short transaction, and
+// returns the number of rows deleted; after an error, the number deleted
+// by the batches before it.
+func (s *Store) DiscardMatching(ctx context.Context, f RowFilter) (int64, error) {
 	const op = "DiscardMatching"
-	if err := checkDB(db); err != nil {
-		return 0, fmt.Errorf("outbox: %s: %w", op, err)
-	}
 	if err := f.validate(op); err != nil {
 		return 0, err
 	}
@@ -573,111 +559,66 @@ func DiscardMatching(ctx context.Context, db sqlschema.DB, f RowFilter) (int64, 
 		return 0, fmt.Errorf("outbox: %s: RowFilter.State is %q: only quarantined rows can be discarded (a failing row is still the relay's, which may be publishing it)", op, f.State)
 	}
 	if f.empty() {
-		return 0, fmt.Errorf("outbox: %s: the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountRowsAsOf, or QuarantinedBefore to the current time)", op)
+		return 0, fmt.Errorf("outbox: %s: the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountAsOf, or QuarantinedBefore to the current time)", op)
 	}
-	return actOnMatching(ctx, db, op, f, func(picked string) string {
-		return `DELETE FROM ` + db.Outbox() + ` o USING ` + picked + ` p WHERE o.id = p.id RETURNING o.id`
-	}, false)
+	return s.actOnMatching(ctx, op, f, s.st.DiscardMatching)
 }
 
-// findSQL is FindRows' query: up to limit rows that f selects with ids
-// above after, in id order.
-func findSQL(db sqlschema.DB, f RowFilter, after int64, limit int) (string, []any) {
-	where, args := f.where()
-	args = append(args, after, limit)
-	return `SELECT ` + rowColumns(db.Outbox(), `NULL::bytea`) + ` FROM ` + db.Outbox() + ` o
-WHERE ` + where + ` AND id > $` + strconv.Itoa(len(args)-1) + `
-ORDER BY id LIMIT $` + strconv.Itoa(len(args)), args
-}
-
-// countSQL is CountRows' query: with f.MaxCount, it counts MaxCount+1
-// rows at most.
-func countSQL(db sqlschema.DB, f RowFilter) (string, []any) {
-	where, args := f.where()
-	if f.MaxCount > 0 {
-		args = append(args, f.MaxCount+1)
-		return `SELECT count(*) FROM (SELECT 1 FROM ` + db.Outbox() + ` WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(args)) + `) c`, args
+// rowOf is the operator's Row of a row read by outboxdb.
+func rowOf(r outboxdb.Row) Row {
+	out := Row{
+		ID: r.ID, Topic: r.Topic, UUID: r.UUID, Payload: r.Payload, PayloadSize: r.PayloadSize,
+		RawMetadata: json.RawMessage(r.Metadata), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
+		Failures: r.Failures, PermanentFailures: r.PermanentFailures, NextAttemptAt: r.NextAttemptAt,
+		LastError: r.LastError, OrderingKey: r.OrderingKey, Waiting: r.Waiting,
 	}
-	return `SELECT count(*) FROM ` + db.Outbox() + ` WHERE ` + where, args
-}
-
-// clearFailures is the SET list that clears a row's failure record, as
-// RequeueFailed does.
-const clearFailures = `failures = 0, attempts = 0, next_attempt_at = NULL, quarantined_at = NULL, last_error = NULL`
-
-// rowColumns are the columns scanRow reads, of table read as o, with
-// payload (an expression: o.payload, a prefix of it, or NULL) as the
-// payload. The payload's size is octet_length, which PostgreSQL answers
-// from the stored value's header (a large payload is stored out of line,
-// TOAST, and is not read for it). The rows waiting behind a failed row with
-// a key are counted on the ordering_key index of outbox_001 (a range of it
-// after the row's id).
-func rowColumns(table, payload string) string {
-	return `o.id, o.topic, o.uuid, ` + payload + `, octet_length(o.payload), o.metadata::text, o.created_at, o.quarantined_at, o.failures, o.attempts, o.next_attempt_at,
-  coalesce(o.last_error, ''), coalesce(o.ordering_key, ''),
-  CASE WHEN o.ordering_key IS NOT NULL AND o.failures > 0
-    THEN (SELECT count(*) FROM ` + table + ` w WHERE w.ordering_key = o.ordering_key AND w.id > o.id) ELSE 0 END`
-}
-
-// scanner is the Scan of both drivers' rows.
-type scanner interface{ Scan(dest ...any) error }
-
-func scanRow(rs scanner) (Row, error) {
-	var r Row
-	var meta string
-	if err := rs.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.PayloadSize, &meta, &r.CreatedAt, &r.QuarantinedAt,
-		&r.Failures, &r.PermanentFailures, &r.NextAttemptAt, &r.LastError, &r.OrderingKey, &r.Waiting); err != nil {
-		return Row{}, err
-	}
-	r.RawMetadata = json.RawMessage(meta)
-	r.Version = parked.RowVersion(r.ID, r.QuarantinedAt, r.Failures, r.PermanentFailures)
+	out.Version = parked.RowVersion(out.ID, out.QuarantinedAt, out.Failures, out.PermanentFailures)
 	var m map[string]string
-	if json.Unmarshal(r.RawMetadata, &m) == nil {
-		r.Metadata = m
+	if json.Unmarshal(out.RawMetadata, &m) == nil {
+		out.Metadata = m
 	}
-	return r, nil
+	return out
 }
 
-func checkID(op string, db sqlschema.DB, id int64) error {
-	if err := checkDB(db); err != nil {
-		return fmt.Errorf("outbox: %s: %w", op, err)
-	}
+func checkID(op string, id int64) error {
 	if id <= 0 {
-		return fmt.Errorf("outbox: %s: row id %d: ids are positive (Row.ID, as FindRows returns it)", op, id)
+		return fmt.Errorf("outbox: %s: row id %d: ids are positive (Row.ID, as Store.Find returns it)", op, id)
 	}
 	return nil
 }
 
-// actOnQuarantined runs stmt, which requeues or deletes row id, in one READ
+// actOnQuarantined runs act, which requeues or deletes row id, in one READ
 // COMMITTED transaction (whatever the database's default isolation) that
 // first locks the row and checks it: that it exists, is quarantined, and,
 // when expect names a version, is the failure record the operator was
-// shown. The statement then acts on exactly the row that was checked.
-func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64, expect Expect, stmt string) (err error) {
+// shown. act then acts on exactly the row that was checked.
+func (s *Store) actOnQuarantined(ctx context.Context, op string, id int64, expect Expect,
+	act func(ctx context.Context, tx wsql.ContextExecutor, id int64) (int64, error),
+) (err error) {
+	if err := checkID(op, id); err != nil {
+		return err
+	}
 	if len(expect.Version) > 255 {
 		return fmt.Errorf("outbox: %s: Expect.Version is not a version a row shows (over 255 bytes)", op)
 	}
 	if err := parked.CheckRowVersion(expect.Version); err != nil {
 		return fmt.Errorf("outbox: %s: %w", op, err)
 	}
-	tx, err := db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	tx, err := s.db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
-		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		return s.fail(op, err)
 	}
 	defer func() {
 		if err != nil {
 			_ = tx.Rollback()
 		}
 	}()
-	var quarantinedAt *time.Time
-	var failures, permanent int
-	err = seam.QueryRow(ctx, tx, `SELECT quarantined_at, failures, attempts FROM `+db.Outbox()+` WHERE id = $1 FOR UPDATE`,
-		[]any{id}, &quarantinedAt, &failures, &permanent)
+	quarantinedAt, failures, permanent, err := s.st.LockRow(ctx, tx, id)
 	switch {
 	case errors.Is(err, seam.ErrNoRows):
 		return fmt.Errorf("outbox: %s: row %d: %w", op, id, ErrRowNotFound)
 	case err != nil:
-		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+		return s.fail(op, err)
 	case quarantinedAt == nil && failures > 0:
 		return fmt.Errorf("outbox: %s: row %d: %w: it is failing, and the relay retries it after its backoff", op, id, ErrNotQuarantined)
 	case quarantinedAt == nil:
@@ -686,10 +627,9 @@ func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64,
 		return fmt.Errorf("outbox: %s: row %d: %w: it is quarantined since %s after %d failures (%d its own), not as shown (version %s)",
 			op, id, ErrChanged, quarantinedAt.UTC().Format(time.RFC3339Nano), failures, permanent, expect.Version)
 	}
-	var n int64
-	var ignored bool
-	if err = seam.QueryRow(ctx, tx, stmt, []any{id}, &n, &ignored); err != nil {
-		return fmt.Errorf("outbox: %s: %w", op, ifNotMigrated(db, err))
+	n, err := act(ctx, tx, id)
+	if err != nil {
+		return s.fail(op, err)
 	}
 	if n != 1 { // cannot happen: the row is locked and quarantined
 		err = fmt.Errorf("outbox: %s: row %d changed under its lock", op, id)
@@ -701,37 +641,24 @@ func actOnQuarantined(ctx context.Context, db sqlschema.DB, op string, id int64,
 	return nil
 }
 
-// actOnMatching runs the statement that act builds over batches of the rows
-// f selects, in id order, each batch one statement (its own transaction).
-// act gets the name of the batch's locked ids and returns a data-modifying
-// statement with RETURNING. notify sends the table's NOTIFY with each batch
-// that changed a row.
-func actOnMatching(ctx context.Context, db sqlschema.DB, op string, f RowFilter, act func(picked string) string, notify bool) (int64, error) {
-	where, args := f.where()
-	cursor, batch := len(args)+1, len(args)+2
-	notice := "true"
-	if notify {
-		notice = `(CASE WHEN (SELECT count(*) FROM acted) > 0 THEN ` + outboxnotify.NotifySQL(db) + ` END) IS NULL`
-	}
-	stmt := `WITH picked AS (
-  SELECT id FROM ` + db.Outbox() + ` WHERE ` + where + ` AND id > $` + strconv.Itoa(cursor) + `
-  ORDER BY id LIMIT $` + strconv.Itoa(batch) + ` FOR UPDATE SKIP LOCKED
-), acted AS (` + act("picked") + `)
-SELECT (SELECT count(*) FROM acted), (SELECT count(*) FROM picked), (SELECT coalesce(max(id), 0) FROM picked), ` + notice
+// actOnMatching runs act over batches of the rows f selects, in id order,
+// each batch one statement (its own transaction), until a batch picks
+// fewer than matchingBatch rows.
+func (s *Store) actOnMatching(ctx context.Context, op string, f RowFilter,
+	act func(ctx context.Context, q wsql.ContextExecutor, f outboxdb.Filter, after int64, limit int) (outboxdb.Matched, error),
+) (int64, error) {
+	filter := f.internal()
 	var total, after int64
 	for {
-		var acted, picked, last int64
-		var ignored bool
-		batchArgs := slices.Concat(args, []any{after, matchingBatch})
-		err := seam.QueryRow(ctx, db.Conn, stmt, batchArgs, &acted, &picked, &last, &ignored)
+		m, err := act(ctx, s.db.Conn, filter, after, matchingBatch)
 		if err != nil {
-			return total, fmt.Errorf("outbox: %s: after %d rows: %w", op, total, ifNotMigrated(db, err))
+			return total, fmt.Errorf("outbox: %s: after %d rows: %w", op, total, ifNotMigrated(s.db, err))
 		}
-		total += acted
-		if picked < matchingBatch {
+		total += m.Acted
+		if m.Picked < matchingBatch {
 			return total, nil
 		}
-		after = last
+		after = m.Last
 	}
 }
 
@@ -791,61 +718,11 @@ func (f RowFilter) empty() bool {
 		f.QuarantinedSince.IsZero() && f.QuarantinedBefore.IsZero() && len(f.Metadata) == 0 && f.AsOf.IsZero() && f.MaxID == 0
 }
 
-// where returns f as an SQL condition and its arguments ($1, $2...): only
-// the criteria set, each in the form the partial indexes of outbox_001
-// (failing, quarantined_*, ordering_key) serve. f must be valid.
-func (f RowFilter) where() (string, []any) {
-	var conds []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
+// internal is f as the storage layer's filter (f is valid).
+func (f RowFilter) internal() outboxdb.Filter {
+	return outboxdb.Filter{
+		State: string(f.State), IDs: f.IDs, Topic: f.Topic, UUID: f.UUID, Reason: f.Reason, OrderingKey: f.OrderingKey,
+		QuarantinedSince: f.QuarantinedSince, QuarantinedBefore: f.QuarantinedBefore, Metadata: f.Metadata,
+		MaxID: f.MaxID, AsOf: f.AsOf,
 	}
-	switch f.State {
-	case StateFailing:
-		conds = append(conds, `failures > 0 AND quarantined_at IS NULL`)
-	case StateAll:
-		// Each arm the predicate of a partial index (a BitmapOr of both).
-		conds = append(conds, `(quarantined_at IS NOT NULL OR (failures > 0 AND quarantined_at IS NULL))`)
-	default:
-		conds = append(conds, `quarantined_at IS NOT NULL`)
-	}
-	if len(f.IDs) > 0 {
-		conds = append(conds, `id = ANY(`+arg(f.IDs)+`::bigint[])`)
-	}
-	if f.Topic != "" {
-		conds = append(conds, `topic = `+arg(f.Topic))
-	}
-	if f.UUID != "" {
-		conds = append(conds, `uuid = `+arg(f.UUID))
-	}
-	if f.Reason != "" {
-		conds = append(conds, `strpos(lower(last_error), lower(`+arg(f.Reason)+`)) > 0`)
-	}
-	if f.OrderingKey != "" {
-		conds = append(conds, `ordering_key = `+arg(f.OrderingKey))
-	}
-	if !f.QuarantinedSince.IsZero() {
-		conds = append(conds, `quarantined_at >= `+arg(f.QuarantinedSince))
-	}
-	if !f.QuarantinedBefore.IsZero() {
-		conds = append(conds, `quarantined_at < `+arg(f.QuarantinedBefore))
-	}
-	if len(f.Metadata) > 0 {
-		js, _ := json.Marshal(f.Metadata) // a map of strings always encodes
-		conds = append(conds, `metadata @> `+arg(string(js))+`::jsonb`)
-	}
-	if f.MaxID > 0 {
-		conds = append(conds, `id <= `+arg(f.MaxID))
-	}
-	if !f.AsOf.IsZero() {
-		switch f.State {
-		case StateFailing: // no time of their failure: MaxID bounds them
-		case StateAll:
-			conds = append(conds, `(quarantined_at IS NULL OR quarantined_at <= `+arg(f.AsOf)+`)`)
-		default:
-			conds = append(conds, `quarantined_at <= `+arg(f.AsOf))
-		}
-	}
-	return strings.Join(conds, " AND "), args
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
-// The searches of FindRows and CountRows use outbox_001's partial
+// The searches of Store.Find and Store.Count use outbox_001's partial
 // quarantined_* indexes (or its failing index for failing rows) on 50,000
 // rows of which 1,000 quarantined and 100 failing. With the values bound
 // (the custom plans PostgreSQL keeps using while they cost less than its
@@ -59,6 +59,7 @@ FROM generate_series(1, $1::int) i`, n)
 				want: []string{index("failing")}, wantN: 1},
 			{name: "all by metadata", f: outbox.RowFilter{State: outbox.StateAll, Metadata: map[string]string{"order_id": "ord-25007"}},
 				want: []string{index("quarantined_metadata"), index("failing")}, wantN: 1},
+			{name: "ids", f: outbox.RowFilter{IDs: []int64{50, 100, 150}}, want: []string{index("pkey")}, wantN: 3},
 			{name: "count", f: outbox.RowFilter{}, count: true},
 			{name: "count by metadata", f: outbox.RowFilter{Metadata: map[string]string{"order_id": "ord-30000"}}, count: true, want: []string{index("quarantined_metadata")}},
 		} {
@@ -89,7 +90,10 @@ FROM generate_series(1, $1::int) i`, n)
 			require.NoError(t, err)
 			literals := make([]string, len(args))
 			for i, a := range args {
-				literals[i] = testenv.SQLLiteral(t, a)
+				literals[i] = "NULL" // a filter's field not set: the statement casts it
+				if a != nil {
+					literals[i] = testenv.SQLLiteral(t, a)
+				}
 			}
 			execute := "EXECUTE search"
 			if len(literals) > 0 {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -133,17 +134,17 @@ func TestFindRowsFilters(t *testing.T) {
 			{"metadata value must match exactly", outbox.RowFilter{Metadata: map[string]string{"order_id": "o"}}, []int64{}},
 			{"combined", outbox.RowFilter{Topic: "orders", Reason: "TOO LARGE", Metadata: map[string]string{"tenant": "acme"}}, []int64{q2}},
 		} {
-			page, err := outbox.FindRows(b.ctx, db, c.f, outbox.Paging{})
+			page, err := mustStore(t, db).Find(b.ctx, c.f, outbox.Page{})
 			require.NoError(t, err, c.name)
 			require.Equal(t, c.want, rowIDs(page.Rows), c.name)
 			require.Zero(t, page.Next, c.name)
-			n, err := outbox.CountRows(b.ctx, db, c.f)
+			n, err := mustStore(t, db).Count(b.ctx, c.f)
 			require.NoError(t, err, c.name)
 			require.Equal(t, int64(len(c.want)), n, c.name)
 		}
 
 		// A row as stored, through FindRows and GetRow.
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{UUID: "q1"}, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{UUID: "q1"}, outbox.Page{})
 		require.NoError(t, err)
 		require.Len(t, page.Rows, 1)
 		r := page.Rows[0]
@@ -161,13 +162,13 @@ func TestFindRowsFilters(t *testing.T) {
 		require.Equal(t, 3, r.PermanentFailures)
 		require.Nil(t, r.NextAttemptAt)
 		require.Equal(t, "message q1 refused: PRECONDITION_FAILED", r.LastError)
-		got, err := outbox.GetRow(b.ctx, db, q1)
+		got, err := mustStore(t, db).Get(b.ctx, q1)
 		require.NoError(t, err)
 		require.Equal(t, `{"n":1}`, string(got.Payload))
 		got.Payload = nil
 		require.Equal(t, r, got, "GetRow reads the row FindRows read, with its payload")
 
-		failing, err := outbox.GetRow(b.ctx, db, f1)
+		failing, err := mustStore(t, db).Get(b.ctx, f1)
 		require.NoError(t, err)
 		require.False(t, failing.Quarantined())
 		require.Equal(t, 2, failing.Failures)
@@ -178,7 +179,7 @@ func TestFindRowsFilters(t *testing.T) {
 		// GetRow reads any row, even one that never failed, and one whose
 		// metadata the relay cannot read.
 		b.exec(t, `UPDATE `+b.tables.Outbox()+` SET metadata = '{"n": 1}' WHERE id = $1`, h1)
-		healthy, err := outbox.GetRow(b.ctx, db, h1)
+		healthy, err := mustStore(t, db).Get(b.ctx, h1)
 		require.NoError(t, err)
 		require.False(t, healthy.Quarantined())
 		require.Zero(t, healthy.Failures)
@@ -186,15 +187,15 @@ func TestFindRowsFilters(t *testing.T) {
 		require.Nil(t, healthy.Metadata, "not a JSON object of strings")
 		require.JSONEq(t, `{"n": 1}`, string(healthy.RawMetadata))
 
-		_, err = outbox.GetRow(b.ctx, db, 1<<40)
+		_, err = mustStore(t, db).Get(b.ctx, 1<<40)
 		require.ErrorIs(t, err, outbox.ErrRowNotFound)
 
 		missing := sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "missing"}
-		_, err = outbox.FindRows(b.ctx, missing, outbox.RowFilter{}, outbox.Paging{})
+		_, err = mustStore(t, missing).Find(b.ctx, outbox.RowFilter{}, outbox.Page{})
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
-		_, err = outbox.CountRows(b.ctx, missing, outbox.RowFilter{})
+		_, err = mustStore(t, missing).Count(b.ctx, outbox.RowFilter{})
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
-		_, err = outbox.RequeueMatching(b.ctx, missing, outbox.RowFilter{})
+		_, err = mustStore(t, missing).RequeueMatching(b.ctx, outbox.RowFilter{})
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
 	})
 }
@@ -212,7 +213,7 @@ func TestGetRowPrefix(t *testing.T) {
 			seedRow{Topic: "big", UUID: "small", Payload: `{"n":1}`, State: outbox.StateQuarantined, LastError: "too large"},
 			seedRow{Topic: "big", UUID: "empty", Payload: "", State: outbox.StateQuarantined, LastError: "too large"})
 
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{Topic: "big"}, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{Topic: "big"}, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, ids, rowIDs(page.Rows))
 		for i, want := range []int{len(large), len(`{"n":1}`), 0} {
@@ -220,36 +221,36 @@ func TestGetRowPrefix(t *testing.T) {
 			require.Equal(t, want, page.Rows[i].PayloadSize)
 		}
 
-		r, err := outbox.GetRowPrefix(b.ctx, db, ids[0], 10)
+		r, err := mustStore(t, db).GetPrefix(b.ctx, ids[0], 10)
 		require.NoError(t, err)
 		require.Equal(t, "0123456789", string(r.Payload))
 		require.Equal(t, len(large), r.PayloadSize)
 		require.Equal(t, "large", r.UUID)
 		require.True(t, r.Quarantined())
 
-		r, err = outbox.GetRowPrefix(b.ctx, db, ids[1], 10)
+		r, err = mustStore(t, db).GetPrefix(b.ctx, ids[1], 10)
 		require.NoError(t, err)
 		require.Equal(t, `{"n":1}`, string(r.Payload), "shorter than the bound: whole")
 		require.Equal(t, len(`{"n":1}`), r.PayloadSize)
 
-		r, err = outbox.GetRowPrefix(b.ctx, db, ids[0], 0)
+		r, err = mustStore(t, db).GetPrefix(b.ctx, ids[0], 0)
 		require.NoError(t, err)
 		require.Empty(t, r.Payload)
 		require.Equal(t, len(large), r.PayloadSize)
 
-		r, err = outbox.GetRowPrefix(b.ctx, db, ids[2], 10)
+		r, err = mustStore(t, db).GetPrefix(b.ctx, ids[2], 10)
 		require.NoError(t, err)
 		require.Empty(t, r.Payload)
 		require.Zero(t, r.PayloadSize)
 
-		r, err = outbox.GetRow(b.ctx, db, ids[0])
+		r, err = mustStore(t, db).Get(b.ctx, ids[0])
 		require.NoError(t, err)
 		require.Equal(t, large, string(r.Payload))
 		require.Equal(t, len(large), r.PayloadSize)
 
-		_, err = outbox.GetRowPrefix(b.ctx, db, ids[0], -1)
+		_, err = mustStore(t, db).GetPrefix(b.ctx, ids[0], -1)
 		require.ErrorContains(t, err, "maxPayload is -1")
-		_, err = outbox.GetRowPrefix(b.ctx, db, 1<<40, 10)
+		_, err = mustStore(t, db).GetPrefix(b.ctx, 1<<40, 10)
 		require.ErrorIs(t, err, outbox.ErrRowNotFound)
 	})
 }
@@ -271,12 +272,12 @@ func TestRowReadsBounded(t *testing.T) {
 
 		tooBroad := outbox.RowFilter{Reason: "precondition", MaxScan: 3}
 		require.True(t, tooBroad.Scans())
-		_, err := outbox.FindRows(b.ctx, db, tooBroad, outbox.Paging{})
+		_, err := mustStore(t, db).Find(b.ctx, tooBroad, outbox.Page{})
 		require.ErrorIs(t, err, outbox.ErrTooBroad)
 		require.ErrorContains(t, err, "would be checked on more than 3 rows")
-		_, err = outbox.CountRows(b.ctx, db, tooBroad)
+		_, err = mustStore(t, db).Count(b.ctx, tooBroad)
 		require.ErrorIs(t, err, outbox.ErrTooBroad)
-		_, err = outbox.CountRowsAsOf(b.ctx, db, tooBroad)
+		_, err = mustStore(t, db).CountAsOf(b.ctx, tooBroad)
 		require.ErrorIs(t, err, outbox.ErrTooBroad)
 
 		for _, c := range []struct {
@@ -290,30 +291,30 @@ func TestRowReadsBounded(t *testing.T) {
 		} {
 			f := c.f
 			f.MaxScan = 3
-			page, err := outbox.FindRows(b.ctx, db, f, outbox.Paging{})
+			page, err := mustStore(t, db).Find(b.ctx, f, outbox.Page{})
 			require.NoError(t, err, "%+v", f)
 			require.Equal(t, c.want, rowIDs(page.Rows), "%+v", f)
-			n, err := outbox.CountRows(b.ctx, db, f)
+			n, err := mustStore(t, db).Count(b.ctx, f)
 			require.NoError(t, err)
 			require.EqualValues(t, len(c.want), n)
-			rc, err := outbox.CountRowsAsOf(b.ctx, db, f)
+			rc, err := mustStore(t, db).CountAsOf(b.ctx, f)
 			require.NoError(t, err)
 			require.EqualValues(t, len(c.want), rc.Count)
 			require.Equal(t, c.want[len(c.want)-1], rc.MaxID)
 		}
 
-		rc, err := outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{MaxCount: 4})
+		rc, err := mustStore(t, db).CountAsOf(b.ctx, outbox.RowFilter{MaxCount: 4})
 		require.NoError(t, err)
 		require.Equal(t, outbox.RowCount{Count: 4, AsOf: rc.AsOf, MaxID: ids[3]}, rc)
-		_, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
+		_, err = mustStore(t, db).CountAsOf(b.ctx, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
 		require.ErrorIs(t, err, outbox.ErrTooBroad)
 		require.ErrorContains(t, err, "more than 4 rows match")
-		_, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
+		_, err = mustStore(t, db).Count(b.ctx, outbox.RowFilter{State: outbox.StateAll, MaxCount: 4})
 		require.ErrorIs(t, err, outbox.ErrTooBroad)
-		_, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{MaxScan: -1})
+		_, err = mustStore(t, db).Count(b.ctx, outbox.RowFilter{MaxScan: -1})
 		require.ErrorContains(t, err, "MaxScan (-1)")
 
-		n, err := outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{Reason: "precondition", MaxScan: 1, MaxCount: 1})
+		n, err := mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{Reason: "precondition", MaxScan: 1, MaxCount: 1})
 		require.NoError(t, err)
 		require.EqualValues(t, 3, n)
 	})
@@ -321,7 +322,7 @@ func TestRowReadsBounded(t *testing.T) {
 
 // Pages in id order by keyset: every quarantined row once, the healthy rows
 // between them never, Next 0 on the last page.
-func TestFindRowsPaging(t *testing.T) {
+func TestFindPaging(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
 		db := b.schema()
@@ -334,24 +335,24 @@ func TestFindRowsPaging(t *testing.T) {
 		}
 		for _, c := range []struct{ limit, pages int }{{10, 3}, {5, 5}, {25, 1}, {0, 1}, {1, 25}} {
 			var got []int64
-			p := outbox.Paging{Limit: c.limit}
+			p := outbox.Page{Limit: c.limit}
 			pages := 0
 			for {
-				page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{}, p)
+				page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{}, p)
 				require.NoError(t, err)
 				pages++
 				require.NotEmpty(t, page.Rows, "limit %d, page %d", c.limit, pages)
 				got = append(got, rowIDs(page.Rows)...)
-				if page.Next == 0 {
+				if page.Next == "" {
 					break
 				}
-				require.Equal(t, page.Rows[len(page.Rows)-1].ID, page.Next)
+				require.Equal(t, strconv.FormatInt(page.Rows[len(page.Rows)-1].ID, 10), page.Next)
 				p.After = page.Next
 			}
 			require.Equal(t, want, got, "limit %d", c.limit)
 			require.Equal(t, c.pages, pages, "limit %d", c.limit)
 		}
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{}, outbox.Paging{After: want[len(want)-1]})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{}, outbox.Page{After: strconv.FormatInt(want[len(want)-1], 10)})
 		require.NoError(t, err)
 		require.Empty(t, page.Rows)
 		require.Zero(t, page.Next)
@@ -364,7 +365,7 @@ func TestRowFilterValidation(t *testing.T) {
 	ctx := t.Context()
 	db := sqlschema.DB{Conn: txConn{}} // never reached
 	find := func(f outbox.RowFilter) error {
-		_, err := outbox.FindRows(ctx, db, f, outbox.Paging{})
+		_, err := mustStore(t, db).Find(ctx, f, outbox.Page{})
 		return err
 	}
 	tooMany := make([]int64, outbox.MaxFilterIDs+1)
@@ -388,40 +389,44 @@ func TestRowFilterValidation(t *testing.T) {
 		{"empty range", find(outbox.RowFilter{QuarantinedSince: now, QuarantinedBefore: now}), "is not before QuarantinedBefore"},
 		{"range of failing rows", find(outbox.RowFilter{State: outbox.StateFailing, QuarantinedBefore: now}), "failing rows are not quarantined"},
 		{"limit", func() error {
-			_, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{Limit: outbox.MaxRowLimit + 1})
+			_, err := mustStore(t, db).Find(ctx, outbox.RowFilter{}, outbox.Page{Limit: outbox.MaxRowLimit + 1})
 			return err
 		}(),
-			"Paging.Limit is 1001: it must be between 1 and 1000 (0 for 100)"},
+			"outbox: Find: Page.Limit is 1001: it must be between 1 and 1000 (0 for 100)"},
 		{"negative limit", func() error {
-			_, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{Limit: -1})
+			_, err := mustStore(t, db).Find(ctx, outbox.RowFilter{}, outbox.Page{Limit: -1})
 			return err
-		}(), "Paging.Limit is -1"},
+		}(), "outbox: Find: Page.Limit is -1"},
 		{"after", func() error {
-			_, err := outbox.FindRows(ctx, db, outbox.RowFilter{}, outbox.Paging{After: -1})
+			_, err := mustStore(t, db).Find(ctx, outbox.RowFilter{}, outbox.Page{After: "-1"})
 			return err
-		}(), "Paging.After is -1"},
-		{"count", func() error { _, err := outbox.CountRows(ctx, db, outbox.RowFilter{State: "x"}); return err }(), "outbox: CountRows: RowFilter.State"},
+		}(), `outbox: Find: Page.After is "-1"`},
+		{"cursor", func() error {
+			_, err := mustStore(t, db).Find(ctx, outbox.RowFilter{}, outbox.Page{After: "x"})
+			return err
+		}(), `outbox: Find: Page.After is "x": use "" for the first page, RowPage.Next for the next`},
+		{"count", func() error { _, err := mustStore(t, db).Count(ctx, outbox.RowFilter{State: "x"}); return err }(), "outbox: Count: RowFilter.State"},
 		{"requeue matching", func() error {
-			_, err := outbox.RequeueMatching(ctx, db, outbox.RowFilter{IDs: []int64{-1}})
+			_, err := mustStore(t, db).RequeueMatching(ctx, outbox.RowFilter{IDs: []int64{-1}})
 			return err
 		}(), "outbox: RequeueMatching: RowFilter.IDs has -1"},
 		{"discard failing", func() error {
-			_, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{State: outbox.StateFailing, Topic: "t"})
+			_, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{State: outbox.StateFailing, Topic: "t"})
 			return err
 		}(), `RowFilter.State is "failing": only quarantined rows can be discarded`},
 		{"discard all", func() error {
-			_, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{State: outbox.StateAll, Topic: "t"})
+			_, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{State: outbox.StateAll, Topic: "t"})
 			return err
 		}(), `RowFilter.State is "all": only quarantined rows can be discarded`},
-		{"discard everything", func() error { _, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{}); return err }(),
-			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountRowsAsOf, or QuarantinedBefore to the current time)"},
+		{"discard everything", func() error { _, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{}); return err }(),
+			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountAsOf, or QuarantinedBefore to the current time)"},
 		{"max id", find(outbox.RowFilter{MaxID: -3}), "RowFilter.MaxID is -3: ids are positive"},
-		{"get id", func() error { _, err := outbox.GetRow(ctx, db, 0); return err }(), "outbox: GetRow: row id 0: ids are positive"},
-		{"requeue id", outbox.Requeue(ctx, db, -2, outbox.Expect{}), "outbox: Requeue: row id -2: ids are positive"},
-		{"discard id", outbox.Discard(ctx, db, 0, outbox.Expect{}), "outbox: Discard: row id 0: ids are positive"},
-		{"no conn", outbox.Requeue(ctx, sqlschema.DB{}, 1, outbox.Expect{}), "outbox: Requeue: DB.Conn is nil"},
+		{"get id", func() error { _, err := mustStore(t, db).Get(ctx, 0); return err }(), "outbox: Get: row id 0: ids are positive"},
+		{"requeue id", mustStore(t, db).Requeue(ctx, -2, outbox.Expect{}), "outbox: Requeue: row id -2: ids are positive"},
+		{"discard id", mustStore(t, db).Discard(ctx, 0, outbox.Expect{}), "outbox: Discard: row id 0: ids are positive"},
+		{"no conn", func() error { _, err := outbox.NewStore(sqlschema.DB{}); return err }(), "outbox: NewStore: DB.Conn is nil"},
 		{"bad table", func() error {
-			_, err := outbox.CountRows(ctx, sqlschema.DB{Conn: txConn{}, OutboxTable: "a-b"}, outbox.RowFilter{})
+			_, err := outbox.NewStore(sqlschema.DB{Conn: txConn{}, OutboxTable: "a-b"})
 			return err
 		}(), "DB.OutboxTable"},
 	} {
@@ -459,7 +464,7 @@ func TestRequeueOne(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n, "quarantined: skipped")
 
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{Metadata: map[string]string{"order_id": "o-2"}}, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{Metadata: map[string]string{"order_id": "o-2"}}, outbox.Page{})
 		require.NoError(t, err)
 		require.Len(t, page.Rows, 1)
 		row := page.Rows[0]
@@ -469,8 +474,8 @@ func TestRequeueOne(t *testing.T) {
 		rec.mu.Lock()
 		rec.failUUID = "" // the cause is fixed
 		rec.mu.Unlock()
-		require.NoError(t, outbox.Requeue(b.ctx, db, row.ID, outbox.Expect{}))
-		requeued, err := outbox.GetRow(b.ctx, db, row.ID)
+		require.NoError(t, mustStore(t, db).Requeue(b.ctx, row.ID, outbox.Expect{}))
+		requeued, err := mustStore(t, db).Get(b.ctx, row.ID)
 		require.NoError(t, err)
 		require.False(t, requeued.Quarantined())
 		require.Zero(t, requeued.Failures)
@@ -486,8 +491,8 @@ func TestRequeueOne(t *testing.T) {
 		require.Zero(t, b.pending(t, b.db))
 
 		// Requeued and relayed: gone.
-		require.ErrorIs(t, outbox.Requeue(b.ctx, db, row.ID, outbox.Expect{}), outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, row.ID, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, mustStore(t, db).Requeue(b.ctx, row.ID, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, mustStore(t, db).Discard(b.ctx, row.ID, outbox.Expect{}), outbox.ErrRowNotFound)
 
 		// A failing row and a row that never failed are the relay's: refused
 		// by id, unchanged.
@@ -499,15 +504,15 @@ func TestRequeueOne(t *testing.T) {
 		rows := b.rows(t)
 		require.Len(t, rows, 2)
 		failingID, freshID := rows[0].ID, rows[1].ID
-		err = outbox.Requeue(b.ctx, db, failingID, outbox.Expect{})
+		err = mustStore(t, db).Requeue(b.ctx, failingID, outbox.Expect{})
 		require.ErrorIs(t, err, outbox.ErrNotQuarantined)
 		require.ErrorContains(t, err, "it is failing, and the relay retries it after its backoff")
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, failingID, outbox.Expect{}), outbox.ErrNotQuarantined)
-		err = outbox.Requeue(b.ctx, db, freshID, outbox.Expect{})
+		require.ErrorIs(t, mustStore(t, db).Discard(b.ctx, failingID, outbox.Expect{}), outbox.ErrNotQuarantined)
+		err = mustStore(t, db).Requeue(b.ctx, freshID, outbox.Expect{})
 		require.ErrorIs(t, err, outbox.ErrNotQuarantined)
 		require.ErrorContains(t, err, "no failure record")
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, freshID, outbox.Expect{}), outbox.ErrNotQuarantined)
-		failing, err := outbox.GetRow(b.ctx, db, failingID)
+		require.ErrorIs(t, mustStore(t, db).Discard(b.ctx, freshID, outbox.Expect{}), outbox.ErrNotQuarantined)
+		failing, err := mustStore(t, db).Get(b.ctx, failingID)
 		require.NoError(t, err)
 		require.Equal(t, 1, failing.Failures, "unchanged")
 		require.NotNil(t, failing.NextAttemptAt)
@@ -531,10 +536,10 @@ func TestRequeueWakesTheRelay(t *testing.T) {
 		waitListening(t, relay)
 		time.Sleep(100 * time.Millisecond) // past the catch-up polls of its first batch
 		require.Zero(t, rec.count(), "quarantined: skipped")
-		require.NoError(t, outbox.Requeue(b.ctx, b.schema(), ids[0], outbox.Expect{}))
+		require.NoError(t, mustStore(t, b.schema()).Requeue(b.ctx, ids[0], outbox.Expect{}))
 		waitDelivered(t, rec, 1, 5*time.Second, "requeued row")
 		time.Sleep(100 * time.Millisecond)
-		n, err := outbox.RequeueMatching(b.ctx, b.schema(), outbox.RowFilter{UUID: "q2"})
+		n, err := mustStore(t, b.schema()).RequeueMatching(b.ctx, outbox.RowFilter{UUID: "q2"})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n)
 		waitDelivered(t, rec, 2, 5*time.Second, "row requeued by filter")
@@ -551,7 +556,7 @@ func TestRequeueConcurrently(t *testing.T) {
 			errs := make([]error, 2)
 			var wg sync.WaitGroup
 			for j := range errs {
-				wg.Go(func() { errs[j] = outbox.Requeue(b.ctx, b.schema(), ids[0], outbox.Expect{}) })
+				wg.Go(func() { errs[j] = mustStore(t, b.schema()).Requeue(b.ctx, ids[0], outbox.Expect{}) })
 			}
 			wg.Wait()
 			ok := 0
@@ -605,24 +610,24 @@ func TestRequeueMatching(t *testing.T) {
 		relayed()
 		require.Zero(t, rec.count(), "quarantined rows and a failing row not due: nothing to relay")
 
-		n, err := outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{Topic: "a"})
+		n, err := mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{Topic: "a"})
 		require.NoError(t, err)
 		require.Equal(t, int64(3), n)
 		relayed()
 		require.Equal(t, []string{"a/a1", "a/a2", "a/a3"}, uuids(0))
 
-		n, err = outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{State: outbox.StateFailing, Topic: "a"})
+		n, err = mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{State: outbox.StateFailing, Topic: "a"})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "the failing row is due now")
 		relayed()
 		require.Equal(t, []string{"a/af"}, uuids(3))
 
-		n, err = outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{})
+		n, err = mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n)
 		relayed()
 		require.Equal(t, []string{"b/b1", "b/b2"}, uuids(4))
-		n, err = outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{})
+		n, err = mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{})
 		require.NoError(t, err)
 		require.Zero(t, n)
 
@@ -632,13 +637,13 @@ func TestRequeueMatching(t *testing.T) {
 		b.seedBulk(t, "bulk", "yes", total)
 		b.seedBulk(t, "bulk", "other", 10)
 		f := outbox.RowFilter{Metadata: map[string]string{"bulk": "yes"}}
-		count, err := outbox.CountRows(b.ctx, db, f)
+		count, err := mustStore(t, db).Count(b.ctx, f)
 		require.NoError(t, err)
 		require.Equal(t, int64(total), count)
-		n, err = outbox.RequeueMatching(b.ctx, db, f)
+		n, err = mustStore(t, db).RequeueMatching(b.ctx, f)
 		require.NoError(t, err)
 		require.Equal(t, int64(total), n)
-		count, err = outbox.CountRows(b.ctx, db, f)
+		count, err = mustStore(t, db).Count(b.ctx, f)
 		require.NoError(t, err)
 		require.Zero(t, count)
 		relayed()
@@ -651,7 +656,7 @@ func TestRequeueMatching(t *testing.T) {
 			require.True(t, strings.HasPrefix(u, "bulk/yes-"), u)
 			require.Equal(t, 1, c, u)
 		}
-		count, err = outbox.CountRows(b.ctx, db, outbox.RowFilter{Metadata: map[string]string{"bulk": "other"}})
+		count, err = mustStore(t, db).Count(b.ctx, outbox.RowFilter{Metadata: map[string]string{"bulk": "other"}})
 		require.NoError(t, err)
 		require.Equal(t, int64(20), count, "the other rows stay quarantined")
 	})
@@ -672,20 +677,20 @@ func TestDiscard(t *testing.T) {
 		)
 		q1, f1, h1 := ids[0], ids[3], ids[4]
 
-		require.NoError(t, outbox.Discard(b.ctx, db, q1, outbox.Expect{}))
-		_, err := outbox.GetRow(b.ctx, db, q1)
+		require.NoError(t, mustStore(t, db).Discard(b.ctx, q1, outbox.Expect{}))
+		_, err := mustStore(t, db).Get(b.ctx, q1)
 		require.ErrorIs(t, err, outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, q1, outbox.Expect{}), outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Requeue(b.ctx, db, q1, outbox.Expect{}), outbox.ErrRowNotFound)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, f1, outbox.Expect{}), outbox.ErrNotQuarantined)
-		require.ErrorIs(t, outbox.Discard(b.ctx, db, h1, outbox.Expect{}), outbox.ErrNotQuarantined)
+		require.ErrorIs(t, mustStore(t, db).Discard(b.ctx, q1, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, mustStore(t, db).Requeue(b.ctx, q1, outbox.Expect{}), outbox.ErrRowNotFound)
+		require.ErrorIs(t, mustStore(t, db).Discard(b.ctx, f1, outbox.Expect{}), outbox.ErrNotQuarantined)
+		require.ErrorIs(t, mustStore(t, db).Discard(b.ctx, h1, outbox.Expect{}), outbox.ErrNotQuarantined)
 
-		_, err = outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{State: outbox.StateAll, Reason: "too large"})
+		_, err = mustStore(t, db).DiscardMatching(b.ctx, outbox.RowFilter{State: outbox.StateAll, Reason: "too large"})
 		require.Error(t, err)
-		n, err := outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{Reason: "TOO LARGE"})
+		n, err := mustStore(t, db).DiscardMatching(b.ctx, outbox.RowFilter{Reason: "TOO LARGE"})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "q3 (q1 is gone, f1 is failing)")
-		page, err := outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll}, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, outbox.RowFilter{State: outbox.StateAll}, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, []int64{ids[1], f1}, rowIDs(page.Rows))
 
@@ -702,10 +707,10 @@ func TestDiscard(t *testing.T) {
 		// Everything quarantined before now, in several batches.
 		total := 2*outbox.MatchingBatch + 3
 		b.seedBulk(t, "bulk", "yes", total)
-		n, err = outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{QuarantinedBefore: time.Now().Add(time.Minute)})
+		n, err = mustStore(t, db).DiscardMatching(b.ctx, outbox.RowFilter{QuarantinedBefore: time.Now().Add(time.Minute)})
 		require.NoError(t, err)
 		require.Equal(t, int64(total+1), n, "the bulk rows and q2")
-		page, err = outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll}, outbox.Paging{})
+		page, err = mustStore(t, db).Find(b.ctx, outbox.RowFilter{State: outbox.StateAll}, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, []int64{f1}, rowIDs(page.Rows), "the failing row stays")
 	})
@@ -726,7 +731,7 @@ func TestCountRowsAsOf(t *testing.T) {
 			seedRow{Topic: "big", UUID: "h1"},
 		)
 		q1, q2, f1, h1 := ids[0], ids[1], ids[2], ids[3]
-		c, err := outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{Topic: "big", State: outbox.StateAll})
+		c, err := mustStore(t, db).CountAsOf(b.ctx, outbox.RowFilter{Topic: "big", State: outbox.StateAll})
 		require.NoError(t, err)
 		require.Equal(t, int64(3), c.Count)
 		require.Equal(t, f1, c.MaxID, "the largest id counted (h1 is not)")
@@ -742,37 +747,37 @@ func TestCountRowsAsOf(t *testing.T) {
 			seedRow{Topic: "big", UUID: "f2", State: outbox.StateFailing},
 		)
 		bound := outbox.RowFilter{Topic: "big", State: outbox.StateAll, AsOf: c.AsOf, MaxID: c.MaxID}
-		again, err := outbox.CountRowsAsOf(b.ctx, db, bound)
+		again, err := mustStore(t, db).CountAsOf(b.ctx, bound)
 		require.NoError(t, err)
 		require.Equal(t, int64(2), again.Count, "q2 and f1: the set only shrank")
 		require.Equal(t, f1, again.MaxID)
 		require.True(t, again.AsOf.Equal(c.AsOf), "a count given AsOf counts as of it")
-		page, err := outbox.FindRows(b.ctx, db, bound, outbox.Paging{})
+		page, err := mustStore(t, db).Find(b.ctx, bound, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, []int64{q2, f1}, rowIDs(page.Rows))
-		n, err := outbox.CountRows(b.ctx, db, outbox.RowFilter{Topic: "big", AsOf: c.AsOf})
+		n, err := mustStore(t, db).Count(b.ctx, outbox.RowFilter{Topic: "big", AsOf: c.AsOf})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n, "AsOf alone: q2 and q4 (quarantined before it)")
 
-		n, err = outbox.RequeueMatching(b.ctx, db, outbox.RowFilter{State: outbox.StateFailing, AsOf: c.AsOf, MaxID: c.MaxID})
+		n, err = mustStore(t, db).RequeueMatching(b.ctx, outbox.RowFilter{State: outbox.StateFailing, AsOf: c.AsOf, MaxID: c.MaxID})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "f1; not f2, written after the count")
-		n, err = outbox.DiscardMatching(b.ctx, db, outbox.RowFilter{AsOf: c.AsOf, MaxID: c.MaxID})
+		n, err = mustStore(t, db).DiscardMatching(b.ctx, outbox.RowFilter{AsOf: c.AsOf, MaxID: c.MaxID})
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "AsOf is a criterion: every row quarantined by then, of those counted: q2")
-		page, err = outbox.FindRows(b.ctx, db, outbox.RowFilter{State: outbox.StateAll}, outbox.Paging{})
+		page, err = mustStore(t, db).Find(b.ctx, outbox.RowFilter{State: outbox.StateAll}, outbox.Page{})
 		require.NoError(t, err)
 		require.Equal(t, []int64{q1, late[0], late[1], late[2]}, rowIDs(page.Rows))
-		_, err = outbox.GetRow(b.ctx, db, h1)
+		_, err = mustStore(t, db).Get(b.ctx, h1)
 		require.NoError(t, err)
 
 		// Nothing counted: MaxID 0, and nothing is bounded by it.
-		c, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{Topic: "none"})
+		c, err = mustStore(t, db).CountAsOf(b.ctx, outbox.RowFilter{Topic: "none"})
 		require.NoError(t, err)
 		require.Equal(t, int64(0), c.Count)
 		require.Equal(t, int64(0), c.MaxID)
 
-		_, err = outbox.CountRowsAsOf(b.ctx, db, outbox.RowFilter{MaxID: -1})
-		require.ErrorContains(t, err, "outbox: CountRowsAsOf: RowFilter.MaxID is -1")
+		_, err = mustStore(t, db).CountAsOf(b.ctx, outbox.RowFilter{MaxID: -1})
+		require.ErrorContains(t, err, "outbox: CountAsOf: RowFilter.MaxID is -1")
 	})
 }

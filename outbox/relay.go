@@ -17,8 +17,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -27,12 +27,8 @@ import (
 // many) may run against one table: each batch is locked with SKIP LOCKED.
 type Relay struct {
 	cfg         RelayConfig
-	batchPub    BatchPublisher // cfg.Publisher, when it implements BatchPublisher
-	selectSQL   string         // a batch when the table has rows with an ordering key
-	plainSQL    string         // a batch when it has none (the probe said so)
-	probeSQL    string         // does the table have a row with an ordering key? (and no JIT)
-	deleteSQL   string
-	failSQL     string
+	batchPub    BatchPublisher  // cfg.Publisher, when it implements BatchPublisher
+	store       *outboxdb.Store // the table's statements
 	relayed     atomic.Int64
 	batches     atomic.Int64
 	failures    atomic.Int64
@@ -76,49 +72,14 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	table := cfg.DB.Outbox()
+	store, err := outboxdb.New(cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: NewRelay: %w", err)
+	}
 	batchPub, _ := cfg.Publisher.(BatchPublisher)
-	const columns = `id, topic, uuid, payload, metadata::text, failures > 0 AS retry, ordering_key`
-	// Not a paused topic ($3). In a form the planner cannot estimate (a
-	// default selectivity): "topic <> ALL($3)" on a table of one topic
-	// reads as "no row", and the generic plan of a prepared statement
-	// then scans and sorts the whole backlog instead of walking the
-	// primary key.
-	const notPaused = `coalesce(topic <> ALL($3::text[]), true)`
-	retryDue := `failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now()) AND ` + notPaused
-	// Per-key order (ordering_key, see docs/ordering.md). A batch takes,
-	// among the rows of a key, only the key's first row left in the table
-	// (its head: no earlier row of the key exists, whatever its state), and
-	// then rows that follow the heads it locked. A key whose head is
-	// failing or quarantined (and not due), in a paused topic, or locked by
-	// another relay (in flight) has no head this batch can take: none of
-	// its rows is taken, and it takes no room. Writers of a key take its
-	// lock before they draw ids (internal/outboxwrite's insertQuery), so a row
-	// visible here has every earlier row of its key visible too.
-	// The head test asks for the key's first row (ORDER BY ... LIMIT 1):
-	// in that form the planner takes the ordering_key index even for a
-	// key that has most of the rows, where "NOT EXISTS an earlier row" was
-	// planned as a scan of the table from its start, over every row the
-	// relay had deleted.
-	head := `(ordering_key IS NULL OR (SELECT e.id FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1) = o.id)`
-	// The heads are looked for among the oldest $4 rows (a window of a few
-	// batches) that could have one: not behind a failed row of their key
-	// (the small index of the failed keyed rows answers it) nor behind a
-	// head in a paused topic. So the rows a batch walks are bounded: the
-	// rows of keys whose head another relay has in flight, and the deep
-	// backlog of a hot key, are passed over at most $4 at a time, and the
-	// rows that wait behind a blocked key (a failed or paused head) are
-	// not in the window at all, whatever their number, so they never keep
-	// the other keys out of it. The window's ids (and the followers') are
-	// given to the primary key as an array (= ANY(ARRAY(...))), so that
-	// the plan visits those rows only: as a join, the planner walked the
-	// whole table under the heads' filter; with the window's last id as a
-	// bound instead, the workers that found every head in flight walked
-	// the rest of the table.
-	notBehindFailed := `(ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id))`
-	notBehindPaused := `(cardinality($3::text[]) = 0 OR ordering_key IS NULL OR coalesce((SELECT e.topic <> ALL($3::text[]) FROM ` + table + ` e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1), true))`
 	return &Relay{
 		cfg:      cfg,
+		store:    store,
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),
 		pauses:   newTopicPauses(cfg.ErrorBackoff, cfg.MaxErrorBackoff),
@@ -130,94 +91,6 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		listenPingTimeout: defaultListenPingTimeout,
 		running:           make(chan struct{}),
 		closing:           make(chan struct{}),
-		// A batch ($1 rows) is the oldest rows that never failed, and the
-		// oldest failed rows whose backoff is over, these at most half the
-		// batch ($2) when there are enough of the others: failing rows never
-		// crowd out the rows behind them, and have the whole batch when
-		// nothing else waits. (A quarantined row has failures > 0.) The
-		// topics paused ($3, see topicPauses) wait. due counts (and locks)
-		// only the failed rows this batch can take: those another worker
-		// holds leave their room to fresh rows, or the batch would come
-		// out short and read as "caught up". retry takes the same rows
-		// first (the same order; this transaction's own locks do not skip).
-		// The followers: the batch's room left after the heads, shared
-		// among the keyed heads (at most ceil(room/keys) rows each), the
-		// rows of each key right after its head, oldest first. A follower
-		// locked elsewhere, failed or in a paused topic leaves a gap; the
-		// rows of its key after the gap are flagged blocked (lag: the
-		// previous row of the key in the batch) and left as they were.
-		selectSQL: `WITH due AS (
-  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
-), scan AS (
-  SELECT id FROM ` + table + ` o WHERE failures = 0 AND ` + notPaused + ` AND ` + notBehindFailed + ` AND ` + notBehindPaused + `
-  ORDER BY id LIMIT $4
-), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE id = ANY(ARRAY(SELECT id FROM scan)) AND failures = 0 AND ` + notPaused + ` AND ` + head + `
-  ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
-), retry AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE ` + retryDue + ` AND ` + head + `
-  ORDER BY id LIMIT $1 - (SELECT count(*) FROM fresh) FOR UPDATE SKIP LOCKED
-), heads AS (
-  SELECT * FROM fresh UNION ALL SELECT * FROM retry
-), room AS (
-  SELECT greatest($1 - count(*), 0) AS n, count(ordering_key) AS keys FROM heads
-), follow_ids AS (
-  SELECT f.id FROM heads h CROSS JOIN LATERAL (
-    SELECT e.id FROM ` + table + ` e WHERE e.ordering_key = h.ordering_key AND e.id > h.id ORDER BY e.id
-    LIMIT (SELECT (n + keys - 1) / greatest(keys, 1) FROM room)
-  ) f
-  WHERE h.ordering_key IS NOT NULL
-  ORDER BY f.id LIMIT (SELECT n FROM room)
-), follow AS (
-  SELECT ` + columns + ` FROM ` + table + ` o WHERE id = ANY(ARRAY(SELECT id FROM follow_ids)) AND failures = 0 AND ` + notPaused + `
-  ORDER BY id FOR UPDATE SKIP LOCKED
-), taken AS (
-  SELECT *, coalesce(lag(id) OVER (PARTITION BY ordering_key ORDER BY id), 0) AS prev
-  FROM (SELECT * FROM heads UNION ALL SELECT * FROM follow) u
-)
-SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
-  ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
-FROM taken t ORDER BY id`,
-		// Without a row with a key (probeSQL, an index's first entry), the
-		// statement of rows without keys: the oldest rows by the primary
-		// key, as before keys existed, at the same cost. A row with a key
-		// committed after the probe may still come in it: the last step,
-		// the same as selectSQL's, flags it blocked when an earlier row of
-		// its key is outside the batch (another relay has it), so the
-		// order never rests on the probe's timing.
-		plainSQL: `WITH due AS (
-  SELECT count(*) AS n FROM (SELECT 1 FROM ` + table + ` WHERE ` + retryDue + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) d
-), fresh AS (
-  SELECT ` + columns + ` FROM ` + table + ` WHERE failures = 0 AND ` + notPaused + `
-  ORDER BY id LIMIT $1 - (SELECT n FROM due) FOR UPDATE SKIP LOCKED
-), retry AS (
-  SELECT ` + columns + ` FROM ` + table + ` WHERE ` + retryDue + `
-  ORDER BY id LIMIT $1 - (SELECT count(*) FROM fresh) FOR UPDATE SKIP LOCKED
-), taken AS (
-  SELECT *, coalesce(lag(id) OVER (PARTITION BY ordering_key ORDER BY id), 0) AS prev
-  FROM (SELECT * FROM fresh UNION ALL SELECT * FROM retry) u
-)
-SELECT id, topic, uuid, payload, metadata, retry, ordering_key,
-  ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM ` + table + ` e WHERE e.ordering_key = t.ordering_key AND e.id < t.id AND e.id > t.prev) AS blocked
-FROM taken t ORDER BY id`,
-		// The probe also turns JIT compilation off for the batch's
-		// transaction: the batch statements' estimates grow with the table
-		// (a LIMIT computed in the statement reads as a tenth of it), and
-		// past jit_above_cost PostgreSQL compiled them for every batch,
-		// 25 ms and more each, for a few hundred rows.
-		probeSQL:  `SELECT set_config('jit', 'off', true), EXISTS (SELECT 1 FROM ` + table + ` WHERE ordering_key IS NOT NULL ORDER BY ordering_key, id LIMIT 1)`,
-		deleteSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
-		// Each failed row waits out its backoff; a permanent failure counts
-		// towards MaxAttempts ($4); unreadable metadata quarantines at once.
-		failSQL: `UPDATE ` + table + ` o SET
-  failures = o.failures + 1,
-  attempts = o.attempts + f.permanent::int,
-  next_attempt_at = clock_timestamp() + least($5::float8 * power(2::float8, least(o.failures, 62)), $6::float8) * interval '1 microsecond',
-  last_error = f.err,
-  quarantined_at = CASE WHEN f.defect OR (f.permanent AND o.attempts + 1 >= $7) THEN clock_timestamp() END
-FROM unnest($1::bigint[], $2::boolean[], $3::boolean[], $4::text[]) AS f(id, permanent, defect, err)
-WHERE o.id = f.id
-RETURNING o.id, o.topic, o.uuid, o.attempts, o.failures, o.quarantined_at IS NOT NULL, coalesce(o.last_error, '')`,
 	}, nil
 }
 
@@ -345,23 +218,6 @@ func (r *Relay) Running() chan struct{} {
 	return r.running
 }
 
-// idSequenceSQL finds the sequence behind the outbox table's ($1) id
-// column, and its cache, from the table itself, whatever created it: the
-// sequence the column owns (bigserial, or an identity column), else the one
-// its default draws from (a sequence created apart, as some schema tools
-// write it). No row when the table does not exist; NULLs when the column
-// has no sequence.
-const idSequenceSQL = `SELECT s.seqcache, s.seqrelid::regclass::text
-FROM (SELECT to_regclass($1) AS t) t
-LEFT JOIN LATERAL (SELECT coalesce(pg_get_serial_sequence($1, 'id')::regclass,
-    (SELECT d.refobjid::regclass FROM pg_attrdef a
-     JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = a.oid AND d.refclassid = 'pg_class'::regclass
-     JOIN pg_class c ON c.oid = d.refobjid AND c.relkind = 'S'
-     WHERE a.adrelid = t.t AND a.adnum = (SELECT attnum FROM pg_attribute WHERE attrelid = t.t AND attname = 'id' AND NOT attisdropped)
-     LIMIT 1)) AS seq) q ON true
-LEFT JOIN pg_sequence s ON s.seqrelid = q.seq
-WHERE t.t IS NOT NULL`
-
 // checkSequence logs an error when the outbox table's id sequence hands
 // out ids from a per-session cache (CACHE above 1): a transaction that
 // commits later may then draw a smaller id, and the relay, which keeps a
@@ -371,11 +227,9 @@ WHERE t.t IS NOT NULL`
 func (r *Relay) checkSequence(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var cache *int64
-	var seq *string
-	err := seam.QueryRow(qctx, r.cfg.DB.Conn, idSequenceSQL, []any{r.cfg.DB.Outbox()}, &cache, &seq)
+	cache, seq, err := r.store.IDSequence(qctx, r.cfg.DB.Conn)
 	switch {
-	case errors.Is(err, seam.ErrNoRows), err != nil && ctx.Err() != nil:
+	case errors.Is(err, outboxdb.ErrNoTable), err != nil && ctx.Err() != nil:
 		return
 	case err != nil:
 		r.cfg.Logger.Info("outbox relay: start-up check could not read the outbox id sequence's cache (check it is 1 if you use ordering keys): "+err.Error(), nil)
@@ -642,7 +496,7 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	if len(p.done) > 0 {
-		if _, err := tx.ExecContext(finishCtx, r.deleteSQL, p.done); err != nil {
+		if err := r.store.DeleteRelayed(finishCtx, tx, p.done); err != nil {
 			return res, r.own(fmt.Errorf("outbox relay: deleting relayed rows: %w", err))
 		}
 	}
@@ -662,7 +516,7 @@ func (r *Relay) relayBatchOnce(ctx context.Context) (res batchResult, err error)
 	r.failedPubs.Add(int64(len(p.failed)))
 	r.quarantined.Add(int64(len(quarantined)))
 	for _, q := range quarantined {
-		r.cfg.Logger.Error("outbox relay: row quarantined; it is skipped until outbox.RequeueFailed",
+		r.cfg.Logger.Error("outbox relay: row quarantined; it is skipped until outbox.Store.RequeueFailed",
 			errors.New(q.lastError), watermill.LogFields{
 				"id": q.id, "topic": q.topic, "uuid": q.uuid, "permanent_failures": q.attempts, "failures": q.failures,
 			})

@@ -9,7 +9,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 )
 
 // batch is a locked batch: the rows to publish, in id order, and the rows
@@ -43,32 +43,8 @@ type defect struct {
 	err error
 }
 
-// hasKeyedRows reports whether the outbox table has a row with an ordering
-// key (the first entry of its ordering_key index), and turns JIT
-// compilation off for the rest of tx (see probeSQL).
-func (r *Relay) hasKeyedRows(ctx context.Context, tx wsql.Tx) (bool, error) {
-	rows, err := tx.QueryContext(ctx, r.probeSQL)
-	if err != nil {
-		return false, fmt.Errorf("outbox relay: selecting batch: %w", err)
-	}
-	var (
-		jit   string
-		found bool
-	)
-	if rows.Next() {
-		err = rows.Scan(&jit, &found)
-	}
-	if cerr := seam.Close(rows); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, fmt.Errorf("outbox relay: selecting batch: %w", err)
-	}
-	return found, nil
-}
-
 // headWindow is how many batches' worth of the oldest rows a batch looks
-// for the heads of keys among (see NewRelay's selectSQL).
+// for the heads of keys among (internal/outboxdb's ClaimKeyed).
 const headWindow = 4
 
 func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
@@ -79,16 +55,13 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		half = int(r.alternate.Add(1) % 2)
 	}
 	paused := r.pauses.active(time.Now())
-	keyed, err := r.hasKeyedRows(ctx, tx)
+	keyed, err := r.store.Probe(ctx, tx)
 	if err != nil {
-		return batch{}, err
+		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
-	var rows wsql.Rows
-	if keyed {
-		rows, err = tx.QueryContext(ctx, r.selectSQL, r.cfg.BatchSize, half, paused, headWindow*r.cfg.BatchSize)
-	} else {
-		rows, err = tx.QueryContext(ctx, r.plainSQL, r.cfg.BatchSize, half, paused)
-	}
+	rows, err := r.store.ClaimBatch(ctx, tx, outboxdb.Claim{
+		Size: r.cfg.BatchSize, Retry: half, Paused: paused, Keyed: keyed, Window: headWindow * r.cfg.BatchSize,
+	})
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox relay: selecting batch: %w", err)
 	}
@@ -97,32 +70,15 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 	// a defect, so the rows of the key after it wait too (rows come in id
 	// order).
 	stopped := map[string]bool{}
-	for rows.Next() {
-		var (
-			id      int64
-			topic   string
-			uuid    string
-			payload []byte
-			meta    string
-			retry   bool
-			key     *string
-			blocked bool
-		)
-		if err := rows.Scan(&id, &topic, &uuid, &payload, &meta, &retry, &key, &blocked); err != nil {
-			_ = rows.Close()
-			return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
-		}
-		k := ""
-		if key != nil {
-			k = *key
-		}
-		if k != "" && (blocked || stopped[k]) {
+	for _, row := range rows {
+		id, topic, uuid, k := row.ID, row.Topic, row.UUID, row.OrderingKey
+		if k != "" && (row.Blocked || stopped[k]) {
 			stopped[k] = true
 			b.blocked++
 			continue
 		}
-		msg := message.NewMessage(uuid, payload)
-		if err := json.Unmarshal([]byte(meta), &msg.Metadata); err != nil {
+		msg := message.NewMessage(uuid, row.Payload)
+		if err := json.Unmarshal([]byte(row.Metadata), &msg.Metadata); err != nil {
 			// No retry can fix it: quarantined at once, the rest goes on
 			// (but the rows of its key wait behind it).
 			b.defects = append(b.defects, defect{id, fmt.Errorf("row %d (topic %q, uuid %q) has unreadable metadata: %w", id, topic, uuid, err)})
@@ -138,11 +94,8 @@ func (r *Relay) lockBatch(ctx context.Context, tx wsql.Tx) (batch, error) {
 		b.ids = append(b.ids, id)
 		b.topics = append(b.topics, topic)
 		b.msgs = append(b.msgs, msg)
-		b.retry = append(b.retry, retry)
+		b.retry = append(b.retry, row.Retry)
 		b.keys = append(b.keys, k)
-	}
-	if err := seam.Close(rows); err != nil {
-		return batch{}, fmt.Errorf("outbox relay: reading batch: %w", err)
 	}
 	return b, nil
 }

@@ -99,7 +99,7 @@ type RelayConfig struct {
 	//	},
 	//
 	// without one, no publish error quarantines a row: each is retried with
-	// the row's backoff, visible in PendingStats.Failing. Unreadable stored
+	// the row's backoff, visible in Store.Pending's Failing. Unreadable stored
 	// metadata always quarantines (no retry can change it).
 	IsPermanent func(err error) bool
 
@@ -110,7 +110,7 @@ type RelayConfig struct {
 	// after its backoff, for as long as it lasts, never blocks the rows
 	// behind it, and is never quarantined for it. A row whose metadata
 	// cannot be decoded is quarantined at once. A quarantined row is
-	// skipped and logged; PendingStats reports it and RequeueFailed puts it
+	// skipped and logged; Store.Pending reports it and Store.RequeueFailed puts it
 	// back. Defaults to 5 (a permanent failure repeats by definition; the
 	// retries cover a predicate that calls an error permanent that is not
 	// always, and cost nothing to the rows behind).

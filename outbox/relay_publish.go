@@ -8,8 +8,8 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // failedRow is a row whose publish failed in this batch; permanent when
@@ -199,45 +199,33 @@ type quarantinedRow struct {
 	lastError          string
 }
 
-// recordFailures records, in one statement (failSQL), the failures of the
+// recordFailures records, in one statement (internal/outboxdb's RecordFailures), the failures of the
 // batch and its unreadable rows, and returns the rows it quarantined. Each
 // failed row is due again after its backoff, min(ErrorBackoff *
 // 2^failures, MaxErrorBackoff); a permanent failure adds one to its
 // attempts, and quarantines it when they reach MaxAttempts; an unreadable
 // row is quarantined at once.
 func (r *Relay) recordFailures(ctx context.Context, tx wsql.Tx, b batch, failed []failedRow) ([]quarantinedRow, error) {
-	n := len(failed) + len(b.defects)
-	ids := make([]int64, 0, n)
-	permanent := make([]bool, 0, n)
-	defect := make([]bool, 0, n)
-	texts := make([]string, 0, n)
+	rows := make([]outboxdb.Failure, 0, len(failed)+len(b.defects))
 	for _, f := range failed {
-		ids, permanent, defect = append(ids, f.id), append(permanent, f.permanent), append(defect, false)
-		texts = append(texts, pgtext.Truncate(f.err.Error()))
+		rows = append(rows, outboxdb.Failure{ID: f.id, Permanent: f.permanent, Error: pgtext.Truncate(f.err.Error())})
 	}
 	for _, d := range b.defects {
-		ids, permanent, defect = append(ids, d.id), append(permanent, true), append(defect, true)
-		texts = append(texts, pgtext.Truncate(d.err.Error()))
+		rows = append(rows, outboxdb.Failure{ID: d.id, Permanent: true, Defect: true, Error: pgtext.Truncate(d.err.Error())})
 	}
-	rows, err := tx.QueryContext(ctx, r.failSQL, ids, permanent, defect, texts,
-		float64(r.cfg.ErrorBackoff.Microseconds()), float64(r.cfg.MaxErrorBackoff.Microseconds()), r.cfg.MaxAttempts)
+	recorded, err := r.store.RecordFailures(ctx, tx, rows, outboxdb.Backoff{
+		Base:        float64(r.cfg.ErrorBackoff.Microseconds()),
+		Max:         float64(r.cfg.MaxErrorBackoff.Microseconds()),
+		MaxAttempts: r.cfg.MaxAttempts,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: recording failed rows: %w", err)
 	}
 	var out []quarantinedRow
-	for rows.Next() {
-		var q quarantinedRow
-		var isQuarantined bool
-		if err := rows.Scan(&q.id, &q.topic, &q.uuid, &q.attempts, &q.failures, &isQuarantined, &q.lastError); err != nil {
-			_ = rows.Close()
-			return nil, fmt.Errorf("outbox relay: recording failed rows: %w", err)
+	for _, q := range recorded {
+		if q.Quarantined {
+			out = append(out, quarantinedRow{id: q.ID, topic: q.Topic, uuid: q.UUID, attempts: q.Attempts, failures: q.Failures, lastError: q.LastError})
 		}
-		if isQuarantined {
-			out = append(out, q)
-		}
-	}
-	if err := seam.Close(rows); err != nil {
-		return nil, fmt.Errorf("outbox relay: recording failed rows: %w", err)
 	}
 	return out, nil
 }

@@ -188,7 +188,7 @@ func relayPublisherFailure(wrap publisherAs) func(t *testing.T, b bundle) {
 		require.Equal(t, int64(5), st.Relayed)
 		require.Equal(t, int64(1), st.Batches)
 		require.ErrorIs(t, st.LastError, errBrokerDown)
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		if _, batched := wrap(rec).(outbox.BatchPublisher); batched {
 			require.Equal(t, int64(5), p.Failing, "topic b's rows were in the call: each failed")
@@ -241,7 +241,7 @@ func relayRunRetriesFailures(wrap publisherAs) func(t *testing.T, b bundle) {
 		testenv.Eventually(t, 10*time.Second, func() bool { return relay.Stats().Failures >= 3 },
 			"Run should keep retrying a failing batch")
 		require.Equal(t, int64(1), b.pending(t, b.db), "the rows of the other topics were relayed and deleted")
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Failing, "the payments row is failing, retried after its backoff")
 		require.Zero(t, p.Quarantined, "its failures alone prove nothing after the other rows went out")
@@ -279,7 +279,7 @@ func TestRelayUnreadableMetadata(t *testing.T) {
 		require.Contains(t, lastErr, "unreadable metadata")
 		require.Equal(t, int64(1), relay.Stats().Failures)
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, Quarantined: 1}, p)
 
@@ -623,7 +623,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 			_, err := relay.Flush(b.ctx)
 			require.ErrorIs(t, err, errUnpublishable)
 		}
-		p, err := outbox.PendingStats(b.ctx, b.schema())
+		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Failing)
 		require.Zero(t, p.Quarantined)
@@ -649,7 +649,7 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		n, err := relay.Flush(b.ctx)
 		require.NoError(t, err, "quarantined: skipped")
 		require.Zero(t, n)
-		p, err = outbox.PendingStats(b.ctx, b.schema())
+		p, err = mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), p.Count)
 		require.Zero(t, p.Failing, "a quarantined row is not counted as failing")
@@ -665,10 +665,10 @@ func relayQuarantinesUnpublishableRow(wrap publisherAs) func(t *testing.T, b bun
 		rec.mu.Lock()
 		rec.failUUID = ""
 		rec.mu.Unlock()
-		requeued, err := outbox.RequeueFailed(b.ctx, b.schema())
+		requeued, err := mustStore(t, b.schema()).RequeueFailed(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), requeued)
-		p, err = outbox.PendingStats(b.ctx, b.schema())
+		p, err = mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge}, p, "nothing failing or quarantined")
 		require.Zero(t, b.permanentFailures(t))

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 )
 
 // errNoListen says why the relay cannot LISTEN at all with this
@@ -90,22 +89,22 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 		// it next, or nobody. A pooler shows itself by the backend key it
 		// invents: the process id the client was given at startup is not
 		// the server's.
-		var pid uint32
-		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		pid, err := r.store.BackendPID(ctx, conn)
+		if err != nil {
 			return fmt.Errorf("reading the backend pid: %w", err)
 		}
 		if pid != conn.PgConn().PID() {
 			return errNoListen{"the relay's connection goes through a connection pooler (PgBouncer?), where LISTEN does not hold; " +
 				"set RelayConfig.ListenConnString to a direct PostgreSQL address to wake on commit"}
 		}
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.channel}.Sanitize()); err != nil {
+		if err := r.store.Listen(ctx, conn); err != nil {
 			return fmt.Errorf("LISTEN: %w", err)
 		}
 		// The session shows what it is by a lock it holds for as long as
 		// it lasts (the console lists the relays by it), whatever its
 		// last statement was; a table not there yet is tried again after
 		// each notification or ping.
-		marked, err := markListener(ctx, conn, r.cfg.DB.Outbox())
+		marked, err := r.markListener(ctx, conn)
 		if err != nil {
 			return err
 		}
@@ -139,7 +138,7 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 				r.wakeWorkers()
 			}
 			if !marked {
-				if marked, err = markListener(ctx, conn, r.cfg.DB.Outbox()); err != nil {
+				if marked, err = r.markListener(ctx, conn); err != nil {
 					return err
 				}
 			}
@@ -148,15 +147,15 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 }
 
 // markListener takes, in conn's session, the shared advisory lock of the
-// outbox table (quoted, schema-qualified) that marks a relay's LISTEN
-// session (outboxnotify.LockListenerSQL). It reports false when the table
-// does not exist (in this database: see RelayConfig.ListenConnString).
-func markListener(ctx context.Context, conn *pgx.Conn, table string) (bool, error) {
-	var held *bool
-	if err := conn.QueryRow(ctx, outboxnotify.LockListenerSQL, table).Scan(&held); err != nil {
+// outbox table that marks a relay's LISTEN session (internal/outboxdb's
+// LockListener). It reports false when the table does not exist (in this
+// database: see RelayConfig.ListenConnString).
+func (r *Relay) markListener(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	held, err := r.store.LockListener(ctx, conn)
+	if err != nil {
 		return false, fmt.Errorf("taking the lock that marks the LISTEN session: %w", err)
 	}
-	return held != nil && *held, nil
+	return held, nil
 }
 
 // withListenConn runs f on a connection of its own: a new one to

@@ -89,7 +89,8 @@ func TestRelayListenReconnects(t *testing.T) {
 		}
 
 		admin := testenv.Pool(t)
-		tag, err := admin.Exec(b.ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE `+outboxnotify.ListenerLockHeld, b.tables.Outbox())
+		tag, err := admin.Exec(b.ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.classid = $2::oid
+AND l.objid = to_regclass($1)::oid AND l.objsubid = 1 AND l.granted`, b.tables.Outbox(), uint32(outboxnotify.ListenerLockClass))
 		require.NoError(t, err)
 		require.EqualValues(t, 1, tag.RowsAffected(), "one LISTEN connection for the table")
 		testenv.Eventually(t, 5*time.Second, func() bool { return !relay.Stats().Listening }, "the relay did not notice the lost connection")
@@ -159,7 +160,8 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 func listenerApps(t *testing.T, b bundle) []string {
 	t.Helper()
 	rows, err := b.db.QueryContext(b.ctx, `SELECT a.application_name FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
-WHERE `+outboxnotify.ListenerLockHeld+` ORDER BY 1`, b.tables.Outbox())
+WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = to_regclass($1)::oid AND l.objsubid = 1 AND l.granted
+ORDER BY 1`, b.tables.Outbox(), uint32(outboxnotify.ListenerLockClass))
 	require.NoError(t, err)
 	var apps []string
 	for rows.Next() {
@@ -182,7 +184,8 @@ func TestRelayNoListen(t *testing.T) {
 		waitDelivered(t, rec, 1, 5*time.Second, "polling")
 		require.False(t, relay.Stats().Listening)
 		n := testenv.Count(t, b.db, `SELECT count(*) FROM pg_stat_activity a WHERE a.query = 'LISTEN "`+outbox.ChannelName(b.tables)+`"'
-OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND `+outboxnotify.ListenerLockHeld+`)`, b.tables.Outbox())
+OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.classid = $2::oid
+    AND l.objid = to_regclass($1)::oid AND l.objsubid = 1 AND l.granted)`, b.tables.Outbox(), uint32(outboxnotify.ListenerLockClass))
 		require.Zero(t, n, "no LISTEN session")
 	})
 }

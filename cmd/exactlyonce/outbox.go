@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -158,40 +158,34 @@ type pendingRow struct {
 }
 
 func (a *app) outboxPending(ctx context.Context, db sqlschema.DB, opts pendingOptions) error {
-	where := ""
+	state := ""
 	switch {
 	case opts.quarantined:
-		where = "WHERE quarantined_at IS NOT NULL"
+		state = outboxdb.StateQuarantined
 	case opts.failing:
-		where = "WHERE failures > 0 AND quarantined_at IS NULL"
+		state = outboxdb.StateFailing
 	}
 	// Ages are the database's (now()), like PendingStats, whatever this
 	// machine's clock says. A row is blocked as PendingStats counts it:
-	// it never failed, and waits behind a failed row of its ordering key.
-	rows, err := db.Conn.QueryContext(ctx, `SELECT id, topic, uuid, created_at,
-       extract(epoch FROM now() - created_at)::float8, octet_length(payload)::bigint,
-       failures, attempts, next_attempt_at,
-       coalesce(extract(epoch FROM next_attempt_at - now())::float8, 0),
-       quarantined_at, coalesce(last_error, ''), coalesce(ordering_key, ''),
-       ordering_key IS NOT NULL AND failures = 0 AND
-         EXISTS (SELECT 1 FROM `+db.Outbox()+` e WHERE e.ordering_key = o.ordering_key AND e.failures > 0 AND e.id < o.id)
-FROM `+db.Outbox()+` o `+where+` ORDER BY id LIMIT $1`, opts.limit)
+	// it never failed, and waits behind a failed row of its ordering key
+	// (internal/outboxdb's PendingRows).
+	st, err := outboxdb.New(db)
+	if err != nil {
+		return opErr(ctx, db, "outbox pending", err)
+	}
+	rows, err := st.PendingRows(ctx, db.Conn, state, opts.limit)
 	if err != nil {
 		return opErr(ctx, db, "outbox pending", err)
 	}
 	var out []pendingRow
-	for rows.Next() {
-		var r pendingRow
-		var created time.Time
-		var next, quarantined *time.Time
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &created, &r.AgeSeconds, &r.PayloadBytes,
-			&r.Failures, &r.PermanentFailures, &next, &r.nextIn, &quarantined, &r.LastError, &r.OrderingKey, &r.blocked); err != nil {
-			_ = rows.Close()
-			return opErr(ctx, db, "outbox pending", err)
-		}
-		r.CreatedAt, r.NextAttemptAt, r.QuarantinedAt = jsonTime(&created), jsonTime(next), jsonTime(quarantined)
+	for _, p := range rows {
+		created := p.CreatedAt
+		r := pendingRow{ID: p.ID, Topic: p.Topic, UUID: p.UUID, AgeSeconds: p.AgeSeconds, PayloadBytes: p.PayloadBytes,
+			Failures: p.Failures, PermanentFailures: p.PermanentFailures, LastError: p.LastError, OrderingKey: p.OrderingKey,
+			nextIn: p.NextInSeconds, blocked: p.Blocked}
+		r.CreatedAt, r.NextAttemptAt, r.QuarantinedAt = jsonTime(&created), jsonTime(p.NextAttemptAt), jsonTime(p.QuarantinedAt)
 		switch {
-		case quarantined != nil:
+		case p.QuarantinedAt != nil:
 			r.State = "quarantined"
 		case r.nextIn > 0:
 			r.State = "backoff"
@@ -201,9 +195,6 @@ FROM `+db.Outbox()+` o `+where+` ORDER BY id LIMIT $1`, opts.limit)
 			r.State = "ready"
 		}
 		out = append(out, r)
-	}
-	if err := seam.Close(rows); err != nil {
-		return opErr(ctx, db, "outbox pending", err)
 	}
 	if a.jsonOut {
 		return a.printJSON(struct {

@@ -7,9 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -26,67 +24,30 @@ type schemaTables struct {
 	inbox, outbox []string // table names, sorted
 }
 
-// libraryTablesSQL finds the library's tables in every schema the user may
-// use, from the catalog alone (no table is read, so a schema dropped
-// meanwhile or a table the user may not read is no error): a table with
-// the inbox's (or the outbox's) first columns, in a schema that holds the
-// library's migrations table, or that also has the column lease_token
-// (quarantined_at), which a table of the user's of that shape is unlikely
-// to have (tables created with 'migrate sql' and another tool record no
-// migrations). A partition of a partitioned inbox is not a table of its
-// own. The inbox's table of parked messages has neither shape.
-const libraryTablesSQL = `
-SELECT schema, name, inbox
-FROM (
-    SELECT n.nspname::text AS schema, c.relname::text AS name,
-           count(*) FILTER (WHERE a.attname IN ('consumer', 'message_key', 'status', 'attempts', 'first_seen_at', 'processed_at')) = 6 AS inbox,
-           count(*) FILTER (WHERE a.attname IN ('id', 'topic', 'uuid', 'payload', 'metadata', 'created_at')) = 6 AS outbox,
-           bool_or(a.attname = 'lease_token') AS inbox_later,
-           bool_or(a.attname = 'quarantined_at') AS outbox_later,
-           EXISTS (SELECT 1 FROM pg_catalog.pg_class m
-                   WHERE m.relnamespace = n.oid AND m.relname = '` + migrationsTable + `' AND m.relkind IN ('r', 'p')) AS versioned
-    FROM pg_catalog.pg_class c
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-    WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-      AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'
-      AND has_schema_privilege(n.oid, 'USAGE')
-      AND a.attname IN ('consumer', 'message_key', 'status', 'attempts', 'first_seen_at', 'processed_at', 'lease_token',
-                        'id', 'topic', 'uuid', 'payload', 'metadata', 'created_at', 'quarantined_at')
-    GROUP BY n.oid, n.nspname, c.relname
-) t
-WHERE (inbox AND (inbox_later OR versioned)) OR (outbox AND (outbox_later OR versioned))
-ORDER BY schema, name`
-
-// migrationsTable is the table in which sqlschema.Migrate records the
-// migrations it applied, in DB.Schema (sqlschema's migrationsTable).
-const migrationsTable = "watermill_exactlyonce_migrations"
-
 // libraryTables returns the library's tables of every schema, by schema.
-func libraryTables(ctx context.Context, q wsql.ContextExecutor) ([]schemaTables, error) {
-	rows, err := q.QueryContext(ctx, libraryTablesSQL)
+// The search is internal/outboxdb's LibraryTables.
+func libraryTables(ctx context.Context, db sqlschema.DB) ([]schemaTables, error) {
+	st, err := outboxdb.New(db)
+	if err != nil {
+		return nil, err
+	}
+	found, err := st.LibraryTables(ctx, db.Conn)
 	if err != nil {
 		return nil, err
 	}
 	var out []schemaTables
-	for rows.Next() {
-		var schema, name string
-		var isInbox bool
-		if err := rows.Scan(&schema, &name, &isInbox); err != nil {
-			_ = rows.Close()
-			return nil, err
-		}
-		if len(out) == 0 || out[len(out)-1].schema != schema {
-			out = append(out, schemaTables{schema: schema})
+	for _, t := range found {
+		if len(out) == 0 || out[len(out)-1].schema != t.Schema {
+			out = append(out, schemaTables{schema: t.Schema})
 		}
 		st := &out[len(out)-1]
-		if isInbox {
-			st.inbox = append(st.inbox, name)
+		if t.Inbox {
+			st.inbox = append(st.inbox, t.Name)
 		} else {
-			st.outbox = append(st.outbox, name)
+			st.outbox = append(st.outbox, t.Name)
 		}
 	}
-	return out, seam.Close(rows)
+	return out, nil
 }
 
 // tablesElsewhere is called when no migration of db's inbox table
@@ -97,7 +58,7 @@ func libraryTables(ctx context.Context, q wsql.ContextExecutor) ([]schemaTables,
 // nowhere in the database (then nowhere is true); or the tables are there
 // and were created without recording migrations ('migrate sql').
 func tablesElsewhere(ctx context.Context, db sqlschema.DB, noInbox, noOutbox bool) (hint error, nowhere bool, err error) {
-	found, err := libraryTables(ctx, db.Conn)
+	found, err := libraryTables(ctx, db)
 	if err != nil {
 		return nil, false, err
 	}

@@ -1,14 +1,14 @@
 // Package outboxnotify holds what the outbox's wake-on-commit shares with
 // the other packages of the module: the NOTIFY channel of an outbox table
-// (Channel, NotifySQL), and the advisory lock by which a relay's LISTEN
-// session shows itself (LockListenerSQL, ListenerLockHeld: the console
-// lists the relays by it).
+// (Channel), and the class of the advisory lock by which a relay's LISTEN
+// session shows itself (ListenerLockClass; the statements that take it and
+// list the sessions holding it are internal/outboxdb's LockListener and
+// Relays: the console lists the relays by it).
 package outboxnotify
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"strings"
 
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -37,26 +37,3 @@ func Channel(db sqlschema.DB) string {
 // (objsubid 2); the inbox's per-key locks of the partitioned layout and
 // Migrate's are bigints whose high 32 bits are a hash or another constant.
 const ListenerLockClass = 0x656f726c
-
-// LockListenerSQL takes, in the session (for as long as it lasts), a
-// shared advisory lock that marks the session as a relay's LISTEN
-// connection for the outbox table $1 (quoted and schema-qualified, as
-// sqlschema.DB.Outbox returns it). Shared: every relay of the table holds
-// it at once; nothing takes it exclusively. It returns true once held,
-// NULL when the table does not exist (nothing is locked then).
-const LockListenerSQL = `SELECT pg_try_advisory_lock_shared((` + classSQL + `::bigint << 32) | to_regclass($1)::oid::bigint)`
-
-// classSQL is ListenerLockClass in decimal, for the SQL (TestListenerLock
-// checks it against pg_locks).
-const classSQL = "1701802604"
-
-// ListenerLockHeld is the SQL condition that the row l of pg_locks is the
-// lock LockListenerSQL takes, held, for the outbox table $1 (quoted and
-// schema-qualified).
-const ListenerLockHeld = `l.locktype = 'advisory' AND l.classid = ` + classSQL + `::oid AND l.objid = to_regclass($1)::oid AND l.objsubid = 1 AND l.granted`
-
-// NotifySQL is the SQL expression that sends the NOTIFY of db's outbox
-// table: a pg_notify call on Channel(db), with an empty payload.
-func NotifySQL(db sqlschema.DB) string {
-	return "pg_notify('" + strings.ReplaceAll(Channel(db), "'", "''") + "', '')"
-}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 )
 
 func keyed(uuid, key string) *message.Message {
@@ -16,28 +18,34 @@ func keyed(uuid, key string) *message.Message {
 	return m
 }
 
-// The INSERT binds five values per message (the ordering key NULL when
-// none), and, with ordering keys, takes their locks (class, hashes) before
-// it draws ids.
-func TestInsertQuery(t *testing.T) {
+// The INSERT binds one array per column, a message per index in the
+// call's order (the ordering key "" when none: the statement stores NULL),
+// and, with ordering keys, takes their locks (class, hashes) before it
+// draws ids.
+func TestInsertRows(t *testing.T) {
 	t.Parallel()
-	q, args, err := insertQuery(`"s"."o"`, 7, "topic", []*message.Message{keyed("a", ""), keyed("b", "k")}, nil)
+	in, err := insertRows(7, "topic", []*message.Message{keyed("a", ""), keyed("b", "k")}, nil)
 	require.NoError(t, err)
-	require.Equal(t, `INSERT INTO "s"."o" (topic, uuid, payload, metadata, ordering_key) VALUES ($1::text,$2::text,$3::bytea,$4::jsonb,$5::text),($6::text,$7::text,$8::bytea,$9::jsonb,$10::text)`, q)
-	require.Equal(t, []any{"topic", "a", []byte("p-a"), "{}", nil, "topic", "b", []byte("p-b"), `{"ordering_key":"k"}`, "k"}, args)
+	require.Equal(t, outboxdb.Insert{
+		Topic: "topic", UUIDs: []string{"a", "b"}, Payloads: [][]byte{[]byte("p-a"), []byte("p-b")},
+		Metadata: []string{"{}", `{"ordering_key":"k"}`}, OrderingKeys: []string{"", "k"}, LockClass: 7,
+	}, in)
 
 	lock := lockHashes([]*message.Message{keyed("b", "k")})
-	q, args, err = insertQuery(`"s"."o"`, 7, "topic", []*message.Message{keyed("b", "k")}, lock)
+	in, err = insertRows(7, "topic", []*message.Message{keyed("b", "k")}, lock)
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(q, `INSERT INTO "s"."o" (topic, uuid, payload, metadata, ordering_key) SELECT * FROM (VALUES `), q)
-	require.True(t, strings.HasSuffix(q, `) AS v WHERE (SELECT count(pg_advisory_xact_lock($6::int4, k)) FROM unnest($7::int4[]) AS k) >= 0`), q)
-	require.Equal(t, []any{int32(7), lock}, args[5:])
+	require.Equal(t, int32(7), in.LockClass)
+	require.Equal(t, lock, in.Locks)
 
-	_, _, err = insertQuery("t", 0, "topic", nil, nil)
+	in, err = insertRows(7, "topic", []*message.Message{message.NewMessage("n", nil)}, nil)
+	require.NoError(t, err)
+	require.Equal(t, [][]byte{{}}, in.Payloads, "a nil payload is stored empty (the column is NOT NULL)")
+
+	_, err = insertRows(0, "topic", nil, nil)
 	require.Error(t, err)
-	_, _, err = insertQuery("t", 0, "topic", []*message.Message{nil}, nil)
+	_, err = insertRows(0, "topic", []*message.Message{nil}, nil)
 	require.ErrorContains(t, err, "message 0 is nil")
-	_, _, err = insertQuery("t", 0, "topic", []*message.Message{keyed("", "")}, nil)
+	_, err = insertRows(0, "topic", []*message.Message{keyed("", "")}, nil)
 	require.ErrorContains(t, err, "empty UUID")
 }
 

@@ -49,10 +49,3 @@ func (w *Writer) shouldNotify(now time.Time) (bool, func()) {
 	}
 	return true, func() { w.last.CompareAndSwap(t, last) }
 }
-
-// withNotify wraps an INSERT so that the same statement also sends the
-// NOTIFY (notify, a pg_notify call): no extra round trip. A data-modifying
-// WITH runs to completion whether or not the outer query reads it.
-func withNotify(insert, notify string) string {
-	return "WITH ins AS (" + insert + ") SELECT " + notify
-}

@@ -31,8 +31,3 @@ func TestShouldNotifyDebouncesPerWriter(t *testing.T) {
 	ok, _ = w.shouldNotify(at(NotifyDebounce + 2*time.Millisecond))
 	require.False(t, ok)
 }
-
-func TestWithNotify(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "WITH ins AS (INSERT INTO t VALUES (1)) SELECT pg_notify('c', '')", withNotify("INSERT INTO t VALUES (1)", "pg_notify('c', '')"))
-}

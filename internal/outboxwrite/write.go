@@ -18,14 +18,15 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// maxMessagesPerInsert keeps one INSERT well under PostgreSQL's limit of
-// 65535 bind parameters (5 per message).
+// maxMessagesPerInsert bounds one INSERT (its values travel as arrays, so
+// it is no longer PostgreSQL's limit of 65535 bind parameters: it keeps
+// one statement's arrays, and the memory of the rows it sorts, bounded).
 const maxMessagesPerInsert = 1000
 
 // Writer writes to one outbox table (in one database) through the
@@ -34,9 +35,8 @@ const maxMessagesPerInsert = 1000
 // table and database for as long as you write to it. Safe for concurrent
 // use.
 type Writer struct {
-	table     string // quoted and schema-qualified
-	lockClass int32  // the first value of the ordering keys' locks
-	notify    string // the SQL expression that sends the table's NOTIFY
+	store     *outboxdb.Store
+	lockClass int32 // the first value of the ordering keys' locks
 	last      atomic.Int64
 }
 
@@ -46,8 +46,11 @@ func New(db sqlschema.DB) (*Writer, error) {
 	if err := db.Validate(); err != nil {
 		return nil, err
 	}
-	table := db.Outbox()
-	return &Writer{table: table, lockClass: LockClass(table), notify: outboxnotify.NotifySQL(db)}, nil
+	store, err := outboxdb.New(db)
+	if err != nil {
+		return nil, err
+	}
+	return &Writer{store: store, lockClass: LockClass(store.Table())}, nil
 }
 
 // Publisher returns a Publisher writing through tx whose writes decide the
@@ -152,7 +155,7 @@ func (p *Publisher) insert(topic string, messages []*message.Message, lock []int
 	undo = func() {}
 	for len(messages) > 0 {
 		n := min(len(messages), maxMessagesPerInsert)
-		query, args, err := insertQuery(p.w.table, p.w.lockClass, topic, messages[:n], lock)
+		rows, err := insertRows(p.w.lockClass, topic, messages[:n], lock)
 		if err != nil {
 			return undo, err
 		}
@@ -164,10 +167,7 @@ func (p *Publisher) insert(topic string, messages []*message.Message, lock []int
 		if !notify && !p.atCommit {
 			notify, decided = p.w.shouldNotify(time.Now())
 		}
-		if notify {
-			query = withNotify(query, p.w.notify)
-		}
-		if _, err := p.db.ExecContext(messages[0].Context(), query, args...); err != nil {
+		if err := p.w.store.Insert(messages[0].Context(), p.db, rows, notify); err != nil {
 			if notify && !p.notified {
 				decided() // no NOTIFY went out: the next writer sends one
 			}
@@ -205,7 +205,7 @@ func (p *Publisher) BeforeCommit(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	if _, err := p.db.ExecContext(ctx, "SELECT "+p.w.notify); err != nil {
+	if err := p.w.store.Notify(ctx, p.db); err != nil {
 		undo()
 		return fmt.Errorf("outbox: NOTIFY: %w", err)
 	}

@@ -2,9 +2,12 @@ package outboxwrite_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -12,6 +15,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // A Publisher made by AtCommit writes its rows without a NOTIFY; its
@@ -65,4 +69,86 @@ func TestAtCommitNotifiesBeforeCommit(t *testing.T) {
 		require.NoError(t, tx.Commit())
 		require.Equal(t, c.want, notified(), c.name)
 	}
+}
+
+// counting counts the statements sent through it, by text.
+type counting struct {
+	wsql.ContextExecutor
+	texts map[string]int
+	n     int
+}
+
+func (c *counting) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	c.n++
+	c.texts[q]++
+	return c.ContextExecutor.ExecContext(ctx, q, args...)
+}
+
+func (c *counting) QueryContext(ctx context.Context, q string, args ...any) (wsql.Rows, error) {
+	c.n++
+	c.texts[q]++
+	return c.ContextExecutor.QueryContext(ctx, q, args...)
+}
+
+// A Publish call is one statement whatever its number of messages and
+// keys (up to the bound of one INSERT), and the statement is the same
+// text for every size: one prepared statement per shape (with or without
+// the NOTIFY), not one per batch size. The rows get their ids in the
+// call's order, and each keeps its ordering key (NULL without one).
+func TestPublishIsOneStatementPerShape(t *testing.T) {
+	t.Parallel()
+	for _, d := range testenv.Drivers(t) {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			tables := testenv.Schema(t)
+			tables.Conn = d.DB
+			publishOneStatementPerShape(t, tables)
+		})
+	}
+}
+
+func publishOneStatementPerShape(t *testing.T, tables sqlschema.DB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := outboxwrite.New(tables)
+	require.NoError(t, err)
+	tx, err := tables.Conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	c := &counting{ContextExecutor: tx, texts: map[string]int{}}
+	p := w.AtCommit(c)
+	var uuids []string
+	for _, size := range []int{1, 3, 250} {
+		msgs := make([]*message.Message, size)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(fmt.Sprintf("m-%d-%d", size, i), []byte("x"))
+			if i%2 == 1 {
+				msgs[i].Metadata.Set(outboxwrite.OrderingKeyField, fmt.Sprintf("k%d", i%5))
+			}
+			uuids = append(uuids, msgs[i].UUID)
+		}
+		before := c.n
+		require.NoError(t, p.Publish("t", msgs...))
+		require.Equal(t, 1, c.n-before, "one round trip for %d messages", size)
+	}
+	require.Len(t, c.texts, 1, "one statement text for every size")
+	rows, err := tx.QueryContext(ctx, "SELECT uuid, coalesce(ordering_key, '<null>') FROM "+tables.Outbox()+" ORDER BY id")
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var u, k string
+		require.NoError(t, rows.Scan(&u, &k))
+		got = append(got, u)
+		var i int
+		_, err := fmt.Sscanf(u[strings.LastIndex(u, "-")+1:], "%d", &i)
+		require.NoError(t, err)
+		if i%2 == 1 {
+			require.Equal(t, fmt.Sprintf("k%d", i%5), k, u)
+		} else {
+			require.Equal(t, "<null>", k, u)
+		}
+	}
+	require.NoError(t, rows.Close())
+	require.Equal(t, uuids, got, "ids follow the call's order")
+	require.Equal(t, int64(0), testenv.Count(t, tx, "SELECT count(*) FROM "+tables.Outbox()+" WHERE ordering_key = ''"), "no key is NULL, not ''")
 }
