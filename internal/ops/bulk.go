@@ -68,6 +68,17 @@ var (
 	ErrCountChanged = errors.New("the count confirmed no longer holds")
 )
 
+// confirmationError is a confirmation no count gave: its message alone,
+// matching ErrBadConfirmation.
+type confirmationError struct{ msg string }
+
+func (e *confirmationError) Error() string        { return e.msg }
+func (e *confirmationError) Is(target error) bool { return target == ErrBadConfirmation }
+
+func badConfirmation(format string, args ...any) error {
+	return &confirmationError{msg: fmt.Sprintf(format, args...)}
+}
+
 // CountChangedError refuses a bulk action whose recount within the bounds
 // of the count confirmed is not the number confirmed: nothing was done.
 // Now is the count now, for a new confirmation.
@@ -109,15 +120,15 @@ func (e *StoppedError) Unwrap() error { return e.Err }
 func (c Confirmation) Check(rows bool) error {
 	switch {
 	case c.Count < 0:
-		return fmt.Errorf("%w: expect is %d: a count is not negative", ErrBadConfirmation, c.Count)
+		return badConfirmation("expect is %d: a count is not negative", c.Count)
 	case c.AsOf.IsZero():
-		return fmt.Errorf("%w: as_of is required: the as_of of the count you confirmed", ErrBadConfirmation)
+		return badConfirmation("as_of is required: the as_of of the count you confirmed")
 	case !rows && c.MaxID != 0:
-		return fmt.Errorf("%w: max_id is a bound of outbox rows, not of parked messages (their count's as_of bounds them)", ErrBadConfirmation)
+		return badConfirmation("max_id is a bound of outbox rows, not of parked messages (their count's as_of bounds them)")
 	case rows && c.MaxID < 0:
-		return fmt.Errorf("%w: max_id is %d: the max_id of the count (a row id, 0 when it counted none)", ErrBadConfirmation, c.MaxID)
+		return badConfirmation("max_id is %d: the max_id of the count (a row id, 0 when it counted none)", c.MaxID)
 	case rows && c.MaxID == 0 && c.Count > 0:
-		return fmt.Errorf("%w: max_id is 0 and expect is %d: a count of rows has the largest id it counted (max_id)", ErrBadConfirmation, c.Count)
+		return badConfirmation("max_id is 0 and expect is %d: a count of rows has the largest id it counted (max_id)", c.Count)
 	}
 	return nil
 }
@@ -133,8 +144,8 @@ func Run(ctx context.Context, t Target, c Confirmation) (Result, error) {
 		return Result{}, err
 	}
 	if c.AsOf.After(now) {
-		return Result{}, fmt.Errorf("%w: as_of is %s, after the store's time %s, now: give the as_of of the count you confirmed",
-			ErrBadConfirmation, FmtTime(c.AsOf), FmtTime(now))
+		return Result{}, badConfirmation("as_of is %s, after the store's time %s, now: give the as_of of the count you confirmed",
+			FmtTime(c.AsOf), FmtTime(now))
 	}
 	var res Result
 	if res.Matched, err = t.Recount(ctx, c); err != nil {
@@ -187,7 +198,7 @@ func (c Confirmation) Token() string {
 
 // ParseToken reads a Token.
 func ParseToken(s string) (Confirmation, error) {
-	bad := fmt.Errorf("%w: %q: want COUNT@AS_OF[/MAX_ID], as the count printed it", ErrBadConfirmation, s)
+	bad := badConfirmation("%q: want COUNT@AS_OF[/MAX_ID], as the count printed it", s)
 	n, rest, ok := strings.Cut(s, "@")
 	if !ok {
 		return Confirmation{}, bad
