@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -78,7 +78,7 @@ func (a *app) withOutbox(cmd *cobra.Command, f func(context.Context, sqlschema.D
 }
 
 func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
-	p, err := outbox.PendingStats(ctx, db)
+	p, err := ops.NewRows(db).Pending(ctx)
 	if err != nil {
 		return opErr(ctx, db, "outbox stats", err)
 	}
@@ -115,7 +115,7 @@ func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
 }
 
 func (a *app) outboxRequeue(ctx context.Context, db sqlschema.DB) error {
-	n, err := outbox.RequeueFailed(ctx, db)
+	n, err := ops.NewRows(db).RequeueFailed(ctx)
 	if err != nil {
 		return opErr(ctx, db, "outbox requeue-failed", err)
 	}
@@ -190,16 +190,7 @@ FROM `+db.Outbox()+` o `+where+` ORDER BY id LIMIT $1`, opts.limit)
 			return opErr(ctx, db, "outbox pending", err)
 		}
 		r.CreatedAt, r.NextAttemptAt, r.QuarantinedAt = jsonTime(&created), jsonTime(next), jsonTime(quarantined)
-		switch {
-		case quarantined != nil:
-			r.State = "quarantined"
-		case r.nextIn > 0:
-			r.State = "backoff"
-		case r.blocked:
-			r.State = "blocked"
-		default:
-			r.State = "ready"
-		}
+		r.State = ops.PendingState(quarantined != nil, r.Failures, r.blocked)
 		out = append(out, r)
 	}
 	if err := seam.Close(rows); err != nil {
@@ -220,10 +211,10 @@ FROM `+db.Outbox()+` o `+where+` ORDER BY id LIMIT $1`, opts.limit)
 	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tAGE\tSTATE\tFAILURES\tLAST ERROR")
 	for _, r := range out {
 		state := r.State
-		switch state {
-		case "backoff":
+		switch {
+		case state == ops.RowFailing && r.nextIn > 0:
 			state = "retry in " + fmtDuration(time.Duration(r.nextIn*float64(time.Second)))
-		case "blocked":
+		case state == ops.RowBlocked:
 			state = "blocked (key " + truncate(r.OrderingKey, 30) + ")"
 		}
 		lastErr := r.LastError

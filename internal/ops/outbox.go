@@ -111,12 +111,19 @@ func (b RowsBulk) bound(c Confirmation) outbox.RowFilter {
 
 // RowState is the word of r's state (RowQuarantined, RowFailing,
 // RowReady).
-func RowState(r outbox.Row) string {
+func RowState(r outbox.Row) string { return PendingState(r.Quarantined(), r.Failures, false) }
+
+// PendingState is the word of the state of a row of the backlog:
+// quarantined, failing (failures > 0), blocked (it never failed, and waits
+// behind a failed row of its ordering key) or ready.
+func PendingState(quarantined bool, failures int, blocked bool) string {
 	switch {
-	case r.Quarantined():
+	case quarantined:
 		return RowQuarantined
-	case r.Failures > 0:
+	case failures > 0:
 		return RowFailing
+	case blocked:
+		return RowBlocked
 	}
 	return RowReady
 }

@@ -19,6 +19,9 @@ const (
 	RowFailing = string(outbox.StateFailing)
 	// RowReady: it never failed: the live backlog.
 	RowReady = "ready"
+	// RowBlocked: it never failed, and waits behind a failed row of its
+	// ordering key (the CLI's outbox pending).
+	RowBlocked = "blocked"
 )
 
 // RowStates are the words a row filter's state takes: a state, or "all"
