@@ -75,6 +75,12 @@ func postgresHarness(t *testing.T, db sqlschema.DB) opstest.Harness {
 			require.NoError(t, tx.Commit())
 			return res.Claimed
 		},
+		SetStatus: func(t *testing.T, consumer, key, status string) {
+			t.Helper()
+			_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Inbox()+` SET status = $3,
+  lease_until = CASE WHEN $3 = 'processing' THEN now() + interval '1 hour' END WHERE consumer = $1 AND message_key = $2`, consumer, key, status)
+			require.NoError(t, err)
+		},
 		Replayed: func(t *testing.T) []opstest.Replayed {
 			t.Helper()
 			rows, err := db.Conn.QueryContext(ctx, `SELECT topic, uuid, payload, metadata::text FROM `+db.Outbox()+` ORDER BY id`)
@@ -112,7 +118,8 @@ func (p *recorder) Close() error { return nil }
 
 func redisHarness(t *testing.T) opstest.Harness {
 	c := testenv.Redis(t)
-	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: testenv.RedisPrefix(t, c)})
+	prefix := testenv.RedisPrefix(t, c)
+	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix})
 	require.NoError(t, err)
 	ctx := testCtx(t)
 	lb := leasestore.BackendOf(s)
@@ -136,6 +143,10 @@ func redisHarness(t *testing.T) opstest.Harness {
 			}
 			require.NoError(t, lb.Complete(ctx, leasestore.Attempt{Consumer: consumer, Key: key, Token: c.Token}))
 			return true
+		},
+		SetStatus: func(t *testing.T, consumer, key, status string) {
+			t.Helper()
+			require.NoError(t, c.HSet(ctx, prefix+"{"+consumer+"}:k:"+key, "status", status).Err())
 		},
 		Replayed: func(t *testing.T) []opstest.Replayed {
 			pub.mu.Lock()

@@ -52,6 +52,8 @@ type Store interface {
 	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
 	Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
 	Release(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
+	// Parked lists the consumer's parked keys, oldest first.
+	Parked(ctx context.Context, consumer string, limit int) ([]inbox.Record, error)
 
 	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
 	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
@@ -83,6 +85,7 @@ type RedisStore interface {
 	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
 	Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
 	Release(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
+	Parked(ctx context.Context, consumer string, limit int) ([]inbox.Record, error)
 	// ReplayParked and ReplayParkedMatching publish through pub: the
 	// store has no outbox.
 	ReplayParked(ctx context.Context, consumer, key string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error)

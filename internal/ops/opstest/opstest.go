@@ -27,6 +27,9 @@ type Harness struct {
 	Deliver func(t *testing.T, consumer, key string) bool
 	// Replayed are the messages replays published so far, in order.
 	Replayed func(t *testing.T) []Replayed
+	// SetStatus sets the status of the key's record behind the store's
+	// back (processing: an attempt holds its lease for an hour).
+	SetStatus func(t *testing.T, consumer, key, status string)
 }
 
 // Replayed is a message a replay published (written to the outbox, or
@@ -47,6 +50,9 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"GetParkedPrefix", testGetParkedPrefix},
 		{"ChangedMessageWithEmptyPayloadIsNotReplayable", testChangedMessageWithEmptyPayload},
 		{"DiscardForgetKeepsADoneRecord", testDiscardForgetKeepsADoneRecord},
+		{"ReplayParked", testReplayParked},
+		{"ReplayParkedRefusals", testReplayParkedRefusals},
+		{"DiscardParked", testDiscardParked},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
