@@ -454,46 +454,6 @@ func TestReplayParkedConcurrently(t *testing.T) {
 	})
 }
 
-func TestReplayParkedMatching(t *testing.T) {
-	t.Parallel()
-	eachLayout(t, func(t *testing.T, b bundle) {
-		for i := range 230 {
-			m := parkedMsg{consumer: "c", key: fmt.Sprintf("k%03d", i), topic: "t", payload: []byte(fmt.Sprint(i)),
-				meta: map[string]string{"campaign": "spring"}, reason: "downstream 503", ago: time.Duration(300-i) * time.Second}
-			if i%50 == 7 {
-				m.notKept = true
-			}
-			b.seed(t, m)
-		}
-		b.seed(t, parkedMsg{consumer: "c", key: "other", topic: "t", payload: []byte("o"), meta: map[string]string{"campaign": "fall"}})
-		f := inbox.ParkedFilter{Consumer: "c", Metadata: map[string]string{"campaign": "spring"}}
-		n, err := b.store.CountParked(b.ctx, f)
-		require.NoError(t, err)
-		require.Equal(t, int64(230), n)
-
-		rep, err := b.store.ReplayParkedMatching(b.ctx, f, inbox.ReplayOptions{BatchSize: 100})
-		require.NoError(t, err)
-		require.Equal(t, inbox.ReplayReport{Replayed: 225, Skipped: 5}, rep)
-		rows := b.outbox(t)
-		require.Len(t, rows, 225)
-		require.Equal(t, "uuid-k000", rows[0].UUID, "oldest parked first")
-		n, err = b.store.CountParked(b.ctx, f)
-		require.NoError(t, err)
-		require.Equal(t, int64(5), n, "the ones not kept stay")
-		require.Equal(t, int64(225), b.count(t, `SELECT count(*) FROM `+b.db.Inbox()+` WHERE status = 'failed'`))
-		require.Equal(t, "parked", b.status(t, "c", "other"), "outside the filter")
-
-		rep, err = b.store.ReplayParkedMatching(b.ctx, f, inbox.ReplayOptions{})
-		require.NoError(t, err)
-		require.Equal(t, inbox.ReplayReport{Skipped: 5}, rep, "a second run replays nothing again")
-
-		ctx, cancel := context.WithCancel(b.ctx)
-		cancel()
-		_, err = b.store.ReplayParkedMatching(ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.ReplayOptions{})
-		require.ErrorIs(t, err, context.Canceled)
-	})
-}
-
 // A discard's error carries inbox's prefix; the discard itself is the
 // operator contract's (internal/ops/opstest: DiscardParked).
 func TestDiscardParkedErrorPrefix(t *testing.T) {

@@ -133,6 +133,7 @@ func redisHarness(t *testing.T) opstest.Harness {
 			require.NoError(t, err)
 			require.Equal(t, leasestore.Acquired, c.Outcome)
 			require.NoError(t, lb.Fail(ctx, leasestore.Attempt{Consumer: consumer, Key: key, Token: c.Token, Message: msg}, reason, true))
+			time.Sleep(time.Millisecond) // the next park in a later millisecond: the store's order
 		},
 		Deliver: func(t *testing.T, consumer, key string) bool {
 			t.Helper()

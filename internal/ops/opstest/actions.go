@@ -1,6 +1,7 @@
 package opstest
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -161,4 +162,56 @@ func testDiscardParked(t *testing.T, h Harness) {
 	_, err = s.GetParked(ctx, "c", "f2")
 	require.ErrorIs(t, err, inbox.ErrNotParked)
 	require.Empty(t, h.Replayed(t))
+}
+
+// A bulk replay replays every match, oldest parked first, in batches,
+// skipping (and counting) the messages that cannot be replayed, which stay
+// parked; a message outside the filter stays; a second run replays
+// nothing again; a cancelled context stops it.
+func testReplayParkedMatching(t *testing.T, h Harness) {
+	s, ctx := h.Store, h.Ctx
+	const n = 230
+	for i := range n {
+		m := &inboxdb.ParkedMessage{UUID: fmt.Sprintf("uuid-k%03d", i), Topic: "t", Payload: []byte(fmt.Sprint(i)),
+			Metadata: map[string]string{"campaign": "spring"}}
+		m.PayloadSize = len(m.Payload)
+		if i%50 == 7 {
+			m.Payload = nil // not kept
+		}
+		h.Park(t, "c", fmt.Sprintf("k%03d", i), "downstream 503", m)
+	}
+	other := msg("uuid-other", "t", "o")
+	other.Metadata = map[string]string{"campaign": "fall"}
+	h.Park(t, "c", "other", "downstream 503", other)
+	f := inbox.ParkedFilter{Consumer: "c", Metadata: map[string]string{"campaign": "spring"}}
+	c, err := s.CountParked(ctx, f)
+	require.NoError(t, err)
+	require.Equal(t, int64(n), c)
+
+	rep, err := s.ReplayParkedMatching(ctx, f, inbox.ReplayOptions{BatchSize: 100})
+	require.NoError(t, err)
+	require.Equal(t, inbox.ReplayReport{Replayed: 225, Skipped: 5}, rep)
+	sent := h.Replayed(t)
+	require.Len(t, sent, 225)
+	require.Equal(t, "uuid-k000", sent[0].UUID, "oldest parked first")
+	c, err = s.CountParked(ctx, f)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), c, "the ones not kept stay")
+	for i := range n {
+		want := "failed" // replayed: released
+		if i%50 == 7 {
+			want = "parked" // not kept: not replayed
+		}
+		require.Equal(t, want, h.status(t, "c", fmt.Sprintf("k%03d", i)))
+	}
+	require.Equal(t, "parked", h.status(t, "c", "other"), "outside the filter")
+
+	rep, err = s.ReplayParkedMatching(ctx, f, inbox.ReplayOptions{})
+	require.NoError(t, err)
+	require.Equal(t, inbox.ReplayReport{Skipped: 5}, rep, "a second run replays nothing again")
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = s.ReplayParkedMatching(cctx, inbox.ParkedFilter{Consumer: "c"}, inbox.ReplayOptions{All: true})
+	require.ErrorIs(t, err, context.Canceled)
 }

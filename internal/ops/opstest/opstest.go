@@ -19,7 +19,8 @@ type Harness struct {
 	Ctx   context.Context
 	Store ops.Store
 	// Park parks (consumer, key) for reason, keeping msg, as the
-	// middleware does after a permanent failure.
+	// middleware does after a permanent failure; parks follow each other
+	// in the store's clock (the Redis store's counts milliseconds).
 	Park func(t *testing.T, consumer, key, reason string, msg *inboxdb.ParkedMessage)
 	// Deliver is a delivery of (consumer, key): it reports whether the
 	// handler ran (and the key is then done); a delivery of a key done,
@@ -53,6 +54,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ReplayParked", testReplayParked},
 		{"ReplayParkedRefusals", testReplayParkedRefusals},
 		{"DiscardParked", testDiscardParked},
+		{"ReplayParkedMatching", testReplayParkedMatching},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
