@@ -50,6 +50,9 @@ var funcs = template.FuncMap{
 	"ago":     fmtAgo,
 	"seconds": fmtSeconds,
 	"seg":     seg,
+	// keyState is a key's status as shown (ops.KeyState: "no record"
+	// for none).
+	"keyState": ops.KeyState,
 }
 
 // pageData is what every page gets; Data is the page's own.

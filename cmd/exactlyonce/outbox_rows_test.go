@@ -62,6 +62,16 @@ func TestOutboxRowsCommands(t *testing.T) {
 	decode(t, cli(t, env, "outbox", "rows", "--json", "--state", "failing"), &rows)
 	require.Len(t, rows.Rows, 1)
 	require.Equal(t, uuids[3], rows.Rows[0].UUID)
+	require.Equal(t, "failing", rows.Rows[0].State)
+	// A row that never failed is ready (it once read "failing" in outbox
+	// show), as the console and outbox pending call it.
+	var fresh0 rowJSON
+	decode(t, cli(t, env, "outbox", "show", "--json", itoa(rows.Rows[0].ID-3)), &fresh0)
+	require.Equal(t, uuids[0], fresh0.UUID)
+	require.Equal(t, "ready", fresh0.State)
+	r0 := cli(t, env, "outbox", "show", itoa(fresh0.ID))
+	requireOK(t, r0)
+	require.Regexp(t, `\nstate +ready\n`, r0.stdout)
 	decode(t, cli(t, env, "outbox", "rows", "--json", "--limit", "1"), &rows)
 	require.Len(t, rows.Rows, 1)
 	require.NotZero(t, rows.Next, "a next page")
