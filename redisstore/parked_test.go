@@ -155,17 +155,18 @@ func (p *publisher) messages() []published {
 	return append([]published(nil), p.sent...)
 }
 
+// What the operator contract (internal/ops/opstest: FindParked) does not
+// say of the Redis store: a filter needs its consumer; a parked key
+// without a message is a key, not a message; a released key's record does
+// not expire while it holds its message; a find prunes the parked set of a
+// member whose record is gone.
 func TestRedisFindParked(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
-	b.park(t, redisMsg{consumer: "orders", key: "acme:1", topic: "orders.in", payload: `{"n":1}`,
-		meta: map[string]string{"order_id": "A-1", "source": "web"}, reason: "Bad address", ago: 50 * time.Minute})
-	b.park(t, redisMsg{consumer: "orders", key: "acme:2", topic: "orders.in", payload: `{"n":2}`,
-		meta: map[string]string{"order_id": "A-2", "source": "web"}, reason: "card declined", ago: 40 * time.Minute})
-	b.park(t, redisMsg{consumer: "orders", key: "globex:3", uuid: "u-3", topic: "orders.in", payload: "three",
-		meta: map[string]string{"order_id": "G-3", "source": "api"}, reason: "bad ADDRESS line", ago: 30 * time.Minute})
+	b.park(t, redisMsg{consumer: "orders", key: "acme:1", topic: "orders.in", payload: `{"n":1}`, ago: 50 * time.Minute})
+	b.park(t, redisMsg{consumer: "orders", key: "acme:2", topic: "orders.in", payload: `{"n":2}`, ago: 40 * time.Minute})
+	b.park(t, redisMsg{consumer: "orders", key: "globex:3", topic: "orders.in", payload: "three", ago: 30 * time.Minute})
 	b.park(t, redisMsg{consumer: "orders", key: "big", topic: "orders.in", payload: "0123456789", notKept: true, ago: 20 * time.Minute})
-	b.park(t, redisMsg{consumer: "invoices", key: "acme:1", topic: "invoices.in", payload: "inv", meta: map[string]string{"order_id": "A-1"}})
 	// A parked key without a message (parked by an earlier version): a
 	// key, not a message.
 	claim, err := leasestore.BackendOf(b.s).Claim(b.ctx, "orders", "bare", leasestore.Options{Lease: time.Minute})
@@ -175,72 +176,17 @@ func TestRedisFindParked(t *testing.T) {
 	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{}, inbox.Page{})
 	require.ErrorIs(t, err, inbox.ErrInvalidFilter)
 	require.ErrorContains(t, err, "ParkedFilter.Consumer is required")
-	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders", Tenant: "a:b"}, inbox.Page{})
-	require.ErrorContains(t, err, "ParkedFilter.Tenant")
-	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders"}, inbox.Page{After: "x"})
-	require.ErrorContains(t, err, "Page.After")
 
 	all := []string{"acme:1", "acme:2", "globex:3", "big"}
-	require.Equal(t, all, b.find(t, inbox.ParkedFilter{Consumer: "orders"}), "oldest parked first; a key without a message is not listed")
-	require.Empty(t, b.find(t, inbox.ParkedFilter{Consumer: "nobody"}))
-	require.Equal(t, []string{"acme:2"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Key: "acme:2"}))
-	require.Equal(t, []string{"globex:3"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", MessageUUID: "u-3"}))
-	require.Equal(t, []string{"acme:1", "acme:2"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Tenant: "acme"}))
-	require.Equal(t, []string{"acme:1", "globex:3"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Reason: "BAD address"}))
-	require.Equal(t, []string{"acme:2", "globex:3"}, b.find(t, inbox.ParkedFilter{Consumer: "orders",
-		Since: time.Now().Add(-45 * time.Minute), Before: time.Now().Add(-25 * time.Minute)}))
-	require.Equal(t, []string{"acme:1"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Metadata: map[string]string{"order_id": "A-1"}}))
-	require.Equal(t, []string{"acme:1", "acme:2"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Metadata: map[string]string{"source": "web"}}))
-	require.Empty(t, b.find(t, inbox.ParkedFilter{Consumer: "orders", Metadata: map[string]string{"source": "web", "order_id": "G-3"}}))
-	require.Equal(t, []string{"acme:1"}, b.find(t, inbox.ParkedFilter{Consumer: "invoices", Metadata: map[string]string{"order_id": "A-1"}}))
-
-	// Pages, with payloads when asked.
-	var keys []string
-	p := inbox.Page{Limit: 3, Payloads: true}
-	var pages int
-	for {
-		page, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders"}, p)
-		require.NoError(t, err)
-		pages++
-		for _, m := range page.Messages {
-			keys = append(keys, m.Key)
-			if m.PayloadKept {
-				require.NotNil(t, m.Payload, m.Key)
-			} else {
-				require.Nil(t, m.Payload, m.Key)
-			}
-		}
-		if page.Next == "" {
-			break
-		}
-		p.After = page.Next
-	}
-	require.Equal(t, all, keys)
-	require.Equal(t, 2, pages)
-
-	m, err := b.s.GetParked(b.ctx, "orders", "acme:1")
-	require.NoError(t, err)
-	require.Equal(t, inbox.ParkedMessage{Consumer: "orders", Key: "acme:1", UUID: "uuid-acme:1", Topic: "orders.in",
-		Payload: []byte(`{"n":1}`), PayloadSize: 7, PayloadKept: true, Metadata: map[string]string{"order_id": "A-1", "source": "web"},
-		Reason: "Bad address", Attempts: 1, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Status: "parked", Version: m.Version}, m)
-	require.NotEmpty(t, m.Version)
-	require.WithinDuration(t, time.Now().Add(-50*time.Minute), m.ParkedAt, time.Second)
-	m, err = b.s.GetParked(b.ctx, "orders", "big")
-	require.NoError(t, err)
-	require.False(t, m.PayloadKept)
-	require.Equal(t, 10, m.PayloadSize)
+	require.Equal(t, all, b.find(t, inbox.ParkedFilter{Consumer: "orders"}), "a key without a message is not listed")
 	_, err = b.s.GetParked(b.ctx, "orders", "bare")
 	require.ErrorIs(t, err, inbox.ErrNotParked)
 
-	// Release keeps the message, listed with the key's status, and the
-	// record does not expire while it holds it.
+	// Release keeps the message, and the record does not expire while it
+	// holds it.
 	ok, err := b.s.Release(b.ctx, "orders", "acme:2", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
-	page, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders", Key: "acme:2"}, inbox.Page{})
-	require.NoError(t, err)
-	require.Len(t, page.Messages, 1)
-	require.Equal(t, "failed", page.Messages[0].Status)
 	require.Equal(t, time.Duration(-1), b.c.PTTL(b.ctx, b.rec("orders", "acme:2")).Val())
 	parkedKeys, err := b.s.Parked(b.ctx, "orders", 100)
 	require.NoError(t, err)

@@ -75,6 +75,12 @@ func postgresHarness(t *testing.T, db sqlschema.DB) opstest.Harness {
 			require.NoError(t, tx.Commit())
 			return res.Claimed
 		},
+		Age: func(t *testing.T, consumer, key string, ago time.Duration) {
+			t.Helper()
+			_, err := db.Conn.ExecContext(ctx, `UPDATE `+inner.ParkedTable()+` SET parked_at = now() - make_interval(secs => $3)
+WHERE consumer = $1 AND message_key = $2`, consumer, key, ago.Seconds())
+			require.NoError(t, err)
+		},
 		SetStatus: func(t *testing.T, consumer, key, status string) {
 			t.Helper()
 			_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Inbox()+` SET status = $3,
@@ -144,6 +150,10 @@ func redisHarness(t *testing.T) opstest.Harness {
 			}
 			require.NoError(t, lb.Complete(ctx, leasestore.Attempt{Consumer: consumer, Key: key, Token: c.Token}))
 			return true
+		},
+		Age: func(t *testing.T, consumer, key string, ago time.Duration) {
+			t.Helper()
+			require.NoError(t, c.HSet(ctx, prefix+"{"+consumer+"}:k:"+key, "parked_at_ms", time.Now().Add(-ago).UnixMilli()).Err())
 		},
 		SetStatus: func(t *testing.T, consumer, key, status string) {
 			t.Helper()

@@ -8,6 +8,7 @@ package opstest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
@@ -28,6 +29,9 @@ type Harness struct {
 	Deliver func(t *testing.T, consumer, key string) bool
 	// Replayed are the messages replays published so far, in order.
 	Replayed func(t *testing.T) []Replayed
+	// Age moves the park of (consumer, key)'s message ago into the past,
+	// behind the store's back.
+	Age func(t *testing.T, consumer, key string, ago time.Duration)
 	// SetStatus sets the status of the key's record behind the store's
 	// back (processing: an attempt holds its lease for an hour).
 	SetStatus func(t *testing.T, consumer, key, status string)
@@ -55,6 +59,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ReplayParkedRefusals", testReplayParkedRefusals},
 		{"DiscardParked", testDiscardParked},
 		{"ReplayParkedMatching", testReplayParkedMatching},
+		{"FindParked", testFindParked},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
