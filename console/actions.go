@@ -37,17 +37,7 @@ func expectAttrs(e inbox.Expect) []any {
 // replayOne replays the parked message of (consumer, key) if it is still
 // what e says, and logs it.
 func (h *handler) replayOne(ctx context.Context, r *http.Request, store, consumer, key, topic string, e inbox.Expect) (inbox.ParkedMessage, error) {
-	opts := inbox.ReplayOptions{Topic: topic, Expect: e}
-	var m inbox.ParkedMessage
-	var err error
-	switch {
-	case store != storeRedis:
-		m, err = h.pg.ReplayParked(ctx, consumer, key, opts)
-	case h.cfg.RedisReplayPublisher == nil:
-		err = unavailable("a replay from the Redis store publishes through Config.RedisReplayPublisher, which is not set")
-	default:
-		m, err = h.cfg.Redis.ReplayParked(ctx, consumer, key, h.cfg.RedisReplayPublisher, opts)
-	}
+	m, err := h.parked(store).ReplayParked(ctx, consumer, key, inbox.ReplayOptions{Topic: topic, Expect: e})
 	h.audit(r, "parked.replay", err, append([]any{"store", store, "consumer", consumer, "key", key, "topic", m.Topic,
 		"uuid", m.UUID, "count", b2i(err == nil)}, expectAttrs(e)...)...)
 	if err != nil {
@@ -92,12 +82,7 @@ func (h *handler) forgetOne(ctx context.Context, r *http.Request, store, consume
 // rowOne requeues or discards outbox row id if it is still what e says,
 // and logs it.
 func (h *handler) rowOne(ctx context.Context, r *http.Request, verb string, id int64, e outbox.Expect) error {
-	var err error
-	if verb == "requeue" {
-		err = outbox.Requeue(ctx, h.cfg.DB, id, e)
-	} else {
-		err = outbox.Discard(ctx, h.cfg.DB, id, e)
-	}
+	err := h.rows.Act(ctx, verb, id, e)
 	h.audit(r, "outbox."+verb, err, "id", id, "count", b2i(err == nil), "expected_version", e.Version)
 	return err
 }

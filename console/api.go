@@ -12,46 +12,20 @@ import (
 	"unicode/utf8"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
-// parkedStore is what the console needs of a store of parked messages:
-// inbox.Store and RedisStore offer the same operations with the same
-// types (a replay differs: the Redis store publishes through a
-// publisher). It reads a message with a bounded prefix of its payload
-// only (GetParkedPrefix, with maxShownPayload, or 0 where the payload is
-// not shown): a payload is read whole by a replay alone, inside the
-// store's action.
-type parkedStore interface {
-	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
-	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
-	GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
-	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
-	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
-	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
-	Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
-}
-
-// parked returns the named store (checked by storeOf).
-func (h *handler) parked(store string) parkedStore {
+// parked returns the named store (checked by storeOf): the operator
+// layer's, the same actions for both. It reads a message with a bounded
+// prefix of its payload only (GetParkedPrefix, with maxShownPayload, or 0
+// where the payload is not shown): a payload is read whole by a replay
+// alone, inside the store's action.
+func (h *handler) parked(store string) ops.Store {
 	if store == storeRedis {
-		return h.cfg.Redis
+		return h.redis
 	}
-	return h.pg
-}
-
-func (h *handler) replayMatching(ctx context.Context, store string, f inbox.ParkedFilter, topic string) (inbox.ReplayReport, error) {
-	// The console checked the filter and the count the operator
-	// confirmed: All lets a consumer's every message (or every one) go.
-	opts := inbox.ReplayOptions{Topic: topic, All: true}
-	if store == storeRedis {
-		if h.cfg.RedisReplayPublisher == nil {
-			return inbox.ReplayReport{}, unavailable("a replay from the Redis store publishes through Config.RedisReplayPublisher, which is not set")
-		}
-		return h.cfg.Redis.ReplayParkedMatching(ctx, f, h.cfg.RedisReplayPublisher, opts)
-	}
-	return h.pg.ReplayParkedMatching(ctx, f, opts)
+	return h.pgOps
 }
 
 // needDB refuses the outbox's endpoints without Config.DB.
@@ -70,7 +44,7 @@ func (h *handler) unknownConsumer(ctx context.Context, store, consumer string) e
 	if store != storePostgres || consumer == "" {
 		return nil
 	}
-	known, err := h.pg.HasConsumer(ctx, consumer)
+	known, err := h.pgOps.KnownConsumer(ctx, consumer)
 	if err != nil || known {
 		return err
 	}
@@ -282,22 +256,10 @@ type rowJSON struct {
 	Version string `json:"version"`
 }
 
-// rowState is "quarantined", "failing" (retried after its backoff) or
-// "ready" (the live backlog).
-func rowState(r outbox.Row) string {
-	switch {
-	case r.Quarantined():
-		return "quarantined"
-	case r.Failures > 0:
-		return "failing"
-	}
-	return "ready"
-}
-
 // rowDoc is r as the API shows it; withPayload adds r.Payload, read with
 // GetRowPrefix (a prefix of the payload when it is larger).
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
-	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: rowState(r), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
+	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: ops.RowState(r), CreatedAt: r.CreatedAt, QuarantinedAt: r.QuarantinedAt,
 		Failures: r.Failures, PermanentFailures: r.PermanentFailures, NextAttemptAt: r.NextAttemptAt, LastError: r.LastError,
 		Metadata: r.Metadata, PayloadBytes: r.PayloadSize, OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
 	if d.Metadata == nil {
@@ -578,50 +540,18 @@ type parkedCountJSON struct {
 	Before string `json:"before,omitempty"`
 }
 
-// storeNow is the store's time: the database's for PostgreSQL; for
-// Redis, the console's (the Redis store stamps a park with Redis's clock,
-// in milliseconds: keep the clocks in sync), the end of the current
-// millisecond, once it has passed: a message parked before it was parked
-// before the count that takes it reads the store.
-func (h *handler) storeNow(ctx context.Context, store string) (time.Time, error) {
-	if store == storeRedis {
-		t := time.Now().Truncate(time.Millisecond).Add(time.Millisecond)
-		time.Sleep(time.Until(t))
-		return t.UTC(), nil
-	}
-	return h.dbNow(ctx)
-}
-
-// countParkedAsOf counts the messages f selects that were parked before
-// asOf: what a count at asOf saw, or what is left of it.
-func (h *handler) countParkedAsOf(ctx context.Context, store string, f inbox.ParkedFilter, asOf time.Time) (int64, error) {
-	f, none := boundParked(f, asOf)
-	if none {
-		return 0, nil
-	}
-	return h.parked(store).CountParked(ctx, f)
-}
-
-// boundParked is f selecting the messages parked before asOf only; none
-// reports that it selects nothing (since is not before asOf).
-func boundParked(f inbox.ParkedFilter, asOf time.Time) (_ inbox.ParkedFilter, none bool) {
-	if f.Before.IsZero() || f.Before.After(asOf) {
-		f.Before = asOf
-	}
-	return f, !f.Since.IsZero() && !f.Since.Before(f.Before)
-}
-
-// countParked counts f now: the count and its time.
-func (h *handler) countParked(ctx context.Context, pq parkedQuery) (int64, time.Time, error) {
-	asOf, err := h.storeNow(ctx, pq.Store)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	n, err := h.countParkedAsOf(ctx, pq.Store, pq.Filter, asOf)
-	if err == nil && n == 0 {
+// countParked counts pq now: the count and its bounds.
+func (h *handler) countParked(ctx context.Context, pq parkedQuery) (ops.Confirmation, error) {
+	c, err := h.parkedBulk(pq, "", "", false).Count(ctx)
+	if err == nil && c.Count == 0 {
 		err = h.unknownConsumer(ctx, pq.Store, pq.Filter.Consumer)
 	}
-	return n, asOf, err
+	return c, err
+}
+
+// parkedBulk is the messages pq matches, for a bulk verb.
+func (h *handler) parkedBulk(pq parkedQuery, verb, topic string, forget bool) ops.ParkedBulk {
+	return ops.ParkedBulk{Store: h.parked(pq.Store), Filter: pq.Filter, Verb: verb, Topic: topic, Forget: forget}
 }
 
 func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
@@ -640,11 +570,11 @@ func (h *handler) apiParkedCount(w http.ResponseWriter, r *http.Request) error {
 	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	n, asOf, err := h.countParked(ctx, pq)
+	c, err := h.countParked(ctx, pq)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, parkedCountJSON{Count: n, Matching: pq.describe(), AsOf: asOf.UTC(),
+	writeJSON(w, http.StatusOK, parkedCountJSON{Count: c.Count, Matching: pq.describe(), AsOf: c.AsOf.UTC(),
 		Since: fmtBound(pq.Filter.Since), Before: fmtBound(pq.Filter.Before)})
 	return nil
 }
@@ -809,78 +739,54 @@ func (h *handler) bulkParkedFrom(r *http.Request, verb string) (bulkParked, erro
 	return bulkParked{query: pq, topic: b.Topic, forget: b.Forget, all: b.All, expect: *b.Expect, asOf: asOf}, nil
 }
 
-// runParked runs a bulk action on parked messages, bounded by the count
-// the operator confirmed: the messages parked before its as_of that still
-// match. It counts them again first; another number than the one
-// confirmed is refused, nothing done, with the count now and its as_of
-// (count_changed). It returns the count, what was done and what was
-// skipped.
-func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (matched, done, skipped int64, err error) {
+// runParked runs a bulk action on parked messages through the operator
+// layer's protocol (ops.Run), bounded by the count the operator confirmed:
+// the messages parked before its as_of that still match; another number
+// than the one confirmed is refused, nothing done, with the count now and
+// its as_of (count_changed).
+func (h *handler) runParked(r *http.Request, verb string, b bulkParked) (res ops.Result, err error) {
 	if b.query.empty() && !b.all {
-		return 0, 0, 0, h.refused(r, badFilter("the filter is empty: it selects every parked message of every consumer; send \"all\": true to mean that"))
+		return res, h.refused(r, badFilter("the filter is empty: it selects every parked message of every consumer; send \"all\": true to mean that"))
 	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()
 	defer func() {
 		h.audit(r, "parked."+verb+".bulk", err, "store", b.query.Store, "matching", b.query.describe(), "as_of", fmtBound(b.asOf),
-			"expected", b.expect, "matched", matched, "count", done, "skipped", skipped, "topic", b.topic, "forget", b.forget)
+			"expected", b.expect, "matched", res.Matched, "count", res.Done, "skipped", res.Skipped, "topic", b.topic, "forget", b.forget)
 	}()
-	now, err := h.storeNow(ctx, b.query.Store)
-	if err != nil {
-		return 0, 0, 0, err
+	res, err = ops.Run(ctx, h.parkedBulk(b.query, verb, b.topic, b.forget), ops.Confirmation{Count: b.expect, AsOf: b.asOf})
+	if err == nil && res.Matched == 0 {
+		err = h.unknownConsumer(ctx, b.query.Store, b.query.Filter.Consumer) // nothing confirmed, nothing to do
 	}
-	if err := checkAsOf(b.asOf, now); err != nil {
-		return 0, 0, 0, err
-	}
-	f, none := boundParked(b.query.Filter, b.asOf)
-	if matched, err = h.countParkedAsOf(ctx, b.query.Store, b.query.Filter, b.asOf); err != nil {
-		return 0, 0, 0, err
-	}
-	if matched != b.expect {
-		n, asOf, err := h.countParked(ctx, b.query)
-		if err != nil {
-			return matched, 0, 0, err
+	return res, bulkErr(err, false)
+}
+
+// bulkErr is err of ops.Run as the API answers it: a confirmation no count
+// gave is a bad filter; a changed count, count_changed with the count now
+// (and its max_id for rows).
+func bulkErr(err error, rows bool) error {
+	var ce *ops.CountChangedError
+	switch {
+	case errors.As(err, &ce):
+		e := &apiError{status: http.StatusConflict, code: codeCountChanged, count: &ce.Now.Count, asOf: ptr(ce.Now.AsOf.UTC()), message: ce.Error()}
+		if rows {
+			e.maxID = &ce.Now.MaxID
 		}
-		return matched, 0, 0, countChanged(matched, b.expect, n, &asOf, nil, "messages")
+		return e
+	case errors.Is(err, ops.ErrBadConfirmation):
+		return badFilter("%s", err)
 	}
-	if matched == 0 || none {
-		return 0, 0, 0, h.unknownConsumer(ctx, b.query.Store, b.query.Filter.Consumer) // nothing confirmed, nothing to do
-	}
-	if verb == "replay" {
-		rep, err := h.replayMatching(ctx, b.query.Store, f, b.topic)
-		return matched, rep.Replayed, rep.Skipped, stoppedAfter(err, rep.Replayed)
-	}
-	n, err := h.parked(b.query.Store).DiscardParkedMatching(ctx, f, inbox.DiscardOptions{Forget: b.forget, All: true})
-	return matched, n, 0, stoppedAfter(err, n)
-}
-
-// stoppedError is the error of a bulk action that stopped part-way (a
-// store's error, the action timeout), after done.
-type stoppedError struct {
-	err  error
-	done int64
-}
-
-func (e *stoppedError) Error() string { return e.err.Error() }
-func (e *stoppedError) Unwrap() error { return e.err }
-
-// stoppedAfter is err, when not nil, as a bulk action's that stopped after
-// done.
-func stoppedAfter(err error, done int64) error {
-	if err == nil {
-		return nil
-	}
-	return &stoppedError{err: err, done: done}
+	return err
 }
 
 // stoppedAnswer is the API's answer to a bulk action that stopped
 // part-way: the class of its error, with how many it did and the count of
 // the rest (recount: the same filter counted now), which a confirmation
 // of the same filter goes on with.
-func (h *handler) stoppedAnswer(r *http.Request, se *stoppedError, past, one, many string, recount func(context.Context) (resumeJSON, error)) *apiError {
-	e := *h.classify(r, se.err)
-	e.done = &se.done
-	e.message = fmt.Sprintf("stopped after %s %s: %s; what was done no longer matches the filter", past, plural(se.done, one, many), e.message)
+func (h *handler) stoppedAnswer(r *http.Request, se *ops.StoppedError, past, one, many string, recount func(context.Context) (resumeJSON, error)) *apiError {
+	e := *h.classify(r, se.Err)
+	e.done = &se.Done
+	e.message = fmt.Sprintf("stopped after %s %s: %s; what was done no longer matches the filter", past, plural(se.Done, one, many), e.message)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), readTimeout)
 	defer cancel()
 	if res, err := recount(ctx); err == nil {
@@ -895,32 +801,9 @@ func (h *handler) stoppedAnswer(r *http.Request, se *stoppedError, past, one, ma
 // parkedResume counts pq again: where a bulk action on it resumes.
 func (h *handler) parkedResume(pq parkedQuery) func(context.Context) (resumeJSON, error) {
 	return func(ctx context.Context) (resumeJSON, error) {
-		n, asOf, err := h.countParked(ctx, pq)
-		return resumeJSON{Count: n, AsOf: asOf.UTC()}, err
+		c, err := h.countParked(ctx, pq)
+		return resumeJSON{Count: c.Count, AsOf: c.AsOf.UTC()}, err
 	}
-}
-
-// countChanged is the refusal of a bulk action whose count, within the
-// bounds of the count confirmed, is still, not expected: nothing was
-// done. now is the count now, with its bounds (asOf; maxID for outbox
-// rows), for a new confirmation.
-func countChanged(still, expected, now int64, asOf *time.Time, maxID *int64, what string) *apiError {
-	one := strings.TrimSuffix(what, "s")
-	var msg string
-	if still < expected {
-		msg = fmt.Sprintf("refused, nothing done: %d of the %s confirmed (expect) still match", still, plural(expected, one, what))
-	} else {
-		msg = fmt.Sprintf("refused, nothing done: %s of those the count confirmed saw match, not the %d confirmed (expect)", plural(still, one, what), expected)
-	}
-	verb := " match"
-	if now == 1 {
-		verb = " matches"
-	}
-	if asOf != nil {
-		asOf = ptr(asOf.UTC())
-	}
-	return &apiError{status: http.StatusConflict, code: codeCountChanged, count: &now, asOf: asOf, maxID: maxID,
-		message: msg + "; " + plural(now, one, what) + verb + " now (count, as_of): look again and confirm the new count"}
 }
 
 func (h *handler) apiParkedBulk(verb string) func(http.ResponseWriter, *http.Request) error {
@@ -932,17 +815,17 @@ func (h *handler) apiParkedBulk(verb string) func(http.ResponseWriter, *http.Req
 		if err != nil {
 			return err
 		}
-		matched, done, skipped, err := h.runParked(r, verb, b)
+		res, err := h.runParked(r, verb, b)
 		past := map[string]string{"replay": "replayed", "discard": "discarded"}[verb]
-		var se *stoppedError
+		var se *ops.StoppedError
 		if errors.As(err, &se) {
-			h.log.Error("exactlyonce console: a bulk action stopped early", "action", "parked."+verb, "done", done, "error", err)
+			h.log.Error("exactlyonce console: a bulk action stopped early", "action", "parked."+verb, "done", res.Done, "error", err)
 			return h.stoppedAnswer(r, se, past, "message", "messages", h.parkedResume(b.query))
 		}
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"matched": matched, past: done, "skipped": skipped})
+		writeJSON(w, http.StatusOK, map[string]any{"matched": res.Matched, past: res.Done, "skipped": res.Skipped})
 		return nil
 	}
 }
@@ -1002,7 +885,7 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
+	page, err := h.rows.Find(ctx, oq.Filter, rowsPage(after, limit))
 	if err != nil {
 		return err
 	}
@@ -1013,7 +896,7 @@ func (h *handler) apiRows(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, struct {
 		Rows []rowJSON `json:"rows"`
 		Next int64     `json:"next_after,omitempty"`
-	}{docs, page.Next})
+	}{docs, nextRow(page)})
 	return nil
 }
 
@@ -1050,7 +933,7 @@ func (h *handler) apiRowsCount(w http.ResponseWriter, r *http.Request) error {
 	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
+	c, err := h.rows.CountAsOf(ctx, oq.Filter)
 	if err != nil {
 		return err
 	}
@@ -1081,7 +964,7 @@ func (h *handler) apiRow(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, maxShownPayload)
+	row, err := h.rows.GetPrefix(ctx, id, maxShownPayload)
 	if err != nil {
 		return err
 	}
@@ -1164,91 +1047,38 @@ func (h *handler) bulkRowsFrom(r *http.Request) (bulkRows, error) {
 	if b.MaxID == nil {
 		return bulkRows{}, badFilter("max_id is required: the max_id of the count you confirmed (GET .../outbox/rows/count with the same filter); the action acts on no row written after it")
 	}
-	if err := checkMaxID(*b.MaxID, *b.Expect); err != nil {
-		return bulkRows{}, err
+	if err := (ops.Confirmation{Count: *b.Expect, AsOf: asOf, MaxID: *b.MaxID}).Check(true); err != nil {
+		return bulkRows{}, badFilter("%s", err)
 	}
 	return bulkRows{query: oq, all: b.All, expect: *b.Expect, asOf: asOf, maxID: *b.MaxID}, nil
 }
 
-// checkMaxID checks the max_id of a count of expect rows.
-func checkMaxID(maxID, expect int64) error {
-	switch {
-	case maxID < 0:
-		return badFilter("max_id is %d: the max_id of the count (a row id, 0 when it counted none)", maxID)
-	case maxID == 0 && expect > 0:
-		return badFilter("max_id is 0 and expect is %d: a count of rows has the largest id it counted (max_id)", expect)
-	}
-	return nil
-}
-
-// dbNow is the database's time.
-func (h *handler) dbNow(ctx context.Context) (time.Time, error) {
-	var now time.Time
-	err := seam.QueryRow(ctx, h.cfg.DB.Conn, `SELECT now()`, nil, &now)
-	return now, err
-}
-
-// checkAsOf refuses an as_of after now: the bound of a count is never in
-// the future (one would bound nothing).
-func checkAsOf(asOf, now time.Time) error {
-	if asOf.After(now) {
-		return badFilter("as_of is %s, after the %s now: give the as_of of the count you confirmed", fmtBound(asOf), "store's time "+fmtBound(now)+",")
-	}
-	return nil
-}
-
-// runRows runs a bulk action on outbox rows, bounded by the count the
-// operator confirmed: the rows counted then that still match. It counts
-// them again first; another number than the one confirmed is refused,
-// nothing done, with the count now and its bounds (count_changed).
-func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (matched, done int64, err error) {
+// runRows runs a bulk action on outbox rows through the operator layer's
+// protocol (ops.Run), bounded by the count the operator confirmed: the rows
+// counted then that still match; another number than the one confirmed is
+// refused, nothing done, with the count now and its bounds
+// (count_changed).
+func (h *handler) runRows(r *http.Request, verb string, b bulkRows) (res ops.Result, err error) {
 	if verb == "discard" && b.query.Filter.State != "" && b.query.Filter.State != outbox.StateQuarantined {
-		return 0, 0, badFilter("state is %q: only quarantined rows can be discarded (a failing row is still the relay's)", b.query.Filter.State)
+		return res, badFilter("state is %q: only quarantined rows can be discarded (a failing row is still the relay's)", b.query.Filter.State)
 	}
 	if b.query.empty() && !b.all {
-		return 0, 0, h.refused(r, badFilter("the filter is empty: it selects %s; send \"all\": true to mean that", b.query.describe()))
+		return res, h.refused(r, badFilter("the filter is empty: it selects %s; send \"all\": true to mean that", b.query.describe()))
 	}
 	ctx, cancel := actionCtx(r)
 	defer cancel()
 	defer func() {
 		h.audit(r, "outbox."+verb+".bulk", err, "matching", b.query.describe(), "as_of", fmtBound(b.asOf), "max_id", b.maxID,
-			"expected", b.expect, "matched", matched, "count", done)
+			"expected", b.expect, "matched", res.Matched, "count", res.Done)
 	}()
-	now, err := h.dbNow(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := checkAsOf(b.asOf, now); err != nil {
-		return 0, 0, err
-	}
-	f := b.query.Filter
-	f.AsOf, f.MaxID = b.asOf, b.maxID
-	c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, f)
-	if err != nil {
-		return 0, 0, err
-	}
-	if matched = c.Count; matched != b.expect {
-		fresh, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, b.query.Filter)
-		if err != nil {
-			return matched, 0, err
-		}
-		return matched, 0, countChanged(matched, b.expect, fresh.Count, &fresh.AsOf, &fresh.MaxID, "rows")
-	}
-	if matched == 0 {
-		return 0, 0, nil // nothing confirmed, nothing to do
-	}
-	if verb == "requeue" {
-		done, err = outbox.RequeueMatching(ctx, h.cfg.DB, f)
-	} else {
-		done, err = outbox.DiscardMatching(ctx, h.cfg.DB, f)
-	}
-	return matched, done, stoppedAfter(err, done)
+	res, err = ops.Run(ctx, ops.RowsBulk{Rows: h.rows, Filter: b.query.Filter, Verb: verb}, ops.Confirmation{Count: b.expect, AsOf: b.asOf, MaxID: b.maxID})
+	return res, bulkErr(err, true)
 }
 
 // rowsResume counts oq again: where a bulk action on it resumes.
 func (h *handler) rowsResume(oq outboxQuery) func(context.Context) (resumeJSON, error) {
 	return func(ctx context.Context) (resumeJSON, error) {
-		c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
+		c, err := h.rows.CountAsOf(ctx, oq.Filter)
 		return resumeJSON{Count: c.Count, AsOf: c.AsOf.UTC(), MaxID: &c.MaxID}, err
 	}
 }
@@ -1265,17 +1095,17 @@ func (h *handler) apiRowsBulk(verb string) func(http.ResponseWriter, *http.Reque
 		if err != nil {
 			return err
 		}
-		matched, done, err := h.runRows(r, verb, b)
+		res, err := h.runRows(r, verb, b)
 		past := map[string]string{"requeue": "requeued", "discard": "discarded"}[verb]
-		var se *stoppedError
+		var se *ops.StoppedError
 		if errors.As(err, &se) {
-			h.log.Error("exactlyonce console: a bulk action stopped early", "action", "outbox."+verb, "done", done, "error", err)
+			h.log.Error("exactlyonce console: a bulk action stopped early", "action", "outbox."+verb, "done", res.Done, "error", err)
 			return h.stoppedAnswer(r, se, past, "row", "rows", h.rowsResume(b.query))
 		}
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"matched": matched, past: done})
+		writeJSON(w, http.StatusOK, map[string]any{"matched": res.Matched, past: res.Done})
 		return nil
 	}
 }
@@ -1299,4 +1129,20 @@ func (h *handler) apiRelays(w http.ResponseWriter, r *http.Request) error {
 		Note    string      `json:"note"`
 	}{notifyChannel(h.cfg.DB), rs, relaysNote})
 	return nil
+}
+
+// rowsPage is the outbox page after row id after (0: the first).
+func rowsPage(after int64, limit int) outbox.Page {
+	p := outbox.Page{Limit: limit}
+	if after > 0 {
+		p.After = strconv.FormatInt(after, 10)
+	}
+	return p
+}
+
+// nextRow is the id after which the page after page starts; 0 when page is
+// the last. outbox.RowPage.Next is a row id.
+func nextRow(page outbox.RowPage) int64 {
+	n, _ := strconv.ParseInt(page.Next, 10, 64)
+	return n
 }

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"html/template"
@@ -18,36 +17,20 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // RedisStore is what the console needs of the Redis lease store
 // (Config.Redis): the operators' operations on its records and parked
-// messages. *redisstore.Store implements it. It is an interface so that a
-// service that mounts the console over PostgreSQL alone imports no Redis
-// client: this package does not import redisstore. The errors are
-// inbox's (inbox.ErrNotParked, inbox.ErrNotFound, inbox.ErrChanged,
-// inbox.ErrNotReplayable, inbox.ErrReplayInProgress, inbox.ErrTooBroad,
-// inbox.ErrInvalidFilter): the console answers each with its code.
-type RedisStore interface {
-	// FindParked, CountParked, GetParkedPrefix, DiscardParked,
-	// DiscardParkedMatching, Get and Forget are as inbox.Store's.
-	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
-	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
-	GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
-	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
-	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
-	Get(ctx context.Context, consumer, key string) (inbox.Record, error)
-	Forget(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
-	// ReplayParked and ReplayParkedMatching replay as inbox.Store's do,
-	// but publish through pub (Config.RedisReplayPublisher): the store
-	// has no outbox.
-	ReplayParked(ctx context.Context, consumer, key string, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ParkedMessage, error)
-	ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, pub message.Publisher, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
-	// CountParkedKeys counts the consumer's parked keys (the overview's
-	// figure; the store keeps no other count).
-	CountParkedKeys(ctx context.Context, consumer string) (int64, error)
-}
+// messages, as the CLI needs them too. *redisstore.Store implements it. It
+// is an interface so that a service that mounts the console over
+// PostgreSQL alone imports no Redis client: this package does not import
+// redisstore. The errors are inbox's (inbox.ErrNotParked,
+// inbox.ErrNotFound, inbox.ErrChanged, inbox.ErrNotReplayable,
+// inbox.ErrReplayInProgress, inbox.ErrTooBroad, inbox.ErrInvalidFilter):
+// the console answers each with its code.
+type RedisStore = ops.RedisStore
 
 // Config configures the console's handler (New).
 type Config struct {
@@ -202,8 +185,8 @@ const (
 
 // Stores, as the API names them.
 const (
-	storePostgres = "postgres"
-	storeRedis    = "redis"
+	storePostgres = ops.StorePostgres
+	storeRedis    = ops.StoreRedis
 )
 
 var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)*$`)
@@ -211,8 +194,13 @@ var prefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)*$`)
 // handler is the console: the API and the pages behind one authentication
 // decision.
 type handler struct {
-	cfg      Config
-	pg       *inbox.Store // nil without Config.DB
+	cfg Config
+	pg  *inbox.Store // nil without Config.DB
+	// pgOps and redis are the stores as the operator layer acts on them
+	// (nil when not configured); rows are the outbox's rows.
+	pgOps    ops.Store
+	redis    ops.Store
+	rows     ops.Rows
 	log      *slog.Logger
 	cop      *http.CrossOriginProtection
 	mux      *http.ServeMux // the routes, with the prefix
@@ -406,11 +394,22 @@ func New(cfg Config) (http.Handler, error) {
 		if err != nil {
 			return nil, fmt.Errorf("console: New: %w", err)
 		}
-		h.cfg.DB, h.pg = cfg.DB, s
+		rows, err := ops.NewRows(cfg.DB)
+		if err != nil {
+			return nil, fmt.Errorf("console: New: %w", err)
+		}
+		h.cfg.DB, h.pg, h.pgOps, h.rows = cfg.DB, s, ops.Postgres(s, cfg.DB), rows
 		h.stores = append(h.stores, storePostgres)
 	}
 	if cfg.Redis != nil {
 		h.stores = append(h.stores, storeRedis)
+		pub := cfg.RedisReplayPublisher
+		h.redis = ops.Redis(cfg.Redis, func() (message.Publisher, error) {
+			if pub == nil {
+				return nil, unavailable("a replay from the Redis store publishes through Config.RedisReplayPublisher, which is not set")
+			}
+			return pub, nil
+		})
 	}
 	h.stats = newStatsCache(h, cfg.StatsInterval)
 	pages, err := parsePages()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -49,6 +50,9 @@ var funcs = template.FuncMap{
 	"ago":     fmtAgo,
 	"seconds": fmtSeconds,
 	"seg":     seg,
+	// keyState is a key's status as shown (ops.KeyState: "no record"
+	// for none).
+	"keyState": ops.KeyState,
 }
 
 // pageData is what every page gets; Data is the page's own.
@@ -577,7 +581,7 @@ func (h *handler) pageParkedOne(verb string) func(http.ResponseWriter, *http.Req
 			if shown.Version != "" && shown.Version != m.Version {
 				return h.changedPage(w, r, "Changed since you opened it",
 					fmt.Sprintf("The parked message of consumer %q, key %q is now message %s, parked %s, status %s: not the one the page showed.",
-						m.Consumer, m.Key, m.UUID, fmtWhen(m.ParkedAt), statusWord(m.Status)), back)
+						m.Consumer, m.Key, m.UUID, fmtWhen(m.ParkedAt), ops.KeyState(m.Status)), back)
 			}
 			fields := []field{{"store", store}, {"expect", "1"}, {"confirmed", "1"}, {"version", m.Version}, {"uuid", m.UUID}}
 			d := confirmData{Action: h.prefix + "/parked/" + seg(consumer) + "/" + seg(key) + "/" + verb, CancelURL: back,
@@ -713,14 +717,6 @@ func (h *handler) changedPage(w http.ResponseWriter, r *http.Request, heading, t
 	return nil
 }
 
-// statusWord is a key's status in a sentence.
-func statusWord(s string) string {
-	if s == "" {
-		return "no record"
-	}
-	return s
-}
-
 func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if err := r.ParseForm(); err != nil {
@@ -766,17 +762,18 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			n, asOf, err := h.countParked(ctx, pq)
+			c, err := h.countParked(ctx, pq)
 			if err != nil {
 				return err
 			}
-			confirm(http.StatusOK, n, asOf, "")
+			confirm(http.StatusOK, c.Count, c.AsOf, "")
 			return nil
 		}
 		if b.asOf, err = parseAsOf(r.PostFormValue("as_of")); err != nil {
 			return err
 		}
-		matched, done, skipped, err := h.runParked(r, verb, b)
+		did, err := h.runParked(r, verb, b)
+		matched, done, skipped := did.Matched, did.Done, did.Skipped
 		var ae *apiError
 		if errors.As(err, &ae) && ae.code == codeCountChanged {
 			confirm(http.StatusConflict, *ae.count, *ae.asOf, changedText(matched, expect, *ae.count, "message", "messages"))
@@ -784,12 +781,12 @@ func (h *handler) pageParkedBulk(verb string) func(http.ResponseWriter, *http.Re
 		}
 		res := resultData{BackURL: back, Back: "Back to the parked messages"}
 		past := map[string]string{"replay": "Replayed", "discard": "Discarded"}[verb]
-		var se *stoppedError
+		var se *ops.StoppedError
 		if errors.As(err, &se) {
 			// Where to resume: the rest, counted again, to confirm.
 			e := h.stoppedAnswer(r, se, strings.ToLower(past), "message", "messages", h.parkedResume(pq))
 			if e.resume != nil {
-				confirm(e.status, e.resume.Count, e.resume.AsOf, stoppedText(past, done, h.classify(r, se.err).message, "message", "messages"))
+				confirm(e.status, e.resume.Count, e.resume.AsOf, stoppedText(past, done, h.classify(r, se.Err).message, "message", "messages"))
 				return nil
 			}
 			err = e
@@ -853,9 +850,9 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 	defer release()
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	page, err := outbox.FindRows(ctx, h.cfg.DB, oq.Filter, outbox.Paging{After: after, Limit: limit})
+	page, err := h.rows.Find(ctx, oq.Filter, rowsPage(after, limit))
 	if err == nil {
-		d.Count, err = outbox.CountRows(ctx, h.cfg.DB, oq.Filter)
+		d.Count, err = h.rows.Count(ctx, oq.Filter)
 		if errors.Is(err, outbox.ErrTooBroad) && len(page.Rows) > 0 {
 			// The page is shown; the count (and a bulk action) is not.
 			d.Count, d.CountOver, err = 0, h.cfg.MaxCount, nil
@@ -870,12 +867,12 @@ func (h *handler) pageOutbox(w http.ResponseWriter, r *http.Request) error {
 	d.Matching = oq.describe()
 	for _, row := range page.Rows {
 		d.Rows = append(d.Rows, rowView{ID: row.ID, Topic: row.Topic, UUID: row.UUID, LastError: row.LastError, OrderingKey: row.OrderingKey,
-			Waiting: row.Waiting, Failures: row.Failures, PermanentFailures: row.PermanentFailures, State: rowState(row),
+			Waiting: row.Waiting, Failures: row.Failures, PermanentFailures: row.PermanentFailures, State: ops.RowState(row),
 			URL: h.prefix + "/outbox/rows/" + strconv.FormatInt(row.ID, 10), KeyURL: h.keyURL(row.OrderingKey)})
 	}
-	if page.Next != 0 {
+	if page.Next != "" {
 		v := oq.values()
-		v.Set("after", strconv.FormatInt(page.Next, 10))
+		v.Set("after", page.Next)
 		if limit != defaultLimit {
 			v.Set("limit", strconv.Itoa(limit))
 		}
@@ -906,7 +903,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := readCtx(r)
 	defer cancel()
-	row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, maxShownPayload)
+	row, err := h.rows.GetPrefix(ctx, id, maxShownPayload)
 	if err != nil {
 		return err
 	}
@@ -915,7 +912,7 @@ func (h *handler) pageRow(w http.ResponseWriter, r *http.Request) error {
 	if md == nil {
 		md = map[string]string{"(stored metadata, not an object of strings)": string(row.RawMetadata)}
 	}
-	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: rowState(row), Payload: payloadViewOf(row.Payload, true, row.PayloadSize, fmt.Sprintf("exactlyonce outbox show --full-payload %d", id)), Metadata: metaEntries(md),
+	d := rowData{Row: row, KeyURL: h.keyURL(row.OrderingKey), State: ops.RowState(row), Payload: payloadViewOf(row.Payload, true, row.PayloadSize, fmt.Sprintf("exactlyonce outbox show --full-payload %d", id)), Metadata: metaEntries(md),
 		RequeueURL: base + "/requeue", DiscardURL: base + "/discard", Quarantined: row.Quarantined()}
 	h.render(w, r, http.StatusOK, "row", fmt.Sprintf("Outbox row %d", id), d)
 	return nil
@@ -945,13 +942,13 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 		if !ok {
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			row, err := outbox.GetRowPrefix(ctx, h.cfg.DB, id, 0)
+			row, err := h.rows.GetPrefix(ctx, id, 0)
 			if err != nil {
 				return err
 			}
 			if version != "" && version != row.Version {
 				return h.changedPage(w, r, "Changed since you opened it",
-					fmt.Sprintf("Outbox row %d is now %s (%d failures, %d its own): not what the page showed.", id, rowState(row), row.Failures, row.PermanentFailures), back)
+					fmt.Sprintf("Outbox row %d is now %s (%d failures, %d its own): not what the page showed.", id, ops.RowState(row), row.Failures, row.PermanentFailures), back)
 			}
 			d := confirmData{Action: back + "/" + verb, CancelURL: back, Fields: []field{{"expect", "1"}, {"confirmed", "1"}, {"version", row.Version}},
 				Matching: fmt.Sprintf("Outbox row %d (topic %q, message %s).", row.ID, row.Topic, row.UUID)}
@@ -965,7 +962,7 @@ func (h *handler) pageRowOne(verb string) func(http.ResponseWriter, *http.Reques
 			if !row.Quarantined() {
 				d.Zero = true
 				d.Count = "This " + verb + "s 0 rows."
-				d.Note = fmt.Sprintf("Row %d is %s, not quarantined: the relay still owns it, so it cannot be %sd from here.", id, rowState(row), verb)
+				d.Note = fmt.Sprintf("Row %d is %s, not quarantined: the relay still owns it, so it cannot be %sd from here.", id, ops.RowState(row), verb)
 			}
 			h.render(w, r, http.StatusOK, "confirm", d.Heading, d)
 			return nil
@@ -1012,7 +1009,7 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 		oq.Filter = h.boundRows(oq.Filter)
 		back := h.prefix + "/outbox?" + oq.values().Encode()
 		b := bulkRows{query: oq, all: oq.empty(), expect: expect}
-		confirm := func(status int, c outbox.RowCount, changed string) {
+		confirm := func(status int, c ops.Confirmation, changed string) {
 			n := c.Count
 			fields := append(fieldsOf(oq.values()), field{"expect", strconv.FormatInt(n, 10)}, field{"as_of", fmtBound(c.AsOf)},
 				field{"max_id", strconv.FormatInt(c.MaxID, 10)}, field{"confirmed", "1"})
@@ -1033,7 +1030,7 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 			}
 			ctx, cancel := readCtx(r)
 			defer cancel()
-			c, err := outbox.CountRowsAsOf(ctx, h.cfg.DB, oq.Filter)
+			c, err := h.rows.Confirm(ctx, oq.Filter)
 			if err != nil {
 				return err
 			}
@@ -1046,23 +1043,24 @@ func (h *handler) pageRowsBulk(verb string) func(http.ResponseWriter, *http.Requ
 		if b.maxID, err = strconv.ParseInt(r.PostFormValue("max_id"), 10, 64); err != nil {
 			return badFilter("max_id is %q: the max_id of the count you confirmed", r.PostFormValue("max_id"))
 		}
-		if err := checkMaxID(b.maxID, expect); err != nil {
-			return err
+		if err := (ops.Confirmation{Count: expect, AsOf: b.asOf, MaxID: b.maxID}).Check(true); err != nil {
+			return badFilter("%s", err)
 		}
-		matched, done, err := h.runRows(r, verb, b)
+		did, err := h.runRows(r, verb, b)
+		matched, done := did.Matched, did.Done
 		var ae *apiError
 		if errors.As(err, &ae) && ae.code == codeCountChanged {
-			confirm(http.StatusConflict, outbox.RowCount{Count: *ae.count, AsOf: *ae.asOf, MaxID: *ae.maxID}, changedText(matched, expect, *ae.count, "row", "rows"))
+			confirm(http.StatusConflict, ops.Confirmation{Count: *ae.count, AsOf: *ae.asOf, MaxID: *ae.maxID}, changedText(matched, expect, *ae.count, "row", "rows"))
 			return nil
 		}
 		past := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[verb]
 		res := resultData{BackURL: back, Back: "Back to the outbox"}
-		var se *stoppedError
+		var se *ops.StoppedError
 		if errors.As(err, &se) {
 			e := h.stoppedAnswer(r, se, strings.ToLower(past), "row", "rows", h.rowsResume(oq))
 			if e.resume != nil {
-				confirm(e.status, outbox.RowCount{Count: e.resume.Count, AsOf: e.resume.AsOf, MaxID: *e.resume.MaxID},
-					stoppedText(past, done, h.classify(r, se.err).message, "row", "rows"))
+				confirm(e.status, ops.Confirmation{Count: e.resume.Count, AsOf: e.resume.AsOf, MaxID: *e.resume.MaxID},
+					stoppedText(past, done, h.classify(r, se.Err).message, "row", "rows"))
 				return nil
 			}
 			err = e

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"testing"
@@ -26,7 +27,10 @@ type preStore struct {
 	// replayed reports whether a message of uuid was replayed.
 	replayed func(t *testing.T, uuid string) bool
 	// store is the operator's view.
-	store parkedStore
+	store interface {
+		GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
+		Get(ctx context.Context, consumer, key string) (inbox.Record, error)
+	}
 }
 
 const preConsumer = "ship-order"

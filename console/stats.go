@@ -241,7 +241,7 @@ func (h *handler) compute(ctx context.Context) *snapshot {
 			}
 			s.Consumers = append(s.Consumers, f)
 		}
-		if p, err := outbox.PendingStats(ctx, h.cfg.DB); err != nil {
+		if p, err := h.rows.Pending(ctx); err != nil {
 			fail("the outbox's backlog", err)
 		} else {
 			s.Outbox = outboxFiguresOf(p)

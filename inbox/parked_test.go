@@ -335,110 +335,38 @@ func TestFindParkedPages(t *testing.T) {
 	})
 }
 
-func TestReplayParked(t *testing.T) {
+// What the operator contract (internal/ops/opstest: ReplayParked) does
+// not say of the PostgreSQL store: a replay leaves no row in the table of
+// parked messages, and a second replay's error says why, with inbox's
+// prefix.
+func TestReplayParkedLeavesNoRow(t *testing.T) {
 	t.Parallel()
 	eachLayout(t, func(t *testing.T, b bundle) {
-		meta := map[string]string{"order_id": "A-1042", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "empty": ""}
-		b.seed(t, parkedMsg{consumer: "orders", key: "k1", uuid: "018f-uuid-1", topic: "orders.in", payload: []byte(`{"order":"A-1042"}`),
-			meta: meta, reason: "bad address"})
-
-		found, err := b.store.FindParked(b.ctx, inbox.ParkedFilter{Metadata: map[string]string{"order_id": "A-1042"}}, inbox.Page{})
+		b.seed(t, parkedMsg{consumer: "orders", key: "k1", uuid: "018f-uuid-1", topic: "orders.in", payload: []byte(`{"order":"A-1042"}`)})
+		_, err := b.store.ReplayParked(b.ctx, "orders", "k1", inbox.ReplayOptions{})
 		require.NoError(t, err)
-		require.Len(t, found.Messages, 1)
-		m, err := b.store.ReplayParked(b.ctx, found.Messages[0].Consumer, found.Messages[0].Key, inbox.ReplayOptions{})
-		require.NoError(t, err)
-		require.Equal(t, "orders.in", m.Topic)
-		require.Equal(t, "parked", m.Status, "the status before the replay")
-
-		// The outbox holds the original message for its topic; the key is
-		// released; the parked message is gone.
-		require.Equal(t, []outboxRow{{Topic: "orders.in", UUID: "018f-uuid-1", Payload: []byte(`{"order":"A-1042"}`), Metadata: meta}}, b.outbox(t))
-		require.Equal(t, "failed", b.status(t, "orders", "k1"))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM `+b.parkedTable()))
-		_, err = b.store.GetParked(b.ctx, "orders", "k1")
-		require.ErrorIs(t, err, inbox.ErrNotParked)
-
-		// A second replay finds nothing; nothing changes.
 		_, err = b.store.ReplayParked(b.ctx, "orders", "k1", inbox.ReplayOptions{})
 		require.ErrorIs(t, err, inbox.ErrNotParked)
 		require.ErrorContains(t, err, "replayed or discarded meanwhile")
 		require.True(t, strings.HasPrefix(err.Error(), "inbox: replay parked: "), err.Error())
 		require.Len(t, b.outbox(t), 1)
-
-		// The relayed copy runs once (the key was released); a late
-		// redelivery of the original, or of the copy, is a duplicate.
-		tx, err := b.db.Conn.BeginTx(b.ctx, nil)
-		require.NoError(t, err)
-		res, err := b.inner.ClaimTx(b.ctx, tx, "orders", "k1")
-		require.NoError(t, err)
-		require.True(t, res.Claimed, "the replayed message runs")
-		require.NoError(t, tx.Commit())
-		tx, err = b.db.Conn.BeginTx(b.ctx, nil)
-		require.NoError(t, err)
-		res, err = b.inner.ClaimTx(b.ctx, tx, "orders", "k1")
-		require.NoError(t, err)
-		require.False(t, res.Claimed, "a late redelivery is a duplicate")
-		require.Equal(t, "done", res.Existing.Status)
-		require.NoError(t, tx.Commit())
 	})
 }
 
-func TestReplayParkedRefusals(t *testing.T) {
+// A parked message whose key has no record (removed by hand, or purged
+// after its release) is replayed: only the outbox row is written. The
+// refusals and the other replays are the operator contract's
+// (internal/ops/opstest: ReplayParkedRefusals).
+func TestReplayParkedWithoutRecord(t *testing.T) {
 	t.Parallel()
 	eachLayout(t, func(t *testing.T, b bundle) {
-		b.seed(t, parkedMsg{consumer: "c", key: "big", topic: "t", payload: make([]byte, 10), notKept: true})
-		b.seed(t, parkedMsg{consumer: "c", key: "notopic", payload: []byte("x")})
-		b.seed(t, parkedMsg{consumer: "c", key: "done", topic: "t", payload: []byte("x")})
-		b.exec(t, `UPDATE `+b.db.Inbox()+` SET status = 'done' WHERE message_key = 'done'`)
-		b.seed(t, parkedMsg{consumer: "c", key: "busy", topic: "t", payload: []byte("x")})
-		b.exec(t, `UPDATE `+b.db.Inbox()+` SET status = 'processing', lease_until = now() + interval '1 hour' WHERE message_key = 'busy'`)
-
-		for key, want := range map[string]string{
-			"big":     "payload (10 bytes) was over the size the middleware keeps",
-			"notopic": "ReplayOptions.Topic",
-			"done":    "discard it",
-			"busy":    "being processed",
-		} {
-			before := b.status(t, "c", key)
-			_, err := b.store.ReplayParked(b.ctx, "c", key, inbox.ReplayOptions{})
-			require.ErrorIs(t, err, inbox.ErrNotReplayable, key)
-			require.ErrorContains(t, err, want)
-			require.Equal(t, before, b.status(t, "c", key), "nothing changed: %s", key)
-			_, err = b.store.GetParked(b.ctx, "c", key)
-			require.NoError(t, err, "the parked message stays: %s", key)
-		}
-		require.Empty(t, b.outbox(t))
-
-		// A topic given by the operator: the message without one is
-		// replayed there (and a topic override wins over the stored one).
-		m, err := b.store.ReplayParked(b.ctx, "c", "notopic", inbox.ReplayOptions{Topic: "elsewhere"})
-		require.NoError(t, err)
-		require.Equal(t, "elsewhere", m.Topic)
-		require.Equal(t, "elsewhere", b.outbox(t)[0].Topic)
-		require.Equal(t, "failed", b.status(t, "c", "notopic"))
-
-		// A key released before (Release keeps the message) or without a
-		// record is replayed too: only the outbox row is written.
-		b.seed(t, parkedMsg{consumer: "c", key: "released", topic: "t", payload: []byte("r")})
-		ok, err := b.store.Release(b.ctx, "c", "released", inbox.Expect{})
-		require.NoError(t, err)
-		require.True(t, ok)
 		b.seedMessage(t, parkedMsg{consumer: "c", key: "norecord", topic: "t", payload: []byte("n")})
-		for _, key := range []string{"released", "norecord"} {
-			m, err := b.store.ReplayParked(b.ctx, "c", key, inbox.ReplayOptions{Topic: "over"})
-			require.NoError(t, err, key)
-			require.Equal(t, "over", m.Topic)
-		}
-		require.Equal(t, "failed", b.status(t, "c", "released"))
-		require.Equal(t, "", b.status(t, "c", "norecord"))
-		require.Len(t, b.outbox(t), 3)
-
-		// An empty payload is kept (size 0) and replayed as empty.
-		b.seed(t, parkedMsg{consumer: "c", key: "empty", topic: "t", payload: []byte{}})
-		_, err = b.store.ReplayParked(b.ctx, "c", "empty", inbox.ReplayOptions{})
+		m, err := b.store.ReplayParked(b.ctx, "c", "norecord", inbox.ReplayOptions{Topic: "over"})
 		require.NoError(t, err)
-		rows := b.outbox(t)
-		require.Empty(t, rows[len(rows)-1].Payload)
+		require.Equal(t, "over", m.Topic)
+		require.Equal(t, "", b.status(t, "c", "norecord"))
+		require.Len(t, b.outbox(t), 1)
 	})
 }
 
@@ -526,81 +454,16 @@ func TestReplayParkedConcurrently(t *testing.T) {
 	})
 }
 
-func TestReplayParkedMatching(t *testing.T) {
+// A discard's error carries inbox's prefix; the discard itself is the
+// operator contract's (internal/ops/opstest: DiscardParked).
+func TestDiscardParkedErrorPrefix(t *testing.T) {
 	t.Parallel()
-	eachLayout(t, func(t *testing.T, b bundle) {
-		for i := range 230 {
-			m := parkedMsg{consumer: "c", key: fmt.Sprintf("k%03d", i), topic: "t", payload: []byte(fmt.Sprint(i)),
-				meta: map[string]string{"campaign": "spring"}, reason: "downstream 503", ago: time.Duration(300-i) * time.Second}
-			if i%50 == 7 {
-				m.notKept = true
-			}
-			b.seed(t, m)
-		}
-		b.seed(t, parkedMsg{consumer: "c", key: "other", topic: "t", payload: []byte("o"), meta: map[string]string{"campaign": "fall"}})
-		f := inbox.ParkedFilter{Consumer: "c", Metadata: map[string]string{"campaign": "spring"}}
-		n, err := b.store.CountParked(b.ctx, f)
-		require.NoError(t, err)
-		require.Equal(t, int64(230), n)
-
-		rep, err := b.store.ReplayParkedMatching(b.ctx, f, inbox.ReplayOptions{BatchSize: 100})
-		require.NoError(t, err)
-		require.Equal(t, inbox.ReplayReport{Replayed: 225, Skipped: 5}, rep)
-		rows := b.outbox(t)
-		require.Len(t, rows, 225)
-		require.Equal(t, "uuid-k000", rows[0].UUID, "oldest parked first")
-		n, err = b.store.CountParked(b.ctx, f)
-		require.NoError(t, err)
-		require.Equal(t, int64(5), n, "the ones not kept stay")
-		require.Equal(t, int64(225), b.count(t, `SELECT count(*) FROM `+b.db.Inbox()+` WHERE status = 'failed'`))
-		require.Equal(t, "parked", b.status(t, "c", "other"), "outside the filter")
-
-		rep, err = b.store.ReplayParkedMatching(b.ctx, f, inbox.ReplayOptions{})
-		require.NoError(t, err)
-		require.Equal(t, inbox.ReplayReport{Skipped: 5}, rep, "a second run replays nothing again")
-
-		ctx, cancel := context.WithCancel(b.ctx)
-		cancel()
-		_, err = b.store.ReplayParkedMatching(ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.ReplayOptions{})
-		require.ErrorIs(t, err, context.Canceled)
-	})
-}
-
-func TestDiscardParked(t *testing.T) {
-	t.Parallel()
-	eachLayout(t, func(t *testing.T, b bundle) {
+	eachDriver(t, func(t *testing.T, b bundle) {
 		b.seed(t, parkedMsg{consumer: "c", key: "keep", topic: "t", payload: []byte("x")})
-		b.seed(t, parkedMsg{consumer: "c", key: "forget", topic: "t", payload: []byte("x")})
-
-		// Discarded: the message goes, the key is no longer parked
-		// (discarded: nothing lists or counts it as parked), and a late
-		// redelivery is still not run.
 		require.NoError(t, b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}))
-		_, err := b.store.GetParked(b.ctx, "c", "keep")
-		require.ErrorIs(t, err, inbox.ErrNotParked)
-		require.Equal(t, "discarded", b.status(t, "c", "keep"))
-		keys, err := b.store.Parked(b.ctx, "c", 10)
-		require.NoError(t, err)
-		require.Len(t, keys, 1, "only the other key is listed as parked")
-		require.Equal(t, "forget", keys[0].Key)
-		tx, err := b.db.Conn.BeginTx(b.ctx, nil)
-		require.NoError(t, err)
-		res, err := b.inner.ClaimTx(b.ctx, tx, "c", "keep")
-		require.NoError(t, err)
-		require.False(t, res.Claimed, "a late redelivery of a discarded message does not run")
-		require.Equal(t, "discarded", res.Existing.Status)
-		require.Equal(t, int64(1), res.Existing.Duplicates, "counted as a duplicate")
-		require.NoError(t, tx.Rollback())
-		err = b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{})
+		err := b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{})
 		require.ErrorIs(t, err, inbox.ErrNotParked, "discarded once")
 		require.True(t, strings.HasPrefix(err.Error(), "inbox: discard parked: "), err.Error())
-
-		// Discarded and forgotten: the next delivery runs.
-		require.NoError(t, b.store.DiscardParked(b.ctx, "c", "forget", inbox.DiscardOptions{Forget: true}))
-		require.Equal(t, "", b.status(t, "c", "forget"))
-		require.ErrorIs(t, b.store.DiscardParked(b.ctx, "c", "forget", inbox.DiscardOptions{Forget: true}), inbox.ErrNotParked)
-		b.claim(t, "c", "forget")
-		require.Empty(t, b.outbox(t))
 	})
 }
 

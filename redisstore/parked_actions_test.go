@@ -107,80 +107,33 @@ func TestParkedListsParkedKeysBehindReleasedOnes(t *testing.T) {
 }
 
 // Discarding with Forget deletes a key's record only while it waits for an
-// operator: not a done one (a late copy must stay a duplicate) nor a
-// processing one (its attempt would lose its lease after its effect, and
-// the redelivery run again).
-func TestRedisDiscardForgetKeepsDoneAndProcessingRecords(t *testing.T) {
+// operator: not a processing one (its attempt would lose its lease after
+// its effect, and the redelivery run again). The done record's case is the
+// operator contract's (internal/ops/opstest: DiscardForgetKeepsADoneRecord).
+func TestRedisDiscardForgetKeepsAProcessingRecord(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
 	lb := leasestore.BackendOf(b.s)
-	for _, end := range []string{"done", "processing"} {
-		k := "k-" + end
-		msg := &inboxdb.ParkedMessage{UUID: "u-" + k, Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
-		b.parkWith(t, "c", k, "declined", msg)
-		ok, err := b.s.Release(b.ctx, "c", k, inbox.Expect{})
-		require.NoError(t, err)
-		require.True(t, ok)
-		c, err := lb.Claim(b.ctx, "c", k, leasestore.Options{Lease: time.Minute, Message: msg})
-		require.NoError(t, err)
-		require.Equal(t, leasestore.Acquired, c.Outcome)
-		a := leasestore.Attempt{Consumer: "c", Key: k, Token: c.Token, Message: msg}
-		if end == "done" {
-			require.NoError(t, lb.Complete(b.ctx, a))
-		}
-		n, err := b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c", Key: k}, inbox.DiscardOptions{Forget: true})
-		require.NoError(t, err)
-		require.EqualValues(t, 1, n)
-		_, err = b.s.GetParked(b.ctx, "c", k)
-		require.ErrorIs(t, err, inbox.ErrNotParked, "%s: the message is discarded", end)
-		if end == "processing" {
-			require.NoError(t, lb.Complete(b.ctx, a), "the attempt keeps its lease")
-		}
-		require.Equal(t, "done", b.status(t, "c", k))
-		again, err := lb.Claim(b.ctx, "c", k, leasestore.Options{Lease: time.Minute, Message: msg})
-		require.NoError(t, err)
-		require.Equal(t, leasestore.Duplicate, again.Outcome, "%s: a later copy is a duplicate", end)
-	}
-	// A key still parked is forgotten: its next delivery runs.
-	msg := &inboxdb.ParkedMessage{UUID: "u-parked", Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
-	b.parkWith(t, "c", "still-parked", "declined", msg)
-	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "still-parked", inbox.DiscardOptions{Forget: true}))
-	require.Equal(t, "", b.status(t, "c", "still-parked"))
-}
-
-// A message whose metadata had to be changed to be stored is kept for
-// reading, never replayed: with an empty payload it must not read back as
-// kept either. An unchanged empty payload is kept, and replayed empty.
-func TestRedisChangedMessageWithEmptyPayloadIsNotReplayable(t *testing.T) {
-	t.Parallel()
-	b := newParked(t, redisstore.Config{})
-	changed := &inboxdb.ParkedMessage{UUID: "u-1", Topic: "orders", Payload: []byte{}, Metadata: map[string]string{"sig": "ab\xffcd"}}
-	b.parkWith(t, "c", "changed", "declined", changed)
-	empty := &inboxdb.ParkedMessage{UUID: "u-2", Topic: "orders", Payload: []byte{}, Metadata: map[string]string{"sig": "abcd"}}
-	b.parkWith(t, "c", "empty", "declined", empty)
-
-	m, err := b.s.GetParked(b.ctx, "c", "changed")
+	k := "k-processing"
+	msg := &inboxdb.ParkedMessage{UUID: "u-" + k, Topic: "orders", Payload: []byte("p"), Metadata: map[string]string{}}
+	b.parkWith(t, "c", k, "declined", msg)
+	ok, err := b.s.Release(b.ctx, "c", k, inbox.Expect{})
 	require.NoError(t, err)
-	require.False(t, m.PayloadKept)
-	page, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "c", Key: "changed"}, inbox.Page{})
+	require.True(t, ok)
+	c, err := lb.Claim(b.ctx, "c", k, leasestore.Options{Lease: time.Minute, Message: msg})
 	require.NoError(t, err)
-	require.Len(t, page.Messages, 1)
-	require.False(t, page.Messages[0].PayloadKept)
-	pub := &publisher{}
-	_, err = b.s.ReplayParked(b.ctx, "c", "changed", pub, inbox.ReplayOptions{})
-	require.ErrorIs(t, err, inbox.ErrNotReplayable)
-	require.Empty(t, pub.messages())
-
-	m, err = b.s.GetParked(b.ctx, "c", "empty")
+	require.Equal(t, leasestore.Acquired, c.Outcome)
+	a := leasestore.Attempt{Consumer: "c", Key: k, Token: c.Token, Message: msg}
+	n, err := b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c", Key: k}, inbox.DiscardOptions{Forget: true})
 	require.NoError(t, err)
-	require.True(t, m.PayloadKept)
-	_, err = b.s.ReplayParked(b.ctx, "c", "empty", pub, inbox.ReplayOptions{})
+	require.EqualValues(t, 1, n)
+	_, err = b.s.GetParked(b.ctx, "c", k)
+	require.ErrorIs(t, err, inbox.ErrNotParked, "the message is discarded")
+	require.NoError(t, lb.Complete(b.ctx, a), "the attempt keeps its lease")
+	require.Equal(t, "done", b.status(t, "c", k))
+	again, err := lb.Claim(b.ctx, "c", k, leasestore.Options{Lease: time.Minute, Message: msg})
 	require.NoError(t, err)
-	sent := pub.messages()
-	require.Len(t, sent, 1)
-	require.Equal(t, "u-2", sent[0].uuid)
-	require.Equal(t, "", sent[0].payload)
-	require.Equal(t, map[string]string{"sig": "abcd"}, sent[0].metadata)
+	require.Equal(t, leasestore.Duplicate, again.Outcome, "a later copy is a duplicate")
 }
 
 // A released key keeps the reason it was parked for, listed and found by

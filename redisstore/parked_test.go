@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -157,17 +155,18 @@ func (p *publisher) messages() []published {
 	return append([]published(nil), p.sent...)
 }
 
+// What the operator contract (internal/ops/opstest: FindParked) does not
+// say of the Redis store: a filter needs its consumer; a parked key
+// without a message is a key, not a message; a released key's record does
+// not expire while it holds its message; a find prunes the parked set of a
+// member whose record is gone.
 func TestRedisFindParked(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
-	b.park(t, redisMsg{consumer: "orders", key: "acme:1", topic: "orders.in", payload: `{"n":1}`,
-		meta: map[string]string{"order_id": "A-1", "source": "web"}, reason: "Bad address", ago: 50 * time.Minute})
-	b.park(t, redisMsg{consumer: "orders", key: "acme:2", topic: "orders.in", payload: `{"n":2}`,
-		meta: map[string]string{"order_id": "A-2", "source": "web"}, reason: "card declined", ago: 40 * time.Minute})
-	b.park(t, redisMsg{consumer: "orders", key: "globex:3", uuid: "u-3", topic: "orders.in", payload: "three",
-		meta: map[string]string{"order_id": "G-3", "source": "api"}, reason: "bad ADDRESS line", ago: 30 * time.Minute})
+	b.park(t, redisMsg{consumer: "orders", key: "acme:1", topic: "orders.in", payload: `{"n":1}`, ago: 50 * time.Minute})
+	b.park(t, redisMsg{consumer: "orders", key: "acme:2", topic: "orders.in", payload: `{"n":2}`, ago: 40 * time.Minute})
+	b.park(t, redisMsg{consumer: "orders", key: "globex:3", topic: "orders.in", payload: "three", ago: 30 * time.Minute})
 	b.park(t, redisMsg{consumer: "orders", key: "big", topic: "orders.in", payload: "0123456789", notKept: true, ago: 20 * time.Minute})
-	b.park(t, redisMsg{consumer: "invoices", key: "acme:1", topic: "invoices.in", payload: "inv", meta: map[string]string{"order_id": "A-1"}})
 	// A parked key without a message (parked by an earlier version): a
 	// key, not a message.
 	claim, err := leasestore.BackendOf(b.s).Claim(b.ctx, "orders", "bare", leasestore.Options{Lease: time.Minute})
@@ -177,72 +176,17 @@ func TestRedisFindParked(t *testing.T) {
 	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{}, inbox.Page{})
 	require.ErrorIs(t, err, inbox.ErrInvalidFilter)
 	require.ErrorContains(t, err, "ParkedFilter.Consumer is required")
-	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders", Tenant: "a:b"}, inbox.Page{})
-	require.ErrorContains(t, err, "ParkedFilter.Tenant")
-	_, err = b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders"}, inbox.Page{After: "x"})
-	require.ErrorContains(t, err, "Page.After")
 
 	all := []string{"acme:1", "acme:2", "globex:3", "big"}
-	require.Equal(t, all, b.find(t, inbox.ParkedFilter{Consumer: "orders"}), "oldest parked first; a key without a message is not listed")
-	require.Empty(t, b.find(t, inbox.ParkedFilter{Consumer: "nobody"}))
-	require.Equal(t, []string{"acme:2"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Key: "acme:2"}))
-	require.Equal(t, []string{"globex:3"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", MessageUUID: "u-3"}))
-	require.Equal(t, []string{"acme:1", "acme:2"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Tenant: "acme"}))
-	require.Equal(t, []string{"acme:1", "globex:3"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Reason: "BAD address"}))
-	require.Equal(t, []string{"acme:2", "globex:3"}, b.find(t, inbox.ParkedFilter{Consumer: "orders",
-		Since: time.Now().Add(-45 * time.Minute), Before: time.Now().Add(-25 * time.Minute)}))
-	require.Equal(t, []string{"acme:1"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Metadata: map[string]string{"order_id": "A-1"}}))
-	require.Equal(t, []string{"acme:1", "acme:2"}, b.find(t, inbox.ParkedFilter{Consumer: "orders", Metadata: map[string]string{"source": "web"}}))
-	require.Empty(t, b.find(t, inbox.ParkedFilter{Consumer: "orders", Metadata: map[string]string{"source": "web", "order_id": "G-3"}}))
-	require.Equal(t, []string{"acme:1"}, b.find(t, inbox.ParkedFilter{Consumer: "invoices", Metadata: map[string]string{"order_id": "A-1"}}))
-
-	// Pages, with payloads when asked.
-	var keys []string
-	p := inbox.Page{Limit: 3, Payloads: true}
-	var pages int
-	for {
-		page, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders"}, p)
-		require.NoError(t, err)
-		pages++
-		for _, m := range page.Messages {
-			keys = append(keys, m.Key)
-			if m.PayloadKept {
-				require.NotNil(t, m.Payload, m.Key)
-			} else {
-				require.Nil(t, m.Payload, m.Key)
-			}
-		}
-		if page.Next == "" {
-			break
-		}
-		p.After = page.Next
-	}
-	require.Equal(t, all, keys)
-	require.Equal(t, 2, pages)
-
-	m, err := b.s.GetParked(b.ctx, "orders", "acme:1")
-	require.NoError(t, err)
-	require.Equal(t, inbox.ParkedMessage{Consumer: "orders", Key: "acme:1", UUID: "uuid-acme:1", Topic: "orders.in",
-		Payload: []byte(`{"n":1}`), PayloadSize: 7, PayloadKept: true, Metadata: map[string]string{"order_id": "A-1", "source": "web"},
-		Reason: "Bad address", Attempts: 1, FirstSeenAt: m.FirstSeenAt, ParkedAt: m.ParkedAt, Status: "parked", Version: m.Version}, m)
-	require.NotEmpty(t, m.Version)
-	require.WithinDuration(t, time.Now().Add(-50*time.Minute), m.ParkedAt, time.Second)
-	m, err = b.s.GetParked(b.ctx, "orders", "big")
-	require.NoError(t, err)
-	require.False(t, m.PayloadKept)
-	require.Equal(t, 10, m.PayloadSize)
+	require.Equal(t, all, b.find(t, inbox.ParkedFilter{Consumer: "orders"}), "a key without a message is not listed")
 	_, err = b.s.GetParked(b.ctx, "orders", "bare")
 	require.ErrorIs(t, err, inbox.ErrNotParked)
 
-	// Release keeps the message, listed with the key's status, and the
-	// record does not expire while it holds it.
+	// Release keeps the message, and the record does not expire while it
+	// holds it.
 	ok, err := b.s.Release(b.ctx, "orders", "acme:2", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
-	page, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "orders", Key: "acme:2"}, inbox.Page{})
-	require.NoError(t, err)
-	require.Len(t, page.Messages, 1)
-	require.Equal(t, "failed", page.Messages[0].Status)
 	require.Equal(t, time.Duration(-1), b.c.PTTL(b.ctx, b.rec("orders", "acme:2")).Val())
 	parkedKeys, err := b.s.Parked(b.ctx, "orders", 100)
 	require.NoError(t, err)
@@ -259,31 +203,21 @@ func TestRedisFindParked(t *testing.T) {
 	require.True(t, b.inSet(t, "orders", "bare"), "a parked key stays")
 }
 
+// What the operator contract (internal/ops/opstest: ReplayParked) does
+// not say of the Redis store: a replay needs a publisher; the replayed
+// key's record keeps no message field, leaves the parked set and expires
+// as after Release.
 func TestRedisReplayParked(t *testing.T) {
 	t.Parallel()
 	const ttl = time.Hour
 	b := newParked(t, redisstore.Config{DoneTTL: ttl})
-	meta := map[string]string{"order_id": "A-1042", "empty": ""}
-	b.park(t, redisMsg{consumer: "sms", key: "k1", uuid: "018f-1", topic: "sms.send", payload: `{"to":"+1"}`, meta: meta, reason: "invalid number"})
+	b.park(t, redisMsg{consumer: "sms", key: "k1", uuid: "018f-1", topic: "sms.send", payload: `{"to":"+1"}`, reason: "invalid number"})
 
 	pub := &publisher{}
 	_, err := b.s.ReplayParked(b.ctx, "sms", "k1", nil, inbox.ReplayOptions{})
 	require.ErrorContains(t, err, "nil publisher")
-
-	found, err := b.s.FindParked(b.ctx, inbox.ParkedFilter{Consumer: "sms", Metadata: map[string]string{"order_id": "A-1042"}}, inbox.Page{})
+	_, err = b.s.ReplayParked(b.ctx, "sms", "k1", pub, inbox.ReplayOptions{})
 	require.NoError(t, err)
-	require.Len(t, found.Messages, 1)
-	m, err := b.s.ReplayParked(b.ctx, "sms", found.Messages[0].Key, pub, inbox.ReplayOptions{})
-	require.NoError(t, err)
-	require.Equal(t, "sms.send", m.Topic)
-	require.Equal(t, "parked", m.Status)
-	require.Equal(t, "invalid number", m.Reason)
-	require.Equal(t, []published{{topic: "sms.send", uuid: "018f-1", payload: `{"to":"+1"}`, metadata: meta}}, pub.messages())
-
-	// Released, the message gone, the record expiring as after Release.
-	require.Equal(t, "failed", b.status(t, "sms", "k1"))
-	_, err = b.s.GetParked(b.ctx, "sms", "k1")
-	require.ErrorIs(t, err, inbox.ErrNotParked)
 	require.False(t, b.inSet(t, "sms", "k1"))
 	pttl := b.c.PTTL(b.ctx, b.rec("sms", "k1")).Val()
 	require.True(t, pttl > 0 && pttl <= ttl, "%s", pttl)
@@ -292,70 +226,23 @@ func TestRedisReplayParked(t *testing.T) {
 	for _, f := range fields {
 		require.NotRegexp(t, "^m_", f, "no message field left")
 	}
-
-	_, err = b.s.ReplayParked(b.ctx, "sms", "k1", pub, inbox.ReplayOptions{})
-	require.ErrorIs(t, err, inbox.ErrNotParked, "a second replay")
-	require.Len(t, pub.messages(), 1)
-
-	// The replayed message runs once; a late copy is a duplicate.
-	lb := leasestore.BackendOf(b.s)
-	claim, err := lb.Claim(b.ctx, "sms", "k1", leasestore.Options{Lease: time.Minute})
-	require.NoError(t, err)
-	require.Equal(t, leasestore.Acquired, claim.Outcome)
-	require.NoError(t, lb.Complete(b.ctx, leasestore.Attempt{Consumer: "sms", Key: "k1", Token: claim.Token}))
-	dup, err := lb.Claim(b.ctx, "sms", "k1", leasestore.Options{Lease: time.Minute})
-	require.NoError(t, err)
-	require.Equal(t, leasestore.Duplicate, dup.Outcome)
 }
 
-func TestRedisReplayParkedRefusals(t *testing.T) {
+// A released key's message, replayed, leaves a record that expires. The
+// refusals and the replays are the operator contract's
+// (internal/ops/opstest: ReplayParkedRefusals).
+func TestRedisReplayOfAReleasedKeyExpires(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
 	pub := &publisher{}
-	b.park(t, redisMsg{consumer: "c", key: "big", topic: "t", payload: "0123456789", notKept: true})
-	b.park(t, redisMsg{consumer: "c", key: "notopic", payload: "x"})
-	b.park(t, redisMsg{consumer: "c", key: "done", topic: "t", payload: "x"})
-	require.NoError(t, b.c.HSet(b.ctx, b.rec("c", "done"), "status", "done").Err())
-	b.park(t, redisMsg{consumer: "c", key: "busy", topic: "t", payload: "x"})
-	require.NoError(t, b.c.HSet(b.ctx, b.rec("c", "busy"), "status", "processing").Err())
-
-	for key, want := range map[string]string{
-		"big":     "payload (10 bytes) was over the size",
-		"notopic": "ReplayOptions.Topic",
-		"done":    "discard it",
-		"busy":    "being processed",
-	} {
-		before := b.status(t, "c", key)
-		_, err := b.s.ReplayParked(b.ctx, "c", key, pub, inbox.ReplayOptions{})
-		require.ErrorIs(t, err, inbox.ErrNotReplayable, key)
-		require.ErrorContains(t, err, want)
-		require.Equal(t, before, b.status(t, "c", key), "nothing changed: %s", key)
-		_, err = b.s.GetParked(b.ctx, "c", key)
-		require.NoError(t, err, key)
-	}
-	require.Empty(t, pub.messages())
-
-	m, err := b.s.ReplayParked(b.ctx, "c", "notopic", pub, inbox.ReplayOptions{Topic: "named"})
-	require.NoError(t, err)
-	require.Equal(t, "named", m.Topic)
-	require.Equal(t, "named", pub.messages()[0].topic)
-
-	// A released key (its message kept) is replayed: only published.
 	b.park(t, redisMsg{consumer: "c", key: "released", topic: "t", payload: "r"})
 	ok, err := b.s.Release(b.ctx, "c", "released", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, ok)
-	m, err = b.s.ReplayParked(b.ctx, "c", "released", pub, inbox.ReplayOptions{})
+	m, err := b.s.ReplayParked(b.ctx, "c", "released", pub, inbox.ReplayOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "failed", m.Status)
 	require.Greater(t, b.c.PTTL(b.ctx, b.rec("c", "released")).Val(), time.Duration(0), "expires once its message is gone")
-
-	// An empty payload is kept and replayed.
-	b.park(t, redisMsg{consumer: "c", key: "empty", topic: "t", payload: ""})
-	_, err = b.s.ReplayParked(b.ctx, "c", "empty", pub, inbox.ReplayOptions{})
-	require.NoError(t, err)
-	sent := pub.messages()
-	require.Equal(t, "", sent[len(sent)-1].payload)
 }
 
 // TestRedisReplayParkedPublishFails: a failed publish parks the key again
@@ -429,94 +316,37 @@ func TestRedisReplayParkedConcurrently(t *testing.T) {
 	require.ErrorIs(t, err, inbox.ErrNotParked)
 }
 
-func TestRedisReplayParkedMatching(t *testing.T) {
+// The Redis store's bulk replay of a consumer's every message needs All
+// (the consumer is required, so it is no criterion); the bulk replay
+// itself is the operator contract's (internal/ops/opstest:
+// ReplayParkedMatching).
+func TestRedisReplayParkedMatchingNeedsAll(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
-	for i := range 30 {
-		m := redisMsg{consumer: "c", key: fmt.Sprintf("k%02d", i), topic: "t", payload: strconv.Itoa(i),
-			meta: map[string]string{"campaign": "spring"}, ago: time.Duration(100-i) * time.Second}
-		if i%10 == 3 {
-			m.notKept = true
-		}
-		b.park(t, m)
-	}
-	b.park(t, redisMsg{consumer: "c", key: "other", topic: "t", payload: "o", meta: map[string]string{"campaign": "fall"}})
-	pub := &publisher{}
-	_, err := b.s.ReplayParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, pub, inbox.ReplayOptions{})
+	b.park(t, redisMsg{consumer: "c", key: "k", topic: "t", payload: "x"})
+	_, err := b.s.ReplayParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, &publisher{}, inbox.ReplayOptions{})
 	require.ErrorContains(t, err, "ReplayOptions.All")
-	f := inbox.ParkedFilter{Consumer: "c", Metadata: map[string]string{"campaign": "spring"}}
-	n, err := b.s.CountParked(b.ctx, f)
-	require.NoError(t, err)
-	require.Equal(t, int64(30), n)
-	rep, err := b.s.ReplayParkedMatching(b.ctx, f, pub, inbox.ReplayOptions{})
-	require.NoError(t, err)
-	require.Equal(t, inbox.ReplayReport{Replayed: 27, Skipped: 3}, rep)
-	sent := pub.messages()
-	require.Len(t, sent, 27)
-	require.Equal(t, "uuid-k00", sent[0].uuid, "oldest parked first")
-	require.Equal(t, "parked", b.status(t, "c", "other"))
-	n, err = b.s.CountParked(b.ctx, f)
-	require.NoError(t, err)
-	require.Equal(t, int64(3), n)
 }
 
+// What the operator contract (internal/ops/opstest: DiscardParked) does
+// not say of the Redis store: a discarded key leaves the parked set, a
+// released one's record expires once its message is discarded, and a bulk
+// discard of a consumer's every message needs All.
 func TestRedisDiscardParked(t *testing.T) {
 	t.Parallel()
 	b := newParked(t, redisstore.Config{})
-	b.park(t, redisMsg{consumer: "c", key: "keep", topic: "t", payload: "x"})
 	b.park(t, redisMsg{consumer: "c", key: "forget", topic: "t", payload: "x"})
-
-	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}))
-	_, err := b.s.GetParked(b.ctx, "c", "keep")
-	require.ErrorIs(t, err, inbox.ErrNotParked)
-	require.Equal(t, "discarded", b.status(t, "c", "keep"), "the key is no longer parked: discarded")
-	keys, err := b.s.Parked(b.ctx, "c", 10)
-	require.NoError(t, err)
-	require.Len(t, keys, 1, "nor listed as a parked key")
-	require.Equal(t, "forget", keys[0].Key)
-	claim, err := leasestore.BackendOf(b.s).Claim(b.ctx, "c", "keep", leasestore.Options{Lease: time.Minute})
-	require.NoError(t, err)
-	require.Equal(t, leasestore.Duplicate, claim.Outcome, "a late redelivery does not run: a duplicate")
-	require.ErrorIs(t, b.s.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}), inbox.ErrNotParked)
-
 	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "forget", inbox.DiscardOptions{Forget: true}))
-	require.Equal(t, "", b.status(t, "c", "forget"))
 	require.False(t, b.inSet(t, "c", "forget"))
-	claim, err = leasestore.BackendOf(b.s).Claim(b.ctx, "c", "forget", leasestore.Options{Lease: time.Minute})
-	require.NoError(t, err)
-	require.Equal(t, leasestore.Acquired, claim.Outcome, "forgotten: the next delivery runs")
 
-	// A released key's message: discarded, the key leaves the set and
-	// its record expires.
 	b.park(t, redisMsg{consumer: "c", key: "rel", topic: "t", payload: "x"})
-	_, err = b.s.Release(b.ctx, "c", "rel", inbox.Expect{})
+	_, err := b.s.Release(b.ctx, "c", "rel", inbox.Expect{})
 	require.NoError(t, err)
 	require.True(t, b.inSet(t, "c", "rel"))
 	require.NoError(t, b.s.DiscardParked(b.ctx, "c", "rel", inbox.DiscardOptions{}))
 	require.False(t, b.inSet(t, "c", "rel"))
 	require.Greater(t, b.c.PTTL(b.ctx, b.rec("c", "rel")).Val(), time.Duration(0))
 
-	// By filter.
-	for i := range 12 {
-		b.park(t, redisMsg{consumer: "c", key: fmt.Sprint("bulk", i), topic: "t", payload: "x", reason: "Schema mismatch"})
-	}
 	_, err = b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.DiscardOptions{})
 	require.ErrorContains(t, err, "DiscardOptions.All")
-	n, err := b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c", Reason: "schema"}, inbox.DiscardOptions{})
-	require.NoError(t, err)
-	require.Equal(t, int64(12), n)
-	require.Equal(t, "discarded", b.status(t, "c", "bulk3"), "no longer parked")
-	b.park(t, redisMsg{consumer: "c", key: "last", topic: "t", payload: "x"})
-	n, err = b.s.DiscardParkedMatching(b.ctx, inbox.ParkedFilter{Consumer: "c"}, inbox.DiscardOptions{All: true, Forget: true})
-	require.NoError(t, err)
-	require.Equal(t, int64(1), n)
-	require.Equal(t, "", b.status(t, "c", "last"))
-
-	// Forget takes the message with the record.
-	b.park(t, redisMsg{consumer: "c", key: "f2", topic: "t", payload: "x"})
-	ok, err := b.s.Forget(b.ctx, "c", "f2", inbox.Expect{})
-	require.NoError(t, err)
-	require.True(t, ok)
-	_, err = b.s.GetParked(b.ctx, "c", "f2")
-	require.ErrorIs(t, err, inbox.ErrNotParked)
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 )
 
 // The flags the dead-letter commands share: parked messages (parked ...)
@@ -25,6 +29,9 @@ type searchFlags struct {
 	meta   []string
 	limit  int
 	yes    bool
+	// confirm is a count's confirmation (ops.Confirmation.Token), as the
+	// count without --yes printed it.
+	confirm string
 }
 
 func (f *searchFlags) register(cmd *cobra.Command, bulk bool) {
@@ -36,6 +43,7 @@ func (f *searchFlags) register(cmd *cobra.Command, bulk bool) {
 	fl.StringArrayVar(&f.meta, "meta", nil, "a metadata field, key=value (repeatable; every one must match), e.g. --meta order_id=42")
 	if bulk {
 		fl.BoolVar(&f.yes, "yes", false, "act on every match (without it: print how many match and what would happen)")
+		fl.StringVar(&f.confirm, "confirm", "", "act on the matches the count printed this confirmation for (COUNT@AS_OF[/MAX_ID]), only if they are still that many; else exit 4, nothing done")
 	} else {
 		fl.IntVar(&f.limit, "limit", 50, "list at most this many")
 	}
@@ -44,6 +52,39 @@ func (f *searchFlags) register(cmd *cobra.Command, bulk bool) {
 // any reports whether a criterion was given (a bulk action needs one).
 func (f *searchFlags) any() bool {
 	return f.uuid != "" || f.reason != "" || f.since != "" || f.until != "" || len(f.meta) > 0
+}
+
+// confirmation is the count a bulk action acts on: --confirm's, or with
+// --yes the count now; act is false without either (print the count). rows
+// says whether target counts outbox rows (a confirmation with a max_id).
+func (f *searchFlags) confirmation(ctx context.Context, target ops.Target, rows bool) (c ops.Confirmation, act bool, err error) {
+	if f.confirm != "" {
+		if f.yes {
+			return c, false, usageErr("--yes or --confirm, not both: --confirm acts on what its count saw, --yes on what matches now")
+		}
+		if c, err = ops.ParseToken(f.confirm); err == nil {
+			err = c.Check(rows)
+		}
+		if err != nil {
+			return c, false, usageErr("--confirm: %v", err)
+		}
+		return c, true, nil
+	}
+	c, err = target.Count(ctx)
+	return c, f.yes, err
+}
+
+// bulkErr is err of ops.Run with its exit status: a changed count is
+// exit 4 (nothing done), with the confirmation of the count now.
+func bulkErr(err error) error {
+	var ce *ops.CountChangedError
+	switch {
+	case errors.As(err, &ce):
+		return &exitError{code: exitChanged, err: fmt.Errorf("%w; to act on those: --confirm %s", err, ce.Now.Token())}
+	case errors.Is(err, ops.ErrBadConfirmation):
+		return usageErr("--confirm: %v", err)
+	}
+	return err
 }
 
 // metadata parses --meta.

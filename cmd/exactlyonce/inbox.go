@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -201,9 +202,6 @@ func toRecordJSON(r inbox.Record) recordJSON {
 		LastError: r.LastError, Interrupted: r.Interrupted, Interruptions: r.Interruptions, Version: r.Version}
 }
 
-// statuses are the inbox statuses, in the order they are printed.
-var statuses = []string{"done", "processing", "failed", "parked", "discarded"}
-
 func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, consumer, tenant string) error {
 	var st inbox.Stats
 	var err error
@@ -224,7 +222,7 @@ func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, c
 		}
 	}
 	rows := map[string]int64{}
-	for _, k := range statuses {
+	for _, k := range ops.KeyStates() {
 		rows[k] = st.Rows[k]
 	}
 	for k, v := range st.Rows { // a status of a later version, if any
@@ -250,7 +248,7 @@ func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, c
 	tw := newTable(a.stdout)
 	fmt.Fprintf(tw, "Inbox %s.%s, %s\n", db.Schema, db.InboxTable, who)
 	fmt.Fprintf(tw, "records\t%d\n", st.Total)
-	for _, k := range statuses {
+	for _, k := range ops.KeyStates() {
 		fmt.Fprintf(tw, "  %s\t%d\n", k, rows[k])
 	}
 	for k, v := range rows {
@@ -264,14 +262,14 @@ func (a *app) inboxStats(ctx context.Context, db sqlschema.DB, s *inbox.Store, c
 		oldest = fmtTimeAgo(*st.OldestFirstSeen, time.Now())
 	}
 	fmt.Fprintf(tw, "oldest record\t%s\n", oldest)
-	if rows["parked"] > 0 {
+	if rows[ops.KeyParked] > 0 {
 		fmt.Fprintf(tw, "\nParked keys wait for an operator: exactlyonce inbox parked\n")
 	}
 	return tw.Flush()
 }
 
 func isKnownStatus(s string) bool {
-	for _, k := range statuses {
+	for _, k := range ops.KeyStates() {
 		if k == s {
 			return true
 		}
@@ -317,11 +315,11 @@ func (a *app) inboxShow(ctx context.Context, db sqlschema.DB, s *inbox.Store, co
 	}
 	fmt.Fprintf(tw, "version\t%s\n", r.Version)
 	switch r.Status {
-	case "parked":
+	case ops.KeyParked:
 		fmt.Fprintf(tw, "\nParked: 'exactlyonce inbox release -c %s %s' lets its next delivery run.\n", shellQuote(consumer), keyArg(key))
-	case "done":
+	case ops.KeyDone:
 		fmt.Fprintf(tw, "\nDone: deliveries of this key are dropped as duplicates ('exactlyonce inbox forget' to run it again).\n")
-	case "discarded":
+	case ops.KeyDiscarded:
 		fmt.Fprintf(tw, "\nDiscarded: an operator discarded its parked message; deliveries of this key are dropped as duplicates ('exactlyonce inbox forget' to run it again).\n")
 	}
 	return tw.Flush()

@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -78,7 +78,11 @@ func (a *app) withOutbox(cmd *cobra.Command, f func(context.Context, sqlschema.D
 }
 
 func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
-	p, err := outbox.PendingStats(ctx, db)
+	rows, err := ops.NewRows(db)
+	if err != nil {
+		return opErr(ctx, db, "outbox stats", err)
+	}
+	p, err := rows.Pending(ctx)
 	if err != nil {
 		return opErr(ctx, db, "outbox stats", err)
 	}
@@ -115,7 +119,11 @@ func (a *app) outboxStats(ctx context.Context, db sqlschema.DB) error {
 }
 
 func (a *app) outboxRequeue(ctx context.Context, db sqlschema.DB) error {
-	n, err := outbox.RequeueFailed(ctx, db)
+	rows, err := ops.NewRows(db)
+	if err != nil {
+		return opErr(ctx, db, "outbox requeue-failed", err)
+	}
+	n, err := rows.RequeueFailed(ctx)
 	if err != nil {
 		return opErr(ctx, db, "outbox requeue-failed", err)
 	}
@@ -184,16 +192,7 @@ func (a *app) outboxPending(ctx context.Context, db sqlschema.DB, opts pendingOp
 			Failures: p.Failures, PermanentFailures: p.PermanentFailures, LastError: p.LastError, OrderingKey: p.OrderingKey,
 			nextIn: p.NextInSeconds, blocked: p.Blocked}
 		r.CreatedAt, r.NextAttemptAt, r.QuarantinedAt = jsonTime(&created), jsonTime(p.NextAttemptAt), jsonTime(p.QuarantinedAt)
-		switch {
-		case p.QuarantinedAt != nil:
-			r.State = "quarantined"
-		case r.nextIn > 0:
-			r.State = "backoff"
-		case r.blocked:
-			r.State = "blocked"
-		default:
-			r.State = "ready"
-		}
+		r.State = ops.PendingState(p.QuarantinedAt != nil, r.Failures, r.blocked)
 		out = append(out, r)
 	}
 	if a.jsonOut {
@@ -211,10 +210,10 @@ func (a *app) outboxPending(ctx context.Context, db sqlschema.DB, opts pendingOp
 	fmt.Fprintln(tw, "ID\tTOPIC\tUUID\tAGE\tSTATE\tFAILURES\tLAST ERROR")
 	for _, r := range out {
 		state := r.State
-		switch state {
-		case "backoff":
+		switch {
+		case state == ops.RowFailing && r.nextIn > 0:
 			state = "retry in " + fmtDuration(time.Duration(r.nextIn*float64(time.Second)))
-		case "blocked":
+		case state == ops.RowBlocked:
 			state = "blocked (key " + truncate(r.OrderingKey, 30) + ")"
 		}
 		lastErr := r.LastError

@@ -105,7 +105,7 @@ func TestOutboxBlockedKeyCommands(t *testing.T) {
 	// unblocked.
 	var count, done actionJSON
 	decode(t, cli(t, env, "outbox", "discard", "--json", "--ordering-key", "order-A"), &count)
-	require.Equal(t, actionJSON{Matching: 1}, count)
+	require.Equal(t, actionJSON{Matching: 1}, counted(t, count))
 	requireExit(t, cli(t, env, "outbox", "discard", "--json", "--ordering-key", "order-B", "--yes"), exitNotFound,
 		"outbox discard: no row matches the criteria: nothing done") // B has no quarantined row
 	decode(t, cli(t, env, "outbox", "discard", "--json", "--ordering-key", "order-A", "--yes"), &done)

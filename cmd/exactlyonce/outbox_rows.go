@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -66,7 +67,7 @@ func (a *app) rowCmds() []*cobra.Command {
 				return err
 			}
 			return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
-				return a.outboxRows(ctx, db, f, outbox.Paging{After: list.after, Limit: list.limit})
+				return a.outboxRows(ctx, db, f, outbox.Page{After: afterID(list.after), Limit: list.limit})
 			})
 		},
 	}
@@ -149,12 +150,8 @@ type rowJSON struct {
 }
 
 func rowDoc(r outbox.Row, withPayload bool) rowJSON {
-	state := "failing"
-	if r.Quarantined() {
-		state = "quarantined"
-	}
 	created := r.CreatedAt
-	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: state, CreatedAt: jsonTime(&created),
+	d := rowJSON{ID: r.ID, Topic: r.Topic, UUID: r.UUID, State: ops.RowState(r), CreatedAt: jsonTime(&created),
 		QuarantinedAt: jsonTime(r.QuarantinedAt), NextAttemptAt: jsonTime(r.NextAttemptAt), Failures: r.Failures,
 		PermanentFailures: r.PermanentFailures, LastError: r.LastError, Metadata: r.Metadata, PayloadBytes: r.PayloadSize,
 		OrderingKey: r.OrderingKey, Waiting: r.Waiting, Version: r.Version}
@@ -167,8 +164,12 @@ func rowDoc(r outbox.Row, withPayload bool) rowJSON {
 	return d
 }
 
-func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilter, p outbox.Paging) error {
-	page, err := outbox.FindRows(ctx, db, f, p)
+func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilter, p outbox.Page) error {
+	rows, err := ops.NewRows(db)
+	if err != nil {
+		return rowErr(ctx, db, "outbox rows", err)
+	}
+	page, err := rows.Find(ctx, f, p)
 	if err != nil {
 		return rowErr(ctx, db, "outbox rows", err)
 	}
@@ -180,7 +181,7 @@ func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilte
 		return a.printJSON(struct {
 			Rows []rowJSON `json:"rows"`
 			Next int64     `json:"next_after,omitempty"`
-		}{docs, page.Next})
+		}{docs, nextRow(page)})
 	}
 	if len(page.Rows) == 0 {
 		_, err := fmt.Fprintln(a.stdout, "No rows.")
@@ -200,19 +201,22 @@ func (a *app) outboxRows(ctx context.Context, db sqlschema.DB, f outbox.RowFilte
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if page.Next != 0 {
-		_, err = fmt.Fprintf(a.stdout, "\nMore: the same command with --after %d.\n", page.Next)
+	if page.Next != "" {
+		_, err = fmt.Fprintf(a.stdout, "\nMore: the same command with --after %s.\n", page.Next)
 	}
 	return err
 }
 
 func (a *app) outboxShow(ctx context.Context, db sqlschema.DB, id int64, full bool) error {
+	rows, err := ops.NewRows(db)
+	if err != nil {
+		return rowErr(ctx, db, "outbox show", err)
+	}
 	var r outbox.Row
-	var err error
 	if full {
-		r, err = outbox.GetRow(ctx, db, id)
+		r, err = rows.Get(ctx, id)
 	} else {
-		r, err = outbox.GetRowPrefix(ctx, db, id, showPayloadBytes)
+		r, err = rows.GetPrefix(ctx, id, showPayloadBytes)
 	}
 	if err != nil {
 		return rowErr(ctx, db, "outbox show", err)
@@ -255,21 +259,19 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifF
 		return usageErr("--if-version is for one row (ID); a bulk action is bounded by its criteria")
 	}
 	return a.withOutbox(cmd, func(ctx context.Context, db sqlschema.DB) error {
+		rows, err := ops.NewRows(db)
+		if err != nil {
+			return rowErr(ctx, db, "outbox "+verb, err)
+		}
 		if len(args) == 1 {
-			if f.anyCriterion() || f.yes {
+			if f.anyCriterion() || f.yes || f.confirm != "" {
 				return usageErr("give a row id or criteria, not both")
 			}
 			id, err := rowID(args[0])
 			if err != nil {
 				return err
 			}
-			expect := outbox.Expect{Version: cond.version}
-			if verb == "requeue" {
-				err = outbox.Requeue(ctx, db, id, expect)
-			} else {
-				err = outbox.Discard(ctx, db, id, expect)
-			}
-			if err != nil {
+			if err := rows.Act(ctx, verb, id, outbox.Expect{Version: cond.version}); err != nil {
 				return rowErr(ctx, db, "outbox "+verb, err)
 			}
 			return a.actionDone(verb, 1, "row", "rows")
@@ -281,21 +283,18 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifF
 		if err != nil {
 			return err
 		}
-		if !f.yes {
-			n, err := outbox.CountRows(ctx, db, filter)
-			if err != nil {
-				return rowErr(ctx, db, "outbox "+verb, err)
-			}
-			return a.wouldDo(verb, n, "row", "rows")
-		}
-		var n int64
-		if verb == "requeue" {
-			n, err = outbox.RequeueMatching(ctx, db, filter)
-		} else {
-			n, err = outbox.DiscardMatching(ctx, db, filter)
-		}
+		target := ops.RowsBulk{Rows: rows, Filter: filter, Verb: verb}
+		c, act, err := f.confirmation(ctx, target, true)
 		if err != nil {
-			return rowErr(ctx, db, fmt.Sprintf("outbox %s (%d done before the error)", verb, n), err)
+			return rowErr(ctx, db, "outbox "+verb, err)
+		}
+		if !act {
+			return a.wouldDo(verb, c, "row", "rows")
+		}
+		res, err := ops.Run(ctx, target, c)
+		n := res.Done
+		if err != nil {
+			return rowErr(ctx, db, fmt.Sprintf("outbox %s (%d done before the error)", verb, n), bulkErr(err))
 		}
 		if n == 0 {
 			// One rule with the single form: nothing to act on is exit 3.
@@ -305,19 +304,25 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifF
 	})
 }
 
-// wouldDo reports a bulk action's count without acting.
-func (a *app) wouldDo(verb string, n int64, one, many string) error {
+// wouldDo reports a bulk action's count without acting, with its
+// confirmation: --confirm acts on what it counted.
+func (a *app) wouldDo(verb string, c ops.Confirmation, one, many string) error {
+	n := c.Count
 	if a.jsonOut {
 		return a.printJSON(struct {
-			Matching int64 `json:"matching"`
-			Done     bool  `json:"done"`
-		}{n, false})
+			Matching int64  `json:"matching"`
+			Done     bool   `json:"done"`
+			Confirm  string `json:"confirm"`
+		}{n, false, c.Token()})
 	}
 	verbs := "match"
 	if n == 1 {
 		verbs = "matches"
 	}
 	_, err := fmt.Fprintf(a.stdout, "%s %s. Nothing done: the same command with --yes will %s them.\n", plural(n, one, many), verbs, verb)
+	if err == nil && n > 0 {
+		_, err = fmt.Fprintf(a.stdout, "To %s exactly these (refused, exit 4, if they changed): --confirm %s\n", verb, c.Token())
+	}
 	return err
 }
 
@@ -343,4 +348,19 @@ func rowErr(ctx context.Context, db sqlschema.DB, what string, err error) error 
 		return &exitError{code: exitFailed, err: fmt.Errorf("%s: %w", what, err)}
 	}
 	return opErr(ctx, db, what, err)
+}
+
+// afterID is the cursor of the page after row id (0: the first page).
+func afterID(id int64) string {
+	if id <= 0 {
+		return ""
+	}
+	return strconv.FormatInt(id, 10)
+}
+
+// nextRow is the id after which the page after page starts; 0 when page is
+// the last.
+func nextRow(page outbox.RowPage) int64 {
+	n, _ := strconv.ParseInt(page.Next, 10, 64)
+	return n
 }

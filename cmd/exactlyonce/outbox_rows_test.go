@@ -18,6 +18,16 @@ type actionJSON struct {
 	Matching int64 `json:"matching"`
 	Count    int64 `json:"count"`
 	Done     bool  `json:"done"`
+	// Confirm is the count's confirmation (--confirm takes it).
+	Confirm string `json:"confirm"`
+}
+
+// counted is a's count, its confirmation checked and set apart.
+func counted(t *testing.T, a actionJSON) actionJSON {
+	t.Helper()
+	require.Regexp(t, `^\d+@\d{4}-\d\d-\d\dT\S+Z(/\d+)?$`, a.Confirm, "the count prints its confirmation")
+	a.Confirm = ""
+	return a
 }
 
 // outbox rows, show, requeue and discard on real rows: two quarantined
@@ -52,6 +62,16 @@ func TestOutboxRowsCommands(t *testing.T) {
 	decode(t, cli(t, env, "outbox", "rows", "--json", "--state", "failing"), &rows)
 	require.Len(t, rows.Rows, 1)
 	require.Equal(t, uuids[3], rows.Rows[0].UUID)
+	require.Equal(t, "failing", rows.Rows[0].State)
+	// A row that never failed is ready (it once read "failing" in outbox
+	// show), as the console and outbox pending call it.
+	var fresh0 rowJSON
+	decode(t, cli(t, env, "outbox", "show", "--json", itoa(rows.Rows[0].ID-3)), &fresh0)
+	require.Equal(t, uuids[0], fresh0.UUID)
+	require.Equal(t, "ready", fresh0.State)
+	r0 := cli(t, env, "outbox", "show", itoa(fresh0.ID))
+	requireOK(t, r0)
+	require.Regexp(t, `\nstate +ready\n`, r0.stdout)
 	decode(t, cli(t, env, "outbox", "rows", "--json", "--limit", "1"), &rows)
 	require.Len(t, rows.Rows, 1)
 	require.NotZero(t, rows.Next, "a next page")
@@ -73,10 +93,18 @@ func TestOutboxRowsCommands(t *testing.T) {
 	// Bulk without --yes only counts; with --yes it acts.
 	var act actionJSON
 	decode(t, cli(t, env, "outbox", "requeue", "--json", "--reason", "expiration"), &act)
-	require.Equal(t, actionJSON{Matching: 1}, act)
+	token := act.Confirm
+	require.Equal(t, actionJSON{Matching: 1}, counted(t, act))
 	r = cli(t, env, "outbox", "requeue", "--reason", "expiration")
 	requireOK(t, r)
-	require.Equal(t, "1 row matches. Nothing done: the same command with --yes will requeue them.\n", r.stdout)
+	require.Regexp(t, `^1 row matches. Nothing done: the same command with --yes will requeue them.\n`+
+		`To requeue exactly these \(refused, exit 4, if they changed\): --confirm 1@\S+/\d+\n$`, r.stdout)
+	// A confirmation of another count is refused, nothing done, with the
+	// count now; a malformed one is a usage error.
+	requireExit(t, cli(t, env, "outbox", "requeue", "--reason", "expiration", "--confirm", "2"+token[1:]), exitChanged,
+		"refused, nothing done: 1 of the 2 rows confirmed (expect) still match")
+	requireExit(t, cli(t, env, "outbox", "requeue", "--reason", "expiration", "--confirm", "1@yesterday"), exitUsage, "--confirm")
+	requireExit(t, cli(t, env, "outbox", "requeue", "--reason", "expiration", "--confirm", token, "--yes"), exitUsage, "not both")
 	var done actionJSON
 	decode(t, cli(t, env, "outbox", "requeue", "--json", "--reason", "expiration", "--yes"), &done)
 	require.Equal(t, actionJSON{Count: 1, Done: true}, done)

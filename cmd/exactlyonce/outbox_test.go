@@ -111,7 +111,7 @@ func TestOutboxCommands(t *testing.T) {
 		require.Equal(t, int64(len("payload 0")), row.PayloadBytes)
 		require.NotNil(t, row.CreatedAt)
 	}
-	require.Equal(t, []string{"ready", "quarantined", "backoff", "ready"},
+	require.Equal(t, []string{"ready", "quarantined", "failing", "ready"},
 		[]string{p.Rows[0].State, p.Rows[1].State, p.Rows[2].State, p.Rows[3].State})
 	require.Equal(t, 6, p.Rows[1].Failures)
 	require.Equal(t, 5, p.Rows[1].PermanentFailures)

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -23,74 +24,31 @@ const (
 	envRedisPrefix = "EXACTLYONCE_REDIS_PREFIX"
 )
 
-// parkedStore is what the parked commands need of a store: the PostgreSQL
-// inbox (inbox.Store) and the Redis lease store (redisstore.Store) offer the
-// same operations with the same types; a replay differs (the Redis store
-// publishes through a publisher of the operator's).
-type parkedStore interface {
-	FindParked(ctx context.Context, f inbox.ParkedFilter, p inbox.Page) (inbox.ParkedPage, error)
-	CountParked(ctx context.Context, f inbox.ParkedFilter) (int64, error)
-	GetParked(ctx context.Context, consumer, key string) (inbox.ParkedMessage, error)
-	GetParkedPrefix(ctx context.Context, consumer, key string, maxPayload int) (inbox.ParkedMessage, error)
-	DiscardParked(ctx context.Context, consumer, key string, opts inbox.DiscardOptions) error
-	DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error)
-	Release(ctx context.Context, consumer, key string, expect inbox.Expect) (bool, error)
-	replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error)
-	replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
-	// name says where the messages are, for the output.
-	name() string
-	// checkConsumer fails (exit status 3) when the store knows the
-	// consumer has no record at all: a misspelled name.
-	checkConsumer(ctx context.Context, consumer string) error
-}
-
-type pgParked struct {
-	*inbox.Store
-	db sqlschema.DB
-}
-
-func (s pgParked) replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
-	return s.ReplayParked(ctx, consumer, key, opts)
-}
-
-func (s pgParked) replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
-	return s.ReplayParkedMatching(ctx, f, opts)
-}
-
-func (s pgParked) name() string { return "inbox " + s.db.Schema + "." + s.db.InboxTable }
-
-func (s pgParked) checkConsumer(ctx context.Context, consumer string) error {
-	return checkConsumer(ctx, s.db, consumer)
-}
-
-type redisParked struct {
-	*redisstore.Store
-	pub   func() (message.Publisher, error) // the replay's publisher, made on first use
+// parkedStore is the store the parked commands act on, through the
+// operator layer (the PostgreSQL inbox, or the Redis lease store), with
+// what the output says of it.
+type parkedStore struct {
+	ops.Store
 	where string
+	// db is the PostgreSQL inbox's database (nil for Redis): its unknown
+	// consumers are an error, and its errors carry the migration hint.
+	db *sqlschema.DB
 }
 
-func (s redisParked) replay(ctx context.Context, consumer, key string, opts inbox.ReplayOptions) (inbox.ParkedMessage, error) {
-	pub, err := s.pub()
-	if err != nil {
-		return inbox.ParkedMessage{}, err
+// name says where the messages are, for the output.
+func (s parkedStore) name() string { return s.where }
+
+// checkConsumer fails (exit status 3) when the store knows the consumer
+// has no record at all: a misspelled name. The Redis store keeps no list
+// of its consumers, and finding a consumer's records means scanning the
+// whole keyspace (a consumer without parked keys has no parked set): it
+// knows nothing.
+func (s parkedStore) checkConsumer(ctx context.Context, consumer string) error {
+	if s.db == nil {
+		return nil
 	}
-	return s.ReplayParked(ctx, consumer, key, pub, opts)
+	return checkConsumer(ctx, *s.db, consumer)
 }
-
-func (s redisParked) replayMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
-	pub, err := s.pub()
-	if err != nil {
-		return inbox.ReplayReport{}, err
-	}
-	return s.ReplayParkedMatching(ctx, f, pub, opts)
-}
-
-func (s redisParked) name() string { return "Redis " + s.where }
-
-// checkConsumer knows nothing: the Redis store keeps no list of its
-// consumers, and finding a consumer's records means scanning the whole
-// keyspace (a consumer without parked keys has no parked set).
-func (s redisParked) checkConsumer(context.Context, string) error { return nil }
 
 // parkedFlags select parked messages.
 type parkedFlags struct {
@@ -208,14 +166,10 @@ consumers, so there an unknown consumer finds no messages.`,
 		Args:  maxArgs(2, "CONSUMER KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.parkedAction(cmd, o, args, &rp, rpIf, "replay", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
-				_, err := s.replay(ctx, consumer, key, inbox.ReplayOptions{Topic: topic, Expect: rpIf.expect()})
+				_, err := s.ReplayParked(ctx, consumer, key, inbox.ReplayOptions{Topic: topic, Expect: rpIf.expect()})
 				return 1, err
-			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
-				// The operator named the criteria and confirmed them with
-				// --yes after the count: -c alone means every message of
-				// the consumer (the Redis store wants All for that).
-				r, err := s.replayMatching(ctx, f, inbox.ReplayOptions{Topic: topic, All: true})
-				return r.Replayed, r.Skipped, err
+			}, func(s parkedStore, f inbox.ParkedFilter) ops.ParkedBulk {
+				return ops.ParkedBulk{Store: s, Filter: f, Verb: ops.VerbReplay, Topic: topic}
 			})
 		},
 	}
@@ -231,16 +185,10 @@ consumers, so there an unknown consumer finds no messages.`,
 		Short: "Delete the kept message; the key becomes discarded (a redelivery is not run) unless --forget: one, or every match (--yes)",
 		Args:  maxArgs(2, "CONSUMER KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := inbox.DiscardOptions{Forget: forget}
 			return a.parkedAction(cmd, o, args, &dc, dcIf, "discard", func(ctx context.Context, s parkedStore, consumer, key string) (int64, error) {
-				one := opts
-				one.Expect = dcIf.expect()
-				return 1, s.DiscardParked(ctx, consumer, key, one)
-			}, func(ctx context.Context, s parkedStore, f inbox.ParkedFilter) (int64, int64, error) {
-				bulk := opts
-				bulk.All = true // confirmed with --yes, as for replay
-				n, err := s.DiscardParkedMatching(ctx, f, bulk)
-				return n, 0, err
+				return 1, s.DiscardParked(ctx, consumer, key, inbox.DiscardOptions{Forget: forget, Expect: dcIf.expect()})
+			}, func(s parkedStore, f inbox.ParkedFilter) ops.ParkedBulk {
+				return ops.ParkedBulk{Store: s, Filter: f, Verb: ops.VerbDiscard, Forget: forget}
 			})
 		},
 	}
@@ -281,7 +229,7 @@ consumers, so there an unknown consumer finds no messages.`,
 func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Context, parkedStore) error) error {
 	if !cmd.Flags().Changed("redis-url") {
 		return a.withStore(cmd, false, func(ctx context.Context, db sqlschema.DB, s *inbox.Store) error {
-			return f(ctx, pgParked{Store: s, db: db})
+			return f(ctx, parkedStore{Store: ops.Postgres(s, db), where: "inbox " + db.Schema + "." + db.InboxTable, db: &db})
 		})
 	}
 	ctx, cancel := a.opContext(cmd, false)
@@ -330,7 +278,7 @@ func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Con
 		pub = p
 		return pub, nil
 	}
-	return f(ctx, redisParked{Store: store, pub: newPub, where: opts.Addr})
+	return f(ctx, parkedStore{Store: ops.Redis(store, newPub), where: "Redis " + opts.Addr})
 }
 
 type parkedJSON struct {
@@ -395,7 +343,7 @@ func (a *app) parkedList(ctx context.Context, s parkedStore, f inbox.ParkedFilte
 	now := time.Now()
 	for _, m := range page.Messages {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\t%s\t%s\n", truncate(m.Consumer, 30), truncate(m.Key, 40), truncate(m.UUID, 36),
-			fmtDuration(now.Sub(m.ParkedAt)), m.Status, truncate(m.Reason, 70))
+			fmtDuration(now.Sub(m.ParkedAt)), ops.KeyState(m.Status), truncate(m.Reason, 70))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -426,7 +374,7 @@ func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key strin
 	now := time.Now()
 	fmt.Fprintf(tw, "consumer\t%s\n", m.Consumer)
 	fmt.Fprintf(tw, "key\t%s\n", m.Key)
-	fmt.Fprintf(tw, "status\t%s\n", m.Status)
+	fmt.Fprintf(tw, "status\t%s\n", ops.KeyState(m.Status))
 	fmt.Fprintf(tw, "uuid\t%s\n", m.UUID)
 	fmt.Fprintf(tw, "topic\t%s\n", m.Topic)
 	fmt.Fprintf(tw, "reason\t%s\n", m.Reason)
@@ -449,7 +397,7 @@ func (a *app) parkedShow(ctx context.Context, s parkedStore, consumer, key strin
 // every match (with --yes; without, it says how many match).
 func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f *parkedFlags, cond ifFlags, verb string,
 	one func(context.Context, parkedStore, string, string) (int64, error),
-	all func(context.Context, parkedStore, inbox.ParkedFilter) (done, skipped int64, err error)) error {
+	bulk func(parkedStore, inbox.ParkedFilter) ops.ParkedBulk) error {
 	if len(args) == 1 {
 		return usageErr("give CONSUMER KEY, or criteria")
 	}
@@ -458,7 +406,7 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 	}
 	return a.withParked(cmd, o, func(ctx context.Context, s parkedStore) error {
 		if len(args) == 2 {
-			if f.anyCriterion() || f.yes {
+			if f.anyCriterion() || f.yes || f.confirm != "" {
 				return usageErr("give CONSUMER KEY or criteria, not both")
 			}
 			n, err := one(ctx, s, args[0], args[1])
@@ -474,21 +422,23 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 		if err != nil {
 			return err
 		}
-		if !f.yes {
-			n, err := s.CountParked(ctx, filter)
-			if err != nil {
-				return parkedErr(ctx, s, "parked "+verb, err)
-			}
-			if n == 0 && filter.Consumer != "" {
+		target := bulk(s, filter)
+		c, act, err := f.confirmation(ctx, target, false)
+		if err != nil {
+			return parkedErr(ctx, s, "parked "+verb, err)
+		}
+		if !act {
+			if c.Count == 0 && filter.Consumer != "" {
 				if err := s.checkConsumer(ctx, filter.Consumer); err != nil {
 					return err
 				}
 			}
-			return a.wouldDo(verb, n, "message", "messages")
+			return a.wouldDo(verb, c, "message", "messages")
 		}
-		n, skipped, err := all(ctx, s, filter)
+		res, err := ops.Run(ctx, target, c)
+		n, skipped := res.Done, res.Skipped
 		if err != nil {
-			return parkedErr(ctx, s, fmt.Sprintf("parked %s (%d done before the error)", verb, n), err)
+			return parkedErr(ctx, s, fmt.Sprintf("parked %s (%d done before the error)", verb, n), bulkErr(err))
 		}
 		if n == 0 && skipped == 0 {
 			if filter.Consumer != "" {
@@ -530,8 +480,8 @@ func parkedErr(ctx context.Context, s parkedStore, what string, err error) error
 	case errors.Is(err, inbox.ErrNotReplayable):
 		return &exitError{code: exitFailed, err: fmt.Errorf("%s: %w", what, err)}
 	}
-	if p, ok := s.(pgParked); ok {
-		return opErr(ctx, p.db, what, err)
+	if s.db != nil {
+		return opErr(ctx, *s.db, what, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

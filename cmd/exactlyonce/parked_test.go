@@ -172,7 +172,15 @@ func TestParkedBulkCommands(t *testing.T) {
 
 	r := cli(t, env, "parked", "replay", "--reason", "B-1")
 	requireOK(t, r)
-	require.Equal(t, "1 message matches. Nothing done: the same command with --yes will replay them.\n", r.stdout)
+	require.Regexp(t, `^1 message matches. Nothing done: the same command with --yes will replay them.\n`+
+		`To replay exactly these \(refused, exit 4, if they changed\): --confirm 1@\S+Z\n$`, r.stdout)
+	var count actionJSON
+	decode(t, cli(t, env, "parked", "discard", "--json", "--reason", "order B-3"), &count)
+	require.Equal(t, actionJSON{Matching: 1}, counted(t, count))
+	requireExit(t, cli(t, env, "parked", "discard", "--reason", "order B-3", "--confirm", "0"+count.Confirm[1:]), exitChanged,
+		"refused, nothing done: 1 message of those the count confirmed saw match, not the 0 confirmed (expect)")
+	requireExit(t, cli(t, env, "parked", "discard", "--reason", "order B-3", "--confirm", count.Confirm+"/7"), exitUsage,
+		"max_id is a bound of outbox rows")
 	var act actionJSON
 	decode(t, cli(t, env, "parked", "discard", "--json", "--reason", "order B-3", "--yes"), &act)
 	require.Equal(t, actionJSON{Count: 1, Done: true}, act)
@@ -190,8 +198,11 @@ func TestParkedBulkCommands(t *testing.T) {
 	require.Equal(t, 3, ev.count(exactlyonce.Parked), "not parked again")
 
 	h.fix()
+	// The count's confirmation acts on what it counted.
+	decode(t, cli(t, env, "parked", "replay", "--json", "-c", "ship-order"), &count)
+	require.Equal(t, actionJSON{Matching: 2}, counted(t, count))
 	var done actionJSON
-	decode(t, cli(t, env, "parked", "replay", "--json", "-c", "ship-order", "--yes"), &done)
+	decode(t, cli(t, env, "parked", "replay", "--json", "-c", "ship-order", "--confirm", count.Confirm), &done)
 	require.Equal(t, actionJSON{Count: 2, Done: true}, done)
 	requireOK(t, cli(t, env, "outbox", "relay", "--once"))
 	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("B-1") == 1 && h.effects("B-2") == 1 }, "both replayed")
@@ -250,7 +261,8 @@ func TestParkedRedisStore(t *testing.T) {
 	env = append(env, envAMQPURL+"="+testenv.AMQPURL())
 	r = cli(t, env, "parked", "replay", "--redis-url", "", "-c", "ship-order")
 	requireOK(t, r)
-	require.Equal(t, "1 message matches. Nothing done: the same command with --yes will replay them.\n", r.stdout)
+	require.Regexp(t, `^1 message matches. Nothing done: the same command with --yes will replay them.\n`+
+		`To replay exactly these \(refused, exit 4, if they changed\): --confirm 1@\S+Z\n$`, r.stdout)
 	requireOK(t, cli(t, env, "parked", "replay", "--redis-url", "", "-c", "ship-order", "--yes"))
 	testenv.Eventually(t, 20*time.Second, func() bool { return h.effects("R-8") == 1 }, "the bulk-replayed order is processed")
 	decode(t, cli(t, env, "parked", "list", "--redis-url", "", "--json", "-c", "ship-order"), &list)
