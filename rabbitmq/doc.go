@@ -66,7 +66,7 @@
 //
 // # Partitioned topics: per-key order
 //
-// The outbox relays a message with an ordering key (outbox.SetOrderingKey)
+// The outbox relays a message with an ordering key (msgid.SetOrderingKey)
 // only after the earlier messages of its key were confirmed. A partitioned
 // topic carries that order to the consumer, with concurrency across keys:
 // with PublisherConfig.Partitions, Publisher sends each message of the topic

@@ -16,7 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 )
 
 // defaultWindow is PublisherConfig.Window's default.
@@ -69,7 +69,7 @@ type PublisherConfig struct {
 	// across keys, see PartitionedSubscriber and docs/ordering.md): topic
 	// -> number of partition queues. A message to such a topic goes to the
 	// queue PartitionQueue(topic, Partition(key, n)) of its ordering key
-	// (metadata outbox.OrderingKeyMetadata; its UUID when it has none). The
+	// (metadata msgid.OrderingKeyMetadata; its UUID when it has none). The
 	// first message to the topic on a connection declares its n queues,
 	// durable, with PartitionQueueArguments (unless NoQueueDeclare).
 	// Changing a topic's number of partitions moves keys to other queues:
@@ -178,9 +178,9 @@ var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")
 // Publish publishes msgs to topic (see PublishBatch) and returns an error if
 // any of them was not confirmed; the others were.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	batch := make([]outbox.TopicMessage, len(msgs))
+	batch := make([]msgid.TopicMessage, len(msgs))
 	for i, m := range msgs {
-		batch[i] = outbox.TopicMessage{Topic: topic, Message: m}
+		batch[i] = msgid.TopicMessage{Topic: topic, Message: m}
 	}
 	var first error
 	failed := 0
@@ -215,7 +215,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // message the broker refuses fails, permanently (the others may arrive
 // twice). When the connection is lost, the messages not confirmed fail, and
 // the next call dials again.
-func (p *Publisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+func (p *Publisher) PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error {
 	topics, msgs := p.route(batch)
 	b := &outcomes{topics: topics, msgs: msgs, errs: make([]error, len(msgs)), settled: make([]bool, len(msgs))}
 	b.pubs = make([]amqp091.Publishing, len(msgs))

@@ -10,12 +10,9 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-)
 
-// OrderingKeyField is the metadata field that holds a message's ordering
-// key: outbox.OrderingKeyMetadata, which outbox.SetOrderingKey sets (the
-// ordering tests of package outbox fail if the two differ).
-const OrderingKeyField = "ordering_key"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
+)
 
 // MaxOrderingKeyBytes is the longest ordering key the outbox accepts.
 const MaxOrderingKeyBytes = 1024
@@ -75,7 +72,7 @@ func insertQuery(table string, lockClass int32, topic string, messages []*messag
 // checkOrderingKeys refuses a key the outbox would not keep as written.
 func checkOrderingKeys(messages []*message.Message) error {
 	for _, msg := range messages {
-		if k := msg.Metadata.Get(OrderingKeyField); len(k) > MaxOrderingKeyBytes {
+		if k := msg.Metadata.Get(msgid.OrderingKeyMetadata); len(k) > MaxOrderingKeyBytes {
 			return fmt.Errorf("message %q: its ordering key is %d bytes, the most is %d", msg.UUID, len(k), MaxOrderingKeyBytes)
 		}
 	}
@@ -98,7 +95,7 @@ func checkOrderingKeys(messages []*message.Message) error {
 func lockHashes(messages []*message.Message) []int32 {
 	var hashes []int32
 	for _, msg := range messages {
-		if k := msg.Metadata.Get(OrderingKeyField); k != "" {
+		if k := msg.Metadata.Get(msgid.OrderingKeyMetadata); k != "" {
 			hashes = append(hashes, hash32(k))
 		}
 	}
@@ -122,7 +119,7 @@ func hash32(s string) int32 {
 
 // orderingKeyArg is the column value of msg's ordering key: NULL when none.
 func orderingKeyArg(msg *message.Message) any {
-	if k := msg.Metadata.Get(OrderingKeyField); k != "" {
+	if k := msg.Metadata.Get(msgid.OrderingKeyMetadata); k != "" {
 		return k
 	}
 	return nil
