@@ -148,7 +148,7 @@ func dialContext(ctx context.Context, amqpURL, connName string) (conn *amqp091.C
 // connection (unless NoQueueDeclare), and returns the messages left to
 // publish: a failed declaration fails its topic's messages (and closes c's
 // channel). An error means the connection was lost.
-func (p *Publisher) declare(c *confirmChannel, b *outcomes, idx []int) ([]int, error) {
+func (p *Publisher) declare(c *amqpChannel, b *outcomes, idx []int) ([]int, error) {
 	if p.cfg.NoQueueDeclare {
 		return idx, nil
 	}

@@ -126,7 +126,7 @@ type Publisher struct {
 	declared map[string]bool // topics whose queue was declared on conn
 
 	partitionOf map[string]string // partition queue of cfg.Partitions -> its topic
-	idle        []*confirmChannel // channels of conn no call uses
+	idle        []*amqpChannel    // channels of conn no call uses
 	bg          sync.WaitGroup    // each channel's drain, and channels closing
 }
 
@@ -325,7 +325,7 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 			p.discard(c)
 			continue
 		}
-		r := c.run(ctx, b, idx, window)
+		r := runWindow(ctx, c, b, idx, window, p.cfg.ConfirmTimeout)
 		for _, topic := range r.noRoute {
 			p.forget(c.conn, topic)
 		}

@@ -12,7 +12,7 @@ import (
 
 // take returns an idle channel of the current connection, or opens one,
 // dialing when there is no connection or it was lost.
-func (p *Publisher) take(ctx context.Context) (*confirmChannel, error) {
+func (p *Publisher) take(ctx context.Context) (*amqpChannel, error) {
 	for attempt := 0; ; attempt++ {
 		p.mu.Lock()
 		if p.closed {
@@ -91,7 +91,7 @@ func (p *Publisher) connect(ctx context.Context) (*amqp091.Connection, error) {
 }
 
 // open opens a channel on conn in confirm mode, with its returns drained.
-func (p *Publisher) open(conn *amqp091.Connection) (*confirmChannel, error) {
+func (p *Publisher) open(conn *amqp091.Connection) (*amqpChannel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
@@ -106,15 +106,14 @@ func (p *Publisher) open(conn *amqp091.Connection) (*confirmChannel, error) {
 		blocked = new(atomic.Bool)
 	}
 	p.mu.Unlock()
-	c := &confirmChannel{
-		conn:           conn,
-		blocked:        blocked,
-		confirmTimeout: p.cfg.ConfirmTimeout,
-		ch:             ch,
-		closes:         ch.NotifyClose(make(chan *amqp091.Error, 1)),
-		returns:        make(chan amqp091.Return), // unbuffered: see drain
-		barrier:        make(chan chan struct{}),
-		drained:        make(chan struct{}),
+	c := &amqpChannel{
+		conn:    conn,
+		blocked: blocked,
+		ch:      ch,
+		closes:  ch.NotifyClose(make(chan *amqp091.Error, 1)),
+		returns: make(chan amqp091.Return), // unbuffered: see drain
+		barrier: make(chan chan struct{}),
+		drained: make(chan struct{}),
 	}
 	ch.NotifyReturn(c.returns)
 	p.mu.Lock()
@@ -133,7 +132,7 @@ func (p *Publisher) open(conn *amqp091.Connection) (*confirmChannel, error) {
 }
 
 // release makes c idle: every message published on it has its confirm.
-func (p *Publisher) release(c *confirmChannel) {
+func (p *Publisher) release(c *amqpChannel) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.closed && c.conn == p.conn {
@@ -144,7 +143,7 @@ func (p *Publisher) release(c *confirmChannel) {
 }
 
 // discard closes c, which may have confirms outstanding or be closed.
-func (p *Publisher) discard(c *confirmChannel) {
+func (p *Publisher) discard(c *amqpChannel) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closeInBackground(c)
@@ -152,7 +151,7 @@ func (p *Publisher) discard(c *confirmChannel) {
 
 // closeInBackground closes c's channel without waiting for the broker's
 // reply (Close waits for it). p.mu is held.
-func (p *Publisher) closeInBackground(c *confirmChannel) {
+func (p *Publisher) closeInBackground(c *amqpChannel) {
 	if c.ch.IsClosed() || p.closed {
 		return // (Close closes the connection, and with it the channel)
 	}
@@ -163,18 +162,17 @@ func (p *Publisher) closeInBackground(c *confirmChannel) {
 	}()
 }
 
-// confirmChannel is a channel in confirm mode that one call at a time
-// publishes on.
-type confirmChannel struct {
-	conn           *amqp091.Connection
-	blocked        *atomic.Bool // the connection's
-	confirmTimeout time.Duration
-	ch             *amqp091.Channel
-	closes         chan *amqp091.Error
-	reason         error // why the channel closed, once read from closes
-	returns        chan amqp091.Return
-	barrier        chan chan struct{}
-	drained        chan struct{} // closed when drain returned
+// amqpChannel is a channel in confirm mode that one call at a time
+// publishes on: the confirm window's confirmChannel.
+type amqpChannel struct {
+	conn    *amqp091.Connection
+	blocked *atomic.Bool // the connection's
+	ch      *amqp091.Channel
+	closes  chan *amqp091.Error
+	reason  error // why the channel closed, once read from closes
+	returns chan amqp091.Return
+	barrier chan chan struct{}
+	drained chan struct{} // closed when drain returned
 
 	mu  sync.Mutex
 	got []amqp091.Return // returned messages not yet taken
@@ -189,7 +187,7 @@ type confirmChannel struct {
 // unbuffered, so a return has been received here before the confirm of its
 // message is seen as done. A barrier request, received after it, is answered
 // once it has been stored: see takeReturns.
-func (c *confirmChannel) drain() {
+func (c *amqpChannel) drain() {
 	defer close(c.drained)
 	for {
 		select {
@@ -208,7 +206,7 @@ func (c *confirmChannel) drain() {
 
 // takeReturns returns the messages returned so far (every return of a
 // message whose confirm was seen is among them) and forgets them.
-func (c *confirmChannel) takeReturns() []amqp091.Return {
+func (c *amqpChannel) takeReturns() []amqp091.Return {
 	done := make(chan struct{})
 	select {
 	case c.barrier <- done:
@@ -226,7 +224,7 @@ func (c *confirmChannel) takeReturns() []amqp091.Return {
 // channel closed before it hands over the reason, so it waits a moment for
 // the reason (or for the notification channel to close, when there is
 // none).
-func (c *confirmChannel) closeReason() error {
+func (c *amqpChannel) closeReason() error {
 	if c.reason == nil {
 		select {
 		case e, ok := <-c.closes:
@@ -244,3 +242,30 @@ func (c *confirmChannel) closeReason() error {
 
 // closeReasonWait bounds closeReason's wait for a reason.
 const closeReasonWait = time.Second
+
+var _ confirmChannel = (*amqpChannel)(nil)
+
+// Publish publishes pub to the default exchange, mandatory (a message no
+// queue takes comes back as a basic.return).
+func (c *amqpChannel) Publish(ctx context.Context, key string, pub amqp091.Publishing) (confirmation, error) {
+	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, pub)
+	if err != nil {
+		return nil, err
+	}
+	return dc, nil
+}
+
+// Returned takes the messages returned so far: see takeReturns.
+func (c *amqpChannel) Returned() []amqp091.Return { return c.takeReturns() }
+
+// Closed reports whether the channel closed.
+func (c *amqpChannel) Closed() bool { return c.ch.IsClosed() }
+
+// ConnClosed reports whether the connection closed.
+func (c *amqpChannel) ConnClosed() bool { return c.conn.IsClosed() }
+
+// Blocked reports whether the broker blocked the connection.
+func (c *amqpChannel) Blocked() bool { return c.blocked.Load() }
+
+// FrameMax is the connection's negotiated frame size.
+func (c *amqpChannel) FrameMax() int { return c.conn.Config.FrameSize }

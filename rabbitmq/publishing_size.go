@@ -47,12 +47,12 @@ func checkTableKeys(v any) error {
 }
 
 // frameFits reports an error when pub's content header would not fit in one
-// frame of conn (its negotiated frame_max): RabbitMQ closes the whole
+// frame of frameMax bytes (the connection's negotiated frame_max; 0, unknown:
+// no check): RabbitMQ closes the whole
 // connection on such a frame (501 FRAME_ERROR), failing every call on it,
 // again at each retry. A message with that much in its headers can never
 // be sent.
-func frameFits(conn *amqp091.Connection, topic string, pub amqp091.Publishing) error {
-	frameMax := conn.Config.FrameSize
+func frameFits(frameMax int, topic string, pub amqp091.Publishing) error {
 	if frameMax <= 0 {
 		return nil
 	}
