@@ -23,10 +23,11 @@ import (
 // (PartitionQueueArguments): however many instances subscribe to a
 // partition, RabbitMQ delivers it to one at a time, in queue order. The
 // Publisher (PublisherConfig.Partitions) sends a message to the partition
-// of its ordering key (outbox.OrderingKey: the metadata field
-// msgid.OrderingKeyMetadata, which the outbox sets), Partition(key, n); a
-// message without one to the partition of its UUID. PartitionedSubscriber subscribes a handler to every
-// partition of a topic, each subscription taking one message at a time.
+// of its ordering key (msgid.OrderingKey: the metadata field
+// msgid.OrderingKeyMetadata, which msgid.SetOrderingKey sets),
+// Partition(key, n); a message without one to the partition of its UUID.
+// PartitionedSubscriber subscribes a handler to every partition of a topic,
+// each subscription taking one message at a time.
 // So the messages of one key reach one queue, in the order the relay
 // published them, and are handled one at a time in that order, while the
 // n partitions run in parallel.
