@@ -15,6 +15,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -89,7 +90,7 @@ func TestWatchOutbox(t *testing.T) {
 	pub, err := w.Publisher(tx)
 	require.NoError(t, err)
 	for _, u := range []string{"a-1", "a-2", "a-3"} {
-		require.NoError(t, pub.Publish("t", outbox.SetOrderingKey(message.NewMessage(u, []byte("{}")), "A")))
+		require.NoError(t, pub.Publish("t", msgid.SetOrderingKey(message.NewMessage(u, []byte("{}")), "A")))
 	}
 	require.NoError(t, tx.Commit())
 	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET quarantined_at = now(), failures = 1 WHERE uuid = 'a-1'")

@@ -19,6 +19,14 @@
 // natural name: generate it once, store it with the intent (in the same
 // transaction as the business write, or in the outbox row), and reuse it on
 // every retry; never call New again in the retry path.
+//
+// The package also holds what the library reads from a message besides its
+// UUID and payload, with no dependency but Watermill (so that a broker
+// adapter or a producer needs neither the outbox nor its database driver):
+// the ordering key (SetOrderingKey, OrderingKey, the metadata field
+// OrderingKeyMetadata), which keeps a key's messages in order through the
+// outbox and picks a partition queue in RabbitMQ, and TopicMessage, a message
+// with its topic, the entry of a batch publish (outbox.BatchPublisher).
 package msgid
 
 import (

@@ -3,7 +3,7 @@ package outbox
 import (
 	"context"
 
-	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 )
 
 // BatchPublisher is implemented by publishers that can have many messages in
@@ -28,12 +28,5 @@ type BatchPublisher interface {
 	// state. PublishBatch returns when every message has an outcome, and at
 	// the latest soon after ctx ends. It must be safe for concurrent use
 	// (RelayConfig.Workers call it concurrently).
-	PublishBatch(ctx context.Context, batch []TopicMessage) []error
-}
-
-// TopicMessage is a message and the topic it is published to: one entry of
-// a PublishBatch call.
-type TopicMessage struct {
-	Topic   string
-	Message *message.Message
+	PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error
 }

@@ -42,8 +42,8 @@
 // broker can never take is quarantined (see RelayConfig.MaxAttempts) instead
 // of blocking them.
 //
-// A message with an ordering key (SetOrderingKey: the metadata field
-// OrderingKeyMetadata, at most MaxOrderingKeyBytes) is relayed in per-key
+// A message with an ordering key (msgid.SetOrderingKey: the metadata field
+// msgid.OrderingKeyMetadata, at most MaxOrderingKeyBytes) is relayed in per-key
 // order: the order in which the transactions that wrote its key's messages
 // committed, and within one transaction the order it wrote them. Publish
 // takes a transaction-level advisory lock per key before its INSERT, so a

@@ -33,7 +33,7 @@ type Pending struct {
 	// or by filter. A quarantined row with an ordering key holds back the
 	// later rows of its key (see Blocked).
 	Quarantined int64
-	// BlockedKeys counts the ordering keys (see OrderingKeyMetadata) that
+	// BlockedKeys counts the ordering keys (see msgid.OrderingKeyMetadata) that
 	// have a failing or quarantined row: the relay publishes no later row
 	// of such a key until that row is published, requeued (it goes first
 	// again) or discarded (the key's next row goes). Alert on it staying

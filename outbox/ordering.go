@@ -1,43 +1,9 @@
 package outbox
 
 import (
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 )
 
-// OrderingKeyMetadata is the metadata field that holds a message's ordering
-// key. A message written to the outbox with a non-empty ordering key is
-// relayed in per-key order: never before an earlier message of its key (see
-// docs/ordering.md). The field travels with the message to the broker, where
-// rabbitmq.Publisher routes it to its key's partition queue.
-const OrderingKeyMetadata = "ordering_key"
-
-// MaxOrderingKeyBytes is the longest ordering key the outbox accepts.
+// MaxOrderingKeyBytes is the longest ordering key the outbox accepts (the
+// key is set with msgid.SetOrderingKey).
 const MaxOrderingKeyBytes = outboxwrite.MaxOrderingKeyBytes
-
-// SetOrderingKey sets msg's ordering key (the metadata field
-// OrderingKeyMetadata) and returns msg. The key names what must stay in
-// order, usually the aggregate the message is about: an order id, an
-// account id. For a key that is already a metadata field of your messages:
-//
-//	outbox.SetOrderingKey(msg, msg.Metadata.Get("aggregate_id"))
-//
-// An empty key removes it: the message is relayed without order, as
-// messages without a key are.
-func SetOrderingKey(msg *message.Message, key string) *message.Message {
-	if key == "" {
-		delete(msg.Metadata, OrderingKeyMetadata)
-		return msg
-	}
-	if msg.Metadata == nil {
-		msg.Metadata = message.Metadata{}
-	}
-	msg.Metadata.Set(OrderingKeyMetadata, key)
-	return msg
-}
-
-// OrderingKey returns msg's ordering key, "" when it has none.
-func OrderingKey(msg *message.Message) string {
-	return msg.Metadata.Get(OrderingKeyMetadata)
-}

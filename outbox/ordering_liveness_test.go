@@ -19,6 +19,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -80,7 +81,7 @@ type blockingBroker struct {
 	enteredO sync.Once
 }
 
-func (f *blockingBroker) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+func (f *blockingBroker) PublishBatch(_ context.Context, batch []msgid.TopicMessage) []error {
 	f.enteredO.Do(func() { close(f.entered) })
 	<-f.release
 	for _, tm := range batch {
@@ -90,9 +91,9 @@ func (f *blockingBroker) PublishBatch(_ context.Context, batch []outbox.TopicMes
 }
 
 func (f *blockingBroker) Publish(topic string, msgs ...*message.Message) error {
-	batch := make([]outbox.TopicMessage, len(msgs))
+	batch := make([]msgid.TopicMessage, len(msgs))
 	for i, m := range msgs {
-		batch[i] = outbox.TopicMessage{Topic: topic, Message: m}
+		batch[i] = msgid.TopicMessage{Topic: topic, Message: m}
 	}
 	for _, err := range f.PublishBatch(context.Background(), batch) {
 		if err != nil {

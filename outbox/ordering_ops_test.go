@@ -12,12 +12,13 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // orderedMsg is a message with this UUID and ordering key ("" for none).
 func orderedMsg(uuid, key string) *message.Message {
-	return outbox.SetOrderingKey(message.NewMessage(uuid, []byte(uuid)), key)
+	return msgid.SetOrderingKey(message.NewMessage(uuid, []byte(uuid)), key)
 }
 
 // blockedFigures are the fields of Pending about failed rows and blocked

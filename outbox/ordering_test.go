@@ -21,6 +21,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -29,7 +30,7 @@ import (
 func keyed(key string, seq int) *message.Message {
 	m := message.NewMessage(fmt.Sprintf("%s-%03d", key, seq), []byte(strconv.Itoa(seq)))
 	m.Metadata.Set("seq", strconv.Itoa(seq))
-	return outbox.SetOrderingKey(m, key)
+	return msgid.SetOrderingKey(m, key)
 }
 
 // acceptLog records, in the order a publisher accepted them, the messages of
@@ -48,7 +49,7 @@ func (l *acceptLog) add(msg *message.Message) {
 	seq, _ := strconv.Atoi(msg.Metadata.Get("seq"))
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := outbox.OrderingKey(msg)
+	k := msgid.OrderingKey(msg)
 	if k == "" {
 		k = msg.Metadata.Get("key") // the unordered runs' key
 	}
@@ -130,7 +131,7 @@ func (f *flakyBroker) outcome(msg *message.Message) error {
 	return nil
 }
 
-func (f *flakyBroker) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+func (f *flakyBroker) PublishBatch(_ context.Context, batch []msgid.TopicMessage) []error {
 	errs := make([]error, len(batch))
 	for i, tm := range batch {
 		errs[i] = f.outcome(tm.Message)
@@ -502,7 +503,7 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			// late for that).
 			m := message.NewMessage(watermill.NewUUID(), nil)
 			if withKeys {
-				outbox.SetOrderingKey(m, k)
+				msgid.SetOrderingKey(m, k)
 			} else {
 				m.Metadata.Set("key", k)
 			}

@@ -74,7 +74,7 @@ var _ message.Publisher = (*Publisher)(nil)
 // Each keeps its UUID (which must not be empty) and metadata, to which
 // Publish adds the W3C trace context (traceparent, tracestate) of the
 // message's context when that holds an OpenTelemetry span and the metadata
-// has no traceparent yet. A message with an ordering key (SetOrderingKey)
+// has no traceparent yet. A message with an ordering key (msgid.SetOrderingKey)
 // takes its key's lock, in the statement that writes it, for the rest of
 // the transaction: another transaction writing the same key waits here
 // until this one ends, so that the key's messages are relayed in the order

@@ -17,6 +17,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -187,7 +188,7 @@ func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 		const n = 2500
 		msgs := make([]*message.Message, n)
 		for i := range msgs {
-			msgs[i] = outbox.SetOrderingKey(message.NewMessage(fmt.Sprintf("m-%05d", i), []byte("{}")), fmt.Sprintf("k%d", i%7))
+			msgs[i] = msgid.SetOrderingKey(message.NewMessage(fmt.Sprintf("m-%05d", i), []byte("{}")), fmt.Sprintf("k%d", i%7))
 		}
 		msgs[n-1] = message.NewMessage("poison", nil)
 
@@ -230,7 +231,7 @@ func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
 		const n = 2000
 		big := make([]*message.Message, n)
 		for i := range big {
-			big[i] = outbox.SetOrderingKey(message.NewMessage(fmt.Sprintf("K-%04d", i), nil), "K")
+			big[i] = msgid.SetOrderingKey(message.NewMessage(fmt.Sprintf("K-%04d", i), nil), "K")
 		}
 		gate := &pausingBeginner{Beginner: b.db, at: 2, reached: make(chan struct{}), release: make(chan struct{})}
 		bigDone := make(chan error, 1)
@@ -251,7 +252,7 @@ func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
 		go func() {
 			pub, err := b.w.Publisher(b.db)
 			if err == nil {
-				err = pub.Publish("orders", outbox.SetOrderingKey(message.NewMessage("second", nil), "K"))
+				err = pub.Publish("orders", msgid.SetOrderingKey(message.NewMessage("second", nil), "K"))
 			}
 			secondDone <- err
 		}()

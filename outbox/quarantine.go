@@ -131,7 +131,7 @@ type Row struct {
 	// LastError is the error of the row's latest failed publish; "" when
 	// none.
 	LastError string
-	// OrderingKey is the message's ordering key (see OrderingKeyMetadata);
+	// OrderingKey is the message's ordering key (see msgid.OrderingKeyMetadata);
 	// "" when it has none.
 	OrderingKey string
 	// Version identifies the row's failure record: it changes whenever the
@@ -180,7 +180,7 @@ type RowFilter struct {
 	// that the producer set, say).
 	Metadata map[string]string
 	// OrderingKey selects the rows of this ordering key (see
-	// OrderingKeyMetadata): the failed rows that block the key, with
+	// msgid.OrderingKeyMetadata): the failed rows that block the key, with
 	// StateAll both its quarantined and its failing ones.
 	OrderingKey string
 

@@ -19,6 +19,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -37,7 +38,7 @@ type oneByOne struct{ message.Publisher }
 
 var _ outbox.BatchPublisher = oneByOne{}
 
-func (o oneByOne) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+func (o oneByOne) PublishBatch(_ context.Context, batch []msgid.TopicMessage) []error {
 	errs := make([]error, len(batch))
 	for i, tm := range batch {
 		errs[i] = o.Publisher.Publish(tm.Topic, tm.Message)
@@ -129,7 +130,7 @@ func cancelAfter(k int, cancel context.CancelFunc) func(context.Context, int) er
 	}
 }
 
-func (c *confirmBroker) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+func (c *confirmBroker) PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	step := func(context.Context, int) error { return nil }
@@ -460,7 +461,7 @@ func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
 // messages.
 type shortBatch struct{ nopPublisher }
 
-func (shortBatch) PublishBatch(_ context.Context, batch []outbox.TopicMessage) []error {
+func (shortBatch) PublishBatch(_ context.Context, batch []msgid.TopicMessage) []error {
 	return make([]error, len(batch)-1)
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxrow"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
@@ -157,9 +158,9 @@ func (r *Relay) publishBatch(ctx context.Context, b batch) (p published) {
 		p.cancelled = err
 		return p
 	}
-	out := make([]TopicMessage, len(b.msgs))
+	out := make([]msgid.TopicMessage, len(b.msgs))
 	for i, msg := range b.msgs {
-		out[i] = TopicMessage{Topic: b.topics[i], Message: msg}
+		out[i] = msgid.TopicMessage{Topic: b.topics[i], Message: msg}
 	}
 	errs := r.batchPub.PublishBatch(ctx, out)
 	if len(errs) != len(b.msgs) {

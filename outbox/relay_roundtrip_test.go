@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 )
 
 // countingBeginner counts the statements of the transactions it begins.
@@ -91,7 +92,7 @@ func TestRelayBatchRoundTrips(t *testing.T) {
 		msgs = nil
 		for i := range 40 {
 			m := message.NewMessage("keyed-"+string(rune('a'+i%26))+string(rune('0'+i/26)), nil)
-			outbox.SetOrderingKey(m, string(rune('A'+i%4)))
+			msgid.SetOrderingKey(m, string(rune('A'+i%4)))
 			msgs = append(msgs, m)
 		}
 		b.publish(t, "t", msgs...)

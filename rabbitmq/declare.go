@@ -143,3 +143,74 @@ func dialContext(ctx context.Context, amqpURL, connName string) (conn *amqp091.C
 	}
 	return conn, addr, stopWatch, nil
 }
+
+// declare declares the queues of the topics of idx not yet declared on c's
+// connection (unless NoQueueDeclare), and returns the messages left to
+// publish: a failed declaration fails its topic's messages (and closes c's
+// channel). An error means the connection was lost.
+func (p *Publisher) declare(c *amqpChannel, b *outcomes, idx []int) ([]int, error) {
+	if p.cfg.NoQueueDeclare {
+		return idx, nil
+	}
+	var todo []string
+	p.mu.Lock()
+	seen := map[string]bool{}
+	current := c.conn == p.conn
+	for _, i := range idx {
+		if t := b.topics[i]; !seen[t] && (!current || !p.declared[t]) {
+			seen[t] = true
+			todo = append(todo, t)
+		}
+	}
+	// A partition queue: every partition of its topic is declared with it,
+	// so that subscribers find them all, whichever got a message first.
+	for _, q := range todo {
+		topic, ok := p.partitionOf[q]
+		if !ok {
+			continue
+		}
+		for i := range p.cfg.Partitions[topic] {
+			if pq := PartitionQueue(topic, i); !seen[pq] && (!current || !p.declared[pq]) {
+				seen[pq] = true
+				todo = append(todo, pq)
+			}
+		}
+	}
+	p.mu.Unlock()
+	for _, topic := range todo {
+		// As DeclareQueues and watermill-amqp's NewDurableQueueConfig:
+		// durable, not auto-delete, not exclusive, no arguments.
+		_, err := c.ch.QueueDeclare(topic, true, false, false, false, p.queueArguments(topic))
+		if err == nil {
+			p.mu.Lock()
+			if c.conn == p.conn {
+				p.declared[topic] = true
+			}
+			p.mu.Unlock()
+			continue
+		}
+		if c.conn.IsClosed() {
+			return nil, fmt.Errorf("rabbitmq: declaring queue %q: connection lost: %w", topic, err)
+		}
+		rest := idx[:0:0]
+		for _, i := range idx {
+			if b.topics[i] == topic {
+				b.set(i, fmt.Errorf("rabbitmq: declaring queue %q for %s: %w%s (PublisherConfig.NoQueueDeclare turns declarations off)", topic, b.name(i), err, declareHint(err)))
+			} else {
+				rest = append(rest, i)
+			}
+		}
+		return rest, nil // the channel is closed: declare the others on the next
+	}
+	return idx, nil
+}
+
+// forget makes the next call declare topic's queue again: a message to it
+// came back unroutable, so the queue is gone (deleted since it was declared).
+func (p *Publisher) forget(conn *amqp091.Connection, topic string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if conn == p.conn {
+		delete(p.declared, topic)
+	}
+}

@@ -64,9 +64,15 @@
 // it sees the topic on a connection, and publishes with the mandatory flag,
 // so that a message no queue takes fails instead of vanishing.
 //
+// It is a message.Publisher too, safe for concurrent use (each call on a
+// channel of its own): the same Publisher serves Watermill's poison queue,
+// which then acks a delivery only once the broker confirmed its copy:
+//
+//	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, "orders.poison", exactlyonce.IsPermanent)
+//
 // # Partitioned topics: per-key order
 //
-// The outbox relays a message with an ordering key (outbox.SetOrderingKey)
+// The outbox relays a message with an ordering key (msgid.SetOrderingKey)
 // only after the earlier messages of its key were confirmed. A partitioned
 // topic carries that order to the consumer, with concurrency across keys:
 // with PublisherConfig.Partitions, Publisher sends each message of the topic

@@ -12,7 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/fanin"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 )
 
 // Partitioned topics: per-key order on the consumer's side, with
@@ -23,10 +23,11 @@ import (
 // (PartitionQueueArguments): however many instances subscribe to a
 // partition, RabbitMQ delivers it to one at a time, in queue order. The
 // Publisher (PublisherConfig.Partitions) sends a message to the partition
-// of its ordering key (outbox.OrderingKey: the metadata field
-// outbox.OrderingKeyMetadata, which the outbox sets), Partition(key, n); a
-// message without one to the partition of its UUID. PartitionedSubscriber subscribes a handler to every
-// partition of a topic, each subscription taking one message at a time.
+// of its ordering key (msgid.OrderingKey: the metadata field
+// msgid.OrderingKeyMetadata, which msgid.SetOrderingKey sets),
+// Partition(key, n); a message without one to the partition of its UUID.
+// PartitionedSubscriber subscribes a handler to every partition of a topic,
+// each subscription taking one message at a time.
 // So the messages of one key reach one queue, in the order the relay
 // published them, and are handled one at a time in that order, while the
 // n partitions run in parallel.
@@ -94,7 +95,7 @@ func checkPartitions(topic string, n int) error {
 
 // route returns the queue each message of batch goes to (its topic, or for
 // a partitioned topic its key's partition queue) and the messages.
-func (p *Publisher) route(batch []outbox.TopicMessage) (queues []string, msgs []*message.Message) {
+func (p *Publisher) route(batch []msgid.TopicMessage) (queues []string, msgs []*message.Message) {
 	queues, msgs = make([]string, len(batch)), make([]*message.Message, len(batch))
 	for i, tm := range batch {
 		queues[i], msgs[i] = tm.Topic, tm.Message
@@ -102,7 +103,7 @@ func (p *Publisher) route(batch []outbox.TopicMessage) (queues []string, msgs []
 		if n == 0 || tm.Message == nil {
 			continue
 		}
-		key := outbox.OrderingKey(tm.Message)
+		key := msgid.OrderingKey(tm.Message)
 		if key == "" {
 			key = tm.Message.UUID
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 )
 
@@ -63,7 +63,7 @@ func deletePartitions(t *testing.T, topic string, n int) {
 func keyedMessage(key string, seq int) *message.Message {
 	m := message.NewMessage(fmt.Sprintf("%s-%03d", key, seq), []byte(strconv.Itoa(seq)))
 	m.Metadata.Set("seq", strconv.Itoa(seq))
-	return outbox.SetOrderingKey(m, key)
+	return msgid.SetOrderingKey(m, key)
 }
 
 // TestPublisherPartitionsByKey: a partitioned topic's messages go to the
@@ -95,7 +95,7 @@ func TestPublisherPartitionsByKey(t *testing.T) {
 			if !ok {
 				break
 			}
-			key, _ := d.Headers[outbox.OrderingKeyMetadata].(string)
+			key, _ := d.Headers[msgid.OrderingKeyMetadata].(string)
 			require.Equal(t, q, rabbitmq.PartitionQueue(topic, rabbitmq.Partition(key, n)), "key %s in the wrong partition", key)
 			seq, _ := strconv.Atoi(string(d.Body))
 			got[key] = append(got[key], seq)
@@ -177,7 +177,7 @@ func testPartitionedKeyOrder(t *testing.T, sub message.Subscriber) {
 			return errFlaky
 		}
 		seq, _ := strconv.Atoi(msg.Metadata.Get("seq"))
-		k := outbox.OrderingKey(msg)
+		k := msgid.OrderingKey(msg)
 		handled[k] = append(handled[k], seq)
 		total++
 		return nil

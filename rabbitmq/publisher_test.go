@@ -16,6 +16,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 )
@@ -43,10 +44,10 @@ func messages(prefix string, n int) []*message.Message {
 }
 
 // to is the batch of msgs, each to topic.
-func to(topic string, msgs []*message.Message) []outbox.TopicMessage {
-	out := make([]outbox.TopicMessage, len(msgs))
+func to(topic string, msgs []*message.Message) []msgid.TopicMessage {
+	out := make([]msgid.TopicMessage, len(msgs))
 	for i, m := range msgs {
-		out[i] = outbox.TopicMessage{Topic: topic, Message: m}
+		out[i] = msgid.TopicMessage{Topic: topic, Message: m}
 	}
 	return out
 }
@@ -505,7 +506,7 @@ func TestPublisherMarksOnlyTheMessagesOwnFailures(t *testing.T) {
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	errs := pub.PublishBatch(context.Background(), []outbox.TopicMessage{
+	errs := pub.PublishBatch(context.Background(), []msgid.TopicMessage{
 		{Topic: "q", Message: nil},
 		{Topic: "", Message: message.NewMessage(watermill.NewUUID(), []byte("x"))},
 		{Topic: strings.Repeat("q", 256), Message: message.NewMessage(watermill.NewUUID(), []byte("x"))},

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 )
@@ -102,7 +103,7 @@ type serialized struct {
 	mu sync.Mutex
 }
 
-func (s *serialized) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+func (s *serialized) PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.Publisher.PublishBatch(ctx, batch)

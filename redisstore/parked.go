@@ -20,6 +20,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -661,7 +662,7 @@ func (s *Store) replay(ctx context.Context, consumer, key string, g guard, pub m
 // would let a second replay publish the message again.
 func publish(ctx context.Context, pub message.Publisher, topic string, msg *message.Message) error {
 	if bp, ok := pub.(outbox.BatchPublisher); ok {
-		errs := bp.PublishBatch(ctx, []outbox.TopicMessage{{Topic: topic, Message: msg}})
+		errs := bp.PublishBatch(ctx, []msgid.TopicMessage{{Topic: topic, Message: msg}})
 		if len(errs) != 1 {
 			return fmt.Errorf("%T.PublishBatch returned %d outcomes for 1 message", pub, len(errs))
 		}

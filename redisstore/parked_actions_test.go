@@ -13,7 +13,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
 )
 
@@ -161,7 +161,7 @@ func TestRedisParkedReasonOutlivesLaterAttempts(t *testing.T) {
 // end (a confirm that does not come).
 type batchPublisher struct{ batch, plain atomic.Int32 }
 
-func (p *batchPublisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+func (p *batchPublisher) PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error {
 	p.batch.Add(1)
 	<-ctx.Done()
 	errs := make([]error, len(batch))

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -25,7 +26,7 @@ func writeKeyed(t *testing.T, db sqlschema.DB, topic string, uuids []string, key
 	pub, err := w.Publisher(wsql.TxFromPgx(tx))
 	require.NoError(t, err)
 	for _, u := range uuids {
-		msg := outbox.SetOrderingKey(message.NewMessage(u, []byte("payload "+u)), keys[u])
+		msg := msgid.SetOrderingKey(message.NewMessage(u, []byte("payload "+u)), keys[u])
 		msg.SetContext(ctx)
 		require.NoError(t, pub.Publish(topic, msg))
 	}

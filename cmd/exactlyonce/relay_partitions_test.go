@@ -13,6 +13,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
@@ -44,7 +45,7 @@ func TestRelayPartitions(t *testing.T) {
 	for seq := range 4 {
 		for _, key := range []string{"a", "b", "c", "d"} {
 			m := message.NewMessage(fmt.Sprintf("%s-%d", key, seq), []byte(fmt.Sprint(seq)))
-			require.NoError(t, pub.Publish(topic, outbox.SetOrderingKey(m, key)))
+			require.NoError(t, pub.Publish(topic, msgid.SetOrderingKey(m, key)))
 		}
 	}
 	require.NoError(t, tx.Commit())
@@ -65,7 +66,7 @@ func TestRelayPartitions(t *testing.T) {
 			if !ok {
 				break
 			}
-			key, _ := d.Headers[outbox.OrderingKeyMetadata].(string)
+			key, _ := d.Headers[msgid.OrderingKeyMetadata].(string)
 			require.Equal(t, rabbitmq.Partition(key, n), i, "key %s", key)
 			got[key] = append(got[key], string(d.Body))
 		}
@@ -131,7 +132,7 @@ func TestParkedRedisReplayPartitions(t *testing.T) {
 	m := message.NewMessage(uuid, []byte(`{"order":"P-1"}`))
 	m.Metadata.Set("order_id", "P-1")
 	m.Metadata.Set("bad", "1")
-	require.NoError(t, pub.Publish(topic, outbox.SetOrderingKey(m, "customer-9")))
+	require.NoError(t, pub.Publish(topic, msgid.SetOrderingKey(m, "customer-9")))
 	testenv.Eventually(t, 20*time.Second, func() bool { return ev.count(exactlyonce.Parked) == 1 }, "parked in Redis")
 
 	h.fix()

@@ -6,19 +6,18 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"log"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -30,9 +29,8 @@ func env(name, def string) string { return cmp.Or(os.Getenv(name), def) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx)
-	stop()
-	if err != nil {
+	defer stop()
+	if err := run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -59,34 +57,20 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	// rabbitmq.Marshaler: the UUID of a message from a producer that is not Watermill is its message_id
-	// (rabbitmq.Subscriber's default; here for watermill-amqp's publisher of the poison queue).
-	cfg := amqp.NewDurableQueueConfig(amqpURL)
-	cfg.Marshaler = rabbitmq.Marshaler{}
-	cfg.Publish.ConfirmDelivery = true // the poison queue gets a message before its delivery is acked
-	cfg.Publish.ChannelPoolSize = 0    // watermill-amqp v3.1.0's channel pool can leak and hang (upstream PR #37)
 	// 256 deliveries in flight on one subscription (group commit puts those that wait together
 	// in one transaction, up to 64, two batches at a time), acknowledged together once committed.
+	// The router closes it. The UUID of a message from a producer that is not Watermill is its message_id.
 	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256, Logger: logger})
 	if err != nil {
 		return err
 	}
-	defer sub.Close()
-	poisonPub, err := amqp.NewPublisher(cfg, logger)
+	// Publisher confirms, a window of them: the relay deletes a row, and the poison queue acks a
+	// delivery, once RabbitMQ confirmed the message. It declares each queue before its first message.
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
 	if err != nil {
 		return err
 	}
-	defer poisonPub.Close()
-	// The relay's own publisher: a window of publisher confirms; a row is deleted once RabbitMQ confirmed it.
-	relayPub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
-	if err != nil {
-		return err
-	}
-	defer relayPub.Close()
-	// RabbitMQ drops messages published to a queue nobody declared yet.
-	if err := rabbitmq.DeclareQueues(ctx, amqpURL, events, poison); err != nil {
-		return err
-	}
+	defer pub.Close()
 
 	// Group commit: the deliveries in flight share one transaction (one claim statement, one COMMIT).
 	guard, err := exactlyonce.New(exactlyonce.Config{DB: db, Batch: &exactlyonce.BatchConfig{}})
@@ -101,7 +85,7 @@ func run(ctx context.Context) error {
 	}
 	// Messages no redelivery can fix (no message_id) go to the poison queue. No Recoverer
 	// middleware: the exactly-once middleware recovers a handler's panic (rolled back, nacked).
-	poisonQueue, err := middleware.PoisonQueueWithFilter(poisonPub, poison, exactlyonce.IsPermanent)
+	poisonQueue, err := middleware.PoisonQueueWithFilter(pub, poison, exactlyonce.IsPermanent)
 	if err != nil {
 		return err
 	}
@@ -125,15 +109,13 @@ func run(ctx context.Context) error {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
 	})
 
-	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: relayPub})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: pub})
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
-	err = router.Run(ctx) // until SIGINT/SIGTERM
-	cancel()
-	return errors.Join(err, <-relayDone)
+	// The relay and the router run until SIGINT/SIGTERM, or until one of them fails.
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return relay.Run(ctx) })
+	g.Go(func() error { return router.Run(ctx) })
+	return g.Wait()
 }

@@ -89,6 +89,12 @@ func TestGettingStarted(t *testing.T) {
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, ch.Confirm(false))
+	// The queues this test consumes from, declared as their consumers would (as rabbitmq.Subscriber
+	// does, and with the properties rabbitmq.Publisher declares them with before their first message).
+	for _, q := range []string{events, poison} {
+		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
+		require.NoError(t, err, "declaring queue %s", q)
+	}
 	// Running: the subscriber's consumer is on the orders queue.
 	waitFor(t, done, 60*time.Second, "the program's consumer", func() bool {
 		probe, err := conn.Channel() // a passive declare of a missing queue closes its channel

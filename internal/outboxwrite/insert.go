@@ -10,12 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 )
-
-// OrderingKeyField is the metadata field that holds a message's ordering
-// key: outbox.OrderingKeyMetadata, which outbox.SetOrderingKey sets (the
-// ordering tests of package outbox fail if the two differ).
-const OrderingKeyField = "ordering_key"
 
 // MaxOrderingKeyBytes is the longest ordering key the outbox accepts.
 const MaxOrderingKeyBytes = 1024
@@ -61,7 +57,7 @@ func insertRows(lockClass int32, topic string, messages []*message.Message, lock
 			payload = []byte{}
 		}
 		in.UUIDs[i], in.Payloads[i], in.Metadata[i] = msg.UUID, payload, string(meta)
-		in.OrderingKeys[i] = msg.Metadata.Get(OrderingKeyField)
+		in.OrderingKeys[i] = msg.Metadata.Get(msgid.OrderingKeyMetadata)
 	}
 	return in, nil
 }
@@ -69,7 +65,7 @@ func insertRows(lockClass int32, topic string, messages []*message.Message, lock
 // checkOrderingKeys refuses a key the outbox would not keep as written.
 func checkOrderingKeys(messages []*message.Message) error {
 	for _, msg := range messages {
-		if k := msg.Metadata.Get(OrderingKeyField); len(k) > MaxOrderingKeyBytes {
+		if k := msg.Metadata.Get(msgid.OrderingKeyMetadata); len(k) > MaxOrderingKeyBytes {
 			return fmt.Errorf("message %q: its ordering key is %d bytes, the most is %d", msg.UUID, len(k), MaxOrderingKeyBytes)
 		}
 	}
@@ -92,7 +88,7 @@ func checkOrderingKeys(messages []*message.Message) error {
 func lockHashes(messages []*message.Message) []int32 {
 	var hashes []int32
 	for _, msg := range messages {
-		if k := msg.Metadata.Get(OrderingKeyField); k != "" {
+		if k := msg.Metadata.Get(msgid.OrderingKeyMetadata); k != "" {
 			hashes = append(hashes, hash32(k))
 		}
 	}

@@ -8,12 +8,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 )
 
 func keyed(uuid, key string) *message.Message {
 	m := message.NewMessage(uuid, []byte("p-"+uuid))
 	if key != "" {
-		m.Metadata.Set(OrderingKeyField, key)
+		m.Metadata.Set(msgid.OrderingKeyMetadata, key)
 	}
 	return m
 }

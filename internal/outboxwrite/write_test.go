@@ -15,6 +15,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -123,7 +124,7 @@ func publishOneStatementPerShape(t *testing.T, tables sqlschema.DB) {
 		for i := range msgs {
 			msgs[i] = message.NewMessage(fmt.Sprintf("m-%d-%d", size, i), []byte("x"))
 			if i%2 == 1 {
-				msgs[i].Metadata.Set(outboxwrite.OrderingKeyField, fmt.Sprintf("k%d", i%5))
+				msgs[i].Metadata.Set(msgid.OrderingKeyMetadata, fmt.Sprintf("k%d", i%5))
 			}
 			uuids = append(uuids, msgs[i].UUID)
 		}

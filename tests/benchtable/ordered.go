@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 )
@@ -170,7 +171,7 @@ func (h *harness) orderedRound(ctx context.Context, env *routerEnv, pub *rabbitm
 	prefix := fmt.Sprintf("o%d-%s-", round, sanitize(string(v)))
 	err := h.exec(ctx, "INSERT INTO "+env.db.Outbox()+` (topic, uuid, payload, metadata, ordering_key)
 SELECT $1, $2 || g, $3::bytea,
-  CASE WHEN $4 > 0 THEN jsonb_build_object('`+outbox.OrderingKeyMetadata+`', 'k' || (g % $4)) ELSE '{}'::jsonb END,
+  CASE WHEN $4 > 0 THEN jsonb_build_object('`+msgid.OrderingKeyMetadata+`', 'k' || (g % $4)) ELSE '{}'::jsonb END,
   CASE WHEN $4 > 0 THEN 'k' || (g % $4) END
 FROM generate_series(1, $5::bigint) g`, dest, prefix, benchPayload, v.keys(), n)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -391,7 +392,7 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, ob *outbo
 			m := message.NewMessage(fmt.Sprintf("%s-%s-%d-%d", db.Schema, key, w, rng.Uint64()), nil)
 			m.Metadata.Set("key", key)
 			if ordered {
-				outbox.SetOrderingKey(m, key)
+				msgid.SetOrderingKey(m, key)
 			}
 			if err := pub.Publish(topic, m); err != nil {
 				return 0, err

@@ -69,6 +69,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
@@ -714,7 +715,7 @@ type countingBatchPublisher struct {
 	sink *sink
 }
 
-func (p countingBatchPublisher) PublishBatch(ctx context.Context, batch []outbox.TopicMessage) []error {
+func (p countingBatchPublisher) PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error {
 	errs := p.Publisher.PublishBatch(ctx, batch)
 	n := 0
 	for _, err := range errs {
