@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/msgid"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // countingBeginner counts the statements of the transactions it begins.
