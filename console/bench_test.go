@@ -30,7 +30,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/console"
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -405,6 +404,7 @@ const benchRefreshGap = 50 * time.Millisecond
 // reports the mean duration of the passes (refresh-s).
 func benchRefreshing(b *testing.B, store *inbox.Store, db sqlschema.DB) func() {
 	ctx := context.Background()
+	rows := testenv.OutboxStore(b, db)
 	var stop atomic.Bool
 	done := make(chan struct{})
 	var passes int
@@ -423,7 +423,7 @@ func benchRefreshing(b *testing.B, store *inbox.Store, db sqlschema.DB) func() {
 				}
 			}
 			if err == nil {
-				_, err = outbox.PendingStats(ctx, db)
+				_, err = rows.Pending(ctx)
 			}
 			if err != nil {
 				b.Errorf("the overview's computation: %v", err)

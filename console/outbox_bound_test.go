@@ -25,7 +25,7 @@ func TestOutboxBulkActsOnCountedRowsOnly(t *testing.T) {
 	big := func() []int64 {
 		t.Helper()
 		var ids []int64
-		rows, err := outbox.FindRows(e.ctx, e.db, outbox.RowFilter{State: outbox.StateAll, Topic: "big"}, outbox.Paging{})
+		rows, err := testenv.OutboxStore(t, e.db).Find(e.ctx, outbox.RowFilter{State: outbox.StateAll, Topic: "big"}, outbox.Page{})
 		require.NoError(t, err)
 		for _, r := range rows.Rows {
 			ids = append(ids, r.ID)
@@ -41,7 +41,7 @@ func TestOutboxBulkActsOnCountedRowsOnly(t *testing.T) {
 
 	// Meanwhile one counted row is discarded and another one quarantined:
 	// still 3 match the filter, not the 3 the operator saw.
-	require.NoError(t, outbox.Discard(e.ctx, e.db, q[0], outbox.Expect{}))
+	require.NoError(t, testenv.OutboxStore(t, e.db).Discard(e.ctx, q[0], outbox.Expect{}))
 	late := e.row("big", "late", "{}", nil, "")
 	_, err := e.db.Conn.ExecContext(e.ctx, `UPDATE `+e.db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'x', quarantined_at = now() WHERE id = $1`, late)
 	require.NoError(t, err)
@@ -122,7 +122,7 @@ func TestOutboxBulkPageCarriesBounds(t *testing.T) {
 	require.Equal(t, "This discards 2 rows.", text(t, body, "confirm-count"))
 	action, v := form(t, body, "confirm-form")
 
-	require.NoError(t, outbox.Discard(e.ctx, e.db, q1, outbox.Expect{}))
+	require.NoError(t, testenv.OutboxStore(t, e.db).Discard(e.ctx, q1, outbox.Expect{}))
 	e.row("big", "late", "{}", nil, "quarantined")
 	_, err := e.db.Conn.ExecContext(e.ctx, `UPDATE `+e.db.Outbox()+` SET quarantined_at = now() WHERE uuid = 'late'`)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
@@ -248,7 +249,7 @@ func TestConfirmedRowActionActsOnWhatItShowed(t *testing.T) {
 			id := e.row("orders", "u1", "{}", nil, "quarantined")
 			again := func() {
 				t.Helper()
-				require.NoError(t, outbox.Requeue(e.ctx, e.db, id, outbox.Expect{}))
+				require.NoError(t, testenv.OutboxStore(t, e.db).Requeue(e.ctx, id, outbox.Expect{}))
 				// The relay fails it again for its own reasons and
 				// quarantines it (as its failure statement does).
 				_, err := e.db.Conn.ExecContext(e.ctx, `UPDATE `+e.db.Outbox()+` SET failures = 5, attempts = 5,

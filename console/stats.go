@@ -51,7 +51,7 @@ type consumerFigures struct {
 	Error string `json:"error,omitempty"`
 }
 
-// outboxFigures are the outbox backlog's (outbox.PendingStats).
+// outboxFigures are the outbox backlog's (outbox.Store.Pending).
 type outboxFigures struct {
 	// Pending counts the rows not relayed yet, quarantined ones included.
 	Pending int64 `json:"pending"`

@@ -31,7 +31,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -1192,7 +1191,7 @@ func TestBatchThroughRabbitMQ(t *testing.T) {
 	// Handlers of one batch run in turn (TestBatchOneTransaction checks it
 	// inside one batch); two batches of a handler may run at once.
 	require.LessOrEqual(t, maxSeen.Load(), int64(2), "at most two batches of a handler at once, each running its handlers in turn")
-	p, err := outbox.PendingStats(context.Background(), db)
+	p, err := testenv.OutboxStore(t, db).Pending(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, p.Count)
 }

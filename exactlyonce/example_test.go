@@ -73,7 +73,11 @@ func Example() {
 
 	var greetings int
 	_ = pool.QueryRow(ctx, "SELECT count(*) FROM example_middleware.greetings").Scan(&greetings)
-	pending, _ := outbox.PendingStats(ctx, db)
+	rows, err := outbox.NewStore(db)
+	if err != nil {
+		panic(err)
+	}
+	pending, _ := rows.Pending(ctx)
 	store, err := inbox.NewStore(db)
 	if err != nil {
 		panic(err)

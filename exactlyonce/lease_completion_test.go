@@ -15,7 +15,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -144,7 +143,7 @@ func TestLeaseDeterministicCompletionFailureParks(t *testing.T) {
 					require.Contains(t, rec.LastError, c.reason)
 					require.True(t, rec.Interrupted, "the effect probably happened: the released attempt is told")
 					require.Equal(t, int64(4), e.ev.Parked.Load())
-					p, err := outbox.PendingStats(context.Background(), e.tables)
+					p, err := testenv.OutboxStore(t, e.tables).Pending(context.Background())
 					require.NoError(t, err)
 					require.Zero(t, p.Count, "nothing of the failed completion was written")
 				})
@@ -263,7 +262,7 @@ func TestLeaseCompletionSurvivesShutdown(t *testing.T) {
 			}
 			require.Equal(t, int64(1), e.calls.Load(), "the completion committed despite the shutdown: no second call")
 			require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
-			p, err := outbox.PendingStats(context.Background(), e.tables)
+			p, err := testenv.OutboxStore(t, e.tables).Pending(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count, "the output committed with it")
 		})

@@ -12,7 +12,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 func TestLeaseMode(t *testing.T) {
@@ -66,7 +65,7 @@ func TestLeaseMode(t *testing.T) {
 			require.False(t, infos[0].LeaseUntil.IsZero())
 			require.Equal(t, int64(1), counters.Processed.Load())
 			require.Equal(t, int64(1), counters.Duplicates.Load())
-			p, err := outbox.PendingStats(ctx, tables)
+			p, err := testenv.OutboxStore(t, tables).Pending(ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count, "output written once, with the completion")
 

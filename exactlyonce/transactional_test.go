@@ -14,7 +14,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -99,7 +98,7 @@ func TestTransactional(t *testing.T) {
 			require.Equal(t, inboxdb.StatusDone, rec.Status)
 			require.Equal(t, int64(3), rec.Duplicates)
 
-			p, err := outbox.PendingStats(ctx, tables)
+			p, err := testenv.OutboxStore(t, tables).Pending(ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count)
 

@@ -153,7 +153,7 @@ func (r *refusing) Close() error { return nil }
 // An operator finds a quarantined row by the business id its producer set in
 // the metadata, and requeues it once the cause is fixed: the relay sends it
 // again at once, with its UUID. (Discard would delete it: never published.)
-func ExampleFindRows() {
+func ExampleStore_Find() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testenv.DatabaseURL())
 	if err != nil {

@@ -67,7 +67,7 @@ func pending(t testing.TB, db sqlschema.DB) outbox.Pending {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := outbox.PendingStats(ctx, db)
+	p, err := testenv.OutboxStore(t, db).Pending(ctx)
 	require.NoError(t, err)
 	return p
 }

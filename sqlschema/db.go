@@ -32,7 +32,7 @@ var errInvalidName = errors.New("invalid SQL identifier")
 // DB is the database and the names of the library's tables in it. State it
 // once and hand the same value to Migrate, to the middleware's Config, to
 // outbox.RelayConfig, outbox.NewWriter and the operator functions
-// (inbox.NewStore, outbox.PendingStats), so that they cannot disagree about
+// (inbox.NewStore, outbox.NewStore), so that they cannot disagree about
 // where the tables are.
 //
 // DB is a value: WithDefaults returns a copy and never changes the caller's

@@ -844,7 +844,7 @@ func dlRedisDiscard(t *testing.T, store *redisstore.Store, consumer string, log 
 // RabbitMQ, which refuses it: rabbitmq.Publisher marks the failure
 // permanent and the relay quarantines each row after two attempts, while a
 // healthy order's output flows. The operator finds one row by the order id
-// in its metadata (FindRows, CountRows, GetRow), fixes the marshaler and
+// in its metadata (outbox.Store: Find, Count, Get), fixes the marshaler and
 // requeues it: delivered once, with its UUID; a second requeue finds no
 // row. The other row is found the same way and discarded: never delivered.
 // A late redelivery of the input does not run the handler again.
@@ -853,6 +853,7 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 	eachDriver(t, func(t *testing.T, e *e2e) {
 		ctx := testCtx(t)
 		d := dlSetup(t, e, "dl-outbox-orders")
+		rows := testenv.OutboxStore(t, d.DB)
 		d.startRouter(t, exactlyonce.Config{NackDelay: dlNackDelay}, 1)
 		healthy, refused, dropped := dlNewOrder("cust-6"), dlNewOrder("cust-6"), dlNewOrder("cust-6")
 		d.shop.Break(dlExpiration, refused, dropped)
@@ -865,7 +866,7 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 		dlAwait(t, d.Log, refused.UUID, exactlyonce.Processed, 1)
 		dlAwait(t, d.Log, dropped.UUID, exactlyonce.Processed, 1)
 		testenv.Eventually(t, waitTimeout, func() bool {
-			p, err := outbox.PendingStats(ctx, d.DB)
+			p, err := rows.Pending(ctx)
 			require.NoError(t, err)
 			return p.Quarantined == 2
 		}, "expected both refused rows quarantined")
@@ -873,7 +874,7 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 		byOrder := func(o dlOrder) outbox.RowFilter {
 			return outbox.RowFilter{Metadata: map[string]string{dlOrderIDKey: o.ID}}
 		}
-		page, err := outbox.FindRows(ctx, d.DB, byOrder(refused), outbox.Paging{})
+		page, err := rows.Find(ctx, byOrder(refused), outbox.Page{})
 		require.NoError(t, err)
 		require.Len(t, page.Rows, 1, "quarantined rows of order %s", refused.ID)
 		row := page.Rows[0]
@@ -885,10 +886,10 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 		require.NotNil(t, row.QuarantinedAt)
 		require.Equal(t, 2, row.PermanentFailures, "quarantined after MaxAttempts permanent failures")
 		require.Contains(t, row.LastError, "PRECONDITION_FAILED")
-		n, err := outbox.CountRows(ctx, d.DB, byOrder(refused))
+		n, err := rows.Count(ctx, byOrder(refused))
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n)
-		got, err := outbox.GetRow(ctx, d.DB, row.ID)
+		got, err := rows.Get(ctx, row.ID)
 		require.NoError(t, err)
 		require.Equal(t, row.UUID, got.UUID)
 		require.Equal(t, `{"order_id":"`+refused.ID+`","status":"confirmed"}`, string(got.Payload))
@@ -897,22 +898,22 @@ func TestDeadLetterQuarantinedOutboxRow(t *testing.T) {
 
 		// Fix the marshaler, requeue the one row: delivered once.
 		d.relayBug.Store(false)
-		require.NoError(t, outbox.Requeue(ctx, d.DB, row.ID, outbox.Expect{}))
+		require.NoError(t, rows.Requeue(ctx, row.ID, outbox.Expect{}))
 		d.awaitOutput(t, refused)
 		testenv.Eventually(t, waitTimeout, func() bool {
-			_, err := outbox.GetRow(ctx, d.DB, row.ID)
+			_, err := rows.Get(ctx, row.ID)
 			return errorIs(err, outbox.ErrRowNotFound)
 		}, "expected the requeued row relayed and deleted")
-		require.ErrorIs(t, outbox.Requeue(ctx, d.DB, row.ID, outbox.Expect{}), outbox.ErrRowNotFound, "a second requeue")
+		require.ErrorIs(t, rows.Requeue(ctx, row.ID, outbox.Expect{}), outbox.ErrRowNotFound, "a second requeue")
 
 		// The other one: found by its order id, discarded, never delivered.
-		page, err = outbox.FindRows(ctx, d.DB, byOrder(dropped), outbox.Paging{})
+		page, err = rows.Find(ctx, byOrder(dropped), outbox.Page{})
 		require.NoError(t, err)
 		require.Len(t, page.Rows, 1, "quarantined rows of order %s", dropped.ID)
 		require.Equal(t, dlOutputUUID(dropped.UUID), page.Rows[0].UUID)
-		require.NoError(t, outbox.Discard(ctx, d.DB, page.Rows[0].ID, outbox.Expect{}))
-		require.ErrorIs(t, outbox.Discard(ctx, d.DB, page.Rows[0].ID, outbox.Expect{}), outbox.ErrRowNotFound, "a second discard")
-		n, err = outbox.CountRows(ctx, d.DB, outbox.RowFilter{State: outbox.StateAll})
+		require.NoError(t, rows.Discard(ctx, page.Rows[0].ID, outbox.Expect{}))
+		require.ErrorIs(t, rows.Discard(ctx, page.Rows[0].ID, outbox.Expect{}), outbox.ErrRowNotFound, "a second discard")
+		n, err = rows.Count(ctx, outbox.RowFilter{State: outbox.StateAll})
 		require.NoError(t, err)
 		require.Zero(t, n, "rows with a failure record left")
 

@@ -288,7 +288,7 @@ func outboxPending(t testing.TB, db sqlschema.DB) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	p, err := outbox.PendingStats(ctx, db)
+	p, err := testenv.OutboxStore(t, db).Pending(ctx)
 	require.NoError(t, err)
 	return p.Count
 }
@@ -341,7 +341,7 @@ func relayAll(t testing.TB, relay *outbox.Relay, db sqlschema.DB) int {
 		if n > 0 {
 			continue
 		}
-		p, err := outbox.PendingStats(ctx, db)
+		p, err := testenv.OutboxStore(t, db).Pending(ctx)
 		require.NoError(t, err)
 		if p.Count == 0 {
 			return total

@@ -703,7 +703,7 @@ func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 		_, err = relay.Flush(ctx)
 		require.Error(t, err)
 	}
-	p, err := outbox.PendingStats(ctx, e.DB)
+	p, err := testenv.OutboxStore(t, e.DB).Pending(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Pending{Count: 1, OldestCreatedAt: p.OldestCreatedAt, OldestAge: p.OldestAge, Failing: 1}, p,
 		"failing, retried with backoff, not quarantined")
@@ -725,7 +725,7 @@ func TestUnpublishableOutboxRowDoesNotBlock(t *testing.T) {
 		n, err := relay.Flush(ctx)
 		require.Error(t, err)
 		require.Equal(t, 1, n, "the good row behind it is relayed")
-		p, err = outbox.PendingStats(ctx, e.DB)
+		p, err = testenv.OutboxStore(t, e.DB).Pending(ctx)
 		require.NoError(t, err)
 	}
 	n, err = relay.Flush(ctx)
@@ -945,7 +945,7 @@ func (hostileNamePublisher) Close() error { return nil }
 // mangle) through every function that takes them — sqlschema.DB (Validate,
 // SQL, Migrate, Check), inbox.NewStore (and the internal inboxdb.NewStore),
 // exactlyonce.New (both modes), outbox.NewRelay, outbox.NewWriter,
-// outbox.PendingStats, outbox.RequeueFailed — are rejected as an "invalid
+// outbox.NewStore — are rejected as an "invalid
 // SQL identifier" naming the field, before the database is touched; Migrate against the real database creates nothing (checked in
 // pg_namespace and pg_class for the marker every injection would create).
 func TestSQLInjectionInConfigNamesIsRejected(t *testing.T) {
@@ -1012,10 +1012,8 @@ func TestSQLInjectionInConfigNamesIsRejected(t *testing.T) {
 			requireInvalid(err, "outbox.NewRelay")
 			_, err = outbox.NewWriter(noDB)
 			requireInvalid(err, "outbox.NewWriter")
-			_, err = outbox.PendingStats(ctx, noDB)
-			requireInvalid(err, "outbox.PendingStats")
-			_, err = outbox.RequeueFailed(ctx, noDB)
-			requireInvalid(err, "outbox.RequeueFailed")
+			_, err = outbox.NewStore(noDB)
+			requireInvalid(err, "outbox.NewStore")
 		}
 	}
 	require.Zero(t, testenv.Count(t, real, `SELECT count(*) FROM pg_namespace WHERE strpos(nspname, $1) > 0`, marker),

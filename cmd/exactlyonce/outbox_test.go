@@ -256,7 +256,7 @@ func TestRelayOnce(t *testing.T) {
 	sort.Strings(ids)
 	require.Equal(t, uuids, ids)
 
-	p, err := outbox.PendingStats(testCtx(t), db)
+	p, err := testenv.OutboxStore(t, db).Pending(testCtx(t))
 	require.NoError(t, err)
 	require.Zero(t, p.Count)
 
@@ -273,7 +273,7 @@ func TestRelayOnce(t *testing.T) {
 	require.Contains(t, r.stdout, "Outbox now: 3 pending, 3 failing, 0 quarantined.")
 	require.Contains(t, r.stderr, "exactlyonce: outbox relay --once: 3 publishes failed")
 	require.Contains(t, r.stderr, "connection refused")
-	p, err = outbox.PendingStats(testCtx(t), db)
+	p, err = testenv.OutboxStore(t, db).Pending(testCtx(t))
 	require.NoError(t, err)
 	require.Equal(t, int64(3), p.Count)
 	require.Equal(t, int64(3), p.Failing)

@@ -205,7 +205,7 @@ func (a *app) relay(cmd *cobra.Command, o relayOptions) error {
 	// The backlog left, on a context of its own: ctx may have ended.
 	pctx, pcancel := context.WithTimeout(context.Background(), a.connectTimeout+5*time.Second)
 	defer pcancel()
-	left, perr := outbox.PendingStats(pctx, db)
+	left, perr := pendingOf(pctx, db)
 	if err := a.printRelaySummary(st, time.Since(start), left, perr); err != nil {
 		return err
 	}
@@ -318,4 +318,13 @@ func (a *app) printRelaySummary(st outbox.RelayStats, took time.Duration, left o
 	}
 	_, err := fmt.Fprintf(a.stdout, "Outbox now: %d pending, %d failing, %d quarantined%s.\n", left.Count, left.Failing, left.Quarantined, blocked)
 	return err
+}
+
+// pendingOf is the backlog of db's outbox.
+func pendingOf(ctx context.Context, db sqlschema.DB) (outbox.Pending, error) {
+	s, err := outbox.NewStore(db)
+	if err != nil {
+		return outbox.Pending{}, err
+	}
+	return s.Pending(ctx)
 }

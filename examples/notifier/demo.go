@@ -16,7 +16,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
-	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
 
 // demoNames are the schema and queues of a demo run; all of them are
@@ -248,7 +247,7 @@ func demo(ctx context.Context, logger *slog.Logger, cfg Config, names demoNames)
 		return fig, err
 	}
 	if err := wait("one event per notification relayed", func() bool {
-		p, err := outbox.PendingStats(ctx, svc.db)
+		p, err := svc.pendingCtx(ctx)
 		return err == nil && p.Count == 0 && len(sent) == len(demoSamples)
 	}); err != nil {
 		return fig, err

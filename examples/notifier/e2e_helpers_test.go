@@ -427,7 +427,9 @@ func (n *notifierProc) pending() int64 {
 	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := outbox.PendingStats(ctx, n.tables)
+	rows, err := outbox.NewStore(n.tables)
+	require.NoError(n.t, err)
+	p, err := rows.Pending(ctx)
 	require.NoError(n.t, err)
 	return p.Count
 }

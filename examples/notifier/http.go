@@ -106,9 +106,18 @@ func (s *Service) adminOutboxStats(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// pending reads the outbox backlog (outbox.PendingStats) for the admin API.
+// pending reads the outbox backlog (outbox.Store.Pending) for the admin API.
 func (s *Service) pending() (outbox.Pending, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return outbox.PendingStats(ctx, s.db)
+	return s.pendingCtx(ctx)
+}
+
+// pendingCtx reads the outbox backlog.
+func (s *Service) pendingCtx(ctx context.Context) (outbox.Pending, error) {
+	rows, err := outbox.NewStore(s.db)
+	if err != nil {
+		return outbox.Pending{}, err
+	}
+	return rows.Pending(ctx)
 }

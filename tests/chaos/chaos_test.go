@@ -437,7 +437,7 @@ func (h *harness) state(ctx context.Context) (state, error) {
 	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.table("down_effects")).Scan(&st.downEffect); err != nil {
 		return st, err
 	}
-	p, err := outbox.PendingStats(ctx, h.tables)
+	p, err := testenv.OutboxStore(h.t, h.tables).Pending(ctx)
 	if err != nil {
 		return st, err
 	}
@@ -753,7 +753,7 @@ JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 
 	}
 
 	tb.section("outbox, relay, downstream (" + downstreamName + ")")
-	p, err := outbox.PendingStats(ctx, h.tables)
+	p, err := testenv.OutboxStore(h.t, h.tables).Pending(ctx)
 	require.NoError(h.t, err)
 	poison := int64(2 * h.poisonKeys())
 	ob := h.tables.Outbox()

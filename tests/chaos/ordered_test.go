@@ -251,7 +251,7 @@ written:
 	poisonSeq := s.poisonSeq()
 	poisoned := func(k int) bool { return k < orderedPoisonKeys }
 	quarantined := func() int64 {
-		c, err := outbox.CountRows(ctx, db, outbox.RowFilter{})
+		c, err := testenv.OutboxStore(t, db).Count(ctx, outbox.RowFilter{})
 		require.NoError(t, err)
 		return c
 	}
@@ -275,7 +275,7 @@ written:
 			"the outbox holds the quarantined rows and the rows waiting behind them")
 	}
 	// The operator discards the poison rows.
-	discarded, err := outbox.DiscardMatching(ctx, db, outbox.RowFilter{Metadata: map[string]string{"poison": "1"}})
+	discarded, err := testenv.OutboxStore(t, db).DiscardMatching(ctx, outbox.RowFilter{Metadata: map[string]string{"poison": "1"}})
 	require.NoError(t, err)
 	require.Equal(t, int64(orderedPoisonKeys), discarded)
 	want := int64(total - orderedPoisonKeys)

@@ -201,7 +201,7 @@ flapping:
 	}
 
 	settled := func() bool {
-		p, err := outbox.PendingStats(ctx, db)
+		p, err := testenv.OutboxStore(t, db).Pending(ctx)
 		if err != nil || p.Count != p.Quarantined || p.Quarantined < int64(len(poison)) {
 			return false
 		}
@@ -217,7 +217,7 @@ flapping:
 	deadline := time.Now().Add(90 * time.Second)
 	for !settled() {
 		if time.Now().After(deadline) {
-			p, err := outbox.PendingStats(context.Background(), db)
+			p, err := testenv.OutboxStore(t, db).Pending(context.Background())
 			mu.Lock()
 			missing := 0
 			var sample []string
@@ -261,7 +261,7 @@ coalesce((next_attempt_at - now())::text, ''), coalesce(left(last_error, 160), '
 	relaying.Wait()
 	consumers.Wait()
 
-	p, err := outbox.PendingStats(context.Background(), db)
+	p, err := testenv.OutboxStore(t, db).Pending(context.Background())
 	require.NoError(t, err)
 	var quarantined []string
 	rows, err := db.Conn.QueryContext(context.Background(), `SELECT topic || '/' || uuid FROM `+db.Outbox()+` WHERE quarantined_at IS NOT NULL ORDER BY 1`)
