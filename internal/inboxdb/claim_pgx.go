@@ -70,10 +70,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	}
 	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
 	// query with a unique violation, and the transaction with it.
-	literal := func() string {
-		return `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +
-			qc + `', '` + qk + `', 'done', 1, now())`
-	}
+	literal := func() string { return s.rt.beginLiteral.Fill(qc, qk) }
 	var begin string
 	if prepared {
 		begin = s.prep.executeQuery(qc, qk)
@@ -88,7 +85,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		}
 		// A failed BEGIN query may leave conn in an aborted transaction.
 		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
-			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), s.q.get("Rollback")); rbErr != nil {
 				return nil, ClaimResult{}, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
 			}
 		}
@@ -105,7 +102,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		// Already recorded: count the duplicate. Zero rows means the record
 		// was deleted (Forget, Purge) in between: claim again.
 		var rec Record
-		err = conn.QueryRow(ctx, s.countDuplicate(), consumer, key).Scan(rec.scanDest()...)
+		err = conn.QueryRow(ctx, s.q.get("CountDuplicate"), consumer, key).Scan(rec.scanDest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}

@@ -69,3 +69,19 @@ func TestTxOf(t *testing.T) {
 	x = TxOf(&PoolTx{})
 	assert.Equal(t, Other, x.Kind())
 }
+
+func TestTemplate(t *testing.T) {
+	tm, err := NewTemplate("ALTER TABLE t ATTACH PARTITION "+Hole("P")+" FOR VALUES FROM ("+Hole("From")+") TO ("+Hole("To")+") -- "+Hole("P"), "P", "From", "To")
+	assert.NoError(t, err)
+	assert.Equal(t, "ALTER TABLE t ATTACH PARTITION p1 FOR VALUES FROM (a) TO (b) -- p1", tm.Fill("p1", "a", "b"))
+	assert.Equal(t, "ALTER TABLE t ATTACH PARTITION <P> FOR VALUES FROM (<From>) TO (<To>) -- <P>", tm.Sample())
+	assert.Panics(t, func() { tm.Fill("p1") })
+
+	_, err = NewTemplate("SELECT "+Hole("A"), "B")
+	assert.ErrorContains(t, err, "run-time holes [A], want [B]")
+	_, err = NewTemplate("SELECT \x00A", "A")
+	assert.ErrorContains(t, err, "unclosed")
+	tm, err = NewTemplate("SELECT 1")
+	assert.NoError(t, err)
+	assert.Equal(t, "SELECT 1", tm.Fill())
+}
