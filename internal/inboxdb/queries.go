@@ -251,3 +251,8 @@ func b2i(b bool) int {
 	}
 	return 0
 }
+
+// Statement returns the text of the store's statement called name (see
+// queries/postgres), rendered for its table set: for tests that check a
+// statement's plan. It panics for a name no file defines.
+func (s *Store) Statement(name string) string { return s.q.get(name) }
