@@ -83,14 +83,25 @@ func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer str
 // TenantStats is Stats of the keys of one tenant (keys scoped by
 // exactlyonce.KeyByTenant); an empty tenant means every key.
 func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consumer, tenantName string) (Stats, error) {
-	prefix := ""
+	// ops.sql's Stats, of one consumer and/or one tenant's prefix when
+	// given: a statement per case, so that each is planned for its
+	// conditions.
+	name, args := "Stats", []any(nil)
+	if consumer != "" {
+		name, args = "StatsOf", append(args, consumer)
+	}
 	if tenantName != "" {
 		if err := tenant.Check(tenantName); err != nil {
 			return Stats{}, err
 		}
-		prefix = tenant.Prefix(tenantName)
+		if consumer != "" {
+			name = "StatsOfConsumerTenant"
+		} else {
+			name = "StatsOfTenant"
+		}
+		args = append(args, tenant.Prefix(tenantName))
 	}
-	rows, err := db.QueryContext(ctx, s.q.get("Stats"), consumer, prefix)
+	rows, err := db.QueryContext(ctx, s.q.get(name), args...)
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
@@ -123,10 +134,14 @@ func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consum
 func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consumer string, status string) (int64, error) {
 	// CountOpen says status <> 'done': that lets the planner use the
 	// partial index.
-	q, args := s.q.get("CountDone"), []any{consumer}
+	name, args := "CountDone", []any(nil)
 	if status != StatusDone {
-		q, args = s.q.get("CountOpen"), append(args, status)
+		name, args = "CountOpen", append(args, status)
 	}
+	if consumer != "" {
+		name, args = name+"Of", append(args, consumer)
+	}
+	q := s.q.get(name)
 	var n int64
 	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
 		return 0, fmt.Errorf("counting %s records: %w", status, err)

@@ -18,14 +18,34 @@ SELECT EXISTS (SELECT 1 FROM rec), EXISTS (SELECT 1 FROM kept)
 
 -- name: Stats
 SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM {{.Inbox}}
-WHERE ($1::text = '' OR consumer = $1) AND ($2::text = '' OR starts_with(message_key, $2))
+GROUP BY status
+
+-- name: StatsOf
+SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM {{.Inbox}}
+WHERE consumer = $1
+GROUP BY status
+
+-- name: StatsOfTenant
+SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM {{.Inbox}}
+WHERE starts_with(message_key, $1)
+GROUP BY status
+
+-- name: StatsOfConsumerTenant
+SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM {{.Inbox}}
+WHERE consumer = $1 AND starts_with(message_key, $2)
 GROUP BY status
 
 -- name: CountDone
-SELECT count(*) FROM {{.Inbox}} WHERE status = 'done' AND ($1::text = '' OR consumer = $1)
+SELECT count(*) FROM {{.Inbox}} WHERE status = 'done'
+
+-- name: CountDoneOf
+SELECT count(*) FROM {{.Inbox}} WHERE status = 'done' AND consumer = $1
 
 -- name: CountOpen
-SELECT count(*) FROM {{.Inbox}} WHERE status = $2 AND status <> 'done' AND ($1::text = '' OR consumer = $1)
+SELECT count(*) FROM {{.Inbox}} WHERE status = $1 AND status <> 'done'
+
+-- name: CountOpenOf
+SELECT count(*) FROM {{.Inbox}} WHERE status = $1 AND status <> 'done' AND consumer = $2
 
 -- name: KnownConsumer
 SELECT EXISTS (SELECT 1 FROM {{.Inbox}} WHERE consumer = $1)
