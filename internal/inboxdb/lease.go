@@ -306,56 +306,60 @@ func (s *Store) Owns(ctx context.Context, db wsql.ContextExecutor, consumer, key
 	return n > 0, nil
 }
 
-// Fail records that the attempt fenced by token failed with errText: status
-// failed (the next delivery runs it again), or parked when permanent (it
-// waits for an operator), keeping msg, the attempt's message, with the
-// park in the same statement (as Park does; nil keeps nothing). It returns
-// ErrLeaseLost when the attempt no longer owns the key.
-func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, errText string, permanent bool, msg *ParkedMessage) error {
-	if !permanent {
-		return s.finish(ctx, db, finishParams{consumer: consumer, key: key, token: token, what: "recording failure",
-			statement: "FinishFailed", text: pgtext.Truncate(errText)})
-	}
-	return s.finish(ctx, db, finishParams{consumer: consumer, key: key, token: token, what: "recording failure",
-		statement: "FinishParked", text: pgtext.Truncate(errText), msg: msg})
+// Attempt names a lease-mode attempt for Fail and ParkInterrupted: the key
+// it processes, the token that fences it (ClaimLease's), and the message a
+// park keeps with it, in the same statement (as Park does; nil keeps
+// nothing).
+type Attempt struct {
+	Consumer, Key, Token string
+	Message              *ParkedMessage
 }
 
-// ParkInterrupted parks the key of the attempt fenced by token after its
-// handler ran but its completion could never commit (an output the outbox
-// refuses, a constraint failing at COMMIT): the external effect probably
-// happened and is not recorded, and repeating the attempt would repeat the
-// effect and fail the same way. The record is parked with reason, marked
-// interrupted (a released attempt is told), and its interruptions counted;
-// msg, the attempt's message, is kept with it in the same statement (as
-// Park does; nil keeps nothing). It returns ErrLeaseLost when the attempt
-// no longer owns the key.
-func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, reason string, msg *ParkedMessage) error {
-	return s.finish(ctx, db, finishParams{consumer: consumer, key: key, token: token, what: "parking",
-		statement: "FinishInterrupted", text: pgtext.Truncate(reason), msg: msg})
+// Fail records that attempt a failed with errText: status failed (the next
+// delivery runs it again), or parked when permanent (it waits for an
+// operator), keeping a.Message with the park. It returns ErrLeaseLost
+// when the attempt no longer owns the key.
+func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, a Attempt, errText string, permanent bool) error {
+	if !permanent {
+		return s.finish(ctx, db, finishParams{Attempt: Attempt{Consumer: a.Consumer, Key: a.Key, Token: a.Token},
+			what: "recording failure", statement: "FinishFailed", text: pgtext.Truncate(errText)})
+	}
+	return s.finish(ctx, db, finishParams{Attempt: a, what: "recording failure", statement: "FinishParked", text: pgtext.Truncate(errText)})
+}
+
+// ParkInterrupted parks the key of attempt a after its handler ran but its
+// completion could never commit (an output the outbox refuses, a
+// constraint failing at COMMIT): the external effect probably happened and
+// is not recorded, and repeating the attempt would repeat the effect and
+// fail the same way. The record is parked with reason, marked interrupted
+// (a released attempt is told), and its interruptions counted; a.Message
+// is kept with it in the same statement. It returns ErrLeaseLost when the
+// attempt no longer owns the key.
+func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, a Attempt, reason string) error {
+	return s.finish(ctx, db, finishParams{Attempt: a, what: "parking", statement: "FinishInterrupted", text: pgtext.Truncate(reason)})
 }
 
 // finishParams names what finish does: which attempt it ends, with which
 // statement of lease.sql (FinishFailed, FinishParked, FinishInterrupted;
 // with "Keep" when msg is kept), and the error text or reason it records.
 type finishParams struct {
-	consumer, key, token string
-	what                 string // for the error: "recording failure", "parking"
-	statement            string
-	text                 string
-	msg                  *ParkedMessage // parking statements only; nil keeps nothing
+	Attempt          // the message is kept by parking statements only
+	what      string // for the error: "recording failure", "parking"
+	statement string
+	text      string
 }
 
-// finish ends the processing attempt fenced by p.token with p.statement,
-// releasing the lease and stamping processed_at. With a parking
-// statement, p.msg (if any) is kept by the same statement.
+// finish ends the processing attempt p with p.statement, releasing the
+// lease and stamping processed_at. With a parking statement, p.Message
+// (if any) is kept by the same statement.
 func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, p finishParams) error {
-	if err := s.lockRecord(ctx, db, p.consumer, p.key); err != nil {
-		return fmt.Errorf("%s %q for %q: %w", p.what, p.key, p.consumer, err)
+	if err := s.lockRecord(ctx, db, p.Consumer, p.Key); err != nil {
+		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
 	}
-	q, args := s.q.get(p.statement), []any{p.consumer, p.key, tokenArg(p.token), p.text}
-	if p.msg != nil {
+	q, args := s.q.get(p.statement), []any{p.Consumer, p.Key, tokenArg(p.Token), p.text}
+	if p.Message != nil {
 		// One row kept per record parked: the count is the update's.
-		q, args = s.q.get(p.statement+"Keep"), append(p.msg.Row().args(), args...)
+		q, args = s.q.get(p.statement+"Keep"), append(p.Message.Row().args(), args...)
 	}
 	var n int64
 	err := retryStatement(db, func() error {
@@ -364,10 +368,10 @@ func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, p finishPar
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("%s %q for %q: %w", p.what, p.key, p.consumer, err)
+		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, p.key, p.consumer)
+		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, p.Key, p.Consumer)
 	}
 	return nil
 }
