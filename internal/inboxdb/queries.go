@@ -51,11 +51,13 @@ type queryData struct {
 	// READ COMMITTED.
 	IsolationMarker string
 	// The advisory lock classes of the two-key space (lockPlan).
-	FallbackLockClass, PurgeLockClass, MaintenanceLockClass int
+	FallbackLockClass, PurgeLockClass int
 	// Partitioned is the layout; Fallback is set for the fallback
 	// rendering of a partitioned statement.
 	Partitioned, Fallback bool
-	// Layout is the partitioned layout (zero for the plain one).
+	// The partitioned layout's partition names, for NewestEnd: their
+	// prefix (<table>_p), the digits after it, the SQL of the hour they
+	// start at, their interval (empty for the plain layout).
 	PartPrefix, PartDigits, PartHour, PartStep string
 	PartPrefixLen                              int
 	// Frag is the fragments (fragments/*.sql), by name; nil while the
@@ -108,8 +110,7 @@ func newQueryData(cfg Config) queryData {
 		ClaimFunc: fn("claim"), ClaimBatchFunc: fn("claim_batch"), DuplicateFunc: fn("duplicate"),
 		IsolationMarker:   inboxpart.IsolationMarker,
 		FallbackLockClass: fallbackLockClass, PurgeLockClass: purgeLockClass,
-		MaintenanceLockClass: inboxpart.MaintenanceLockClass,
-		Partitioned:          t.Partitions != nil,
+		Partitioned: t.Partitions != nil,
 	}
 	if d.Partitioned {
 		d.PartPrefix = t.InboxTable + "_p"
