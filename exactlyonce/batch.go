@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 )
 
 // Group commit (Config.Batch): the deliveries of one handler that are in
@@ -635,7 +636,7 @@ func sendQueued(ctx context.Context, tx pgx.Tx, jobs []*job) (int, error) {
 // pgxOf returns the pgx transaction behind tx, if it is one.
 func pgxOf(tx wsql.Tx) (pgx.Tx, bool) {
 	switch t := tx.(type) {
-	case *inboxdb.PooledTx:
+	case *sqlexec.PoolTx:
 		return t.Pgx(), true
 	case *wsql.PgxTx:
 		return t.Tx, t.Tx != nil

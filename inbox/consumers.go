@@ -17,8 +17,8 @@ const MaxConsumers = 10000
 // consumer name that has neither is most likely misspelled; tools say so
 // instead of showing an empty result that reads as "all is well".
 func (s *Store) HasConsumer(ctx context.Context, consumer string) (bool, error) {
-	var known bool
-	if err := seam.QueryRow(ctx, s.db.Conn, s.knownConsumerSQL(), []any{consumer}, &known); err != nil {
+	known, err := s.s.KnownConsumer(ctx, s.db.Conn, consumer)
+	if err != nil {
 		return false, s.fail("has consumer", err)
 	}
 	return known, nil
@@ -62,13 +62,6 @@ func (s *Store) Consumers(ctx context.Context, limit int) ([]string, error) {
 		names = names[:limit]
 	}
 	return names, nil
-}
-
-// knownConsumerSQL tells whether a consumer has a record or a parked
-// message: two primary-key look-ups (consumer is the keys' first column).
-func (s *Store) knownConsumerSQL() string {
-	return `SELECT EXISTS (SELECT 1 FROM ` + s.db.Inbox() + ` WHERE consumer = $1)
-    OR EXISTS (SELECT 1 FROM ` + s.s.ParkedTable() + ` WHERE consumer = $1)`
 }
 
 // consumersSQL lists the distinct consumers of table in order, at most $1,

@@ -84,7 +84,7 @@ func TestConsumersPlans(t *testing.T) {
 				return testenv.Explain(ctx, t, db.Conn, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+query, args...)
 			}
 			for _, p := range []string{
-				plan(s.knownConsumerSQL(), "charge_order"),
+				plan(s.s.Statement("KnownConsumer"), "charge_order"),
 				plan(consumersSQL(db.Inbox()), 1001),
 				plan(consumersSQL(s.s.ParkedTable()), 1001),
 			} {

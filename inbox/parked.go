@@ -17,7 +17,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/parked"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // Errors of the operations on parked messages.
@@ -595,8 +594,8 @@ func checkTopic(topic string) error {
 // consumer failed again after a replay) is left for the next one, never
 // replayed or discarded twice by one run.
 func (s *Store) boundNow(ctx context.Context, f parked.Filter) (parked.Filter, error) {
-	var now time.Time
-	if err := seam.QueryRow(ctx, s.db.Conn, `SELECT now()`, nil, &now); err != nil {
+	now, err := s.s.Now(ctx, s.db.Conn)
+	if err != nil {
 		return f, err
 	}
 	if f.Before.IsZero() || f.Before.After(now) {

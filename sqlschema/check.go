@@ -10,6 +10,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 
 // ErrNotMigrated means the library's tables are missing or older than this
@@ -33,14 +34,18 @@ func Check(ctx context.Context, db DB) error {
 		return err
 	}
 	db = db.WithDefaults()
-	exists, err := tableExists(ctx, db, db.migrations())
+	st, err := db.bookkeeping()
+	if err != nil {
+		return err
+	}
+	exists, err := tableExists(ctx, st, db, db.migrations())
 	if err != nil {
 		return fmt.Errorf("sqlschema: Check: %w", err)
 	}
 	if !exists {
 		return pgerr.NotMigrated(db.names(), "no migrations table "+db.migrations())
 	}
-	applied, err := appliedMigrations(ctx, db.Conn, db, migs)
+	applied, err := appliedMigrations(ctx, db.Conn, st, db, migs)
 	if err != nil {
 		return fmt.Errorf("sqlschema: Check: %w", err)
 	}
@@ -53,7 +58,7 @@ func Check(ctx context.Context, db DB) error {
 	if len(missing) > 0 {
 		return pgerr.NotMigrated(db.names(), fmt.Sprintf("missing %v", missing))
 	}
-	return checkLayout(ctx, db.Conn, db)
+	return checkLayout(ctx, db.Conn, st, db)
 }
 
 // errLayout is wrapped by Check and Migrate when the inbox table's layout
@@ -64,9 +69,9 @@ var errLayout = errors.New("the inbox table's layout does not match DB.Partition
 // db.Partitions says so. Every process must agree: a claim written for one
 // layout is refused by a table of the other (docs/retention.md says how to
 // move an existing table to the partitioned layout).
-func checkLayout(ctx context.Context, q wsql.ContextExecutor, db DB) error {
+func checkLayout(ctx context.Context, q wsql.ContextExecutor, st sqlfile.Statements, db DB) error {
 	var kind string
-	if err := seam.QueryRow(ctx, q, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, []any{db.Inbox()}, &kind); err != nil {
+	if err := seam.QueryRow(ctx, q, st.Get("TableKind"), []any{db.Inbox()}, &kind); err != nil {
 		if errors.Is(err, seam.ErrNoRows) {
 			return nil // no table: reported as not migrated
 		}
@@ -88,8 +93,8 @@ func (c DB) names() pgerr.Tables {
 	return pgerr.Tables{Schema: c.Schema, Inbox: c.InboxTable, Outbox: c.OutboxTable}
 }
 
-func tableExists(ctx context.Context, db DB, quoted string) (bool, error) {
-	rows, err := db.Conn.QueryContext(ctx, "SELECT to_regclass($1) IS NOT NULL", quoted)
+func tableExists(ctx context.Context, st sqlfile.Statements, db DB, quoted string) (bool, error) {
+	rows, err := db.Conn.QueryContext(ctx, st.Get("TableExists"), quoted)
 	if err != nil {
 		return false, err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 
 //go:embed migrations/*.up.sql
@@ -97,8 +98,12 @@ func SQL(db DB) (string, error) {
 		return "", err
 	}
 	cfg = cfg.WithDefaults()
+	st, err := cfg.bookkeeping()
+	if err != nil {
+		return "", err
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{cfg.Schema}.Sanitize())
+	b.WriteString(st.Get("CreateSchema") + "\n")
 	for _, m := range migs {
 		fmt.Fprintf(&b, "\n-- %s (target %s, version %d)\n%s", m.Name, m.Target, m.Version, m.SQL)
 	}
@@ -123,6 +128,10 @@ func Migrate(ctx context.Context, db DB) (err error) {
 		return err
 	}
 	cfg = cfg.WithDefaults()
+	st, err := cfg.bookkeeping()
+	if err != nil {
+		return err
+	}
 
 	// READ COMMITTED whatever the role's or database's default: each
 	// statement after the advisory lock must see what the previous holder
@@ -137,22 +146,14 @@ func Migrate(ctx context.Context, db DB) (err error) {
 		}
 	}()
 
-	if _, err = tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryLockKey); err != nil {
+	if _, err = tx.ExecContext(ctx, st.Get("MigrateLock")); err != nil {
 		return fmt.Errorf("sqlschema: Migrate: advisory lock: %w", err)
 	}
-	ddl := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %s;
-CREATE TABLE IF NOT EXISTS %s (
-    target     text        NOT NULL,
-    version    integer     NOT NULL,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (target, version)
-)`, pgx.Identifier{cfg.Schema}.Sanitize(), cfg.migrations())
-	if _, err = tx.ExecContext(ctx, ddl); err != nil {
+	if _, err = tx.ExecContext(ctx, st.Get("CreateMigrationsTable")); err != nil {
 		return fmt.Errorf("sqlschema: Migrate: creating %s: %w", cfg.migrations(), err)
 	}
 
-	applied, err := appliedMigrations(ctx, tx, cfg, migs)
+	applied, err := appliedMigrations(ctx, tx, st, cfg, migs)
 	if err != nil {
 		return fmt.Errorf("sqlschema: Migrate: %w", err)
 	}
@@ -165,17 +166,15 @@ CREATE TABLE IF NOT EXISTS %s (
 		if _, err = tx.ExecContext(ctx, m.SQL); err != nil {
 			return fmt.Errorf("sqlschema: Migrate: applying %s to %s: %w", m.Name, target, err)
 		}
-		if _, err = tx.ExecContext(ctx,
-			"INSERT INTO "+cfg.migrations()+" (target, version, name) VALUES ($1, $2, $3)",
-			target, m.Version, m.Name); err != nil {
+		if _, err = tx.ExecContext(ctx, st.Get("RecordMigration"), target, m.Version, m.Name); err != nil {
 			return fmt.Errorf("sqlschema: Migrate: recording %s: %w", m.Name, err)
 		}
 	}
-	if err = checkLayout(ctx, tx, cfg); err != nil {
+	if err = checkLayout(ctx, tx, st, cfg); err != nil {
 		return fmt.Errorf("sqlschema: Migrate: %w", err)
 	}
 	if layout, ok := cfg.partitionLayout(); ok {
-		if err = ensureClaimFunctions(ctx, tx, cfg, migs); err != nil {
+		if err = ensureClaimFunctions(ctx, tx, st, cfg, migs); err != nil {
 			return fmt.Errorf("sqlschema: Migrate: %w", err)
 		}
 		if _, err = layout.Ensure(ctx, tx); err != nil {
@@ -198,10 +197,10 @@ const claimFunctionsMigration = "inbox_002_partitioned_claim_functions.up.sql"
 // moving an existing table), whose functions were created under its former
 // name (and name that table in their bodies), or a table dropped and
 // created again. The migration is idempotent (CREATE OR REPLACE).
-func ensureClaimFunctions(ctx context.Context, tx wsql.ContextExecutor, cfg DB, migs []migration) error {
+func ensureClaimFunctions(ctx context.Context, tx wsql.ContextExecutor, st sqlfile.Statements, cfg DB, migs []migration) error {
 	var missing bool
 	fn := templateData{cfg: cfg}.InboxFunction
-	if err := seam.QueryRow(ctx, tx, `SELECT to_regprocedure($1) IS NULL OR to_regprocedure($2) IS NULL OR to_regprocedure($3) IS NULL`,
+	if err := seam.QueryRow(ctx, tx, st.Get("ClaimFunctionsMissing"),
 		[]any{fn("claim") + "(text, text, boolean)", fn("claim_batch") + "(text, text[])", fn("duplicate") + "(text, text)"}, &missing); err != nil {
 		return fmt.Errorf("looking for the claim functions: %w", err)
 	}
@@ -302,7 +301,7 @@ func (d templateData) OutboxIndex(suffix string) string {
 // library. Those tables do not have the shape this version expects, and
 // migrating them in place is not supported: the error says to drop them
 // and migrate again.
-func appliedMigrations(ctx context.Context, q wsql.ContextExecutor, db DB, migs []migration) (map[string]time.Time, error) {
+func appliedMigrations(ctx context.Context, q wsql.ContextExecutor, st sqlfile.Statements, db DB, migs []migration) (map[string]time.Time, error) {
 	ours := map[string]string{} // target:version -> file name
 	targets := map[string]bool{}
 	for _, m := range migs {
@@ -310,7 +309,7 @@ func appliedMigrations(ctx context.Context, q wsql.ContextExecutor, db DB, migs 
 		ours[t+":"+strconv.Itoa(m.Version)] = m.Name
 		targets[t] = true
 	}
-	rows, err := q.QueryContext(ctx, "SELECT target, version, name, applied_at FROM "+db.migrations())
+	rows, err := q.QueryContext(ctx, st.Get("AppliedMigrations"))
 	if err != nil {
 		return nil, fmt.Errorf("reading applied migrations: %w", err)
 	}

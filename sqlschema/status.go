@@ -42,13 +42,17 @@ func Status(ctx context.Context, db DB) ([]MigrationStatus, error) {
 	}
 	db = db.WithDefaults()
 
+	st, err := db.bookkeeping()
+	if err != nil {
+		return nil, err
+	}
 	applied := map[string]time.Time{}
-	exists, err := tableExists(ctx, db, db.migrations())
+	exists, err := tableExists(ctx, st, db, db.migrations())
 	if err != nil {
 		return nil, fmt.Errorf("sqlschema: Status: %w", err)
 	}
 	if exists {
-		if applied, err = appliedMigrations(ctx, db.Conn, db, migs); err != nil {
+		if applied, err = appliedMigrations(ctx, db.Conn, st, db, migs); err != nil {
 			return nil, fmt.Errorf("sqlschema: Status: %w", err)
 		}
 	}

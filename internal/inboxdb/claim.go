@@ -66,23 +66,20 @@ func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 // already holds the key's lock, taken for that placement (partitioned
 // layout).
 func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked *placement) (ClaimResult, error) {
-	insert := `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at)
-VALUES ($1, $2, 'done', 1, now())
-ON CONFLICT (consumer, message_key) DO NOTHING
-RETURNING first_seen_at`
+	insert, args := s.q.get("ClaimInsert"), []any{consumer, key}
 	if s.part != nil {
 		var err error
-		if insert, err = s.claimInsertPartitioned(ctx, tx, consumer, key, locked); err != nil {
+		if insert, args, err = s.claimInsertPartitioned(ctx, tx, consumer, key, locked); err != nil {
 			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
 		}
 	}
-	update := s.countDuplicate()
+	update := s.q.get("CountDuplicate")
 
 	// The loop runs a second time only if the conflicting row was deleted
 	// (Forget or Purge) between the two statements.
 	for range 3 {
 		var firstSeen any
-		err := seam.QueryRow(ctx, tx, insert, []any{consumer, key}, &firstSeen)
+		err := seam.QueryRow(ctx, tx, insert, args, &firstSeen)
 		if err == nil {
 			return ClaimResult{Claimed: true}, nil
 		}
@@ -118,23 +115,11 @@ RETURNING first_seen_at`
 	return ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
 }
 
-// countDuplicate counts a duplicate delivery of a settled record and
-// returns the record (any status: a failed or processing one is returned
-// unchanged).
-func (s *Store) countDuplicate() string {
-	return `UPDATE ` + s.table + ` SET duplicates = duplicates + CASE WHEN status IN ` + settledSQL + ` THEN 1 ELSE 0 END
-WHERE consumer = $1 AND message_key = $2
-RETURNING ` + recordColumns
-}
-
 // reclaim takes over a failed record (released by an operator) as done in
 // tx, which holds its row lock until it ends; a rollback restores it. It
 // reports false when the record is no longer failed.
 func (s *Store) reclaim(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ok bool, err error) {
-	err = seam.QueryRow(ctx, tx, `UPDATE `+s.table+` SET status = 'done', attempts = attempts + 1, processed_at = now(),
-lease_until = NULL, lease_token = NULL, last_error = NULL
-WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction
-RETURNING true`, []any{consumer, key}, &ok)
+	err = seam.QueryRow(ctx, tx, s.q.get("Reclaim"), []any{consumer, key}, &ok)
 	if notFound(err) {
 		return false, nil
 	}
@@ -163,16 +148,9 @@ func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key
 		}
 		return nil
 	}
-	q := `INSERT INTO ` + s.table + ` AS t (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
-VALUES ($1, $2, 'parked', 1, now(), $3, true)
-ON CONFLICT (consumer, message_key) DO UPDATE SET status = 'parked', attempts = t.attempts + 1, processed_at = now(),
-last_error = EXCLUDED.last_error WHERE t.status = 'failed' AND t.parked_by_transaction`
-	args := []any{consumer, key, pgtext.Truncate(reason)}
+	q, args := s.q.get("Park"), []any{consumer, key, pgtext.Truncate(reason)}
 	if msg != nil {
-		q = `WITH parked AS (` + q + `
-RETURNING ` + parkedReturning + `)
-` + s.keepParked("parked", 4)
-		args = append(args, msg.Row().args()...)
+		q, args = s.q.get("ParkKeep"), append(msg.Row().args(), args...)
 	}
 	return retryStatement(db, func() error {
 		if _, err := seam.Exec(ctx, db, q, args...); err != nil {

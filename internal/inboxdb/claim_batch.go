@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
@@ -122,22 +120,9 @@ func (s *Store) ClaimBatchCopiesTx(ctx context.Context, tx wsql.ContextExecutor,
 	if withCopies {
 		// A released record (failed, parked by a transaction) is claimed
 		// again below: its first copy runs, the others are duplicates.
-		rows, err = tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN `+settledSQL+` THEN v.n
-WHEN status = 'failed' AND parked_by_transaction THEN v.n - 1 ELSE 0 END
-FROM unnest($2::text[], $3::bigint[]) v(k, n)
-WHERE consumer = $1 AND message_key = v.k
-RETURNING `+recordColumns, consumer, rest, restCopies)
+		rows, err = tx.QueryContext(ctx, s.q.get("CountBatchDuplicatesCopies"), consumer, rest, restCopies)
 	} else {
-		args := make([]any, 0, len(rest)+1)
-		args = append(args, consumer)
-		placeholders := make([]string, len(rest))
-		for i, k := range rest {
-			placeholders[i] = "$" + strconv.Itoa(i+2)
-			args = append(args, k)
-		}
-		rows, err = tx.QueryContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + CASE WHEN status IN `+settledSQL+` THEN 1 ELSE 0 END
-WHERE consumer = $1 AND message_key IN (`+strings.Join(placeholders, ", ")+`)
-RETURNING `+recordColumns, args...)
+		rows, err = tx.QueryContext(ctx, s.q.get("CountBatchDuplicates"), consumer, rest)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
@@ -184,29 +169,17 @@ RETURNING `+recordColumns, args...)
 // the keys inserted. With copies (one count per key, nil when no key has
 // copies), a record inserted counts copies-1 duplicates.
 func (s *Store) claimBatchPlain(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string, copies []int64) (map[string]bool, error) {
-	args := make([]any, 0, 2*len(sorted)+1)
-	args = append(args, consumer)
-	var values strings.Builder
-	for i, k := range sorted {
-		if i > 0 {
-			values.WriteString(", ")
+	var rows wsql.Rows
+	var err error
+	if copies == nil {
+		rows, err = tx.QueryContext(ctx, s.q.get("ClaimBatchInsert"), consumer, sorted)
+	} else {
+		extra := make([]int64, len(copies))
+		for i, c := range copies {
+			extra[i] = c - 1
 		}
-		args = append(args, k)
-		values.WriteString("($1, $" + strconv.Itoa(len(args)) + ", 'done', 1, now()")
-		if copies != nil {
-			args = append(args, copies[i]-1)
-			values.WriteString(", $" + strconv.Itoa(len(args)) + "::bigint")
-		}
-		values.WriteString(")")
+		rows, err = tx.QueryContext(ctx, s.q.get("ClaimBatchInsertCopies"), consumer, sorted, extra)
 	}
-	columns := "consumer, message_key, status, attempts, processed_at"
-	if copies != nil {
-		columns += ", duplicates"
-	}
-	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (`+columns+`)
-VALUES `+values.String()+`
-ON CONFLICT (consumer, message_key) DO NOTHING
-RETURNING message_key`, args...)
 	return claimedKeys(rows, err, len(sorted), consumer)
 }
 
@@ -227,9 +200,7 @@ func (s *Store) countInsertedCopies(ctx context.Context, tx wsql.ContextExecutor
 	if len(keys) == 0 {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE `+s.table+` SET duplicates = duplicates + v.n
-FROM unnest($2::text[], $3::bigint[]) v(k, n)
-WHERE consumer = $1 AND message_key = v.k`, consumer, keys, extra); err != nil {
+	if _, err := tx.ExecContext(ctx, s.q.get("CountInsertedCopies"), consumer, keys, extra); err != nil {
 		return fmt.Errorf("counting the duplicates within the batch for %q: %w", consumer, err)
 	}
 	return nil

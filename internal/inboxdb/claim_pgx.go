@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 )
 
 // uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
@@ -68,10 +70,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	}
 	// A plain INSERT, not INSERT ... ON CONFLICT: a duplicate fails the
 	// query with a unique violation, and the transaction with it.
-	literal := func() string {
-		return `BEGIN; INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at) VALUES ('` +
-			qc + `', '` + qk + `', 'done', 1, now())`
-	}
+	literal := func() string { return s.rt.beginLiteral.Fill(qc, qk) }
 	var begin string
 	if prepared {
 		begin = s.prep.executeQuery(qc, qk)
@@ -86,7 +85,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		}
 		// A failed BEGIN query may leave conn in an aborted transaction.
 		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
-			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), s.q.get("Rollback")); rbErr != nil {
 				return nil, ClaimResult{}, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
 			}
 		}
@@ -103,7 +102,7 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 		// Already recorded: count the duplicate. Zero rows means the record
 		// was deleted (Forget, Purge) in between: claim again.
 		var rec Record
-		err = conn.QueryRow(ctx, s.countDuplicate(), consumer, key).Scan(rec.scanDest()...)
+		err = conn.QueryRow(ctx, s.q.get("CountDuplicate"), consumer, key).Scan(rec.scanDest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -139,66 +138,14 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 
 // PgxPool returns the pool behind db when db is wsql.BeginnerFromPgx(pool):
 // then the middleware begins and claims in one round trip (BeginClaimPool)
-// instead of two.
-func PgxPool(db wsql.Beginner) (*pgxpool.Pool, bool) {
-	var conn wsql.Conn
-	switch b := db.(type) {
-	case wsql.PgxBeginner:
-		conn = b.Conn
-	case *wsql.PgxBeginner:
-		conn = b.Conn
-	default:
-		return nil, false
-	}
-	pool, ok := conn.(*pgxpool.Pool)
-	return pool, ok && pool != nil
-}
-
-// PooledTx is a pgx transaction on a connection acquired from a pool; it
-// releases the connection when it ends. It implements watermill-sql's Tx.
-type PooledTx struct {
-	tx   pgx.Tx
-	conn *pgxpool.Conn
-	ctx  context.Context
-}
-
-var _ wsql.Tx = (*PooledTx)(nil)
-
-func (t *PooledTx) ExecContext(ctx context.Context, query string, args ...any) (wsql.Result, error) {
-	tag, err := t.tx.Exec(ctx, query, args...)
-	return wsql.PgxResult{CommandTag: tag}, err
-}
-
-func (t *PooledTx) QueryContext(ctx context.Context, query string, args ...any) (wsql.Rows, error) {
-	rows, err := t.tx.Query(ctx, query, args...)
-	return wsql.PgxRows{Rows: rows}, err
-}
-
-func (t *PooledTx) Commit() error {
-	defer t.release()
-	return t.tx.Commit(t.ctx)
-}
-
-func (t *PooledTx) Rollback() error {
-	defer t.release()
-	return t.tx.Rollback(context.WithoutCancel(t.ctx))
-}
-
-func (t *PooledTx) release() {
-	if t.conn != nil {
-		t.conn.Release()
-		t.conn = nil
-	}
-}
-
-// Pgx returns the pgx transaction.
-func (t *PooledTx) Pgx() pgx.Tx { return t.tx }
+// instead of two. It is sqlexec.Of(db).PgxPool().
+func PgxPool(db wsql.Beginner) (*pgxpool.Pool, bool) { return sqlexec.Of(db).PgxPool() }
 
 // BeginClaimPool acquires a connection from pool and begins + claims in
 // one round trip (BeginClaimPgx). A nil tx with a nil error means the key
 // was not claimed (a duplicate, or parked); the connection is then back in
 // the pool.
-func (s *Store) BeginClaimPool(ctx context.Context, pool *pgxpool.Pool, consumer, key string) (*PooledTx, ClaimResult, error) {
+func (s *Store) BeginClaimPool(ctx context.Context, pool *pgxpool.Pool, consumer, key string) (*sqlexec.PoolTx, ClaimResult, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, ClaimResult{}, err
@@ -208,5 +155,5 @@ func (s *Store) BeginClaimPool(ctx context.Context, pool *pgxpool.Pool, consumer
 		conn.Release()
 		return nil, claim, err
 	}
-	return &PooledTx{tx: tx, conn: conn, ctx: ctx}, claim, nil
+	return sqlexec.NewPoolTx(ctx, tx, conn), claim, nil
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 )
 
 // The SQLSTATEs that say a SQL-level prepared statement of this client
@@ -50,8 +52,10 @@ type preparedClaim struct {
 	// own statements stmtcache_<hash> and, for Conn.Prepare, by the
 	// caller's choice.
 	name string
-	// prepare creates it.
+	// prepare creates it; execute is the claim's BEGIN query with it
+	// (holes Consumer and Key: the escaped literals).
 	prepare string
+	execute sqlexec.Template
 	// dataKey is the key of the connection's state (connClaimState) in
 	// pgconn.PgConn.CustomData.
 	dataKey string
@@ -71,12 +75,17 @@ const (
 	connLiteral                            // exec mode other than cache_statement
 )
 
-func newPreparedClaim(table string, cfg Config) *preparedClaim {
-	body := ` (text, text) AS INSERT INTO ` + table +
-		` (consumer, message_key, status, attempts, processed_at) VALUES ($1, $2, 'done', 1, now())`
-	sum := sha256.Sum256([]byte(body))
+// newPreparedClaim names the statement by a hash of its PREPARE
+// (plain/claim.sql's ClaimPrepare, rendered for the table), and fills the
+// name into the PREPARE and the EXECUTE.
+func newPreparedClaim(rt runTemplates, cfg Config) *preparedClaim {
+	sum := sha256.Sum256([]byte(rt.prepare.Sample()))
 	name := "exactlyonce_claim_" + hex.EncodeToString(sum[:12])
-	p := &preparedClaim{name: name, prepare: "PREPARE " + name + body,
+	execute, err := sqlexec.NewTemplate(rt.beginExecute.Fill(name, sqlexec.Hole("Consumer"), sqlexec.Hole("Key")), "Consumer", "Key")
+	if err != nil {
+		panic("inboxdb: " + err.Error()) // the holes were checked by newRunTemplates
+	}
+	p := &preparedClaim{name: name, prepare: rt.prepare.Fill(name), execute: execute,
 		dataKey: "github.com/exactlyonce/watermill-exactlyonce/claim:" + name, onOff: cfg.OnLiteralClaim}
 	p.off.Store(cfg.LiteralClaim)
 	return p
@@ -137,5 +146,5 @@ func (p *preparedClaim) turnOff(cause error) {
 // executeQuery is the claim's BEGIN query with the prepared statement;
 // qc and qk are the escaped consumer and key.
 func (p *preparedClaim) executeQuery(qc, qk string) string {
-	return `BEGIN; EXECUTE ` + p.name + `('` + qc + `', '` + qk + `')`
+	return p.execute.Fill(qc, qk)
 }

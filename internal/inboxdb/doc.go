@@ -35,4 +35,47 @@
 // [Store.Purge] deletes old rows in small batches. Retention must outlast the
 // longest time a broker may still redeliver a message: a key purged before
 // its last redelivery is processed again.
+//
+// # Statements
+//
+// Every statement the store runs is in queries/postgres/*.sql (one
+// directory per dialect), embedded, and rendered once per table set by
+// NewStore (queries.go: plain/ and partitioned/ hold what only one layout
+// runs; placed/ is rendered twice, for a write at clock_timestamp() and
+// for a fallback write; fragments/ are pieces the others include). Values
+// are parameters with their $N fixed in the file; nothing is concatenated
+// at call time but the run-time templates (sqlexec.Template), filled with
+// what cannot be a parameter:
+//
+//   - the pgx fast path's BEGIN queries (BeginClaimLiteral,
+//     BeginClaimExecute, BeginClaimLock, BeginClaimFunc, DuplicateFuncCall,
+//     RollbackDuplicateFuncCall): a multi-statement simple-protocol query
+//     takes no parameters, so the consumer and key travel as literals,
+//     escaped by pgconn (that query is what saves the round trip);
+//     ClaimPrepare and BeginClaimExecute name the prepared statement, a
+//     hash of the PREPARE, filled once in NewStore;
+//   - the partitioned layout's statements that name a partition
+//     (DetachConcurrently, DetachFinalize, AttachAgain, DropDetached,
+//     CountDetachedAfter, CountDetachedOpen): PostgreSQL takes no
+//     parameter for an identifier, and which partition is known at run
+//     time only (inboxpart names them; its own CreatePartition and
+//     AttachPartition are templates too);
+//   - a parked-message filter's statements (FindParked and its variants,
+//     CountParked, CountParkedMax, BoundedScanCount, LockParkedMessage,
+//     DiscardParkedBatch): their Where hole is the conditions of the
+//     filter's fields that are set, each with its parameter (parkedWhere),
+//     so that the planner sees only those and picks the index that serves
+//     them, also in a generic plan; a fixed statement with every condition
+//     optional would be planned once for all filters (see parked.sql).
+//
+// TestQueriesPrepare has PostgreSQL parse and plan every statement of the
+// plain, daily and hourly layouts, and runs the DDL templates on a sample
+// partition.
+//
+// # The partitioned layout's locks
+//
+// lockPlan (lockplan.go) states the plan once: which advisory locks a
+// claim, a lease claim, a park, an update by key, a purge's move and
+// fence, and partition maintenance take, and in which order; every writer
+// of the partitioned layout takes its locks through it.
 package inboxdb

@@ -53,3 +53,6 @@ func (s *Store) FindParkedWith(ctx context.Context, db wsql.ContextExecutor, f p
 	}
 	return s.queryParked(ctx, db, q, args...)
 }
+
+// StatementNames lists the store's statements (queries/postgres), sorted.
+func (s *Store) StatementNames() []string { return s.q.names() }

@@ -160,21 +160,16 @@ func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string
 	token := watermill.NewUUID() // random (version 4): every claim its own
 	var rec Record
 	lockTimeout := strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)
-	// The CTE sets the transaction's lock_timeout for the statements that
-	// follow (the row lock below), in the same round trip as the insert.
-	insert := `WITH lock_wait AS (SELECT set_config('lock_timeout', $5, true))
-INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token)
-SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid FROM lock_wait
-ON CONFLICT (consumer, message_key) DO NOTHING
-RETURNING ` + recordColumns
-	args := []any{consumer, key, leaseSecs, token, lockTimeout}
+	// The plain layout's insert sets the transaction's lock_timeout for
+	// the statements that follow (the row lock below), in the same round
+	// trip (a CTE).
+	insert, args := s.q.get("LeaseInsert"), []any{consumer, key, leaseSecs, token, lockTimeout}
 	if s.part != nil {
 		// The key's lock, waiting at most lock_timeout, then the insert.
 		var err error
-		if insert, err = s.leaseInsertPartitioned(ctx, tx, consumer, key, lockTimeout); err != nil {
+		if insert, args, err = s.leaseInsertPartitioned(ctx, tx, consumer, key, leaseSecs, token, lockTimeout); err != nil {
 			return LeaseClaim{}, err
 		}
-		args = args[:4]
 	}
 	err := seam.QueryRow(ctx, tx, insert, args, rec.scanDest()...)
 	if err == nil {
@@ -185,8 +180,7 @@ RETURNING ` + recordColumns
 	}
 
 	var expired bool
-	err = seam.QueryRow(ctx, tx, `SELECT `+recordColumns+`, coalesce(lease_until < now(), true) FROM `+s.table+`
-WHERE consumer = $1 AND message_key = $2 FOR UPDATE`, []any{consumer, key}, append(rec.scanDest(), &expired)...)
+	err = seam.QueryRow(ctx, tx, s.q.get("LeaseLockRecord"), []any{consumer, key}, append(rec.scanDest(), &expired)...)
 	if notFound(err) {
 		// Deleted between the two statements (Forget, Purge): a
 		// conflict-free retry of the insert is the simplest correct answer.
@@ -199,27 +193,25 @@ WHERE consumer = $1 AND message_key = $2 FOR UPDATE`, []any{consumer, key}, appe
 		return LeaseClaim{}, err
 	}
 
-	update := func(set string, args ...any) (Record, error) {
+	// update runs one of lease.sql's updates of the record ($1 consumer,
+	// $2 key, then args).
+	update := func(name string, args ...any) (Record, error) {
 		var out Record
-		err := seam.QueryRow(ctx, tx, `UPDATE `+s.table+` SET `+set+`
-WHERE consumer = $1 AND message_key = $2 RETURNING `+recordColumns,
-			append([]any{consumer, key}, args...), out.scanDest()...)
+		err := seam.QueryRow(ctx, tx, s.q.get(name), append([]any{consumer, key}, args...), out.scanDest()...)
 		return out, err
 	}
-	retry := `status = 'processing', attempts = attempts + 1, lease_until = now() + make_interval(secs => $3),
-lease_token = $4::uuid, interrupted = false`
 
 	switch {
 	case rec.Status == StatusDone, rec.Status == StatusDiscarded:
-		out, err := update(`duplicates = duplicates + 1`)
+		out, err := update("LeaseCountDuplicate")
 		return LeaseClaim{Outcome: LeaseDuplicate, Attempt: out.Attempts, Record: out}, err
 	case rec.Status == StatusParked:
-		out, err := update(`duplicates = duplicates + 1`)
+		out, err := update("LeaseCountDuplicate")
 		return LeaseClaim{Outcome: LeaseParked, Attempt: out.Attempts, Record: out}, err
 	case rec.Status == StatusFailed:
 		// A failed record that was parked after an interrupted attempt and
 		// then released keeps the interruption: the effect is still unknown.
-		out, err := update(retry, leaseSecs, token)
+		out, err := update("LeaseRetry", leaseSecs, token)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
@@ -234,21 +226,17 @@ lease_token = $4::uuid, interrupted = false`
 	case opts.MaxInterrupted > 0 && rec.Interruptions+1 >= opts.MaxInterrupted:
 		reason := fmt.Sprintf("lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown", rec.Attempts)
 		reason += fmt.Sprintf(" (%d interrupted attempts; retries stop at %d)", rec.Interruptions+1, opts.MaxInterrupted)
-		set := `status = 'parked', lease_until = NULL, lease_token = NULL, interrupted = true,
-interruptions = interruptions + 1, processed_at = now(), last_error = $3`
 		var out Record
 		var err error
 		if opts.Message == nil {
-			out, err = update(set, reason)
+			out, err = update("LeasePark", reason)
 		} else {
 			// The message is kept by the same statement.
-			err = seam.QueryRow(ctx, tx, `WITH u AS (UPDATE `+s.table+` SET `+set+`
-WHERE consumer = $1 AND message_key = $2 RETURNING *), kept AS (`+s.keepParked("u", 4)+`)
-SELECT `+recordColumns+` FROM u`, append([]any{consumer, key, reason}, opts.Message.Row().args()...), out.scanDest()...)
+			err = seam.QueryRow(ctx, tx, s.q.get("LeaseParkKeep"), append(opts.Message.Row().args(), consumer, key, reason), out.scanDest()...)
 		}
 		return LeaseClaim{Outcome: LeaseParked, ParkedNow: true, Attempt: out.Attempts, Record: out}, err
 	default:
-		out, err := update(retry+`, interruptions = interruptions + 1`, leaseSecs, token)
+		out, err := update("LeaseRetryInterrupted", leaseSecs, token)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
@@ -276,9 +264,7 @@ func (s *Store) ExtendLease(ctx context.Context, db wsql.ContextExecutor, consum
 	}
 	var until time.Time
 	err := retryStatement(db, func() error {
-		return seam.QueryRow(ctx, db, `UPDATE `+s.table+` SET lease_until = now() + make_interval(secs => $4)
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid
-RETURNING lease_until`, []any{consumer, key, tokenArg(token), lease.Seconds()}, &until)
+		return seam.QueryRow(ctx, db, s.q.get("ExtendLease"), []any{consumer, key, tokenArg(token), lease.Seconds()}, &until)
 	})
 	if notFound(err) {
 		return time.Time{}, fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
@@ -299,9 +285,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx wsql.ContextExecutor, consume
 	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
 		return fmt.Errorf("completing %q for %q: %w", key, consumer, err)
 	}
-	n, err := seam.Exec(ctx, tx, `UPDATE `+s.table+`
-SET status = 'done', processed_at = now(), lease_until = NULL, lease_token = NULL, last_error = NULL
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`, consumer, key, tokenArg(token))
+	n, err := seam.Exec(ctx, tx, s.q.get("CompleteLease"), consumer, key, tokenArg(token))
 	if err != nil {
 		return fmt.Errorf("completing %q for %q: %w", key, consumer, err)
 	}
@@ -315,57 +299,67 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_tok
 // key): the record is processing with that token.
 func (s *Store) Owns(ctx context.Context, db wsql.ContextExecutor, consumer, key, token string) (bool, error) {
 	var n int64
-	err := seam.QueryRow(ctx, db, `SELECT count(*) FROM `+s.table+`
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`,
-		[]any{consumer, key, tokenArg(token)}, &n)
+	err := seam.QueryRow(ctx, db, s.q.get("Owns"), []any{consumer, key, tokenArg(token)}, &n)
 	if err != nil {
 		return false, fmt.Errorf("checking the lease of %q for %q: %w", key, consumer, err)
 	}
 	return n > 0, nil
 }
 
-// Fail records that the attempt fenced by token failed with errText: status
-// failed (the next delivery runs it again), or parked when permanent (it
-// waits for an operator), keeping msg, the attempt's message, with the
-// park in the same statement (as Park does; nil keeps nothing). It returns
-// ErrLeaseLost when the attempt no longer owns the key.
-func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, errText string, permanent bool, msg *ParkedMessage) error {
+// Attempt names a lease-mode attempt for Fail and ParkInterrupted: the key
+// it processes, the token that fences it (ClaimLease's), and the message a
+// park keeps with it, in the same statement (as Park does; nil keeps
+// nothing).
+type Attempt struct {
+	Consumer, Key, Token string
+	Message              *ParkedMessage
+}
+
+// Fail records that attempt a failed with errText: status failed (the next
+// delivery runs it again), or parked when permanent (it waits for an
+// operator), keeping a.Message with the park. It returns ErrLeaseLost
+// when the attempt no longer owns the key.
+func (s *Store) Fail(ctx context.Context, db wsql.ContextExecutor, a Attempt, errText string, permanent bool) error {
 	if !permanent {
-		return s.finish(ctx, db, consumer, key, token, "recording failure", nil, `status = 'failed', last_error = $4`, pgtext.Truncate(errText))
+		return s.finish(ctx, db, finishParams{Attempt: Attempt{Consumer: a.Consumer, Key: a.Key, Token: a.Token},
+			what: "recording failure", statement: "FinishFailed", text: pgtext.Truncate(errText)})
 	}
-	return s.finish(ctx, db, consumer, key, token, "recording failure", msg, `status = 'parked', last_error = $4`, pgtext.Truncate(errText))
+	return s.finish(ctx, db, finishParams{Attempt: a, what: "recording failure", statement: "FinishParked", text: pgtext.Truncate(errText)})
 }
 
-// ParkInterrupted parks the key of the attempt fenced by token after its
-// handler ran but its completion could never commit (an output the outbox
-// refuses, a constraint failing at COMMIT): the external effect probably
-// happened and is not recorded, and repeating the attempt would repeat the
-// effect and fail the same way. The record is parked with reason, marked
-// interrupted (a released attempt is told), and its interruptions counted;
-// msg, the attempt's message, is kept with it in the same statement (as
-// Park does; nil keeps nothing). It returns ErrLeaseLost when the attempt
-// no longer owns the key.
-func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, reason string, msg *ParkedMessage) error {
-	return s.finish(ctx, db, consumer, key, token, "parking", msg, `status = 'parked', interrupted = true, interruptions = interruptions + 1, last_error = $4`,
-		pgtext.Truncate(reason))
+// ParkInterrupted parks the key of attempt a after its handler ran but its
+// completion could never commit (an output the outbox refuses, a
+// constraint failing at COMMIT): the external effect probably happened and
+// is not recorded, and repeating the attempt would repeat the effect and
+// fail the same way. The record is parked with reason, marked interrupted
+// (a released attempt is told), and its interruptions counted; a.Message
+// is kept with it in the same statement. It returns ErrLeaseLost when the
+// attempt no longer owns the key.
+func (s *Store) ParkInterrupted(ctx context.Context, db wsql.ContextExecutor, a Attempt, reason string) error {
+	return s.finish(ctx, db, finishParams{Attempt: a, what: "parking", statement: "FinishInterrupted", text: pgtext.Truncate(reason)})
 }
 
-// finish ends the processing attempt fenced by token with set (its
-// arguments from $4), releasing the lease and stamping processed_at. With
-// a parking set, msg (if any) is kept by the same statement.
-func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, consumer, key, token, what string, msg *ParkedMessage, set string, args ...any) error {
-	if err := s.lockRecord(ctx, db, consumer, key); err != nil {
-		return fmt.Errorf("%s %q for %q: %w", what, key, consumer, err)
+// finishParams names what finish does: which attempt it ends, with which
+// statement of lease.sql (FinishFailed, FinishParked, FinishInterrupted;
+// with "Keep" when msg is kept), and the error text or reason it records.
+type finishParams struct {
+	Attempt          // the message is kept by parking statements only
+	what      string // for the error: "recording failure", "parking"
+	statement string
+	text      string
+}
+
+// finish ends the processing attempt p with p.statement, releasing the
+// lease and stamping processed_at. With a parking statement, p.Message
+// (if any) is kept by the same statement.
+func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, p finishParams) error {
+	if err := s.lockRecord(ctx, db, p.Consumer, p.Key); err != nil {
+		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
 	}
-	q := `UPDATE ` + s.table + `
-SET ` + set + `, lease_until = NULL, lease_token = NULL, processed_at = now()
-WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_token = $3::uuid`
-	args = append([]any{consumer, key, tokenArg(token)}, args...)
-	if msg != nil {
+	q, args := s.q.get(p.statement), []any{p.Consumer, p.Key, tokenArg(p.Token), p.text}
+	if p.Message != nil {
 		// One row kept per record parked: the count is the update's.
-		q = `WITH parked AS (` + q + ` RETURNING ` + parkedReturning + `)
-` + s.keepParked("parked", len(args)+1)
-		args = append(args, msg.Row().args()...)
+		q, args = s.q.get(p.statement+"Keep"), append(p.Message.Row().args(), args...)
 	}
 	var n int64
 	err := retryStatement(db, func() error {
@@ -374,10 +368,10 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'processing' AND lease_tok
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("%s %q for %q: %w", what, key, consumer, err)
+		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, key, consumer)
+		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, p.Key, p.Consumer)
 	}
 	return nil
 }
@@ -415,8 +409,7 @@ func (s *Store) lockRecord(ctx context.Context, db wsql.ContextExecutor, consume
 	if _, inTx := db.(wsql.Tx); !inTx {
 		return nil
 	}
-	_, err := db.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`, consumer, key)
-	return err
+	return s.part.locks.lockKey(ctx, db, consumer, key)
 }
 
 // retryStatement runs one statement that is its own transaction (db is a
@@ -441,13 +434,10 @@ func (s *Store) ListParked(ctx context.Context, db wsql.ContextExecutor, consume
 	if limit <= 0 {
 		limit = 100
 	}
-	q := `SELECT ` + recordColumns + ` FROM ` + s.table + ` WHERE status = 'parked'`
-	args := []any{limit}
+	q, args := s.q.get("ListParked"), []any{limit}
 	if consumer != "" {
-		q += ` AND consumer = $2`
-		args = append(args, consumer)
+		q, args = s.q.get("ListParkedOf"), append(args, consumer)
 	}
-	q += ` ORDER BY first_seen_at LIMIT $1`
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing parked keys: %w", err)
@@ -475,8 +465,7 @@ func (s *Store) Release(ctx context.Context, db wsql.ContextExecutor, consumer, 
 	var n int64
 	err := retryStatement(db, func() error { // a purge's move of the record: see Forget
 		var err error
-		n, err = seam.Exec(ctx, db, `UPDATE `+s.table+` SET status = 'failed', processed_at = now()
-WHERE consumer = $1 AND message_key = $2 AND status = 'parked'`, consumer, key)
+		n, err = seam.Exec(ctx, db, s.q.get("Release"), consumer, key)
 		return err
 	})
 	if err != nil {

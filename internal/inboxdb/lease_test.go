@@ -175,7 +175,7 @@ func TestLeaseClaimStates(t *testing.T) {
 		t.Run("failed runs again", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k-failed", lease, retryExpired)
 			for attempt := 2; attempt <= 4; attempt++ {
-				require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-failed", lc.Token, "boom", false, nil))
+				require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k-failed", Token: lc.Token}, "boom", false))
 				maxInterrupted := retryExpired
 				if attempt%2 == 1 {
 					maxInterrupted = parkExpired // the bound is for expired leases only
@@ -514,7 +514,7 @@ func TestLeaseExtend(t *testing.T) {
 		require.NoError(t, err)
 
 		// Not processing: failed, done, parked.
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, k, lc.Token, "boom", false, nil))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: k, Token: lc.Token}, "boom", false))
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, k, lc.Token, time.Hour)
 		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "failed")
 		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
@@ -526,7 +526,7 @@ func TestLeaseExtend(t *testing.T) {
 		require.Nil(t, leaseLookup(t, b, c, k).LeaseUntil)
 
 		lc = leaseAcquire(t, b, c, "k-parked", time.Minute, retryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k-parked", lc.Token, "permanent", true, nil))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k-parked", Token: lc.Token}, "permanent", true))
 		_, err = b.store.ExtendLease(b.ctx, b.db, c, "k-parked", lc.Token, time.Hour)
 		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "parked")
 		require.Nil(t, leaseLookup(t, b, c, "k-parked").LeaseUntil)
@@ -542,7 +542,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 		t.Run("commit", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Token, "boom", false, nil))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k", Token: lc.Token}, "boom", false))
 			lc = leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.Equal(t, "boom", leaseLookup(t, b, c, "k").LastError, "precondition: an error to clear")
@@ -640,7 +640,7 @@ func TestLeaseFail(t *testing.T) {
 			t.Helper()
 			lc := leaseAcquire(t, b, c, key, time.Hour, retryExpired)
 			lastToken = lc.Token
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, key, lc.Token, text, permanent, nil))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: key, Token: lc.Token}, text, permanent))
 			rec := leaseLookup(t, b, c, key)
 			require.Nil(t, rec.LeaseUntil, "the lease is released")
 			require.NotNil(t, rec.ProcessedAt, "the attempt finished: retention ages the record from now")
@@ -654,12 +654,12 @@ func TestLeaseFail(t *testing.T) {
 			require.Equal(t, "provider answered 503", rec.LastError)
 
 			// A second Fail of the same attempt: it no longer owns the key.
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k", lastToken, "again", false, nil), inboxdb.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k", Token: lastToken}, "again", false), inboxdb.ErrLeaseLost)
 			require.Equal(t, "provider answered 503", leaseLookup(t, b, c, "k").LastError)
 
 			// The next attempt fails in turn; its error replaces the old one.
 			lc := leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "k", lc.Token, "timeout", false, nil))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k", Token: lc.Token}, "timeout", false))
 			rec = leaseLookup(t, b, c, "k")
 			require.Equal(t, 2, rec.Attempts)
 			require.Equal(t, "timeout", rec.LastError)
@@ -717,10 +717,10 @@ func TestLeaseFail(t *testing.T) {
 			before := leaseLookup(t, b, c, "k-wrong")
 			for _, permanent := range []bool{false, true} {
 				for _, token := range wrongTokens(lc.Token) {
-					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-wrong", token, "x", permanent, nil), inboxdb.ErrLeaseLost)
+					require.ErrorIs(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k-wrong", Token: token}, "x", permanent), inboxdb.ErrLeaseLost)
 				}
 			}
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "no-such-key", lc.Token, "x", false, nil), inboxdb.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "no-such-key", Token: lc.Token}, "x", false), inboxdb.ErrLeaseLost)
 			leaseSame(t, before, leaseLookup(t, b, c, "k-wrong"))
 		})
 
@@ -730,7 +730,7 @@ func TestLeaseFail(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k-taken", time.Hour, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			for _, permanent := range []bool{false, true} {
-				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "k-taken", first.Token, "late", permanent, nil), inboxdb.ErrLeaseLost)
+				require.ErrorIs(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "k-taken", Token: first.Token}, "late", permanent), inboxdb.ErrLeaseLost)
 			}
 			rec := leaseLookup(t, b, c, "k-taken")
 			require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the late worker does not disturb the new holder")
@@ -752,7 +752,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		}
 		park := func(consumer, key string, minutes int) {
 			lc := leaseAcquire(t, b, consumer, key, time.Hour, retryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, consumer, key, lc.Token, "parked "+key, true, nil))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: consumer, Key: key, Token: lc.Token}, "parked "+key, true))
 			age(consumer, key, minutes)
 		}
 		keys := func(recs []inboxdb.Record) []string {
@@ -777,7 +777,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 		lc := leaseAcquire(t, b, "c1", "done", time.Hour, retryExpired)
 		leaseComplete(t, b, "c1", "done", lc.Token)
 		lc = leaseAcquire(t, b, "c1", "failed", time.Hour, retryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, "c1", "failed", lc.Token, "boom", false, nil))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: "c1", Key: "failed", Token: lc.Token}, "boom", false))
 		leaseAcquire(t, b, "c1", "processing", time.Hour, retryExpired)
 		for _, k := range []string{"done", "failed", "processing"} {
 			age("c1", k, 60)
@@ -858,12 +858,12 @@ func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 		lc := leaseAcquire(t, b, c, "done", time.Hour, retryExpired)
 		leaseComplete(t, b, c, "done", lc.Token)
 		lc = leaseAcquire(t, b, c, "failed", time.Hour, retryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "failed", lc.Token, "boom", false, nil))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "failed", Token: lc.Token}, "boom", false))
 		leaseAcquire(t, b, c, "live", time.Hour, retryExpired)
 		leaseAcquire(t, b, c, "expired", time.Hour, retryExpired)
 		leaseExpire(t, b, c, "expired")
 		lc = leaseAcquire(t, b, c, "parked", time.Hour, retryExpired)
-		require.NoError(t, b.store.Fail(b.ctx, b.db, c, "parked", lc.Token, "permanent", true, nil))
+		require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "parked", Token: lc.Token}, "permanent", true))
 		leaseAcquire(t, b, c, "parked-expired", time.Hour, parkExpired)
 		leaseExpire(t, b, c, "parked-expired")
 		require.True(t, leaseClaim(t, b, c, "parked-expired", time.Hour, parkExpired).ParkedNow)

@@ -5,7 +5,6 @@ import (
 	stdsql "database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -18,9 +17,7 @@ import (
 // ErrNotFound. It sees what db sees: committed rows, or a transaction's own.
 func (s *Store) Lookup(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (Record, error) {
 	var rec Record
-	err := seam.QueryRow(ctx, db,
-		`SELECT `+recordColumns+` FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`,
-		[]any{consumer, key}, rec.scanDest()...)
+	err := seam.QueryRow(ctx, db, s.q.get("Lookup"), []any{consumer, key}, rec.scanDest()...)
 	if notFound(err) {
 		return Record{}, fmt.Errorf("%w (consumer %q, key %q)", ErrNotFound, consumer, key)
 	}
@@ -47,16 +44,14 @@ func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // while it waits for an operator: parked or failed) and its parked message
 // in one statement, and reports which of the two it deleted.
 func (s *Store) forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string, waitingOnly bool) (record, message bool, err error) {
-	cond := ``
+	q := s.q.get("Forget")
 	if waitingOnly {
-		cond = ` AND status IN ('` + StatusParked + `', '` + StatusFailed + `')`
+		q = s.q.get("ForgetWaiting")
 	}
 	// The record first (rec is read first), then the parked message: the
 	// lock order of parked.go.
 	err = retryStatement(db, func() error {
-		return seam.QueryRow(ctx, db, `WITH rec AS (DELETE FROM `+s.table+` WHERE consumer = $1 AND message_key = $2`+cond+` RETURNING 1),
-kept AS (DELETE FROM `+s.parked+` WHERE consumer = $1 AND message_key = $2 RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM rec), EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &record, &message)
+		return seam.QueryRow(ctx, db, q, []any{consumer, key}, &record, &message)
 	})
 	if err != nil {
 		return false, false, fmt.Errorf("forget %q for %q: %w", key, consumer, err)
@@ -88,21 +83,25 @@ func (s *Store) Stats(ctx context.Context, db wsql.ContextExecutor, consumer str
 // TenantStats is Stats of the keys of one tenant (keys scoped by
 // exactlyonce.KeyByTenant); an empty tenant means every key.
 func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consumer, tenantName string) (Stats, error) {
-	q := `SELECT status, count(*), coalesce(sum(duplicates), 0)::bigint, min(first_seen_at) FROM ` + s.table + ` WHERE true`
-	var args []any
+	// ops.sql's Stats, of one consumer and/or one tenant's prefix when
+	// given: a statement per case, so that each is planned for its
+	// conditions.
+	name, args := "Stats", []any(nil)
 	if consumer != "" {
-		args = append(args, consumer)
-		q += ` AND consumer = $` + strconv.Itoa(len(args))
+		name, args = "StatsOf", append(args, consumer)
 	}
 	if tenantName != "" {
 		if err := tenant.Check(tenantName); err != nil {
 			return Stats{}, err
 		}
+		if consumer != "" {
+			name = "StatsOfConsumerTenant"
+		} else {
+			name = "StatsOfTenant"
+		}
 		args = append(args, tenant.Prefix(tenantName))
-		q += ` AND starts_with(message_key, $` + strconv.Itoa(len(args)) + `)`
 	}
-	q += ` GROUP BY status`
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, s.q.get(name), args...)
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
@@ -133,15 +132,16 @@ func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consum
 // partial index;
 // for done it scans, like Stats.
 func (s *Store) CountStatus(ctx context.Context, db wsql.ContextExecutor, consumer string, status string) (int64, error) {
-	q := `SELECT count(*) FROM ` + s.table + ` WHERE status = $1`
-	args := []any{status}
+	// CountOpen says status <> 'done': that lets the planner use the
+	// partial index.
+	name, args := "CountDone", []any(nil)
 	if status != StatusDone {
-		q += ` AND status <> 'done'` // lets the planner use the partial index
+		name, args = "CountOpen", append(args, status)
 	}
 	if consumer != "" {
-		q += ` AND consumer = $2`
-		args = append(args, consumer)
+		name, args = name+"Of", append(args, consumer)
 	}
+	q := s.q.get(name)
 	var n int64
 	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
 		return 0, fmt.Errorf("counting %s records: %w", status, err)
@@ -197,7 +197,7 @@ func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx
 		return false, err
 	}
 	var locked bool
-	if err := seam.QueryRow(ctx, tx, `SELECT pg_try_advisory_xact_lock($1, hashtext($2))`, []any{purgeLockClass, s.table}, &locked); err != nil || !locked {
+	if err := seam.QueryRow(ctx, tx, s.q.get("PurgeLock"), nil, &locked); err != nil || !locked {
 		_ = tx.Rollback()
 		return false, err
 	}
@@ -245,24 +245,24 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 	if s.part != nil && opts.Consumer == "" && opts.Tenant == "" {
 		return s.purgePartitions(ctx, db, opts)
 	}
-	// A done or failed record the library wrote always has processed_at;
-	// first_seen_at only stands in for rows written by hand without one.
-	filter := `coalesce(processed_at, first_seen_at) < now() - make_interval(secs => $1) AND status IN ` + agingSQL
-	args := []any{opts.OlderThan.Seconds(), opts.BatchSize}
+	// ops.sql's PurgeRows, with the consumer and the tenant's prefix
+	// from $3 when given.
+	name, args := "PurgeRows", []any{opts.OlderThan.Seconds(), opts.BatchSize}
 	if opts.Consumer != "" {
-		args = append(args, opts.Consumer)
-		filter += ` AND consumer = $` + strconv.Itoa(len(args))
+		name, args = "PurgeRowsOf", append(args, opts.Consumer)
 	}
 	if opts.Tenant != "" {
 		if err := tenant.Check(opts.Tenant); err != nil {
 			return 0, fmt.Errorf("PurgeOptions.Tenant: %w", err)
 		}
+		if opts.Consumer != "" {
+			name = "PurgeRowsOfConsumerTenant"
+		} else {
+			name = "PurgeRowsOfTenant"
+		}
 		args = append(args, tenant.Prefix(opts.Tenant))
-		filter += ` AND starts_with(message_key, $` + strconv.Itoa(len(args)) + `)`
 	}
-	q := `DELETE FROM ` + s.table + ` WHERE (consumer, message_key) IN (
-SELECT consumer, message_key FROM ` + s.table + ` WHERE ` + filter + `
-LIMIT $2 FOR UPDATE SKIP LOCKED)`
+	q := s.q.get(name)
 
 	var total int64
 	for batch := 0; opts.MaxBatches == 0 || batch < opts.MaxBatches; batch++ {
@@ -290,4 +290,46 @@ LIMIT $2 FOR UPDATE SKIP LOCKED)`
 		}
 	}
 	return total, nil
+}
+
+// KnownConsumer reports whether consumer has a record or a parked message:
+// two primary-key look-ups (consumer is the keys' first column).
+func (s *Store) KnownConsumer(ctx context.Context, db wsql.ContextExecutor, consumer string) (bool, error) {
+	var known bool
+	err := seam.QueryRow(ctx, db, s.q.get("KnownConsumer"), []any{consumer}, &known)
+	return known, err
+}
+
+// Now returns the database's clock (now(): the start of db's transaction,
+// when db is one).
+func (s *Store) Now(ctx context.Context, db wsql.ContextExecutor) (time.Time, error) {
+	var now time.Time
+	err := seam.QueryRow(ctx, db, s.q.get("Now"), nil, &now)
+	return now, err
+}
+
+// Consumers returns the distinct consumers of the inbox table (parked
+// false) or of the table of parked messages (true), in order, at most
+// limit: a loose index scan of the primary key (consumer, message_key[,
+// partition_at]), one index descent per consumer whatever the number of
+// records, where SELECT DISTINCT would read them all.
+func (s *Store) Consumers(ctx context.Context, db wsql.ContextExecutor, parked bool, limit int) ([]string, error) {
+	q := s.q.get("Consumers")
+	if parked {
+		q = s.q.get("ParkedConsumers")
+	}
+	rows, err := db.QueryContext(ctx, q, limit)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			_ = rows.Close()
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, seam.Close(rows)
 }

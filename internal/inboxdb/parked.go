@@ -57,39 +57,6 @@ func (r ParkedRow) Cursor() parked.Cursor {
 	return parked.Cursor{ParkedAt: r.ParkedAt, Consumer: r.Consumer, Key: r.Key}
 }
 
-// parkedColumns are the columns scanned by scanParked, of the parked table
-// as p, with payload and status as the expressions of the payload and of
-// the record's status.
-func parkedColumns(payload, status string) string {
-	return `p.consumer, p.message_key, p.message_uuid, p.topic, ` + payload + `, p.payload IS NOT NULL,
-p.payload_size, p.metadata::text, p.reason, p.attempts, p.first_seen_at, p.parked_at, ` + status
-}
-
-// payloadColumn is the payload's expression of a read with or without
-// the payloads: without, the payload column is not read at all (the
-// size is payload_size, its being kept payload IS NOT NULL, which the
-// row's null bitmap answers).
-func payloadColumn(payloads bool) string {
-	if payloads {
-		return `p.payload`
-	}
-	return `NULL::bytea`
-}
-
-// parkedSelect reads the parked table as p with the inbox as i (LEFT
-// JOIN, for the record's status), with payload (an expression of p) as
-// the payload.
-func (s *Store) parkedSelect(payload string) string {
-	return s.parkedSelectFrom(payload, s.ParkedTable()+` p`)
-}
-
-// parkedSelectFrom is parkedSelect with from (the parked table as p, maybe
-// joined to something else) in place of the parked table.
-func (s *Store) parkedSelectFrom(payload, from string) string {
-	return `SELECT ` + parkedColumns(payload, `coalesce(i.status, '')`) + `
-FROM ` + from + ` LEFT JOIN ` + s.table + ` i ON i.consumer = p.consumer AND i.message_key = p.message_key`
-}
-
 func scanParked(rows wsql.Rows) (ParkedRow, error) {
 	var r ParkedRow
 	var meta string
@@ -134,6 +101,9 @@ func decodeMetadata(s string) (map[string]string, error) {
 // parkedWhere returns the conditions of f (and of the position after c,
 // when not nil) on the parked table as p, appending their arguments to
 // args; "true" when there is none. f must be valid (parked.Filter.Validate).
+// They fill the Where hole of parked.sql's run-time templates: only the
+// conditions of the fields set, so that the planner sees them as written
+// (see parked.sql).
 func parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error) {
 	var conds []string
 	arg := func(v any) string {
@@ -179,14 +149,6 @@ func parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error)
 	return strings.Join(conds, " AND "), nil
 }
 
-// parkedOrder is the order of FindParked: oldest parked first, then by
-// consumer and key (byte order, as the cursor compares them).
-const parkedOrder = ` ORDER BY p.parked_at, p.consumer COLLATE "C", p.message_key COLLATE "C"`
-
-// parkedConsumerOrder is parkedOrder within one consumer: the order of
-// the parked_consumer_at index (consumer, parked_at, message_key COLLATE "C").
-const parkedConsumerOrder = ` ORDER BY p.parked_at, p.message_key COLLATE "C"`
-
 // FindParked returns up to limit parked messages that match f, after c
 // (nil: from the first), in the order of parked time, consumer and key,
 // with their payloads when payloads is true. f must be valid.
@@ -223,28 +185,19 @@ func keysFirst(f parked.Filter) bool {
 // (the page only). The rows, their order and the limit are the plain
 // query's.
 func (s *Store) findParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payloads, keysFirst bool) (string, []any, error) {
-	var args []any
+	if keysFirst && f.Consumer == "" {
+		return "", nil, errors.New("inboxdb: findParkedSQL: keys first needs a consumer")
+	}
+	// Without keysFirst, the page first, then the records' status: joined
+	// before the LIMIT, a plan that sorts the matches (a bounded scan's)
+	// would look up the record of each match in the inbox, not of the
+	// page's only (4,485 look-ups, 67 ms, for a page of 51).
+	args := []any{limit}
 	where, err := parkedWhere(f, c, &args)
 	if err != nil {
 		return "", nil, err
 	}
-	args = append(args, limit)
-	lim := ` LIMIT $` + strconv.Itoa(len(args))
-	if !keysFirst {
-		// The page first, then the records' status: joined before the
-		// LIMIT, a plan that sorts the matches (a bounded scan's) would
-		// look up the record of each match in the inbox, not of the page's
-		// only (4,485 look-ups, 67 ms, for a page of 51).
-		return s.parkedSelectFrom(payloadColumn(payloads), `(SELECT p.* FROM `+s.ParkedTable()+` p WHERE `+where+parkedOrder+lim+`) p`) +
-			parkedOrder, args, nil
-	}
-	if f.Consumer == "" {
-		return "", nil, errors.New("inboxdb: findParkedSQL: keys first needs a consumer")
-	}
-	return `WITH page AS MATERIALIZED (SELECT p.consumer, p.message_key FROM ` + s.ParkedTable() + ` p WHERE ` + where +
-		parkedConsumerOrder + lim + `)
-` + s.parkedSelectFrom(payloadColumn(payloads), `page k JOIN `+s.ParkedTable()+` p ON p.consumer = k.consumer AND p.message_key = k.message_key`) +
-		parkedOrder, args, nil
+	return s.rt.findParked[b2i(keysFirst)][b2i(payloads)].Fill(where), args, nil
 }
 
 func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q string, args ...any) ([]ParkedRow, error) {
@@ -272,15 +225,15 @@ func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q stri
 // (f.CountTooBroad). f must be valid.
 func (s *Store) CountParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter) (int64, error) {
 	var args []any
+	t := s.rt.countParked
+	if f.MaxCount > 0 {
+		args, t = []any{f.MaxCount + 1}, s.rt.countParkedMax
+	}
 	where, err := parkedWhere(f, nil, &args)
 	if err != nil {
 		return 0, err
 	}
-	q := `SELECT count(*) FROM ` + s.ParkedTable() + ` p WHERE ` + where
-	if f.MaxCount > 0 {
-		args = append(args, f.MaxCount+1)
-		q = `SELECT count(*) FROM (SELECT 1 FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(args)) + `) c`
-	}
+	q := t.Fill(where)
 	var n int64
 	if err := seam.QueryRow(ctx, db, q, args, &n); err != nil {
 		return 0, fmt.Errorf("counting parked messages: %w", err)
@@ -314,20 +267,18 @@ func (s *Store) BoundedScan(ctx context.Context, tx wsql.Tx, f parked.Filter) er
 		return nil
 	}
 	var a, b string
-	if err := seam.QueryRow(ctx, tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, nil, &a, &b); err != nil {
+	if err := seam.QueryRow(ctx, tx, s.q.get("BoundedScanPlanner"), nil, &a, &b); err != nil {
 		return fmt.Errorf("counting the parked messages a search checks: %w", err)
 	}
-	var args []any
+	args := []any{f.MaxScan + 1}
 	where, err := parkedWhere(f.Indexed(), nil, &args)
 	if err != nil {
 		return err
 	}
-	args = append(args, f.MaxScan+1)
 	// set_config runs once this statement is planned: the check reads the
 	// indexes as it will, the read after it through their bitmaps.
 	var n int64
-	if err := seam.QueryRow(ctx, tx, `SELECT count(*), set_config('enable_indexscan', 'off', true) FROM (SELECT 1 FROM `+s.ParkedTable()+
-		` p WHERE `+where+` LIMIT $`+strconv.Itoa(len(args))+`) c`, args, &n, &a); err != nil {
+	if err := seam.QueryRow(ctx, tx, s.rt.bounded.Fill(where), args, &n, &a); err != nil {
 		return fmt.Errorf("counting the parked messages a search checks: %w", err)
 	}
 	if n > int64(f.MaxScan) {
@@ -339,7 +290,7 @@ func (s *Store) BoundedScan(ctx context.Context, tx wsql.Tx, f parked.Filter) er
 // GetParked returns the parked message of (consumer, key) with its
 // payload, or an error wrapping ErrNoParkedMessage.
 func (s *Store) GetParked(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (ParkedRow, error) {
-	return s.getParked(ctx, db, consumer, key, `p.payload`)
+	return s.getParked(ctx, db, s.q.get("GetParked"), consumer, key)
 }
 
 // GetParkedPrefix is GetParked with at most the first maxPayload bytes of
@@ -351,13 +302,13 @@ func (s *Store) GetParkedPrefix(ctx context.Context, db wsql.ContextExecutor, co
 	if maxPayload < 0 {
 		return ParkedRow{}, fmt.Errorf("%w: the most bytes of the payload to read is %d: at least 0", parked.ErrInvalid, maxPayload)
 	}
-	return s.getParked(ctx, db, consumer, key, `substring(p.payload FROM 1 FOR $3)`, maxPayload)
+	return s.getParked(ctx, db, s.q.get("GetParkedPrefix"), consumer, key, maxPayload)
 }
 
-// getParked reads the parked message of (consumer, key) with payload (an
-// expression of p; its arguments, from $3, in args) as its payload.
-func (s *Store) getParked(ctx context.Context, db wsql.ContextExecutor, consumer, key, payload string, args ...any) (ParkedRow, error) {
-	rs, err := s.queryParked(ctx, db, s.parkedSelect(payload)+` WHERE p.consumer = $1 AND p.message_key = $2`, append([]any{consumer, key}, args...)...)
+// getParked reads the parked message of (consumer, key) with q, GetParked
+// or GetParkedPrefix (its arguments from $3 in args).
+func (s *Store) getParked(ctx context.Context, db wsql.ContextExecutor, q, consumer, key string, args ...any) (ParkedRow, error) {
+	rs, err := s.queryParked(ctx, db, q, append([]any{consumer, key}, args...)...)
 	if err != nil {
 		return ParkedRow{}, err
 	}
@@ -382,30 +333,21 @@ func (s *Store) LockParked(ctx context.Context, tx wsql.Tx, consumer, key string
 		return ParkedRow{}, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
 	}
 	var status string
-	err := seam.QueryRow(ctx, tx, `SELECT status FROM `+s.table+` WHERE consumer = $1 AND message_key = $2 FOR UPDATE`,
-		[]any{consumer, key}, &status)
+	err := seam.QueryRow(ctx, tx, s.q.get("LockRecordStatus"), []any{consumer, key}, &status)
 	if err != nil && !notFound(err) {
 		return ParkedRow{}, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
 	}
 	args := []any{consumer, key}
-	where := `p.consumer = $1 AND p.message_key = $2`
+	where := "true"
 	if f != nil {
-		cond, err := parkedWhere(*f, nil, &args)
-		if err != nil {
+		if where, err = parkedWhere(*f, nil, &args); err != nil {
 			return ParkedRow{}, err
 		}
-		where += ` AND ` + cond
 	}
 	// The record's status was read above, under its lock: the join is not
 	// needed again (and FOR UPDATE cannot lock the nullable side of a LEFT
 	// JOIN).
-	payloadCol := `NULL::bytea`
-	if payload {
-		payloadCol = `p.payload`
-	}
-	q := `SELECT ` + parkedColumns(payloadCol, `''`) + `
-FROM ` + s.ParkedTable() + ` p WHERE ` + where + ` FOR UPDATE`
-	rs, err := s.queryParked(ctx, tx, q, args...)
+	rs, err := s.queryParked(ctx, tx, s.rt.lockParked[b2i(payload)].Fill(where), args...)
 	if err != nil {
 		return ParkedRow{}, err
 	}
@@ -424,16 +366,14 @@ func (s *Store) LockRecord(ctx context.Context, tx wsql.Tx, consumer, key string
 	if err := s.lockRecord(ctx, tx, consumer, key); err != nil {
 		return Record{}, "", false, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
 	}
-	err = seam.QueryRow(ctx, tx, `SELECT `+recordColumns+` FROM `+s.table+` WHERE consumer = $1 AND message_key = $2 FOR UPDATE`,
-		[]any{consumer, key}, rec.scanDest()...)
+	err = seam.QueryRow(ctx, tx, s.q.get("LockRecord"), []any{consumer, key}, rec.scanDest()...)
 	switch {
 	case err == nil:
 		found = true
 	case !notFound(err):
 		return Record{}, "", false, fmt.Errorf("locking %q for %q: %w", key, consumer, err)
 	}
-	err = seam.QueryRow(ctx, tx, `SELECT message_uuid FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2 FOR UPDATE`,
-		[]any{consumer, key}, &messageUUID)
+	err = seam.QueryRow(ctx, tx, s.q.get("LockParkedUUID"), []any{consumer, key}, &messageUUID)
 	if err != nil && !notFound(err) {
 		return Record{}, "", false, fmt.Errorf("locking the parked message of %q for %q: %w", key, consumer, err)
 	}
@@ -447,10 +387,7 @@ func (s *Store) LockRecord(ctx context.Context, tx wsql.Tx, consumer, key string
 // that the record is locked before the message.
 func (s *Store) DiscardTx(ctx context.Context, tx wsql.Tx, consumer, key string) (bool, error) {
 	var found bool
-	err := seam.QueryRow(ctx, tx, `WITH kept AS (DELETE FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2 RETURNING 1),
-rec AS (UPDATE `+s.table+` SET status = '`+StatusDiscarded+`', processed_at = now()
-  WHERE consumer = $1 AND message_key = $2 AND status = '`+StatusParked+`' AND EXISTS (SELECT 1 FROM kept))
-SELECT EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &found)
+	err := seam.QueryRow(ctx, tx, s.q.get("Discard"), []any{consumer, key}, &found)
 	if err != nil {
 		return false, fmt.Errorf("discarding the parked message of %q for %q: %w", key, consumer, err)
 	}
@@ -460,7 +397,7 @@ SELECT EXISTS (SELECT 1 FROM kept)`, []any{consumer, key}, &found)
 // DeleteParked deletes the parked message of (consumer, key) and reports
 // whether there was one.
 func (s *Store) DeleteParked(ctx context.Context, db wsql.ContextExecutor, consumer, key string) (bool, error) {
-	n, err := seam.Exec(ctx, db, `DELETE FROM `+s.ParkedTable()+` WHERE consumer = $1 AND message_key = $2`, consumer, key)
+	n, err := seam.Exec(ctx, db, s.q.get("DeleteParked"), consumer, key)
 	if err != nil {
 		return false, fmt.Errorf("deleting the parked message of %q for %q: %w", key, consumer, err)
 	}
@@ -501,26 +438,15 @@ func (s *Store) DiscardForgetTx(ctx context.Context, tx wsql.Tx, consumer, key s
 // from a replay of the same key: the two may deadlock, which PostgreSQL
 // detects (40P01); run the batch again.
 func (s *Store) DiscardParkedBatch(ctx context.Context, tx wsql.Tx, f parked.Filter, limit int, forget bool) (int64, error) {
-	var args []any
+	// Without forget, the records that are parked become discarded; with
+	// it, only records that still wait for an operator are deleted: a done
+	// one (its message processed since) or a processing one stays.
+	args := []any{limit}
 	where, err := parkedWhere(f, nil, &args)
 	if err != nil {
 		return 0, err
 	}
-	args = append(args, limit)
-	q := `DELETE FROM ` + s.ParkedTable() + ` d USING (SELECT p.consumer, p.message_key FROM ` + s.ParkedTable() + ` p WHERE ` + where +
-		parkedOrder + ` LIMIT $` + strconv.Itoa(len(args)) + ` FOR UPDATE SKIP LOCKED) p
-WHERE d.consumer = p.consumer AND d.message_key = p.message_key RETURNING d.consumer, d.message_key`
-	if forget {
-		// Only records that still wait for an operator: a done one (its
-		// message processed since) or a processing one stays.
-		q = `WITH d AS (` + q + `), f AS (DELETE FROM ` + s.table + ` i USING d WHERE i.consumer = d.consumer AND i.message_key = d.message_key
-  AND i.status IN ('` + StatusParked + `', '` + StatusFailed + `'))
-SELECT count(*) FROM d`
-	} else {
-		q = `WITH d AS (` + q + `), f AS (UPDATE ` + s.table + ` i SET status = '` + StatusDiscarded + `', processed_at = now() FROM d
-  WHERE i.consumer = d.consumer AND i.message_key = d.message_key AND i.status = '` + StatusParked + `')
-SELECT count(*) FROM d`
-	}
+	q := s.rt.discardBatch[b2i(forget)].Fill(where)
 	var n int64
 	if err := seam.QueryRow(ctx, tx, q, args, &n); err != nil {
 		return 0, fmt.Errorf("discarding parked messages: %w", err)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math"
 	"sort"
-	"strconv"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 )
@@ -132,24 +131,8 @@ func jsonLen(s string) int {
 	return len(b)
 }
 
-// args are the arguments of keepParked for r.
+// args are the arguments of fragments.sql's KeepParked for r: $1..$5 of
+// every statement that keeps a parked message.
 func (r ParkedFields) args() []any {
 	return []any{r.UUID, r.Topic, r.Payload, r.PayloadSize, r.Metadata}
 }
-
-// keepParked is the statement that writes the parked message of the
-// records the CTE src returned (columns consumer, message_key, last_error,
-// attempts, first_seen_at, processed_at): its five arguments (ParkedFields's
-// args) from $first. A key parked again replaces its row.
-func (s *Store) keepParked(src string, first int) string {
-	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
-	return `INSERT INTO ` + s.parked + ` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
-SELECT consumer, message_key, ` + p(0) + `::text, ` + p(1) + `::text, ` + p(2) + `::bytea, ` + p(3) + `::int, ` + p(4) + `::jsonb,
-coalesce(last_error, ''), attempts, first_seen_at, coalesce(processed_at, now()) FROM ` + src + `
-ON CONFLICT (consumer, message_key) DO UPDATE SET message_uuid = EXCLUDED.message_uuid, topic = EXCLUDED.topic,
-payload = EXCLUDED.payload, payload_size = EXCLUDED.payload_size, metadata = EXCLUDED.metadata, reason = EXCLUDED.reason,
-attempts = EXCLUDED.attempts, first_seen_at = EXCLUDED.first_seen_at, parked_at = EXCLUDED.parked_at`
-}
-
-// parkedReturning is what a statement that parks returns for keepParked.
-const parkedReturning = `consumer, message_key, last_error, attempts, first_seen_at, processed_at`

@@ -178,7 +178,7 @@ func TestLeaseParksKeepTheMessage(t *testing.T) {
 		t.Run("permanent failure", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "perm", time.Hour, retryExpired)
 			msg := orderMessage("u-1")
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "perm", lc.Token, "invalid phone number", true, msg))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "perm", Token: lc.Token, Message: msg}, "invalid phone number", true))
 			got := b.requireKept(t, c, "perm", *msg)
 			require.Equal(t, "invalid phone number", got.Reason)
 			require.Equal(t, 1, got.Attempts)
@@ -186,7 +186,7 @@ func TestLeaseParksKeepTheMessage(t *testing.T) {
 
 		t.Run("failure keeps nothing", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "fail", time.Hour, retryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "fail", lc.Token, "500", false, orderMessage("u-2")))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "fail", Token: lc.Token, Message: orderMessage("u-2")}, "500", false))
 			_, ok := b.kept(t, c, "fail")
 			require.False(t, ok)
 		})
@@ -194,7 +194,7 @@ func TestLeaseParksKeepTheMessage(t *testing.T) {
 		t.Run("completion that can never commit", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "interrupted", time.Hour, retryExpired)
 			msg := orderMessage("u-3")
-			require.NoError(t, b.store.ParkInterrupted(b.ctx, b.db, c, "interrupted", lc.Token, "constraint failed at COMMIT", msg))
+			require.NoError(t, b.store.ParkInterrupted(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "interrupted", Token: lc.Token, Message: msg}, "constraint failed at COMMIT"))
 			require.Equal(t, "constraint failed at COMMIT", b.requireKept(t, c, "interrupted", *msg).Reason)
 		})
 
@@ -202,8 +202,8 @@ func TestLeaseParksKeepTheMessage(t *testing.T) {
 			stale := leaseAcquire(t, b, c, "stale", time.Hour, retryExpired)
 			leaseExpire(t, b, c, "stale")
 			leaseAcquire(t, b, c, "stale", time.Hour, retryExpired)
-			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, c, "stale", stale.Token, "late", true, orderMessage("u-4")), inboxdb.ErrLeaseLost)
-			require.ErrorIs(t, b.store.ParkInterrupted(b.ctx, b.db, c, "stale", stale.Token, "late", orderMessage("u-4")), inboxdb.ErrLeaseLost)
+			require.ErrorIs(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "stale", Token: stale.Token, Message: orderMessage("u-4")}, "late", true), inboxdb.ErrLeaseLost)
+			require.ErrorIs(t, b.store.ParkInterrupted(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "stale", Token: stale.Token, Message: orderMessage("u-4")}, "late"), inboxdb.ErrLeaseLost)
 			_, ok := b.kept(t, c, "stale")
 			require.False(t, ok)
 		})
@@ -235,7 +235,7 @@ func TestLeaseParksKeepTheMessage(t *testing.T) {
 
 		t.Run("forget deletes it", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "forget", time.Hour, retryExpired)
-			require.NoError(t, b.store.Fail(b.ctx, b.db, c, "forget", lc.Token, "permanent", true, orderMessage("u-7")))
+			require.NoError(t, b.store.Fail(b.ctx, b.db, inboxdb.Attempt{Consumer: c, Key: "forget", Token: lc.Token, Message: orderMessage("u-7")}, "permanent", true))
 			ok, err := b.store.Forget(b.ctx, b.db, c, "forget")
 			require.NoError(t, err)
 			require.True(t, ok)

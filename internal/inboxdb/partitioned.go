@@ -5,7 +5,7 @@ import (
 	stdsql "database/sql"
 	"errors"
 	"fmt"
-	"strconv"
+
 	"strings"
 	"sync"
 	"time"
@@ -16,28 +16,11 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 )
 
-// The time-partitioned layout (sqlschema.DB.Partitions).
-//
-// PostgreSQL has no unique index across partitions: the primary key is
-// (consumer, message_key, partition_at), and INSERT ... ON CONFLICT
-// (consumer, message_key) cannot detect a key recorded in another
-// partition. Every statement that may create a record of (consumer, key)
-// therefore first takes a transaction-scoped advisory lock on a hash of
-// (table, consumer, key), then looks the key up in every partition, and
-// inserts only when it is absent. The lock serialises the creators of one
-// key; under READ COMMITTED the look-up, a statement that starts after the
-// lock was granted, sees whatever the previous holder committed. A batch
-// takes its keys' locks in the order of their hashes, so that two batches
-// sharing keys cannot deadlock. Updates by (consumer, key) need no lock.
-//
-// Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot is taken
-// at its first statement, before the lock is granted, so a record committed
-// by the previous holder in between would be invisible and inserted again.
-// Claims in the caller's transaction (ClaimTx, BeginClaimPgx, ClaimBatchTx)
-// refuse those levels with ErrNeedsReadCommitted; the store's own
-// transactions (lease claims, Park, retention) are READ COMMITTED.
+// The time-partitioned layout (sqlschema.DB.Partitions): its locks are
+// lockPlan's (lockplan.go), which every writer goes through.
 
 // ErrNeedsReadCommitted is returned (wrapped) by a claim on the
 // partitioned layout in a transaction that is not READ COMMITTED.
@@ -68,9 +51,8 @@ const fallbackLockClass = 0x656f7066 // "eopf"
 // placement).
 type partitionState struct {
 	layout inboxpart.Layout
-	// newestEnd is the SQL expression of the newest attached partition's
-	// end, read from the catalog by the statement that uses it.
-	newestEnd string
+	// locks is the lock plan every writer goes through.
+	locks lockPlan
 
 	// mu guards the fields below, and is never held across a round trip:
 	// a claim waiting for it in a transaction holds a connection (behind
@@ -83,26 +65,9 @@ type partitionState struct {
 	// maintenance created some): a look-up that began before does not
 	// store what it read.
 	gen    uint64
-	pinned time.Time // tests only: the newest partition's end, instead of newestEnd
+	pinned time.Time // tests only: the newest partition's end, instead of the catalog's
 
 	funcs funcState // the claim functions (partitioned_func.go)
-}
-
-// newestEndSQL is the SQL expression of the end of l's newest attached
-// partition (detached or being detached ones excluded), read from the
-// catalog: partition names encode their start (inboxpart), and the largest
-// name is the newest. NULL when the table has none.
-func newestEndSQL(l inboxpart.Layout) string {
-	digits, hour, step := "8", "0", "1 day"
-	if l.Hourly {
-		digits, hour, step = "10", "substr(n.d, 9, 2)::int", "1 hour"
-	}
-	prefix := l.Table + "_p"
-	// relname::text keeps the planner from scanning pg_class's name index
-	// for the prefix in every schema: the look-up starts from pg_inherits.
-	return `(SELECT make_timestamptz(substr(n.d, 1, 4)::int, substr(n.d, 5, 2)::int, substr(n.d, 7, 2)::int, ` + hour + `, 0, 0, 'UTC') + interval '` + step + `'
-FROM (SELECT substr(max(c.relname::text), ` + strconv.Itoa(len(prefix)+1) + `) AS d FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = '` + l.Parent() + `'::regclass AND NOT i.inhdetachpending AND c.relname::text ~ '^` + prefix + `[0-9]{` + digits + `}$') n)`
 }
 
 // placement is where a claim records a new key, decided once per claim
@@ -133,37 +98,27 @@ type placement struct {
 	fallback bool
 }
 
-// lockSQL is what the placement adds to the claim's lock statement, before
-// the key locks: the fallback lock, shared. Empty for a write at now.
-func (s *Store) lockSQL(pl placement) string {
-	if !pl.fallback {
-		return ""
-	}
-	return `pg_advisory_xact_lock_shared(` + strconv.Itoa(fallbackLockClass) + `, hashtext('` + s.table + `'))`
-}
-
-// partitionAtSQL is the SQL expression of a new record's partition_at.
-func (s *Store) partitionAtSQL(pl placement) string {
-	if !pl.fallback {
-		return `clock_timestamp()`
-	}
-	return s.fallbackAt()
-}
-
-// fallbackAt is the partition_at of a fallback write: the clock, or just
-// before the end of the newest partition when the clock has passed it.
-// Only under the fallback lock (or in a purge, after its partitions were
-// created).
-func (s *Store) fallbackAt() string {
+// pinnedEnd is the last parameter of a fallback write's statement, and of
+// a purge's move: the newest partition's end a test pinned
+// (PretendNewestPartitionEnds), or nil, and the statement reads it from
+// the catalog (fragments.sql's NewestEnd). Only under the fallback lock
+// (or in a purge, after its partitions were created).
+func (s *Store) pinnedEnd() any {
 	p := s.part
 	p.mu.Lock()
-	pinned := p.pinned
-	p.mu.Unlock()
-	end := p.newestEnd
-	if !pinned.IsZero() {
-		end = inboxpart.Literal(pinned)
+	defer p.mu.Unlock()
+	if p.pinned.IsZero() {
+		return nil
 	}
-	return `least(clock_timestamp(), ` + end + ` - interval '1 microsecond')`
+	return p.pinned
+}
+
+// placedArgs are args, with pinnedEnd last for a fallback write.
+func (s *Store) placedArgs(pl placement, args ...any) []any {
+	if pl.fallback {
+		return append(args, s.pinnedEnd())
+	}
+	return args
 }
 
 // place decides where a new record of a claim made now goes: a fallback
@@ -248,21 +203,6 @@ const claimRetries = 3
 // Partitioned reports whether the store's table uses the partitioned layout.
 func (s *Store) Partitioned() bool { return s.part != nil }
 
-// lockKey is the SQL expression of the advisory lock key of (consumer, key)
-// given as SQL expressions: a 64-bit hash of the table, the consumer and the
-// key, unambiguous because the consumer's length comes first. Two keys
-// sharing a hash only wait for each other.
-func (s *Store) lockKey(consumer, key string) string {
-	return inboxpart.LockKey(s.table, consumer, key)
-}
-
-// checkedLock wraps a lock key expression so that it fails outside READ
-// COMMITTED with an error naming the isolation level.
-func checkedLock(key string) string {
-	return `pg_advisory_xact_lock(CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN ` + key +
-		` ELSE ('` + isolationMarker + ` ' || current_setting('transaction_isolation'))::bigint END)`
-}
-
 // lockErr turns the lock statement's isolation error into
 // ErrNeedsReadCommitted.
 func lockErr(err error) error {
@@ -274,37 +214,22 @@ func lockErr(err error) error {
 
 // claimInsertPartitioned locks (consumer, key) with pl unless locked
 // (then pl is the placement the lock statement was made for), and returns
-// the insert of a done record that inserts only when the key has no record.
-func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked *placement) (string, error) {
+// the insert of a done record that inserts only when the key has no
+// record, with its arguments.
+func (s *Store) claimInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked *placement) (string, []any, error) {
 	var pl placement
 	if locked != nil {
 		pl = *locked
 	} else {
 		pl = s.place(ctx, tx)
 		if !pl.fallback && s.useFunctions(ctx, tx) {
-			return s.claimStatementFunc(), nil
+			return s.q.get("ClaimFuncCall"), []any{consumer, key}, nil
 		}
-		if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), checkedLock(s.lockKey("$1::text", "$2::text"))), consumer, key); err != nil {
-			return "", lockErr(err)
-		}
-	}
-	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, partition_at)
-SELECT $1, $2, 'done', 1, now(), ` + s.partitionAtSQL(pl) + `
-WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2)
-RETURNING first_seen_at`, nil
-}
-
-// join joins the non-empty SQL select-list items with commas, in order:
-// PostgreSQL evaluates a select list left to right, so the locks in it are
-// taken in that order.
-func join(items ...string) string {
-	out := make([]string, 0, len(items))
-	for _, it := range items {
-		if it != "" {
-			out = append(out, it)
+		if err := s.part.locks.claim(ctx, tx, pl, consumer, key); err != nil {
+			return "", nil, err
 		}
 	}
-	return strings.Join(out, ", ")
+	return s.part.locks.placed("ClaimInsert", pl), s.placedArgs(pl, consumer, key), nil
 }
 
 // beginClaimPgxPartitioned is BeginClaimPgx on the partitioned layout. A
@@ -334,11 +259,11 @@ func (s *Store) beginClaimPgxPartitionedOnce(ctx context.Context, conn *pgx.Conn
 		}
 		pl = s.place(ctx, wsql.BeginnerFromPgx(conn))
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN; SELECT ` + join(s.lockSQL(pl), checkedLock(s.lockKey(`'`+qc+`'`, `'`+qk+`'`)))})
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.part.locks.beginClaim(pl, qc, qk)})
 	if err != nil {
 		// A failed BEGIN query may leave conn in an aborted transaction.
 		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
-			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+			if _, rbErr := conn.Exec(context.WithoutCancel(ctx), s.q.get("Rollback")); rbErr != nil {
 				return nil, ClaimResult{}, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
 			}
 		}
@@ -367,77 +292,42 @@ func (s *Store) claimBatchPartitioned(ctx context.Context, tx wsql.ContextExecut
 	if !pl.fallback && s.useFunctions(ctx, tx) {
 		return s.claimBatchFunc(ctx, tx, consumer, sorted)
 	}
-	args := make([]any, 0, len(sorted)+1)
-	args = append(args, consumer)
-	var values strings.Builder
-	for i, k := range sorted {
-		if i > 0 {
-			values.WriteString(", ")
-		}
-		values.WriteString("($" + strconv.Itoa(i+2) + "::text)")
-		args = append(args, k)
+	if err := s.part.locks.claimBatch(ctx, tx, pl, consumer, sorted); err != nil {
+		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
 	}
-	fence := ""
-	if f := s.lockSQL(pl); f != "" {
-		fence = ` WHERE (SELECT ` + f + `) IS NOT NULL`
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT `+checkedLock("h")+` FROM (SELECT DISTINCT `+s.lockKey("$1::text", "v.k")+
-		` AS h FROM (VALUES `+values.String()+`) v(k) ORDER BY 1) l`+fence, args...); err != nil {
-		return nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, lockErr(err))
-	}
-	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.table+` (consumer, message_key, status, attempts, processed_at, partition_at)
-SELECT $1, v.k, 'done', 1, now(), `+s.partitionAtSQL(pl)+` FROM (VALUES `+values.String()+`) v(k)
-WHERE NOT EXISTS (SELECT 1 FROM `+s.table+` t WHERE t.consumer = $1 AND t.message_key = v.k)
-RETURNING message_key`, args...)
+	rows, err := tx.QueryContext(ctx, s.part.locks.placed("ClaimBatchInsert", pl), s.placedArgs(pl, consumer, sorted)...)
 	keys, err := claimedKeys(rows, err, len(sorted), consumer)
 	return keys, s.partitionsChanged(err)
 }
 
 // leaseInsertPartitioned locks (consumer, key), waiting at most
 // lockTimeout (then 55P03: busy), and returns lease mode's insert of a
-// processing record for an absent key ($1 consumer, $2 key, $3 lease
-// seconds, $4 token).
-func (s *Store) leaseInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key, lockTimeout string) (string, error) {
-	// The fallback lock (if any) is taken before lock_timeout is set: a
-	// purge's fence may make it wait for longer than a moment.
+// processing record for an absent key, with its arguments.
+func (s *Store) leaseInsertPartitioned(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, leaseSecs float64, token, lockTimeout string) (string, []any, error) {
 	pl := s.place(ctx, tx)
-	if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), `set_config('lock_timeout', $3, true)`,
-		`pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`), consumer, key, lockTimeout); err != nil {
-		return "", err
+	if err := s.part.locks.leaseClaim(ctx, tx, pl, consumer, key, lockTimeout); err != nil {
+		return "", nil, err
 	}
-	return `INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, lease_until, lease_token, partition_at)
-SELECT $1, $2, 'processing', 1, now() + make_interval(secs => $3), $4::uuid, ` + s.partitionAtSQL(pl) + `
-WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2)
-RETURNING ` + recordColumns, nil
+	return s.part.locks.placed("LeaseInsert", pl), s.placedArgs(pl, consumer, key, leaseSecs, token), nil
 }
 
 // parkPartitioned is Park on the partitioned layout, in a READ COMMITTED
 // transaction of its own when db can begin one (then it retries after
 // ErrPartitionsChanged).
 func (s *Store) parkPartitioned(ctx context.Context, db wsql.ContextExecutor, consumer, key, reason string, msg *ParkedMessage) error {
-	// Both branches see the statement's snapshot: when released parks the
-	// record, the insert finds it and creates none.
-	q := `WITH released AS (
-UPDATE ` + s.table + ` SET status = 'parked', attempts = attempts + 1, processed_at = now(), last_error = $3
-WHERE consumer = $1 AND message_key = $2 AND status = 'failed' AND parked_by_transaction RETURNING ` + parkedReturning + `),
-created AS (
-INSERT INTO ` + s.table + ` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, partition_at)
-SELECT $1, $2, 'parked', 1, now(), $3, true, {{partition_at}}
-WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND message_key = $2) RETURNING ` + parkedReturning + `)
-`
-	args := []any{consumer, key, reason}
+	// Both branches of Park (placed/claim.sql) see the statement's
+	// snapshot: when released parks the record, the insert finds it and
+	// creates none.
+	name, args := "Park", []any{consumer, key, reason}
 	if msg != nil {
-		q += s.keepParked(`(SELECT * FROM released UNION ALL SELECT * FROM created) parked`, 4)
-		args = append(args, msg.Row().args()...)
-	} else {
-		q += `SELECT 1` // data-modifying CTEs run whether or not they are read
+		name, args = "ParkKeep", append(msg.Row().args(), args...)
 	}
 	run := func(tx wsql.ContextExecutor) error {
 		pl := s.place(ctx, tx)
-		if _, err := tx.ExecContext(ctx, `SELECT `+join(s.lockSQL(pl), `pg_advisory_xact_lock(`+s.lockKey("$1::text", "$2::text")+`)`), consumer, key); err != nil {
+		if err := s.part.locks.park(ctx, tx, pl, consumer, key); err != nil {
 			return err
 		}
-		_, err := seam.Exec(ctx, tx, strings.Replace(q, "{{partition_at}}", s.partitionAtSQL(pl), 1), args...)
+		_, err := seam.Exec(ctx, tx, s.part.locks.placed(name, pl), s.placedArgs(pl, args...)...)
 		return s.partitionsChanged(err)
 	}
 	b, ok := db.(wsql.Beginner)
@@ -478,13 +368,13 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 	}
 	for _, p := range parts {
 		if p.DetachPending {
-			if _, err := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` DETACH PARTITION `+l.Quoted(p.Name)+` FINALIZE`); err != nil {
+			if _, err := db.ExecContext(ctx, s.rt.finalize.Fill(l.Quoted(p.Name))); err != nil {
 				if pending, lerr := s.detachPending(ctx, db, p.Name); lerr == nil && !pending {
 					continue // the purge that was detaching it finished it
 				}
 				return nil, fmt.Errorf("finishing the detach of %s: %w", p.Name, err)
 			}
-			if _, err := s.dropDetached(ctx, db, p, `status NOT IN `+dedupOnlySQL); err != nil {
+			if _, err := s.dropDetached(ctx, db, p, s.rt.countOpen); err != nil {
 				return nil, err
 			}
 		}
@@ -508,22 +398,6 @@ func (s *Store) MaintainPartitions(ctx context.Context, db wsql.Beginner) ([]str
 	return created, nil
 }
 
-// keepCondition selects the records retention must keep although their
-// partition is past retention: not done or discarded (processing, failed,
-// parked), or done or discarded but finished after the cutoff ($1). It uses the partial index of
-// open records and the BRIN index of finish times.
-//
-// A record finished at processed_at, the start (now()) of the transaction
-// that finished it, which commits later: a record whose transaction was
-// open for longer than OlderThan is past retention when it commits.
-const keepCondition = `(status NOT IN ` + dedupOnlySQL + ` OR coalesce(processed_at, first_seen_at) >= $1)`
-
-// liveLease selects lease-mode records whose attempt still holds its lease:
-// they are not moved, so their partition waits for the next purge. (An
-// attempt whose lease expired may still complete after its record moved:
-// its completion takes the key's lock first, see CompleteTx.)
-const liveLease = `(status = 'processing' AND lease_until > now())`
-
 // purgePartitions is Purge on the partitioned layout: every partition that
 // ended before the cutoff has the records it must keep moved into the
 // current partition (under their keys' locks), then is detached
@@ -540,7 +414,7 @@ func (s *Store) purgePartitions(ctx context.Context, db wsql.Beginner, opts Purg
 	var cutoff time.Time
 	var parts []inboxpart.Partition
 	locked, err := s.underPurgeLock(ctx, db, func(tx wsql.Tx) error {
-		if err := seam.QueryRow(ctx, tx, `SELECT now() - make_interval(secs => $1)`, []any{opts.OlderThan.Seconds()}, &cutoff); err != nil {
+		if err := seam.QueryRow(ctx, tx, s.q.get("PurgeCutoff"), []any{opts.OlderThan.Seconds()}, &cutoff); err != nil {
 			return err
 		}
 		var err error
@@ -607,7 +481,7 @@ func (s *Store) fenceFallbackWrites(ctx context.Context, db wsql.Beginner) error
 	if err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, fallbackLockClass, s.table); err != nil {
+	if err := s.part.locks.fence(ctx, tx); err != nil {
 		_ = tx.Rollback()
 		return fmt.Errorf("waiting for the claims in flight into past partitions: %w", err)
 	}
@@ -620,11 +494,12 @@ func (s *Store) fenceFallbackWrites(ctx context.Context, db wsql.Beginner) error
 func (s *Store) dropPartition(ctx context.Context, db wsql.Beginner, p inboxpart.Partition, cutoff time.Time, batch int) (int64, bool, error) {
 	l := s.part.layout
 	q := l.Quoted(p.Name)
-	inRange := `partition_at >= ` + inboxpart.Literal(p.From) + ` AND partition_at < ` + inboxpart.Literal(p.To)
-	// Batches until one finds nothing to move: a batch may move fewer
-	// records than it found (a record changed while the batch waited for
-	// its key's lock), and only a look-up that finds none shows that none
-	// is left.
+	// The records to keep (partitions.sql's FindKept): not done or
+	// discarded, or finished after the cutoff; never one with a live
+	// lease. Batches until one finds nothing to move: a batch may move
+	// fewer records than it found (a record changed while the batch waited
+	// for its key's lock), and only a look-up that finds none shows that
+	// none is left.
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, false, err
@@ -634,19 +509,17 @@ func (s *Store) dropPartition(ctx context.Context, db wsql.Beginner, p inboxpart
 		locked, err := s.underPurgeLock(ctx, db, func(tx wsql.Tx) error {
 			// Through the parent: a partition another purge detached in the
 			// meantime has nothing left to move.
-			rows, err := tx.QueryContext(ctx, `SELECT consumer, message_key FROM `+s.table+` WHERE `+inRange+` AND `+keepCondition+` AND NOT `+liveLease+` LIMIT $2`, cutoff, batch)
+			rows, err := tx.QueryContext(ctx, s.q.get("FindKept"), cutoff, batch, p.From, p.To)
 			if err != nil {
 				return err
 			}
-			var cs, ks []any
-			var values []string
+			var cs, ks []string
 			for rows.Next() {
 				var c, k string
 				if err := rows.Scan(&c, &k); err != nil {
 					_ = rows.Close()
 					return err
 				}
-				values = append(values, "($"+strconv.Itoa(2*len(cs)+2)+"::text, $"+strconv.Itoa(2*len(cs)+3)+"::text)")
 				cs, ks = append(cs, c), append(ks, k)
 			}
 			if err := seam.Close(rows); err != nil {
@@ -654,28 +527,16 @@ func (s *Store) dropPartition(ctx context.Context, db wsql.Beginner, p inboxpart
 			}
 			found = len(cs)
 			if found == 0 {
-				return seam.QueryRow(ctx, tx, `SELECT EXISTS (SELECT 1 FROM `+s.table+` WHERE `+inRange+` AND `+liveLease+`)`, nil, &live)
+				return seam.QueryRow(ctx, tx, s.q.get("LiveLeaseIn"), []any{p.From, p.To}, &live)
 			}
-			args := []any{cutoff}
-			for i := range cs {
-				args = append(args, cs[i], ks[i])
-			}
-			vals := strings.Join(values, ", ")
 			// The keys' locks, in hash order, as every claim takes them:
 			// no claim runs for these keys while their records move.
-			lockVals := make([]string, len(cs))
-			for i := range cs {
-				lockVals[i] = "($" + strconv.Itoa(2*i+1) + "::text, $" + strconv.Itoa(2*i+2) + "::text)"
-			}
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT `+s.lockKey("v.c", "v.k")+
-				` AS h FROM (VALUES `+strings.Join(lockVals, ", ")+`) v(c, k) ORDER BY 1) l`, args[1:]...); err != nil {
+			if err := s.part.locks.lockKeys(ctx, tx, cs, ks); err != nil {
 				return err
 			}
 			// Into the newest partition, read from the catalog: the
 			// partitions due were created, so it is not past retention.
-			_, err = seam.Exec(ctx, tx, `UPDATE `+s.table+` SET partition_at = `+s.fallbackAt()+`
-WHERE `+inRange+` AND (consumer, message_key) IN (SELECT v.c, v.k FROM (VALUES `+vals+`) v(c, k))
-AND `+keepCondition+` AND NOT `+liveLease, args...)
+			_, err = seam.Exec(ctx, tx, s.q.get("MoveKept"), cutoff, cs, ks, p.From, p.To, s.pinnedEnd())
 			return err
 		})
 		if err != nil {
@@ -695,13 +556,13 @@ AND `+keepCondition+` AND NOT `+liveLease, args...)
 	// No lock is held from here: DETACH ... CONCURRENTLY cannot run in a
 	// transaction. Its SHARE UPDATE EXCLUSIVE lock on the table excludes
 	// another purge's detach; one that finds p gone stops.
-	if _, err := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` DETACH PARTITION `+q+` CONCURRENTLY`); err != nil {
+	if _, err := db.ExecContext(ctx, s.rt.detach.Fill(q)); err != nil {
 		if still, lerr := s.attached(ctx, db, p.Name); lerr == nil && !still {
 			return 0, false, fmt.Errorf("%w (%s was detached by it): %w", ErrPurgeRunning, p.Name, err)
 		}
 		return 0, false, fmt.Errorf("purge: detaching %s: %w", p.Name, err)
 	}
-	n, err := s.dropDetached(ctx, db, p, keepCondition, cutoff)
+	n, err := s.dropDetached(ctx, db, p, s.rt.countKeptAfter, cutoff)
 	if err != nil {
 		return 0, false, fmt.Errorf("purge: %w", err)
 	}
@@ -709,12 +570,12 @@ AND `+keepCondition+` AND NOT `+liveLease, args...)
 }
 
 // dropDetached drops p, a partition just detached, and returns the rows it
-// held; unless a record in it matches keep (a condition whose parameters
-// are args), which is never expected (the records to keep were moved out,
+// held; unless count (CountDetachedAfter or CountDetachedOpen, whose
+// parameters are args) finds a record in it to keep, which is never expected (the records to keep were moved out,
 // and no claim writes into a partition past retention once the fallback
 // writes were fenced): then it attaches p again and fails, and the record
 // stays.
-func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.Partition, keep string, args ...any) (int64, error) {
+func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.Partition, count sqlexec.Template, args ...any) (int64, error) {
 	l := s.part.layout
 	q := l.Quoted(p.Name)
 	// Each statement runs again after a deadlock: another process's
@@ -723,14 +584,13 @@ func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.
 	// gives up once it sees the partition detached.
 	var n, kept int64
 	if err := retryStatement(db, func() error {
-		return seam.QueryRow(ctx, db, `SELECT count(*), count(*) FILTER (WHERE `+keep+`) FROM `+q, args, &n, &kept)
+		return seam.QueryRow(ctx, db, count.Fill(q), args, &n, &kept)
 	}); err != nil {
 		return 0, fmt.Errorf("counting the records of %s: %w", p.Name, err)
 	}
 	if kept > 0 {
 		aerr := retryStatement(db, func() error {
-			_, err := db.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
-				` FOR VALUES FROM (`+inboxpart.Literal(p.From)+`) TO (`+inboxpart.Literal(p.To)+`)`)
+			_, err := db.ExecContext(ctx, s.rt.attach.Fill(q, inboxpart.Literal(p.From), inboxpart.Literal(p.To)))
 			return err
 		})
 		if aerr != nil {
@@ -739,7 +599,7 @@ func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.
 		return 0, fmt.Errorf("%s still held %d records to keep after they were moved; it was attached again", p.Name, kept)
 	}
 	if err := retryStatement(db, func() error {
-		_, err := db.ExecContext(ctx, `DROP TABLE `+q)
+		_, err := db.ExecContext(ctx, s.rt.drop.Fill(q))
 		return err
 	}); err != nil {
 		return 0, fmt.Errorf("dropping %s: %w", p.Name, err)

@@ -43,11 +43,6 @@ type funcState struct {
 	off     bool      // tests and benchmarks: never use them
 }
 
-// claimFunction names one of the store's claim functions.
-func (s *Store) claimFunction(suffix string) string {
-	return pgx.Identifier{s.cfg.Tables.Schema, s.cfg.Tables.InboxTable + "_" + suffix}.Sanitize()
-}
-
 // useFunctions reports whether a claim may call the claim functions: they
 // exist (asked through db at the first claim, and again at most every
 // refreshEvery while they are missing: a table whose functions are
@@ -64,9 +59,7 @@ func (s *Store) useFunctions(ctx context.Context, db wsql.ContextExecutor) bool 
 	gen := f.gen
 	f.mu.Unlock()
 	var ok bool
-	if err := seam.QueryRow(ctx, db, `SELECT to_regprocedure($1) IS NOT NULL AND to_regprocedure($2) IS NOT NULL AND to_regprocedure($3) IS NOT NULL`,
-		[]any{s.claimFunction("claim") + "(text, text, boolean)", s.claimFunction("claim_batch") + "(text, text[])",
-			s.claimFunction("duplicate") + "(text, text)"}, &ok); err != nil {
+	if err := seam.QueryRow(ctx, db, s.q.get("ClaimFunctionsExist"), nil, &ok); err != nil {
 		return false
 	}
 	f.mu.Lock()
@@ -98,18 +91,11 @@ func (s *Store) claimFunctionGone(err error) bool {
 	return pgerr.Code(err) == undefinedFunction && strings.Contains(err.Error(), s.cfg.Tables.InboxTable+"_")
 }
 
-// claimStatementFunc is ClaimTx's statement on the partitioned layout for
-// a claim at clock_timestamp(): one row when it inserted the record, none
-// when the key has one ($1 consumer, $2 key).
-func (s *Store) claimStatementFunc() string {
-	return `SELECT 1 WHERE ` + s.claimFunction("claim") + `($1::text, $2::text, false)`
-}
-
 // claimBatchFunc is claimBatchPartitioned through the claim_batch
 // function: the keys' locks in hash order, then the insert of the absent
 // ones, in one statement.
 func (s *Store) claimBatchFunc(ctx context.Context, tx wsql.ContextExecutor, consumer string, sorted []string) (map[string]bool, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT k FROM `+s.claimFunction("claim_batch")+`($1::text, $2::text[]) k`, consumer, sorted)
+	rows, err := tx.QueryContext(ctx, s.q.get("ClaimBatchFuncCall"), consumer, sorted)
 	keys, err := claimedKeys(rows, err, len(sorted), consumer)
 	return keys, s.partitionsChanged(err)
 }
@@ -123,9 +109,8 @@ func (s *Store) claimBatchFunc(ctx context.Context, tx wsql.ContextExecutor, con
 // of the general path instead (a key released by an operator, or the
 // functions were dropped).
 func (s *Store) beginClaimPgxFunc(ctx context.Context, conn *pgx.Conn, consumer, key, qc, qk string) (tx pgx.Tx, claim ClaimResult, done bool, err error) {
-	args := `('` + qc + `', '` + qk + `'`
 	for range 3 {
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN; SELECT ` + s.claimFunction("claim") + args + `, true)`})
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.rt.beginFunc.Fill(qc, qk)})
 		if err == nil {
 			return tx, ClaimResult{Claimed: true}, true, nil
 		}
@@ -134,7 +119,7 @@ func (s *Store) beginClaimPgxFunc(ctx context.Context, conn *pgx.Conn, consumer,
 		if !dup {
 			// A failed BEGIN query may leave conn in an aborted transaction.
 			if inTx {
-				if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+				if _, rbErr := conn.Exec(context.WithoutCancel(ctx), s.q.get("Rollback")); rbErr != nil {
 					return nil, ClaimResult{}, true, fmt.Errorf("rolling back a failed claim of %q for %q: %w", key, consumer, rbErr)
 				}
 			}
@@ -147,9 +132,9 @@ func (s *Store) beginClaimPgxFunc(ctx context.Context, conn *pgx.Conn, consumer,
 		// Already recorded: roll back and count the duplicate, in one round
 		// trip. Zero rows: the record was deleted (Forget, Purge) in
 		// between: claim again.
-		q := `SELECT * FROM ` + s.claimFunction("duplicate") + args + `)`
+		q := s.rt.duplicateFunc.Fill(qc, qk)
 		if inTx {
-			q = "ROLLBACK; " + q
+			q = s.rt.rollbackDuplicateFunc.Fill(qc, qk)
 		}
 		rec, found, err := s.countDuplicatePgx(ctx, conn, q)
 		if err != nil {
@@ -188,7 +173,7 @@ func (s *Store) countDuplicatePgx(ctx context.Context, conn *pgx.Conn, q string)
 		// The rollback ran (or the connection is gone): whatever failed
 		// after it, conn is not left in a transaction it began.
 		if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+			_, _ = conn.Exec(context.WithoutCancel(ctx), s.q.get("Rollback"))
 		}
 		return Record{}, false, err
 	}

@@ -72,8 +72,10 @@ type Store struct {
 	cfg    Config
 	table  string
 	parked string          // the table of parked messages
+	q      queries         // the statements, rendered for the table set
+	rt     runTemplates    // the run-time templates among them
 	part   *partitionState // nil: the plain layout
-	prep   *preparedClaim  // the pgx fast path's prepared INSERT
+	prep   *preparedClaim  // the pgx fast path's prepared INSERT (plain layout)
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -83,13 +85,23 @@ func NewStore(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	q, err := loadQueries(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("inboxdb: %w", err)
+	}
+	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil)
+	if err != nil {
+		return nil, fmt.Errorf("inboxdb: %w", err)
+	}
 	s := &Store{cfg: cfg, table: cfg.Tables.Inbox(),
-		parked: pgx.Identifier{cfg.Tables.Schema, cfg.Tables.InboxTable + "_parked"}.Sanitize()}
-	s.prep = newPreparedClaim(s.table, cfg)
+		parked: pgx.Identifier{cfg.Tables.Schema, cfg.Tables.InboxTable + "_parked"}.Sanitize(), q: q, rt: rt}
 	if p := cfg.Tables.Partitions; p != nil {
+		p := p.WithDefaults()
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
 			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
-		s.part = &partitionState{layout: l, newestEnd: newestEndSQL(l)}
+		s.part = &partitionState{layout: l, locks: lockPlan{q: q, rt: rt}}
+	} else {
+		s.prep = newPreparedClaim(rt, cfg)
 	}
 	return s, nil
 }
@@ -150,19 +162,6 @@ func Settled(status string) bool {
 	return status == StatusDone || status == StatusParked || status == StatusDiscarded
 }
 
-// settledSQL is the statuses of Settled, as an SQL list.
-const settledSQL = `('` + StatusDone + `', '` + StatusParked + `', '` + StatusDiscarded + `')`
-
-// agingSQL is the statuses the row purge (Purge) ages out: records that
-// finished and wait for nobody. Parked records wait for an operator;
-// processing ones hold a lease.
-const agingSQL = `('` + StatusDone + `', '` + StatusFailed + `', '` + StatusDiscarded + `')`
-
-// dedupOnlySQL is the statuses of records kept only to recognise
-// duplicates: a partition's drop removes those past retention and keeps
-// every other record.
-const dedupOnlySQL = `('` + StatusDone + `', '` + StatusDiscarded + `')`
-
 // Record is one row of the inbox.
 type Record struct {
 	Consumer string
@@ -189,8 +188,6 @@ type Record struct {
 	// over by a transactional claim.
 	ParkedByTransaction bool
 }
-
-const recordColumns = `consumer, message_key, status, attempts, duplicates, lease_until, first_seen_at, processed_at, coalesce(last_error, ''), interrupted, interruptions, parked_by_transaction`
 
 func (r *Record) scanDest() []any {
 	return []any{&r.Consumer, &r.Key, &r.Status, &r.Attempts, &r.Duplicates,

@@ -12,10 +12,22 @@
 // DEFAULT partition: with one, attaching and detaching would lock it (and
 // through it every claim, which reads every partition) in ACCESS EXCLUSIVE
 // mode, and DETACH ... CONCURRENTLY would be refused.
+//
+// Its statements are in queries/postgres/partitions.sql, rendered with the
+// layout by the call that runs them (List, Ensure: maintenance, at most a
+// few calls a minute); CreatePartition and AttachPartition are run-time
+// templates (sqlexec.Template), filled with the partition's name and
+// bounds.
+//
+// It is not folded into inboxdb: sqlschema (Migrate creates the first
+// partitions, and its migrations need LockKey) must not import inboxdb.
+// The lock plan that every writer obeys is inboxdb's lockPlan; this
+// package's maintenance lock is its step 5.
 package inboxpart
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"strings"
 	"time"
@@ -24,7 +36,31 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
+
+//go:embed queries
+var queryFiles embed.FS
+
+// queryData is what partitions.sql sees.
+type queryData struct {
+	Parent               string
+	MaintenanceLockClass int
+}
+
+// Run marks a run-time hole (sqlexec.Hole).
+func (queryData) Run(name string) string { return sqlexec.Hole(name) }
+
+// Statements returns l's statements, by name (partitions.sql), rendered
+// for l; the run-time templates keep their holes.
+func (l Layout) Statements() (sqlfile.Statements, error) {
+	st, err := sqlfile.Render(queryFiles, "queries/postgres", queryData{Parent: l.Parent(), MaintenanceLockClass: MaintenanceLockClass})
+	if err != nil {
+		return sqlfile.Statements{}, fmt.Errorf("inboxpart: %w", err)
+	}
+	return st, nil
+}
 
 // Layout is one partitioned inbox table.
 type Layout struct {
@@ -89,9 +125,11 @@ func (l Layout) parse(name string) (Partition, bool) {
 
 // List returns the table's partitions named by this package, oldest first.
 func (l Layout) List(ctx context.Context, db wsql.ContextExecutor) ([]Partition, error) {
-	rows, err := db.QueryContext(ctx, `SELECT c.relname::text, i.inhdetachpending FROM pg_inherits i
-JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass ORDER BY c.relname`, l.Parent())
+	st, err := l.Statements()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, st.Get("List"), l.Parent())
 	if err != nil {
 		return nil, fmt.Errorf("listing the partitions of %s: %w", l.Parent(), err)
 	}
@@ -114,11 +152,12 @@ WHERE i.inhparent = $1::regclass ORDER BY c.relname`, l.Parent())
 	return out, nil
 }
 
-// maintenanceLockKey serialises Ensure calls on one table (two would race
-// on CREATE TABLE and ATTACH): a transaction-scoped advisory lock in the
-// two-key space (the claims' per-key locks use the one-key space), keyed by
-// the table's name.
-const maintenanceLockClass = 0x656f706d // "eopm"
+// MaintenanceLockClass is the first key of the maintenance lock, which
+// serialises Ensure calls on one table (two would race on CREATE TABLE and
+// ATTACH): a transaction-scoped advisory lock in the two-key space (the
+// claims' per-key locks use the one-key space); the second key is a hash
+// of the table's name.
+const MaintenanceLockClass = 0x656f706d // "eopm"
 
 // Ensure creates and attaches the partitions, missing among the current
 // interval and Ahead intervals after it, by the database's clock. db must
@@ -126,11 +165,23 @@ const maintenanceLockClass = 0x656f706d // "eopm"
 // transaction-scoped, and the created tables are attached atomically); the
 // caller commits. It returns the names created.
 func (l Layout) Ensure(ctx context.Context, tx wsql.ContextExecutor) ([]string, error) {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, maintenanceLockClass, l.Parent()); err != nil {
+	st, err := l.Statements()
+	if err != nil {
+		return nil, err
+	}
+	create, err := sqlexec.NewTemplate(st.Get("CreatePartition"), "Partition")
+	if err != nil {
+		return nil, fmt.Errorf("inboxpart: CreatePartition: %w", err)
+	}
+	attach, err := sqlexec.NewTemplate(st.Get("AttachPartition"), "Partition", "From", "To")
+	if err != nil {
+		return nil, fmt.Errorf("inboxpart: AttachPartition: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, st.Get("MaintenanceLock")); err != nil {
 		return nil, fmt.Errorf("partition maintenance lock: %w", err)
 	}
 	var now time.Time
-	if err := seam.QueryRow(ctx, tx, `SELECT now()`, nil, &now); err != nil {
+	if err := seam.QueryRow(ctx, tx, st.Get("Now"), nil, &now); err != nil {
 		return nil, err
 	}
 	have, err := l.List(ctx, tx)
@@ -151,11 +202,10 @@ func (l Layout) Ensure(ctx context.Context, tx wsql.ContextExecutor) ([]string, 
 		}
 		q := l.Quoted(name)
 		// A plain table, then ATTACH: see the package comment for the locks.
-		if _, err := tx.ExecContext(ctx, `CREATE TABLE `+q+` (LIKE `+l.Parent()+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`); err != nil {
+		if _, err := tx.ExecContext(ctx, create.Fill(q)); err != nil {
 			return created, fmt.Errorf("creating partition %s: %w", q, err)
 		}
-		if _, err := tx.ExecContext(ctx, `ALTER TABLE `+l.Parent()+` ATTACH PARTITION `+q+
-			` FOR VALUES FROM (`+Literal(lo)+`) TO (`+Literal(lo.Add(l.Step()))+`)`); err != nil {
+		if _, err := tx.ExecContext(ctx, attach.Fill(q, Literal(lo), Literal(lo.Add(l.Step())))); err != nil {
 			return created, fmt.Errorf("attaching partition %s: %w", q, err)
 		}
 		created = append(created, name)

@@ -56,12 +56,17 @@ func (p *Postgres) Owns(ctx context.Context, a Attempt) (bool, error) {
 
 // Fail commits at once.
 func (p *Postgres) Fail(ctx context.Context, a Attempt, errText string, permanent bool) error {
-	return p.Store.Fail(ctx, p.DB, a.Consumer, a.Key, a.Token, errText, permanent, a.Message)
+	return p.Store.Fail(ctx, p.DB, a.inboxdb(), errText, permanent)
 }
 
 // ParkInterrupted commits at once.
 func (p *Postgres) ParkInterrupted(ctx context.Context, a Attempt, reason string) error {
-	return p.Store.ParkInterrupted(ctx, p.DB, a.Consumer, a.Key, a.Token, reason, a.Message)
+	return p.Store.ParkInterrupted(ctx, p.DB, a.inboxdb(), reason)
+}
+
+// inboxdb is a as inboxdb's Fail and ParkInterrupted take it.
+func (a Attempt) inboxdb() inboxdb.Attempt {
+	return inboxdb.Attempt{Consumer: a.Consumer, Key: a.Key, Token: a.Token, Message: a.Message}
 }
 
 // Get looks the record up.
