@@ -634,17 +634,7 @@ func sendQueued(ctx context.Context, tx pgx.Tx, jobs []*job) (int, error) {
 }
 
 // pgxOf returns the pgx transaction behind tx, if it is one.
-func pgxOf(tx wsql.Tx) (pgx.Tx, bool) {
-	switch t := tx.(type) {
-	case *sqlexec.PoolTx:
-		return t.Pgx(), true
-	case *wsql.PgxTx:
-		return t.Tx, t.Tx != nil
-	case wsql.PgxTx:
-		return t.Tx, t.Tx != nil
-	}
-	return nil, false
-}
+func pgxOf(tx wsql.Tx) (pgx.Tx, bool) { return sqlexec.TxOf(tx).Pgx() }
 
 // links are the process spans of a batch's deliveries, for the batch's own
 // spans (a batch claim serves them all).

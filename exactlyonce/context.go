@@ -12,6 +12,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 )
 
 type ctxKey struct{}
@@ -121,11 +123,8 @@ func StdTxFromContext(ctx context.Context) (*stdsql.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch t := t.(type) {
-	case *wsql.StdSQLTx:
-		return t.Tx, nil
-	case wsql.StdSQLTx:
-		return t.Tx, nil
+	if std, ok := sqlexec.TxOf(t).StdTx(); ok {
+		return std, nil
 	}
 	return nil, fmt.Errorf("exactlyonce: StdTxFromContext: Config.DB.Conn is not database/sql (it is %T): use PgxTxFromContext", t)
 }

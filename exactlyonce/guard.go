@@ -17,6 +17,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 )
 
@@ -30,6 +31,7 @@ type Guard struct {
 	cfg       Config
 	customKey bool // Config.Key was set (not the message UUID)
 	store     *inboxdb.Store
+	conn      sqlexec.DB         // Config.DB.Conn, classified once (a pgx pool: BEGIN and the claim in one round trip)
 	lease     leasestore.Backend // lease mode's store
 	names     pgerr.Tables
 	scopes    scopes
@@ -78,7 +80,7 @@ func New(cfg Config) (*Guard, error) {
 		return nil, fmt.Errorf("exactlyonce: %w", err)
 	}
 	names := pgerr.Tables{Schema: cfg.DB.Schema, Inbox: cfg.DB.InboxTable, Outbox: cfg.DB.OutboxTable}
-	m := &Guard{cfg: cfg, customKey: customKey, store: store, names: names, tracer: tracing.Tracer(cfg.TracerProvider),
+	m := &Guard{cfg: cfg, customKey: customKey, store: store, conn: sqlexec.Of(cfg.DB.Conn), names: names, tracer: tracing.Tracer(cfg.TracerProvider),
 		episodes: episode.New(cfg.Logger, 0, 0), outbox: ob}
 	m.check.pending.Store(true)
 	switch {

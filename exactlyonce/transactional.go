@@ -166,7 +166,7 @@ func claimAgain(err error) bool {
 }
 
 func (m *Guard) beginClaimOnce(ctx context.Context, consumer, key string) (wsql.Tx, inboxdb.ClaimResult, error) {
-	if pool, ok := inboxdb.PgxPool(m.cfg.DB.Conn); ok {
+	if pool, ok := m.conn.PgxPool(); ok {
 		tx, claim, err := m.store.BeginClaimPool(ctx, pool, consumer, key)
 		if tx == nil {
 			return nil, claim, err

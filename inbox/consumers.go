@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 )
 
 // MaxConsumers is the largest limit Consumers takes.
@@ -36,21 +34,13 @@ func (s *Store) Consumers(ctx context.Context, limit int) ([]string, error) {
 		return nil, s.fail("consumers", fmt.Errorf("%w: limit %d: it must be between 1 and %d", ErrInvalidFilter, limit, MaxConsumers))
 	}
 	set := map[string]bool{}
-	for _, table := range []string{s.db.Inbox(), s.s.ParkedTable()} {
-		rows, err := s.db.Conn.QueryContext(ctx, consumersSQL(table), limit)
+	for _, parked := range []bool{false, true} { // the inbox, then the parked messages
+		cs, err := s.s.Consumers(ctx, s.db.Conn, parked, limit)
 		if err != nil {
 			return nil, s.fail("consumers", err)
 		}
-		for rows.Next() {
-			var c string
-			if err := rows.Scan(&c); err != nil {
-				_ = rows.Close()
-				return nil, s.fail("consumers", err)
-			}
+		for _, c := range cs {
 			set[c] = true
-		}
-		if err := seam.Close(rows); err != nil {
-			return nil, s.fail("consumers", err)
 		}
 	}
 	names := make([]string, 0, len(set))
@@ -62,18 +52,4 @@ func (s *Store) Consumers(ctx context.Context, limit int) ([]string, error) {
 		names = names[:limit]
 	}
 	return names, nil
-}
-
-// consumersSQL lists the distinct consumers of table in order, at most $1,
-// by a loose index scan of its primary key (consumer, message_key[,
-// partition_at]): one index descent per consumer, whatever the number of
-// records, where SELECT DISTINCT would read them all.
-func consumersSQL(table string) string {
-	return `WITH RECURSIVE c AS (
-    (SELECT consumer FROM ` + table + ` ORDER BY consumer LIMIT 1)
-  UNION ALL
-    SELECT (SELECT t.consumer FROM ` + table + ` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-    FROM c WHERE c.consumer IS NOT NULL
-)
-SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT $1`
 }

@@ -85,8 +85,8 @@ func TestConsumersPlans(t *testing.T) {
 			}
 			for _, p := range []string{
 				plan(s.s.Statement("KnownConsumer"), "charge_order"),
-				plan(consumersSQL(db.Inbox()), 1001),
-				plan(consumersSQL(s.s.ParkedTable()), 1001),
+				plan(s.s.Statement("Consumers"), 1001),
+				plan(s.s.Statement("ParkedConsumers"), 1001),
 			} {
 				// A scan of the records would return or filter them out
 				// by thousands (the planner may scan the small tables).

@@ -19,6 +19,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/episode"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/tracing"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -29,6 +30,7 @@ type Relay struct {
 	cfg         RelayConfig
 	batchPub    BatchPublisher  // cfg.Publisher, when it implements BatchPublisher
 	store       *outboxdb.Store // the table's statements
+	conn        sqlexec.DB      // cfg.DB.Conn, classified once (what the wake-on-commit LISTEN can use)
 	relayed     atomic.Int64
 	batches     atomic.Int64
 	failures    atomic.Int64
@@ -79,6 +81,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	batchPub, _ := cfg.Publisher.(BatchPublisher)
 	return &Relay{
 		cfg:      cfg,
+		conn:     sqlexec.Of(cfg.DB.Conn),
 		store:    store,
 		batchPub: batchPub,
 		channel:  channelName(cfg.DB),

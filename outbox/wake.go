@@ -2,17 +2,13 @@ package outbox
 
 import (
 	"context"
-	stdsql "database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 )
 
 // errNoListen says why the relay cannot LISTEN at all with this
@@ -175,7 +171,7 @@ func (r *Relay) withListenConn(ctx context.Context, f func(*pgx.Conn) error) err
 		defer closeConn(conn)
 		return f(conn)
 	}
-	if pool, ok := inboxdb.PgxPool(r.cfg.DB.Conn); ok {
+	if pool, ok := r.conn.PgxPool(); ok {
 		pc, err := pool.Acquire(connectCtx)
 		if err != nil {
 			return fmt.Errorf("taking a connection from the pool: %w", err)
@@ -184,7 +180,7 @@ func (r *Relay) withListenConn(ctx context.Context, f func(*pgx.Conn) error) err
 		defer closeConn(conn)
 		return f(conn)
 	}
-	if db, ok := stdDB(r.cfg.DB.Conn); ok {
+	if db, ok := r.conn.StdDB(); ok {
 		// Not one of the pool's connections: held for as long as Run
 		// lasts, it would count against SetMaxOpenConns for good (with
 		// one open connection per worker, the batches would wait for it
@@ -222,19 +218,4 @@ func closeConn(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = conn.Close(ctx)
-}
-
-// stdDB returns the *sql.DB behind a wsql.BeginnerFromStdSQL beginner.
-func stdDB(b wsql.Beginner) (*stdsql.DB, bool) {
-	var sb wsql.SQLBeginner
-	switch v := b.(type) {
-	case wsql.StdSQLBeginner:
-		sb = v.SQLBeginner
-	case *wsql.StdSQLBeginner:
-		sb = v.SQLBeginner
-	default:
-		return nil, false
-	}
-	db, ok := sb.(*stdsql.DB)
-	return db, ok && db != nil
 }

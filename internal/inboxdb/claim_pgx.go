@@ -136,11 +136,6 @@ func (s *Store) BeginClaimPgx(ctx context.Context, conn *pgx.Conn, consumer, key
 	return nil, ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
 }
 
-// PgxPool returns the pool behind db when db is wsql.BeginnerFromPgx(pool):
-// then the middleware begins and claims in one round trip (BeginClaimPool)
-// instead of two. It is sqlexec.Of(db).PgxPool().
-func PgxPool(db wsql.Beginner) (*pgxpool.Pool, bool) { return sqlexec.Of(db).PgxPool() }
-
 // BeginClaimPool acquires a connection from pool and begins + claims in
 // one round trip (BeginClaimPgx). A nil tx with a nil error means the key
 // was not claimed (a duplicate, or parked); the connection is then back in

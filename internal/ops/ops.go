@@ -29,7 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -111,11 +111,16 @@ func (s pgStore) KnownConsumer(ctx context.Context, consumer string) (bool, erro
 	return s.HasConsumer(ctx, consumer)
 }
 
-// dbNow is the database's time.
+// dbNow is the database's time: the clock of a count's as_of. It is read
+// through the outbox's storage layer (any statement set of db would do:
+// it is the database's now()); called once per bulk action, it renders
+// that set for the call.
 func dbNow(ctx context.Context, db sqlschema.DB) (time.Time, error) {
-	var now time.Time
-	err := seam.QueryRow(ctx, db.Conn, `SELECT now()`, nil, &now)
-	return now, err
+	st, err := outboxdb.New(db)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return st.Now(ctx, db.Conn)
 }
 
 // Redis is the Redis lease store as a Store; its replays publish through
