@@ -61,12 +61,23 @@ func TestQueriesPrepare(t *testing.T) {
 				}
 				return strings.Join(parts, "")
 			}
+			// inTx runs a statement and the DEALLOCATE of what it prepared
+			// in one transaction: through a pooler in transaction pooling
+			// (the core suite runs through PgBouncer) two statements outside
+			// one may go to two server connections, leaving one prepared.
+			inTx := func(t *testing.T, name, text, deallocate string) {
+				t.Helper()
+				tx, err := conn.Begin(ctx)
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback(ctx) }()
+				_, err = tx.Exec(ctx, text)
+				require.NoError(t, err, "%s:\n%s", name, text)
+				_, err = tx.Exec(ctx, "DEALLOCATE "+deallocate)
+				require.NoError(t, err)
+			}
 			prepare := func(t *testing.T, name, text string) {
 				t.Helper()
-				_, err := conn.Exec(ctx, "PREPARE eo_check AS "+text)
-				require.NoError(t, err, "%s:\n%s", name, text)
-				_, err = conn.Exec(ctx, "DEALLOCATE eo_check")
-				require.NoError(t, err)
+				inTx(t, name, "PREPARE eo_check AS "+text, "eo_check")
 			}
 			exec := func(t *testing.T, name, text string) {
 				t.Helper()
@@ -112,8 +123,7 @@ func TestQueriesPrepare(t *testing.T) {
 				case name == "Rollback":
 					require.Equal(t, "ROLLBACK", text)
 				case strings.HasPrefix(text, "PREPARE "):
-					exec(t, name, text)
-					exec(t, name, "DEALLOCATE "+sample["Name"])
+					inTx(t, name, text, sample["Name"])
 				case strings.HasPrefix(text, "BEGIN; EXECUTE "):
 					continue // the EXECUTE of ClaimPrepare: run by the claim tests
 				case strings.HasPrefix(text, "BEGIN; "):
