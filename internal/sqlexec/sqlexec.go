@@ -98,7 +98,7 @@ func (d DB) StdDB() (*stdsql.DB, bool) { return d.std, d.std != nil }
 
 // Begin begins a transaction through the Beginner and classifies it.
 func (d DB) Begin(ctx context.Context, opts *stdsql.TxOptions) (Tx, error) {
-	t, err := d.Beginner.BeginTx(ctx, opts)
+	t, err := d.BeginTx(ctx, opts)
 	if err != nil {
 		return Tx{}, err
 	}
