@@ -19,7 +19,7 @@ import (
 // has. Only the very first request waits for them, at most firstWait.
 
 // firstWait bounds how long a request waits for the first figures.
-var firstWait = time.Second
+const firstWait = time.Second
 
 // refreshTimeout bounds one computation of the figures.
 const refreshTimeout = 2 * time.Minute
