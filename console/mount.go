@@ -31,20 +31,20 @@ func Mount(mux *http.ServeMux, cfg Config) error {
 	return nil
 }
 
-// ShutdownTimeout is how long ListenAndServe waits, once its context is
+// shutdownTimeout is how long ListenAndServe waits, once its context is
 // done, for the requests in progress to finish (http.Server.Shutdown)
 // before it closes their connections (http.Server.Close).
-const ShutdownTimeout = 10 * time.Second
+const shutdownTimeout = 10 * time.Second
 
 // ListenAndServe runs srv, the HTTP server the console is mounted on
 // (with /metrics, say), for as long as ctx: it calls srv.ListenAndServe,
 // and when ctx is done it shuts srv down (srv.Shutdown: no new
 // connections, the requests in progress finish, for at most
-// ShutdownTimeout, then srv.Close) and returns once that is over. It
+// 10 seconds, then srv.Close) and returns once that is over. It
 // returns nil after a shutdown (by ctx, or by a Shutdown or Close of
 // yours), and srv.ListenAndServe's error otherwise (the address is in
-// use, say) at once. Its signature is that of the functions
-// outbox.Relay.RunWith runs:
+// use, say) at once. In a closure, it runs next to the relay and the
+// router:
 //
 //	relay.RunWith(ctx, router.Run, func(ctx context.Context) error { return console.ListenAndServe(ctx, srv) })
 func ListenAndServe(ctx context.Context, srv *http.Server) error {
@@ -54,7 +54,7 @@ func ListenAndServe(ctx context.Context, srv *http.Server) error {
 	shutdown := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(shutdown)
-		wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+		wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 		defer cancel()
 		if srv.Shutdown(wait) != nil {
 			_ = srv.Close()
