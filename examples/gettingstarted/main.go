@@ -75,6 +75,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pub.Close()
+	// The relay publishes the outbox's rows through pub, and deletes each once RabbitMQ confirmed it.
 	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: pub})
 	if err != nil {
 		return err
