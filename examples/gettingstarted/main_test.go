@@ -5,6 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/scanner"
+	"go/token"
 	"io"
 	"net"
 	"net/http"
@@ -362,4 +366,67 @@ func containsRun(lines, run []string) bool {
 		}
 	}
 	return false
+}
+
+// TestWiringLines counts the program's wiring, as issue 30 measures it:
+// the lines of main.go that hold code (not blank, not only a comment),
+// outside the import declaration and outside the handler (the
+// router.AddHandler call whose last argument is a func literal, from its
+// first line to its closing one). It was 59 without metrics and console;
+// with them it must stay within 68, half the 136 lines a new user's
+// service needed. `go test -v -run TestWiringLines` prints the count.
+func TestWiringLines(t *testing.T) {
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "main.go", src, parser.ParseComments)
+	require.NoError(t, err)
+	excluded := map[int]bool{}
+	exclude := func(n ast.Node) {
+		for l := fset.Position(n.Pos()).Line; l <= fset.Position(n.End()).Line; l++ {
+			excluded[l] = true
+		}
+	}
+	handlers := 0
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.GenDecl:
+			if n.Tok == token.IMPORT {
+				exclude(n)
+			}
+		case *ast.CallExpr:
+			if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "AddHandler" {
+				if _, ok := n.Args[len(n.Args)-1].(*ast.FuncLit); ok {
+					exclude(n)
+					handlers++
+				}
+			}
+		}
+		return true
+	})
+	require.Equal(t, 1, handlers, "the handler is found")
+	code := map[int]bool{} // lines with a token; comments are not tokens
+	var s scanner.Scanner
+	s.Init(fset.AddFile("", fset.Base(), len(src)), src, nil, 0)
+	for {
+		pos, tok, lit := s.Scan()
+		if tok == token.EOF {
+			break
+		}
+		if tok == token.SEMICOLON && lit == "\n" { // an inserted semicolon
+			continue
+		}
+		first := fset.Position(pos).Line
+		for l := first; l <= first+strings.Count(lit, "\n"); l++ {
+			code[l] = true
+		}
+	}
+	lines := 0
+	for l := range code {
+		if !excluded[l] {
+			lines++
+		}
+	}
+	t.Logf("wiring: %d code lines", lines)
+	require.LessOrEqual(t, lines, 68, "the getting-started service's wiring grew past half of issue 30's 136 lines")
 }
