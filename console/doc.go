@@ -37,6 +37,14 @@
 //	})
 //	mux.Handle("/exactlyonce/", h)
 //
+// or in one call, on an *http.ServeMux (Mount registers it at Prefix+"/"),
+// and serve that mux until the service stops (ListenAndServe, a graceful
+// shutdown when its context ends; in a closure, it runs in
+// outbox.Relay.RunWith next to the relay and the router):
+//
+//	err := console.Mount(mux, console.Config{DB: db, Prefix: "/exactlyonce", Auth: console.BearerToken(os.Getenv("CONSOLE_TOKEN"))})
+//	err = console.ListenAndServe(ctx, &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+//
 // # Security
 //
 // Nothing is served without an authentication decision: New requires an

@@ -2,8 +2,16 @@
 // metrics (github.com/prometheus/client_golang). The core packages do not
 // import it: a service that does not use Prometheus does not pull it in.
 //
-//	m, err := metrics.New(metrics.Config{}) // prometheus.DefaultRegisterer, namespace "exactlyonce"
+// A typical service (a middleware, an outbox, a relay) in one call, served
+// on its own registry:
+//
+//	reg := prometheus.NewRegistry() // or leave Registerer nil: prometheus.DefaultRegisterer, promhttp.Handler()
+//	m, err := metrics.New(metrics.Config{Registerer: reg, Outbox: db, Relays: []*outbox.Relay{relay}})
 //	eo, err := exactlyonce.New(exactlyonce.Config{DB: db, OnEvent: m.OnEvent})
+//	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// The methods watch the rest, and what exists only after New:
+//
 //	err = m.WatchRelay(relay)      // the relay's counters, read at scrape
 //	err = m.WatchOutbox(db)        // the outbox backlog, queried at scrape
 //	err = m.WatchInbox(store)      // inbox rows by status, queried at most once per Config.InboxInterval

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
+	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // Config configures New. Every field has a default.
@@ -39,6 +42,15 @@ type Config struct {
 	// level; each is also counted in a scrape_errors_total counter).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Outbox, when set, is the database whose outbox backlog New watches,
+	// as WatchOutbox(Outbox) does: the same sqlschema.DB as the relay's.
+	// Zero (the default): none until WatchOutbox.
+	Outbox sqlschema.DB
+
+	// Relays are watched by New, as WatchRelay does for each. Empty (the
+	// default): none until WatchRelay.
+	Relays []*outbox.Relay
 }
 
 // WithDefaults returns a copy of c with empty fields set to their defaults.
@@ -88,9 +100,11 @@ var (
 	batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}
 )
 
-// New creates the collectors and registers them with cfg.Registerer. It
-// returns the registration's error (a name already registered, for
-// example by a second New on the same registry) instead of panicking.
+// New creates the collectors, watches cfg.Outbox and cfg.Relays (as
+// WatchOutbox and WatchRelay do), and registers the collectors with
+// cfg.Registerer. It returns the registration's error (a name already
+// registered, for example by a second New on the same registry) instead
+// of panicking, and a watch's error before registering anything.
 func New(cfg Config) (*Metrics, error) {
 	cfg = cfg.WithDefaults()
 	ns := cfg.Namespace
@@ -134,6 +148,18 @@ func New(cfg Config) (*Metrics, error) {
 		outbox: newOutboxCollector(ns, cfg.ScrapeTimeout, cfg.Logger),
 		inbox:  newInboxCollector(ns, cfg.ScrapeTimeout, cfg.InboxInterval, cfg.Logger),
 		redis:  newRedisCollector(ns, cfg.ScrapeTimeout, cfg.InboxInterval, cfg.Logger),
+	}
+	// The watches first: a Config New refuses registers nothing.
+	if !reflect.ValueOf(cfg.Outbox).IsZero() { // set: WatchOutbox says what is missing
+		if err := m.WatchOutbox(cfg.Outbox); err != nil {
+			return nil, fmt.Errorf("metrics: New: Config.Outbox: %w", err)
+		}
+	}
+	for i, r := range cfg.Relays {
+		if r == nil {
+			return nil, fmt.Errorf("metrics: New: Config.Relays[%d] is nil", i)
+		}
+		_ = m.WatchRelay(r) // fails only for a nil Relay
 	}
 	cs := []prometheus.Collector{
 		m.deliveries, m.errors, m.deliveryDuration, m.claimDuration, m.batchSize, m.takeovers, m.parked,

@@ -7,9 +7,11 @@ import (
 	"context"
 	"encoding/json"
 	"log"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -17,9 +19,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/exactlyonce/watermill-exactlyonce/console"
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
+	"github.com/exactlyonce/watermill-exactlyonce/metrics"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -36,12 +41,11 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	dbURL := env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	amqpURL := env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	orders, events, poison := env("ORDERS_QUEUE", "orders"), env("EVENTS_QUEUE", "payments.events"), env("POISON_QUEUE", "payments.poison")
 	logger := watermill.NewSlogLogger(nil)
 
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, err := pgxpool.New(ctx, env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		return err
 	}
@@ -71,9 +75,21 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pub.Close()
+	// The relay publishes the outbox's rows through pub, and deletes each once RabbitMQ confirmed it.
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: pub})
+	if err != nil {
+		return err
+	}
 
+	// The middleware's events (OnEvent below), the relay's counters and the outbox backlog (one
+	// query per scrape), on a registry of this run (or prometheus.DefaultRegisterer: promhttp.Handler()).
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(metrics.Config{Registerer: reg, Outbox: db, Relays: []*outbox.Relay{relay}})
+	if err != nil {
+		return err
+	}
 	// Group commit: the deliveries in flight share one transaction (one claim statement, one COMMIT).
-	guard, err := exactlyonce.New(exactlyonce.Config{DB: db, Batch: &exactlyonce.BatchConfig{}})
+	guard, err := exactlyonce.New(exactlyonce.Config{DB: db, Batch: &exactlyonce.BatchConfig{}, OnEvent: m.OnEvent})
 	if err != nil {
 		return err
 	}
@@ -109,13 +125,14 @@ func run(ctx context.Context) error {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
 	})
 
-	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: pub})
-	if err != nil {
+	// One HTTP server: /metrics for Prometheus, and the console under /exactlyonce/, behind a
+	// bearer token (at least 16 bytes: CONSOLE_TOKEN=$(openssl rand -hex 32)).
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if err := console.Mount(mux, console.Config{DB: db, Auth: console.BearerToken(os.Getenv("CONSOLE_TOKEN")), Prefix: "/exactlyonce"}); err != nil {
 		return err
 	}
-	// The relay and the router run until SIGINT/SIGTERM, or until one of them fails.
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return relay.Run(ctx) })
-	g.Go(func() error { return router.Run(ctx) })
-	return g.Wait()
+	srv := &http.Server{Addr: env("HTTP_ADDR", "127.0.0.1:8080"), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// The relay, the router and the server run until SIGINT/SIGTERM, or until one of them stops.
+	return relay.RunWith(ctx, router.Run, func(ctx context.Context) error { return console.ListenAndServe(ctx, srv) })
 }

@@ -5,8 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/scanner"
+	"go/token"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,8 +57,10 @@ func requireServices(t *testing.T) {
 // TestGettingStarted runs the program (its run function) on its own schema
 // and queues: 30 orders published by a plain AMQP producer with message_id
 // set, 10 of them twice, become exactly 20 payment rows and 20 events on the
-// events queue; a message without message_id ends on the poison queue; and
-// run returns nil once its context is cancelled.
+// events queue; a message without message_id ends on the poison queue; its
+// HTTP server serves the metrics (20 processed, 10 duplicates, 20 relayed,
+// an empty outbox) and the console behind CONSOLE_TOKEN; and run returns
+// nil once its context is cancelled, its server no longer listening.
 func TestGettingStarted(t *testing.T) {
 	requireServices(t)
 	schema := testenv.Unique(t, "gs_")
@@ -61,6 +71,10 @@ func TestGettingStarted(t *testing.T) {
 	t.Setenv("ORDERS_QUEUE", orders)
 	t.Setenv("EVENTS_QUEUE", events)
 	t.Setenv("POISON_QUEUE", poison)
+	const token = "gettingstarted-test-token-0123456789"
+	t.Setenv("CONSOLE_TOKEN", token)
+	addr := freeAddr(t)
+	t.Setenv("HTTP_ADDR", addr)
 
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL())
 	require.NoError(t, err)
@@ -190,6 +204,21 @@ func TestGettingStarted(t *testing.T) {
 		` WHERE order_id = 'o-anonymous'`).Scan(&anon))
 	require.Zero(t, anon, "the message without message_id was not processed")
 
+	// The metrics: the middleware's events, the relay's counters, the outbox backlog.
+	var series map[string]float64
+	waitFor(t, done, 30*time.Second, "the relay's counter and the outbox gauge at 20 and 0", func() bool {
+		series = scrapeMetrics(t, "http://"+addr+"/metrics")
+		return series["exactlyonce_relay_relayed_total"] == 20 && series["exactlyonce_outbox_pending_rows"] == 0
+	})
+	require.Equal(t, float64(20), series[`exactlyonce_deliveries_total{consumer="payments",outcome="processed"}`], "%v", series)
+	require.Equal(t, float64(10), series[`exactlyonce_deliveries_total{consumer="payments",outcome="duplicate"}`], "%v", series)
+	require.Contains(t, series, `exactlyonce_batch_size_count{consumer="payments"}`, "group commit's batches")
+	// The console, on the same server, behind the token.
+	status, _ := httpGet(t, "http://"+addr+"/exactlyonce/api/v1/parked", "")
+	require.Equal(t, http.StatusUnauthorized, status, "the console without the token")
+	status, body := httpGet(t, "http://"+addr+"/exactlyonce/api/v1/parked", token)
+	require.Equal(t, http.StatusOK, status, "the console with the token: %s", body)
+
 	cancel()
 	select {
 	case err := <-done:
@@ -197,6 +226,56 @@ func TestGettingStarted(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not return within 30s of its context being cancelled")
 	}
+	_, err = net.Dial("tcp", addr)
+	require.Error(t, err, "the HTTP server stopped with run")
+}
+
+// freeAddr returns a loopback address no one listens on (just now).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// httpGet sends GET url, with token as a bearer token unless empty, on a
+// connection of its own; it returns the status and the body.
+func httpGet(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+	res, err := client.Do(req)
+	require.NoError(t, err)
+	defer func() { _ = res.Body.Close() }()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(b)
+}
+
+// scrapeMetrics reads url in the Prometheus text format: series (name and
+// labels as written) -> value; buckets left out.
+func scrapeMetrics(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	status, body := httpGet(t, url, "")
+	require.Equal(t, http.StatusOK, status, body)
+	series := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") || strings.Contains(line, "_bucket{") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, "a sample line: %q", line)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, "a sample line: %q", line)
+		series[line[:i]] = v
+	}
+	return series
 }
 
 // waitFor polls cond until it holds; it fails the test after timeout, or at
@@ -259,7 +338,8 @@ func TestDocsQuoteThisFile(t *testing.T) {
 	require.GreaterOrEqual(t, len(blocks), 5, "docs/getting-started.md quotes the program section by section")
 
 	quoted := strings.Join(slices.Concat(blocks...), "\n")
-	for _, must := range []string{"Batch: &exactlyonce.BatchConfig{}", "exactlyonce.Exec(", "rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256", "outbox.NewRelay("} {
+	for _, must := range []string{"Batch: &exactlyonce.BatchConfig{}", "exactlyonce.Exec(", "rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL, Prefetch: 256", "outbox.NewRelay(",
+		"metrics.New(", "OnEvent: m.OnEvent", "console.Mount(", "console.BearerToken(", "relay.RunWith("} {
 		require.Contains(t, quoted, must, "the page quotes the configuration it leads with")
 	}
 	for i, block := range blocks {
@@ -286,4 +366,67 @@ func containsRun(lines, run []string) bool {
 		}
 	}
 	return false
+}
+
+// TestWiringLines counts the program's wiring, as issue 30 measures it:
+// the lines of main.go that hold code (not blank, not only a comment),
+// outside the import declaration and outside the handler (the
+// router.AddHandler call whose last argument is a func literal, from its
+// first line to its closing one). It was 59 without metrics and console;
+// with them it must stay within 68, half the 136 lines a new user's
+// service needed. `go test -v -run TestWiringLines` prints the count.
+func TestWiringLines(t *testing.T) {
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "main.go", src, parser.ParseComments)
+	require.NoError(t, err)
+	excluded := map[int]bool{}
+	exclude := func(n ast.Node) {
+		for l := fset.Position(n.Pos()).Line; l <= fset.Position(n.End()).Line; l++ {
+			excluded[l] = true
+		}
+	}
+	handlers := 0
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.GenDecl:
+			if n.Tok == token.IMPORT {
+				exclude(n)
+			}
+		case *ast.CallExpr:
+			if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "AddHandler" {
+				if _, ok := n.Args[len(n.Args)-1].(*ast.FuncLit); ok {
+					exclude(n)
+					handlers++
+				}
+			}
+		}
+		return true
+	})
+	require.Equal(t, 1, handlers, "the handler is found")
+	code := map[int]bool{} // lines with a token; comments are not tokens
+	var s scanner.Scanner
+	s.Init(fset.AddFile("", fset.Base(), len(src)), src, nil, 0)
+	for {
+		pos, tok, lit := s.Scan()
+		if tok == token.EOF {
+			break
+		}
+		if tok == token.SEMICOLON && lit == "\n" { // an inserted semicolon
+			continue
+		}
+		first := fset.Position(pos).Line
+		for l := first; l <= first+strings.Count(lit, "\n"); l++ {
+			code[l] = true
+		}
+	}
+	lines := 0
+	for l := range code {
+		if !excluded[l] {
+			lines++
+		}
+	}
+	t.Logf("wiring: %d code lines", lines)
+	require.LessOrEqual(t, lines, 68, "the getting-started service's wiring grew past half of issue 30's 136 lines")
 }
