@@ -150,7 +150,7 @@ func (m *Guard) nested(msg *message.Message) ([]*message.Message, error) {
 	if consumer == "" {
 		consumer = handler
 	}
-	err := fmt.Errorf("exactlyonce: %w: handler %q, message %q: an exactly-once middleware added outside this one (AddMiddleware) already handles the delivery (key %q of consumer %q)",
+	err := fmt.Errorf("exactlyonce: %w: handler %q, message %q: an outer exactly-once middleware (AddMiddleware) already handles key %q of consumer %q",
 		ErrNestedMiddleware, handler, msg.UUID, outer.key, outer.consumer)
 	m.cfg.Logger.Error("exactlyonce: two exactly-once middlewares wrap one handler: the delivery is refused, and will be redelivered and refused until the wiring is fixed", err,
 		watermill.LogFields{"handler": handler, "message_uuid": msg.UUID, "consumer": consumer})
