@@ -150,6 +150,7 @@ func TestRedisStoreHandlerWithPublishTopicIsRefusedBeforeItRuns(t *testing.T) {
 	testenv.StartRouter(t, r)
 	fhPublish(t, q, message.NewMessage("k", nil))
 	err := run.returnedAt(t, 1)
+	require.ErrorIs(t, err, exactlyonce.ErrClaimFailed)
 	require.ErrorContains(t, err, `publish topic "sent"`)
 	require.ErrorContains(t, err, "Config.Lease.Store")
 	fhStop(t, r)
