@@ -237,7 +237,7 @@ func (b *basicAuth) validate() error {
 	case b.empty:
 		return errors.New("BasicAuth needs a user name and a password")
 	case b.short:
-		return fmt.Errorf("BasicAuth: the password is shorter than %d bytes: choose a longer one (a few words, or openssl rand -base64 24)", MinPasswordLength)
+		return fmt.Errorf("BasicAuth: the password is shorter than %d bytes", MinPasswordLength)
 	}
 	return nil
 }

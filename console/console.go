@@ -299,17 +299,17 @@ func New(cfg Config) (http.Handler, error) {
 		cfg.Redis = nil
 	}
 	if cfg.DB.Conn == nil && cfg.Redis == nil {
-		return nil, errors.New("console: New: Config.DB.Conn or Config.Redis is required: the console shows the PostgreSQL inbox and outbox, or the Redis lease store")
+		return nil, errors.New("console: New: Config.DB.Conn or Config.Redis is required")
 	}
 	if cfg.DB.Conn == nil && len(cfg.Consumers) > 0 {
-		return nil, errors.New("console: New: Config.Consumers lists the PostgreSQL inbox's consumers, and Config.DB is not set: list the Redis store's in Config.RedisConsumers")
+		return nil, errors.New("console: New: Config.Consumers is set without Config.DB (Redis consumers go in Config.RedisConsumers)")
 	}
 	if cfg.Redis == nil && len(cfg.RedisConsumers) > 0 {
 		return nil, errors.New("console: New: Config.RedisConsumers is set without Config.Redis")
 	}
 	switch {
 	case cfg.Auth == nil && !cfg.InsecureNoAuth:
-		return nil, errors.New("console: New: Config.Auth is required (console.BearerToken, console.BasicAuth or console.AuthFunc); for a console on your own loopback only, Config.InsecureNoAuth")
+		return nil, errors.New("console: New: Config.Auth is required (or Config.InsecureNoAuth)")
 	case cfg.Auth != nil && cfg.InsecureNoAuth:
 		return nil, errors.New("console: New: Config.Auth and Config.InsecureNoAuth are both set: choose one")
 	}

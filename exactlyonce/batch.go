@@ -223,7 +223,7 @@ func followerFate(d, leader *delivery) fate {
 	case Parked:
 		return fate{outcome: Parked}
 	}
-	return fate{outcome: Nacked, err: fmt.Errorf("exactlyonce: %q for %q: another copy of the message in the same batch was not processed (redelivery decides): %w",
+	return fate{outcome: Nacked, err: fmt.Errorf("exactlyonce: %q for %q: another copy of the message in the same batch was not processed: %w",
 		d.key, d.consumer, leader.ev.Err)}
 }
 
@@ -430,7 +430,7 @@ func nextStep(a attempt, group []*job, reruns int) step {
 			d := group[i].d
 			err := commitError(d, a.err)
 			if !refused {
-				err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, its outcome is unknown, the messages will be redelivered: %w",
+				err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, its outcome is unknown: %w",
 					len(run), d.key, d.consumer, a.err)
 			}
 			fates[i] = fate{outcome: Nacked, err: err}

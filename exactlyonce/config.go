@@ -279,16 +279,16 @@ func (c Config) storeOnly() bool { return c.Lease != nil && c.Lease.Store != nil
 // validateStoreOnly checks c (before its defaults) for what a lease store
 // other than PostgreSQL cannot honour.
 func (c Config) validateStoreOnly() error {
-	const why = "the lease store (Config.Lease.Store) is not PostgreSQL: its completion records only the done record, and cannot join a database transaction"
+	const why = "the lease store (Config.Lease.Store) is not PostgreSQL"
 	switch {
 	case c.DB.Conn != nil || c.DB.Schema != "" || c.DB.InboxTable != "" || c.DB.OutboxTable != "":
-		return errors.New("exactlyonce: Config.DB must be empty with Config.Lease.Store: " + why + "; a handler that writes to PostgreSQL or returns output messages needs the PostgreSQL lease store (leave Lease.Store nil)")
+		return errors.New("exactlyonce: Config.DB must be empty when " + why)
 	case c.Batch != nil:
 		return errors.New("exactlyonce: Config.Batch cannot be used with Config.Lease")
 	case c.FailOpen:
-		return errors.New("exactlyonce: Config.FailOpen cannot be used with Config.Lease: running the handler without its claim would let two workers run one key at once")
+		return errors.New("exactlyonce: Config.FailOpen cannot be used with Config.Lease")
 	case c.PublishTopic != "":
-		return errors.New("exactlyonce: Config.PublishTopic cannot be used with Config.Lease.Store: " + why + ", so there is no outbox for output messages")
+		return errors.New("exactlyonce: Config.PublishTopic cannot be used when " + why)
 	}
 	return nil
 }
@@ -305,12 +305,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("exactlyonce: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
 	}
 	if c.MaxParkedPayload > maxMaxParkedPayload {
-		return fmt.Errorf("exactlyonce: Config.MaxParkedPayload is %d, it must be at most %d (64 MiB): a parked message is written with its park, in one statement", c.MaxParkedPayload, maxMaxParkedPayload)
+		return fmt.Errorf("exactlyonce: Config.MaxParkedPayload is %d, it must be at most %d (64 MiB)", c.MaxParkedPayload, maxMaxParkedPayload)
 	}
 	if c.Batch != nil {
 		switch {
 		case c.Lease != nil:
-			return errors.New("exactlyonce: Config.Batch cannot be used with Config.Lease: a lease-mode claim must commit on its own before the handler's external call")
+			return errors.New("exactlyonce: Config.Batch cannot be used with Config.Lease")
 		case c.FailOpen:
 			return errors.New("exactlyonce: Config.Batch cannot be used with Config.FailOpen")
 		case c.Batch.MaxSize < 1 || c.Batch.MaxSize > 1000:
@@ -323,7 +323,7 @@ func (c Config) validate() error {
 		return nil
 	}
 	if c.FailOpen {
-		return errors.New("exactlyonce: Config.FailOpen cannot be used with Config.Lease: running the handler without its claim would let two workers run one key at once")
+		return errors.New("exactlyonce: Config.FailOpen cannot be used with Config.Lease")
 	}
 	if c.Lease.Duration < time.Second {
 		return fmt.Errorf("exactlyonce: Config.Lease.Duration is %s, it must be at least 1s", c.Lease.Duration)

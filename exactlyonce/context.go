@@ -53,9 +53,9 @@ func noDelivery(ctx context.Context, helper string) error {
 		if helper != "InfoFromContext" { // a read-only probe: callers may ignore its error
 			sleep(ctx, misconfiguredDelay)
 		}
-		return fmt.Errorf("exactlyonce: %s: %w: the exactly-once middleware does not wrap handler %q: add it to the router (router.AddMiddleware(eo.Middleware)) or to the handler (router.AddHandler(...).AddMiddleware(eo.Middleware)) before the router runs", helper, ErrNoMiddleware, name)
+		return fmt.Errorf("exactlyonce: %s: %w: no AddMiddleware(eo.Middleware) wraps handler %q", helper, ErrNoMiddleware, name)
 	}
-	return fmt.Errorf("exactlyonce: %s: %w: pass msg.Context() (or a context derived from it) of a message handled under the exactly-once middleware", helper, ErrNoMiddleware)
+	return fmt.Errorf("exactlyonce: %s: %w: the context is not derived from msg.Context() of a message under the middleware", helper, ErrNoMiddleware)
 }
 
 // misconfiguredDelay is how long a delivery that can never succeed because
@@ -63,11 +63,11 @@ func noDelivery(ctx context.Context, helper string) error {
 const misconfiguredDelay = time.Second
 
 // errFailOpen is returned by the transaction helpers in a fail-open run.
-var errFailOpen = fmt.Errorf("exactlyonce: no transaction: this run is fail-open (%w); return the error to have the message redelivered", ErrDBUnavailable)
+var errFailOpen = fmt.Errorf("exactlyonce: no transaction in a fail-open run (Config.FailOpen): %w", ErrDBUnavailable)
 
 // errStoreOnly is returned by the transaction and outbox helpers in lease
 // mode with a store that is not PostgreSQL (Config.Lease.Store).
-var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL, and its completion cannot hold database writes or output messages; this delivery will not be completed (its key is parked, and the handler's later messages are refused before it runs): use the PostgreSQL lease store for this handler")
+var errStoreOnly = errors.New("exactlyonce: no transaction and no outbox: the lease store (Config.Lease.Store) is not PostgreSQL")
 
 // storeOnlyUse records that a handler under a store-only lease asked for
 // what the store cannot give.

@@ -63,7 +63,7 @@ func (d *delivery) nackLater(err error) {
 
 // errUnsettled is what a delivery that no mode settled is nacked with:
 // a bug of the middleware, which panics in tests.
-var errUnsettled = errors.New("exactlyonce: internal error: the delivery's outcome was not set; nacked, so that it is redelivered")
+var errUnsettled = errors.New("exactlyonce: internal error: the delivery's outcome was not set")
 
 // result is what Middleware returns to the router.
 func (d *delivery) result() ([]*message.Message, error) {

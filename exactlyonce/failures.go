@@ -111,7 +111,7 @@ func (m *Guard) failOpenOutputs(d *delivery, produced []*message.Message) ([]*me
 			return nil, err
 		}
 		if routerTopic == "" || topic != routerTopic {
-			return nil, fmt.Errorf("exactlyonce: %w: fail-open: message %q is for topic %q, but without the database only the router can publish, and it publishes to the handler's publish topic %q; the delivery is nacked (the handler's other effects happened)",
+			return nil, fmt.Errorf("exactlyonce: %w: fail-open: message %q is for topic %q, not the handler's publish topic %q",
 				ErrNoDestination, p.UUID, topic, routerTopic)
 		}
 		out = append(out, p)

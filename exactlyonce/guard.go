@@ -150,10 +150,7 @@ func (m *Guard) nested(msg *message.Message) ([]*message.Message, error) {
 	if consumer == "" {
 		consumer = handler
 	}
-	err := fmt.Errorf("exactlyonce: %w: handler %q, message %q: an exactly-once middleware outside this one already handles the delivery (key %q of consumer %q); "+
-		"this one refuses it rather than claim it a second time, which would wait for the first claim, or find it held, on every delivery. "+
-		"The handler did not run. Add each Middleware to its handlers (handler.AddMiddleware(eo.Middleware), one Middleware per mode), "+
-		"or one router-wide (router.AddMiddleware) and none on the handler",
+	err := fmt.Errorf("exactlyonce: %w: handler %q, message %q: an outer exactly-once middleware (AddMiddleware) already handles key %q of consumer %q",
 		ErrNestedMiddleware, handler, msg.UUID, outer.key, outer.consumer)
 	m.cfg.Logger.Error("exactlyonce: two exactly-once middlewares wrap one handler: the delivery is refused, and will be redelivered and refused until the wiring is fixed", err,
 		watermill.LogFields{"handler": handler, "message_uuid": msg.UUID, "consumer": consumer})
@@ -204,11 +201,11 @@ func keyError(msg *message.Message, consumer string, err error, customKey bool) 
 	hint := ""
 	switch {
 	case errors.Is(err, inboxdb.ErrEmptyKey) && customKey:
-		hint = ": Config.Key returned an empty key for this message (a missing metadata field?)"
+		hint = ": Config.Key returned an empty key for this message"
 	case errors.Is(err, inboxdb.ErrEmptyKey):
-		hint = ": set a UUID on the message (for a RabbitMQ producer that is not Watermill: use rabbitmq.Marshaler, which takes the message_id property) or configure Config.Key"
+		hint = ": set a UUID on the message (rabbitmq.Marshaler reads message_id) or Config.Key"
 	case errors.Is(err, inboxdb.ErrEmptyConsumer):
-		hint = ": set Config.Consumer, or run the handler in a Watermill router"
+		hint = ": Config.Consumer is empty and no Watermill router names the handler"
 	}
 	return fmt.Errorf("exactlyonce: message %q for handler %q cannot be deduplicated: %w%s", msg.UUID, consumer, err, hint)
 }

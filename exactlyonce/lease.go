@@ -265,9 +265,9 @@ func (m *Guard) handleStoreOnly(d *delivery, h message.HandlerFunc, lease *lease
 		if len(produced) > 0 {
 			what = fmt.Sprintf("returned %d output messages", len(produced))
 		}
-		why := fmt.Errorf("the handler %s, which the lease store (Config.Lease.Store) cannot record with its completion; use the PostgreSQL lease store for a handler with database writes or outputs", what)
+		why := fmt.Errorf("the handler %s, which only the PostgreSQL lease store can record with its completion (Config.Lease.Store)", what)
 		m.misuses.set(handlerOf(d), why)
-		reason := fmt.Errorf("exactlyonce: %q for %q: configuration error: %w; parked so that the handler (and any external call it made) does not run again for this key: replay it once the handler is fixed", d.key, d.consumer, why)
+		reason := fmt.Errorf("exactlyonce: %q for %q: parked on a configuration error: %w", d.key, d.consumer, why)
 		if herr != nil {
 			reason = fmt.Errorf("%w (handler: %w)", reason, herr)
 		}
@@ -407,7 +407,7 @@ func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *tx
 			case stageHandler:
 				if ferr := m.recordFailure(d.ctx, l, f.err, true); ferr != nil {
 					// Not recorded: nack, so that the key is not lost.
-					d.nack(fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)", d.key, d.consumer, ferr, f.err))
+					d.nack(fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded: %w (handler: %w)", d.key, d.consumer, ferr, f.err))
 					break
 				}
 				m.parkedNow(d, f.err, l.info.attempt)
@@ -416,7 +416,7 @@ func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *tx
 					// Not parked: the key stays processing until its lease
 					// expires; the refusal (storeOnlyRefusal) keeps the
 					// handler from running it again in this process.
-					d.nackLater(fmt.Errorf("%w; the park could not be recorded (%w), the message will be redelivered", f.err, ferr))
+					d.nackLater(fmt.Errorf("%w (the park could not be recorded: %w)", f.err, ferr))
 					break
 				}
 				m.parkedNow(d, f.err, l.info.attempt)
@@ -448,7 +448,6 @@ func parkReason(cause error) string {
 // afterLeaseError is the error of an attempt whose completion failed with
 // an unknown outcome (leaseAfterLease).
 func afterLeaseError(d *delivery, f leaseResult) error {
-	const after = "the key stays processing until its lease expires, then it runs again as an interrupted attempt (or is parked after LeaseConfig.MaxInterruptedAttempts)"
 	cause := f.err
 	switch f.stage {
 	case stageCommit:
@@ -460,7 +459,7 @@ func afterLeaseError(d *delivery, f leaseResult) error {
 			// interrupted, never retried blindly.
 			what = "refused by the server, nothing committed (" + refusalCause(f.err) + ")"
 		}
-		return fmt.Errorf("exactlyonce: completion of %q for %q %s; "+after+": %w", d.key, d.consumer, what, f.err)
+		return fmt.Errorf("exactlyonce: completion of %q for %q %s: %w", d.key, d.consumer, what, f.err)
 	case stageBegin:
 		if f.handlerErr != nil {
 			cause = fmt.Errorf("%w: begin completion: %w (handler: %w)", ErrDBUnavailable, f.err, f.handlerErr)
@@ -470,7 +469,7 @@ func afterLeaseError(d *delivery, f leaseResult) error {
 	case stagePark:
 		cause = fmt.Errorf("%w (and parking failed: %w)", f.cause, f.err)
 	}
-	return fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran; "+after+": %w", d.key, d.consumer, cause)
+	return fmt.Errorf("exactlyonce: %q for %q: completion failed after the handler ran: %w", d.key, d.consumer, cause)
 }
 
 // completionTimeout bounds the statements of a lease-mode completion, which
@@ -507,9 +506,9 @@ func (m *Guard) storeOnlyRefusal(d *delivery) error {
 	}
 	handler := message.HandlerNameFromCtx(d.ctx)
 	if topic != "" {
-		return fmt.Errorf("exactlyonce: consumer %q: %w: handler %q is registered with publish topic %q, but the lease store (Config.Lease.Store) is not PostgreSQL and cannot record output messages with its completion: refused before the handler ran; register it with router.AddConsumerHandler (no publish topic), or use the PostgreSQL lease store", d.consumer, ErrClaimFailed, handler, topic)
+		return fmt.Errorf("exactlyonce: consumer %q: handler %q has publish topic %q, which the lease store (Config.Lease.Store) cannot record: %w", d.consumer, handler, topic, ErrClaimFailed)
 	}
-	return fmt.Errorf("exactlyonce: consumer %q, handler %q: %w: refused before the handler ran, because an earlier delivery showed what it needs: %w", d.consumer, handler, ErrClaimFailed, why)
+	return fmt.Errorf("exactlyonce: consumer %q, handler %q: %w: on an earlier delivery, %w", d.consumer, handler, ErrClaimFailed, why)
 }
 
 // handlerID names a handler: its consumer and its router handler name, so

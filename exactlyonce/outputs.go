@@ -40,7 +40,7 @@ func (m *Guard) prepareOutputs(d *delivery, produced []*message.Message) (output
 			return nil, err
 		}
 		if topic == "" {
-			return nil, fmt.Errorf("exactlyonce: %w: message %q (register the handler with a publish topic, set Config.PublishTopic, or call SetDestination)", ErrNoDestination, p.UUID)
+			return nil, fmt.Errorf("exactlyonce: %w: message %q has no SetDestination, handler publish topic or Config.PublishTopic", ErrNoDestination, p.UUID)
 		}
 		if err := outboxrow.Validate(topic, p); err != nil {
 			return nil, fmt.Errorf("exactlyonce: %w: message %d: %w", errOutput, i, err)
@@ -116,7 +116,7 @@ func (l *lazyOutbox) Publish(topic string, messages ...*message.Message) error {
 	// handler's error says what is wrong and is not retried in a tight loop
 	// (see handlerFailed).
 	if topic == "" {
-		return fmt.Errorf("exactlyonce: OutboxFromContext: %w: Publish was called with an empty topic (a handler registered with AddNoPublisherHandler has no publish topic: name one)", ErrNoDestination)
+		return fmt.Errorf("exactlyonce: OutboxFromContext: %w: Publish was called with an empty topic", ErrNoDestination)
 	}
 	if err := outboxrow.Validate(topic, messages...); err != nil {
 		return fmt.Errorf("exactlyonce: OutboxFromContext: %w: %w", errOutput, err)

@@ -112,10 +112,10 @@ func claimError(d *delivery, sentinel, cause error) error {
 // outcome is unknown.
 func commitError(d *delivery, err error) error {
 	if pgerr.CommitRefused(err) {
-		return fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s), the message will be redelivered: %w",
+		return fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s): %w",
 			d.key, d.consumer, refusalCause(err), err)
 	}
-	return fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown, the message will be redelivered: %w", d.key, d.consumer, err)
+	return fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown: %w", d.key, d.consumer, err)
 }
 
 // parkTransactional records the key parked after the handler returned a
@@ -125,7 +125,7 @@ func commitError(d *delivery, err error) error {
 func (m *Guard) parkTransactional(d *delivery, herr error) {
 	ctx := context.WithoutCancel(d.ctx)
 	if err := m.store.Park(ctx, m.cfg.DB.Conn, d.consumer, d.key, herr.Error(), m.parkedMessage(d)); err != nil {
-		d.nack(fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded, the message will be redelivered: %w (handler: %w)",
+		d.nack(fmt.Errorf("exactlyonce: %q for %q: the permanent failure could not be recorded: %w (handler: %w)",
 			d.key, d.consumer, pgerr.IfNotMigrated(m.names, err), herr))
 		return
 	}

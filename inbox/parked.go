@@ -442,7 +442,7 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f ParkedFilter, opts R
 	pf := f.internal()
 	batch, err := s.checkBulk(pf, opts.All, "ReplayOptions", opts.BatchSize)
 	if err == nil && !opts.Expect.internal().Empty() {
-		err = fmt.Errorf("%w: ReplayOptions.Expect is for ReplayParked (one message); a bulk replay is bounded by the count you confirmed", ErrInvalidFilter)
+		err = fmt.Errorf("%w: ReplayOptions.Expect is for ReplayParked (one message), not a bulk replay", ErrInvalidFilter)
 	}
 	if err == nil && opts.Topic != "" {
 		err = checkTopic(opts.Topic)
@@ -535,7 +535,7 @@ func (s *Store) DiscardParkedMatching(ctx context.Context, f ParkedFilter, opts 
 	pf := f.internal()
 	batch, err := s.checkBulk(pf, opts.All, "DiscardOptions", opts.BatchSize)
 	if err == nil && !opts.Expect.internal().Empty() {
-		err = fmt.Errorf("%w: DiscardOptions.Expect is for DiscardParked (one message); a bulk discard is bounded by the count you confirmed", ErrInvalidFilter)
+		err = fmt.Errorf("%w: DiscardOptions.Expect is for DiscardParked (one message), not a bulk discard", ErrInvalidFilter)
 	}
 	if err == nil {
 		pf, err = s.boundNow(ctx, pf)
@@ -609,7 +609,7 @@ func (s *Store) checkBulk(f parked.Filter, all bool, opts string, batchSize int)
 		return 0, err
 	}
 	if f.Empty() && !all {
-		return 0, fmt.Errorf("%w: the filter is empty: it selects every parked message of every consumer; set %s.All to mean that", ErrInvalidFilter, opts)
+		return 0, fmt.Errorf("%w: the filter is empty, which selects every parked message of every consumer, and %s.All is not set", ErrInvalidFilter, opts)
 	}
 	return parked.Batch(opts+".BatchSize", batchSize)
 }

@@ -31,7 +31,7 @@ func (m *Metrics) WatchRedisStore(store ParkedKeyCounter, consumers ...string) e
 		return errors.New("metrics: WatchRedisStore: nil store")
 	}
 	if len(consumers) == 0 {
-		return errors.New("metrics: WatchRedisStore: no consumer: name the consumers whose parked keys to export (the Redis store keeps them per consumer)")
+		return errors.New("metrics: WatchRedisStore: no consumer named")
 	}
 	for _, c := range consumers {
 		if c == "" {

@@ -423,8 +423,7 @@ func (f RowFilter) Scans() bool { return f.Reason != "" }
 // checkCount refuses a count over f.MaxCount (counted up to MaxCount+1).
 func (f RowFilter) checkCount(n int64) error {
 	if f.MaxCount > 0 && n > int64(f.MaxCount) {
-		return fmt.Errorf("%w: more than %d rows match (the bound of this count, MaxCount): narrow the filter by a topic, a time "+
-			"range (QuarantinedSince, QuarantinedBefore), a metadata field such as a business id, a message UUID or an ordering key",
+		return fmt.Errorf("%w: more than %d rows match (MaxCount)",
 			ErrTooBroad, f.MaxCount)
 	}
 	return nil
@@ -453,9 +452,7 @@ func (s *Store) boundedRead(ctx context.Context, f RowFilter, read func(conn wsq
 		return err
 	}
 	if n > int64(f.MaxScan) {
-		return fmt.Errorf("%w: the last error's text (Reason), which no index serves, would be checked on more than %d rows (the bound of "+
-			"this read, MaxScan): narrow the filter by a topic, a time range (QuarantinedSince, QuarantinedBefore), a metadata field such "+
-			"as a business id, a message UUID or an ordering key", ErrTooBroad, f.MaxScan)
+		return fmt.Errorf("%w: the last error's text (Reason), which no index serves, would be checked on more than %d rows (MaxScan)", ErrTooBroad, f.MaxScan)
 	}
 	return read(tx)
 }
@@ -556,10 +553,10 @@ func (s *Store) DiscardMatching(ctx context.Context, f RowFilter) (int64, error)
 		return 0, err
 	}
 	if f.State != "" && f.State != StateQuarantined {
-		return 0, fmt.Errorf("outbox: %s: RowFilter.State is %q: only quarantined rows can be discarded (a failing row is still the relay's, which may be publishing it)", op, f.State)
+		return 0, fmt.Errorf("outbox: %s: RowFilter.State is %q, but only quarantined rows can be discarded", op, f.State)
 	}
 	if f.empty() {
-		return 0, fmt.Errorf("outbox: %s: the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountAsOf, or QuarantinedBefore to the current time)", op)
+		return 0, fmt.Errorf("outbox: %s: the RowFilter names no criterion and AsOf is not set, so it selects every quarantined row", op)
 	}
 	return s.actOnMatching(ctx, op, f, s.st.DiscardMatching)
 }

@@ -413,13 +413,13 @@ func TestRowFilterValidation(t *testing.T) {
 		{"discard failing", func() error {
 			_, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{State: outbox.StateFailing, Topic: "t"})
 			return err
-		}(), `RowFilter.State is "failing": only quarantined rows can be discarded`},
+		}(), `RowFilter.State is "failing", but only quarantined rows can be discarded`},
 		{"discard all", func() error {
 			_, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{State: outbox.StateAll, Topic: "t"})
 			return err
-		}(), `RowFilter.State is "all": only quarantined rows can be discarded`},
+		}(), `RowFilter.State is "all", but only quarantined rows can be discarded`},
 		{"discard everything", func() error { _, err := mustStore(t, db).DiscardMatching(ctx, outbox.RowFilter{}); return err }(),
-			"the RowFilter selects every quarantined row: name a criterion (to discard them all on purpose, set AsOf from CountAsOf, or QuarantinedBefore to the current time)"},
+			"the RowFilter names no criterion and AsOf is not set, so it selects every quarantined row"},
 		{"max id", find(outbox.RowFilter{MaxID: -3}), "RowFilter.MaxID is -3: ids are positive"},
 		{"get id", func() error { _, err := mustStore(t, db).Get(ctx, 0); return err }(), "outbox: Get: row id 0: ids are positive"},
 		{"requeue id", mustStore(t, db).Requeue(ctx, -2, outbox.Expect{}), "outbox: Requeue: row id -2: ids are positive"},

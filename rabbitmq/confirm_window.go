@@ -158,7 +158,7 @@ func (w *window) await(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	case <-timer.C:
-		w.r.timeout = fmt.Errorf("rabbitmq: no confirm for %s within %s (PublisherConfig.ConfirmTimeout): the broker keeps the connection but confirms nothing; the outcome is unknown", w.b.name(f.i), w.timeout)
+		w.r.timeout = fmt.Errorf("rabbitmq: no confirm for %s within %s (PublisherConfig.ConfirmTimeout), so the outcome is unknown", w.b.name(f.i), w.timeout)
 		return false
 	}
 	w.queue = w.queue[1:]
@@ -168,7 +168,7 @@ func (w *window) await(ctx context.Context) bool {
 	case w.ch.Closed():
 		w.r.lost = append(w.r.lost, f.i)
 	default:
-		w.b.set(f.i, fmt.Errorf("rabbitmq: the broker nacked %s (basic.nack: it could not take it, e.g. the queue is full with overflow reject-publish)", w.b.name(f.i)))
+		w.b.set(f.i, fmt.Errorf("rabbitmq: the broker nacked %s (basic.nack)", w.b.name(f.i)))
 	}
 	return true
 }
@@ -240,7 +240,7 @@ func (w *window) settle() {
 			if ret.ReplyCode == amqp091.NoRoute {
 				w.r.noRoute = append(w.r.noRoute, b.topics[i])
 			}
-			b.set(i, fmt.Errorf("rabbitmq: %s was returned by the broker: %d %s (no queue is bound to routing key %q on the default exchange: declare the queue, see DeclareQueues)", b.name(i), ret.ReplyCode, ret.ReplyText, ret.RoutingKey))
+			b.set(i, fmt.Errorf("rabbitmq: %s was returned by the broker: %d %s (no queue is bound to routing key %q on the default exchange)", b.name(i), ret.ReplyCode, ret.ReplyText, ret.RoutingKey))
 			continue
 		}
 		b.set(i, nil)

@@ -33,7 +33,7 @@ const defaultConnectionTimeout = 30 * time.Second
 func DeclareQueues(ctx context.Context, amqpURL string, queues ...string) error {
 	for i, q := range queues {
 		if q == "" {
-			return fmt.Errorf("rabbitmq: DeclareQueues: queue name %d of %d is empty; pass the names publishers use as routing keys (with watermill-amqp's queue configs, the topic)", i+1, len(queues))
+			return fmt.Errorf("rabbitmq: DeclareQueues: queue name %d of %d is empty", i+1, len(queues))
 		}
 	}
 	if len(queues) == 0 {
@@ -79,11 +79,11 @@ func declareHint(err error) string {
 	}
 	switch amqpErr.Code {
 	case amqp091.PreconditionFailed:
-		return "; the queue exists with other properties (watermill-amqp's NewDurableQueueConfig wants durable, not exclusive, not auto-delete, no arguments): delete it, or declare it yourself and configure the subscriber to match"
+		return ": the queue exists with other properties than watermill-amqp's NewDurableQueueConfig declares"
 	case amqp091.AccessRefused:
-		return "; check that the user may configure this queue name in the vhost"
+		return ": the user may not configure this queue name in the vhost"
 	case amqp091.ResourceLocked:
-		return "; another connection holds the queue as exclusive"
+		return ": another connection holds the queue as exclusive"
 	}
 	return ""
 }
@@ -139,7 +139,7 @@ func dialContext(ctx context.Context, amqpURL, connName string) (conn *amqp091.C
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, addr, stopWatch, fmt.Errorf("connecting to %s: %w (%w)", addr, ctxErr, err)
 		}
-		return nil, addr, stopWatch, fmt.Errorf("cannot connect to %s: %w; check the AMQP URL, the credentials and that RabbitMQ is running and reachable", addr, err)
+		return nil, addr, stopWatch, fmt.Errorf("cannot connect to %s: %w", addr, err)
 	}
 	return conn, addr, stopWatch, nil
 }

@@ -341,7 +341,7 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 			return r.timeout
 		case r.blocked && len(r.lost) == 0 && !c.ch.IsClosed():
 			p.release(c)
-			return errors.New("rabbitmq: not published: the broker blocked the connection (a memory or disk alarm); it takes messages again once the alarm clears")
+			return errors.New("rabbitmq: not published: the broker blocked the connection (a memory or disk alarm)")
 		case len(r.lost) == 0 && len(r.unsent) == 0:
 			p.release(c) // every message has its outcome
 			return nil

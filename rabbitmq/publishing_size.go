@@ -65,7 +65,7 @@ func frameFits(frameMax int, topic string, pub amqp091.Publishing) error {
 	}
 	size += tableSize(pub.Headers)
 	if size > frameMax {
-		return fmt.Errorf("its properties and headers take about %d bytes, more than the connection's frame size (%d): RabbitMQ would close the connection", size, frameMax)
+		return fmt.Errorf("its properties and headers take about %d bytes, more than the connection's frame size (%d)", size, frameMax)
 	}
 	return nil
 }

@@ -100,8 +100,7 @@ func (s *Store) scanParked(ctx context.Context, f parked.Filter) ([]parkedEntry,
 		return nil, err
 	}
 	if f.MaxScan > 0 && len(members) > f.MaxScan {
-		return nil, fmt.Errorf("%w: the Redis store has no index but the consumer's parked set, and a find or count reads each of its "+
-			"members: consumer %q has more than %d (the bound of this read, MaxScan); the CLI (exactlyonce parked list --redis-url) reads them all",
+		return nil, fmt.Errorf("%w: consumer %q has more than %d parked messages (MaxScan), and the Redis store reads each of them",
 			inbox.ErrTooBroad, f.Consumer, f.MaxScan)
 	}
 	var out []parkedEntry
@@ -449,7 +448,7 @@ func (s *Store) ReplayParkedMatching(ctx context.Context, f inbox.ParkedFilter, 
 		err = checkPublisher(pub, opts)
 	}
 	if err == nil && !parked.Expect(opts.Expect).Empty() {
-		err = fmt.Errorf("%w: ReplayOptions.Expect is for ReplayParked (one message); a bulk replay is bounded by the count you confirmed", inbox.ErrInvalidFilter)
+		err = fmt.Errorf("%w: ReplayOptions.Expect is for ReplayParked (one message), not a bulk replay", inbox.ErrInvalidFilter)
 	}
 	if err != nil {
 		return rep, fmt.Errorf("redisstore: replay parked: %w", err)
@@ -505,7 +504,7 @@ func (s *Store) DiscardParked(ctx context.Context, consumer, key string, opts in
 func (s *Store) DiscardParkedMatching(ctx context.Context, f inbox.ParkedFilter, opts inbox.DiscardOptions) (int64, error) {
 	pf, err := bulkFilter(f, opts.All, "DiscardOptions", opts.BatchSize)
 	if err == nil && !parked.Expect(opts.Expect).Empty() {
-		err = fmt.Errorf("%w: DiscardOptions.Expect is for DiscardParked (one message); a bulk discard is bounded by the count you confirmed", inbox.ErrInvalidFilter)
+		err = fmt.Errorf("%w: DiscardOptions.Expect is for DiscardParked (one message), not a bulk discard", inbox.ErrInvalidFilter)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: discard parked: %w", err)
@@ -557,7 +556,7 @@ func bulkFilter(f inbox.ParkedFilter, all bool, opts string, batchSize int) (par
 	rest := pf
 	rest.Consumer = ""
 	if rest.Empty() && !all {
-		return parked.Filter{}, fmt.Errorf("%w: the filter selects every parked message of %q; set %s.All to mean that", inbox.ErrInvalidFilter, pf.Consumer, opts)
+		return parked.Filter{}, fmt.Errorf("%w: the filter selects every parked message of %q, and %s.All is not set", inbox.ErrInvalidFilter, pf.Consumer, opts)
 	}
 	if _, err := parked.Batch(opts+".BatchSize", batchSize); err != nil {
 		return parked.Filter{}, err
@@ -646,12 +645,12 @@ func (s *Store) replay(ctx context.Context, consumer, key string, g guard, pub m
 	if err := publish(pctx, pub, m.Topic, msg); err != nil {
 		err = fmt.Errorf("publishing %q for %q (message %s) to %q: %w", key, consumer, m.UUID, m.Topic, err)
 		if _, aerr := finish(abortReplayScript); aerr != nil {
-			return inbox.ParkedMessage{}, fmt.Errorf("%w; parking it again failed, the key stays released with its message kept (replay it again after Config.ReplayTimeout): %w", err, aerr)
+			return inbox.ParkedMessage{}, fmt.Errorf("%w, and parking it again failed: %w", err, aerr)
 		}
-		return inbox.ParkedMessage{}, fmt.Errorf("%w; it is parked again", err)
+		return inbox.ParkedMessage{}, fmt.Errorf("%w (parked again)", err)
 	}
 	if _, err := finish(finishReplayScript, ms(b.ttl)); err != nil {
-		return inbox.ParkedMessage{}, fmt.Errorf("%q for %q: published, but its message could not be removed (it stays listed; a replay of it after Config.ReplayTimeout is a duplicate to the consumer's inbox, discard it instead): %w", key, consumer, err)
+		return inbox.ParkedMessage{}, fmt.Errorf("%q for %q: published, but its parked message could not be removed: %w", key, consumer, err)
 	}
 	return m, nil
 }

@@ -71,7 +71,7 @@ func TestAbortedReplayDoesNotReparkAKeyADeliveryTook(t *testing.T) {
 	// record never expires.
 	b.parkWith(t, "c", "k2", "card declined", msg)
 	_, err = b.s.ReplayParked(b.ctx, "c", "k2", unknownOutcome{during: func() {}}, inbox.ReplayOptions{})
-	require.ErrorContains(t, err, "it is parked again")
+	require.ErrorContains(t, err, "(parked again)")
 	require.Equal(t, "parked", b.status(t, "c", "k2"))
 	ttl, err := b.c.PTTL(b.ctx, b.rec("c", "k2")).Result()
 	require.NoError(t, err)

@@ -80,9 +80,9 @@ func checkLayout(ctx context.Context, q wsql.ContextExecutor, st sqlfile.Stateme
 	partitioned := kind == "p"
 	switch {
 	case partitioned && db.Partitions == nil:
-		return fmt.Errorf("sqlschema: %s is partitioned but DB.Partitions is nil: set it in every process that uses the table: %w", db.Inbox(), errLayout)
+		return fmt.Errorf("sqlschema: %s is partitioned but DB.Partitions is nil: %w", db.Inbox(), errLayout)
 	case !partitioned && db.Partitions != nil:
-		return fmt.Errorf("sqlschema: %s is a plain table but DB.Partitions is set: it was created without partitions (docs/retention.md: moving to the partitioned layout): %w", db.Inbox(), errLayout)
+		return fmt.Errorf("sqlschema: %s is a plain table but DB.Partitions is set: %w", db.Inbox(), errLayout)
 	}
 	return nil
 }

@@ -338,7 +338,7 @@ func appliedMigrations(ctx context.Context, q wsql.ContextExecutor, st sqlfile.S
 	}
 	if len(foreign) > 0 {
 		sort.Strings(foreign)
-		return nil, fmt.Errorf("%w: %s records migrations this version of the library does not have (%s): the tables were made by a development build from before v0.1.0 or by another version; drop them (or their schema) and migrate again",
+		return nil, fmt.Errorf("%w: %s records migrations this version of the library does not have (%s)",
 			ErrNotMigrated, db.migrations(), strings.Join(foreign, ", "))
 	}
 	return applied, nil

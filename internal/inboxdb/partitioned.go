@@ -24,7 +24,7 @@ import (
 
 // ErrNeedsReadCommitted is returned (wrapped) by a claim on the
 // partitioned layout in a transaction that is not READ COMMITTED.
-var ErrNeedsReadCommitted = errors.New("the partitioned inbox layout needs READ COMMITTED transactions for claims (set default_transaction_isolation = 'read committed' for the consumer's connections, or use the plain layout)")
+var ErrNeedsReadCommitted = errors.New("the partitioned inbox layout needs READ COMMITTED transactions for claims")
 
 // isolationMarker starts the text of the error the lock statement raises
 // outside READ COMMITTED (an invalid bigint: plain SQL has no RAISE), and
@@ -160,7 +160,7 @@ func (s *Store) place(ctx context.Context, db wsql.ContextExecutor) placement {
 // database says. The claims that run in a transaction of the store's own
 // (BeginClaimPgx, ClaimLease, Park) retry by themselves; the middleware
 // retries ClaimTx and ClaimBatchTx.
-var ErrPartitionsChanged = errors.New("no partition of the inbox table takes the record (its partitions changed); claim again in a new transaction")
+var ErrPartitionsChanged = errors.New("no partition of the inbox table takes the record (its partitions changed)")
 
 // noPartition is SQLSTATE check_violation, which an insert into the
 // partitioned inbox raises for a row no partition takes (the status CHECK
@@ -594,9 +594,9 @@ func (s *Store) dropDetached(ctx context.Context, db wsql.Beginner, p inboxpart.
 			return err
 		})
 		if aerr != nil {
-			return 0, fmt.Errorf("%s, detached, still holds %d records to keep, and attaching it again failed (attach it by hand: it must not be dropped): %w", p.Name, kept, aerr)
+			return 0, fmt.Errorf("%s, detached, still holds %d records to keep, and attaching it again failed: %w", p.Name, kept, aerr)
 		}
-		return 0, fmt.Errorf("%s still held %d records to keep after they were moved; it was attached again", p.Name, kept)
+		return 0, fmt.Errorf("%s still held %d records to keep after they were moved, and was attached again", p.Name, kept)
 	}
 	if err := retryStatement(db, func() error {
 		_, err := db.ExecContext(ctx, s.rt.drop.Fill(q))

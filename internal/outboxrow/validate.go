@@ -29,7 +29,7 @@ func Validate(topic string, messages ...*message.Message) error {
 			return fmt.Errorf("message %d is nil", i)
 		}
 		if msg.UUID == "" {
-			return fmt.Errorf("message %d has an empty UUID; the next consumer's inbox needs it", i)
+			return fmt.Errorf("message %d has an empty UUID", i)
 		}
 		if err := pgtext.Check(msg.UUID); err != nil {
 			return fmt.Errorf("message %d: UUID %w", i, err)

@@ -43,7 +43,7 @@ func insertRows(lockClass int32, topic string, messages []*message.Message, lock
 			return outboxdb.Insert{}, fmt.Errorf("outbox: message %d is nil", i)
 		}
 		if msg.UUID == "" {
-			return outboxdb.Insert{}, fmt.Errorf("outbox: message %d has an empty UUID; the next consumer's inbox needs it", i)
+			return outboxdb.Insert{}, fmt.Errorf("outbox: message %d has an empty UUID", i)
 		}
 		meta, err := json.Marshal(msg.Metadata)
 		if err != nil {

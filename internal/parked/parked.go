@@ -100,16 +100,14 @@ func (f Filter) TooBroad() error {
 	if f.Consumer == "" && f.Key != "" {
 		what = append(what, "a key without the consumer")
 	}
-	return fmt.Errorf("%w: %s, which no index serves, would be checked on more than %d parked messages (the bound of this read, MaxScan): "+
-		"narrow the filter by a consumer, a time range (Since, Before), a metadata field such as a business id, or a message UUID",
+	return fmt.Errorf("%w: %s, which no index serves, would be checked on more than %d parked messages (MaxScan)",
 		ErrTooBroad, strings.Join(what, " and "), f.MaxScan)
 }
 
 // CountTooBroad is the refusal of a count of more than f.MaxCount
 // messages.
 func (f Filter) CountTooBroad() error {
-	return fmt.Errorf("%w: more than %d parked messages match (the bound of this count, MaxCount): "+
-		"narrow the filter by a consumer, a time range (Since, Before), a metadata field such as a business id, or a message UUID",
+	return fmt.Errorf("%w: more than %d parked messages match (MaxCount)",
 		ErrTooBroad, f.MaxCount)
 }
 

@@ -15,7 +15,7 @@ type Tables struct{ Schema, Inbox, Outbox string }
 // NotMigrated returns an error wrapping ErrNotMigrated that says what was
 // missing and what to run.
 func NotMigrated(t Tables, detail string) error {
-	return fmt.Errorf("%w: %s: run sqlschema.Migrate with sqlschema.DB{Schema: %q, InboxTable: %q, OutboxTable: %q} (or apply sqlschema.SQL with your migration tool)",
+	return fmt.Errorf("%w: %s: run sqlschema.Migrate with sqlschema.DB{Schema: %q, InboxTable: %q, OutboxTable: %q}",
 		ErrNotMigrated, detail, t.Schema, t.Inbox, t.Outbox)
 }
 
