@@ -164,7 +164,8 @@ func classOf(err error) (ae *apiError, unreachable bool) {
 	case errors.Is(err, inbox.ErrNotReplayable):
 		return &apiError{status: http.StatusConflict, code: codeNotReplayable, message: err.Error()}, false
 	case errors.Is(err, inbox.ErrTooBroad), errors.Is(err, outbox.ErrTooBroad):
-		return &apiError{status: http.StatusUnprocessableEntity, code: codeTooBroad, message: err.Error()}, false
+		return &apiError{status: http.StatusUnprocessableEntity, code: codeTooBroad,
+			message: err.Error() + ": narrow the filter (a consumer, a time range, a reason or a metadata field)"}, false
 	case errors.Is(err, outbox.ErrNotQuarantined):
 		return &apiError{status: http.StatusConflict, code: codeNotQuarantined, message: err.Error()}, false
 	case errors.Is(err, sqlschema.ErrNotMigrated):

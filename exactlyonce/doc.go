@@ -57,7 +57,7 @@
 //
 // # Wiring
 //
-// Attach the middleware to the router (router.AddMiddleware(eo.Middleware))
+// Attach the middleware to the router (router.AddMiddleware(guard.Middleware))
 // or to handlers (handler.AddMiddleware), never both to one handler: a
 // handler whose modes differ gets its own Middleware, added to it, and
 // none router-wide. A handler wrapped twice fails every delivery with
