@@ -53,7 +53,7 @@ func noDelivery(ctx context.Context, helper string) error {
 		if helper != "InfoFromContext" { // a read-only probe: callers may ignore its error
 			sleep(ctx, misconfiguredDelay)
 		}
-		return fmt.Errorf("exactlyonce: %s: %w: no Guard.Middleware wraps handler %q", helper, ErrNoMiddleware, name)
+		return fmt.Errorf("exactlyonce: %s: %w: no AddMiddleware(Guard.Middleware) wraps handler %q", helper, ErrNoMiddleware, name)
 	}
 	return fmt.Errorf("exactlyonce: %s: %w: the context is not derived from msg.Context() of a message under the middleware", helper, ErrNoMiddleware)
 }

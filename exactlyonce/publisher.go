@@ -36,7 +36,7 @@ func (outboxOnly) Publish(topic string, messages ...*message.Message) error {
 		}
 	}
 	time.Sleep(misconfiguredDelay)
-	return fmt.Errorf("exactlyonce: OutboxOnly: the router tried to publish %d message(s) to %q: %w: no Guard.Middleware wraps %s", len(messages), topic, ErrNoMiddleware, handler)
+	return fmt.Errorf("exactlyonce: OutboxOnly: the router tried to publish %d message(s) to %q: %w: no AddMiddleware(Guard.Middleware) wraps %s", len(messages), topic, ErrNoMiddleware, handler)
 }
 
 func (outboxOnly) Close() error { return nil }
