@@ -279,12 +279,14 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifF
 		if !f.anyCriterion() {
 			return usageErr("give a row id, or criteria (--topic, --uuid, --reason, --since, --until, --meta, --ordering-key) with --yes")
 		}
-		filter, err := f.filter(time.Now())
-		if err != nil {
-			return err
+		if _, err := f.filter(time.Now()); err != nil {
+			return err // a usage error, before any round trip
 		}
-		target := ops.RowsBulk{Rows: rows, Filter: filter, Verb: verb}
-		c, act, err := f.confirmation(ctx, target, true)
+		target, c, act, err := f.confirmation(ctx, rows.Now, func(asOf time.Time) (ops.Target, error) {
+			filter, err := f.filter(asOf)
+			filter.AsOf = asOf
+			return ops.RowsBulk{Rows: rows, Filter: filter, Verb: verb}, err
+		}, true)
 		if err != nil {
 			return rowErr(ctx, db, "outbox "+verb, err)
 		}

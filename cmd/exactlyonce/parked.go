@@ -420,10 +420,13 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 		}
 		filter, err := f.filter(time.Now())
 		if err != nil {
-			return err
+			return err // a usage error, before any round trip
 		}
-		target := bulk(s, filter)
-		c, act, err := f.confirmation(ctx, target, false)
+		target, c, act, err := f.confirmation(ctx, s.Now, func(asOf time.Time) (ops.Target, error) {
+			var err error
+			filter, err = f.filter(asOf)
+			return bulk(s, filter), err
+		}, false)
 		if err != nil {
 			return parkedErr(ctx, s, "parked "+verb, err)
 		}
