@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"testing"
 	"time"
 
@@ -50,10 +51,19 @@ func TestOutboxDiscardConfirmKeepsTheCountsWindow(t *testing.T) {
 	time.Sleep(margin + time.Second)
 
 	// What the count saw is gone: refused, nothing done.
-	requireExit(t, cli(t, env, "outbox", "discard", "--until", "1h", "--confirm", count.Confirm), exitChanged, "refused, nothing done")
+	r := cli(t, env, "outbox", "discard", "--until", "1h", "--confirm", count.Confirm)
+	requireExit(t, r, exitChanged, "refused, nothing done")
 	var still rowJSON
 	decode(t, cli(t, env, "outbox", "show", "--json", itoa(inside.ID)), &still)
 	require.Equal(t, inside.UUID, still.UUID, "the row the count did not select is kept")
+	// The refusal's count now is of the same command now: the other row,
+	// and its confirmation acts on it.
+	require.Contains(t, r.stderr, "1 row matches now")
+	m := regexp.MustCompile(`--confirm (\S+)`).FindStringSubmatch(r.stderr)
+	require.NotNil(t, m, "%s", r)
+	r = cli(t, env, "outbox", "discard", "--until", "1h", "--confirm", m[1])
+	requireOK(t, r)
+	require.Equal(t, "Discarded 1 row.\n", r.stdout)
 }
 
 // The same for parked messages: the count's --until 1h is resolved as the

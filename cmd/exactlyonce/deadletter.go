@@ -78,12 +78,20 @@ func (f *searchFlags) confirmation(ctx context.Context, now func(context.Context
 		target, err = build(c.AsOf)
 		return target, c, true, err
 	}
+	target, c, err = count(ctx, now, build, rows)
+	return target, c, f.yes, err
+}
+
+// count counts the matches of the target build makes at the store's time
+// now, its durations taken back from that time (see confirmation).
+func count(ctx context.Context, now func(context.Context) (time.Time, error),
+	build func(asOf time.Time) (ops.Target, error), rows bool) (target ops.Target, c ops.Confirmation, err error) {
 	asOf, err := now(ctx)
 	if err != nil {
-		return nil, c, false, err
+		return nil, c, err
 	}
 	if target, err = build(asOf); err != nil {
-		return nil, c, false, err
+		return nil, c, err
 	}
 	if rows {
 		c, err = target.Count(ctx) // at the filter's AsOf
@@ -91,7 +99,23 @@ func (f *searchFlags) confirmation(ctx context.Context, now func(context.Context
 		c.AsOf = asOf
 		c.Count, err = target.Recount(ctx, c)
 	}
-	return target, c, f.yes, err
+	return target, c, err
+}
+
+// recount gives the refusal of ops.Run (a *ops.CountChangedError) the
+// count now of the criteria with their durations taken back from now, the
+// as_of of its confirmation: ops.Run counted the target it was given, whose
+// durations were taken back from the refused confirmation's as_of. Any
+// other err is returned as it is.
+func recount(ctx context.Context, err error, now func(context.Context) (time.Time, error),
+	build func(asOf time.Time) (ops.Target, error), rows bool) error {
+	var ce *ops.CountChangedError
+	if errors.As(err, &ce) {
+		if _, c, cerr := count(ctx, now, build, rows); cerr == nil {
+			ce.Now = c
+		}
+	}
+	return err
 }
 
 // bulkErr is err of ops.Run with its exit status: a changed count is
