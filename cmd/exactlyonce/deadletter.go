@@ -54,24 +54,68 @@ func (f *searchFlags) any() bool {
 	return f.uuid != "" || f.reason != "" || f.since != "" || f.until != "" || len(f.meta) > 0
 }
 
-// confirmation is the count a bulk action acts on: --confirm's, or with
-// --yes the count now; act is false without either (print the count). rows
-// says whether target counts outbox rows (a confirmation with a max_id).
-func (f *searchFlags) confirmation(ctx context.Context, target ops.Target, rows bool) (c ops.Confirmation, act bool, err error) {
+// confirmation is the target and the count a bulk action acts on:
+// --confirm's, or the count now (acted on with --yes); act is false
+// without either (print the count). build makes the target of the
+// criteria, their durations (--since 2h) taken back from asOf, the count's
+// as_of: the one --confirm names, so that the action selects what its
+// count did (not a window that slid since), or the store's time now (now),
+// the as_of of the count made here. rows says whether target counts outbox
+// rows (a confirmation with a max_id; build sets the filter's AsOf to
+// asOf, at which their count counts).
+func (f *searchFlags) confirmation(ctx context.Context, now func(context.Context) (time.Time, error),
+	build func(asOf time.Time) (ops.Target, error), rows bool) (target ops.Target, c ops.Confirmation, act bool, err error) {
 	if f.confirm != "" {
 		if f.yes {
-			return c, false, usageErr("--yes or --confirm, not both: --confirm acts on what its count saw, --yes on what matches now")
+			return nil, c, false, usageErr("--yes or --confirm, not both: --confirm acts on what its count saw, --yes on what matches now")
 		}
 		if c, err = ops.ParseToken(f.confirm); err == nil {
 			err = c.Check(rows)
 		}
 		if err != nil {
-			return c, false, usageErr("--confirm: %v", err)
+			return nil, c, false, usageErr("--confirm: %v", err)
 		}
-		return c, true, nil
+		target, err = build(c.AsOf)
+		return target, c, true, err
 	}
-	c, err = target.Count(ctx)
-	return c, f.yes, err
+	target, c, err = count(ctx, now, build, rows)
+	return target, c, f.yes, err
+}
+
+// count counts the matches of the target build makes at the store's time
+// now, its durations taken back from that time (see confirmation).
+func count(ctx context.Context, now func(context.Context) (time.Time, error),
+	build func(asOf time.Time) (ops.Target, error), rows bool) (target ops.Target, c ops.Confirmation, err error) {
+	asOf, err := now(ctx)
+	if err != nil {
+		return nil, c, err
+	}
+	if target, err = build(asOf); err != nil {
+		return nil, c, err
+	}
+	if rows {
+		c, err = target.Count(ctx) // at the filter's AsOf
+	} else {
+		c.AsOf = asOf
+		c.Count, err = target.Recount(ctx, c)
+	}
+	return target, c, err
+}
+
+// recount gives the refusal of ops.Run (a *ops.CountChangedError) the
+// count now of the criteria with their durations taken back from now, the
+// as_of of its confirmation: ops.Run counted the target it was given, whose
+// durations were taken back from the refused confirmation's as_of. Any
+// other err is returned as it is.
+func recount(ctx context.Context, err error, now func(context.Context) (time.Time, error),
+	build func(asOf time.Time) (ops.Target, error), rows bool) error {
+	var ce *ops.CountChangedError
+	if errors.As(err, &ce) {
+		if _, c, cerr := count(ctx, now, build, rows); cerr == nil {
+			ce.Now = c
+		}
+	}
+	return err
 }
 
 // bulkErr is err of ops.Run with its exit status: a changed count is

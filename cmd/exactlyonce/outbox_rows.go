@@ -279,12 +279,15 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifF
 		if !f.anyCriterion() {
 			return usageErr("give a row id, or criteria (--topic, --uuid, --reason, --since, --until, --meta, --ordering-key) with --yes")
 		}
-		filter, err := f.filter(time.Now())
-		if err != nil {
-			return err
+		if _, err := f.filter(time.Now()); err != nil {
+			return err // a usage error, before any round trip
 		}
-		target := ops.RowsBulk{Rows: rows, Filter: filter, Verb: verb}
-		c, act, err := f.confirmation(ctx, target, true)
+		build := func(asOf time.Time) (ops.Target, error) {
+			filter, err := f.filter(asOf)
+			filter.AsOf = asOf
+			return ops.RowsBulk{Rows: rows, Filter: filter, Verb: verb}, err
+		}
+		target, c, act, err := f.confirmation(ctx, rows.Now, build, true)
 		if err != nil {
 			return rowErr(ctx, db, "outbox "+verb, err)
 		}
@@ -292,6 +295,7 @@ func (a *app) rowAction(cmd *cobra.Command, args []string, f *rowFlags, cond ifF
 			return a.wouldDo(verb, c, "row", "rows")
 		}
 		res, err := ops.Run(ctx, target, c)
+		err = recount(ctx, err, rows.Now, build, true)
 		n := res.Done
 		if err != nil {
 			return rowErr(ctx, db, fmt.Sprintf("outbox %s (%d done before the error)", verb, n), bulkErr(err))

@@ -420,10 +420,14 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 		}
 		filter, err := f.filter(time.Now())
 		if err != nil {
-			return err
+			return err // a usage error, before any round trip
 		}
-		target := bulk(s, filter)
-		c, act, err := f.confirmation(ctx, target, false)
+		build := func(asOf time.Time) (ops.Target, error) {
+			var err error
+			filter, err = f.filter(asOf)
+			return bulk(s, filter), err
+		}
+		target, c, act, err := f.confirmation(ctx, s.Now, build, false)
 		if err != nil {
 			return parkedErr(ctx, s, "parked "+verb, err)
 		}
@@ -436,6 +440,7 @@ func (a *app) parkedAction(cmd *cobra.Command, o parkedOptions, args []string, f
 			return a.wouldDo(verb, c, "message", "messages")
 		}
 		res, err := ops.Run(ctx, target, c)
+		err = recount(ctx, err, s.Now, build, false)
 		n, skipped := res.Done, res.Skipped
 		if err != nil {
 			return parkedErr(ctx, s, fmt.Sprintf("parked %s (%d done before the error)", verb, n), bulkErr(err))

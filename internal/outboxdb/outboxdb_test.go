@@ -2,6 +2,7 @@ package outboxdb_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -84,21 +85,29 @@ func TestListenerLock(t *testing.T) {
 		return c
 	}
 	c1, c2, observer := conn(), conn(), conn()
-	holders := func() []uint32 {
+	// look returns the sessions pg_locks shows holding the lock, and those
+	// Relays finds listening. The two are read one after the other: while
+	// a session ends, one may still show it and the other not.
+	look := func() (pids, listening []uint32) {
 		rows, err := observer.Query(ctx, `SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::oid
 AND l.objid = $2::regclass::oid AND l.objsubid = 1 ORDER BY l.pid`, uint32(outboxnotify.ListenerLockClass), db.Outbox())
 		require.NoError(t, err)
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+		pids, err = pgx.CollectRows(rows, pgx.RowTo[uint32])
 		require.NoError(t, err)
-		// Relays finds the same sessions, as listening.
 		sessions, err := s.Relays(ctx, db.Conn)
 		require.NoError(t, err)
-		var listening []uint32
 		for _, r := range sessions {
 			if r.Listening {
 				listening = append(listening, uint32(r.PID))
 			}
 		}
+		slices.Sort(listening)
+		return pids, listening
+	}
+	// holders is look's sessions, once no session is ending: Relays finds
+	// the same sessions, as listening.
+	holders := func() []uint32 {
+		pids, listening := look()
 		require.ElementsMatch(t, pids, listening)
 		return pids
 	}
@@ -115,7 +124,11 @@ AND l.objid = $2::regclass::oid AND l.objsubid = 1 ORDER BY l.pid`, uint32(outbo
 	require.Equal(t, want, holders(), "both sessions hold it (shared)")
 
 	require.NoError(t, c1.Close(ctx))
-	require.Eventually(t, func() bool { return len(holders()) == 1 }, 10*time.Second, 20*time.Millisecond, "the lock goes with its session")
+	require.Eventually(t, func() bool {
+		pids, listening := look()
+		return len(pids) == 1 && slices.Equal(pids, listening)
+	}, 10*time.Second, 20*time.Millisecond, "the lock goes with its session, and Relays stops finding it")
+	require.Equal(t, []uint32{c2.PgConn().PID()}, holders(), "the other session keeps it")
 
 	missing := db
 	missing.OutboxTable = "no_such_table"
