@@ -2,6 +2,7 @@ package sqlschema
 
 import (
 	"context"
+	stdsql "database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,8 +27,8 @@ var ErrNotMigrated = pgerr.ErrNotMigrated
 // when it cannot tell. Use it at start-up when another process owns the
 // migrations. db.Conn is required.
 func Check(ctx context.Context, db DB) error {
-	if db.Conn == nil {
-		return errors.New("sqlschema: Check: DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	if err := db.validateConn(); err != nil {
+		return fmt.Errorf("sqlschema: Check: %w", err)
 	}
 	migs, err := migrations(db)
 	if err != nil {
@@ -38,7 +39,12 @@ func Check(ctx context.Context, db DB) error {
 	if err != nil {
 		return err
 	}
-	exists, err := tableExists(ctx, st, db, db.migrations())
+	if db.Dialect == MySQL {
+		if err := checkServer(ctx, mysqlRow{db.Conn}, st); err != nil {
+			return fmt.Errorf("sqlschema: Check: %w", err)
+		}
+	}
+	exists, err := tableExists(ctx, st, db, migrationsTable)
 	if err != nil {
 		return fmt.Errorf("sqlschema: Check: %w", err)
 	}
@@ -71,7 +77,7 @@ var errLayout = errors.New("the inbox table's layout does not match DB.Partition
 // move an existing table to the partitioned layout).
 func checkLayout(ctx context.Context, q wsql.ContextExecutor, st sqlfile.Statements, db DB) error {
 	var kind string
-	if err := seam.QueryRow(ctx, q, st.Get("TableKind"), []any{db.Inbox()}, &kind); err != nil {
+	if err := seam.QueryRow(ctx, q, st.Get("TableKind"), db.tableArgs(db.InboxTable), &kind); err != nil {
 		if errors.Is(err, seam.ErrNoRows) {
 			return nil // no table: reported as not migrated
 		}
@@ -79,6 +85,8 @@ func checkLayout(ctx context.Context, q wsql.ContextExecutor, st sqlfile.Stateme
 	}
 	partitioned := kind == "p"
 	switch {
+	case db.Dialect == MySQL && kind != "r":
+		return fmt.Errorf("sqlschema: %s uses the %s engine, the library needs InnoDB (transactions, row locks): %w", db.Inbox(), kind, ErrEngine)
 	case partitioned && db.Partitions == nil:
 		return fmt.Errorf("sqlschema: %s is partitioned but DB.Partitions is nil: %w", db.Inbox(), errLayout)
 	case !partitioned && db.Partitions != nil:
@@ -93,8 +101,26 @@ func (c DB) names() pgerr.Tables {
 	return pgerr.Tables{Schema: c.Schema, Inbox: c.InboxTable, Outbox: c.OutboxTable}
 }
 
-func tableExists(ctx context.Context, st sqlfile.Statements, db DB, quoted string) (bool, error) {
-	rows, err := db.Conn.QueryContext(ctx, st.Get("TableExists"), quoted)
+// tableArgs are the TableExists and TableKind arguments naming table of
+// db's schema: its quoted name on PostgreSQL, the schema and the name on
+// MySQL.
+func (c DB) tableArgs(table string) []any {
+	if c.Dialect == MySQL {
+		return []any{c.Schema, table}
+	}
+	return []any{c.Dialect.QuoteIdentifier(c.Schema, table)}
+}
+
+// mysqlRow runs checkServer's query through a Beginner.
+type mysqlRow struct{ b wsql.Beginner }
+
+func (r mysqlRow) QueryRowContext(ctx context.Context, query string, args ...any) *stdsql.Row {
+	db, _ := stdDB(r.b) // ValidateConn made sure
+	return db.QueryRowContext(ctx, query, args...)
+}
+
+func tableExists(ctx context.Context, st sqlfile.Statements, db DB, table string) (bool, error) {
+	rows, err := db.Conn.QueryContext(ctx, st.Get("TableExists"), db.tableArgs(table)...)
 	if err != nil {
 		return false, err
 	}

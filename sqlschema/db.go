@@ -6,7 +6,6 @@ import (
 	"regexp"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/jackc/pgx/v5"
 )
 
 // Default names used when a DB field is empty.
@@ -45,8 +44,16 @@ type DB struct {
 	// Required by everything that queries; SQL and outbox.NewWriter do not use it.
 	Conn wsql.Beginner
 
+	// Dialect is the database engine: Postgres (the default, also when
+	// empty) or MySQL
+	// (MySQL 8 or MariaDB 10.6 and later; see docs/mysql.md). Every process
+	// that uses the tables states the same one.
+	Dialect Dialect
+
 	// Schema holds the inbox, outbox and migrations tables. It is created by
-	// Migrate if missing. Defaults to "public".
+	// Migrate if missing. Defaults to "public" on PostgreSQL. On MySQL a
+	// schema is a database: empty (the default) means the database the
+	// connection is in.
 	Schema string
 
 	// InboxTable is the inbox table's name. Defaults to "watermill_inbox".
@@ -59,6 +66,7 @@ type DB struct {
 	// large volumes: Migrate creates the inbox table partitioned by time
 	// (daily or hourly partitions, created ahead), and retention
 	// (inbox.Store.Purge) drops whole partitions instead of deleting rows.
+	// PostgreSQL only: MySQL refuses it (ErrUnsupported), see docs/mysql.md.
 	// Deduplication stays correct across partition boundaries; the
 	// handler's transaction must then be READ COMMITTED (see
 	// docs/retention.md). It must be the same in every process that uses
@@ -121,7 +129,7 @@ func (p Partitioning) validate() error {
 
 // WithDefaults returns a copy of c with empty names set to their defaults.
 func (c DB) WithDefaults() DB {
-	if c.Schema == "" {
+	if c.Schema == "" && c.Dialect != MySQL {
 		c.Schema = defaultSchema
 	}
 	if c.InboxTable == "" {
@@ -143,11 +151,17 @@ func (c DB) WithDefaults() DB {
 // does not check Conn.
 func (c DB) Validate() error {
 	c = c.WithDefaults()
+	if err := c.Dialect.validate(); err != nil {
+		return err
+	}
 	for _, f := range []struct{ field, value string }{
 		{"Schema", c.Schema},
 		{"InboxTable", c.InboxTable},
 		{"OutboxTable", c.OutboxTable},
 	} {
+		if f.value == "" && f.field == "Schema" && c.Dialect == MySQL {
+			continue // the connection's database
+		}
 		if err := validateName(f.value); err != nil {
 			return fmt.Errorf("sqlschema: DB.%s: %w", f.field, err)
 		}
@@ -159,6 +173,9 @@ func (c DB) Validate() error {
 		return fmt.Errorf("sqlschema: DB.OutboxTable %q is the name of the inbox's table of parked messages (DB.InboxTable + \"_parked\"): %w", c.OutboxTable, errInvalidName)
 	}
 	if c.Partitions != nil {
+		if c.Dialect == MySQL {
+			return fmt.Errorf("sqlschema: DB.Partitions: the time-partitioned inbox is PostgreSQL only (docs/mysql.md): %w", ErrUnsupported)
+		}
 		return c.Partitions.validate()
 	}
 	return nil
@@ -186,17 +203,17 @@ func truncate(s string, n int) string {
 // first; Inbox applies the defaults itself.
 func (c DB) Inbox() string {
 	c = c.WithDefaults()
-	return pgx.Identifier{c.Schema, c.InboxTable}.Sanitize()
+	return c.Dialect.QuoteIdentifier(c.Schema, c.InboxTable)
 }
 
 // Outbox returns the quoted, schema-qualified outbox table name.
 func (c DB) Outbox() string {
 	c = c.WithDefaults()
-	return pgx.Identifier{c.Schema, c.OutboxTable}.Sanitize()
+	return c.Dialect.QuoteIdentifier(c.Schema, c.OutboxTable)
 }
 
 // migrations returns the quoted, schema-qualified migrations table name.
 func (c DB) migrations() string {
 	c = c.WithDefaults()
-	return pgx.Identifier{c.Schema, migrationsTable}.Sanitize()
+	return c.Dialect.QuoteIdentifier(c.Schema, migrationsTable)
 }

@@ -23,12 +23,19 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 
-//go:embed migrations/*.up.sql
+// migrationFiles are the migrations, one directory per dialect
+// (migrations/postgres, migrations/mysql).
+//
+//go:embed migrations/postgres/*.up.sql migrations/mysql/*.up.sql
 var migrationFiles embed.FS
 
 // advisoryLockKey serialises concurrent Migrate calls in one database. It is
 // a fixed, arbitrary 64-bit number ("eo-migr" in ASCII).
 const advisoryLockKey int64 = 0x656f2d6d696772
+
+// mysqlLockName is advisoryLockKey's MySQL counterpart: the name of the
+// session-level lock (GET_LOCK) that serialises Migrate calls on one server.
+const mysqlLockName = "watermill_exactlyonce_migrate"
 
 // migration is one numbered, embedded up-migration with its SQL rendered for
 // a DB's names.
@@ -51,7 +58,8 @@ func migrations(cfg DB) ([]migration, error) {
 	}
 	cfg = cfg.WithDefaults()
 
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	dir := "migrations/" + cfg.Dialect.String()
+	entries, err := fs.ReadDir(migrationFiles, dir)
 	if err != nil {
 		return nil, fmt.Errorf("sqlschema: reading embedded migrations: %w", err)
 	}
@@ -62,7 +70,7 @@ func migrations(cfg DB) ([]migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		text, err := migrationFiles.ReadFile("migrations/" + e.Name())
+		text, err := migrationFiles.ReadFile(dir + "/" + e.Name())
 		if err != nil {
 			return nil, fmt.Errorf("sqlschema: reading %s: %w", e.Name(), err)
 		}
@@ -103,7 +111,9 @@ func SQL(db DB) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	b.WriteString(st.Get("CreateSchema") + "\n")
+	if cfg.Schema != "" {
+		b.WriteString(st.Get("CreateSchema") + "\n")
+	}
 	for _, m := range migs {
 		fmt.Fprintf(&b, "\n-- %s (target %s, version %d)\n%s", m.Name, m.Target, m.Version, m.SQL)
 	}
@@ -119,8 +129,8 @@ func SQL(db DB) (string, error) {
 //
 // db.Conn is required. Migrate never runs inside a caller's transaction.
 func Migrate(ctx context.Context, db DB) (err error) {
-	if db.Conn == nil {
-		return errors.New("sqlschema: Migrate: DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	if err := db.validateConn(); err != nil {
+		return fmt.Errorf("sqlschema: Migrate: %w", err)
 	}
 	cfg := db
 	migs, err := migrations(cfg)
@@ -131,6 +141,9 @@ func Migrate(ctx context.Context, db DB) (err error) {
 	st, err := cfg.bookkeeping()
 	if err != nil {
 		return err
+	}
+	if cfg.Dialect == MySQL {
+		return migrateMySQL(ctx, cfg, st, migs)
 	}
 
 	// READ COMMITTED whatever the role's or database's default: each
@@ -260,14 +273,14 @@ func (d templateData) Inbox() string { return d.cfg.Inbox() }
 // InboxParked is the table of parked messages: the inbox table's name with
 // "_parked", schema-qualified.
 func (d templateData) InboxParked() string {
-	return pgx.Identifier{d.cfg.Schema, d.cfg.InboxTable + "_parked"}.Sanitize()
+	return d.cfg.Dialect.QuoteIdentifier(d.cfg.Schema, d.cfg.InboxTable+"_parked")
 }
 func (d templateData) Outbox() string { return d.cfg.Outbox() }
 
 // InboxIndex names an index of the inbox table (unqualified: PostgreSQL
 // creates an index in its table's schema).
 func (d templateData) InboxIndex(suffix string) string {
-	return pgx.Identifier{d.cfg.InboxTable + "_" + suffix}.Sanitize()
+	return d.cfg.Dialect.QuoteIdentifier(d.cfg.InboxTable + "_" + suffix)
 }
 
 // InboxFunction names a function that belongs to the inbox table,
@@ -289,7 +302,13 @@ func (d templateData) DuplicateMarker() string { return inboxpart.DuplicateMarke
 
 // OutboxIndex names an index of the outbox table.
 func (d templateData) OutboxIndex(suffix string) string {
-	return pgx.Identifier{d.cfg.OutboxTable + "_" + suffix}.Sanitize()
+	return d.cfg.Dialect.QuoteIdentifier(d.cfg.OutboxTable + "_" + suffix)
+}
+
+// OutboxKeyLocks is the MySQL outbox's table of ordering-key locks: the
+// outbox table's name with "_key_locks", schema-qualified.
+func (d templateData) OutboxKeyLocks() string {
+	return d.cfg.Dialect.QuoteIdentifier(d.cfg.Schema, d.cfg.OutboxTable+"_key_locks")
 }
 
 // appliedMigrations reads what db's migrations table records for db's

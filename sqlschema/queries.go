@@ -4,13 +4,11 @@ import (
 	"embed"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 
 // queryFiles are sqlschema's bookkeeping statements
-// (queries/postgres/bookkeeping.sql), one directory per dialect.
+// (queries/<dialect>/bookkeeping.sql), one directory per dialect.
 //
 //go:embed queries
 var queryFiles embed.FS
@@ -19,10 +17,11 @@ var queryFiles embed.FS
 // call of Migrate, Check, Status or SQL.
 func (c DB) bookkeeping() (sqlfile.Statements, error) {
 	c = c.WithDefaults()
-	st, err := sqlfile.Render(queryFiles, "queries/postgres", struct {
+	st, err := sqlfile.Render(queryFiles, "queries/"+c.Dialect.String(), struct {
 		Schema, Migrations string
 		MigrateLockKey     int64
-	}{pgx.Identifier{c.Schema}.Sanitize(), c.migrations(), advisoryLockKey})
+		MigrateLockName    string
+	}{c.Dialect.QuoteIdentifier(c.Schema), c.migrations(), advisoryLockKey, mysqlLockName})
 	if err != nil {
 		return sqlfile.Statements{}, fmt.Errorf("sqlschema: %w", err)
 	}

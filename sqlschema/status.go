@@ -2,7 +2,6 @@ package sqlschema
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -33,8 +32,8 @@ type MigrationStatus struct {
 // applied. Status reads only; Check is the yes-or-no form. Scripts applied
 // with SQL and another tool record nothing here. db.Conn is required.
 func Status(ctx context.Context, db DB) ([]MigrationStatus, error) {
-	if db.Conn == nil {
-		return nil, errors.New("sqlschema: Status: DB.Conn is nil: set it to wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	if err := db.validateConn(); err != nil {
+		return nil, fmt.Errorf("sqlschema: Status: %w", err)
 	}
 	migs, err := migrations(db)
 	if err != nil {
@@ -47,7 +46,7 @@ func Status(ctx context.Context, db DB) ([]MigrationStatus, error) {
 		return nil, err
 	}
 	applied := map[string]time.Time{}
-	exists, err := tableExists(ctx, st, db, db.migrations())
+	exists, err := tableExists(ctx, st, db, migrationsTable)
 	if err != nil {
 		return nil, fmt.Errorf("sqlschema: Status: %w", err)
 	}
