@@ -7,8 +7,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
@@ -32,8 +30,9 @@ import (
 //go:embed queries
 var queryFiles embed.FS
 
-// queryDir is the directory of the PostgreSQL statements.
-const queryDir = "queries/postgres"
+// queryDir is the directory of a dialect's statements: queries/postgres,
+// queries/mysql.
+func queryDir(d sqlschema.Dialect) string { return "queries/" + d.String() }
 
 // fallbackSuffix names the fallback-write rendering of a partitioned
 // statement.
@@ -103,10 +102,10 @@ func (q queries) names() []string {
 
 func newQueryData(cfg Config) queryData {
 	t := cfg.Tables
-	fn := func(suffix string) string { return pgx.Identifier{t.Schema, t.InboxTable + "_" + suffix}.Sanitize() }
+	fn := func(suffix string) string { return t.Dialect.QuoteIdentifier(t.Schema, t.InboxTable+"_"+suffix) }
 	d := queryData{
 		Inbox:     t.Inbox(),
-		Parked:    pgx.Identifier{t.Schema, t.InboxTable + "_parked"}.Sanitize(),
+		Parked:    fn("parked"),
 		ClaimFunc: fn("claim"), ClaimBatchFunc: fn("claim_batch"), DuplicateFunc: fn("duplicate"),
 		IsolationMarker:   inboxpart.IsolationMarker,
 		FallbackLockClass: fallbackLockClass, PurgeLockClass: purgeLockClass,
@@ -126,6 +125,7 @@ func newQueryData(cfg Config) queryData {
 // loadQueries renders the statements of cfg's table set.
 func loadQueries(cfg Config) (queries, error) {
 	d := newQueryData(cfg)
+	queryDir := queryDir(cfg.Tables.Dialect)
 	out := map[string]string{}
 	add := func(dir string, data queryData, suffix string, out map[string]string) error {
 		files, err := fs.Glob(queryFiles, dir+"/*.sql")

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxpart"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -94,7 +92,7 @@ func NewStore(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
 	s := &Store{cfg: cfg, table: cfg.Tables.Inbox(),
-		parked: pgx.Identifier{cfg.Tables.Schema, cfg.Tables.InboxTable + "_parked"}.Sanitize(), q: q, rt: rt}
+		parked: cfg.Tables.Dialect.QuoteIdentifier(cfg.Tables.Schema, cfg.Tables.InboxTable+"_parked"), q: q, rt: rt}
 	if p := cfg.Tables.Partitions; p != nil {
 		p := p.WithDefaults()
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,

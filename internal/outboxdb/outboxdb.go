@@ -17,8 +17,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -27,8 +25,9 @@ import (
 //go:embed queries
 var queries embed.FS
 
-// dir is the statements of PostgreSQL (the one dialect so far).
-const dir = "queries/postgres"
+// dir is the directory of a dialect's statements: queries/postgres,
+// queries/mysql.
+func dir(d sqlschema.Dialect) string { return "queries/" + d.String() }
 
 // migrationsTable is the table in which sqlschema.Migrate records the
 // migrations it applied (sqlschema's migrationsTable).
@@ -67,21 +66,21 @@ func New(db sqlschema.DB) (*Store, error) {
 	data := tables{
 		Outbox:            db.Outbox(),
 		Channel:           "'" + strings.ReplaceAll(channel, "'", "''") + "'",
-		ChannelIdent:      pgx.Identifier{channel}.Sanitize(),
+		ChannelIdent:      db.Dialect.QuoteIdentifier(channel),
 		ListenerLockClass: outboxnotify.ListenerLockClass,
 		MigrationsTable:   migrationsTable,
 	}
-	st, err := sqlfile.Render(queries, dir, data)
+	st, err := sqlfile.Render(queries, dir(db.Dialect), data)
 	if err != nil {
 		return nil, err
 	}
 	s := &Store{st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox}
 	for _, state := range []string{StateQuarantined, StateFailing, StateAll} {
 		data.State = state
-		if data.RowFilter, err = include("row_filter.sql", "RowFilter", data); err != nil {
+		if data.RowFilter, err = include(dir(db.Dialect), "row_filter.sql", "RowFilter", data); err != nil {
 			return nil, err
 		}
-		if s.rows[state], err = sqlfile.Render(queries, dir+"/rows", data); err != nil {
+		if s.rows[state], err = sqlfile.Render(queries, dir(db.Dialect)+"/rows", data); err != nil {
 			return nil, err
 		}
 	}
@@ -90,7 +89,7 @@ func New(db sqlschema.DB) (*Store, error) {
 
 // include renders the condition called name of the file include/file: a
 // part of several statements, written once.
-func include(file, name string, data tables) (string, error) {
+func include(dir, file, name string, data tables) (string, error) {
 	src, err := queries.ReadFile(dir + "/include/" + file)
 	if err != nil {
 		return "", err
