@@ -14,9 +14,10 @@ EXAMPLES ?= examples
 
 # Servers the tests talk to; override from the environment or the command line.
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+MYSQL_URL    ?= mysql://root@127.0.0.1:3306/test
 AMQP_URL     ?= amqp://guest:guest@127.0.0.1:5672/
 REDIS_URL    ?= redis://127.0.0.1:6379/0
-export DATABASE_URL AMQP_URL REDIS_URL
+export DATABASE_URL MYSQL_URL AMQP_URL REDIS_URL
 
 # Benchmarks: `make bench` prints the table (tests/benchtable; BENCH_* variables and
 # BENCHFLAGS, see docs/benchmarks.md); `make bench-go BENCH=Outbox BENCHTIME=10s` runs go test's.
@@ -35,7 +36,7 @@ GOLANGCI_LINT ?= $(shell command -v golangci-lint 2>/dev/null || \
 help: ## Show this help
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-services: ## Make sure PostgreSQL, RabbitMQ and Redis are reachable, pgbouncer, promtool and chromium installed (starts/installs local ones)
+services: ## Make sure PostgreSQL, MariaDB, RabbitMQ and Redis are reachable, pgbouncer, promtool and chromium installed (starts/installs local ones)
 	@bash scripts/services.sh
 
 # -timeout is per test binary: a hang detector, set far above the longest binary's

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure the PostgreSQL, RabbitMQ and Redis servers the tests need are reachable,
+# Make sure the PostgreSQL, MariaDB, RabbitMQ and Redis servers the tests need are
+# reachable,
 # that the pgbouncer binary is installed (tests start their own PgBouncer
 # processes on free loopback ports; this script does not start one), that
 # promtool is installed (the metrics tests check the alert rules with it), and
@@ -8,11 +9,12 @@
 #
 #   scripts/services.sh [SERVICE...]
 #
-# SERVICE is postgres, rabbitmq, redis, pgbouncer, promtool or chromium;
-# without any, all six (`make services`, `make test`). `make demo` asks for
+# SERVICE is postgres, mariadb, rabbitmq, redis, pgbouncer, promtool or
+# chromium; without any, all seven (`make services`, `make test`). `make demo` asks for
 # postgres and rabbitmq only: the notifier demo uses nothing else.
 #
 #   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+#   MYSQL_URL     default mysql://root@127.0.0.1:3306/test
 #   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
 #   REDIS_URL     default redis://127.0.0.1:6379/0
 #   SERVICES_WAIT seconds to wait for a server we started (default 60)
@@ -21,9 +23,17 @@
 # loopback, start the locally installed server (installing it first with
 # apt-get on Debian when we are root or have sudo). Anything else exits
 # non-zero with a message saying what to run.
+#
+# MariaDB, besides: its client must log in over TCP with MYSQL_URL's user and
+# password, and the database of its path is created when missing. On
+# loopback, a root with an empty password that cannot log in over TCP (the
+# unix_socket authentication of Debian's package) is given the accounts
+# root@127.0.0.1 and root@::1, empty password, all privileges, through the
+# server's socket as the system's root.
 set -euo pipefail
 
 DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+MYSQL_URL="${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 WAIT="${SERVICES_WAIT:-60}"
@@ -193,6 +203,144 @@ ensure_postgres() {
 	fi
 	if is_loopback "$U_HOST"; then pg_ensure_db; fi
 	say "postgres: $how at $U_HOST:$U_PORT"
+}
+
+# ------------------------------------------------------------------- MariaDB
+
+mariadb_server_bin() {
+	local b
+	for b in mariadbd mysqld; do
+		if command -v "$b" 2>/dev/null; then return 0; fi
+		if [[ -x "/usr/sbin/$b" ]]; then
+			echo "/usr/sbin/$b"
+			return 0
+		fi
+	done
+	return 1
+}
+
+mariadb_client_bin() { command -v mariadb 2>/dev/null || command -v mysql 2>/dev/null; }
+
+mariadb_installed() { mariadb_server_bin >/dev/null; }
+
+mariadb_log="/tmp/mariadb-exactlyonce-test.log"
+
+# Start the installed server in the background as the mysql user, on the
+# URL's port (the rest comes from its configuration, /etc/mysql/).
+mariadb_start() {
+	local bin
+	bin="$(mariadb_server_bin)" || return 1
+	as_root install -d -m 0755 -o mysql -g mysql /run/mysqld || return 1
+	# A data directory the package did not initialize (or one wiped since).
+	if [[ -d /var/lib/mysql ]] && ! as_root test -d /var/lib/mysql/mysql; then
+		local init
+		init="$(command -v mariadb-install-db 2>/dev/null || command -v mysql_install_db 2>/dev/null)" || return 1
+		say "mariadb: initializing the data directory /var/lib/mysql"
+		as_root "$init" --user=mysql --datadir=/var/lib/mysql >>"$mariadb_log" 2>&1 || return 1
+	fi
+	if command -v start-stop-daemon >/dev/null 2>&1; then
+		# --oknodo: a server already running (maybe still booting) is left
+		# alone; the wait below tells whether it answers.
+		as_root start-stop-daemon --start --oknodo --background --output "$mariadb_log" \
+			--exec "$bin" -- --user=mysql --port="$U_PORT"
+	else
+		as_root setsid "$bin" --user=mysql --port="$U_PORT" </dev/null >>"$mariadb_log" 2>&1 &
+	fi
+}
+
+# mariadb_tcp SQL: run SQL over TCP with MYSQL_URL's user and password (no
+# option files, like the tests' driver).
+mariadb_tcp() {
+	MYSQL_PWD="$U_PASS" "$mariadb_client" --no-defaults --protocol=TCP -h "$U_HOST" -P "$U_PORT" \
+		-u "$U_USER" --connect-timeout=5 -N -B -e "$1"
+}
+
+# mariadb_socket SQL: run SQL as the server's root through its unix socket
+# (Debian's root@localhost authenticates the system's root by unix_socket).
+mariadb_socket() {
+	as_root "$mariadb_client" --protocol=SOCKET -u root --connect-timeout=5 -N -B -e "$1"
+}
+
+# Let root log in over TCP with an empty password, keeping root@localhost's
+# own authentication as it is. Idempotent.
+mariadb_root_tcp() {
+	local h sql=""
+	for h in 127.0.0.1 ::1; do
+		sql+="CREATE USER IF NOT EXISTS 'root'@'$h' IDENTIFIED VIA mysql_native_password USING PASSWORD('');"
+		sql+="GRANT ALL PRIVILEGES ON *.* TO 'root'@'$h' WITH GRANT OPTION;"
+	done
+	mariadb_socket "$sql"
+}
+
+mariadb_ensure_login() {
+	local out
+	if out="$(mariadb_tcp 'SELECT 1' 2>&1)"; then return 0; fi
+	if is_loopback "$U_HOST" && [[ "$U_USER" == root && -z "$U_PASS" ]]; then
+		local fix
+		fix="$(mariadb_root_tcp 2>&1)" ||
+			die "mariadb: root cannot log in over TCP at $U_HOST:$U_PORT with an empty password (${out//$'\n'/ })," \
+				"and granting it through the server's socket as the system's root failed: ${fix//$'\n'/ }" \
+				"Run as MariaDB's root:" \
+				"  CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED VIA mysql_native_password USING PASSWORD('');" \
+				"  GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;" \
+				"or point MYSQL_URL at a user who can log in over TCP."
+		out="$(mariadb_tcp 'SELECT 1' 2>&1)" ||
+			die "mariadb: root still cannot log in over TCP at $U_HOST:$U_PORT after creating root@127.0.0.1 and root@::1: ${out//$'\n'/ }"
+		say "mariadb: root may now log in over TCP with an empty password (accounts root@127.0.0.1 and root@::1)"
+		return 0
+	fi
+	die "mariadb: cannot log in at $U_HOST:$U_PORT as '$U_USER': ${out//$'\n'/ }" \
+		"Fix MYSQL_URL's user and password, or give that user a login from this host."
+}
+
+mariadb_ensure_db() {
+	local db="${U_PATH%%/*}" out
+	db="$(urldecode "$db")"
+	[[ -n "$db" ]] || return 0
+	[[ "$db" =~ ^[A-Za-z0-9_$]+$ ]] || die "mariadb: database name '$db' in MYSQL_URL: use letters, digits, _ and \$ only"
+	out="$(mariadb_tcp "SELECT 1 FROM information_schema.schemata WHERE schema_name = '$db'" 2>&1)" ||
+		die "mariadb: could not check for database '$db': ${out//$'\n'/ }"
+	[[ "$out" == 1 ]] && return 0
+	if ! out="$(mariadb_tcp "CREATE DATABASE IF NOT EXISTS \`$db\`" 2>&1)"; then
+		is_loopback "$U_HOST" && mariadb_socket "CREATE DATABASE IF NOT EXISTS \`$db\`" >/dev/null 2>&1 ||
+			die "mariadb: could not create database '$db' as '$U_USER': ${out//$'\n'/ }" \
+				"Create it (CREATE DATABASE \`$db\`) as a user allowed to, or point MYSQL_URL at an existing one."
+	fi
+	say "mariadb: created database $db"
+}
+
+ensure_mariadb() {
+	parse_url "$MYSQL_URL" 3306
+	U_USER="${U_USER:-root}"
+	local how="reachable"
+	if ! port_open "$U_HOST" "$U_PORT"; then
+		is_loopback "$U_HOST" || unreachable_help mariadb "$U_HOST" "$U_PORT" mariadb-server MYSQL_URL
+		if mariadb_installed; then
+			say "mariadb: not answering on $U_HOST:$U_PORT, starting the local server"
+			how="started"
+		elif can_apt_install; then
+			apt_install mariadb-server
+			how="installed"
+		else
+			unreachable_help mariadb "$U_HOST" "$U_PORT" mariadb-server MYSQL_URL
+		fi
+		# The package's install may have started it already.
+		if ! port_open "$U_HOST" "$U_PORT"; then
+			mariadb_start || die "mariadb: could not start the local server (see $mariadb_log and /var/log/mysql/)"
+			wait_port "$U_HOST" "$U_PORT" "$WAIT" ||
+				die "mariadb: local server started but $U_HOST:$U_PORT did not answer within ${WAIT}s (see $mariadb_log and /var/log/mysql/; is it on another port?)"
+		fi
+	fi
+	if ! mariadb_client="$(mariadb_client_bin)"; then
+		is_loopback "$U_HOST" && die "mariadb: the server answers at $U_HOST:$U_PORT but no mariadb (or mysql) client is installed to check the login and database" \
+			"  sudo apt-get install -y mariadb-client   (Debian/Ubuntu)"
+		say "mariadb: warning: no mariadb client installed: not checking the login or the database"
+		say "mariadb: $how at $U_HOST:$U_PORT"
+		return 0
+	fi
+	mariadb_ensure_login
+	mariadb_ensure_db
+	say "mariadb: $how at $U_HOST:$U_PORT"
 }
 
 # ------------------------------------------------------------------ RabbitMQ
@@ -378,11 +526,11 @@ ensure_chromium() {
 	say "chromium: $how at $bin (not started: the test starts its own, headless)"
 }
 
-all_services=(postgres rabbitmq redis pgbouncer promtool chromium)
+all_services=(postgres mariadb rabbitmq redis pgbouncer promtool chromium)
 if (($# == 0)); then set -- "${all_services[@]}"; fi
 for service in "$@"; do # check every name before touching anything
 	case "$service" in
-	postgres | rabbitmq | redis | pgbouncer | promtool | chromium) ;;
+	postgres | mariadb | rabbitmq | redis | pgbouncer | promtool | chromium) ;;
 	*) die "unknown service '$service' (known: ${all_services[*]})" ;;
 	esac
 done
