@@ -28,8 +28,15 @@ var undefinedObject = map[string]bool{
 	"3F000": true, // invalid_schema_name
 }
 
-// Undefined reports whether err says a table, column or schema is missing.
-func Undefined(err error) bool { return undefinedObject[Code(err)] }
+// Undefined reports whether err says a table, column or schema is missing:
+// PostgreSQL's 42P01, 42703, 3F000; MySQL's 1146 (ER_NO_SUCH_TABLE, also a
+// table in a missing database) and 1054 (ER_BAD_FIELD_ERROR).
+func Undefined(err error) bool {
+	if me, ok := mysqlError(err); ok {
+		return mysqlUndefined[me.Number]
+	}
+	return undefinedObject[Code(err)]
+}
 
 // IfNotMigrated returns err with the fix appended (wrapping ErrNotMigrated)
 // when it says a table, column or schema is missing, and err unchanged
