@@ -9,7 +9,6 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
@@ -37,6 +36,9 @@ func NewBundle(t testing.TB, d Driver) *Bundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), BundleTimeout)
 	t.Cleanup(cancel)
+	if d.Dialect == sqlschema.MySQL {
+		return &Bundle{Ctx: ctx, Driver: d, DB: SchemaMySQL(t, d.DB)}
+	}
 	return &Bundle{Ctx: ctx, Driver: d, DB: WithConn(Schema(t), d.DB)}
 }
 
@@ -52,8 +54,10 @@ func DriverNamed(t testing.TB, name string) Driver {
 		return Driver{Name: name, DB: wsql.BeginnerFromPgx(Pool(t))}
 	case "database-sql":
 		return Driver{Name: name, DB: wsql.BeginnerFromStdSQL(StdDB(t))}
+	case MariaDB:
+		return Driver{Name: name, DB: wsql.BeginnerFromStdSQL(MySQLDB(t)), Dialect: sqlschema.MySQL}
 	}
-	t.Fatalf("unknown driver %q (want one of %v)", name, DriverNames)
+	t.Fatalf("unknown driver %q (want one of %v)", name, EngineDriverNames)
 	return Driver{}
 }
 
@@ -67,7 +71,12 @@ func DriverNamed(t testing.TB, name string) Driver {
 // hold no connection. A package's own helper builds its bundle inside f.
 func ForEachDriver(t *testing.T, variants []string, f func(t *testing.T, d Driver, variant string)) {
 	t.Helper()
-	for _, name := range DriverNames {
+	forEach(t, DriverNames, variants, f)
+}
+
+func forEach(t *testing.T, names, variants []string, f func(t *testing.T, d Driver, variant string)) {
+	t.Helper()
+	for _, name := range names {
 		if len(variants) == 0 {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
@@ -76,6 +85,9 @@ func ForEachDriver(t *testing.T, variants []string, f func(t *testing.T, d Drive
 			continue
 		}
 		for _, variant := range variants {
+			if name == MariaDB && variant == "partitioned" {
+				continue // PostgreSQL only (ForEachEngine)
+			}
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				t.Parallel()
 				f(t, DriverNamed(t, name), variant)
@@ -96,7 +108,20 @@ func EachDriver(t *testing.T, f func(t *testing.T, b *Bundle)) {
 // Table returns the quoted name of table in the bundle's schema (a
 // business table a test creates next to the library's).
 func (b *Bundle) Table(name string) string {
-	return pgx.Identifier{b.DB.Schema, name}.Sanitize()
+	return b.DB.Dialect.QuoteIdentifier(b.DB.Schema, name)
+}
+
+// MySQL is true for a bundle on MySQL/MariaDB: a test that runs SQL of its
+// own picks that dialect's text.
+func (b *Bundle) MySQL() bool { return b.DB.Dialect == sqlschema.MySQL }
+
+// SQL returns pg or mysql: the text of a test's own statement in the
+// bundle's dialect.
+func (b *Bundle) SQL(pg, mysql string) string {
+	if b.MySQL() {
+		return mysql
+	}
+	return pg
 }
 
 // Begin starts a transaction that is rolled back at cleanup if the test did

@@ -115,10 +115,13 @@ func StdDBFor(t testing.TB, dbURL string) *sql.DB {
 func wsqlPgx(p *pgxpool.Pool) wsql.Beginner { return wsql.BeginnerFromPgx(p) }
 func wsqlStd(db *sql.DB) wsql.Beginner      { return wsql.BeginnerFromStdSQL(db) }
 
-// Driver is one way of reaching PostgreSQL through watermill-sql's seam.
+// Driver is one way of reaching a database through watermill-sql's seam:
+// PostgreSQL through pgx or database/sql, or MySQL/MariaDB through
+// database/sql (Dialect MySQL).
 type Driver struct {
-	Name string
-	DB   wsql.Beginner
+	Name    string
+	DB      wsql.Beginner
+	Dialect sqlschema.Dialect
 }
 
 // Drivers returns the pgxpool and database/sql drivers, so that a suite can
