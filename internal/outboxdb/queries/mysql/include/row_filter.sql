@@ -1,0 +1,3 @@
+-- Placeholder until the operator statements of MySQL are written.
+-- name: RowFilter
+TRUE
