@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
