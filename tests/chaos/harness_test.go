@@ -824,14 +824,15 @@ FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid
 
 // killMySQL KILLs every connection of the workers to MariaDB and returns
 // how many it killed. The workers' connections are those whose current
-// database is the run's (their DSN names it; the harness's own connection
-// names the server's default database and qualifies the run's tables),
-// from the loopback (the proxy), but for this session.
+// database is the run's: their DSN names it (mysqlWorkerURL), while the
+// harness's own sessions are on the server's default database and qualify
+// the run's tables. (Their client address is the proxy's outgoing side, a
+// port of its own per connection, which the proxy does not expose.)
 func (h *harness) killMySQL(ctx context.Context) int64 {
 	t := h.t
 	var ids []int64
 	rows, err := h.my.QueryContext(ctx, `SELECT id FROM information_schema.processlist
-WHERE db = ? AND id <> CONNECTION_ID() AND command <> 'Killed' AND (host LIKE '127.0.0.1:%' OR host LIKE 'localhost%' OR host LIKE '::1%')`, h.tables.Schema)
+WHERE db = ? AND id <> CONNECTION_ID() AND command NOT IN ('Killed', 'Daemon')`, h.tables.Schema)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id int64
