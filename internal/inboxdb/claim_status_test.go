@@ -24,8 +24,13 @@ func (b bundle) insertRecord(t *testing.T, consumer, key, status string, attempt
 	// A failed record here is one a transactional consumer parked and an
 	// operator released (parked_by_transaction); lease mode's own failed
 	// records are TestClaimsRefuseLeaseFailed's.
-	b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
+	if b.mysql() {
+		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, first_seen_at)
+VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, ?, ?, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR)`, consumer, key, status, attempts, lastError, status == inboxdb.StatusFailed)
+	} else {
+		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
 VALUES ($1, $2, $3, $4, now() - interval '1 hour', $5, $3 = 'failed')`, consumer, key, status, attempts, lastError)
+	}
 	rec, err := b.store.Lookup(b.ctx, b.db, consumer, key)
 	require.NoError(t, err)
 	return rec
