@@ -647,7 +647,7 @@ func (s *Store) actOnMatching(ctx context.Context, op string, f RowFilter,
 	filter := f.internal()
 	var total, after int64
 	for {
-		m, err := act(ctx, s.db.Conn, filter, after, matchingBatch)
+		m, err := s.matchingBatch(ctx, filter, after, act)
 		if err != nil {
 			return total, fmt.Errorf("outbox: %s: after %d rows: %w", op, total, ifNotMigrated(s.db, err))
 		}
@@ -657,6 +657,31 @@ func (s *Store) actOnMatching(ctx context.Context, op string, f RowFilter,
 		}
 		after = m.Last
 	}
+}
+
+// matchingBatch runs one batch of act: on PostgreSQL one statement on the
+// pool; on MySQL, where locking the rows and changing them are two
+// statements, in a READ COMMITTED transaction of its own (whatever the
+// server's default isolation: InnoDB then locks only the rows that
+// match), committed here.
+func (s *Store) matchingBatch(ctx context.Context, filter outboxdb.Filter, after int64,
+	act func(ctx context.Context, q wsql.ContextExecutor, f outboxdb.Filter, after int64, limit int) (outboxdb.Matched, error),
+) (m outboxdb.Matched, err error) {
+	if !s.st.NeedsTx() {
+		return act(ctx, s.db.Conn, filter, after, matchingBatch)
+	}
+	tx, err := s.db.Conn.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	if err != nil {
+		return m, err
+	}
+	if m, err = act(ctx, tx, filter, after, matchingBatch); err != nil {
+		_ = tx.Rollback()
+		return outboxdb.Matched{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return outboxdb.Matched{}, fmt.Errorf("commit: %w", err)
+	}
+	return m, nil
 }
 
 // validate reports the first field of f that is not valid, naming it.
