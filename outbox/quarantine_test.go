@@ -33,6 +33,7 @@ type seedRow struct {
 	State         outbox.RowState
 	LastError     string
 	QuarantinedAt time.Time // StateQuarantined: defaults to now
+	OrderingKey   string    // "" for none
 }
 
 // eachEngine runs f once per driver of either engine (testenv.ForEachEngine:
@@ -129,18 +130,18 @@ func (b bundle) seedIn(t testing.TB, q wsql.ContextExecutor, rows ...seedRow) []
 			at := time.Now().Add(time.Hour)
 			next = &at
 		}
-		args := []any{r.Topic, r.UUID, []byte(r.Payload), string(meta), failures, permanent, r.LastError, next, quarantined}
+		args := []any{r.Topic, r.UUID, []byte(r.Payload), string(meta), failures, permanent, r.LastError, next, quarantined, r.OrderingKey}
 		if b.mysql() {
 			_, err := q.ExecContext(b.ctx, `INSERT INTO `+b.tables.Outbox()+`
-  (topic, uuid, payload, metadata, created_at, failures, attempts, last_error, next_attempt_at, quarantined_at)
-VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), ?, ?, NULLIF(?, ''), ?, ?)`, args...)
+  (topic, uuid, payload, metadata, created_at, failures, attempts, last_error, next_attempt_at, quarantined_at, ordering_key)
+VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), ?, ?, NULLIF(?, ''), ?, ?, NULLIF(?, ''))`, args...)
 			require.NoError(t, err)
 			require.NoError(t, seam.QueryRow(b.ctx, q, `SELECT LAST_INSERT_ID()`, nil, &ids[i]))
 			continue
 		}
 		require.NoError(t, seam.QueryRow(b.ctx, q, `INSERT INTO `+b.tables.Outbox()+`
-  (topic, uuid, payload, metadata, failures, attempts, last_error, next_attempt_at, quarantined_at)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, NULLIF($7, ''), $8, $9) RETURNING id`, args, &ids[i]))
+  (topic, uuid, payload, metadata, failures, attempts, last_error, next_attempt_at, quarantined_at, ordering_key)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, NULLIF($7, ''), $8, $9, NULLIF($10, '')) RETURNING id`, args, &ids[i]))
 	}
 	return ids
 }
