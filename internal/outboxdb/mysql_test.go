@@ -81,3 +81,13 @@ func TestLibraryTablesMySQL(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 }
+
+// MySQL has no relay sessions to list (no LISTEN lock): Relays says so
+// rather than failing on a statement it lacks.
+func TestRelaysUnsupportedMySQL(t *testing.T) {
+	t.Parallel()
+	s, err := outboxdb.New(sqlschema.DB{Dialect: sqlschema.MySQL})
+	require.NoError(t, err)
+	_, err = s.Relays(t.Context(), nil)
+	require.ErrorIs(t, err, sqlschema.ErrUnsupported)
+}

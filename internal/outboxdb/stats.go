@@ -2,6 +2,7 @@ package outboxdb
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -92,8 +93,13 @@ type Session struct {
 }
 
 // Relays lists the sessions that hold a relay's LISTEN lock or row locks
-// on the outbox table, at most 1000.
+// on the outbox table, at most 1000. Where the dialect has no Relays
+// statement (MySQL: no LISTEN, no advisory lock to find a relay by), it
+// returns sqlschema.ErrUnsupported.
 func (s *Store) Relays(ctx context.Context, q wsql.ContextExecutor) ([]Session, error) {
+	if !slices.Contains(s.st.Names(), "Relays") {
+		return nil, sqlschema.ErrUnsupported
+	}
 	rows, err := q.QueryContext(ctx, s.st.Get("Relays"), s.table)
 	if err != nil {
 		return nil, err
