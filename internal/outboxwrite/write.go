@@ -37,7 +37,11 @@ const maxMessagesPerInsert = 1000
 type Writer struct {
 	store     *outboxdb.Store
 	lockClass int32 // the first value of the ordering keys' locks
-	last      atomic.Int64
+	// mysql: the keys' locks are rows of the table of key locks, taken by
+	// a statement of their own (see Publisher.Publish), and there is no
+	// NOTIFY.
+	mysql bool
+	last  atomic.Int64
 }
 
 // New returns a Writer for db's outbox table. It does not touch the
@@ -50,7 +54,7 @@ func New(db sqlschema.DB) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{store: store, lockClass: LockClass(store.Table())}, nil
+	return &Writer{store: store, lockClass: LockClass(store.Table()), mysql: db.Dialect == sqlschema.MySQL}, nil
 }
 
 // Publisher returns a Publisher writing through tx whose writes decide the
@@ -100,7 +104,14 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	// Every INSERT of the call takes the locks of all the call's keys (a
 	// lock held already is taken again at no cost).
 	lock := lockHashes(messages)
-	if b, ok := ownTransaction(p.db); ok && len(messages) > maxMessagesPerInsert {
+	if p.w.mysql {
+		lock = lockBuckets(lock)
+	}
+	// Outside a transaction, several statements must be one transaction:
+	// more than one INSERT takes, or, on MySQL, the key locks' statement
+	// and the INSERT after it (PostgreSQL's INSERT takes its locks).
+	several := len(messages) > maxMessagesPerInsert || (p.w.mysql && len(lock) > 0)
+	if b, ok := ownTransaction(p.db); ok && several {
 		return p.publishInOwnTx(b, topic, messages, lock)
 	}
 	_, err := p.insert(topic, messages, lock)
@@ -118,11 +129,13 @@ func ownTransaction(db wsql.ContextExecutor) (wsql.Beginner, bool) {
 	return b, ok
 }
 
-// publishInOwnTx writes messages, more than one INSERT takes, in a
-// transaction of its own begun on b (READ COMMITTED, whatever the
+// publishInOwnTx writes messages, more than one INSERT takes (or, on
+// MySQL, with ordering keys, whose locks are a statement of their own), in
+// a transaction of its own begun on b (READ COMMITTED, whatever the
 // database's default), so that the call is one transaction, as one INSERT
 // would be: all rows or none are committed, and the keys' locks are held
-// until all are, so no other writer of a key commits between the INSERTs.
+// until all are, so no other writer of a key commits between the
+// statements.
 func (p *Publisher) publishInOwnTx(b wsql.Beginner, topic string, messages []*message.Message, lock []int32) error {
 	ctx := messages[0].Context()
 	tx, err := b.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
@@ -164,7 +177,7 @@ func (p *Publisher) insert(topic string, messages []*message.Message, lock []int
 		// (its cost, at commit, is paid already), and a ROLLBACK TO
 		// SAVEPOINT may have discarded the earlier one with its rows.
 		notify, decided := p.notified, func() {}
-		if !notify && !p.atCommit {
+		if !notify && !p.atCommit && p.w.store.CanNotify() {
 			notify, decided = p.w.shouldNotify(time.Now())
 		}
 		if err := p.w.store.Insert(messages[0].Context(), p.db, rows, notify); err != nil {
@@ -198,7 +211,7 @@ func (p *Publisher) Close() error {
 // long, or roll back. Its error only means that no NOTIFY was sent (the
 // transaction may be aborted, which its commit reports).
 func (p *Publisher) BeforeCommit(ctx context.Context) error {
-	if !p.wrote || p.notified {
+	if !p.wrote || p.notified || !p.w.store.CanNotify() {
 		return nil
 	}
 	ok, undo := p.w.shouldNotify(time.Now())
