@@ -1,6 +1,7 @@
 package outboxwrite
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -67,4 +68,25 @@ func TestCheckOrderingKeys(t *testing.T) {
 	require.NoError(t, checkOrderingKeys([]*message.Message{keyed("a", strings.Repeat("k", MaxOrderingKeyBytes))}))
 	require.ErrorContains(t, checkOrderingKeys([]*message.Message{keyed("a", strings.Repeat("k", MaxOrderingKeyBytes+1))}),
 		`message "a": its ordering key is 1025 bytes, the most is 1024`)
+}
+
+// MySQL's key locks are rows of 16-bit buckets of the keys' hashes, sorted
+// and distinct (two writers of the same keys upsert them in one order: no
+// deadlock); none without keys. The keys of the lock tests have
+// different buckets.
+func TestLockBuckets(t *testing.T) {
+	t.Parallel()
+	require.Nil(t, lockBuckets(nil))
+	hashes := lockHashes([]*message.Message{keyed("a", "K"), keyed("b", "L"), keyed("c", "K"), keyed("d", "M")})
+	b := lockBuckets(hashes)
+	require.Len(t, b, 3)
+	require.True(t, slices.IsSorted(b))
+	for _, x := range b {
+		require.GreaterOrEqual(t, x, int32(0))
+		require.LessOrEqual(t, x, int32(0xffff))
+	}
+	require.Equal(t, []int32{5}, lockBuckets([]int32{5, 5}))
+	require.Equal(t, bucket(hash32("K")), lockBuckets(lockHashes([]*message.Message{keyed("a", "K")}))[0])
+	require.Equal(t, int32(0x1234^0xabcd), bucket(int32(0x1234abcd)), "the high half is folded into the low one")
+	require.Equal(t, int32(0xffff), bucket(-0x10000), "a negative hash folds to a positive bucket")
 }

@@ -1,9 +1,13 @@
 package outboxwrite_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	mrand "math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,4 +160,144 @@ func publishOneStatementPerShape(t *testing.T, b *testenv.Bundle) {
 	require.NoError(t, rows.Close())
 	require.Equal(t, uuids, got, "ids follow the call's order")
 	require.Equal(t, int64(0), testenv.Count(t, tx, "SELECT count(*) FROM "+tables.Outbox()+" WHERE ordering_key = ''"), "no key is NULL, not ''")
+}
+
+// keyedMsg is a message of ordering key key ("" for none).
+func keyedMsg(uuid, key string) *message.Message {
+	m := message.NewMessage(uuid, nil)
+	if key != "" {
+		m.Metadata.Set(msgid.OrderingKeyMetadata, key)
+	}
+	return m
+}
+
+// idsOf returns the outbox rows' ids by UUID, as q sees them.
+func idsOf(t *testing.T, ctx context.Context, q wsql.ContextExecutor, outbox string) map[string]int64 {
+	t.Helper()
+	rows, err := q.QueryContext(ctx, "SELECT uuid, id FROM "+outbox)
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for rows.Next() {
+		var u string
+		var id int64
+		require.NoError(t, rows.Scan(&u, &id))
+		out[u] = id
+	}
+	require.NoError(t, rows.Close())
+	return out
+}
+
+// A writer of key K waits at its Publish while another open transaction
+// has written K (on PostgreSQL its advisory lock, on MySQL the key's row
+// of the key-lock table), and not for one that wrote a key of another
+// lock (L: another bucket, see TestLockBuckets) or no key; it draws its
+// row's id once the first commits, so the ids of K follow the commits of
+// its writers: a writer whose transaction began first, and which drew an
+// id for an unkeyed row before the other took K, still gets the larger id
+// for K, having committed second.
+func TestWritersOfOneKeyFollowCommitOrder(t *testing.T) {
+	t.Parallel()
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		w, err := outboxwrite.New(b.DB)
+		require.NoError(t, err)
+		publish := func(tx wsql.ContextExecutor, msgs ...*message.Message) error {
+			return w.Publisher(tx).Publish("t", msgs...)
+		}
+
+		late := b.Begin(t) // begins first, takes K second
+		require.NoError(t, publish(late, keyedMsg("late-plain", "")))
+
+		first := b.Begin(t)
+		require.NoError(t, publish(first, keyedMsg("first-K", "K")))
+
+		// Another key's writer and an unkeyed one do not wait for K.
+		other := b.Begin(t)
+		require.NoError(t, publish(other, keyedMsg("other-L", "L"), keyedMsg("other-plain", "")))
+		require.NoError(t, other.Commit())
+
+		done := make(chan error, 1)
+		go func() { done <- publish(late, keyedMsg("late-K", "K")) }()
+		select {
+		case err := <-done:
+			t.Fatalf("the second writer of K did not wait for the open transaction that wrote K: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		require.NoError(t, first.Commit())
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the second writer of K still waits after the first committed")
+		}
+		require.NoError(t, late.Commit())
+
+		ids := idsOf(t, b.Ctx, b.Driver.DB, b.DB.Outbox())
+		require.Len(t, ids, 5)
+		require.Less(t, ids["late-plain"], ids["first-K"], "late's unkeyed row was drawn first")
+		require.Less(t, ids["first-K"], ids["late-K"], "K's ids follow its writers' commits")
+		require.Less(t, ids["other-L"], ids["late-K"], "late-K was drawn after first committed")
+	})
+}
+
+// Concurrent writers, each of a few keys in random order (and the same
+// key more than once), never deadlock on the keys' locks (taken in one
+// order), and each key's ids follow the order in which its writers held
+// its lock: the order they record, holding it, between their Publish and
+// their commit.
+func TestConcurrentWritersKeepEachKeysOrder(t *testing.T) {
+	t.Parallel()
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		w, err := outboxwrite.New(b.DB)
+		require.NoError(t, err)
+		const writers, txs, keys = 8, 25, 6
+		var mu sync.Mutex
+		held := map[string][]string{} // key -> UUIDs, in the order their writers held the key
+		errs := make(chan error, writers)
+		var wg sync.WaitGroup
+		for g := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := mrand.New(mrand.NewPCG(uint64(g), 7))
+				for i := range txs {
+					var msgs []*message.Message
+					for j := range 1 + rng.IntN(4) {
+						key := fmt.Sprintf("key-%d", rng.IntN(keys))
+						msgs = append(msgs, keyedMsg(fmt.Sprintf("w%d-t%d-m%d", g, i, j), key))
+					}
+					tx, err := b.Driver.DB.BeginTx(b.Ctx, nil)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if err := w.Publisher(tx).Publish("t", msgs...); err != nil {
+						_ = tx.Rollback()
+						errs <- err
+						return
+					}
+					mu.Lock()
+					for _, m := range msgs {
+						k := m.Metadata.Get(msgid.OrderingKeyMetadata)
+						held[k] = append(held[k], m.UUID)
+					}
+					mu.Unlock()
+					if err := tx.Commit(); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "a writer failed (a deadlock?)")
+		}
+		ids := idsOf(t, b.Ctx, b.Driver.DB, b.DB.Outbox())
+		for k, uuids := range held {
+			byID := slices.Clone(uuids)
+			slices.SortStableFunc(byID, func(x, y string) int { return cmp.Compare(ids[x], ids[y]) })
+			require.Equal(t, uuids, byID, "key %s: ids in the order its writers held it", k)
+		}
+	})
 }
