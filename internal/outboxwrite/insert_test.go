@@ -90,3 +90,23 @@ func TestLockBuckets(t *testing.T) {
 	require.Equal(t, int32(0x1234^0xabcd), bucket(int32(0x1234abcd)), "the high half is folded into the low one")
 	require.Equal(t, int32(0xffff), bucket(-0x10000), "a negative hash folds to a positive bucket")
 }
+
+// An INSERT takes at most maxMessagesPerInsert messages, and on MySQL at
+// most maxBytesPerInsertMySQL of payloads and metadata, but always one.
+func TestChunk(t *testing.T) {
+	t.Parallel()
+	sized := func(n, size int) []*message.Message {
+		out := make([]*message.Message, n)
+		for i := range out {
+			out[i] = message.NewMessage("m", make([]byte, size))
+		}
+		return out
+	}
+	pg, my := &Writer{}, &Writer{mysql: true}
+	require.Equal(t, maxMessagesPerInsert, pg.chunk(sized(2500, 10)))
+	require.Equal(t, 3, pg.chunk(sized(3, maxBytesPerInsertMySQL)), "PostgreSQL: no bound on bytes")
+	require.Equal(t, maxMessagesPerInsert, my.chunk(sized(2500, 10)))
+	require.Equal(t, 1, my.chunk(sized(3, maxBytesPerInsertMySQL)), "one message, even alone over the bound")
+	require.Equal(t, 2, my.chunk(sized(5, maxBytesPerInsertMySQL/2)))
+	require.Equal(t, 0, my.chunk(nil))
+}

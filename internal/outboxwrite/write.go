@@ -27,7 +27,42 @@ import (
 // maxMessagesPerInsert bounds one INSERT (its values travel as arrays, so
 // it is no longer PostgreSQL's limit of 65535 bind parameters: it keeps
 // one statement's arrays, and the memory of the rows it sorts, bounded).
+//
+// On MySQL, whose INSERT binds five placeholders a row (1,000 rows: 5,000
+// of the 65,535 one statement may have), an INSERT also ends before the
+// message whose payload and metadata would take it past
+// maxBytesPerInsertMySQL (it always has one message). A statement whose
+// values are interpolated (go-sql-driver/mysql's interpolateParams=true)
+// is one packet, which the server refuses beyond max_allowed_packet (16 MiB
+// by default on MariaDB, 64 MiB on MySQL 8); server-side prepared
+// statements send a large value apart (long data), but the bound costs
+// them nothing either.
 const maxMessagesPerInsert = 1000
+
+// maxBytesPerInsertMySQL bounds the payloads and metadata of one INSERT on
+// MySQL (see maxMessagesPerInsert).
+const maxBytesPerInsertMySQL = 4 << 20
+
+// chunk returns how many of messages, from the first, the next INSERT
+// writes: at most maxMessagesPerInsert, and on MySQL at most
+// maxBytesPerInsertMySQL of payloads and metadata (at least one message).
+func (w *Writer) chunk(messages []*message.Message) int {
+	n := min(len(messages), maxMessagesPerInsert)
+	if !w.mysql {
+		return n
+	}
+	size := 0
+	for i, msg := range messages[:n] {
+		size += len(msg.Payload)
+		for k, v := range msg.Metadata {
+			size += len(k) + len(v) + 6 // quotes, colon, comma
+		}
+		if i > 0 && size > maxBytesPerInsertMySQL {
+			return i
+		}
+	}
+	return n
+}
 
 // Writer writes to one outbox table (in one database) through the
 // transactions of the Publishers it makes, and holds their NOTIFY
@@ -110,7 +145,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	// Outside a transaction, several statements must be one transaction:
 	// more than one INSERT takes, or, on MySQL, the key locks' statement
 	// and the INSERT after it (PostgreSQL's INSERT takes its locks).
-	several := len(messages) > maxMessagesPerInsert || (p.w.mysql && len(lock) > 0)
+	several := p.w.chunk(messages) < len(messages) || (p.w.mysql && len(lock) > 0)
 	if b, ok := ownTransaction(p.db); ok && several {
 		return p.publishInOwnTx(b, topic, messages, lock)
 	}
@@ -161,13 +196,13 @@ func (p *Publisher) publishInOwnTx(b wsql.Beginner, topic string, messages []*me
 }
 
 // insert writes messages through p.db, at most maxMessagesPerInsert per
-// INSERT. undo (never nil) takes back the debounce record of a NOTIFY that
+// INSERT (Writer.chunk). undo (never nil) takes back the debounce record of a NOTIFY that
 // the call's writes sent, for a caller whose transaction then did not
 // commit.
 func (p *Publisher) insert(topic string, messages []*message.Message, lock []int32) (undo func(), err error) {
 	undo = func() {}
 	for len(messages) > 0 {
-		n := min(len(messages), maxMessagesPerInsert)
+		n := p.w.chunk(messages)
 		rows, err := insertRows(p.w.lockClass, topic, messages[:n], lock)
 		if err != nil {
 			return undo, err

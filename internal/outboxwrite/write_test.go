@@ -1,6 +1,7 @@
 package outboxwrite_test
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -299,5 +300,45 @@ func TestConcurrentWritersKeepEachKeysOrder(t *testing.T) {
 			slices.SortStableFunc(byID, func(x, y string) int { return cmp.Compare(ids[x], ids[y]) })
 			require.Equal(t, uuids, byID, "key %s: ids in the order its writers held it", k)
 		}
+	})
+}
+
+// Large payloads: a Publish whose messages together exceed what one
+// statement may carry on MySQL (max_allowed_packet, 16 MiB by default on
+// MariaDB) is split into INSERTs of a few MiB, one transaction outside the
+// caller's; every payload is kept byte for byte. On MySQL the writer
+// connects with interpolateParams=true, which sends each statement with
+// its values as one packet (server-side prepared statements send a large
+// value apart, as long data).
+func TestPublishLargePayloads(t *testing.T) {
+	t.Parallel()
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		w, err := outboxwrite.New(b.DB)
+		require.NoError(t, err)
+		const n, size = 5, 4 << 20 // 20 MiB in all
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			payload := bytes.Repeat([]byte{byte(i), 0, 0xff, '\''}, size/4)
+			msgs[i] = keyedMsg(fmt.Sprintf("big-%d", i), "K")
+			msgs[i].Payload = payload
+		}
+		conn := b.Driver.DB
+		if b.MySQL() {
+			conn = wsql.BeginnerFromStdSQL(testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL())+"&interpolateParams=true"))
+		}
+		require.NoError(t, w.Publisher(conn).Publish("t", msgs...))
+		rows, err := b.Driver.DB.QueryContext(b.Ctx, "SELECT uuid, payload FROM "+b.DB.Outbox()+" ORDER BY id")
+		require.NoError(t, err)
+		i := 0
+		for rows.Next() {
+			var u string
+			var p []byte
+			require.NoError(t, rows.Scan(&u, &p))
+			require.Equal(t, msgs[i].UUID, u)
+			require.True(t, slices.Equal([]byte(msgs[i].Payload), p), "payload %d kept", i)
+			i++
+		}
+		require.NoError(t, rows.Close())
+		require.Equal(t, n, i)
 	})
 }
