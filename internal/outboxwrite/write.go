@@ -1,6 +1,9 @@
 // Package outboxwrite writes messages to an outbox table: the INSERT, which
 // takes the locks of the messages' ordering keys, and the wake-on-commit
-// NOTIFY with its debounce (notify.go). Package outbox's Writer and
+// NOTIFY with its debounce (notify.go). On MySQL the keys' locks are rows
+// of the outbox's table of key locks, upserted by a statement before the
+// INSERT (lockBuckets), and there is no NOTIFY (the NOTIFY paths do
+// nothing). Package outbox's Writer and
 // Publisher wrap it for the application's own transactions; the
 // middleware (package exactlyonce), which owns the commits of the
 // transactions it writes in, uses it directly and sends the NOTIFY right
