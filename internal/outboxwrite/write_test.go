@@ -342,3 +342,23 @@ func TestPublishLargePayloadsMySQL(t *testing.T) {
 	require.NoError(t, rows.Close())
 	require.Equal(t, n, i)
 }
+
+// On MySQL, which has no NOTIFY, the writers send none: a Publisher's
+// write is its statements only (no key: the INSERT alone), and
+// BeforeCommit sends nothing and succeeds.
+func TestNoNotifyOnMySQL(t *testing.T) {
+	t.Parallel()
+	b := testenv.NewBundle(t, testenv.DriverNamed(t, testenv.MariaDB))
+	w, err := outboxwrite.New(b.DB)
+	require.NoError(t, err)
+	tx := b.Begin(t)
+	c := &counting{ContextExecutor: tx, texts: map[string]int{}}
+	require.NoError(t, w.Publisher(c).Publish("t", keyedMsg("a", "")))
+	require.Equal(t, 1, c.n, "the INSERT, no NOTIFY")
+	at := w.AtCommit(c)
+	require.NoError(t, at.Publish("t", keyedMsg("b", "")))
+	require.NoError(t, at.BeforeCommit(b.Ctx))
+	require.Equal(t, 2, c.n, "BeforeCommit sends nothing")
+	require.NoError(t, tx.Commit())
+	require.Equal(t, int64(2), testenv.Count(t, b.Driver.DB, "SELECT count(*) FROM "+b.DB.Outbox()))
+}
