@@ -7,6 +7,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // Pending is the backlog as stats.sql's Pending reads it.
@@ -57,7 +58,11 @@ type PendingRow struct {
 // PendingRows returns the oldest limit rows: all of them when state is
 // "", else the rows of StateQuarantined or StateFailing.
 func (s *Store) PendingRows(ctx context.Context, q wsql.ContextExecutor, state string, limit int) ([]PendingRow, error) {
-	rows, err := q.QueryContext(ctx, s.st.Get("PendingRows"), state, limit)
+	args := []any{state, limit}
+	if s.dialect == sqlschema.MySQL {
+		args = []any{state, state, state, limit} // `?` is named once
+	}
+	rows, err := q.QueryContext(ctx, s.st.Get("PendingRows"), args...)
 	if err != nil {
 		return nil, err
 	}
