@@ -3,8 +3,11 @@ package outbox_test
 import (
 	"context"
 	stdsql "database/sql"
+	"encoding/json"
 	"errors"
+	"hash/fnv"
 	"maps"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -62,6 +66,91 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	})
 }
 
+// eachEngine runs f once per driver of either engine
+// (testenv.ForEachEngine: PostgreSQL's two and MariaDB), each with its own
+// migrated schema: the relay's behaviour that holds on both.
+func eachEngine(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		var tables sqlschema.DB
+		if d.Dialect == sqlschema.MySQL {
+			tables = testenv.SchemaMySQL(t, d.DB)
+		} else {
+			tables = testenv.Schema(t)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		t.Cleanup(cancel)
+		f(t, newBundle(t, ctx, d.DB, tables))
+	})
+}
+
+// mysql is true for a bundle on MySQL/MariaDB.
+func (b bundle) mysql() bool { return b.tables.Dialect == sqlschema.MySQL }
+
+// sql returns pg or mysql: the text of a test's own statement in the
+// bundle's dialect.
+func (b bundle) sql(pg, mysql string) string {
+	if b.mysql() {
+		return mysql
+	}
+	return pg
+}
+
+// write writes msgs to topic through tx: with the bundle's Writer on
+// PostgreSQL; on MySQL with the test's own statements (writeMySQL) until
+// the Writer writes there.
+func (b bundle) write(t testing.TB, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) {
+	t.Helper()
+	if b.mysql() {
+		b.writeMySQL(t, tx, topic, msgs...)
+		return
+	}
+	pub, err := b.w.Publisher(tx)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(topic, msgs...))
+}
+
+// writeMySQL inserts msgs as the MySQL Writer does: it first takes the
+// row locks of its ordering keys' hashes in the key-lock table, in hash
+// order, so that the ids of a key follow its writers' commits; then the
+// rows, in order.
+func (b bundle) writeMySQL(t testing.TB, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) {
+	t.Helper()
+	var buckets []int
+	seen := map[int]bool{}
+	for _, m := range msgs {
+		if k := msgid.OrderingKey(m); k != "" {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(k))
+			if n := int(h.Sum32() & 0xffff); !seen[n] {
+				seen[n] = true
+				buckets = append(buckets, n)
+			}
+		}
+	}
+	sort.Ints(buckets)
+	locks := b.tables.Dialect.QuoteIdentifier(b.tables.Schema, b.tables.OutboxTable+"_key_locks")
+	for _, n := range buckets {
+		_, err := tx.ExecContext(b.ctx, "INSERT INTO "+locks+" (bucket) VALUES (?) ON DUPLICATE KEY UPDATE bucket = bucket", n)
+		require.NoError(t, err)
+	}
+	for _, m := range msgs {
+		md, err := json.Marshal(m.Metadata)
+		require.NoError(t, err)
+		if m.Metadata == nil {
+			md = []byte("{}")
+		}
+		var key any
+		if k := msgid.OrderingKey(m); k != "" {
+			key = []byte(k)
+		}
+		_, err = tx.ExecContext(b.ctx, "INSERT INTO "+b.tables.Outbox()+
+			" (topic, uuid, payload, metadata, created_at, ordering_key) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
+			topic, m.UUID, []byte(m.Payload), string(md), key)
+		require.NoError(t, err)
+	}
+}
+
 // begin starts a transaction that is rolled back at cleanup if the test did
 // not end it.
 func (b bundle) begin(t testing.TB) wsql.Tx {
@@ -76,9 +165,7 @@ func (b bundle) begin(t testing.TB) wsql.Tx {
 func (b bundle) publish(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := b.w.Publisher(tx)
-	require.NoError(t, err)
-	require.NoError(t, pub.Publish(topic, msgs...))
+	b.write(t, tx, topic, msgs...)
 	require.NoError(t, tx.Commit())
 }
 
@@ -124,7 +211,7 @@ type row struct {
 
 func (b bundle) rows(t testing.TB) []row {
 	t.Helper()
-	rs, err := b.db.QueryContext(b.ctx, "SELECT id, topic, uuid, payload, metadata::text FROM "+b.tables.Outbox()+" ORDER BY id")
+	rs, err := b.db.QueryContext(b.ctx, b.sql("SELECT id, topic, uuid, payload, metadata::text FROM ", "SELECT id, topic, uuid, payload, metadata FROM ")+b.tables.Outbox()+" ORDER BY id")
 	require.NoError(t, err)
 	var out []row
 	for rs.Next() {

@@ -41,21 +41,19 @@ func mixedMessages(n int) []delivered {
 func (b bundle) publishAll(t testing.TB, want []delivered) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := b.w.Publisher(tx)
-	require.NoError(t, err)
 	for _, d := range want {
 		m := message.NewMessage(d.UUID, []byte(d.Payload))
 		for k, v := range d.Metadata {
 			m.Metadata.Set(k, v)
 		}
-		require.NoError(t, pub.Publish(d.Topic, m))
+		b.write(t, tx, d.Topic, m)
 	}
 	require.NoError(t, tx.Commit())
 }
 
 func TestFlushDeliversInOrder(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		want := mixedMessages(250)
 		b.publishAll(t, want)
 
