@@ -146,7 +146,7 @@ func (b bundle) writeMySQL(t testing.TB, tx wsql.ContextExecutor, topic string, 
 		}
 		_, err = tx.ExecContext(b.ctx, "INSERT INTO "+b.tables.Outbox()+
 			" (topic, uuid, payload, metadata, created_at, ordering_key) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
-			topic, m.UUID, []byte(m.Payload), string(md), key)
+			topic, m.UUID, append([]byte{}, m.Payload...), string(md), key)
 		require.NoError(t, err)
 	}
 }

@@ -335,7 +335,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 	for _, batchPub := range []bool{true, false} {
 		t.Run(fmt.Sprintf("BatchPublisher=%v", batchPub), func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				var msgs []*message.Message
 				for seq := 1; seq <= 3; seq++ {
 					for _, k := range []string{"A", "B", "C"} {
@@ -405,7 +405,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 // before the rows of its key that waited behind it.
 func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.publish(t, "orders", keyed("A", 1), keyed("A", 2), keyed("A", 3))
 		log := newAcceptLog()
 		var refuseMu sync.Mutex
@@ -439,7 +439,7 @@ func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 // its metadata holds back its key, not the others.
 func TestRelayOrderedUnreadableRowBlocksItsKey(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.publish(t, "orders", keyed("A", 1), keyed("A", 2), keyed("B", 1))
 		b.exec(t, `UPDATE `+b.tables.Outbox()+` SET metadata = '{"seq": 1}' WHERE uuid = 'A-001'`)
 		log := newAcceptLog()
@@ -568,7 +568,7 @@ func TestRelayOrderedUnderConcurrency(t *testing.T) {
 	for _, ordered := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				log := newAcceptLog()
 				ctx, cancel := context.WithCancel(b.ctx)
 				var relays sync.WaitGroup

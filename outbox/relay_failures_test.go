@@ -96,7 +96,7 @@ func (s *scriptedBroker) acceptedCopy() map[string]int {
 // quarantined returns topic/uuid of the quarantined rows, in id order.
 func (b bundle) quarantined(t testing.TB) []string {
 	t.Helper()
-	rs, err := b.db.QueryContext(b.ctx, "SELECT topic || '/' || uuid FROM "+b.tables.Outbox()+" WHERE quarantined_at IS NOT NULL ORDER BY id")
+	rs, err := b.db.QueryContext(b.ctx, b.sql("SELECT topic || '/' || uuid FROM ", "SELECT CONCAT(topic, '/', uuid) FROM ")+b.tables.Outbox()+" WHERE quarantined_at IS NOT NULL ORDER BY id")
 	require.NoError(t, err)
 	var out []string
 	for rs.Next() {
