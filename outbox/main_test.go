@@ -96,26 +96,31 @@ func (b bundle) sql(pg, mysql string) string {
 	return pg
 }
 
-// write writes msgs to topic through tx: with the bundle's Writer on
-// PostgreSQL; on MySQL with the test's own statements (writeMySQL) until
-// the Writer writes there.
+// write writes msgs to topic through tx (writeTo), which must succeed.
 func (b bundle) write(t testing.TB, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) {
 	t.Helper()
+	require.NoError(t, b.writeTo(tx, topic, msgs...))
+}
+
+// writeTo writes msgs to topic through tx: with the bundle's Writer on
+// PostgreSQL; on MySQL with the test's own statements (writeMySQL) until
+// the Writer writes there.
+func (b bundle) writeTo(tx wsql.ContextExecutor, topic string, msgs ...*message.Message) error {
 	if b.mysql() {
-		b.writeMySQL(t, tx, topic, msgs...)
-		return
+		return b.writeMySQL(tx, topic, msgs...)
 	}
 	pub, err := b.w.Publisher(tx)
-	require.NoError(t, err)
-	require.NoError(t, pub.Publish(topic, msgs...))
+	if err != nil {
+		return err
+	}
+	return pub.Publish(topic, msgs...)
 }
 
 // writeMySQL inserts msgs as the MySQL Writer does: it first takes the
 // row locks of its ordering keys' hashes in the key-lock table, in hash
 // order, so that the ids of a key follow its writers' commits; then the
 // rows, in order.
-func (b bundle) writeMySQL(t testing.TB, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) {
-	t.Helper()
+func (b bundle) writeMySQL(tx wsql.ContextExecutor, topic string, msgs ...*message.Message) error {
 	var buckets []int
 	seen := map[int]bool{}
 	for _, m := range msgs {
@@ -131,12 +136,15 @@ func (b bundle) writeMySQL(t testing.TB, tx wsql.ContextExecutor, topic string, 
 	sort.Ints(buckets)
 	locks := b.tables.Dialect.QuoteIdentifier(b.tables.Schema, b.tables.OutboxTable+"_key_locks")
 	for _, n := range buckets {
-		_, err := tx.ExecContext(b.ctx, "INSERT INTO "+locks+" (bucket) VALUES (?) ON DUPLICATE KEY UPDATE bucket = bucket", n)
-		require.NoError(t, err)
+		if _, err := tx.ExecContext(b.ctx, "INSERT INTO "+locks+" (bucket) VALUES (?) ON DUPLICATE KEY UPDATE bucket = bucket", n); err != nil {
+			return err
+		}
 	}
 	for _, m := range msgs {
 		md, err := json.Marshal(m.Metadata)
-		require.NoError(t, err)
+		if err != nil {
+			return err
+		}
 		if m.Metadata == nil {
 			md = []byte("{}")
 		}
@@ -144,11 +152,13 @@ func (b bundle) writeMySQL(t testing.TB, tx wsql.ContextExecutor, topic string, 
 		if k := msgid.OrderingKey(m); k != "" {
 			key = []byte(k)
 		}
-		_, err = tx.ExecContext(b.ctx, "INSERT INTO "+b.tables.Outbox()+
+		if _, err := tx.ExecContext(b.ctx, "INSERT INTO "+b.tables.Outbox()+
 			" (topic, uuid, payload, metadata, created_at, ordering_key) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
-			topic, m.UUID, append([]byte{}, m.Payload...), string(md), key)
-		require.NoError(t, err)
+			topic, m.UUID, append([]byte{}, m.Payload...), string(md), key); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // begin starts a transaction that is rolled back at cleanup if the test did
