@@ -325,3 +325,20 @@ func mustStore(t testing.TB, db sqlschema.DB) *outbox.Store {
 	require.NoError(t, err)
 	return s
 }
+
+// txWriter publishes through one transaction with writeTo: the Writer's
+// Publisher on PostgreSQL, the test's own statements on MySQL.
+type txWriter struct {
+	b  bundle
+	tx wsql.ContextExecutor
+}
+
+// Publish writes msgs to topic (bundle.writeTo).
+func (w txWriter) Publish(topic string, msgs ...*message.Message) error {
+	return w.b.writeTo(w.tx, topic, msgs...)
+}
+
+// publisher is b.w.Publisher(tx) on either engine (txWriter).
+func (b bundle) publisher(tx wsql.ContextExecutor) (txWriter, error) {
+	return txWriter{b, tx}, nil
+}

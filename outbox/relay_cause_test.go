@@ -80,13 +80,15 @@ func down(string, *message.Message) error { return errTransient }
 // makeDue makes the failed rows due now, whatever their backoff.
 func (b bundle) makeDue(t testing.TB) {
 	t.Helper()
-	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() - interval '1 second' WHERE next_attempt_at IS NOT NULL")
+	b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(" SET next_attempt_at = now() - interval '1 second'", " SET next_attempt_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND")+
+		" WHERE next_attempt_at IS NOT NULL")
 }
 
 // holdBack keeps the failed rows from being due for a long while.
 func (b bundle) holdBack(t testing.TB) {
 	t.Helper()
-	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() + interval '1 hour' WHERE next_attempt_at IS NOT NULL")
+	b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(" SET next_attempt_at = now() + interval '1 hour'", " SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR")+
+		" WHERE next_attempt_at IS NOT NULL")
 }
 
 // drain relays until the outbox is empty, making failed rows due.

@@ -138,7 +138,7 @@ func (b bundle) alternating(t testing.TB, prefix string, first, n int) []string 
 	t.Helper()
 	var keys []string
 	tx := b.begin(t)
-	pub, err := b.w.Publisher(tx)
+	pub, err := b.publisher(tx)
 	require.NoError(t, err)
 	for i := first; i < first+n; i++ {
 		topic := []string{"a", "b"}[i%2]
@@ -254,7 +254,7 @@ func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
 	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
+		pub, err := b.publisher(tx)
 		require.NoError(t, err)
 		for _, topic := range []string{"a", "b"} {
 			out := message.NewMessage("fanned-out", []byte("{}"))
@@ -431,7 +431,7 @@ func relayRetriesBehindFailingPairAreTried(wrap publisherAs) func(t *testing.T, 
 	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
+		pub, err := b.publisher(tx)
 		require.NoError(t, err)
 		for _, topic := range []string{"a", "b"} {
 			out := message.NewMessage("fanned-out", []byte("{}"))
@@ -531,7 +531,7 @@ func relayWorkersAndInstancesQuarantineOnlyThePoison(wrap publisherAs) func(t *t
 			runRelay(t, relay)
 		}
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
+		pub, err := b.publisher(tx)
 		require.NoError(t, err)
 		poison := message.NewMessage("poison", []byte("{}"))
 		poison.Metadata.Set(badHeader, "1")

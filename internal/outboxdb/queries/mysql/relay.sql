@@ -18,9 +18,15 @@
 -- earlier row of a key appears after a later one is visible, and earlier
 -- rows only go away.
 --
--- Id lists travel as one JSON array parameter, read with JSON_TABLE and
--- joined to the primary key (one lookup per id; the locking statements
--- lock only the rows they join, in id order, until their LIMIT). The
+-- Id lists travel as one JSON array parameter, in ascending order, read
+-- with JSON_TABLE and joined to the primary key: FROM JSON_TABLE(...) j
+-- STRAIGHT_JOIN {{.Outbox}} o FORCE INDEX (PRIMARY), one lookup per id in
+-- the array's order. Without the hints, on a small table the optimizer
+-- scans the outbox table first: a DELETE then waits for the rows other
+-- relays hold, and a locking read locks every row it scans. The locking
+-- statements have no ORDER BY (a sort would lock every row joined before
+-- the LIMIT applies): the join follows the array's order and stops at the
+-- LIMIT, and ClaimBatch sorts the rows. The
 -- paused topics travel as a JSON array of strings: "not paused" is
 -- JSON_CONTAINS(?, JSON_QUOTE(topic)) = 0 ('[]' when none is).
 
@@ -32,11 +38,11 @@ SELECT '', EXISTS (SELECT 1 FROM {{.Outbox}} WHERE ordering_key IS NOT NULL)
 -- name: FreshPlain
 -- The oldest rows that never failed, not paused (? the paused topics),
 -- locked: the fresh rows of a batch when the table has no keyed row (Probe
--- said so), ? rows at most. failures = 0 AND quarantined_at IS NULL is a
--- prefix of the failing index, whose entries then come in id order: the
--- walk visits fresh rows only, in id order, and stops at the LIMIT (no
--- sort, which would lock every row it read).
-SELECT id, topic, uuid, payload, metadata, failures > 0, ordering_key FROM {{.Outbox}}
+-- said so), ? rows at most: a walk of the primary key that stops at the
+-- LIMIT (no sort, which would lock every row it read). FORCE INDEX (PRIMARY): on a
+-- small table the optimizer would scan and sort it, locking every fresh
+-- row; the primary key's walk is PostgreSQL's plan too.
+SELECT id, topic, uuid, payload, metadata, failures > 0, ordering_key FROM {{.Outbox}} FORCE INDEX (PRIMARY)
 WHERE failures = 0 AND quarantined_at IS NULL AND JSON_CONTAINS(?, JSON_QUOTE(topic)) = 0
 ORDER BY id LIMIT ?
 FOR UPDATE SKIP LOCKED
@@ -76,10 +82,10 @@ ORDER BY id
 -- Parameters: the ids, the paused topics, the limit.
 SELECT o.id, o.topic, o.uuid, o.payload, o.metadata, o.failures > 0, o.ordering_key
 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) j
-JOIN {{.Outbox}} o ON o.id = j.id
+STRAIGHT_JOIN {{.Outbox}} o FORCE INDEX (PRIMARY) ON o.id = j.id
 WHERE o.failures > 0 AND o.quarantined_at IS NULL AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))
   AND JSON_CONTAINS(?, JSON_QUOTE(o.topic)) = 0
-ORDER BY o.id LIMIT ?
+LIMIT ?
 FOR UPDATE SKIP LOCKED
 
 -- name: LockFresh
@@ -88,9 +94,9 @@ FOR UPDATE SKIP LOCKED
 -- not paused (?). Parameters: the ids, the paused topics, the limit.
 SELECT o.id, o.topic, o.uuid, o.payload, o.metadata, o.failures > 0, o.ordering_key
 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) j
-JOIN {{.Outbox}} o ON o.id = j.id
+STRAIGHT_JOIN {{.Outbox}} o FORCE INDEX (PRIMARY) ON o.id = j.id
 WHERE o.failures = 0 AND o.quarantined_at IS NULL AND JSON_CONTAINS(?, JSON_QUOTE(o.topic)) = 0
-ORDER BY o.id LIMIT ?
+LIMIT ?
 FOR UPDATE SKIP LOCKED
 
 -- name: Follow
@@ -108,14 +114,14 @@ ORDER BY ordering_key, id LIMIT ?
 -- it, or it failed or is paused): ClaimKeyed's blocked.
 SELECT o.id
 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', prev BIGINT PATH '$[1]')) j
-JOIN {{.Outbox}} o ON o.id = j.id
+STRAIGHT_JOIN {{.Outbox}} o FORCE INDEX (PRIMARY) ON o.id = j.id
 WHERE o.ordering_key IS NOT NULL
   AND EXISTS (SELECT 1 FROM {{.Outbox}} e WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.id > j.prev)
 
 -- name: DeleteRelayed
 -- The rows the publisher accepted (a JSON array of ids).
-DELETE o FROM {{.Outbox}} o
-JOIN JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) j ON o.id = j.id
+DELETE o FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) j
+STRAIGHT_JOIN {{.Outbox}} o FORCE INDEX (PRIMARY) ON o.id = j.id
 
 -- name: RecordFailure
 -- The failure of one row of a batch (RecordFailures runs it per row, in
@@ -141,5 +147,5 @@ WHERE id = ?
 -- they are now.
 SELECT o.id, o.topic, o.uuid, o.attempts, o.failures, o.quarantined_at IS NOT NULL, COALESCE(o.last_error, '')
 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) j
-JOIN {{.Outbox}} o ON o.id = j.id
+STRAIGHT_JOIN {{.Outbox}} o FORCE INDEX (PRIMARY) ON o.id = j.id
 ORDER BY o.id
