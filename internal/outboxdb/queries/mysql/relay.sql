@@ -51,8 +51,13 @@ FOR UPDATE SKIP LOCKED
 -- Not locking: the ids of the oldest failed rows whose backoff is over, in
 -- topics not paused (?), that are unkeyed or the head of their key (no
 -- earlier row of the key exists, whatever its state, locked elsewhere or
--- not), ? at most. LockDue locks the first of them it can.
-SELECT id FROM {{.Outbox}} o
+-- not), ? at most. LockDue locks the first of them it can. The failing
+-- index: the failed rows, few unless the broker was down, read and sorted
+-- (a non-locking read may sort); without the hint the optimizer walks the
+-- quarantined_at index for its id order, over every live row. (PostgreSQL
+-- has a partial index of the failed rows by id; here an index of
+-- (failing, id) would need a generated column.)
+SELECT id FROM {{.Outbox}} o FORCE INDEX ({{.FailingIndex}})
 WHERE failures > 0 AND quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))
   AND JSON_CONTAINS(?, JSON_QUOTE(topic)) = 0
   AND (ordering_key IS NULL OR (SELECT MIN(e.id) FROM {{.Outbox}} e WHERE e.ordering_key = o.ordering_key) = o.id)
@@ -70,7 +75,7 @@ SELECT id FROM (
   WHERE failures = 0 AND quarantined_at IS NULL AND JSON_CONTAINS(?, JSON_QUOTE(topic)) = 0
     AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {{.Outbox}} e WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.failures > 0))
     AND (JSON_LENGTH(?) = 0 OR ordering_key IS NULL
-         OR JSON_CONTAINS(?, JSON_QUOTE((SELECT e.topic FROM {{.Outbox}} e WHERE e.ordering_key = o.ordering_key ORDER BY e.ordering_key, e.id LIMIT 1))) = 0)
+         OR JSON_CONTAINS(?, JSON_QUOTE((SELECT e.topic FROM {{.Outbox}} e WHERE e.ordering_key = o.ordering_key ORDER BY e.id LIMIT 1))) = 0)
   ORDER BY id LIMIT ?
 ) w
 WHERE ordering_key IS NULL OR (SELECT MIN(e.id) FROM {{.Outbox}} e WHERE e.ordering_key = w.ordering_key) = w.id
@@ -102,10 +107,11 @@ FOR UPDATE SKIP LOCKED
 -- name: Follow
 -- Not locking: the ids of the next ? rows of the key ? after the row ?
 -- (ClaimKeyed's follow_ids, for one head), oldest first: a range of the
--- ordering_key index.
+-- ordering_key index, in its order (ORDER BY ordering_key, id made
+-- MariaDB sort the key's every row after the head).
 SELECT id FROM {{.Outbox}}
 WHERE ordering_key = ? AND id > ?
-ORDER BY ordering_key, id LIMIT ?
+ORDER BY id LIMIT ?
 
 -- name: Blocked
 -- Not locking: which of the batch's keyed rows (a JSON array of [id,
