@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	stdsql "database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 )
@@ -141,4 +143,63 @@ func TestRelayMySQLClaimPlan(t *testing.T) {
 	require.NotContains(t, plan, "type=ALL possible_keys=NULL key=NULL", "no scan of the table without an index")
 	plan = explain("DueHeads", "[]", 400)
 	require.Contains(t, plan, "key=watermill_outbox_failing", "the failed rows only")
+}
+
+// The danger of MySQL's locking reads: a "no earlier row of the key" test
+// inside a SELECT ... FOR UPDATE SKIP LOCKED skips the earlier row another
+// relay holds, and takes the later row for the key's head. With K-001
+// locked elsewhere, the keyed batch takes nothing of K (its head is in
+// flight) and J's head; the plain batch (a table that had no keyed row at
+// its probe) takes K-002 flagged blocked, which the relay leaves as it
+// was.
+func TestRelayMySQLHeadLockedElsewhere(t *testing.T) {
+	t.Parallel()
+	b := mariaBundle(t)
+	b.publish(t, "orders", keyed("K", 1), keyed("K", 2))
+	b.publish(t, "orders", keyed("J", 1), keyed("J", 2))
+	// Another relay's batch holds K-001 (by its id: a locking read by
+	// uuid would scan, and lock, every row).
+	var k1 int64
+	require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT id FROM "+b.tables.Outbox()+" WHERE uuid = 'K-001'", nil, &k1))
+	other, err := b.db.BeginTx(b.ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Rollback() })
+	_, err = other.ExecContext(b.ctx, "SELECT id FROM "+b.tables.Outbox()+" WHERE id = ? FOR UPDATE", k1)
+	require.NoError(t, err)
+
+	store, err := outboxdb.New(b.schema())
+	require.NoError(t, err)
+	for _, keyedClaim := range []bool{true, false} {
+		tx, err := b.db.BeginTx(b.ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+		require.NoError(t, err)
+		rows, err := store.ClaimBatch(b.ctx, tx, outboxdb.Claim{Size: 100, Retry: 50, Keyed: keyedClaim, Window: 400})
+		require.NoError(t, err)
+		got := map[string]bool{}
+		for _, r := range rows {
+			got[r.UUID] = r.Blocked
+		}
+		if keyedClaim {
+			require.Equal(t, map[string]bool{"J-001": false, "J-002": false}, got, "K's head is in flight elsewhere: nothing of K")
+		} else {
+			require.Equal(t, map[string]bool{"K-002": true, "J-001": false, "J-002": false}, got, "K-002 comes flagged blocked")
+		}
+		require.NoError(t, tx.Rollback())
+	}
+
+	// Through the relay: J goes, K waits for the other relay.
+	rec := &recorder{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: rec, Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	n, err := relay.Flush(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NoError(t, other.Rollback())
+	n, err = relay.Flush(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	var uuids []string
+	for _, d := range rec.delivered() {
+		uuids = append(uuids, d.UUID)
+	}
+	require.Equal(t, []string{"J-001", "J-002", "K-001", "K-002"}, uuids)
 }
