@@ -191,7 +191,7 @@ func requireEachAtLeastOnce(t *testing.T, br *scriptedBroker, want []string) {
 // while it waits out its backoff, and its permanent failures quarantine it.
 func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayPoisonRowFirstBatchSizeOne(asIs))
+	eachEngine(t, relayPoisonRowFirstBatchSizeOne(asIs))
 }
 
 // relayPoisonRowFirstBatchSizeOne is the scenario of TestRelayPoisonRowFirstBatchSizeOne, its publisher wrapped by wrap.
@@ -246,7 +246,7 @@ func relayPoisonRowFirstBatchSizeOne(wrap publisherAs) func(t *testing.T, b bund
 // later flow, and both bad rows are quarantined.
 func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayBatchOfOnlyBadRows(asIs))
+	eachEngine(t, relayBatchOfOnlyBadRows(asIs))
 }
 
 // relayBatchOfOnlyBadRows is the scenario of TestRelayBatchOfOnlyBadRows, its publisher wrapped by wrap.
@@ -303,7 +303,7 @@ func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
 // none is, and once the outage ends every row is relayed.
 func TestRelayOutageOnsetsQuarantineNoHealthyRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayOutageOnsetsQuarantineNoHealthyRow(asIs))
+	eachEngine(t, relayOutageOnsetsQuarantineNoHealthyRow(asIs))
 }
 
 // relayOutageOnsetsQuarantineNoHealthyRow is the scenario of TestRelayOutageOnsetsQuarantineNoHealthyRow, its publisher wrapped by wrap.
@@ -361,7 +361,7 @@ func relayOutageOnsetsQuarantineNoHealthyRow(wrap publisherAs) func(t *testing.T
 // quarantined, no healthy row is, and every healthy row is relayed once.
 func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayFlappingBrokerQuarantinesOnlyThePoisonRow(asIs))
+	eachEngine(t, relayFlappingBrokerQuarantinesOnlyThePoisonRow(asIs))
 }
 
 // relayFlappingBrokerQuarantinesOnlyThePoisonRow is the scenario of TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow, its publisher wrapped by wrap.
@@ -423,7 +423,7 @@ func relayFlappingBrokerQuarantinesOnlyThePoisonRow(wrap publisherAs) func(t *te
 // poison rows, every poll, and the 279 healthy rows behind them never left.)
 func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayRetriesBehindFailingPairAreTried(asIs))
+	eachEngine(t, relayRetriesBehindFailingPairAreTried(asIs))
 }
 
 // relayRetriesBehindFailingPairAreTried is the scenario of TestRelayRetriesBehindFailingPairAreTried, its publisher wrapped by wrap.
@@ -464,7 +464,7 @@ func relayRetriesBehindFailingPairAreTried(wrap publisherAs) func(t *testing.T, 
 // quarantined 24 healthy rows here with MaxAttempts 1.)
 func TestRelayOutageAfterBriefRecoveryQuarantinesNothing(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayOutageAfterBriefRecoveryQuarantinesNothing(asIs))
+	eachEngine(t, relayOutageAfterBriefRecoveryQuarantinesNothing(asIs))
 }
 
 // relayOutageAfterBriefRecoveryQuarantinesNothing is the scenario of TestRelayOutageAfterBriefRecoveryQuarantinesNothing, its publisher wrapped by wrap.
@@ -515,7 +515,7 @@ func relayOutageAfterBriefRecoveryQuarantinesNothing(wrap publisherAs) func(t *t
 // no healthy row is (MaxAttempts 1), and every healthy row is relayed once.
 func TestRelayWorkersAndInstancesQuarantineOnlyThePoison(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayWorkersAndInstancesQuarantineOnlyThePoison(asIs))
+	eachEngine(t, relayWorkersAndInstancesQuarantineOnlyThePoison(asIs))
 }
 
 // relayWorkersAndInstancesQuarantineOnlyThePoison is the scenario of TestRelayWorkersAndInstancesQuarantineOnlyThePoison, its publisher wrapped by wrap.
