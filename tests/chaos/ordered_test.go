@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,7 +220,14 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 
 	target := hostPort(t, amqpURL, "5672")
 	relayProxy, consumerProxy := testenv.NewProxy(t, target), testenv.NewProxy(t, target)
-	h := &harness{t: t, bin: bin, logDir: t.TempDir()}
+	logDir := t.TempDir()
+	if os.Getenv("CHAOS_KEEP_LOGS") != "" {
+		var err error
+		logDir, err = os.MkdirTemp("", "chaos-ordered-*")
+		require.NoError(t, err)
+		t.Logf("worker logs kept in %s", logDir)
+	}
+	h := &harness{t: t, bin: bin, logDir: logDir}
 	common := map[string]string{"ORD_DB_URL": dbURL, "ORD_SCHEMA": db.Schema, "ORD_TOPIC": topic,
 		"ORD_PARTITIONS": strconv.Itoa(partitions)}
 	if my {
@@ -256,11 +264,12 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 	// The writers, paced so that the faults fall during the writing.
 	start := time.Now()
 	var writers sync.WaitGroup
+	var deadlocks atomic.Int64 // writer transactions a deadlock rolled back
 	writing := make(chan struct{})
 	ob, err := outbox.NewWriter(db)
 	require.NoError(t, err)
 	for w := range orderedWriters {
-		writers.Go(func() { orderedWriter(ctx, t, db, tbl("counters"), ob, s, topic, w, ordered) })
+		writers.Go(func() { deadlocks.Add(orderedWriter(ctx, t, db, tbl("counters"), ob, s, topic, w, ordered)) })
 	}
 	go func() { writers.Wait(); close(writing) }()
 
@@ -316,7 +325,7 @@ written:
 	total := s.keys * s.perKey
 	count := func(q string, args ...any) int64 { return testenv.Count(t, db.Conn, q, args...) }
 	effects := func() int64 { return count(`SELECT count(*) FROM ` + tbl("effects")) }
-	t.Logf("wrote %d messages in %s; faults: %v", total, wroteIn.Round(time.Millisecond), faults)
+	t.Logf("wrote %d messages in %s (%d writer transactions lost a deadlock); faults: %v", total, wroteIn.Round(time.Millisecond), deadlocks.Load(), faults)
 	settle := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(3 * time.Minute)
@@ -457,7 +466,9 @@ func queueArgs(ordered bool) amqp.Table {
 // keys' message poisonSeq carries a header name RabbitMQ cannot take.
 var errKeyFull = errors.New("the key has all its messages (test)")
 
-func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters string, ob *outbox.Writer, s orderedSettings, topic string, w int, ordered bool) {
+// It returns the number of its transactions a deadlock rolled back.
+func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters string, ob *outbox.Writer, s orderedSettings, topic string, w int, ordered bool) int64 {
+	var deadlocks int64
 	rng := mrand.New(mrand.NewPCG(uint64(w), 11))
 	my := db.Dialect == sqlschema.MySQL
 	q := func(pg, mysql string) string {
@@ -530,8 +541,24 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters 
 			if err != nil {
 				return 0, err
 			}
-			if _, err := tx.ExecContext(ctx, q(`UPDATE `+db.Outbox()+` SET metadata = metadata || $1::jsonb, payload = convert_to($2, 'UTF8') WHERE uuid = $3`,
-				`UPDATE `+db.Outbox()+` SET metadata = JSON_MERGE_PATCH(metadata, ?), payload = CAST(? AS BINARY) WHERE uuid = ?`),
+			if my {
+				// The row by its id: an UPDATE by uuid (no index of its
+				// own) would lock every outbox row InnoDB scans, and
+				// deadlock with the other writers and the relays. The
+				// plain read sees the transaction's own row and locks
+				// nothing.
+				id, err := countIn(ctx, tx, `SELECT id FROM `+db.Outbox()+` WHERE quarantined_at IS NULL AND uuid = ?`, m.UUID)
+				if err != nil {
+					return 0, err
+				}
+				if id == 0 {
+					return 0, fmt.Errorf("writer %d: the outbox row of %s is not visible to its own transaction", w, m.UUID)
+				}
+				if _, err := tx.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET metadata = JSON_MERGE_PATCH(metadata, ?), payload = CAST(? AS BINARY) WHERE id = ?`,
+					string(metaJSON), strconv.Itoa(n), id); err != nil {
+					return 0, err
+				}
+			} else if _, err := tx.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET metadata = metadata || $1::jsonb, payload = convert_to($2, 'UTF8') WHERE uuid = $3`,
 				string(metaJSON), strconv.Itoa(n), m.UUID); err != nil {
 				return 0, err
 			}
@@ -548,15 +575,20 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters 
 		wrote, err := writeTx()
 		// A deadlock: PostgreSQL's "deadlock detected", MySQL's "Deadlock
 		// found" (1213).
-		if err != nil && !errors.Is(err, errKeyFull) && !strings.Contains(strings.ToLower(err.Error()), "deadlock") {
+		deadlock := err != nil && strings.Contains(strings.ToLower(err.Error()), "deadlock")
+		if deadlock {
+			deadlocks++
+		}
+		if err != nil && !errors.Is(err, errKeyFull) && !deadlock {
 			t.Errorf("writer %d: %v", w, err)
-			return
+			return deadlocks
 		}
 		if wrote == 0 && testenv.Count(t, db.Conn, q(`SELECT count(*) FROM `+counters+` WHERE n < $1`, `SELECT count(*) FROM `+counters+` WHERE n < ?`), s.perKey) == 0 {
-			return
+			return deadlocks
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return deadlocks
 }
 
 // countIn reads one integer through tx (0 when no row).
