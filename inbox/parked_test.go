@@ -299,7 +299,7 @@ func TestFindParkedPages(t *testing.T) {
 				meta: map[string]string{"batch": "x"}, reason: "r", ago: time.Duration(10-i/3) * time.Minute})
 			want[consumer+"/"+key] = true
 		}
-		b.exec(t, `UPDATE `+b.parkedTable()+` SET parked_at = date_trunc('second', parked_at)`)
+		b.exec(t, `UPDATE `+b.parkedTable()+b.sql(` SET parked_at = date_trunc('second', parked_at)`, ` SET parked_at = DATE_FORMAT(parked_at, '%Y-%m-%d %H:%i:%s')`))
 		f := inbox.ParkedFilter{Metadata: map[string]string{"batch": "x"}}
 		n, err := b.store.CountParked(b.ctx, f)
 		require.NoError(t, err)
