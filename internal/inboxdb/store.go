@@ -87,7 +87,8 @@ func NewStore(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
-	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil)
+	mysql := cfg.Tables.Dialect == sqlschema.MySQL
+	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil, mysql)
 	if err != nil {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
@@ -98,7 +99,7 @@ func NewStore(cfg Config) (*Store, error) {
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
 			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
 		s.part = &partitionState{layout: l, locks: lockPlan{q: q, rt: rt}}
-	} else {
+	} else if !mysql {
 		s.prep = newPreparedClaim(rt, cfg)
 	}
 	return s, nil
