@@ -202,14 +202,9 @@ type runTemplates struct {
 	discardBatch                         [2]sqlexec.Template
 }
 
-func newRunTemplates(q queries, partitioned, mysql bool) (runTemplates, error) {
+func newRunTemplates(q queries, partitioned bool) (runTemplates, error) {
 	var rt runTemplates
 	var err error
-	if mysql {
-		// Interim (lease helper): queries/mysql has none of these yet;
-		// the inbox helper's port fills them in.
-		return rt, nil
-	}
 	tm := func(dst *sqlexec.Template, name string, holes ...string) {
 		if err != nil {
 			return

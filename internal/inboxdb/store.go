@@ -87,8 +87,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
-	mysql := cfg.Tables.Dialect == sqlschema.MySQL
-	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil, mysql)
+	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil)
 	if err != nil {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
@@ -99,7 +98,7 @@ func NewStore(cfg Config) (*Store, error) {
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
 			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
 		s.part = &partitionState{layout: l, locks: lockPlan{q: q, rt: rt}}
-	} else if !mysql {
+	} else {
 		s.prep = newPreparedClaim(rt, cfg)
 	}
 	return s, nil
