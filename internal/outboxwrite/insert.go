@@ -99,6 +99,32 @@ func lockHashes(messages []*message.Message) []int32 {
 	return slices.Compact(hashes)
 }
 
+// lockBuckets returns the MySQL key-lock buckets of the lock hashes of
+// lockHashes, sorted and distinct: the rows of the outbox's table of key
+// locks (<outbox>_key_locks) that a writer upserts, in this order, before
+// it inserts its messages (outboxdb's LockKeys), as PostgreSQL's writer
+// takes the advisory locks (class, hash). A bucket is the hash folded to
+// 16 bits (0 to 65535), which bounds the table to 65,536 small rows; two
+// keys of one bucket only make their writers wait for each other.
+func lockBuckets(hashes []int32) []int32 {
+	if len(hashes) == 0 {
+		return nil
+	}
+	out := make([]int32, len(hashes))
+	for i, h := range hashes {
+		out[i] = bucket(h)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// bucket folds a key's lock hash to 16 bits (the high half xored into the
+// low one, so that every bit of the hash counts).
+func bucket(h int32) int32 {
+	u := uint32(h)
+	return int32((u ^ u>>16) & 0xffff) //nolint:gosec // 16 bits: always fits
+}
+
 // LockClass is the first value of the advisory locks of the ordering keys
 // of table (quoted, schema-qualified).
 func LockClass(table string) int32 { return hash32("exactlyonce.outbox:" + table) }
