@@ -210,6 +210,9 @@ func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key
 		}
 		return nil
 	}
+	if s.mysql {
+		return s.parkMySQL(ctx, db, consumer, key, pgtext.Truncate(reason), msg)
+	}
 	q, args := s.q.get("Park"), []any{consumer, key, pgtext.Truncate(reason)}
 	if msg != nil {
 		q, args = s.q.get("ParkKeep"), append(msg.Row().args(), args...)

@@ -9,8 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
 func TestClaimTx(t *testing.T) {
@@ -110,10 +108,8 @@ func TestClaimTxConcurrent(t *testing.T) {
 				res, err := b.store.ClaimTx(b.ctx, tx1, "c", key)
 				require.NoError(t, err)
 				require.True(t, res.Claimed)
-				var id1 int64
-				require.NoError(t, seam.QueryRow(b.ctx, tx1, b.sql("SELECT pg_backend_pid()", "SELECT CONNECTION_ID()"), nil, &id1))
-
 				tx2 := begin(t)
+				id2 := b.backendPID(t, tx2)
 				// Under REPEATABLE READ the snapshot is taken at tx2's
 				// first read: before tx1 commits.
 				_, err = b.store.Lookup(b.ctx, tx2, "c", "other")
@@ -123,15 +119,7 @@ func TestClaimTxConcurrent(t *testing.T) {
 					res, err := b.store.ClaimTx(b.ctx, tx2, "c", key)
 					done <- outcome{res, err}
 				}()
-				testenv.Eventually(t, 10*time.Second, func() bool {
-					var n int
-					err := seam.QueryRow(b.ctx, b.db, b.sql(
-						"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))",
-						"SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w "+
-							"JOIN information_schema.INNODB_TRX t ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = ?"),
-						[]any{id1}, &n)
-					return err == nil && n == 1
-				}, "the second claim should wait for the first transaction")
+				b.awaitWaiting(t, id2, "the second claim should wait for the first transaction")
 				select {
 				case o := <-done:
 					t.Fatalf("the second claim returned while the first was open: %+v, %v", o.res, o.err)
