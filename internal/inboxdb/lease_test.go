@@ -8,12 +8,14 @@ import (
 	"time"
 	"unicode/utf8"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // leaseSlack is the tolerance when comparing a lease end computed by the
@@ -463,6 +465,73 @@ func TestLeaseClaimBusyWhileRowHeld(t *testing.T) {
 		require.Equal(t, 2, lc.Attempt, "once the holder let go and its lease ended, the key is taken over")
 		require.True(t, lc.Interrupted)
 	})
+}
+
+// A stale attempt whose completion transaction took its snapshot while it
+// still owned the key (it read the record first) is refused once another
+// worker took the key over: its extension and completion read the latest
+// record, not the snapshot (MariaDB's default isolation is REPEATABLE
+// READ, where only locking reads see the takeover).
+func TestLeaseStaleSnapshotIsFenced(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, func(t *testing.T, b bundle) {
+		const c, k = "c", "k"
+		stale := leaseAcquire(t, b, c, k, time.Hour, retryExpired)
+		tx := b.begin(t)
+		rec, err := b.store.Lookup(b.ctx, tx, c, k)
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the snapshot sees the attempt's own claim")
+
+		leaseExpire(t, b, c, k)
+		holder := leaseAcquire(t, b, c, k, time.Hour, retryExpired)
+		require.Equal(t, 2, holder.Attempt)
+
+		_, err = b.store.ExtendLease(b.ctx, tx, c, k, stale.Token, time.Hour)
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "the extension of the stale attempt")
+		require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, k, stale.Token), inboxdb.ErrLeaseLost, "the completion of the stale attempt")
+		require.NoError(t, tx.Rollback())
+		rec = leaseLookup(t, b, c, k)
+		require.Equal(t, inboxdb.StatusProcessing, rec.Status)
+		require.True(t, holder.LeaseUntil.Equal(*rec.LeaseUntil), "the holder's lease is untouched")
+		leaseComplete(t, b, c, k, holder.Token)
+	})
+}
+
+// On MySQL a claim waits at most a second for a record another
+// transaction holds through the session's innodb_lock_wait_timeout, and
+// puts the session's own value back before it returns, whatever the
+// outcome: the connection goes back to the pool as it came.
+func TestLeaseClaimKeepsTheSessionLockWait(t *testing.T) {
+	t.Parallel()
+	one := testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL()))
+	one.SetMaxOpenConns(1) // every statement below on the same session
+	b := newBundle(t, testenv.Driver{Name: testenv.MariaDB, DB: wsql.BeginnerFromStdSQL(one), Dialect: sqlschema.MySQL}, "plain")
+	other := wsql.BeginnerFromStdSQL(testenv.MySQLDB(t))
+	b.exec(t, "SET SESSION innodb_lock_wait_timeout = 7")
+	sessionWait := func() int {
+		var n int
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT @@SESSION.innodb_lock_wait_timeout", nil, &n))
+		return n
+	}
+
+	first := leaseAcquire(t, b, "c", "k", time.Hour, retryExpired)
+	require.Equal(t, 7, sessionWait(), "after an acquired claim")
+	require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, "c", "k", time.Hour, retryExpired).Outcome)
+	require.Equal(t, 7, sessionWait(), "after a busy claim")
+
+	// Another session holds the record: the claim gives up after about a
+	// second (not the session's 7), busy.
+	leaseExpire(t, b, "c", "k")
+	tx, err := other.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	_, err = b.store.ExtendLease(b.ctx, tx, "c", "k", first.Token, time.Millisecond)
+	require.NoError(t, err)
+	start := time.Now()
+	require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, "c", "k", time.Hour, retryExpired).Outcome)
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, 7, sessionWait(), "after a claim that waited")
+	require.NoError(t, tx.Rollback())
 }
 
 func TestLeaseExtend(t *testing.T) {
