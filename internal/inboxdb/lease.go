@@ -104,6 +104,11 @@ const claimLockTimeout = time.Second
 // lockNotAvailable is PostgreSQL's SQLSTATE when lock_timeout expires.
 const lockNotAvailable = "55P03"
 
+// claimRestoreTimeout bounds the statement that puts a MySQL session's
+// innodb_lock_wait_timeout back after a claim (claimLeaseMySQL), which
+// runs also when the claim's context ended.
+const claimRestoreTimeout = 5 * time.Second
+
 // mysqlLockWaitTimeout is MySQL's error when innodb_lock_wait_timeout
 // expires (ER_LOCK_WAIT_TIMEOUT).
 const mysqlLockWaitTimeout = 1205
@@ -152,7 +157,15 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 		return LeaseClaim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
 	for try := 1; ; try++ {
-		tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+		beginCtx := ctx
+		if s.leaseMySQL() {
+			// The transaction outlives ctx (database/sql would roll it back
+			// and pool its connection the moment ctx ends), so that the
+			// claim can put the session's setting back first
+			// (claimLeaseMySQL); its statements still end with ctx.
+			beginCtx = context.WithoutCancel(ctx)
+		}
+		tx, err := db.BeginTx(beginCtx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 		if err != nil {
 			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
 		}
@@ -173,6 +186,10 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 			if err = s.partitionsChanged(err); try < claimRetries && errors.Is(err, ErrPartitionsChanged) {
 				continue // the partitions changed: claim again where the database says
 			}
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
+		}
+		if err := ctx.Err(); err != nil && s.leaseMySQL() {
+			_ = tx.Rollback() // ended meanwhile: as the transaction bound to ctx would
 			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -301,9 +318,13 @@ func (s *Store) claimLeaseMySQL(ctx context.Context, tx wsql.Tx, consumer, key s
 		return LeaseClaim{}, err
 	}
 	defer func() {
-		// Not transactional: put back also after a failure (a connection
-		// that failed is closed by the driver).
-		if _, rerr := seam.Exec(ctx, tx, s.q.get("LeaseLockWaitRestore")); rerr != nil && err == nil {
+		// Not transactional: put back also after a failure, and after ctx
+		// ended (a connection a statement failed on for good, or that ctx
+		// interrupted mid-statement, is closed by the driver, never
+		// pooled).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimRestoreTimeout)
+		defer cancel()
+		if _, rerr := seam.Exec(rctx, tx, s.q.get("LeaseLockWaitRestore")); rerr != nil && err == nil {
 			lc, err = LeaseClaim{}, rerr
 		}
 	}()

@@ -1,6 +1,8 @@
 package inboxdb_test
 
 import (
+	"context"
+	stdsql "database/sql"
 	"fmt"
 	"strings"
 	"sync"
@@ -500,24 +502,35 @@ func TestLeaseStaleSnapshotIsFenced(t *testing.T) {
 // On MySQL a claim waits at most a second for a record another
 // transaction holds through the session's innodb_lock_wait_timeout, and
 // puts the session's own value back before it returns, whatever the
-// outcome: the connection goes back to the pool as it came.
+// outcome, also when its context ends: the connection goes back to the
+// pool as it came.
 func TestLeaseClaimKeepsTheSessionLockWait(t *testing.T) {
 	t.Parallel()
-	one := testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL()))
-	one.SetMaxOpenConns(1) // every statement below on the same session
+	// Every session of this pool starts with 7 (a system variable in the
+	// DSN), and there is one session at a time.
+	one := testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL())+"&innodb_lock_wait_timeout=7")
+	one.SetMaxOpenConns(1)
 	b := newBundle(t, testenv.Driver{Name: testenv.MariaDB, DB: wsql.BeginnerFromStdSQL(one), Dialect: sqlschema.MySQL}, "plain")
 	other := wsql.BeginnerFromStdSQL(testenv.MySQLDB(t))
-	b.exec(t, "SET SESSION innodb_lock_wait_timeout = 7")
 	sessionWait := func() int {
 		var n int
 		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT @@SESSION.innodb_lock_wait_timeout", nil, &n))
 		return n
 	}
+	require.Equal(t, 7, sessionWait())
 
 	first := leaseAcquire(t, b, "c", "k", time.Hour, retryExpired)
 	require.Equal(t, 7, sessionWait(), "after an acquired claim")
 	require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, "c", "k", time.Hour, retryExpired).Outcome)
 	require.Equal(t, 7, sessionWait(), "after a busy claim")
+
+	// The claim's context ends right after the session's setting changed:
+	// it is put back all the same.
+	ctx, cancel := context.WithCancel(b.ctx)
+	_, err := b.store.ClaimLease(ctx, cancelAfter{Beginner: b.db, match: "innodb_lock_wait_timeout = 1", cancel: cancel},
+		"c", "k", inboxdb.LeaseOptions{Lease: time.Hour})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 7, sessionWait(), "after a claim whose context ended")
 
 	// Another session holds the record: the claim gives up after about a
 	// second (not the session's 7), busy.
@@ -531,7 +544,47 @@ func TestLeaseClaimKeepsTheSessionLockWait(t *testing.T) {
 	require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, "c", "k", time.Hour, retryExpired).Outcome)
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.Equal(t, 7, sessionWait(), "after a claim that waited")
+
+	// Its context ends while it waits: the driver drops the session.
+	ctx, cancel = context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = b.store.ClaimLease(ctx, b.db, "c", "k", inboxdb.LeaseOptions{Lease: time.Hour})
+	require.Error(t, err)
+	require.Equal(t, 7, sessionWait(), "after a claim interrupted while it waited")
 	require.NoError(t, tx.Rollback())
+}
+
+// cancelAfter is a database whose transactions call cancel once they ran
+// a statement containing match, and give database/sql a moment to act on
+// it.
+type cancelAfter struct {
+	wsql.Beginner
+	match  string
+	cancel context.CancelFunc
+}
+
+func (c cancelAfter) BeginTx(ctx context.Context, opts *stdsql.TxOptions) (wsql.Tx, error) {
+	tx, err := c.Beginner.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return cancelAfterTx{Tx: tx, c: c}, nil
+}
+
+type cancelAfterTx struct {
+	wsql.Tx
+	c cancelAfter
+}
+
+func (t cancelAfterTx) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	res, err := t.Tx.ExecContext(ctx, q, args...)
+	if strings.Contains(q, t.c.match) {
+		t.c.cancel()
+		// database/sql rolls a transaction bound to the context back on
+		// its own goroutine: give it the time to.
+		time.Sleep(50 * time.Millisecond)
+	}
+	return res, err
 }
 
 func TestLeaseExtend(t *testing.T) {
