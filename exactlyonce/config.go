@@ -301,6 +301,11 @@ func (c Config) validate() error {
 	if err := c.DB.Validate(); err != nil {
 		return fmt.Errorf("exactlyonce: Config.DB: %w", err)
 	}
+	if c.DB.Conn != nil {
+		if err := c.DB.ValidateConn(); err != nil {
+			return fmt.Errorf("exactlyonce: Config.DB: %w", err)
+		}
+	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > 2048 {
 		return fmt.Errorf("exactlyonce: Config.MaxKeyLength is %d, it must be between 1 and 2048", c.MaxKeyLength)
 	}

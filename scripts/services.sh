@@ -27,9 +27,10 @@
 # MariaDB, besides: its client must log in over TCP with MYSQL_URL's user and
 # password, and the database of its path is created when missing. On
 # loopback, a root with an empty password that cannot log in over TCP (the
-# unix_socket authentication of Debian's package) is given the accounts
-# root@127.0.0.1 and root@::1, empty password, all privileges, through the
-# server's socket as the system's root.
+# unix_socket authentication of Debian's package) is let in, through the
+# server's socket as the system's root: root@localhost accepts an empty
+# password besides unix_socket, and root@127.0.0.1 and root@::1 (empty
+# password, all privileges) are created when missing. Test servers only.
 set -euo pipefail
 
 DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
@@ -261,10 +262,13 @@ mariadb_socket() {
 	as_root "$mariadb_client" --protocol=SOCKET -u root --connect-timeout=5 -N -B -e "$1"
 }
 
-# Let root log in over TCP with an empty password, keeping root@localhost's
-# own authentication as it is. Idempotent.
+# Let root log in over TCP with an empty password. Idempotent. A server that
+# resolves client names takes a login from 127.0.0.1 for root@localhost:
+# that account accepts an empty password too (besides unix_socket, kept
+# first). One that does not (skip-name-resolve) needs root@127.0.0.1 and
+# root@::1: created when missing.
 mariadb_root_tcp() {
-	local h sql=""
+	local h sql="ALTER USER IF EXISTS 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('');"
 	for h in 127.0.0.1 ::1; do
 		sql+="CREATE USER IF NOT EXISTS 'root'@'$h' IDENTIFIED VIA mysql_native_password USING PASSWORD('');"
 		sql+="GRANT ALL PRIVILEGES ON *.* TO 'root'@'$h' WITH GRANT OPTION;"
@@ -281,12 +285,13 @@ mariadb_ensure_login() {
 			die "mariadb: root cannot log in over TCP at $U_HOST:$U_PORT with an empty password (${out//$'\n'/ })," \
 				"and granting it through the server's socket as the system's root failed: ${fix//$'\n'/ }" \
 				"Run as MariaDB's root:" \
+				"  ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('');" \
 				"  CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED VIA mysql_native_password USING PASSWORD('');" \
 				"  GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;" \
 				"or point MYSQL_URL at a user who can log in over TCP."
 		out="$(mariadb_tcp 'SELECT 1' 2>&1)" ||
-			die "mariadb: root still cannot log in over TCP at $U_HOST:$U_PORT after creating root@127.0.0.1 and root@::1: ${out//$'\n'/ }"
-		say "mariadb: root may now log in over TCP with an empty password (accounts root@127.0.0.1 and root@::1)"
+			die "mariadb: root still cannot log in over TCP at $U_HOST:$U_PORT after giving root@localhost, root@127.0.0.1 and root@::1 an empty password: ${out//$'\n'/ }"
+		say "mariadb: root may now log in over TCP with an empty password (root@localhost, root@127.0.0.1, root@::1)"
 		return 0
 	fi
 	die "mariadb: cannot log in at $U_HOST:$U_PORT as '$U_USER': ${out//$'\n'/ }" \

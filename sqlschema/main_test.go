@@ -2,8 +2,11 @@ package sqlschema_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +34,39 @@ const (
 	defaultOutboxTable = "watermill_outbox"
 )
 
+// eachEngine runs f once per driver of either engine
+// (testenv.ForEachEngine): PostgreSQL's two and MariaDB.
+func eachEngine(t *testing.T, f func(t *testing.T, d testenv.Driver)) {
+	t.Helper()
+	testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) { f(t, d) })
+}
+
+// isMySQL reports whether db reaches MySQL/MariaDB (go-sql-driver/mysql).
+func isMySQL(db wsql.ContextExecutor) bool {
+	b, ok := db.(wsql.StdSQLBeginner)
+	if !ok {
+		return false
+	}
+	sdb, ok := b.SQLBeginner.(*sql.DB)
+	return ok && strings.HasSuffix(fmt.Sprintf("%T", sdb.Driver()), "mysql.MySQLDriver")
+}
+
+// sqlFor returns pg or mysql, the text of a test's own statement for db.
+func sqlFor(db wsql.ContextExecutor, pg, mysql string) string {
+	if isMySQL(db) {
+		return mysql
+	}
+	return pg
+}
+
+// dialectOf is the sqlschema.Dialect of db.
+func dialectOf(db wsql.ContextExecutor) sqlschema.Dialect {
+	if isMySQL(db) {
+		return sqlschema.MySQL
+	}
+	return sqlschema.Postgres
+}
+
 // eachDriver runs f once per driver (testenv.ForEachDriver).
 func eachDriver(t *testing.T, f func(t *testing.T, d testenv.Driver)) {
 	t.Helper()
@@ -49,7 +85,8 @@ func freshSchemaNamed(t *testing.T, db wsql.ContextExecutor, name string) string
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+		drop := sqlFor(db, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE", "DROP DATABASE IF EXISTS "+testenv.QuoteMySQL(name))
+		if _, err := db.ExecContext(ctx, drop); err != nil {
 			t.Errorf("dropping schema %s: %v", name, err)
 		}
 	})
@@ -69,7 +106,8 @@ func tableExists(t *testing.T, db wsql.ContextExecutor, schema, table string) bo
 	t.Helper()
 	var n int
 	require.NoError(t, seam.QueryRow(context.Background(), db,
-		"SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2",
+		sqlFor(db, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2",
+			"SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?"),
 		[]any{schema, table}, &n))
 	return n == 1
 }
@@ -78,7 +116,8 @@ func schemaExists(t *testing.T, db wsql.ContextExecutor, schema string) bool {
 	t.Helper()
 	var n int
 	require.NoError(t, seam.QueryRow(context.Background(), db,
-		"SELECT count(*) FROM pg_namespace WHERE nspname = $1", []any{schema}, &n))
+		sqlFor(db, "SELECT count(*) FROM pg_namespace WHERE nspname = $1",
+			"SELECT count(*) FROM information_schema.schemata WHERE schema_name = ?"), []any{schema}, &n))
 	return n == 1
 }
 

@@ -21,8 +21,9 @@ import (
 // "target/version/name", in order.
 func recorded(t *testing.T, db wsql.ContextExecutor, cfg sqlschema.DB) []string {
 	t.Helper()
-	table := pgx.Identifier{cfg.WithDefaults().Schema, migrationsTable}.Sanitize()
-	return queryStrings(t, db, "SELECT target || '/' || version || '/' || name FROM "+table+" ORDER BY target, version")
+	cfg = cfg.WithDefaults()
+	table := cfg.Dialect.QuoteIdentifier(cfg.Schema, migrationsTable)
+	return queryStrings(t, db, "SELECT concat(target, '/', version, '/', name) FROM "+table+" ORDER BY target, version")
 }
 
 // expected returns what recorded should find once every migration of cfg
@@ -73,9 +74,9 @@ func TestSQLMigrations(t *testing.T) {
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, d testenv.Driver) {
+	eachEngine(t, func(t *testing.T, d testenv.Driver) {
 		ctx := ctxT(t)
-		cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
+		cfg := sqlschema.DB{Conn: d.DB, Dialect: d.Dialect, Schema: freshSchema(t, d.DB)}
 		require.False(t, schemaExists(t, d.DB, cfg.Schema))
 
 		require.NoError(t, sqlschema.Migrate(ctx, cfg))
@@ -86,24 +87,24 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		require.Equal(t, want, recorded(t, d.DB, cfg))
 
 		// Data survives a second run: nothing is dropped or recreated.
-		_, err := d.DB.ExecContext(ctx, "INSERT INTO "+cfg.Inbox()+" (consumer, message_key) VALUES ('c', 'k')")
+		_, err := d.DB.ExecContext(ctx, sqlFor(d.DB, "INSERT INTO "+cfg.Inbox()+" (consumer, message_key) VALUES ('c', 'k')",
+			"INSERT INTO "+cfg.Inbox()+" (consumer, message_key, first_seen_at) VALUES ('c', 'k', UTC_TIMESTAMP(6))"))
 		require.NoError(t, err)
-		appliedAt := queryStrings(t, d.DB, "SELECT applied_at::text FROM "+
-			pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+" ORDER BY target, version")
+		appliedAtQuery := sqlFor(d.DB, "SELECT applied_at::text", "SELECT CAST(applied_at AS CHAR)") + " FROM " +
+			cfg.Dialect.QuoteIdentifier(cfg.Schema, migrationsTable) + " ORDER BY target, version"
+		appliedAt := queryStrings(t, d.DB, appliedAtQuery)
 
 		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		require.NoError(t, sqlschema.Migrate(ctx, cfg))
 		require.Equal(t, want, recorded(t, d.DB, cfg), "one row per target and version after three runs")
-		require.Equal(t, appliedAt, queryStrings(t, d.DB, "SELECT applied_at::text FROM "+
-			pgx.Identifier{cfg.Schema, migrationsTable}.Sanitize()+" ORDER BY target, version"),
-			"later runs apply nothing")
-		require.Equal(t, []string{"c/k"}, queryStrings(t, d.DB, "SELECT consumer || '/' || message_key FROM "+cfg.Inbox()))
+		require.Equal(t, appliedAt, queryStrings(t, d.DB, appliedAtQuery), "later runs apply nothing")
+		require.Equal(t, []string{"c/k"}, queryStrings(t, d.DB, "SELECT concat(consumer, '/', message_key) FROM "+cfg.Inbox()))
 	})
 }
 
 func TestMigrateConcurrently(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, migrateConcurrently)
+	eachEngine(t, migrateConcurrently)
 }
 
 // TestMigrateConcurrentlyUnderEveryIsolation: concurrent Migrate calls all
@@ -125,7 +126,7 @@ func TestMigrateConcurrentlyUnderEveryIsolation(t *testing.T) {
 
 func migrateConcurrently(t *testing.T, d testenv.Driver) {
 	ctx := ctxT(t)
-	cfg := sqlschema.DB{Conn: d.DB, Schema: freshSchema(t, d.DB)}
+	cfg := sqlschema.DB{Conn: d.DB, Dialect: d.Dialect, Schema: freshSchema(t, d.DB)}
 
 	const n = 8
 	start := make(chan struct{})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	stdsql "database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,11 +14,13 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/mysqldsn"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
@@ -38,6 +41,7 @@ const (
 	envInboxTable  = "EXACTLYONCE_INBOX_TABLE"
 	envOutboxTable = "EXACTLYONCE_OUTBOX_TABLE"
 	envPartitions  = "EXACTLYONCE_PARTITIONS"
+	envDialect     = "EXACTLYONCE_DIALECT"
 )
 
 // exitError carries the exit code of a failed command.
@@ -66,6 +70,7 @@ type app struct {
 	inboxTable     string
 	outboxTable    string
 	partitions     string
+	dialect        string
 	ahead          int
 	jsonOut        bool
 	timeout        time.Duration
@@ -123,10 +128,11 @@ func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "exactlyonce",
 		Short: "Operate the inbox and outbox tables of watermill-exactlyonce",
-		Long: `exactlyonce migrates, inspects and repairs the PostgreSQL tables of watermill-exactlyonce,
-and runs the outbox relay standalone.
+		Long: `exactlyonce migrates, inspects and repairs the PostgreSQL or MySQL/MariaDB tables of
+watermill-exactlyonce, and runs the outbox relay standalone.
 
-The database is --database-url or $DATABASE_URL; the schema and table names default like the
+The database is --database-url or $DATABASE_URL: postgres://... or mysql://... (which also selects
+the MySQL dialect; 'migrate sql' without a database takes --dialect mysql); the schema and table names default like the
 library's sqlschema.DB (public, watermill_inbox, watermill_outbox) and are read from
 $EXACTLYONCE_SCHEMA, $EXACTLYONCE_INBOX_TABLE and $EXACTLYONCE_OUTBOX_TABLE when the flags are
 not given. --json prints one JSON document per command. Exit status: 0 ok, 1 the operation
@@ -142,7 +148,8 @@ failed, 2 usage error, 3 no such record, or a consumer with no records at all (a
 		return &exitError{code: exitUsage, err: err}
 	})
 	f := root.PersistentFlags()
-	f.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL, postgres://user:password@host:5432/db (default $"+envDatabaseURL+")")
+	f.StringVar(&a.databaseURL, "database-url", "", "database URL, postgres://user:password@host:5432/db or mysql://user:password@host:3306/db (default $"+envDatabaseURL+")")
+	f.StringVar(&a.dialect, "dialect", "", "postgres or mysql (default $"+envDialect+", else the --database-url's scheme, else postgres)")
 	f.StringVar(&a.schema, "schema", "", "schema of the tables (default $"+envSchema+", else public)")
 	f.StringVar(&a.inboxTable, "inbox-table", "", "inbox table name (default $"+envInboxTable+", else watermill_inbox)")
 	f.StringVar(&a.outboxTable, "outbox-table", "", "outbox table name (default $"+envOutboxTable+", else watermill_outbox)")
@@ -211,7 +218,12 @@ func (a *app) opContext(cmd *cobra.Command, unbounded bool) (context.Context, co
 // names returns the schema and table names from the flags, the environment
 // and the library's defaults, validated.
 func (a *app) names(cmd *cobra.Command) (sqlschema.DB, error) {
+	dialect, err := a.dialectOf(cmd)
+	if err != nil {
+		return sqlschema.DB{}, err
+	}
 	db := sqlschema.DB{
+		Dialect:     dialect,
 		Schema:      flagOrEnv(cmd.Flags(), "schema", a.schema, envSchema),
 		InboxTable:  flagOrEnv(cmd.Flags(), "inbox-table", a.inboxTable, envInboxTable),
 		OutboxTable: flagOrEnv(cmd.Flags(), "outbox-table", a.outboxTable, envOutboxTable),
@@ -228,6 +240,28 @@ func (a *app) names(cmd *cobra.Command) (sqlschema.DB, error) {
 		return db, usageErr("%s", strings.TrimPrefix(err.Error(), "sqlschema: "))
 	}
 	return db, nil
+}
+
+// dialectOf is the dialect of --dialect, else the database URL's scheme
+// (mysql:// is MySQL), else PostgreSQL. A --dialect that contradicts the
+// URL is a usage error.
+func (a *app) dialectOf(cmd *cobra.Command) (sqlschema.Dialect, error) {
+	url := flagOrEnv(cmd.Flags(), "database-url", a.databaseURL, envDatabaseURL)
+	fromURL := sqlschema.Postgres
+	if mysqldsn.IsURL(url) {
+		fromURL = sqlschema.MySQL
+	}
+	switch d := flagOrEnv(cmd.Flags(), "dialect", a.dialect, envDialect); d {
+	case "":
+		return fromURL, nil
+	case string(sqlschema.Postgres), string(sqlschema.MySQL):
+		if url != "" && sqlschema.Dialect(d) != fromURL {
+			return "", usageErr("--dialect is %s but the database URL is %s's", d, fromURL)
+		}
+		return sqlschema.Dialect(d), nil
+	default:
+		return "", usageErr("--dialect is %q: postgres or mysql", d)
+	}
 }
 
 // flagOrEnv is the flag's value when it was given on the command line, else
@@ -284,18 +318,65 @@ func (a *app) open(ctx context.Context, cmd *cobra.Command, maxConns int32, migr
 	if err != nil {
 		return db, nil, err
 	}
-	pool, err := a.connect(ctx, cmd, maxConns)
-	if err != nil {
-		return db, nil, err
+	closeDB := func() {}
+	if db.Dialect == sqlschema.MySQL {
+		sdb, err := a.connectMySQL(ctx, cmd, int(maxConns))
+		if err != nil {
+			return db, nil, err
+		}
+		db.Conn, closeDB = wsql.BeginnerFromStdSQL(sdb), func() { _ = sdb.Close() }
+	} else {
+		pool, err := a.connect(ctx, cmd, maxConns)
+		if err != nil {
+			return db, nil, err
+		}
+		db.Conn, closeDB = wsql.BeginnerFromPgx(pool), pool.Close
 	}
-	db.Conn = wsql.BeginnerFromPgx(pool)
 	if migrated {
 		if err := requireMigrated(ctx, db); err != nil {
-			pool.Close()
+			closeDB()
 			return db, nil, err
 		}
 	}
-	return db, pool.Close, nil
+	return db, closeDB, nil
+}
+
+// connectMySQL opens a database/sql handle (go-sql-driver/mysql) to the
+// mysql:// URL and checks that it answers within --connect-timeout.
+func (a *app) connectMySQL(ctx context.Context, cmd *cobra.Command, maxConns int) (*stdsql.DB, error) {
+	url := flagOrEnv(cmd.Flags(), "database-url", a.databaseURL, envDatabaseURL)
+	if url == "" {
+		return nil, usageErr("no database: set %s or --database-url", envDatabaseURL)
+	}
+	if a.connectTimeout <= 0 {
+		return nil, usageErr("--connect-timeout must be positive")
+	}
+	dsn, err := mysqldsn.FromURL(url)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, usageErr("invalid database URL: %v", err)
+	}
+	if cfg.Timeout == 0 || cfg.Timeout > a.connectTimeout {
+		cfg.Timeout = a.connectTimeout
+	}
+	sdb, err := stdsql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to MySQL: %w", err)
+	}
+	sdb.SetMaxOpenConns(maxConns)
+	pctx, cancel := context.WithTimeout(ctx, a.connectTimeout)
+	defer cancel()
+	if err := sdb.PingContext(pctx); err != nil {
+		_ = sdb.Close()
+		if ctx.Err() == nil && pctx.Err() != nil {
+			return nil, fmt.Errorf("cannot connect to MySQL at %s: no answer within %s", cfg.Addr, a.connectTimeout)
+		}
+		return nil, fmt.Errorf("cannot connect to MySQL: %w", err)
+	}
+	return sdb, nil
 }
 
 // requireMigrated fails, naming the missing migrations and the command to

@@ -2,8 +2,8 @@
 // outbox runs (the writers' INSERT and NOTIFY, the relay's batch, its
 // failures and its LISTEN session, the operator's reads and actions on
 // rows, the backlog's statistics), each a method with typed parameters and
-// results. The statements live in queries/postgres/*.sql, rendered once
-// per table set by New (internal/sqlfile); values always travel as
+// results. The statements live in queries/<dialect>/*.sql (postgres,
+// mysql), rendered once per table set by New (internal/sqlfile); values always travel as
 // parameters, so each operation is one statement whatever its arguments
 // (a batch's size, a filter's fields).
 //
@@ -36,9 +36,10 @@ const migrationsTable = "watermill_exactlyonce_migrations"
 
 // Store runs the statements of one outbox table.
 type Store struct {
-	st    sqlfile.Statements
-	rows  map[string]sqlfile.Statements // rows/*.sql, by the filter's state
-	table string                        // quoted and schema-qualified
+	dialect sqlschema.Dialect
+	st      sqlfile.Statements
+	rows    map[string]sqlfile.Statements // rows/*.sql, by the filter's state
+	table   string                        // quoted and schema-qualified
 	// db names the table set (defaults applied): its dialect, and the
 	// unquoted names the catalog queries take.
 	db sqlschema.DB
@@ -67,6 +68,9 @@ type tables struct {
 	ListenerLockClass int64
 	// MigrationsTable is the name of sqlschema's migrations table.
 	MigrationsTable string
+	// FailingIndex is the outbox table's index of its failed rows, quoted
+	// (the MySQL relay's DueHeads names it).
+	FailingIndex string
 	// State is the filter's state, and RowFilter the condition of
 	// include/row_filter.sql for it (rows/*.sql).
 	State, RowFilter string
@@ -88,12 +92,13 @@ func New(db sqlschema.DB) (*Store, error) {
 		ChannelIdent:      db.Dialect.QuoteIdentifier(channel),
 		ListenerLockClass: outboxnotify.ListenerLockClass,
 		MigrationsTable:   migrationsTable,
+		FailingIndex:      db.Dialect.QuoteIdentifier(db.WithDefaults().OutboxTable + "_failing"),
 	}
 	st, err := sqlfile.Render(queries, dir(db.Dialect), data)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox, db: db, data: data}
+	s := &Store{dialect: db.Dialect, st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox, db: db, data: data}
 	if s.perCount, err = parsePerCount(dir(db.Dialect)); err != nil {
 		return nil, err
 	}

@@ -24,7 +24,8 @@ const MaxOrderingKeyBytes = 1024
 // order, and only then draws the rows' ids, in the order of messages. One
 // statement, so that a Publish outside a transaction (its own autocommit
 // transaction) holds the locks until its rows are committed, like one
-// inside.
+// inside. On MySQL lock holds the key-lock buckets (lockBuckets), taken by
+// a statement before the INSERT, and Publish runs both in a transaction.
 func insertRows(lockClass int32, topic string, messages []*message.Message, lock []int32) (outboxdb.Insert, error) {
 	if len(messages) == 0 {
 		return outboxdb.Insert{}, errors.New("outbox: no messages to insert")

@@ -1,6 +1,9 @@
 // Package outboxwrite writes messages to an outbox table: the INSERT, which
 // takes the locks of the messages' ordering keys, and the wake-on-commit
-// NOTIFY with its debounce (notify.go). Package outbox's Writer and
+// NOTIFY with its debounce (notify.go). On MySQL the keys' locks are rows
+// of the outbox's table of key locks, upserted by a statement before the
+// INSERT (lockBuckets), and there is no NOTIFY (the NOTIFY paths do
+// nothing). Package outbox's Writer and
 // Publisher wrap it for the application's own transactions; the
 // middleware (package exactlyonce), which owns the commits of the
 // transactions it writes in, uses it directly and sends the NOTIFY right
@@ -76,6 +79,7 @@ type Writer struct {
 	// a statement of their own (see Publisher.Publish), and there is no
 	// NOTIFY.
 	mysql bool
+	db    sqlschema.DB // names the table (committed)
 	last  atomic.Int64
 }
 
@@ -89,7 +93,7 @@ func New(db sqlschema.DB) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{store: store, lockClass: LockClass(store.Table()), mysql: db.Dialect == sqlschema.MySQL}, nil
+	return &Writer{store: store, lockClass: LockClass(store.Table()), mysql: db.Dialect == sqlschema.MySQL, db: db}, nil
 }
 
 // Publisher returns a Publisher writing through tx whose writes decide the
@@ -146,11 +150,17 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	// more than one INSERT takes, or, on MySQL, the key locks' statement
 	// and the INSERT after it (PostgreSQL's INSERT takes its locks).
 	several := p.w.chunk(messages) < len(messages) || (p.w.mysql && len(lock) > 0)
-	if b, ok := ownTransaction(p.db); ok && several {
+	b, own := ownTransaction(p.db)
+	if own && several {
 		return p.publishInOwnTx(b, topic, messages, lock)
 	}
-	_, err := p.insert(topic, messages, lock)
-	return err
+	if _, err := p.insert(topic, messages, lock); err != nil {
+		return err
+	}
+	if own && len(messages) > 0 {
+		p.w.committed() // the INSERT was its own transaction
+	}
+	return nil
 }
 
 // ownTransaction returns db as a wsql.Beginner when it is one and not a
@@ -192,13 +202,14 @@ func (p *Publisher) publishInOwnTx(b wsql.Beginner, topic string, messages []*me
 		return fmt.Errorf("outbox: committing %d message(s) for topic %q: %w", len(messages), topic, err)
 	}
 	p.wrote = true
+	p.w.committed()
 	return nil
 }
 
 // insert writes messages through p.db, at most maxMessagesPerInsert per
-// INSERT (Writer.chunk). undo (never nil) takes back the debounce record of a NOTIFY that
-// the call's writes sent, for a caller whose transaction then did not
-// commit.
+// INSERT (Writer.chunk). undo (never nil) takes back the debounce record
+// of a NOTIFY that the call's writes sent, for a caller whose transaction
+// then did not commit.
 func (p *Publisher) insert(topic string, messages []*message.Message, lock []int32) (undo func(), err error) {
 	undo = func() {}
 	for len(messages) > 0 {

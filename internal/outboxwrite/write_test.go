@@ -14,6 +14,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -303,42 +304,61 @@ func TestConcurrentWritersKeepEachKeysOrder(t *testing.T) {
 	})
 }
 
-// Large payloads: a Publish whose messages together exceed what one
-// statement may carry on MySQL (max_allowed_packet, 16 MiB by default on
+// Large payloads (MySQL's bound: PostgreSQL has none): a Publish whose
+// messages together exceed what one statement may carry on MySQL (max_allowed_packet, 16 MiB by default on
 // MariaDB) is split into INSERTs of a few MiB, one transaction outside the
 // caller's; every payload is kept byte for byte. On MySQL the writer
 // connects with interpolateParams=true, which sends each statement with
 // its values as one packet (server-side prepared statements send a large
 // value apart, as long data).
-func TestPublishLargePayloads(t *testing.T) {
+func TestPublishLargePayloadsMySQL(t *testing.T) {
 	t.Parallel()
-	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
-		w, err := outboxwrite.New(b.DB)
-		require.NoError(t, err)
-		const n, size = 5, 4 << 20 // 20 MiB in all
-		msgs := make([]*message.Message, n)
-		for i := range msgs {
-			payload := bytes.Repeat([]byte{byte(i), 0, 0xff, '\''}, size/4)
-			msgs[i] = keyedMsg(fmt.Sprintf("big-%d", i), "K")
-			msgs[i].Payload = payload
-		}
-		conn := b.Driver.DB
-		if b.MySQL() {
-			conn = wsql.BeginnerFromStdSQL(testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL())+"&interpolateParams=true"))
-		}
-		require.NoError(t, w.Publisher(conn).Publish("t", msgs...))
-		rows, err := b.Driver.DB.QueryContext(b.Ctx, "SELECT uuid, payload FROM "+b.DB.Outbox()+" ORDER BY id")
-		require.NoError(t, err)
-		i := 0
-		for rows.Next() {
-			var u string
-			var p []byte
-			require.NoError(t, rows.Scan(&u, &p))
-			require.Equal(t, msgs[i].UUID, u)
-			require.True(t, slices.Equal([]byte(msgs[i].Payload), p), "payload %d kept", i)
-			i++
-		}
-		require.NoError(t, rows.Close())
-		require.Equal(t, n, i)
-	})
+	b := testenv.NewBundle(t, testenv.DriverNamed(t, testenv.MariaDB))
+	w, err := outboxwrite.New(b.DB)
+	require.NoError(t, err)
+	const n, size = 5, 4 << 20 // 20 MiB in all
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		payload := bytes.Repeat([]byte{byte(i), 0, 0xff, '\''}, size/4)
+		msgs[i] = keyedMsg(fmt.Sprintf("big-%d", i), "K")
+		msgs[i].Payload = payload
+	}
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(testenv.MySQLURL()))
+	require.NoError(t, err)
+	cfg.InterpolateParams = true
+	conn := wsql.BeginnerFromStdSQL(testenv.MySQLDBFor(t, cfg.FormatDSN()))
+	require.NoError(t, w.Publisher(conn).Publish("t", msgs...))
+	rows, err := b.Driver.DB.QueryContext(b.Ctx, "SELECT uuid, payload FROM "+b.DB.Outbox()+" ORDER BY id")
+	require.NoError(t, err)
+	i := 0
+	for rows.Next() {
+		var u string
+		var p []byte
+		require.NoError(t, rows.Scan(&u, &p))
+		require.Equal(t, msgs[i].UUID, u)
+		require.True(t, slices.Equal([]byte(msgs[i].Payload), p), "payload %d kept", i)
+		i++
+	}
+	require.NoError(t, rows.Close())
+	require.Equal(t, n, i)
+}
+
+// On MySQL, which has no NOTIFY, the writers send none: a Publisher's
+// write is its statements only (no key: the INSERT alone), and
+// BeforeCommit sends nothing and succeeds.
+func TestNoNotifyOnMySQL(t *testing.T) {
+	t.Parallel()
+	b := testenv.NewBundle(t, testenv.DriverNamed(t, testenv.MariaDB))
+	w, err := outboxwrite.New(b.DB)
+	require.NoError(t, err)
+	tx := b.Begin(t)
+	c := &counting{ContextExecutor: tx, texts: map[string]int{}}
+	require.NoError(t, w.Publisher(c).Publish("t", keyedMsg("a", "")))
+	require.Equal(t, 1, c.n, "the INSERT, no NOTIFY")
+	at := w.AtCommit(c)
+	require.NoError(t, at.Publish("t", keyedMsg("b", "")))
+	require.NoError(t, at.BeforeCommit(b.Ctx))
+	require.Equal(t, 2, c.n, "BeforeCommit sends nothing")
+	require.NoError(t, tx.Commit())
+	require.Equal(t, int64(2), testenv.Count(t, b.Driver.DB, "SELECT count(*) FROM "+b.DB.Outbox()))
 }

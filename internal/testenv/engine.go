@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,4 +59,29 @@ func SchemaMySQL(t testing.TB, conn wsql.Beginner) sqlschema.DB {
 		}
 	})
 	return db.WithDefaults()
+}
+
+// MySQLDriverWithIsolation returns the MariaDB driver whose connections
+// have level (ReadCommitted, RepeatableRead, Serializable) as their
+// session's default transaction isolation, as a shop sets it in the DSN or
+// the server's configuration (MariaDB's tx_isolation; MySQL 8 calls it
+// transaction_isolation).
+func MySQLDriverWithIsolation(t testing.TB, level string) Driver {
+	t.Helper()
+	value := strings.ToUpper(strings.ReplaceAll(level, " ", "-"))
+	dsn := MySQLDSN(MySQLURL())
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	db := MySQLDBFor(t, dsn+sep+"tx_isolation="+url.QueryEscape("'"+value+"'"))
+	return Driver{Name: MariaDB, DB: wsql.BeginnerFromStdSQL(db), Dialect: sqlschema.MySQL}
+}
+
+// EngineDriversFor returns the drivers of either engine whose transactions
+// default to level: PostgreSQL's (DriversFor a role with that default) and
+// MariaDB's (MySQLDriverWithIsolation).
+func EngineDriversFor(t testing.TB, level string) []Driver {
+	t.Helper()
+	return append(DriversFor(t, DatabaseURLWithIsolation(t, level)), MySQLDriverWithIsolation(t, level))
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"net"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/mysqldsn"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 
@@ -41,33 +40,14 @@ func MySQLURL() string {
 // defaults to 3306. A string that is not a mysql:// URL is returned as it is:
 // it is taken for a DSN already.
 func MySQLDSN(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme != "mysql" {
+	if !mysqldsn.IsURL(rawURL) {
 		return rawURL
 	}
-	host, port := u.Hostname(), u.Port()
-	if host == "" {
-		host = "localhost"
+	dsn, err := mysqldsn.FromURL(rawURL)
+	if err != nil {
+		return rawURL
 	}
-	if port == "" {
-		port = "3306"
-	}
-	var auth string
-	if u.User != nil {
-		auth = u.User.Username()
-		if p, ok := u.User.Password(); ok {
-			auth += ":" + p
-		}
-		auth += "@"
-	}
-	q := u.Query()
-	if !q.Has("parseTime") {
-		q.Set("parseTime", "true")
-	}
-	if !q.Has("loc") {
-		q.Set("loc", "UTC")
-	}
-	return auth + "tcp(" + net.JoinHostPort(host, port) + ")/" + strings.TrimPrefix(u.EscapedPath(), "/") + "?" + q.Encode()
+	return dsn
 }
 
 // MySQLDB returns a database/sql handle (go-sql-driver/mysql) to the test

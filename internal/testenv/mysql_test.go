@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 
@@ -105,5 +107,15 @@ func TestMySQLDatabaseIsolated(t *testing.T) {
 		var n int
 		require.NoError(t, server.QueryRowContext(ctx, st.Get("DatabaseExists"), name).Scan(&n))
 		assert.Equal(t, 0, n, "database %s is dropped at cleanup", name)
+	}
+}
+
+// The MariaDB driver of an isolation level has it as its sessions' default.
+func TestMySQLDriverWithIsolation(t *testing.T) {
+	for _, level := range IsolationLevels {
+		d := MySQLDriverWithIsolation(t, level)
+		var got string
+		require.NoError(t, seam.QueryRow(context.Background(), d.DB, "SELECT @@tx_isolation", nil, &got))
+		require.Equal(t, strings.ToUpper(strings.ReplaceAll(level, " ", "-")), got)
 	}
 }
