@@ -8,17 +8,48 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
-// TestDemo runs the demo (on its own schema and queues) and checks what it
-// measured: every figure of the printed table, taken in the run, and that it
-// left neither its schema nor its queues behind.
+// TestDemo runs the demo (on its own schema and queues) on each database
+// engine and checks what it measured: every figure of the printed table,
+// taken in the run, the same on both, and that it left neither its schema
+// nor its queues behind.
 func TestDemo(t *testing.T) {
 	t.Parallel()
+	for _, engine := range []struct {
+		name string
+		url  func() string
+		// db reaches the server, and schemas counts the schemas (MySQL:
+		// databases) of a name on it.
+		db      func(t *testing.T) wsql.ContextExecutor
+		schemas string
+	}{
+		{
+			name:    "postgres",
+			url:     testenv.DatabaseURL,
+			db:      func(t *testing.T) wsql.ContextExecutor { return wsql.BeginnerFromPgx(testenv.Pool(t)) },
+			schemas: `SELECT count(*) FROM pg_namespace WHERE nspname = $1`,
+		},
+		{
+			name:    testenv.MariaDB,
+			url:     testenv.MySQLURL,
+			db:      func(t *testing.T) wsql.ContextExecutor { return wsql.BeginnerFromStdSQL(testenv.MySQLDB(t)) },
+			schemas: `SELECT count(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?`,
+		},
+	} {
+		t.Run(engine.name, func(t *testing.T) {
+			t.Parallel()
+			testDemo(t, engine.url(), engine.db(t), engine.schemas)
+		})
+	}
+}
+
+func testDemo(t *testing.T, databaseURL string, db wsql.ContextExecutor, countSchemas string) {
 	names := demoNames{
 		schema: testenv.Unique(t, "ntdemo_"),
 		send:   testenv.Unique(t, "ntdemo_send_"),
@@ -27,8 +58,7 @@ func TestDemo(t *testing.T) {
 	}
 	cfg, err := LoadConfig()
 	require.NoError(t, err)
-	cfg.DatabaseURL, cfg.AMQPURL = testenv.DatabaseURL(), testenv.AMQPURL()
-	pool := testenv.Pool(t)
+	cfg.DatabaseURL, cfg.AMQPURL = databaseURL, testenv.AMQPURL()
 	amqpConn := testenv.AMQPConn(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -67,9 +97,7 @@ func TestDemo(t *testing.T) {
 	}
 
 	// Nothing left behind.
-	var schemas int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, names.schema).Scan(&schemas))
-	require.Zero(t, schemas, "the demo's schema is dropped")
+	require.Zero(t, testenv.Count(t, db, countSchemas, names.schema), "the demo's schema is dropped")
 	for _, q := range []string{names.send, names.sent, names.dead} {
 		ch, err := amqpConn.Channel()
 		require.NoError(t, err)
