@@ -156,7 +156,7 @@ func rowsErr(rows wsql.Rows) error {
 // engineName names the database engine in messages.
 func engineName(d sqlschema.Dialect) string {
 	if d == sqlschema.MySQL {
-		return "MySQL"
+		return "MySQL/MariaDB"
 	}
 	return "PostgreSQL"
 }

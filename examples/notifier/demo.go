@@ -87,7 +87,7 @@ func runDemo(ctx context.Context, logger *slog.Logger, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	printDemo(out, f)
+	printDemo(out, engineName(dialectOf(cfg.DatabaseURL)), f)
 	if !f.exactlyOnce() {
 		return errors.New("expected exactly one send, one log row and one event per notification")
 	}
@@ -331,8 +331,9 @@ func (c *deliveryCounter) beyond(published map[string]int) int {
 	return n
 }
 
-// printDemo prints the figures in two aligned columns.
-func printDemo(w io.Writer, f demoFigures) {
+// printDemo prints the figures of a run on engine (PostgreSQL, MySQL) in
+// two aligned columns.
+func printDemo(w io.Writer, engine string, f demoFigures) {
 	rows := []struct {
 		label string
 		value string
@@ -354,7 +355,7 @@ func printDemo(w io.Writer, f demoFigures) {
 		lw, vw = max(lw, len(r.label)), max(vw, len(r.value))
 	}
 	_, _ = fmt.Fprintln(w)
-	_, _ = fmt.Fprintln(w, "watermill-exactlyonce notifier demo (lease mode, fake SMS and e-mail providers)")
+	_, _ = fmt.Fprintf(w, "watermill-exactlyonce notifier demo (lease mode on %s, fake SMS and e-mail providers)\n", engine)
 	for _, r := range rows {
 		_, _ = fmt.Fprintf(w, "  %-*s  %*s\n", lw, r.label, vw, r.value)
 	}

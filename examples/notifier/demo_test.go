@@ -22,8 +22,9 @@ import (
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	for _, engine := range []struct {
-		name string
-		url  func() string
+		name    string
+		url     func() string
+		printed string // the engine's name in the printed table
 		// db reaches the server, and schemas counts the schemas (MySQL:
 		// databases) of a name on it.
 		db      func(t *testing.T) wsql.ContextExecutor
@@ -32,24 +33,26 @@ func TestDemo(t *testing.T) {
 		{
 			name:    "postgres",
 			url:     testenv.DatabaseURL,
+			printed: "PostgreSQL",
 			db:      func(t *testing.T) wsql.ContextExecutor { return wsql.BeginnerFromPgx(testenv.Pool(t)) },
 			schemas: `SELECT count(*) FROM pg_namespace WHERE nspname = $1`,
 		},
 		{
 			name:    testenv.MariaDB,
 			url:     testenv.MySQLURL,
+			printed: "MySQL/MariaDB",
 			db:      func(t *testing.T) wsql.ContextExecutor { return wsql.BeginnerFromStdSQL(testenv.MySQLDB(t)) },
 			schemas: `SELECT count(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?`,
 		},
 	} {
 		t.Run(engine.name, func(t *testing.T) {
 			t.Parallel()
-			testDemo(t, engine.url(), engine.db(t), engine.schemas)
+			testDemo(t, engine.url(), engine.printed, engine.db(t), engine.schemas)
 		})
 	}
 }
 
-func testDemo(t *testing.T, databaseURL string, db wsql.ContextExecutor, countSchemas string) {
+func testDemo(t *testing.T, databaseURL, wantEngine string, db wsql.ContextExecutor, countSchemas string) {
 	names := demoNames{
 		schema: testenv.Unique(t, "ntdemo_"),
 		send:   testenv.Unique(t, "ntdemo_send_"),
@@ -89,8 +92,9 @@ func testDemo(t *testing.T, databaseURL string, db wsql.ContextExecutor, countSc
 	require.True(t, f.exactlyOnce())
 
 	var out bytes.Buffer
-	printDemo(&out, f)
+	printDemo(&out, engineName(dialectOf(databaseURL)), f)
 	require.Contains(t, out.String(), "exactly once")
+	require.Contains(t, out.String(), "lease mode on "+wantEngine)
 	for _, where := range []string{"/metrics", "docs/operations/grafana-dashboard.json", "docs/operations/alerts.yml",
 		"go run github.com/exactlyonce/watermill-exactlyonce/cmd/exactlyonce inbox stats"} {
 		require.Contains(t, out.String(), where, "the demo ends saying where to look")

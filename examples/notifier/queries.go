@@ -29,7 +29,8 @@ var queryNames = []string{"CreateLog", "RecordSent", "SetStatus", "LockLogRow", 
 // loadStatements renders the dialect's file for db's schema. A file is a
 // series of statements, each introduced by a "-- name: X" line and running
 // to the next one; each is a text/template that names the quoted table
-// ({{.Log}}) or schema ({{.Schema}}).
+// ({{.Log}}) or schema ({{.Schema}}). Comment lines are the reader's: they
+// are not sent.
 func loadStatements(db sqlschema.DB) (statements, error) {
 	dialect := sqlschema.Postgres
 	if db.Dialect == sqlschema.MySQL {
@@ -77,7 +78,7 @@ func loadStatements(db sqlschema.DB) (statements, error) {
 			name = strings.TrimSpace(n)
 			continue
 		}
-		if name != "" {
+		if name != "" && !strings.HasPrefix(strings.TrimSpace(line), "--") {
 			body.WriteString(line)
 			body.WriteByte('\n')
 		}
