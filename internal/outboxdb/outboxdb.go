@@ -2,8 +2,8 @@
 // outbox runs (the writers' INSERT and NOTIFY, the relay's batch, its
 // failures and its LISTEN session, the operator's reads and actions on
 // rows, the backlog's statistics), each a method with typed parameters and
-// results. The statements live in queries/postgres/*.sql, rendered once
-// per table set by New (internal/sqlfile); values always travel as
+// results. The statements live in queries/<dialect>/*.sql (postgres,
+// mysql), rendered once per table set by New (internal/sqlfile); values always travel as
 // parameters, so each operation is one statement whatever its arguments
 // (a batch's size, a filter's fields).
 //
@@ -35,9 +35,10 @@ const migrationsTable = "watermill_exactlyonce_migrations"
 
 // Store runs the statements of one outbox table.
 type Store struct {
-	st    sqlfile.Statements
-	rows  map[string]sqlfile.Statements // rows/*.sql, by the filter's state
-	table string                        // quoted and schema-qualified
+	dialect sqlschema.Dialect
+	st      sqlfile.Statements
+	rows    map[string]sqlfile.Statements // rows/*.sql, by the filter's state
+	table   string                        // quoted and schema-qualified
 }
 
 // tables is what the statements are rendered with.
@@ -74,7 +75,7 @@ func New(db sqlschema.DB) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox}
+	s := &Store{dialect: db.Dialect, st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox}
 	for _, state := range []string{StateQuarantined, StateFailing, StateAll} {
 		data.State = state
 		if data.RowFilter, err = include(dir(db.Dialect), "row_filter.sql", "RowFilter", data); err != nil {
