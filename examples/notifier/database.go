@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/go-sql-driver/mysql"
@@ -52,6 +53,9 @@ func openDatabase(ctx context.Context, databaseURL string, maxIdle int) (*databa
 		}
 		db := sql.OpenDB(connector)
 		db.SetMaxIdleConns(maxIdle)
+		// Retire connections before the server's wait_timeout or a proxy
+		// closes them idle (go-sql-driver's recommendation).
+		db.SetConnMaxLifetime(3 * time.Minute)
 		return &database{
 			conn:  sqlschema.DB{Conn: wsql.BeginnerFromStdSQL(db), Dialect: sqlschema.MySQL},
 			ping:  db.PingContext,
