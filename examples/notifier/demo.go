@@ -331,7 +331,7 @@ func (c *deliveryCounter) beyond(published map[string]int) int {
 	return n
 }
 
-// printDemo prints the figures of a run on engine (PostgreSQL, MySQL) in
+// printDemo prints the figures of a run on engine (engineName) in
 // two aligned columns.
 func printDemo(w io.Writer, engine string, f demoFigures) {
 	rows := []struct {
