@@ -80,6 +80,7 @@ chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each k
 	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) \
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
 	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),$(CHAOS_ALL_ORDERED)) \
+	CHAOS_ORDERED_KEYS=$(or $(CHAOS_ORDERED_KEYS),200) CHAOS_ORDERED_PER_KEY=$(or $(CHAOS_ORDERED_PER_KEY),50) \
 	$(GO) test -run TestChaos -count=1 -timeout 120m -v ./tests/chaos/
 
 # The demo's database: postgres (DATABASE_URL) or mariadb (MYSQL_URL; MySQL 8 works too).
