@@ -1,0 +1,83 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+)
+
+// placeholder is a PostgreSQL positional parameter ($1, $2, ...).
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
+// Q returns query, a test's own statement written for PostgreSQL, in the
+// bundle's dialect: on MySQL its placeholders $1, $2, ... become ?. They
+// must appear in order, each once (?-placeholders are positional); Q
+// panics otherwise, since such a statement needs its MySQL text written
+// out (b.SQL). Q changes nothing else: quote table names with b.Table, and
+// give statements whose text differs otherwise (now(), ::casts, RETURNING)
+// through b.SQL.
+func (b *Bundle) Q(query string) string {
+	if !b.MySQL() {
+		return query
+	}
+	return MySQLPlaceholders(query)
+}
+
+// MySQLPlaceholders rewrites the placeholders $1, $2, ... of query, which
+// appear in that order and each once, to ?; it panics when they do not.
+func MySQLPlaceholders(query string) string {
+	next := 1
+	return placeholder.ReplaceAllStringFunc(query, func(p string) string {
+		n, err := strconv.Atoi(p[1:])
+		if err != nil || n != next {
+			panic(fmt.Sprintf("testenv: placeholder %s out of order in %q (want $%d): write the MySQL text with Bundle.SQL", p, query, next))
+		}
+		next++
+		return "?"
+	})
+}
+
+// KeyText is the column type of a test's own text column that is a
+// PRIMARY KEY or UNIQUE: text on PostgreSQL, VARCHAR(255) on MySQL (which
+// indexes no TEXT column without a prefix length).
+func (b *Bundle) KeyText() string { return b.SQL("text", "VARCHAR(255)") }
+
+// Now is the SQL expression of the current time in the bundle's dialect:
+// now() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL (the library writes its
+// DATETIME(6) columns in UTC).
+func (b *Bundle) Now() string { return b.SQL("now()", "UTC_TIMESTAMP(6)") }
+
+// lockWaiters counts the InnoDB transactions waiting on a lock whose
+// statement is LIKE its parameter.
+const lockWaiters = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?"
+
+// InnoDBLockWaiters counts the InnoDB transactions waiting on a lock whose
+// current statement mentions text (a test's database name, or a table),
+// through the bundle's driver. MySQL only.
+func (b *Bundle) InnoDBLockWaiters(t testing.TB, text string) int64 {
+	t.Helper()
+	return b.Count(t, lockWaiters, "%"+text+"%")
+}
+
+// WaitForLockWaiter waits (up to 10s) until a MySQL transaction whose
+// statement mentions the bundle's database waits on a lock: a delivery
+// under test is blocked behind a transaction the test holds open. MySQL
+// only.
+func (b *Bundle) WaitForLockWaiter(t testing.TB) {
+	t.Helper()
+	require.True(t, b.MySQL(), "WaitForLockWaiter is MySQL's")
+	Eventually(t, 10*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var n int64
+		err := seam.QueryRow(ctx, b.Driver.DB, lockWaiters, []any{"%" + b.DB.Schema + "%"}, &n)
+		return err == nil && n > 0
+	}, "no transaction of the test's database waited on a lock")
+}
