@@ -171,6 +171,14 @@ func storeMax(v *atomic.Int64, n int64) {
 // inboxCount counts consumer "c"'s inbox rows of status for keys.
 func inboxCount(t *testing.T, b *testenv.Bundle, status string, keys ...string) int64 {
 	t.Helper()
+	if b.MySQL() {
+		args := []any{status}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		in := strings.TrimSuffix(strings.Repeat("?, ", len(keys)), ", ")
+		return b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE consumer = 'c' AND status = ? AND message_key IN ("+in+")", args...)
+	}
 	return b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE consumer = 'c' AND status = $1 AND message_key = ANY($2)", status, keys)
 }
 

@@ -3,7 +3,9 @@ package exactlyonce_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -98,5 +100,51 @@ func TestTransactional(t *testing.T) {
 		_, err = h(message.NewMessage("", nil))
 		require.ErrorIs(t, err, inboxdb.ErrEmptyKey)
 		require.ErrorIs(t, err, exactlyonce.ErrInvalidKey)
+	})
+}
+
+// TestTransactionalBackToBack: deliveries one right after the other, in
+// both SQL modes, are each processed, while something else on the server
+// reads information_schema.innodb_trx every 20ms (a monitoring agent, or
+// other workers). On MySQL the check before COMMIT (Store.CheckOpen) once
+// asked innodb_trx, which InnoDB serves from a cache refreshed only when
+// 0.1s passed since its last read: a transaction begun a moment ago was not
+// in it, and every commit was refused as rolled back.
+func TestTransactionalBackToBack(t *testing.T) {
+	t.Parallel()
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		if b.MySQL() {
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+						var n int64
+						_ = seam.QueryRow(b.Ctx, b.Driver.DB, "SELECT count(*) FROM information_schema.innodb_trx", nil, &n)
+					}
+				}
+			}()
+			t.Cleanup(func() { close(stop); <-done })
+		}
+		for _, batch := range []*exactlyonce.BatchConfig{nil, {MaxSize: 1}} {
+			var ev testenv.Counters
+			consumer := "c"
+			if batch != nil {
+				consumer = "c-batch"
+			}
+			eo, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Consumer: consumer, Batch: batch, NackDelay: -1,
+				OnEvent: ev.Observe, Logger: testenv.Logger(t)})
+			require.NoError(t, err)
+			h := eo.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+			for i := range 20 {
+				_, err := h(message.NewMessage(fmt.Sprintf("k-%d", i), nil))
+				require.NoError(t, err, "%s: delivery %d", consumer, i)
+			}
+			require.Equal(t, int64(20), ev.Processed.Load(), consumer)
+		}
 	})
 }

@@ -60,7 +60,8 @@ const lockWaiters = "SELECT count(*) FROM information_schema.innodb_trx WHERE tr
 
 // InnoDBLockWaiters counts the InnoDB transactions waiting on a lock whose
 // current statement mentions text (a test's database name, or a table),
-// through the bundle's driver. MySQL only.
+// through the bundle's driver. MySQL only. The answer may be up to 0.1s old
+// (see WaitForLockWaiter).
 func (b *Bundle) InnoDBLockWaiters(t testing.TB, text string) int64 {
 	t.Helper()
 	return b.Count(t, lockWaiters, "%"+text+"%")
@@ -69,15 +70,29 @@ func (b *Bundle) InnoDBLockWaiters(t testing.TB, text string) int64 {
 // WaitForLockWaiter waits (up to 10s) until a MySQL transaction whose
 // statement mentions the bundle's database waits on a lock: a delivery
 // under test is blocked behind a transaction the test holds open. MySQL
-// only.
+// only. It polls every 150ms: information_schema.innodb_trx is served from
+// a cache InnoDB refreshes only when more than 0.1s passed since it was
+// last read, so that polling it faster would read one stale snapshot
+// forever.
 func (b *Bundle) WaitForLockWaiter(t testing.TB) {
 	t.Helper()
 	require.True(t, b.MySQL(), "WaitForLockWaiter is MySQL's")
-	Eventually(t, 10*time.Second, func() bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
 		var n int64
 		err := seam.QueryRow(ctx, b.Driver.DB, lockWaiters, []any{"%" + b.DB.Schema + "%"}, &n)
-		return err == nil && n > 0
-	}, "no transaction of the test's database waited on a lock")
+		cancel()
+		if err == nil && n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no transaction of the test's database waited on a lock within 10s (last error: %v)", err)
+		}
+		time.Sleep(innoDBTrxRefresh)
+	}
 }
+
+// innoDBTrxRefresh is longer than the 0.1s for which InnoDB serves its
+// information_schema transaction and lock tables from one snapshot.
+const innoDBTrxRefresh = 150 * time.Millisecond
