@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +59,11 @@ func (b *Bundle) Now() string { return b.SQL("now()", "UTC_TIMESTAMP(6)") }
 // statement is LIKE its parameter.
 const lockWaiters = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?"
 
+// longStatements counts the other sessions whose statement, LIKE its
+// parameter, has run for 200ms or more (MariaDB's processlist.time_ms):
+// information_schema.processlist is read live, innodb_trx from a cache.
+const longStatements = "SELECT count(*) FROM information_schema.processlist WHERE command = 'Query' AND time_ms >= 200 AND info LIKE ? AND id <> connection_id()"
+
 // InnoDBLockWaiters counts the InnoDB transactions waiting on a lock whose
 // current statement mentions text (a test's database name, or a table),
 // through the bundle's driver. MySQL only. The answer may be up to 0.1s old
@@ -69,11 +75,13 @@ func (b *Bundle) InnoDBLockWaiters(t testing.TB, text string) int64 {
 
 // WaitForLockWaiter waits (up to 10s) until a MySQL transaction whose
 // statement mentions the bundle's database waits on a lock: a delivery
-// under test is blocked behind a transaction the test holds open. MySQL
-// only. It polls every 150ms: information_schema.innodb_trx is served from
-// a cache InnoDB refreshes only when more than 0.1s passed since it was
-// last read, so that polling it faster would read one stale snapshot
-// forever.
+// under test is blocked behind a transaction the test holds open. MariaDB
+// only. It asks information_schema.innodb_trx (trx_state 'LOCK WAIT'),
+// which InnoDB serves from a cache it refreshes only when more than 0.1s
+// passed since it was last read: it polls slower than that, but anything
+// else on the server that reads the table more often (another test, a
+// monitoring agent) keeps the snapshot stale. So a statement of the
+// database that has run for 200ms (the live processlist) counts too.
 func (b *Bundle) WaitForLockWaiter(t testing.TB) {
 	t.Helper()
 	require.True(t, b.MySQL(), "WaitForLockWaiter is MySQL's")
@@ -81,12 +89,18 @@ func (b *Bundle) WaitForLockWaiter(t testing.TB) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var n int64
-		err := seam.QueryRow(ctx, b.Driver.DB, lockWaiters, []any{"%" + b.DB.Schema + "%"}, &n)
+		like := "%" + b.DB.Schema + "%"
+		err := seam.QueryRow(ctx, b.Driver.DB, lockWaiters, []any{like}, &n)
+		var long int64
+		if err == nil {
+			err = seam.QueryRow(ctx, b.Driver.DB, longStatements, []any{like}, &long)
+		}
 		cancel()
-		if err == nil && n > 0 {
+		if err == nil && n+long > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
+			t.Logf("the server's sessions: %s", b.processList())
 			t.Fatalf("no transaction of the test's database waited on a lock within 10s (last error: %v)", err)
 		}
 		time.Sleep(innoDBTrxRefresh)
@@ -96,3 +110,25 @@ func (b *Bundle) WaitForLockWaiter(t testing.TB) {
 // innoDBTrxRefresh is longer than the 0.1s for which InnoDB serves its
 // information_schema transaction and lock tables from one snapshot.
 const innoDBTrxRefresh = 150 * time.Millisecond
+
+// processList describes the server's sessions of the bundle's database
+// (information_schema.processlist), for a failure message.
+func (b *Bundle) processList() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := b.Driver.DB.QueryContext(ctx, "SELECT id, command, COALESCE(state, ''), COALESCE(info, '') FROM information_schema.processlist WHERE db = ? OR info LIKE ?", b.DB.Schema, "%"+b.DB.Schema+"%")
+	if err != nil {
+		return err.Error()
+	}
+	defer func() { _ = rows.Close() }()
+	var out strings.Builder
+	for rows.Next() {
+		var id int64
+		var command, state, info string
+		if err := rows.Scan(&id, &command, &state, &info); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&out, "\n  %d %s [%s] %s", id, command, state, info)
+	}
+	return out.String()
+}
