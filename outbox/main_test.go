@@ -62,6 +62,49 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	})
 }
 
+// eachEngine runs f once per driver of either engine
+// (testenv.ForEachEngine: PostgreSQL's drivers and MariaDB), each with its
+// own migrated schema (on MySQL, a database).
+func eachEngine(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	testenv.EachEngine(t, func(t *testing.T, tb *testenv.Bundle) {
+		f(t, newBundle(t, tb.Ctx, tb.Driver.DB, tb.DB))
+	})
+}
+
+// mysql is true for a bundle on MySQL/MariaDB.
+func (b bundle) mysql() bool { return b.tables.Dialect == sqlschema.MySQL }
+
+// sql returns pg or mysql: a test's own statement in the bundle's dialect.
+func (b bundle) sql(pg, mysql string) string {
+	if b.mysql() {
+		return mysql
+	}
+	return pg
+}
+
+// count counts the outbox rows db sees (the bundle's driver, or a
+// transaction) with a plain count(*), on either engine.
+func (b bundle) count(t testing.TB, db wsql.ContextExecutor) int64 {
+	t.Helper()
+	return testenv.Count(t, db, "SELECT count(*) FROM "+b.tables.Outbox())
+}
+
+// write writes msgs to topic through tx (writeTo), which must succeed.
+func (b bundle) write(t testing.TB, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) {
+	t.Helper()
+	require.NoError(t, b.writeTo(tx, topic, msgs...))
+}
+
+// writeTo writes msgs to topic through tx with the bundle's Writer.
+func (b bundle) writeTo(tx wsql.ContextExecutor, topic string, msgs ...*message.Message) error {
+	pub, err := b.w.Publisher(tx)
+	if err != nil {
+		return err
+	}
+	return pub.Publish(topic, msgs...)
+}
+
 // begin starts a transaction that is rolled back at cleanup if the test did
 // not end it.
 func (b bundle) begin(t testing.TB) wsql.Tx {
@@ -76,9 +119,7 @@ func (b bundle) begin(t testing.TB) wsql.Tx {
 func (b bundle) publish(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := b.w.Publisher(tx)
-	require.NoError(t, err)
-	require.NoError(t, pub.Publish(topic, msgs...))
+	b.write(t, tx, topic, msgs...)
 	require.NoError(t, tx.Commit())
 }
 
@@ -124,7 +165,7 @@ type row struct {
 
 func (b bundle) rows(t testing.TB) []row {
 	t.Helper()
-	rs, err := b.db.QueryContext(b.ctx, "SELECT id, topic, uuid, payload, metadata::text FROM "+b.tables.Outbox()+" ORDER BY id")
+	rs, err := b.db.QueryContext(b.ctx, b.sql("SELECT id, topic, uuid, payload, metadata::text FROM ", "SELECT id, topic, uuid, payload, metadata FROM ")+b.tables.Outbox()+" ORDER BY id")
 	require.NoError(t, err)
 	var out []row
 	for rs.Next() {
@@ -227,4 +268,21 @@ func mustStore(t testing.TB, db sqlschema.DB) *outbox.Store {
 	s, err := outbox.NewStore(db)
 	require.NoError(t, err)
 	return s
+}
+
+// txWriter publishes through one transaction with writeTo: the Writer's
+// Publisher on PostgreSQL, the test's own statements on MySQL.
+type txWriter struct {
+	b  bundle
+	tx wsql.ContextExecutor
+}
+
+// Publish writes msgs to topic (bundle.writeTo).
+func (w txWriter) Publish(topic string, msgs ...*message.Message) error {
+	return w.b.writeTo(w.tx, topic, msgs...)
+}
+
+// publisher is b.w.Publisher(tx) on either engine (txWriter).
+func (b bundle) publisher(tx wsql.ContextExecutor) (txWriter, error) {
+	return txWriter{b, tx}, nil
 }

@@ -161,8 +161,17 @@ func (f *flakyBroker) Publish(_ string, msgs ...*message.Message) error {
 }
 
 // waitingForKey counts the transactions waiting for an ordering key's lock
-// of db's outbox table (the table's lock class: no other test's locks).
+// of db's outbox table (no other test's locks): on PostgreSQL an advisory
+// lock of the table's lock class; on MySQL a session in the statement that
+// upserts rows of the table's key-lock table (which takes no time unless
+// it waits: PROCESSLIST, as MariaDB's INNODB_TRX does not always list a
+// transaction waiting in its first write).
 func waitingForKey(t *testing.T, b bundle) int64 {
+	if b.mysql() {
+		keyLocks := b.tables.Dialect.QuoteIdentifier(b.tables.Schema, b.tables.OutboxTable+"_key_locks")
+		return testenv.Count(t, b.db, `SELECT count(*) FROM information_schema.PROCESSLIST WHERE command = 'Execute' AND info LIKE ?`,
+			"%INSERT INTO "+keyLocks+"%")
+	}
 	return testenv.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2
 AND classid::text::bigint = ($1::bigint & 4294967295)`, int64(outbox.LockClass(b.tables)))
 }
@@ -174,7 +183,7 @@ AND classid::text::bigint = ($1::bigint & 4294967295)`, int64(outbox.LockClass(b
 // third transaction gets a smaller id.
 func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		first := b.begin(t)
 		pub1, err := b.w.Publisher(first)
 		require.NoError(t, err)
@@ -218,38 +227,26 @@ func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 	})
 }
 
-// pausingExec is an autocommit executor (a pool) that holds its INSERT
-// until released.
-type pausingExec struct {
-	wsql.ContextExecutor
-	paused, release chan struct{}
-}
-
-func (p pausingExec) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
-	if strings.Contains(q, "INSERT INTO") {
-		close(p.paused)
-		<-p.release
-	}
-	return p.ContextExecutor.ExecContext(ctx, q, args...)
-}
-
 // TestOrderingKeyPublishOutsideTransaction: a Publish outside a
-// transaction (each statement commits on its own) takes the key's lock in
-// the statement that writes the row: when a transaction took the key
-// before that statement, the statement waits for its commit and draws its
-// id after it, so the relay keeps the order of the commits. (The lock was a
+// transaction (the Publisher bound to a pool) holds the key's lock until
+// its row is committed: when a transaction took the key before the
+// Publish's first statement, the Publish waits for its commit and draws
+// its id after it, so the relay keeps the order of the commits. On
+// PostgreSQL the lock is taken in the statement that writes the row (its
+// own autocommit transaction); on MySQL the key-lock statement and the
+// INSERT run in a transaction the Publish begins. (The lock was a
 // statement of its own, whose lock ended before the INSERT: the INSERT
 // went ahead of the open transaction, committed first with the larger id,
 // and the relay published it second.)
 func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
-		auto := pausingExec{ContextExecutor: b.db, paused: make(chan struct{}), release: make(chan struct{})}
+	eachEngine(t, func(t *testing.T, b bundle) {
+		auto := &pausingBeginner{Beginner: b.db, at: 1, reached: make(chan struct{}), release: make(chan struct{})}
 		autoPub, err := b.w.Publisher(auto)
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- autoPub.Publish("orders", keyed("K", 2)) }()
-		<-auto.paused // before its INSERT
+		<-auto.reached // before its first statement
 
 		tx := b.begin(t)
 		txPub, err := b.w.Publisher(tx)
@@ -263,6 +260,9 @@ func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 		require.NoError(t, <-done)
 		require.Equal(t, []string{"K-001", "J-001", "K-002"}, uuidsOf(b.rows(t)))
 
+		if b.mysql() {
+			return // TODO(issue 31): relay on MySQL once its relay is merged (wt-relay)
+		}
 		log := newAcceptLog()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(2, 2))},
 			Logger: watermill.NopLogger{}})
@@ -277,7 +277,7 @@ func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 // the waiting one go on; nothing of the first is relayed.
 func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		first := b.begin(t)
 		pub1, err := b.w.Publisher(first)
 		require.NoError(t, err)
@@ -310,7 +310,7 @@ func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 // anything is written.
 func TestOrderingKeyTooLong(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		tx := b.begin(t)
 		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
@@ -335,7 +335,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 	for _, batchPub := range []bool{true, false} {
 		t.Run(fmt.Sprintf("BatchPublisher=%v", batchPub), func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				var msgs []*message.Message
 				for seq := 1; seq <= 3; seq++ {
 					for _, k := range []string{"A", "B", "C"} {
@@ -405,7 +405,7 @@ func TestRelayOrderedFailingRowBlocksOnlyItsKey(t *testing.T) {
 // before the rows of its key that waited behind it.
 func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.publish(t, "orders", keyed("A", 1), keyed("A", 2), keyed("A", 3))
 		log := newAcceptLog()
 		var refuseMu sync.Mutex
@@ -439,7 +439,7 @@ func TestRelayOrderedRequeueKeepsOrder(t *testing.T) {
 // its metadata holds back its key, not the others.
 func TestRelayOrderedUnreadableRowBlocksItsKey(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.publish(t, "orders", keyed("A", 1), keyed("A", 2), keyed("B", 1))
 		b.exec(t, `UPDATE `+b.tables.Outbox()+` SET metadata = '{"seq": 1}' WHERE uuid = 'A-001'`)
 		log := newAcceptLog()
@@ -463,9 +463,9 @@ var errKeyFull = errors.New("the key has all its messages (test)")
 func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys bool) {
 	t.Helper()
 	counters := b.tables.Schema + ".seq_counters"
-	b.exec(t, `CREATE TABLE `+counters+` (k text PRIMARY KEY, n int NOT NULL)`)
+	b.exec(t, `CREATE TABLE `+counters+b.sql(` (k text PRIMARY KEY, n int NOT NULL)`, ` (k VARCHAR(16) PRIMARY KEY, n INT NOT NULL)`))
 	for k := range keys {
-		b.exec(t, `INSERT INTO `+counters+` VALUES ($1, 0)`, fmt.Sprintf("k%03d", k))
+		b.exec(t, `INSERT INTO `+counters+b.sql(` VALUES ($1, 0)`, ` VALUES (?, 0)`), fmt.Sprintf("k%03d", k))
 	}
 	// One transaction: a few messages of random keys. Two writers locking
 	// two counters in opposite orders deadlock; PostgreSQL aborts one,
@@ -480,10 +480,6 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			return 0, err
 		}
 		defer func() { _ = tx.Rollback() }()
-		pub, err := b.w.Publisher(tx)
-		if err != nil {
-			return 0, err
-		}
 		wrote := 0
 		for range 1 + rng.IntN(3) {
 			k := fmt.Sprintf("k%03d", rng.IntN(keys))
@@ -491,7 +487,7 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			// need a second server connection per writer, which
 			// PgBouncer's pool may not have while the transactions that
 			// hold its connections wait for this writer's key.
-			if n, err := countIn(b.ctx, tx, `SELECT n FROM `+counters+` WHERE k = $1`, k); err != nil {
+			if n, err := countIn(b.ctx, tx, `SELECT n FROM `+counters+b.sql(` WHERE k = $1`, ` WHERE k = ?`), k); err != nil {
 				return 0, err
 			} else if n >= perKey {
 				continue
@@ -507,11 +503,16 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			} else {
 				m.Metadata.Set("key", k)
 			}
-			if err := pub.Publish("orders", m); err != nil {
+			if err := b.writeTo(tx, "orders", m); err != nil {
 				return 0, err
 			}
 			var n int
-			rs, err := tx.QueryContext(b.ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = $1 RETURNING n`, k)
+			if b.mysql() { // no UPDATE ... RETURNING
+				if _, err := tx.ExecContext(b.ctx, `UPDATE `+counters+` SET n = n + 1 WHERE k = ?`, k); err != nil {
+					return 0, err
+				}
+			}
+			rs, err := tx.QueryContext(b.ctx, b.sql(`UPDATE `+counters+` SET n = n + 1 WHERE k = $1 RETURNING n`, `SELECT n FROM `+counters+` WHERE k = ?`), k)
 			if err != nil {
 				return 0, err
 			}
@@ -526,7 +527,8 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			if n > perKey {
 				return 0, errKeyFull // another writer completed the key meanwhile: roll back
 			}
-			if _, err := tx.ExecContext(b.ctx, `UPDATE `+b.tables.Outbox()+` SET metadata = metadata || jsonb_build_object('seq', $1::text) WHERE uuid = $2`,
+			if _, err := tx.ExecContext(b.ctx, `UPDATE `+b.tables.Outbox()+b.sql(` SET metadata = metadata || jsonb_build_object('seq', $1::text) WHERE uuid = $2`,
+				` SET metadata = JSON_SET(metadata, '$.seq', ?) WHERE uuid = ?`),
 				strconv.Itoa(n), m.UUID); err != nil {
 				return 0, err
 			}
@@ -543,11 +545,11 @@ func orderedScenario(t *testing.T, b bundle, keys, perKey, writers int, withKeys
 			rng := mrand.New(mrand.NewPCG(uint64(w), 7))
 			for b.ctx.Err() == nil {
 				wrote, err := writeTx(rng)
-				if err != nil && !errors.Is(err, errKeyFull) && !strings.Contains(err.Error(), "deadlock") {
+				if err != nil && !errors.Is(err, errKeyFull) && !strings.Contains(strings.ToLower(err.Error()), "deadlock") {
 					t.Errorf("writer: %v", err)
 					return
 				}
-				if wrote == 0 && testenv.Count(t, b.db, `SELECT count(*) FROM `+counters+` WHERE n < $1`, perKey) == 0 {
+				if wrote == 0 && testenv.Count(t, b.db, `SELECT count(*) FROM `+counters+b.sql(` WHERE n < $1`, ` WHERE n < ?`), perKey) == 0 {
 					return
 				}
 			}
@@ -568,7 +570,7 @@ func TestRelayOrderedUnderConcurrency(t *testing.T) {
 	for _, ordered := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				log := newAcceptLog()
 				ctx, cancel := context.WithCancel(b.ctx)
 				var relays sync.WaitGroup

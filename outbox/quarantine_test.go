@@ -36,31 +36,6 @@ type seedRow struct {
 	OrderingKey   string    // "" for none
 }
 
-// eachEngine runs f once per driver of either engine (testenv.ForEachEngine:
-// PostgreSQL's two and MariaDB), each with its own migrated schema: the
-// operator's surface behaves alike on both.
-func eachEngine(t *testing.T, f func(t *testing.T, b bundle)) {
-	t.Helper()
-	testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
-		tb := testenv.NewBundle(t, d)
-		tables := tb.DB
-		tables.Conn = nil
-		f(t, newBundle(t, tb.Ctx, d.DB, tables))
-	})
-}
-
-// mysql is true for a bundle on MySQL/MariaDB.
-func (b bundle) mysql() bool { return b.tables.Dialect == sqlschema.MySQL }
-
-// sql is pg or mysql: the text of a test's own statement in the bundle's
-// dialect.
-func (b bundle) sql(pg, mysql string) string {
-	if b.mysql() {
-		return mysql
-	}
-	return pg
-}
-
 // relays is false where the relay does not run yet: MySQL, until the
 // relay's MySQL statements are merged (issue 31). The tests of the
 // operator's surface check its effect on the rows on every engine, and
