@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -158,6 +160,17 @@ func pgCode(err error) string {
 	}
 	return ""
 }
+
+// sqlCode is err's SQLSTATE on PostgreSQL, its error number on MySQL.
+func sqlCode(err error) string {
+	if n, ok := pgerr.MySQLNumber(err); ok {
+		return strconv.Itoa(int(n))
+	}
+	return pgCode(err)
+}
+
+// deadlockCode is sqlCode of a deadlock in the bundle's dialect.
+func deadlockCode(b *testenv.Bundle) string { return b.SQL("40P01", "1213") }
 
 func storeMax(v *atomic.Int64, n int64) {
 	for {
