@@ -412,9 +412,9 @@ func (tr *batchTracer) take() []int {
 // its own message.
 func TestBatchExec(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		effects := b.Table("effects")
-		b.Exec(t, "CREATE TABLE "+effects+" (id text PRIMARY KEY)")
+		b.Exec(t, "CREATE TABLE "+effects+" (id "+b.KeyText()+" PRIMARY KEY)")
 		pgxDriver := b.Driver.Name == "pgxpool"
 		db := b.DB
 		tracer := &batchTracer{current: map[*pgx.Conn]int{}}
@@ -432,11 +432,11 @@ func TestBatchExec(t *testing.T) {
 		var seen []int64
 		h := func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			if err := exactlyonce.Exec(ctx, "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
+			if err := exactlyonce.Exec(ctx, b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID); err != nil {
 				return nil, err
 			}
 			var n int64
-			if err := testenv.QueryRow(ctx, "SELECT count(*) FROM "+effects+" WHERE id LIKE $1", []any{msg.UUID[:2] + "%"}, &n); err != nil {
+			if err := testenv.QueryRow(ctx, b.Q("SELECT count(*) FROM "+effects+" WHERE id LIKE $1"), []any{msg.UUID[:2] + "%"}, &n); err != nil {
 				return nil, err
 			}
 			mu.Lock()
@@ -471,7 +471,7 @@ func TestBatchExec(t *testing.T) {
 		for i, k := range keys {
 			if k == "r-dup" {
 				require.Error(t, ds[i].err)
-				require.Equal(t, "23505", pgCode(ds[i].err), "the statement's own error: %v", ds[i].err)
+				require.Equal(t, b.SQL("23505", "1062"), sqlCode(ds[i].err), "the statement's own error: %v", ds[i].err)
 				require.Equal(t, []exactlyonce.Outcome{exactlyonce.Nacked}, log.outcomes(k))
 				continue
 			}
@@ -495,7 +495,7 @@ func TestBatchExec(t *testing.T) {
 // when the first copy's handler fails, the other copy is nacked too.
 func TestBatchDuplicatesInOneBatch(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		effects := b.Table("effects")
 		b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
 		var mu sync.Mutex
@@ -504,7 +504,7 @@ func TestBatchDuplicatesInOneBatch(t *testing.T) {
 			mu.Lock()
 			runs[msg.UUID]++
 			mu.Unlock()
-			if err := testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
+			if err := testenv.Exec(msg.Context(), b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID); err != nil {
 				return nil, err
 			}
 			if strings.HasPrefix(msg.UUID, "f-") {
@@ -594,12 +594,19 @@ func deadlocks(t *testing.T, database string) int64 {
 	return n
 }
 
+// innodbDeadlocks is the deadlocks the MySQL server detected since it
+// started (Innodb_deadlocks, all databases).
+func innodbDeadlocks(t *testing.T, b *testenv.Bundle) int64 {
+	t.Helper()
+	return b.Count(t, "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_DEADLOCKS'")
+}
+
 // TestBatchTwoInstancesRace: two instances (two middlewares, two pools),
 // one consumer name, receive the same 10 keys at the same moment, in
 // opposite orders, 20 rounds: each key has one effect, one delivery
 // processed and the other acked as a duplicate, no delivery nacked, and
 // PostgreSQL detected no deadlock (the claims take their locks in key
-// order). Then both receive 50 done keys again at once, counting the
+// order; on MariaDB the count is the server's, logged). Then both receive 50 done keys again at once, counting the
 // duplicates on the same rows. Under a REPEATABLE READ default too: a claim
 // that meets the other batch's commit (40001) is retried, never nacked.
 func TestBatchTwoInstancesRace(t *testing.T) {
@@ -640,72 +647,24 @@ func TestBatchTwoInstancesRace(t *testing.T) {
 						require.Equal(t, iso, got)
 					}
 
-					var log eventLog
-					handler := func(instance string) message.HandlerFunc {
-						return func(msg *message.Message) ([]*message.Message, error) {
-							return nil, testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id, instance) VALUES ($1, $2)", msg.UUID, instance)
-						}
-					}
-					batch := exactlyonce.BatchConfig{MaxSize: 10, MaxWait: forever}
-					hA := newBatchEO(t, tables, batch, &log).Middleware(handler("a"))
-					hB := newBatchEO(t, testenv.WithConn(tables, connB), batch, &log).Middleware(handler("b"))
-
-					const rounds = 20
-					var all []string
-					for r := range rounds + 5 {
-						keys := keyRange(fmt.Sprintf("r%02d-k", r), 10)
-						if r >= rounds {
-							// Both instances receive done keys again at once:
-							// both count the duplicates on the same rows.
-							keys = keyRange(fmt.Sprintf("r%02d-k", r-rounds), 10)
-						} else {
-							all = append(all, keys...)
-						}
-						reversed := slices.Clone(keys)
-						slices.Reverse(reversed)
-						var wg sync.WaitGroup
-						var dsA, dsB []delivery
-						// Each instance receives the keys one after the other, in
-						// its order.
-						for _, side := range []struct {
-							h    message.HandlerFunc
-							keys []string
-							out  *[]delivery
-						}{{hA, keys, &dsA}, {hB, reversed, &dsB}} {
-							wg.Go(func() {
-								*side.out = make([]delivery, len(side.keys))
-								var inner sync.WaitGroup
-								for i, k := range side.keys {
-									inner.Go(func() {
-										start := time.Now()
-										_, err := side.h(message.NewMessage(k, nil))
-										(*side.out)[i] = delivery{err: err, took: time.Since(start)}
-									})
-									time.Sleep(time.Millisecond)
-								}
-								inner.Wait()
-							})
-						}
-						wg.Wait()
-						for _, d := range append(dsA, dsB...) {
-							require.NoError(t, d.err, "round %d: no delivery is nacked", r)
-						}
-					}
-					for i, k := range all {
-						want := []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Processed}
-						if i < 50 {
-							want = []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Processed}
-						}
-						require.Equal(t, want, log.outcomes(k), k)
-					}
-					require.Equal(t, int64(len(all)+2*50), testenv.Count(t, connA, "SELECT coalesce(sum(duplicates), 0) FROM "+tables.Inbox()+" WHERE consumer = 'c'"),
-						"every duplicate counted once")
-					require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(*) FROM "+effects))
-					require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(DISTINCT id) FROM "+effects))
-					t.Logf("effects by instance: a %d, b %d", testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'a'"),
-						testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'b'"))
+					twoInstancesRace(t, tables, connB, effects, "INSERT INTO "+effects+" (id, instance) VALUES ($1, $2)")
 				})
 			}
+			t.Run(testenv.MariaDB, func(t *testing.T) {
+				// Two pools whose sessions default to iso; the deadlocks
+				// InnoDB counts are the server's (shared with other
+				// tests), so they are logged, not asserted.
+				b := testenv.NewBundle(t, testenv.MySQLDriverWithIsolation(t, iso))
+				connB := testenv.MySQLDriverWithIsolation(t, iso).DB
+				var got string
+				require.NoError(t, seam.QueryRow(b.Ctx, connB, "SELECT @@tx_isolation", nil, &got))
+				require.Equal(t, strings.ToUpper(strings.ReplaceAll(iso, " ", "-")), got)
+				effects := b.Table("effects")
+				b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL, instance text NOT NULL)")
+				before := innodbDeadlocks(t, b)
+				twoInstancesRace(t, b.DB, connB, effects, b.Q("INSERT INTO "+effects+" (id, instance) VALUES ($1, $2)"))
+				t.Logf("InnoDB deadlocks on the server during the test: %d", innodbDeadlocks(t, b)-before)
+			})
 			// The subtests ended and closed their connections, which
 			// flushes their statistics.
 			var n int64
@@ -717,6 +676,78 @@ func TestBatchTwoInstancesRace(t *testing.T) {
 			require.Zero(t, n, "PostgreSQL detected deadlocks between the batches (retried, but each cost deadlock_timeout): the claims must lock keys in one order")
 		})
 	}
+}
+
+// twoInstancesRace runs the rounds of TestBatchTwoInstancesRace: instance
+// a on tables (its Conn), instance b through connB; insert writes an effect
+// (id, instance) in the tables' dialect.
+func twoInstancesRace(t *testing.T, tables sqlschema.DB, connB wsql.Beginner, effects, insert string) {
+	t.Helper()
+	connA := tables.Conn
+	var log eventLog
+	handler := func(instance string) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			return nil, testenv.Exec(msg.Context(), insert, msg.UUID, instance)
+		}
+	}
+	batch := exactlyonce.BatchConfig{MaxSize: 10, MaxWait: forever}
+	hA := newBatchEO(t, tables, batch, &log).Middleware(handler("a"))
+	hB := newBatchEO(t, testenv.WithConn(tables, connB), batch, &log).Middleware(handler("b"))
+
+	const rounds = 20
+	var all []string
+	for r := range rounds + 5 {
+		keys := keyRange(fmt.Sprintf("r%02d-k", r), 10)
+		if r >= rounds {
+			// Both instances receive done keys again at once:
+			// both count the duplicates on the same rows.
+			keys = keyRange(fmt.Sprintf("r%02d-k", r-rounds), 10)
+		} else {
+			all = append(all, keys...)
+		}
+		reversed := slices.Clone(keys)
+		slices.Reverse(reversed)
+		var wg sync.WaitGroup
+		var dsA, dsB []delivery
+		// Each instance receives the keys one after the other, in
+		// its order.
+		for _, side := range []struct {
+			h    message.HandlerFunc
+			keys []string
+			out  *[]delivery
+		}{{hA, keys, &dsA}, {hB, reversed, &dsB}} {
+			wg.Go(func() {
+				*side.out = make([]delivery, len(side.keys))
+				var inner sync.WaitGroup
+				for i, k := range side.keys {
+					inner.Go(func() {
+						start := time.Now()
+						_, err := side.h(message.NewMessage(k, nil))
+						(*side.out)[i] = delivery{err: err, took: time.Since(start)}
+					})
+					time.Sleep(time.Millisecond)
+				}
+				inner.Wait()
+			})
+		}
+		wg.Wait()
+		for _, d := range append(dsA, dsB...) {
+			require.NoError(t, d.err, "round %d: no delivery is nacked", r)
+		}
+	}
+	for i, k := range all {
+		want := []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Processed}
+		if i < 50 {
+			want = []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Processed}
+		}
+		require.Equal(t, want, log.outcomes(k), k)
+	}
+	require.Equal(t, int64(len(all)+2*50), testenv.Count(t, connA, "SELECT coalesce(sum(duplicates), 0) FROM "+tables.Inbox()+" WHERE consumer = 'c'"),
+		"every duplicate counted once")
+	require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(*) FROM "+effects))
+	require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(DISTINCT id) FROM "+effects))
+	t.Logf("effects by instance: a %d, b %d", testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'a'"),
+		testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'b'"))
 }
 
 // TestBatchCommitFails: a deferred constraint that one handler's write
