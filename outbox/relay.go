@@ -234,9 +234,7 @@ func (r *Relay) Running() chan struct{} {
 // left to the batches (sqlschema.ErrNotMigrated).
 func (r *Relay) checkSequence(ctx context.Context) {
 	if r.cfg.DB.Dialect == sqlschema.MySQL {
-		// AUTO_INCREMENT has no per-session cache; whether the table's ids
-		// follow the commits of a key's writers is internal/outboxdb's
-		// IDOrder (the writers' side), to be called here once it lands.
+		r.checkIDOrder(ctx)
 		return
 	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -254,6 +252,24 @@ func (r *Relay) checkSequence(ctx context.Context) {
 	case *cache > 1:
 		r.cfg.Logger.Error("outbox relay: start-up check: the outbox id sequence "+*seq+" caches "+strconv.FormatInt(*cache, 10)+
 			" values per session: ids do not follow the order of commits, and messages with an ordering key can be relayed out of order; run ALTER SEQUENCE "+*seq+" CACHE 1", nil, nil)
+	}
+}
+
+// checkIDOrder is checkSequence on MySQL: AUTO_INCREMENT has no
+// per-session cache, but the ids of a key follow the commits of its
+// writers only on InnoDB tables and one primary handing out ids
+// (internal/outboxdb's IDOrder says why); it logs an error otherwise.
+func (r *Relay) checkIDOrder(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ok, why, err := r.store.IDOrder(qctx, r.cfg.DB.Conn)
+	switch {
+	case errors.Is(err, outboxdb.ErrNoTable), err != nil && ctx.Err() != nil:
+	case err != nil:
+		r.cfg.Logger.Info("outbox relay: start-up check could not tell whether the outbox's ids follow the order of commits (check it if you use ordering keys): "+err.Error(), nil)
+	case !ok:
+		r.cfg.Logger.Error("outbox relay: start-up check: "+why+": messages with an ordering key can be relayed out of order", nil,
+			watermill.LogFields{"outbox_table": r.cfg.DB.Outbox()})
 	}
 }
 

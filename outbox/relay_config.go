@@ -182,6 +182,8 @@ func (c RelayConfig) validate() error {
 	switch {
 	case c.DB.Conn == nil:
 		return errors.New("outbox: RelayConfig.DB.Conn is required: wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	case c.DB.ValidateConn() != nil:
+		return fmt.Errorf("outbox: RelayConfig.DB: %w", c.DB.ValidateConn())
 	case c.Publisher == nil:
 		return errors.New("outbox: RelayConfig.Publisher is required")
 	case c.BatchSize < 1 || c.BatchSize > 10000:
