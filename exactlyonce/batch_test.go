@@ -1039,60 +1039,61 @@ func TestBatchContextCancelledWhileQueued(t *testing.T) {
 // TestBatchShutdownMidBatch: a router closed while batches are collecting
 // or running (every batch waits 300 ms for more deliveries than are in
 // flight); after a restart with a fresh router every message is processed
-// exactly once and the queue is drained.
+// exactly once and the queue is drained. On either engine.
 func TestBatchShutdownMidBatch(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
-	pool := testenv.Pool(t)
-	effects := pgx.Identifier{db.Schema, "effects"}.Sanitize()
-	_, err := pool.Exec(context.Background(), "CREATE TABLE "+effects+" (id text NOT NULL)")
-	require.NoError(t, err)
-	q := testenv.Queue(t, "batch_shutdown_")
-	const n = 300
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		db := b.DB
+		effects := b.Table("effects")
+		b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
+		insert := b.Q("INSERT INTO " + effects + " (id) VALUES ($1)")
+		q := testenv.Queue(t, "batch_shutdown_")
+		const n = 300
 
-	start := func(log *eventLog) *message.Router {
-		eo, err := exactlyonce.New(exactlyonce.Config{DB: db, NackDelay: -1, OnEvent: log.observe, Logger: testenv.Logger(t),
-			Batch: &exactlyonce.BatchConfig{MaxSize: 64, MaxWait: 300 * time.Millisecond}})
-		require.NoError(t, err)
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, testenv.Logger(t))
-		require.NoError(t, err)
-		r.AddMiddleware(eo.Middleware)
-		r.AddConsumerHandler("batch-shutdown", q, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 16), func(msg *message.Message) error {
-			time.Sleep(2 * time.Millisecond)
-			return testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
-		})
-		testenv.StartRouter(t, r)
-		return r
-	}
-	pub := testenv.AMQPPublisher(t)
-	for i := range n {
-		require.NoError(t, pub.Publish(q, message.NewMessage(fmt.Sprintf("s-%03d", i), nil)))
-	}
+		start := func(log *eventLog) *message.Router {
+			eo, err := exactlyonce.New(exactlyonce.Config{DB: db, NackDelay: -1, OnEvent: log.observe, Logger: testenv.Logger(t),
+				Batch: &exactlyonce.BatchConfig{MaxSize: 64, MaxWait: 300 * time.Millisecond}})
+			require.NoError(t, err)
+			r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, testenv.Logger(t))
+			require.NoError(t, err)
+			r.AddMiddleware(eo.Middleware)
+			r.AddConsumerHandler("batch-shutdown", q, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 16), func(msg *message.Message) error {
+				time.Sleep(2 * time.Millisecond)
+				return testenv.Exec(msg.Context(), insert, msg.UUID)
+			})
+			testenv.StartRouter(t, r)
+			return r
+		}
+		pub := testenv.AMQPPublisher(t)
+		for i := range n {
+			require.NoError(t, pub.Publish(q, message.NewMessage(fmt.Sprintf("s-%03d", i), nil)))
+		}
 
-	var first eventLog
-	r := start(&first)
-	testenv.Eventually(t, time.Minute, func() bool { return first.count(exactlyonce.Processed) >= 40 }, "the first router processed some")
-	closed := make(chan error, 1)
-	go func() { closed <- r.Close() }()
-	select {
-	case err := <-closed:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the router did not close within 30s")
-	}
-	processed := first.count(exactlyonce.Processed)
-	t.Logf("first router: %d processed, %d nacked at the shutdown", processed, first.count(exactlyonce.Nacked))
-	require.Less(t, processed, n, "the shutdown should have come before the end")
+		var first eventLog
+		r := start(&first)
+		testenv.Eventually(t, time.Minute, func() bool { return first.count(exactlyonce.Processed) >= 40 }, "the first router processed some")
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close() }()
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the router did not close within 30s")
+		}
+		processed := first.count(exactlyonce.Processed)
+		t.Logf("first router: %d processed, %d nacked at the shutdown", processed, first.count(exactlyonce.Nacked))
+		require.Less(t, processed, n, "the shutdown should have come before the end")
 
-	var second eventLog
-	start(&second)
-	testenv.Eventually(t, 2*time.Minute, func() bool {
-		return testenv.Count(t, db.Conn, "SELECT count(DISTINCT id) FROM "+effects) >= n
-	}, "every message processed after the restart")
-	time.Sleep(500 * time.Millisecond) // a repeat would show
-	require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+effects), "no message processed twice")
-	require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+db.Inbox()+" WHERE status = 'done'"))
-	require.Equal(t, n, processed+second.count(exactlyonce.Processed))
+		var second eventLog
+		start(&second)
+		testenv.Eventually(t, 2*time.Minute, func() bool {
+			return testenv.Count(t, db.Conn, "SELECT count(DISTINCT id) FROM "+effects) >= n
+		}, "every message processed after the restart")
+		time.Sleep(500 * time.Millisecond) // a repeat would show
+		require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+effects), "no message processed twice")
+		require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+db.Inbox()+" WHERE status = 'done'"))
+		require.Equal(t, n, processed+second.count(exactlyonce.Processed))
+	})
 }
 
 // TestBatchClaimFailures: the claim of a batch fails for all of it when the
