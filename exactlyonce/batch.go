@@ -547,9 +547,12 @@ func (b *batcher) runOnce(jobs []*job) attempt {
 	if wrote != nil {
 		wrote.beforeCommit(ctx)
 	}
-	if err := m.store.CheckOpen(ctx, tx); err != nil {
-		a.at, a.err = atCommit, err
-		return a
+	if len(run) > 0 {
+		// One claimed key tells: a rollback takes all of them.
+		if err := m.store.CheckOpen(ctx, tx, run[0].d.consumer, run[0].d.key); err != nil {
+			a.at, a.err = atCommit, err
+			return a
+		}
 	}
 	ended = true
 	if err := tx.Commit(); err != nil {

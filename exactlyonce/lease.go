@@ -238,7 +238,7 @@ func (m *Guard) completeLease(ctx context.Context, d *delivery, l *leaseState, t
 		return stageComplete, err
 	}
 	ob.beforeCommit(ctx)
-	if err := m.store.CheckOpen(ctx, tx); err != nil {
+	if err := m.store.CheckOpen(ctx, tx, d.consumer, d.key); err != nil {
 		return stageCommit, err
 	}
 	if err := th.commit(); err != nil {

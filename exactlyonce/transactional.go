@@ -84,7 +84,7 @@ func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
 		return
 	}
 	ob.beforeCommit(context.WithoutCancel(d.ctx))
-	if err := m.store.CheckOpen(context.WithoutCancel(d.ctx), tx); err != nil {
+	if err := m.store.CheckOpen(context.WithoutCancel(d.ctx), tx, d.consumer, d.key); err != nil {
 		d.nack(commitError(d, err))
 		return
 	}

@@ -11,20 +11,21 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// CheckOpen reports, right before tx's COMMIT, whether tx is still the
-// transaction its claim ran in. On MySQL a deadlock (1213) rolls the whole
-// transaction back but keeps the session: a handler that ignored that
-// statement's error goes on in autocommit, and the COMMIT would succeed
-// with the claim gone. CheckOpen then returns an error wrapping
-// pgerr.ErrRolledBack (a refused commit: nothing of the transaction
-// committed). On PostgreSQL it does nothing: a failed statement aborts the
-// transaction, and its COMMIT reports the rollback itself.
-func (s *Store) CheckOpen(ctx context.Context, tx wsql.ContextExecutor) error {
+// CheckOpen reports, right before tx's COMMIT, whether tx still holds
+// what it recorded: (consumer, key) done, by its claim or a lease
+// completion. On MySQL a deadlock (1213) rolls the whole transaction back
+// but keeps the session: a handler that ignored that statement's error goes
+// on in autocommit, and the COMMIT would succeed with the record gone.
+// CheckOpen then returns an error wrapping pgerr.ErrRolledBack (a refused
+// commit: nothing of the transaction committed). On PostgreSQL it does
+// nothing: a failed statement aborts the transaction, and its COMMIT
+// reports the rollback itself.
+func (s *Store) CheckOpen(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) error {
 	if s.cfg.Tables.Dialect != sqlschema.MySQL {
 		return nil
 	}
 	var n int
-	if err := seam.QueryRow(ctx, tx, s.q.get("InTransaction"), nil, &n); err != nil {
+	if err := seam.QueryRow(ctx, tx, s.q.get("InTransaction"), []any{consumer, key}, &n); err != nil {
 		return fmt.Errorf("checking the transaction before its COMMIT: %w", err)
 	}
 	if n == 0 {
