@@ -33,3 +33,30 @@ func (s *Store) CheckOpen(ctx context.Context, tx wsql.ContextExecutor, consumer
 	}
 	return nil
 }
+
+// MarkTx marks tx, just begun, for CheckMark: on MySQL a savepoint; on
+// PostgreSQL nothing. It is for a transaction that holds no record of the
+// key until its last statements (a lease-mode handler's).
+func (s *Store) MarkTx(ctx context.Context, tx wsql.ContextExecutor) error {
+	if s.cfg.Tables.Dialect != sqlschema.MySQL {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, s.q.get("MarkTx"))
+	return err
+}
+
+// CheckMark is CheckOpen for a transaction MarkTx marked: the mark is gone
+// when the server rolled the transaction back (pgerr.ErrRolledBack). It
+// releases the mark.
+func (s *Store) CheckMark(ctx context.Context, tx wsql.ContextExecutor) error {
+	if s.cfg.Tables.Dialect != sqlschema.MySQL {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, s.q.get("CheckMark")); err != nil {
+		if n, ok := pgerr.MySQLNumber(err); ok && n == 1305 { // ER_SP_DOES_NOT_EXIST
+			return fmt.Errorf("%w (%w)", pgerr.ErrRolledBack, err)
+		}
+		return fmt.Errorf("checking the transaction before its completion: %w", err)
+	}
+	return nil
+}
