@@ -15,7 +15,6 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
-	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // waitForLockWaiter waits until a backend of role waits on a lock: the
@@ -36,8 +35,7 @@ WHERE usename = $1 AND wait_event_type = 'Lock'`, role).Scan(&n)
 // key is uncommitted waits for it, then acks as a duplicate when it
 // committed (the handler does not run) or runs the handler once when it
 // rolled back. It is never reported as a database failure. Both modes, on
-// either engine (MariaDB: the session's default isolation; lease mode on
-// PostgreSQL only until its MySQL store is merged).
+// either engine (MariaDB: the session's default isolation).
 func TestIsolationConcurrentCopy(t *testing.T) {
 	t.Parallel()
 	for _, level := range testenv.IsolationLevels {
@@ -48,11 +46,7 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 			admin := testenv.PoolFor(t, testenv.DirectDatabaseURL())
 			drivers := append(testenv.DriversFor(t, dbURL), testenv.MySQLDriverWithIsolation(t, level))
 			for _, d := range drivers {
-				modes := []*exactlyonce.LeaseConfig{nil, {}}
-				if d.Dialect == sqlschema.MySQL {
-					modes = modes[:1] // transactional
-				}
-				for _, lease := range modes {
+				for _, lease := range []*exactlyonce.LeaseConfig{nil, {}} {
 					name := fmt.Sprintf("%s/%s", d.Name, modeName(lease))
 					t.Run(name, func(t *testing.T) {
 						b := testenv.NewBundle(t, d)

@@ -62,7 +62,7 @@ const lockWaiters = "SELECT count(*) FROM information_schema.innodb_trx WHERE tr
 // longStatements counts the other sessions whose statement, LIKE its
 // parameter, has run for 200ms or more (MariaDB's processlist.time_ms):
 // information_schema.processlist is read live, innodb_trx from a cache.
-const longStatements = "SELECT count(*) FROM information_schema.processlist WHERE command = 'Query' AND time_ms >= 200 AND info LIKE ? AND id <> connection_id()"
+const longStatements = "SELECT count(*) FROM information_schema.processlist WHERE command IN ('Query', 'Execute') AND time_ms >= 200 AND info LIKE ? AND id <> connection_id()"
 
 // InnoDBLockWaiters counts the InnoDB transactions waiting on a lock whose
 // current statement mentions text (a test's database name, or a table),
