@@ -1371,3 +1371,66 @@ func TestBatchHandlerIgnoresFailedStatement(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchDisjointKeysDoNotWait: while one instance's batch is running
+// (its handler waits), another instance's batch of other keys of the same
+// consumer, sorting before or after them, claims, runs and commits: a
+// batch's claim locks its own records, not the gaps around them. On
+// MariaDB under REPEATABLE READ (its default) the batch claim's locking read
+// (ClaimBatchLock, a range scan of the IN list) took next-key locks, and
+// the other batch's INSERT waited for the first one's COMMIT.
+func TestBatchDisjointKeysDoNotWait(t *testing.T) {
+	t.Parallel()
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		for _, other := range [][]string{{"b-1", "b-2"}, {"0-1", "0-2"}} {
+			release, held := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			var logA, logB eventLog
+			hA := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 2, MaxWait: forever}, &logA).Middleware(
+				func(*message.Message) ([]*message.Message, error) {
+					once.Do(func() { close(held) })
+					<-release
+					return nil, nil
+				})
+			hB := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 2, MaxWait: forever}, &logB).Middleware(
+				func(*message.Message) ([]*message.Message, error) { return nil, nil })
+			run := func(h message.HandlerFunc, keys []string) chan error {
+				errs := make(chan error, len(keys))
+				for _, k := range keys {
+					go func() { _, err := h(message.NewMessage(k, nil)); errs <- err }()
+				}
+				return errs
+			}
+			keysA := []string{"a-1", "a-2"}
+			if other[0] == "0-1" {
+				keysA = []string{"a-3", "a-4"}
+			}
+			errsA := run(hA, keysA)
+			select {
+			case <-held:
+			case <-time.After(30 * time.Second):
+				close(release)
+				t.Fatal("the first batch's handler never ran")
+			}
+			errsB := run(hB, other)
+			var blocked bool
+			for range other {
+				select {
+				case err := <-errsB:
+					require.NoError(t, err)
+				case <-time.After(10 * time.Second):
+					blocked = true
+				}
+				if blocked {
+					break
+				}
+			}
+			close(release)
+			for range keysA {
+				require.NoError(t, <-errsA)
+			}
+			require.False(t, blocked, "keys %v waited for the running batch of %v", other, keysA)
+			require.Equal(t, 2, logB.count(exactlyonce.Processed))
+		}
+	})
+}

@@ -108,7 +108,9 @@ func (r *deadlockRig) finish(t *testing.T) {
 	require.NoError(t, r.other.Commit())
 }
 
-// TestIgnoredDeadlockNotAcked: one transaction per message.
+// TestIgnoredDeadlockNotAcked: one transaction per message. Neither the
+// record nor the handler's output message commits (the output would, on
+// its own, if the middleware wrote it after the rollback).
 func TestIgnoredDeadlockNotAcked(t *testing.T) {
 	t.Parallel()
 	b := testenv.NewBundle(t, testenv.DriverNamed(t, testenv.MariaDB))
@@ -116,15 +118,19 @@ func TestIgnoredDeadlockNotAcked(t *testing.T) {
 	b.Exec(t, "CREATE TABLE "+effects+" (id VARCHAR(64) NOT NULL)")
 	r := newDeadlockRig(t, b)
 	var ev testenv.Counters
-	eo, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Consumer: "c", NackDelay: -1, OnEvent: ev.Observe, Logger: testenv.Logger(t)})
+	eo, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Consumer: "c", PublishTopic: "out", NackDelay: -1, OnEvent: ev.Observe, Logger: testenv.Logger(t)})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	h := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		if runs.Add(1) == 1 {
 			_ = r.lose(msg.Context()) // the deadlock's error, ignored
 		}
-		return nil, testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES (?)", msg.UUID)
+		if err := testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES (?)", msg.UUID); err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage("out-"+msg.UUID, nil)}, nil
 	})
+	outbox := "SELECT count(*) FROM " + b.DB.Outbox()
 
 	done := make(chan error, 1)
 	go func() { _, err := h(message.NewMessage("k", nil)); done <- err }()
@@ -140,6 +146,7 @@ func TestIgnoredDeadlockNotAcked(t *testing.T) {
 	require.ErrorIs(t, herr, pgerr.ErrRolledBack)
 	require.Zero(t, ev.Processed.Load())
 	require.Zero(t, b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()), "the claim was rolled back with the transaction")
+	require.Zero(t, b.Count(t, outbox), "the output message is not written on its own (autocommit) either")
 
 	// Its redelivery runs the handler again, and is processed once.
 	_, err = h(message.NewMessage("k", nil))
@@ -150,6 +157,7 @@ func TestIgnoredDeadlockNotAcked(t *testing.T) {
 	require.Equal(t, int64(1), ev.Processed.Load())
 	require.Equal(t, int64(1), ev.Duplicates.Load())
 	require.Equal(t, int64(1), b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE status = 'done'"))
+	require.Equal(t, int64(1), b.Count(t, outbox), "the processed attempt's output, once")
 	// The handler's INSERT after the ignored deadlock ran on its own
 	// (autocommit): the handler's fault, which the middleware cannot undo;
 	// the redelivery's INSERT committed with its record.
@@ -158,8 +166,9 @@ func TestIgnoredDeadlockNotAcked(t *testing.T) {
 
 // TestIgnoredDeadlockNotAckedBatch: group commit. The batch's transaction
 // is rolled back with the handler's: none of its deliveries is acked as
-// processed without its record; the batch runs again split, and every
-// key ends processed once, with its record.
+// processed without its record, and no output message is written on its
+// own; the batch runs again split, and every key ends processed once, with
+// its record and its one output.
 func TestIgnoredDeadlockNotAckedBatch(t *testing.T) {
 	t.Parallel()
 	b := testenv.NewBundle(t, testenv.DriverNamed(t, testenv.MariaDB))
@@ -169,14 +178,15 @@ func TestIgnoredDeadlockNotAckedBatch(t *testing.T) {
 	var victimRuns atomic.Int64
 	var others atomic.Int64
 	h := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		out := []*message.Message{message.NewMessage("out-"+msg.UUID, nil)}
 		if msg.UUID != "victim" {
 			others.Add(1)
-			return nil, nil
+			return out, nil
 		}
 		if victimRuns.Add(1) == 1 {
 			_ = r.lose(msg.Context()) // the deadlock's error, ignored
 		}
-		return nil, nil
+		return out, nil
 	})
 
 	keys := []string{"a", "victim", "z"}
@@ -205,4 +215,6 @@ func TestIgnoredDeadlockNotAckedBatch(t *testing.T) {
 	require.Equal(t, int64(2), victimRuns.Load(), "the rolled-back batch ran again (split)")
 	require.Equal(t, int64(3), b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE status = 'done'"))
 	require.Equal(t, 3, ev.count(exactlyonce.Processed))
+	require.Equal(t, int64(3), b.Count(t, "SELECT count(*) FROM "+b.DB.Outbox()),
+		"one output per key: none written on its own (autocommit) after the rollback")
 }
