@@ -1378,21 +1378,22 @@ func TestBatchHandlerIgnoresFailedStatement(t *testing.T) {
 // batch's claim locks its own records, not the gaps around them. On
 // MariaDB under REPEATABLE READ (its default) the batch claim's locking read
 // (ClaimBatchLock, a range scan of the IN list) took next-key locks, and
-// the other batch's INSERT waited for the first one's COMMIT.
+// the other batch's INSERT waited for the first one's COMMIT (with three
+// keys or more; two keys were locked one by one).
 func TestBatchDisjointKeysDoNotWait(t *testing.T) {
 	t.Parallel()
 	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
-		for _, other := range [][]string{{"b-1", "b-2"}, {"0-1", "0-2"}} {
+		for _, other := range [][]string{{"b-1", "b-2", "b-3"}, {"0-1", "0-2", "0-3"}} {
 			release, held := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			var logA, logB eventLog
-			hA := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 2, MaxWait: forever}, &logA).Middleware(
+			hA := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 3, MaxWait: forever}, &logA).Middleware(
 				func(*message.Message) ([]*message.Message, error) {
 					once.Do(func() { close(held) })
 					<-release
 					return nil, nil
 				})
-			hB := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 2, MaxWait: forever}, &logB).Middleware(
+			hB := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 3, MaxWait: forever}, &logB).Middleware(
 				func(*message.Message) ([]*message.Message, error) { return nil, nil })
 			run := func(h message.HandlerFunc, keys []string) chan error {
 				errs := make(chan error, len(keys))
@@ -1401,9 +1402,9 @@ func TestBatchDisjointKeysDoNotWait(t *testing.T) {
 				}
 				return errs
 			}
-			keysA := []string{"a-1", "a-2"}
+			keysA := []string{"a-1", "a-2", "a-3"}
 			if other[0] == "0-1" {
-				keysA = []string{"a-3", "a-4"}
+				keysA = []string{"a-4", "a-5", "a-6"}
 			}
 			errsA := run(hA, keysA)
 			select {
@@ -1430,7 +1431,7 @@ func TestBatchDisjointKeysDoNotWait(t *testing.T) {
 				require.NoError(t, <-errsA)
 			}
 			require.False(t, blocked, "keys %v waited for the running batch of %v", other, keysA)
-			require.Equal(t, 2, logB.count(exactlyonce.Processed))
+			require.Equal(t, 3, logB.count(exactlyonce.Processed))
 		}
 	})
 }
