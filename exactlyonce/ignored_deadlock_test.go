@@ -33,15 +33,14 @@ import (
 // asks for B. InnoDB rolls back the transaction with fewer changed rows:
 // the handler's.
 type deadlockRig struct {
-	b                 *testenv.Bundle
-	locks, bulk       string
-	holdsA, proceed   chan struct{}
-	other             interface{ Commit() error }
-	otherDone         chan error
-	otherExec         func(query string) error
-	handlerErr        error // the error the handler's statement got (and ignored)
-	handlerErrNumber  uint16
-	handlerStatements atomic.Int64
+	b                *testenv.Bundle
+	locks, bulk      string
+	holdsA, proceed  chan struct{}
+	other            interface{ Commit() error }
+	otherDone        chan error
+	otherExec        func(query string) error
+	handlerErr       error // the error the handler's statement got (and ignored)
+	handlerErrNumber uint16
 }
 
 // bulkRows is how many rows the other transaction inserts before it takes

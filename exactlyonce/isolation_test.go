@@ -44,7 +44,8 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 			dbURL := testenv.DatabaseURLWithIsolation(t, level)
 			role := roleOf(t, dbURL)
 			admin := testenv.PoolFor(t, testenv.DirectDatabaseURL())
-			drivers := append(testenv.DriversFor(t, dbURL), testenv.MySQLDriverWithIsolation(t, level))
+			drivers := testenv.DriversFor(t, dbURL)
+			drivers = append(drivers, testenv.MySQLDriverWithIsolation(t, level))
 			for _, d := range drivers {
 				for _, lease := range []*exactlyonce.LeaseConfig{nil, {}} {
 					name := fmt.Sprintf("%s/%s", d.Name, modeName(lease))

@@ -50,11 +50,6 @@ func MySQLPlaceholders(query string) string {
 // indexes no TEXT column without a prefix length).
 func (b *Bundle) KeyText() string { return b.SQL("text", "VARCHAR(255)") }
 
-// Now is the SQL expression of the current time in the bundle's dialect:
-// now() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL (the library writes its
-// DATETIME(6) columns in UTC).
-func (b *Bundle) Now() string { return b.SQL("now()", "UTC_TIMESTAMP(6)") }
-
 // lockWaiters counts the InnoDB transactions waiting on a lock whose
 // statement is LIKE its parameter.
 const lockWaiters = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?"
@@ -63,15 +58,6 @@ const lockWaiters = "SELECT count(*) FROM information_schema.innodb_trx WHERE tr
 // parameter, has run for 200ms or more (MariaDB's processlist.time_ms):
 // information_schema.processlist is read live, innodb_trx from a cache.
 const longStatements = "SELECT count(*) FROM information_schema.processlist WHERE command IN ('Query', 'Execute') AND time_ms >= 200 AND info LIKE ? AND id <> connection_id()"
-
-// InnoDBLockWaiters counts the InnoDB transactions waiting on a lock whose
-// current statement mentions text (a test's database name, or a table),
-// through the bundle's driver. MySQL only. The answer may be up to 0.1s old
-// (see WaitForLockWaiter).
-func (b *Bundle) InnoDBLockWaiters(t testing.TB, text string) int64 {
-	t.Helper()
-	return b.Count(t, lockWaiters, "%"+text+"%")
-}
 
 // WaitForLockWaiter waits (up to 10s) until a MySQL transaction whose
 // statement mentions the bundle's database waits on a lock: a delivery
