@@ -157,9 +157,13 @@ func TestParkedReplayThroughRabbitMQ(t *testing.T) {
 // Bulk replay and discard by criteria: a count first, --yes acts.
 func TestParkedBulkCommands(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
+	requireRabbitMQ(t)
+	testenv.EachEngine(t, testParkedBulkCommands)
+}
+
+func testParkedBulkCommands(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := append(engineEnv(b), envAMQPURL+"="+testenv.AMQPURL())
 	queue := testenv.Queue(t, "cli_parked_bulk_")
 	h := &poisonHandler{effect: map[string]int{}}
 	ev := runRouter(t, queue, exactlyonce.Config{DB: db}, h)
