@@ -257,8 +257,10 @@ type overviewData struct {
 	Outbox     *outboxFigures
 	Relays     []relayInfo
 	RelaysNote string
-	Errors     []string
-	DB         bool
+	// NoRelays: the list of relays is not available (MySQL).
+	NoRelays bool
+	Errors   []string
+	DB       bool
 }
 
 type consumerRow struct {
@@ -403,7 +405,7 @@ func (h *handler) pageOverview(w http.ResponseWriter, r *http.Request) error {
 	snap, refreshing := h.stats.get(r.Context())
 	d := overviewData{Refreshing: refreshing, Interval: h.cfg.StatsInterval.String(), DB: h.pg != nil}
 	if h.pg != nil {
-		d.RelaysNote = relaysNote
+		d.RelaysNote, d.NoRelays = h.relaysNoteOf(), !h.relaysAvailable()
 	}
 	if snap != nil {
 		d.AsOf, d.More, d.Outbox, d.Relays, d.Errors = &snap.AsOf, snap.ConsumersMore, snap.Outbox, snap.Relays, snap.Errors
