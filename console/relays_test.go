@@ -103,3 +103,19 @@ func TestRelaysNotAvailableOnMySQL(t *testing.T) {
 	require.NotContains(t, body, "No relay seen.")
 	require.NotContains(t, body, `<p class="error">`)
 }
+
+// On MySQL/MariaDB the pages name the SQL store "mysql" (its identifier in
+// URLs and the API stays "postgres").
+func TestPagesNameTheStoreMySQL(t *testing.T) {
+	t.Parallel()
+	b := testenv.NewBundle(t, testenv.DriverNamed(t, testenv.MariaDB))
+	e := newEngineEnv(t, b)
+	e.park("charge-order", "o-1", pmsg{topic: "orders", payload: []byte(`{"a":1}`)})
+	body := page(t, e.get("/eo/"), http.StatusOK)
+	require.Contains(t, body, `data-store="postgres"`)
+	require.Contains(t, body, `<td>mysql</td>`)
+	body = page(t, e.get("/eo/parked/charge-order/o-1"), http.StatusOK)
+	require.Contains(t, body, `<div><dt>Store</dt><dd>mysql</dd></div>`)
+	body = page(t, e.get("/eo/inbox?consumer=charge-order&key=o-1"), http.StatusOK)
+	require.Contains(t, body, `<div><dt>Store</dt><dd>mysql</dd></div>`)
+}
