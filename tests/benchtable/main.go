@@ -68,8 +68,10 @@ import (
 type config struct {
 	quick   bool
 	only    map[string]bool
+	engines []engine // the router, relay and retention sections' engines
 	rounds  int
 	cpu     bool
+	stmts   bool // -stmts: statements per message or event
 	profDir string
 
 	// router
@@ -105,11 +107,13 @@ type config struct {
 
 	// retention
 	retentionRows    int
+	retentionRowsMy  int // MariaDB's inbox (-retention-rows-mariadb)
 	retentionClaims  int
 	retentionWorkers int
 
-	dbURL   string
-	amqpURL string
+	dbURL    string
+	mysqlURL string
+	amqpURL  string
 
 	child childConfig
 }
@@ -138,32 +142,35 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":              {"router,relay,ordered,rss,wake,retention", "router,relay,ordered,rss,wake,retention"},
-		"ordered-rows":      {"50000", "3000"},
-		"ordered-e2e":       {"20000", "2000"},
-		"wake-rate":         {"100", "100"},
-		"wake-time":         {"20s", "3s"},
-		"wake-writers":      {"8", "8"},
-		"wake-write-time":   {"5s", "2s"},
-		"rounds":            {"5", "5"},
-		"messages":          {"30000", "1000"},
-		"inflight":          {"64", "64"},
-		"prefetch":          {"64", "64"},
-		"batch-prefetch":    {"256", "256"},
-		"pool":              {"20", "20"},
-		"backlogs":          {"10000,100000,1000000", "1000,5000,20000"},
-		"relay-rows":        {"100000", "2000"},
-		"relay-time":        {"15s", "3s"},
-		"relay-batch":       {"500", "500"},
-		"relay-workers":     {"4", "4"},
-		"window":            {"256", "256"},
-		"rss-backlogs":      {"1000,10000,1000000", "1000,5000,20000"},
-		"rss-messages":      {"50000", "3000"},
-		"retention-rows":    {"10000000", "200000"},
-		"retention-claims":  {"20000", "3000"},
-		"retention-workers": {"1", "1"},
+		"only":                   {"router,relay,ordered,rss,wake,retention", "router,relay,ordered,rss,wake,retention"},
+		"engines":                {"postgres,mariadb", "postgres,mariadb"},
+		"ordered-rows":           {"50000", "3000"},
+		"ordered-e2e":            {"20000", "2000"},
+		"wake-rate":              {"100", "100"},
+		"wake-time":              {"20s", "3s"},
+		"wake-writers":           {"8", "8"},
+		"wake-write-time":        {"5s", "2s"},
+		"rounds":                 {"5", "5"},
+		"messages":               {"30000", "1000"},
+		"inflight":               {"64", "64"},
+		"prefetch":               {"64", "64"},
+		"batch-prefetch":         {"256", "256"},
+		"pool":                   {"20", "20"},
+		"backlogs":               {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":             {"100000", "2000"},
+		"relay-time":             {"15s", "3s"},
+		"relay-batch":            {"500", "500"},
+		"relay-workers":          {"4", "4"},
+		"window":                 {"256", "256"},
+		"rss-backlogs":           {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":           {"50000", "3000"},
+		"retention-rows":         {"10000000", "200000"},
+		"retention-rows-mariadb": {"-retention-rows", "-retention-rows"},
+		"retention-claims":       {"20000", "3000"},
+		"retention-workers":      {"1", "1"},
 	}
 	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, ordered, rss, wake, retention")
+	def("engines", "BENCH_ENGINES", table["engines"], "databases the router, relay and retention sections run on, comma-separated: postgres, mariadb (ordered, rss and wake: PostgreSQL only)")
 	def("ordered-rows", "BENCH_ORDERED_ROWS", table["ordered-rows"], "ordered: rows relayed per relay round (the hot key's also stop after -relay-time)")
 	def("ordered-e2e", "BENCH_ORDERED_E2E", table["ordered-e2e"], "ordered: messages relayed and consumed per end-to-end round")
 	def("wake-rate", "BENCH_WAKE_RATE", table["wake-rate"], "wake: events per second written during the latency rounds")
@@ -185,9 +192,11 @@ func parseConfig(args []string) (*config, error) {
 	def("rss-backlogs", "BENCH_RSS_BACKLOGS", table["rss-backlogs"], "rss: backlogs, comma-separated, ascending: the last is compared with each other")
 	def("rss-messages", "BENCH_RSS_MESSAGES", table["rss-messages"], "rss: messages each relay / consumer process handles")
 	def("retention-rows", "BENCH_RETENTION_ROWS", table["retention-rows"], "retention: rows in each layout's inbox (spread over 7 days + one per round)")
+	def("retention-rows-mariadb", "BENCH_RETENTION_ROWS_MARIADB", table["retention-rows-mariadb"], "retention: rows in MariaDB's inbox (filled from a SEQUENCE table)")
 	def("retention-claims", "BENCH_RETENTION_CLAIMS", table["retention-claims"], "retention: claims timed per measurement")
 	def("retention-workers", "BENCH_RETENTION_WORKERS", table["retention-workers"], "retention: concurrent claimers (1: the claim's own latency; more: with CPU contention on small machines)")
 	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
+	stmts := fs.Bool("stmts", env("BENCH_STMTS", "") != "" && env("BENCH_STMTS", "") != "0", "also print the statements per message or event of the router and relay runs, and their time, on each engine (BENCH_STMTS=1)")
 	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
 	child := fs.String("child", "", "internal: run as the relay or consumer process of the rss section")
 	childSchema := fs.String("child-schema", "", "internal")
@@ -229,6 +238,7 @@ func parseConfig(args []string) (*config, error) {
 		only:             map[string]bool{},
 		rounds:           num("rounds"),
 		cpu:              *cpu,
+		stmts:            *stmts,
 		profDir:          *prof,
 		messages:         num("messages"),
 		inflight:         num("inflight"),
@@ -250,10 +260,18 @@ func parseConfig(args []string) (*config, error) {
 		retentionClaims:  num("retention-claims"),
 		retentionWorkers: num("retention-workers"),
 		dbURL:            env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		mysqlURL:         env("MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 		amqpURL:          env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		child:            childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
 	}
+	c.retentionRowsMy = c.retentionRows
+	if get("retention-rows-mariadb") != "-retention-rows" {
+		c.retentionRowsMy = num("retention-rows-mariadb")
+	}
 	if err != nil {
+		return nil, err
+	}
+	if c.engines, err = parseEngines(get("engines")); err != nil {
 		return nil, err
 	}
 	if c.relayTime, err = time.ParseDuration(get("relay-time")); err != nil {
@@ -317,7 +335,7 @@ func run(ctx context.Context, cfg *config) error {
 
 	start := time.Now()
 	loadBefore := loadavg()
-	logf("benchtable: load average before: %s; %d rounds; sections %s", loadBefore, cfg.rounds, sectionList(cfg))
+	logf("benchtable: load average before: %s; %d rounds; sections %s; engines %s", loadBefore, cfg.rounds, sectionList(cfg), engineList(cfg))
 	var lines []*line
 	if cfg.only["router"] {
 		l, err := h.routerSection(ctx)
@@ -367,13 +385,22 @@ func run(ctx context.Context, cfg *config) error {
 	fmt.Printf("benchtable %s: %s, %s/%s, %d CPUs, host %s; %d alternating rounds per line; %s in all\n",
 		start.Format("2006-01-02 15:04"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, cfg.rounds, time.Since(start).Round(time.Second))
 	fmt.Printf("load average (1, 5, 15 min) before: %s, after: %s\n", loadBefore, loadAfter)
-	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d (group commit on rabbitmq.Subscriber and the bare consumer: %d), pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %d rows per layout, %d claims per measurement\n\n",
+	fmt.Printf("engines (router, relay, retention): %s\n", engineList(cfg))
+	retentionRows := strconv.Itoa(cfg.retentionRows)
+	if cfg.hasEngine(mariadb) && cfg.retentionRowsMy != cfg.retentionRows {
+		retentionRows += fmt.Sprintf(" (MariaDB's: %d)", cfg.retentionRowsMy)
+	}
+	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d (group commit on rabbitmq.Subscriber and the bare consumer: %d), pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %s rows per layout, %d claims per measurement\n\n",
 		cfg.messages, cfg.inflight, cfg.prefetch, cfg.batchPrefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
-		cfg.retentionRows, cfg.retentionClaims)
+		retentionRows, cfg.retentionClaims)
 	printTable(os.Stdout, lines)
 	if cfg.cpu {
 		fmt.Println()
 		h.printCPU(os.Stdout)
+	}
+	if cfg.stmts {
+		fmt.Println()
+		h.printStmts(os.Stdout)
 	}
 	return nil
 }
@@ -384,6 +411,14 @@ func sectionList(cfg *config) string {
 		if cfg.only[k] {
 			s = append(s, k)
 		}
+	}
+	return strings.Join(s, ",")
+}
+
+func engineList(cfg *config) string {
+	var s []string
+	for _, e := range cfg.engines {
+		s = append(s, string(e))
 	}
 	return strings.Join(s, ",")
 }
