@@ -7,7 +7,12 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,ordered,rss,wake,retention):
+// Sections (-only router,relay,ordered,rss,wake,retention). The router,
+// relay and retention sections have an engine dimension (-engines
+// postgres,mariadb, both by default; engine.go): their engine-neutral
+// variants run on each engine in the same alternating rounds, and a line
+// carries its engine (" · postgres", " · mariadb"), or compares the engines
+// (A mariadb, B postgres). ordered, rss and wake are PostgreSQL's only.
 //
 //   - router: a Watermill router drains a pre-filled durable RabbitMQ queue;
 //     the handler does one INSERT into a business table. Modes: no
@@ -18,13 +23,16 @@
 //     watermill-amqp's subscriber (ConcurrentSubscriber, 64 subscriptions of
 //     prefetch 64: the setup before rabbitmq.Subscriber); and a bare
 //     amqp091 consumer (prefetch 256, an ack per message, no database).
+//     On MariaDB the four modes over rabbitmq.Subscriber (StdTxFromContext
+//     instead of PgxTxFromContext).
 //   - relay: an outbox backlog of 10k, 100k and 1M rows (all three tables
 //     exist at once, so that backlogs too are compared side by side) drained
 //     to a RabbitMQ queue by outbox.Relay through rabbitmq.Publisher (the
 //     confirm window), by outbox.Relay through watermill-amqp's publisher
 //     (ConfirmDelivery), and by Watermill's forwarder component (watermill-sql's
 //     default PostgreSQL schema as its storage, watermill-amqp as its
-//     out-publisher), each from a backlog of its own format.
+//     out-publisher), each from a backlog of its own format. On MariaDB
+//     the relay through rabbitmq.Publisher, at the same backlogs.
 //   - ordered: per-key order (see ordered.go): the relay alone with 1,000
 //     ordering keys, with one hot key, and without keys; end to end (relay
 //     and a consuming router together, per-message and group commit +
@@ -37,10 +45,14 @@
 //     without it). See wake.go.
 //   - retention: claim p99 on a large inbox (-retention-rows, 10M) and while
 //     retention removes a day of rows, for the plain table (row purge) and
-//     the daily-partitioned one (partition drop); bytes per row.
+//     the daily-partitioned one (partition drop); bytes per row. On
+//     MariaDB the plain table (-retention-rows-mariadb rows).
 //   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
 //     (a router with the middleware, group commit + Exec) at a 1k and a 1M
 //     backlog, each a subprocess (this binary re-executed with -child).
+//
+// -stmts adds where the time goes: each router and relay run's statements
+// per message or event, and their time, on each engine (stmts.go).
 //
 // It is a main package, not a test: it re-executes itself as the relay and
 // consumer processes whose RSS it reads, it must not run under `go test

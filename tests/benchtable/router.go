@@ -33,6 +33,13 @@ import (
 // The bare broker consumer (amqp091-go, prefetch cfg.batchPrefetch, an ack
 // per message, no Watermill, no database) drains the same queue: the
 // broker's own speed at the window group commit runs with.
+//
+// Each engine of -engines has its own environment (a schema, or on MariaDB
+// a database, with the inbox and the business table, and a connection pool
+// of cfg.pool): the modes run on every engine, in the same rounds, through
+// the same handlers (the transaction from PgxTxFromContext on PostgreSQL,
+// StdTxFromContext on MariaDB); the watermill-amqp variants on PostgreSQL
+// only.
 
 type routerVariant string
 
