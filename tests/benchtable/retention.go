@@ -299,7 +299,7 @@ func (l *retentionLayout) claims(ctx context.Context, n int, during func() error
 		duringOK.Store(true)
 	} else {
 		wg.Go(func() {
-			duringEr = during()
+			duringEr = recovered(during)
 			duringOK.Store(true)
 		})
 	}
@@ -315,7 +315,12 @@ func (l *retentionLayout) claims(ctx context.Context, n int, during func() error
 				} else {
 					key = uuidOf(rng.Uint64(), rng.Uint64())
 				}
-				took, err := l.claim(ctx, key)
+				var took time.Duration
+				err := recovered(func() error {
+					var err error
+					took, err = l.claim(ctx, key)
+					return err
+				})
 				if err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -340,6 +345,18 @@ func (l *retentionLayout) claims(ctx context.Context, n int, during func() error
 	}
 	slices.Sort(lat)
 	return lat[len(lat)*99/100], duringEr, nil
+}
+
+// recovered runs f, turning a panic into an error: a panic in a claimer or
+// purge goroutine would end the process before cleanup dropped what the
+// run created.
+func recovered(f func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return f()
 }
 
 // uuidOfMD5 is the key the fill gave row g: md5(g::text)::uuid::text.

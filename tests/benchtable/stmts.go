@@ -175,7 +175,13 @@ func (h *harness) printStmts(w io.Writer) {
 			}
 			return strings.Compare(x, y)
 		})
-		per := func(v float64) string { return strconv.FormatFloat(v/float64(a.items), 'f', 2, 64) }
+		per := func(v float64) string {
+			v /= float64(a.items)
+			if v < 0.1 {
+				return strconv.FormatFloat(v, 'f', 4, 64)
+			}
+			return strconv.FormatFloat(v, 'f', 2, 64)
+		}
 		us := func(d time.Duration) string {
 			return strconv.FormatFloat(float64(d.Microseconds())/float64(a.items), 'f', 0, 64)
 		}
