@@ -177,7 +177,7 @@ func parseConfig(args []string) (*config, error) {
 		"rss-backlogs":           {"1000,10000,1000000", "1000,5000,20000"},
 		"rss-messages":           {"50000", "3000"},
 		"retention-rows":         {"10000000", "200000"},
-		"retention-rows-mariadb": {"-retention-rows", "-retention-rows"},
+		"retention-rows-mariadb": {"-retention-rows", "50000"},
 		"retention-claims":       {"20000", "3000"},
 		"retention-workers":      {"1", "1"},
 	}
