@@ -547,6 +547,10 @@ func (b *batcher) runOnce(jobs []*job) attempt {
 	if wrote != nil {
 		wrote.beforeCommit(ctx)
 	}
+	if err := m.store.CheckOpen(ctx, tx); err != nil {
+		a.at, a.err = atCommit, err
+		return a
+	}
 	ended = true
 	if err := tx.Commit(); err != nil {
 		a.at, a.err = atCommit, err

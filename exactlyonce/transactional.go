@@ -84,6 +84,10 @@ func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
 		return
 	}
 	ob.beforeCommit(context.WithoutCancel(d.ctx))
+	if err := m.store.CheckOpen(context.WithoutCancel(d.ctx), tx); err != nil {
+		d.nack(commitError(d, err))
+		return
+	}
 	done = true
 	if err := tx.Commit(); err != nil {
 		d.nack(commitError(d, err))
@@ -209,6 +213,12 @@ func literalClaimLogger(logger watermill.LoggerAdapter) func(error) {
 func refusalCause(err error) string {
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
 		return "the server answered ROLLBACK: a statement of the transaction had failed and its error was ignored, by the handler most likely"
+	}
+	if errors.Is(err, pgerr.ErrRolledBack) {
+		return "MySQL had rolled the transaction back after a deadlock or lock wait timeout whose error was ignored, by the handler most likely"
+	}
+	if n, ok := pgerr.MySQLNumber(err); ok {
+		return fmt.Sprintf("MySQL error %d", n)
 	}
 	return "SQLSTATE " + pgerr.Code(err)
 }

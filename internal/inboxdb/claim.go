@@ -47,6 +47,14 @@ type ClaimResult struct {
 // back, and claim again in a new transaction, which sees the row; the
 // middleware does exactly that.
 //
+// On MySQL/MariaDB (InnoDB) the claim is an INSERT ... ON DUPLICATE KEY
+// UPDATE and a locking read (SELECT ... FOR UPDATE) of the record; a
+// claim that waited for another transaction's claim of the key reads the
+// latest committed row whatever tx's isolation level, as locking reads do
+// there: no serialization failure under REPEATABLE READ (MySQL's default)
+// or READ COMMITTED, only a deadlock (1213), which says roll back and
+// claim again, as 40001 does. A failed statement does not abort tx there.
+//
 // On the partitioned layout, a claim that finds no partition for its record
 // (the store's knowledge of the partitions was out of date) fails with an
 // error wrapping ErrPartitionsChanged: roll back and claim again in a new
@@ -66,6 +74,9 @@ func (s *Store) ClaimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 // already holds the key's lock, taken for that placement (partitioned
 // layout).
 func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, locked *placement) (ClaimResult, error) {
+	if s.mysql {
+		return s.claimTxMySQL(ctx, tx, consumer, key)
+	}
 	insert, args := s.q.get("ClaimInsert"), []any{consumer, key}
 	if s.part != nil {
 		var err error
@@ -94,31 +105,82 @@ func (s *Store) claimTx(ctx context.Context, tx wsql.ContextExecutor, consumer, 
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("counting duplicate %q for %q: %w", key, consumer, err)
 		}
-		switch {
-		case Settled(rec.Status):
-			return ClaimResult{Existing: rec}, nil
-		case rec.Status == StatusFailed:
-			if !rec.ParkedByTransaction {
-				return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
-			}
-			ok, err := s.reclaim(ctx, tx, consumer, key)
-			if err != nil {
-				return ClaimResult{}, fmt.Errorf("claiming released %q for %q: %w", key, consumer, err)
-			}
-			if !ok {
-				continue // changed in between: look again
-			}
-			return ClaimResult{Claimed: true}, nil
+		res, again, err := s.existing(ctx, tx, consumer, key, rec)
+		if again {
+			continue
 		}
-		return ClaimResult{Existing: rec}, notDone(consumer, key, rec)
+		return res, err
 	}
 	return ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
+}
+
+// claimTxMySQL is claimTx on MySQL/MariaDB (queries/mysql/claim.sql).
+// The INSERT ... ON DUPLICATE KEY UPDATE either inserts the record
+// (affected rows 1: claimed) or finds the key's row, waiting for the
+// transaction that holds it, and counts the duplicate on it in the same
+// statement when it is settled (2: changed, 0: left as it was); either way
+// tx then holds the row's exclusive lock, and reads the record with a
+// locking read, which sees the latest committed row under every isolation
+// level. It needs the driver's default of affected rows (clientFoundRows
+// off: with it, a row left as it was would count 1, as an insert).
+func (s *Store) claimTxMySQL(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ClaimResult, error) {
+	for range 3 {
+		n, err := seam.Exec(ctx, tx, s.q.get("ClaimInsert"), consumer, key)
+		if err != nil {
+			return ClaimResult{}, fmt.Errorf("claiming %q for %q: %w", key, consumer, err)
+		}
+		if n == 1 {
+			return ClaimResult{Claimed: true}, nil
+		}
+		var rec Record
+		err = seam.QueryRow(ctx, tx, s.q.get("LockRecord"), []any{consumer, key}, rec.scanDest()...)
+		if notFound(err) {
+			continue // cannot happen under the row lock; as PostgreSQL's path
+		}
+		if err != nil {
+			return ClaimResult{}, fmt.Errorf("counting duplicate %q for %q: %w", key, consumer, err)
+		}
+		res, again, err := s.existing(ctx, tx, consumer, key, rec)
+		if again {
+			continue
+		}
+		return res, err
+	}
+	return ClaimResult{}, fmt.Errorf("claiming %q for %q: the record kept disappearing (concurrent Forget or Purge)", key, consumer)
+}
+
+// existing is the outcome of a claim that found rec, the key's record
+// (its duplicate counted when settled): a duplicate, a released
+// transactional park claimed again, or ErrNotDone. again is true when the
+// record changed in between: look again.
+func (s *Store) existing(ctx context.Context, tx wsql.ContextExecutor, consumer, key string, rec Record) (res ClaimResult, again bool, err error) {
+	switch {
+	case Settled(rec.Status):
+		return ClaimResult{Existing: rec}, false, nil
+	case rec.Status == StatusFailed:
+		if !rec.ParkedByTransaction {
+			return ClaimResult{Existing: rec}, false, notDone(consumer, key, rec)
+		}
+		ok, err := s.reclaim(ctx, tx, consumer, key)
+		if err != nil {
+			return ClaimResult{}, false, fmt.Errorf("claiming released %q for %q: %w", key, consumer, err)
+		}
+		if !ok {
+			return ClaimResult{}, true, nil // changed in between: look again
+		}
+		return ClaimResult{Claimed: true}, false, nil
+	}
+	return ClaimResult{Existing: rec}, false, notDone(consumer, key, rec)
 }
 
 // reclaim takes over a failed record (released by an operator) as done in
 // tx, which holds its row lock until it ends; a rollback restores it. It
 // reports false when the record is no longer failed.
 func (s *Store) reclaim(ctx context.Context, tx wsql.ContextExecutor, consumer, key string) (ok bool, err error) {
+	if s.mysql {
+		n, err := seam.Exec(ctx, tx, s.q.get("Reclaim"), consumer, key)
+		return n > 0, err
+	}
 	err = seam.QueryRow(ctx, tx, s.q.get("Reclaim"), []any{consumer, key}, &ok)
 	if notFound(err) {
 		return false, nil
@@ -147,6 +209,9 @@ func (s *Store) Park(ctx context.Context, db wsql.ContextExecutor, consumer, key
 			return fmt.Errorf("parking %q for %q: %w", key, consumer, err)
 		}
 		return nil
+	}
+	if s.mysql {
+		return s.parkMySQL(ctx, db, consumer, key, pgtext.Truncate(reason), msg)
 	}
 	q, args := s.q.get("Park"), []any{consumer, key, pgtext.Truncate(reason)}
 	if msg != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
@@ -19,7 +20,9 @@ var ErrVanished = errors.New("the record disappeared during the claim (concurren
 // ClaimBatchTx claims many keys of one consumer inside tx, the transaction
 // that also holds their handlers' writes (group commit): one multi-row
 // INSERT ... ON CONFLICT DO NOTHING for all of them, and one UPDATE that
-// counts the duplicates among the rest. Keys must be distinct and valid
+// counts the duplicates among the rest (on MySQL/MariaDB: one multi-row
+// INSERT ... ON DUPLICATE KEY UPDATE that also counts them, a locking read
+// of the batch and an UPDATE of the new records, see claimBatchMySQL). Keys must be distinct and valid
 // (ValidateKey). They are inserted in sorted order, so that two batches
 // sharing keys, on two instances, take their row locks in the same order
 // and cannot deadlock.
@@ -84,6 +87,9 @@ func (s *Store) ClaimBatchCopiesTx(ctx context.Context, tx wsql.ContextExecutor,
 		}
 	}
 
+	if s.mysql {
+		return s.claimBatchMySQL(ctx, tx, consumer, keys, sorted, n)
+	}
 	var claimed map[string]bool
 	var err error
 	if s.part == nil {
@@ -226,4 +232,84 @@ func claimedKeys(rows wsql.Rows, err error, n int, consumer string) (map[string]
 		return nil, fmt.Errorf("claiming %d keys for %q: %w", n, consumer, err)
 	}
 	return claimed, nil
+}
+
+// claimBatchMySQL is ClaimBatchCopiesTx on MySQL/MariaDB
+// (queries/mysql/claim.sql): one multi-row INSERT ... ON DUPLICATE KEY
+// UPDATE of the sorted keys, which inserts the new ones with their count
+// negated (the transaction's own mark) and counts the duplicates on the
+// others; one locking read of the batch's records, which tells the
+// inserted (negative count) from the others (the latest committed rows:
+// a key another transaction claimed and committed meanwhile is a
+// duplicate, counted); one UPDATE that sets the inserted records' counts
+// (copies-1). The insert holds the row locks of every key from then on:
+// no record vanishes in between. A deadlock (1213) between batches
+// (against the sorted order, e.g. with single claims) is returned as is:
+// roll back and claim again.
+func (s *Store) claimBatchMySQL(ctx context.Context, tx wsql.ContextExecutor, consumer string, keys, sorted []string, n func(string) int64) ([]ClaimResult, []error, error) {
+	rows := make([]string, len(sorted))
+	marks := make([]string, len(sorted))
+	insertArgs := make([]any, 0, 3*len(sorted))
+	keyArgs := make([]any, 0, 1+len(sorted))
+	keyArgs = append(keyArgs, consumer)
+	row := s.q.get("ClaimBatchRow")
+	for i, k := range sorted {
+		rows[i], marks[i] = row, "?"
+		insertArgs = append(insertArgs, consumer, k, -n(k))
+		keyArgs = append(keyArgs, k)
+	}
+	list := strings.Join(marks, ", ")
+	if _, err := seam.Exec(ctx, tx, s.rt.claimBatchInsert.Fill(strings.Join(rows, ", ")), insertArgs...); err != nil {
+		return nil, nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
+	}
+	rs, err := tx.QueryContext(ctx, s.rt.claimBatchLock.Fill(list), keyArgs...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
+	}
+	found := make(map[string]Record, len(sorted))
+	inserted := false
+	for rs.Next() {
+		var rec Record
+		if err := rs.Scan(rec.scanDest()...); err != nil {
+			_ = rs.Close()
+			return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
+		}
+		found[rec.Key] = rec
+		inserted = inserted || rec.Duplicates < 0
+	}
+	if err := seam.Close(rs); err != nil {
+		return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
+	}
+	if inserted {
+		if _, err := seam.Exec(ctx, tx, s.rt.claimBatchFix.Fill(list), keyArgs...); err != nil {
+			return nil, nil, fmt.Errorf("counting the duplicates within the batch for %q: %w", consumer, err)
+		}
+	}
+	results := make([]ClaimResult, len(keys))
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		rec, ok := found[k]
+		switch {
+		case !ok:
+			errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
+		case rec.Duplicates < 0:
+			results[i] = ClaimResult{Claimed: true}
+		case Settled(rec.Status):
+			results[i] = ClaimResult{Existing: rec}
+		case rec.Status == StatusFailed && rec.ParkedByTransaction:
+			ok, err := s.reclaim(ctx, tx, consumer, k)
+			if err != nil {
+				return nil, nil, fmt.Errorf("claiming released %q for %q: %w", k, consumer, err)
+			}
+			if ok {
+				results[i] = ClaimResult{Claimed: true}
+			} else {
+				errs[i] = fmt.Errorf("%q for %q: %w", k, consumer, ErrVanished)
+			}
+		default:
+			results[i] = ClaimResult{Existing: rec}
+			errs[i] = notDone(consumer, k, rec)
+		}
+	}
+	return results, errs, nil
 }

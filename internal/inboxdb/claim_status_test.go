@@ -24,8 +24,13 @@ func (b bundle) insertRecord(t *testing.T, consumer, key, status string, attempt
 	// A failed record here is one a transactional consumer parked and an
 	// operator released (parked_by_transaction); lease mode's own failed
 	// records are TestClaimsRefuseLeaseFailed's.
-	b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
+	if b.mysql() {
+		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction, first_seen_at)
+VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, ?, ?, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR)`, consumer, key, status, attempts, lastError, status == inboxdb.StatusFailed)
+	} else {
+		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
 VALUES ($1, $2, $3, $4, now() - interval '1 hour', $5, $3 = 'failed')`, consumer, key, status, attempts, lastError)
+	}
 	rec, err := b.store.Lookup(b.ctx, b.db, consumer, key)
 	require.NoError(t, err)
 	return rec
@@ -33,7 +38,7 @@ VALUES ($1, $2, $3, $4, now() - interval '1 hour', $5, $3 = 'failed')`, consumer
 
 func TestClaimTxParked(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		before := b.insertRecord(t, "c", "k", inboxdb.StatusParked, 1, "400 invalid phone number")
 
 		for i := int64(1); i <= 2; i++ {
@@ -69,7 +74,7 @@ func TestClaimTxParked(t *testing.T) {
 
 func TestClaimTxReclaimsFailed(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		before := b.insertRecord(t, "c", "k", inboxdb.StatusFailed, 2, "released by an operator")
 
 		// Claimed inside the transaction; a rollback restores the record.
@@ -117,7 +122,7 @@ func TestClaimTxReclaimsFailed(t *testing.T) {
 // back), as with a new key.
 func TestClaimTxReclaimsFailedOnce(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for _, commit := range []bool{true, false} {
 			key := "k-rollback"
 			if commit {
@@ -249,7 +254,7 @@ func TestBeginClaimPgxParkedAndFailed(t *testing.T) {
 
 func TestPark(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		lookup := func(key string) inboxdb.Record {
 			t.Helper()
 			rec, err := b.store.Lookup(b.ctx, b.db, "c", key)
@@ -349,7 +354,7 @@ func TestPark(t *testing.T) {
 // transactional claim, on any path: ErrNotDone, and the record unchanged.
 func TestClaimsRefuseLeaseFailed(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error)
 VALUES ('c', 'lease-failed', 'failed', 1, now(), 'provider 500')`)
 		tx := b.begin(t)

@@ -1,6 +1,7 @@
 package inboxdb_test
 
 import (
+	"database/sql"
 	"testing"
 	"time"
 
@@ -8,13 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 )
 
 func TestClaimTx(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		// A claim is visible inside its transaction only.
 		tx := b.begin(t)
 		res, err := b.store.ClaimTx(b.ctx, tx, "c1", "m-1")
@@ -71,71 +70,94 @@ func TestClaimTx(t *testing.T) {
 	})
 }
 
+// TestClaimTxConcurrent races two claims of one key on two connections:
+// the second waits for the first's transaction, and then sees a duplicate
+// when it committed, or claims the key when it rolled back. On MySQL under
+// both REPEATABLE READ (its default: the locking read sees the committed
+// row, no serialization failure) and READ COMMITTED; on PostgreSQL under
+// its default, READ COMMITTED (REPEATABLE READ fails the loser with 40001:
+// TestClaimTxRepeatableRead).
 func TestClaimTxConcurrent(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		type outcome struct {
 			res inboxdb.ClaimResult
 			err error
 		}
-		// race holds an uncommitted claim in tx1, starts a second claim of
-		// the same key in tx2, waits until PostgreSQL shows tx2 blocked by
-		// tx1, ends tx1 with end, and returns what the second claim saw.
-		race := func(t *testing.T, key string, end func(tx1 wsql.Tx) error) inboxdb.ClaimResult {
-			tx1 := b.begin(t)
-			res, err := b.store.ClaimTx(b.ctx, tx1, "c", key)
-			require.NoError(t, err)
-			require.True(t, res.Claimed)
-			var pid1 int
-			require.NoError(t, seam.QueryRow(b.ctx, tx1, "SELECT pg_backend_pid()", nil, &pid1))
-
-			tx2 := b.begin(t)
-			done := make(chan outcome, 1)
-			go func() {
-				res, err := b.store.ClaimTx(b.ctx, tx2, "c", key)
-				done <- outcome{res, err}
-			}()
-			testenv.Eventually(t, 10*time.Second, func() bool {
-				var n int
-				err := seam.QueryRow(b.ctx, b.db,
-					"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", []any{pid1}, &n)
-				return err == nil && n == 1
-			}, "the second claim should wait for the first transaction")
-			select {
-			case o := <-done:
-				t.Fatalf("the second claim returned while the first was open: %+v, %v", o.res, o.err)
-			default:
-			}
-
-			require.NoError(t, end(tx1))
-			var o outcome
-			select {
-			case o = <-done:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the second claim did not return within 10s after the first transaction ended")
-			}
-			require.NoError(t, o.err)
-			require.NoError(t, tx2.Commit())
-			return o.res
+		levels := []sql.IsolationLevel{sql.LevelDefault}
+		if b.mysql() {
+			levels = []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelReadCommitted}
 		}
+		for _, level := range levels {
+			begin := func(t *testing.T) wsql.Tx {
+				var opts *sql.TxOptions // PostgreSQL: the default (wsql's pgx adapter maps a LevelDefault option to SERIALIZABLE)
+				if level != sql.LevelDefault {
+					opts = &sql.TxOptions{Isolation: level}
+				}
+				tx, err := b.db.BeginTx(b.ctx, opts)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = tx.Rollback() })
+				return tx
+			}
+			// race holds an uncommitted claim in tx1, starts a second claim
+			// of the same key in tx2, waits until the database shows tx2
+			// blocked by tx1, ends tx1 with end, and returns what the
+			// second claim saw.
+			race := func(t *testing.T, key string, end func(tx1 wsql.Tx) error) inboxdb.ClaimResult {
+				tx1 := begin(t)
+				res, err := b.store.ClaimTx(b.ctx, tx1, "c", key)
+				require.NoError(t, err)
+				require.True(t, res.Claimed)
+				tx2 := begin(t)
+				id2 := b.backendPID(t, tx2)
+				// Under REPEATABLE READ the snapshot is taken at tx2's
+				// first read: before tx1 commits.
+				_, err = b.store.Lookup(b.ctx, tx2, "c", "other")
+				require.ErrorIs(t, err, inboxdb.ErrNotFound)
+				done := make(chan outcome, 1)
+				go func() {
+					res, err := b.store.ClaimTx(b.ctx, tx2, "c", key)
+					done <- outcome{res, err}
+				}()
+				b.awaitWaiting(t, id2, "the second claim should wait for the first transaction")
+				select {
+				case o := <-done:
+					t.Fatalf("the second claim returned while the first was open: %+v, %v", o.res, o.err)
+				default:
+				}
 
-		t.Run("first commits", func(t *testing.T) {
-			res := race(t, "k-commit", func(tx1 wsql.Tx) error { return tx1.Commit() })
-			require.False(t, res.Claimed, "the loser sees the winner's row: a duplicate")
-			require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
-			require.Equal(t, int64(1), res.Existing.Duplicates)
-			rec, err := b.store.Lookup(b.ctx, b.db, "c", "k-commit")
-			require.NoError(t, err)
-			require.Equal(t, int64(1), rec.Duplicates)
-		})
-		t.Run("first rolls back", func(t *testing.T) {
-			res := race(t, "k-rollback", func(tx1 wsql.Tx) error { return tx1.Rollback() })
-			require.True(t, res.Claimed, "the key is free again once the first transaction rolled back")
-			rec, err := b.store.Lookup(b.ctx, b.db, "c", "k-rollback")
-			require.NoError(t, err)
-			require.Equal(t, inboxdb.StatusDone, rec.Status)
-			require.Zero(t, rec.Duplicates)
-		})
+				require.NoError(t, end(tx1))
+				var o outcome
+				select {
+				case o = <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the second claim did not return within 10s after the first transaction ended")
+				}
+				require.NoError(t, o.err)
+				require.NoError(t, tx2.Commit())
+				return o.res
+			}
+
+			t.Run(level.String()+"/first commits", func(t *testing.T) {
+				key := "k-commit-" + level.String()
+				res := race(t, key, func(tx1 wsql.Tx) error { return tx1.Commit() })
+				require.False(t, res.Claimed, "the loser sees the winner's row: a duplicate")
+				require.Equal(t, inboxdb.StatusDone, res.Existing.Status)
+				require.Equal(t, int64(1), res.Existing.Duplicates)
+				rec, err := b.store.Lookup(b.ctx, b.db, "c", key)
+				require.NoError(t, err)
+				require.Equal(t, int64(1), rec.Duplicates)
+			})
+			t.Run(level.String()+"/first rolls back", func(t *testing.T) {
+				key := "k-rollback-" + level.String()
+				res := race(t, key, func(tx1 wsql.Tx) error { return tx1.Rollback() })
+				require.True(t, res.Claimed, "the key is free again once the first transaction rolled back")
+				rec, err := b.store.Lookup(b.ctx, b.db, "c", key)
+				require.NoError(t, err)
+				require.Equal(t, inboxdb.StatusDone, rec.Status)
+				require.Zero(t, rec.Duplicates)
+			})
+		}
 	})
 }
 
@@ -145,10 +167,11 @@ func TestClaimTxConcurrent(t *testing.T) {
 // TestClaimTxParked and TestClaimTxReclaimsFailed.)
 func TestClaimTxNotDone(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for _, status := range []string{inboxdb.StatusProcessing} {
 			key := "lease-" + status
-			b.exec(t, "INSERT INTO "+b.store.Table()+" (consumer, message_key, status, attempts, last_error) VALUES ($1, $2, $3, 2, 'boom')",
+			b.exec(t, "INSERT INTO "+b.store.Table()+b.sql(" (consumer, message_key, status, attempts, last_error) VALUES ($1, $2, $3, 2, 'boom')",
+				" (consumer, message_key, status, attempts, last_error, first_seen_at) VALUES (?, ?, ?, 2, 'boom', UTC_TIMESTAMP(6))"),
 				"c", key, status)
 
 			tx := b.begin(t)

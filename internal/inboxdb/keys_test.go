@@ -51,7 +51,7 @@ func TestKeyValidation(t *testing.T) {
 
 	// ClaimTx refuses the same keys and writes nothing; valid ones round-trip
 	// byte for byte.
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for _, tc := range invalid {
 			tx := b.begin(t)
 			res, err := b.store.ClaimTx(b.ctx, tx, tc.consumer, tc.key)

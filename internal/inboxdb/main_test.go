@@ -27,6 +27,56 @@ type bundle struct {
 	store  *inboxdb.Store
 }
 
+// mysql is true for a bundle on MySQL/MariaDB.
+func (b bundle) mysql() bool { return b.tables.Dialect == sqlschema.MySQL }
+
+// sql returns pg or mysql: a test's own statement in the bundle's dialect.
+func (b bundle) sql(pg, mysql string) string {
+	if b.mysql() {
+		return mysql
+	}
+	return pg
+}
+
+// eachEngine is eachDriver over the engine matrix (testenv.ForEachEngine):
+// PostgreSQL's drivers and layouts, and MariaDB (plain layout).
+func eachEngine(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	eachEngineOf(t, testenv.Layouts, f)
+}
+
+// eachEnginePlain is eachEngine on the plain layout only.
+func eachEnginePlain(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	eachEngineOf(t, []string{"plain"}, f)
+}
+
+// eachEngineOf runs f once per driver of either engine and layout
+// (testenv.ForEachEngine: MariaDB gets no partitioned layout).
+func eachEngineOf(t *testing.T, layouts []string, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	testenv.ForEachEngine(t, layouts, func(t *testing.T, d testenv.Driver, layout string) {
+		f(t, newBundle(t, d, layout))
+	})
+}
+
+// newBundle creates the bundle of driver d and layout: a fresh migrated
+// schema (a fresh database on MySQL).
+func newBundle(t *testing.T, d testenv.Driver, layout string) bundle {
+	t.Helper()
+	var tables sqlschema.DB
+	if d.Dialect == sqlschema.MySQL {
+		tables = testenv.SchemaMySQL(t, d.DB)
+	} else {
+		tables = testenv.SchemaLayout(t, layout)
+	}
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return bundle{ctx: ctx, db: d.DB, tables: tables, store: store}
+}
+
 // eachDriver runs f once per driver (testenv.ForEachDriver) and per inbox
 // layout (testenv.Layouts: the plain table and the time-partitioned one),
 // as parallel subtests ("pgxpool/plain", ...), each with its own migrated
@@ -60,12 +110,7 @@ func eachLayout(t *testing.T, f func(t *testing.T, layout string)) {
 func eachDriverOf(t *testing.T, layouts []string, f func(t *testing.T, b bundle)) {
 	t.Helper()
 	testenv.ForEachDriver(t, layouts, func(t *testing.T, d testenv.Driver, layout string) {
-		tables := testenv.SchemaLayout(t, layout)
-		store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
-		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		t.Cleanup(cancel)
-		f(t, bundle{ctx: ctx, db: d.DB, tables: tables, store: store})
+		f(t, newBundle(t, d, layout))
 	})
 }
 
@@ -101,7 +146,7 @@ func (b bundle) exec(t *testing.T, q string, args ...any) int64 {
 func (b bundle) count(t *testing.T, where string, args ...any) int64 {
 	t.Helper()
 	var n int64
-	q := "SELECT count(*) FROM " + b.store.Table()
+	q := "SELECT COUNT(*) FROM " + b.store.Table()
 	if where != "" {
 		q += " WHERE " + where
 	}

@@ -5,6 +5,7 @@ import (
 	stdsql "database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -44,6 +45,9 @@ func (s *Store) Forget(ctx context.Context, db wsql.ContextExecutor, consumer, k
 // while it waits for an operator: parked or failed) and its parked message
 // in one statement, and reports which of the two it deleted.
 func (s *Store) forget(ctx context.Context, db wsql.ContextExecutor, consumer, key string, waitingOnly bool) (record, message bool, err error) {
+	if s.mysql {
+		return s.forgetMySQL(ctx, db, consumer, key, waitingOnly)
+	}
 	q := s.q.get("Forget")
 	if waitingOnly {
 		q = s.q.get("ForgetWaiting")
@@ -99,7 +103,7 @@ func (s *Store) TenantStats(ctx context.Context, db wsql.ContextExecutor, consum
 		} else {
 			name = "StatsOfTenant"
 		}
-		args = append(args, tenant.Prefix(tenantName))
+		args = append(args, s.prefixArg(tenant.Prefix(tenantName)))
 	}
 	rows, err := db.QueryContext(ctx, s.q.get(name), args...)
 	if err != nil {
@@ -191,10 +195,16 @@ const purgeLockClass = 0x656f7075 // "eopu"
 // first takes the table's purge lock without waiting. It reports false,
 // running nothing, when another purge holds it. Transaction-scoped, the
 // lock keeps no session state (PgBouncer's transaction pooling).
+//
+// On MySQL the lock is a named lock of the session (GET_LOCK: MySQL has no
+// transaction-scoped one), released before the transaction ends.
 func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx wsql.Tx) error) (bool, error) {
 	tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 	if err != nil {
 		return false, err
+	}
+	if s.mysql {
+		return s.underPurgeLockMySQL(ctx, tx, fn)
 	}
 	var locked bool
 	if err := seam.QueryRow(ctx, tx, s.q.get("PurgeLock"), nil, &locked); err != nil || !locked {
@@ -206,6 +216,34 @@ func (s *Store) underPurgeLock(ctx context.Context, db wsql.Beginner, fn func(tx
 		return true, err
 	}
 	return true, tx.Commit()
+}
+
+func (s *Store) underPurgeLockMySQL(ctx context.Context, tx wsql.Tx, fn func(tx wsql.Tx) error) (bool, error) {
+	name := s.purgeLockName()
+	var locked bool
+	if err := seam.QueryRow(ctx, tx, s.q.get("PurgeLock"), []any{name}, &locked); err != nil || !locked {
+		_ = tx.Rollback()
+		return false, err
+	}
+	err := fn(tx)
+	var released int64
+	if uerr := seam.QueryRow(ctx, tx, s.q.get("PurgeUnlock"), []any{name}, &released); err == nil {
+		err = uerr
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		return true, err
+	}
+	return true, tx.Commit()
+}
+
+// prefixArg is the argument of a key-prefix condition: the prefix
+// (PostgreSQL's starts_with), or its LIKE pattern on MySQL.
+func (s *Store) prefixArg(prefix string) string {
+	if s.mysql {
+		return likePrefix(prefix)
+	}
+	return prefix
 }
 
 // Purge deletes records in status done, failed or discarded that finished more than
@@ -260,9 +298,14 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 		} else {
 			name = "PurgeRowsOfTenant"
 		}
-		args = append(args, tenant.Prefix(opts.Tenant))
+		args = append(args, s.prefixArg(tenant.Prefix(opts.Tenant)))
 	}
 	q := s.q.get(name)
+	if s.mysql {
+		// PurgePick's, the limit last; the age in microseconds.
+		q = s.q.get(strings.Replace(name, "PurgeRows", "PurgePick", 1))
+		args = append(append([]any{opts.OlderThan.Microseconds()}, args[2:]...), opts.BatchSize)
+	}
 
 	var total int64
 	for batch := 0; opts.MaxBatches == 0 || batch < opts.MaxBatches; batch++ {
@@ -272,7 +315,11 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 		var n int64
 		locked, err := s.underPurgeLock(ctx, db, func(tx wsql.Tx) error {
 			var err error
-			n, err = seam.Exec(ctx, tx, q, args...)
+			if s.mysql {
+				n, err = s.purgeBatchMySQL(ctx, tx, q, args)
+			} else {
+				n, err = seam.Exec(ctx, tx, q, args...)
+			}
 			return err
 		})
 		if err != nil {
@@ -296,12 +343,16 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 // two primary-key look-ups (consumer is the keys' first column).
 func (s *Store) KnownConsumer(ctx context.Context, db wsql.ContextExecutor, consumer string) (bool, error) {
 	var known bool
-	err := seam.QueryRow(ctx, db, s.q.get("KnownConsumer"), []any{consumer}, &known)
+	args := []any{consumer}
+	if s.mysql {
+		args = append(args, consumer) // no numbered placeholders
+	}
+	err := seam.QueryRow(ctx, db, s.q.get("KnownConsumer"), args, &known)
 	return known, err
 }
 
 // Now returns the database's clock (now(): the start of db's transaction,
-// when db is one).
+// when db is one; on MySQL UTC_TIMESTAMP(6), the statement's time).
 func (s *Store) Now(ctx context.Context, db wsql.ContextExecutor) (time.Time, error) {
 	var now time.Time
 	err := seam.QueryRow(ctx, db, s.q.get("Now"), nil, &now)

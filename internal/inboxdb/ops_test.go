@@ -11,7 +11,7 @@ import (
 
 func TestLookup(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		_, err := b.store.Lookup(b.ctx, b.db, "c", "missing")
 		require.ErrorIs(t, err, inboxdb.ErrNotFound)
 		require.Contains(t, err.Error(), "missing")
@@ -50,7 +50,7 @@ VALUES ('c', 'leased', 'processing', 3, '2030-01-02T03:04:05Z', 'timeout')`)
 
 func TestForget(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.claim(t, "c", "k")
 		b.claim(t, "c2", "k")
 		require.False(t, b.claim(t, "c", "k").Claimed)
@@ -85,7 +85,7 @@ func TestForget(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		empty, err := b.store.Stats(b.ctx, b.db, "")
 		require.NoError(t, err)
 		require.Equal(t, inboxdb.Stats{Rows: map[string]int64{}}, empty)

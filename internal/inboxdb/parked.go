@@ -104,6 +104,76 @@ func decodeMetadata(s string) (map[string]string, error) {
 // They fill the Where hole of parked.sql's run-time templates: only the
 // conditions of the fields set, so that the planner sees them as written
 // (see parked.sql).
+func (s *Store) parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error) {
+	if s.mysql {
+		return parkedWhereMySQL(f, c, args)
+	}
+	return parkedWhere(f, c, args)
+}
+
+// filterArgs is the Where hole of a filter's statement that ends in LIMIT
+// and its arguments: the limit first on PostgreSQL ($1), last on MySQL
+// (the order of the ? in the text).
+func (s *Store) filterArgs(f parked.Filter, c *parked.Cursor, limit int) (string, []any, error) {
+	if s.mysql {
+		var args []any
+		where, err := parkedWhereMySQL(f, c, &args)
+		return where, append(args, limit), err
+	}
+	args := []any{limit}
+	where, err := parkedWhere(f, c, &args)
+	return where, args, err
+}
+
+// parkedWhereMySQL is parkedWhere on MySQL: the same conditions, each
+// argument a ? in the order of the text (a cursor's time twice). A tenant
+// is a LIKE prefix (likePrefix); the reason a case-insensitive substring;
+// metadata JSON_CONTAINS; times DATETIME(6) in UTC.
+func parkedWhereMySQL(f parked.Filter, c *parked.Cursor, args *[]any) (string, error) {
+	var conds []string
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return "?"
+	}
+	if f.Consumer != "" {
+		conds = append(conds, `p.consumer = `+arg(f.Consumer))
+	}
+	if f.Key != "" {
+		conds = append(conds, `p.message_key = `+arg(f.Key))
+	}
+	if f.MessageUUID != "" {
+		conds = append(conds, `p.message_uuid = `+arg(f.MessageUUID))
+	}
+	if f.Tenant != "" {
+		conds = append(conds, `p.message_key LIKE `+arg(likePrefix(tenant.Prefix(f.Tenant)))+` ESCAPE '!'`)
+	}
+	if f.Reason != "" {
+		conds = append(conds, `LOCATE(LOWER(`+arg(f.Reason)+`), LOWER(p.reason)) > 0`)
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, `p.parked_at >= `+arg(f.Since.UTC()))
+	}
+	if !f.Before.IsZero() {
+		conds = append(conds, `p.parked_at < `+arg(f.Before.UTC()))
+	}
+	meta, err := f.MetadataJSON()
+	if err != nil {
+		return "", err
+	}
+	if meta != "" {
+		conds = append(conds, `JSON_CONTAINS(p.metadata, `+arg(meta)+`)`)
+	}
+	if c != nil {
+		conds = append(conds, `p.parked_at >= `+arg(c.ParkedAt.UTC())+` AND (p.parked_at, p.consumer, p.message_key) > (`+
+			arg(c.ParkedAt.UTC())+`, `+arg(c.Consumer)+`, `+arg(c.Key)+`)`)
+	}
+	if len(conds) == 0 {
+		return "TRUE", nil
+	}
+	return strings.Join(conds, " AND "), nil
+}
+
+// parkedWhere is the PostgreSQL conditions of (*Store).parkedWhere.
 func parkedWhere(f parked.Filter, c *parked.Cursor, args *[]any) (string, error) {
 	var conds []string
 	arg := func(v any) string {
@@ -192,8 +262,7 @@ func (s *Store) findParkedSQL(f parked.Filter, c *parked.Cursor, limit int, payl
 	// before the LIMIT, a plan that sorts the matches (a bounded scan's)
 	// would look up the record of each match in the inbox, not of the
 	// page's only (4,485 look-ups, 67 ms, for a page of 51).
-	args := []any{limit}
-	where, err := parkedWhere(f, c, &args)
+	where, args, err := s.filterArgs(f, c, limit)
 	if err != nil {
 		return "", nil, err
 	}
@@ -224,12 +293,16 @@ func (s *Store) queryParked(ctx context.Context, db wsql.ContextExecutor, q stri
 // counts at most MaxCount+1 of them and refuses a count over MaxCount
 // (f.CountTooBroad). f must be valid.
 func (s *Store) CountParked(ctx context.Context, db wsql.ContextExecutor, f parked.Filter) (int64, error) {
+	var where string
 	var args []any
+	var err error
 	t := s.rt.countParked
 	if f.MaxCount > 0 {
-		args, t = []any{f.MaxCount + 1}, s.rt.countParkedMax
+		t = s.rt.countParkedMax
+		where, args, err = s.filterArgs(f, nil, f.MaxCount+1)
+	} else {
+		where, err = s.parkedWhere(f, nil, &args)
 	}
-	where, err := parkedWhere(f, nil, &args)
 	if err != nil {
 		return 0, err
 	}
@@ -267,11 +340,12 @@ func (s *Store) BoundedScan(ctx context.Context, tx wsql.Tx, f parked.Filter) er
 		return nil
 	}
 	var a, b string
-	if err := seam.QueryRow(ctx, tx, s.q.get("BoundedScanPlanner"), nil, &a, &b); err != nil {
-		return fmt.Errorf("counting the parked messages a search checks: %w", err)
+	if !s.mysql { // MySQL: no planner settings, the check only
+		if err := seam.QueryRow(ctx, tx, s.q.get("BoundedScanPlanner"), nil, &a, &b); err != nil {
+			return fmt.Errorf("counting the parked messages a search checks: %w", err)
+		}
 	}
-	args := []any{f.MaxScan + 1}
-	where, err := parkedWhere(f.Indexed(), nil, &args)
+	where, args, err := s.filterArgs(f.Indexed(), nil, f.MaxScan+1)
 	if err != nil {
 		return err
 	}
@@ -302,6 +376,10 @@ func (s *Store) GetParkedPrefix(ctx context.Context, db wsql.ContextExecutor, co
 	if maxPayload < 0 {
 		return ParkedRow{}, fmt.Errorf("%w: the most bytes of the payload to read is %d: at least 0", parked.ErrInvalid, maxPayload)
 	}
+	if s.mysql { // the prefix's length comes first in the text
+		rs, err := s.queryParked(ctx, db, s.q.get("GetParkedPrefix"), maxPayload, consumer, key)
+		return firstParked(rs, err, consumer, key)
+	}
 	return s.getParked(ctx, db, s.q.get("GetParkedPrefix"), consumer, key, maxPayload)
 }
 
@@ -309,6 +387,12 @@ func (s *Store) GetParkedPrefix(ctx context.Context, db wsql.ContextExecutor, co
 // or GetParkedPrefix (its arguments from $3 in args).
 func (s *Store) getParked(ctx context.Context, db wsql.ContextExecutor, q, consumer, key string, args ...any) (ParkedRow, error) {
 	rs, err := s.queryParked(ctx, db, q, append([]any{consumer, key}, args...)...)
+	return firstParked(rs, err, consumer, key)
+}
+
+// firstParked is getParked's result: the one row of rs, or
+// ErrNoParkedMessage.
+func firstParked(rs []ParkedRow, err error, consumer, key string) (ParkedRow, error) {
 	if err != nil {
 		return ParkedRow{}, err
 	}
@@ -340,7 +424,7 @@ func (s *Store) LockParked(ctx context.Context, tx wsql.Tx, consumer, key string
 	args := []any{consumer, key}
 	where := "true"
 	if f != nil {
-		if where, err = parkedWhere(*f, nil, &args); err != nil {
+		if where, err = s.parkedWhere(*f, nil, &args); err != nil {
 			return ParkedRow{}, err
 		}
 	}
@@ -386,6 +470,9 @@ func (s *Store) LockRecord(ctx context.Context, tx wsql.Tx, consumer, key string
 // whether there was a parked message. Lock the key first (LockParked), so
 // that the record is locked before the message.
 func (s *Store) DiscardTx(ctx context.Context, tx wsql.Tx, consumer, key string) (bool, error) {
+	if s.mysql {
+		return s.discardMySQL(ctx, tx, consumer, key)
+	}
 	var found bool
 	err := seam.QueryRow(ctx, tx, s.q.get("Discard"), []any{consumer, key}, &found)
 	if err != nil {
@@ -441,10 +528,16 @@ func (s *Store) DiscardParkedBatch(ctx context.Context, tx wsql.Tx, f parked.Fil
 	// Without forget, the records that are parked become discarded; with
 	// it, only records that still wait for an operator are deleted: a done
 	// one (its message processed since) or a processing one stays.
-	args := []any{limit}
-	where, err := parkedWhere(f, nil, &args)
+	where, args, err := s.filterArgs(f, nil, limit)
 	if err != nil {
 		return 0, err
+	}
+	if s.mysql {
+		n, err := s.discardParkedBatchMySQL(ctx, tx, where, args, forget)
+		if err != nil {
+			return 0, fmt.Errorf("discarding parked messages: %w", err)
+		}
+		return n, nil
 	}
 	q := s.rt.discardBatch[b2i(forget)].Fill(where)
 	var n int64

@@ -54,7 +54,7 @@ func pgTextArray(ss []string) string {
 
 func TestFindParkedKeysFirstSameAsPlain(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		base := time.Now().UTC().Truncate(time.Second)
 		seedFind(t, b, base)
 		minute := func(n int) time.Time { return base.Add(-time.Duration(n) * time.Minute) }

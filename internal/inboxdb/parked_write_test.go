@@ -82,7 +82,7 @@ func orderMessage(uuid string) *inboxdb.ParkedMessage {
 
 func TestParkKeepsTheMessage(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		t.Run("new key", func(t *testing.T) {
 			msg := orderMessage("u-1")
 			require.NoError(t, b.store.Park(b.ctx, b.db, "c", "k1", "400 invalid phone number", msg))

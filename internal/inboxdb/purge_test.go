@@ -13,20 +13,26 @@ import (
 
 func TestPurge(t *testing.T) {
 	t.Parallel()
-	eachDriverPlain(t, func(t *testing.T, b bundle) {
+	eachEnginePlain(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
 		// Consumer c1: 5,000 old rows (done and failed), 100 recent ones, and
 		// an old row in each status Purge must keep. Consumer c2: 7 old rows.
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status)
-SELECT 'c1', 'old-' || g, CASE WHEN g % 2 = 0 THEN 'done' ELSE 'failed' END FROM generate_series(1, 5000) g`)
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status)
-SELECT 'c1', 'recent-' || g, 'done' FROM generate_series(1, 100) g`)
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status)
-SELECT 'c2', 'old-' || g, 'done' FROM generate_series(1, 7) g`)
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, lease_until) VALUES
-('c1', 'old-processing', 'processing', now() + interval '1 hour'), ('c1', 'old-parked', 'parked', NULL)`)
+		// MariaDB: seq_1_to_N is its Sequence engine's table of 1..N.
+		b.exec(t, "INSERT INTO "+table+b.sql(` (consumer, message_key, status)
+SELECT 'c1', 'old-' || g, CASE WHEN g % 2 = 0 THEN 'done' ELSE 'failed' END FROM generate_series(1, 5000) g`, ` (consumer, message_key, status, first_seen_at)
+SELECT 'c1', CONCAT('old-', seq), IF(seq % 2 = 0, 'done', 'failed'), UTC_TIMESTAMP(6) FROM seq_1_to_5000`))
+		b.exec(t, "INSERT INTO "+table+b.sql(` (consumer, message_key, status)
+SELECT 'c1', 'recent-' || g, 'done' FROM generate_series(1, 100) g`, ` (consumer, message_key, status, first_seen_at)
+SELECT 'c1', CONCAT('recent-', seq), 'done', UTC_TIMESTAMP(6) FROM seq_1_to_100`))
+		b.exec(t, "INSERT INTO "+table+b.sql(` (consumer, message_key, status)
+SELECT 'c2', 'old-' || g, 'done' FROM generate_series(1, 7) g`, ` (consumer, message_key, status, first_seen_at)
+SELECT 'c2', CONCAT('old-', seq), 'done', UTC_TIMESTAMP(6) FROM seq_1_to_7`))
+		b.exec(t, "INSERT INTO "+table+b.sql(` (consumer, message_key, status, lease_until) VALUES
+('c1', 'old-processing', 'processing', now() + interval '1 hour'), ('c1', 'old-parked', 'parked', NULL)`, ` (consumer, message_key, status, lease_until, first_seen_at) VALUES
+('c1', 'old-processing', 'processing', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6)), ('c1', 'old-parked', 'parked', NULL, UTC_TIMESTAMP(6))`))
 		require.Equal(t, int64(5009), b.exec(t, "UPDATE "+table+
-			` SET first_seen_at = now() - interval '48 hours' WHERE message_key LIKE 'old-%'`))
+			b.sql(` SET first_seen_at = now() - interval '48 hours' WHERE message_key LIKE 'old-%'`,
+				` SET first_seen_at = UTC_TIMESTAMP(6) - INTERVAL 48 HOUR WHERE message_key LIKE 'old-%'`)))
 		require.Equal(t, int64(5109), b.count(t, ""))
 
 		opts := inboxdb.PurgeOptions{OlderThan: 24 * time.Hour, Consumer: "c1", BatchSize: 500, MaxBatches: 3}
@@ -67,10 +73,11 @@ SELECT 'c2', 'old-' || g, 'done' FROM generate_series(1, 7) g`)
 
 func TestPurgeSkipsLockedRows(t *testing.T) {
 	t.Parallel()
-	eachDriverPlain(t, func(t *testing.T, b bundle) {
+	eachEnginePlain(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, first_seen_at)
-SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`)
+		b.exec(t, "INSERT INTO "+table+b.sql(` (consumer, message_key, first_seen_at)
+SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`, ` (consumer, message_key, first_seen_at)
+SELECT 'c', CONCAT('k-', seq), UTC_TIMESTAMP(6) - INTERVAL 2 DAY FROM seq_1_to_10`))
 
 		// Another transaction holds a row (a concurrent duplicate claim does).
 		tx := b.begin(t)
@@ -103,9 +110,10 @@ SELECT 'c', 'k-' || g, now() - interval '2 days' FROM generate_series(1, 10) g`)
 
 func TestPurgeOptions(t *testing.T) {
 	t.Parallel()
-	eachDriverPlain(t, func(t *testing.T, b bundle) {
-		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, first_seen_at)
-VALUES ('c', 'k', now() - interval '2 days')`)
+	eachEnginePlain(t, func(t *testing.T, b bundle) {
+		b.exec(t, "INSERT INTO "+b.store.Table()+b.sql(` (consumer, message_key, first_seen_at)
+VALUES ('c', 'k', now() - interval '2 days')`, ` (consumer, message_key, first_seen_at)
+VALUES ('c', 'k', UTC_TIMESTAMP(6) - INTERVAL 2 DAY)`))
 
 		for _, tc := range []struct {
 			opts  inboxdb.PurgeOptions
@@ -128,7 +136,7 @@ VALUES ('c', 'k', now() - interval '2 days')`)
 		require.Zero(t, n)
 
 		var left int64
-		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT count(*) FROM "+b.store.Table(), nil, &left))
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT COUNT(*) FROM "+b.store.Table(), nil, &left))
 		require.Equal(t, int64(1), left, "rejected options delete nothing")
 	})
 }
@@ -138,13 +146,17 @@ VALUES ('c', 'k', now() - interval '2 days')`)
 // finished moments ago is kept; one that finished long ago goes.
 func TestPurgeAgesByFinish(t *testing.T) {
 	t.Parallel()
-	eachDriverPlain(t, func(t *testing.T, b bundle) {
+	eachEnginePlain(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, first_seen_at, processed_at) VALUES
+		b.exec(t, "INSERT INTO "+table+b.sql(` (consumer, message_key, status, first_seen_at, processed_at) VALUES
 ('c', 'seen-long-ago-finished-now', 'done', now() - interval '5 days', now()),
 ('c', 'failed-now', 'failed', now() - interval '5 days', now()),
 ('c', 'finished-long-ago', 'done', now() - interval '5 days', now() - interval '3 days'),
-('c', 'failed-long-ago', 'failed', now() - interval '5 days', now() - interval '3 days')`)
+('c', 'failed-long-ago', 'failed', now() - interval '5 days', now() - interval '3 days')`, ` (consumer, message_key, status, first_seen_at, processed_at) VALUES
+('c', 'seen-long-ago-finished-now', 'done', UTC_TIMESTAMP(6) - INTERVAL 5 DAY, UTC_TIMESTAMP(6)),
+('c', 'failed-now', 'failed', UTC_TIMESTAMP(6) - INTERVAL 5 DAY, UTC_TIMESTAMP(6)),
+('c', 'finished-long-ago', 'done', UTC_TIMESTAMP(6) - INTERVAL 5 DAY, UTC_TIMESTAMP(6) - INTERVAL 3 DAY),
+('c', 'failed-long-ago', 'failed', UTC_TIMESTAMP(6) - INTERVAL 5 DAY, UTC_TIMESTAMP(6) - INTERVAL 3 DAY)`))
 		n, err := b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: 24 * time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n)

@@ -14,7 +14,7 @@ import (
 )
 
 // queryFiles are the store's statements, one directory per dialect
-// (queries/postgres), each with:
+// (queries/postgres, queries/mysql), each with:
 //
 //   - *.sql: the statements of both layouts;
 //   - plain/*.sql: those of the plain layout only (ON CONFLICT on the
@@ -194,6 +194,13 @@ type runTemplates struct {
 	beginFunc, duplicateFunc, rollbackDuplicateFunc sqlexec.Template
 	// The partitioned layout's retention: statements naming a partition.
 	detach, finalize, drop, attach, countKeptAfter, countOpen sqlexec.Template
+	// MySQL's batch claim: the multi-row INSERT (Rows: ClaimBatchRow per
+	// key), the locking read of the batch and the fix of its own records'
+	// counts (Keys: a placeholder per key).
+	claimBatchInsert, claimBatchLock, claimBatchFix sqlexec.Template
+	// MySQL's batch discard and purge steps by key (Pairs: "(?, ?)" per
+	// key).
+	deleteParkedPairs, discardMarkPairs, forgetWaitingPairs, purgeDelete sqlexec.Template
 	// A parked-message filter's statements: [keysFirst][payloads] for the
 	// find, [payload] for the lock, [forget] for the batch discard.
 	findParked                           [2][2]sqlexec.Template
@@ -202,7 +209,7 @@ type runTemplates struct {
 	discardBatch                         [2]sqlexec.Template
 }
 
-func newRunTemplates(q queries, partitioned bool) (runTemplates, error) {
+func newRunTemplates(q queries, partitioned, mysql bool) (runTemplates, error) {
 	var rt runTemplates
 	var err error
 	tm := func(dst *sqlexec.Template, name string, holes ...string) {
@@ -214,7 +221,17 @@ func newRunTemplates(q queries, partitioned bool) (runTemplates, error) {
 			err = fmt.Errorf("statement %s: %w", name, err)
 		}
 	}
-	if partitioned {
+	switch {
+	case mysql:
+		// No pgx fast path, no partitioned layout (refused by sqlschema).
+		tm(&rt.claimBatchInsert, "ClaimBatchInsert", "Rows")
+		tm(&rt.claimBatchLock, "ClaimBatchLock", "Keys")
+		tm(&rt.claimBatchFix, "ClaimBatchFix", "Keys")
+		tm(&rt.deleteParkedPairs, "DeleteParkedPairs", "Pairs")
+		tm(&rt.discardMarkPairs, "DiscardMarkPairs", "Pairs")
+		tm(&rt.forgetWaitingPairs, "ForgetWaitingPairs", "Pairs")
+		tm(&rt.purgeDelete, "PurgeDelete", "Pairs")
+	case partitioned:
 		tm(&rt.beginLock[0], "BeginClaimLock", "Consumer", "Key")
 		tm(&rt.beginLock[1], "BeginClaimLock"+fallbackSuffix, "Consumer", "Key")
 		tm(&rt.beginFunc, "BeginClaimFunc", "Consumer", "Key")
@@ -226,7 +243,7 @@ func newRunTemplates(q queries, partitioned bool) (runTemplates, error) {
 		tm(&rt.attach, "AttachAgain", "Partition", "From", "To")
 		tm(&rt.countKeptAfter, "CountDetachedAfter", "Partition")
 		tm(&rt.countOpen, "CountDetachedOpen", "Partition")
-	} else {
+	default:
 		tm(&rt.beginLiteral, "BeginClaimLiteral", "Consumer", "Key")
 		tm(&rt.prepare, "ClaimPrepare", "Name")
 		tm(&rt.beginExecute, "BeginClaimExecute", "Name", "Consumer", "Key")
@@ -241,7 +258,9 @@ func newRunTemplates(q queries, partitioned bool) (runTemplates, error) {
 	tm(&rt.lockParked[0], "LockParkedMessage", "Where")
 	tm(&rt.lockParked[1], "LockParkedMessagePayload", "Where")
 	tm(&rt.discardBatch[0], "DiscardParkedBatch", "Where")
-	tm(&rt.discardBatch[1], "DiscardForgetParkedBatch", "Where")
+	if !mysql { // MySQL's pick serves both (discardParkedBatchMySQL)
+		tm(&rt.discardBatch[1], "DiscardForgetParkedBatch", "Where")
+	}
 	return rt, err
 }
 
@@ -254,6 +273,6 @@ func b2i(b bool) int {
 }
 
 // Statement returns the text of the store's statement called name (see
-// queries/postgres), rendered for its table set: for tests that check a
+// queries/postgres, queries/mysql), rendered for its table set: for tests that check a
 // statement's plan. It panics for a name no file defines.
 func (s *Store) Statement(name string) string { return s.q.get(name) }

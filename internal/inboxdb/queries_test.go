@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
@@ -152,5 +153,51 @@ func checkAllLayoutsChecked(t *testing.T, layout string, names []string) {
 	}
 	for _, n := range want {
 		require.Contains(t, names, n, layout)
+	}
+}
+
+// TestQueriesPrepareMySQL has MariaDB parse every statement of
+// queries/mysql (PREPARE ... FROM, then DEALLOCATE) in a database migrated
+// for it, on one connection (prepared statements are the session's): a
+// typo in a .sql file fails here, not for a user. The run-time templates'
+// holes are filled with sample text (a filter condition, one row, one key,
+// one pair). ClaimBatchRow is a row of ClaimBatchInsert, checked inside it.
+func TestQueriesPrepareMySQL(t *testing.T) {
+	t.Parallel()
+	db := testenv.MySQLDB(t)
+	tables := testenv.SchemaMySQL(t, wsql.BeginnerFromStdSQL(db))
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+
+	sample := map[string]string{"Where": "p.reason <> ''", "Rows": store.Statement("ClaimBatchRow"), "Keys": "?", "Pairs": "(?, ?)"}
+	names := store.StatementNames()
+	for _, name := range names {
+		if name == "ClaimBatchRow" {
+			continue
+		}
+		parts := strings.Split(store.Statement(name), "\x00")
+		require.Equal(t, 1, len(parts)%2, "%s: an unclosed hole", name)
+		for i := 1; i < len(parts); i += 2 {
+			v, ok := sample[parts[i]]
+			require.True(t, ok, "%s: a hole %q without a sample value", name, parts[i])
+			parts[i] = v
+		}
+		text := strings.Join(parts, "")
+		// PREPARE itself is not preparable: the text travels in a variable.
+		_, err := conn.ExecContext(ctx, "SET @eo_check = ?", text)
+		require.NoError(t, err)
+		_, err = conn.ExecContext(ctx, "PREPARE eo_check FROM @eo_check")
+		require.NoError(t, err, "%s:\n%s", name, text)
+		_, err = conn.ExecContext(ctx, "DEALLOCATE PREPARE eo_check")
+		require.NoError(t, err)
+	}
+	for _, n := range []string{"ClaimInsert", "LockRecord", "Reclaim", "ClaimBatchInsert", "ClaimBatchLock", "ClaimBatchFix",
+		"Lookup", "ForgetRecord", "Release", "Park", "KeepParked", "FindParked", "DiscardParkedBatch", "PurgePick", "PurgeDelete"} {
+		require.Contains(t, names, n)
 	}
 }

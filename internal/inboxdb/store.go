@@ -74,6 +74,10 @@ type Store struct {
 	rt     runTemplates    // the run-time templates among them
 	part   *partitionState // nil: the plain layout
 	prep   *preparedClaim  // the pgx fast path's prepared INSERT (plain layout)
+	// mysql is the MySQL/MariaDB dialect (sqlschema.MySQL): the
+	// statements of queries/mysql, and the Go steps that stand in for
+	// PostgreSQL's RETURNING and data-modifying CTEs.
+	mysql bool
 }
 
 // NewStore returns a Store for cfg's inbox table. The table must exist: run
@@ -87,18 +91,19 @@ func NewStore(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
-	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil)
+	mysql := cfg.Tables.Dialect == sqlschema.MySQL
+	rt, err := newRunTemplates(q, cfg.Tables.Partitions != nil, mysql)
 	if err != nil {
 		return nil, fmt.Errorf("inboxdb: %w", err)
 	}
-	s := &Store{cfg: cfg, table: cfg.Tables.Inbox(),
+	s := &Store{cfg: cfg, table: cfg.Tables.Inbox(), mysql: mysql,
 		parked: cfg.Tables.Dialect.QuoteIdentifier(cfg.Tables.Schema, cfg.Tables.InboxTable+"_parked"), q: q, rt: rt}
 	if p := cfg.Tables.Partitions; p != nil {
 		p := p.WithDefaults()
 		l := inboxpart.Layout{Schema: cfg.Tables.Schema, Table: cfg.Tables.InboxTable,
 			Hourly: p.Interval == sqlschema.Hourly, Ahead: p.Ahead}
 		s.part = &partitionState{layout: l, locks: lockPlan{q: q, rt: rt}}
-	} else {
+	} else if !mysql {
 		s.prep = newPreparedClaim(rt, cfg)
 	}
 	return s, nil

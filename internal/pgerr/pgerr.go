@@ -272,7 +272,7 @@ func CommitRefused(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, pgx.ErrTxCommitRollback) {
+	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, ErrRolledBack) {
 		return true
 	}
 	if me, ok := mysqlError(err); ok {
@@ -280,6 +280,15 @@ func CommitRefused(err error) bool {
 	}
 	return Deterministic(err) || refusedAtCommit[Code(err)]
 }
+
+// ErrRolledBack says that the server had already rolled the transaction
+// back when it was to be committed: on MySQL a deadlock (1213), or a lock
+// wait timeout under innodb_rollback_on_timeout, ends the transaction but
+// not the session, and the statements after it run on their own
+// (autocommit), so a COMMIT then succeeds with nothing of the transaction
+// in it. A commit that finds this is refused: nothing of the transaction
+// committed (CommitRefused).
+var ErrRolledBack = errors.New("the server rolled the transaction back before its COMMIT (a deadlock or a lock wait timeout), nothing of it committed")
 
 // InFailedTransaction reports whether err is PostgreSQL's refusal of a
 // statement in a transaction that an earlier statement aborted (25P02,
