@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -269,7 +270,6 @@ var (
 	_ driver.StmtExecContext    = (*tracedStmt)(nil)
 	_ driver.StmtQueryContext   = (*tracedStmt)(nil)
 	_ driver.NamedValueChecker  = (*tracedStmt)(nil)
-	_ driver.ColumnConverter    = (*tracedStmt)(nil) //nolint:staticcheck // forwarded as the driver offers it
 )
 
 func (c *tracedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -295,7 +295,7 @@ func (c *tracedConn) PrepareContext(ctx context.Context, query string) (driver.S
 func (c *tracedConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	start := time.Now()
 	r, err := c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
-	if err != driver.ErrSkip { //nolint:errorlint // the driver returns the sentinel itself
+	if !errors.Is(err, driver.ErrSkip) { // ErrSkip: database/sql prepares instead
 		c.trace.add(query, time.Since(start))
 	}
 	return r, err
@@ -304,7 +304,7 @@ func (c *tracedConn) ExecContext(ctx context.Context, query string, args []drive
 func (c *tracedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	start := time.Now()
 	r, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
-	if err != driver.ErrSkip { //nolint:errorlint // the driver returns the sentinel itself
+	if !errors.Is(err, driver.ErrSkip) {
 		c.trace.add(query, time.Since(start))
 	}
 	return r, err
@@ -366,11 +366,4 @@ func (s *tracedStmt) CheckNamedValue(nv *driver.NamedValue) error {
 		return c.CheckNamedValue(nv)
 	}
 	return driver.ErrSkip
-}
-
-func (s *tracedStmt) ColumnConverter(idx int) driver.ValueConverter { //nolint:staticcheck // forwarded
-	if c, ok := s.Stmt.(driver.ColumnConverter); ok { //nolint:staticcheck
-		return c.ColumnConverter(idx)
-	}
-	return driver.DefaultParameterConverter
 }
