@@ -15,7 +15,6 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/metrics"
-	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
@@ -42,76 +41,83 @@ func execSQL(t testing.TB, ctx context.Context, query string, args ...any) {
 	require.NoError(t, err)
 }
 
+// seedOutbox inserts rows of topic and ordering key ("" for none) into
+// b's outbox table, as a writer would have (created now).
+func seedOutbox(t testing.TB, b *testenv.Bundle, topic, key string, uuids ...string) {
+	t.Helper()
+	for _, u := range uuids {
+		b.Exec(t, `INSERT INTO `+b.DB.Outbox()+b.SQL(
+			` (topic, uuid, payload, metadata, created_at, ordering_key) VALUES ($1, $2, '{}', '{}', now(), NULLIF($3, ''))`,
+			` (topic, uuid, payload, metadata, created_at, ordering_key) VALUES (?, ?, '{}', '{}', UTC_TIMESTAMP(6), NULLIF(?, ''))`),
+			topic, u, key)
+	}
+}
+
 func TestWatchOutbox(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	m, reg := newMetrics(t, metrics.Config{})
-	require.NoError(t, m.WatchOutbox(db))
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		db := b.DB
+		now := b.SQL("now()", "UTC_TIMESTAMP(6)")
+		ago := func(pg, mysql string) string {
+			return b.SQL("now() - interval '"+pg+"'", "UTC_TIMESTAMP(6) - INTERVAL "+mysql)
+		}
+		m, reg := newMetrics(t, metrics.Config{})
+		require.NoError(t, m.WatchOutbox(db))
 
-	empty := map[string]float64{
-		"exactlyonce_outbox_pending_rows":               0,
-		"exactlyonce_outbox_failing_rows":               0,
-		"exactlyonce_outbox_quarantined_rows":           0,
-		"exactlyonce_outbox_blocked_keys":               0,
-		"exactlyonce_outbox_blocked_rows":               0,
-		"exactlyonce_outbox_oldest_pending_age_seconds": 0,
-		"exactlyonce_outbox_scrape_errors_total":        0,
-	}
-	require.Equal(t, empty, withPrefix(scrape(t, reg), "exactlyonce_outbox_"))
+		empty := map[string]float64{
+			"exactlyonce_outbox_pending_rows":               0,
+			"exactlyonce_outbox_failing_rows":               0,
+			"exactlyonce_outbox_quarantined_rows":           0,
+			"exactlyonce_outbox_blocked_keys":               0,
+			"exactlyonce_outbox_blocked_rows":               0,
+			"exactlyonce_outbox_oldest_pending_age_seconds": 0,
+			"exactlyonce_outbox_scrape_errors_total":        0,
+		}
+		require.Equal(t, empty, withPrefix(scrape(t, reg), "exactlyonce_outbox_"))
 
-	// Four rows: the oldest ten minutes old, one failing, one quarantined
-	// (older still, but not part of the lag).
-	writeOutbox(t, ctx, db, "t", "o-1", "o-2", "o-3", "o-4")
-	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET created_at = now() - interval '10 minutes' WHERE uuid = 'o-1'")
-	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET failures = 2 WHERE uuid = 'o-2'")
-	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET quarantined_at = now(), failures = 5, created_at = now() - interval '1 hour' WHERE uuid = 'o-3'")
-	s := withPrefix(scrape(t, reg), "exactlyonce_outbox_")
-	age := s["exactlyonce_outbox_oldest_pending_age_seconds"]
-	require.GreaterOrEqual(t, age, 600.0)
-	require.Less(t, age, 660.0, "the quarantined row is not the lag")
-	delete(s, "exactlyonce_outbox_oldest_pending_age_seconds")
-	require.Equal(t, map[string]float64{
-		"exactlyonce_outbox_pending_rows":        4,
-		"exactlyonce_outbox_failing_rows":        1,
-		"exactlyonce_outbox_quarantined_rows":    1,
-		"exactlyonce_outbox_blocked_keys":        0,
-		"exactlyonce_outbox_blocked_rows":        0,
-		"exactlyonce_outbox_scrape_errors_total": 0,
-	}, s)
+		// Four rows: the oldest ten minutes old, one failing, one quarantined
+		// (older still, but not part of the lag).
+		seedOutbox(t, b, "t", "", "o-1", "o-2", "o-3", "o-4")
+		b.Exec(t, "UPDATE "+db.Outbox()+" SET created_at = "+ago("10 minutes", "10 MINUTE")+" WHERE uuid = 'o-1'")
+		b.Exec(t, "UPDATE "+db.Outbox()+" SET failures = 2 WHERE uuid = 'o-2'")
+		b.Exec(t, "UPDATE "+db.Outbox()+" SET quarantined_at = "+now+", failures = 5, created_at = "+ago("1 hour", "1 HOUR")+" WHERE uuid = 'o-3'")
+		s := withPrefix(scrape(t, reg), "exactlyonce_outbox_")
+		age := s["exactlyonce_outbox_oldest_pending_age_seconds"]
+		require.GreaterOrEqual(t, age, 600.0)
+		require.Less(t, age, 660.0, "the quarantined row is not the lag")
+		delete(s, "exactlyonce_outbox_oldest_pending_age_seconds")
+		require.Equal(t, map[string]float64{
+			"exactlyonce_outbox_pending_rows":        4,
+			"exactlyonce_outbox_failing_rows":        1,
+			"exactlyonce_outbox_quarantined_rows":    1,
+			"exactlyonce_outbox_blocked_keys":        0,
+			"exactlyonce_outbox_blocked_rows":        0,
+			"exactlyonce_outbox_scrape_errors_total": 0,
+		}, s)
 
-	// Rows of ordering key A behind a quarantined row of A are blocked
-	// (the rows above have no key: they block nothing).
-	tx, err := db.Conn.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	w, err := outbox.NewWriter(db)
-	require.NoError(t, err)
-	pub, err := w.Publisher(tx)
-	require.NoError(t, err)
-	for _, u := range []string{"a-1", "a-2", "a-3"} {
-		require.NoError(t, pub.Publish("t", msgid.SetOrderingKey(message.NewMessage(u, []byte("{}")), "A")))
-	}
-	require.NoError(t, tx.Commit())
-	execSQL(t, ctx, "UPDATE "+db.Outbox()+" SET quarantined_at = now(), failures = 1 WHERE uuid = 'a-1'")
-	s = withPrefix(scrape(t, reg), "exactlyonce_outbox_")
-	require.Equal(t, 7.0, s["exactlyonce_outbox_pending_rows"])
-	require.Equal(t, 2.0, s["exactlyonce_outbox_quarantined_rows"])
-	require.Equal(t, 1.0, s["exactlyonce_outbox_blocked_keys"])
-	require.Equal(t, 2.0, s["exactlyonce_outbox_blocked_rows"], "a-2 and a-3 wait behind a-1")
-	execSQL(t, ctx, "DELETE FROM "+db.Outbox()+" WHERE uuid LIKE 'a-%'")
+		// Rows of ordering key A behind a quarantined row of A are blocked
+		// (the rows above have no key: they block nothing).
+		seedOutbox(t, b, "t", "A", "a-1", "a-2", "a-3")
+		b.Exec(t, "UPDATE "+db.Outbox()+" SET quarantined_at = "+now+", failures = 1 WHERE uuid = 'a-1'")
+		s = withPrefix(scrape(t, reg), "exactlyonce_outbox_")
+		require.Equal(t, 7.0, s["exactlyonce_outbox_pending_rows"])
+		require.Equal(t, 2.0, s["exactlyonce_outbox_quarantined_rows"])
+		require.Equal(t, 1.0, s["exactlyonce_outbox_blocked_keys"])
+		require.Equal(t, 2.0, s["exactlyonce_outbox_blocked_rows"], "a-2 and a-3 wait behind a-1")
+		b.Exec(t, "DELETE FROM "+db.Outbox()+" WHERE uuid LIKE 'a-%'")
 
-	// A query that fails: counted, and no made-up value for the gauges.
-	m2, reg2 := newMetrics(t, metrics.Config{})
-	require.NoError(t, m2.WatchOutbox(sqlschema.DB{Conn: db.Conn, Schema: testenv.Unique(t, "nm_")}))
-	require.Equal(t, map[string]float64{"exactlyonce_outbox_scrape_errors_total": 1}, withPrefix(scrape(t, reg2), "exactlyonce_outbox_"))
-	require.Equal(t, map[string]float64{"exactlyonce_outbox_scrape_errors_total": 2}, withPrefix(scrape(t, reg2), "exactlyonce_outbox_"))
-	// Watching another db replaces it.
-	require.NoError(t, m2.WatchOutbox(db))
-	require.Equal(t, float64(4), scrape(t, reg2)["exactlyonce_outbox_pending_rows"])
+		// A query that fails: counted, and no made-up value for the gauges.
+		m2, reg2 := newMetrics(t, metrics.Config{})
+		require.NoError(t, m2.WatchOutbox(sqlschema.DB{Conn: db.Conn, Dialect: db.Dialect, Schema: testenv.Unique(t, "nm_")}))
+		require.Equal(t, map[string]float64{"exactlyonce_outbox_scrape_errors_total": 1}, withPrefix(scrape(t, reg2), "exactlyonce_outbox_"))
+		require.Equal(t, map[string]float64{"exactlyonce_outbox_scrape_errors_total": 2}, withPrefix(scrape(t, reg2), "exactlyonce_outbox_"))
+		// Watching another db replaces it.
+		require.NoError(t, m2.WatchOutbox(db))
+		require.Equal(t, float64(4), scrape(t, reg2)["exactlyonce_outbox_pending_rows"])
 
-	require.ErrorContains(t, m.WatchOutbox(sqlschema.DB{}), "DB.Conn is nil")
-	require.ErrorContains(t, m.WatchOutbox(sqlschema.DB{Conn: db.Conn, OutboxTable: "no such"}), "DB.OutboxTable")
+		require.ErrorContains(t, m.WatchOutbox(sqlschema.DB{}), "DB.Conn is nil")
+		require.ErrorContains(t, m.WatchOutbox(sqlschema.DB{Conn: db.Conn, Dialect: db.Dialect, OutboxTable: "no such"}), "DB.OutboxTable")
+	})
 }
 
 // flaky is a publisher that refuses the messages of one topic.

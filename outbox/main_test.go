@@ -62,6 +62,34 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	})
 }
 
+// eachEngine runs f once per driver of either engine
+// (testenv.ForEachEngine: PostgreSQL's drivers and MariaDB), each with its
+// own migrated schema (on MySQL, a database).
+func eachEngine(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	testenv.EachEngine(t, func(t *testing.T, tb *testenv.Bundle) {
+		f(t, newBundle(t, tb.Ctx, tb.Driver.DB, tb.DB))
+	})
+}
+
+// mysql is true for a bundle on MySQL/MariaDB.
+func (b bundle) mysql() bool { return b.tables.Dialect == sqlschema.MySQL }
+
+// sql returns pg or mysql: a test's own statement in the bundle's dialect.
+func (b bundle) sql(pg, mysql string) string {
+	if b.mysql() {
+		return mysql
+	}
+	return pg
+}
+
+// count counts the outbox rows db sees (the bundle's driver, or a
+// transaction) with a plain count(*), on either engine.
+func (b bundle) count(t testing.TB, db wsql.ContextExecutor) int64 {
+	t.Helper()
+	return testenv.Count(t, db, "SELECT count(*) FROM "+b.tables.Outbox())
+}
+
 // begin starts a transaction that is rolled back at cleanup if the test did
 // not end it.
 func (b bundle) begin(t testing.TB) wsql.Tx {
@@ -124,7 +152,7 @@ type row struct {
 
 func (b bundle) rows(t testing.TB) []row {
 	t.Helper()
-	rs, err := b.db.QueryContext(b.ctx, "SELECT id, topic, uuid, payload, metadata::text FROM "+b.tables.Outbox()+" ORDER BY id")
+	rs, err := b.db.QueryContext(b.ctx, b.sql("SELECT id, topic, uuid, payload, metadata::text FROM ", "SELECT id, topic, uuid, payload, metadata FROM ")+b.tables.Outbox()+" ORDER BY id")
 	require.NoError(t, err)
 	var out []row
 	for rs.Next() {

@@ -35,13 +35,10 @@ func (b bundle) blockedFigures(t *testing.T) blockedFigures {
 // rowID is the id of the row of this UUID.
 func (b bundle) rowID(t *testing.T, uuid string) int64 {
 	t.Helper()
-	for _, r := range b.rows(t) {
-		if r.UUID == uuid {
-			return r.ID
-		}
-	}
-	require.FailNow(t, "no row of UUID "+uuid)
-	return 0
+	var id int64
+	err := seam.QueryRow(b.ctx, b.db, `SELECT id FROM `+b.tables.Outbox()+b.sql(` WHERE uuid = $1`, ` WHERE uuid = ?`), []any{uuid}, &id)
+	require.NoError(t, err, "the row of UUID %s", uuid)
+	return id
 }
 
 // keyWaiting is what a test reads of a Row: its UUID, ordering key and the
@@ -68,22 +65,28 @@ func keysOf(rows []outbox.Row) []keyWaiting {
 // rows; discarding and requeueing the rows that block unblock their keys.
 func TestPendingStatsBlockedKeys(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		db := b.schema()
-		b.publish(t, "orders",
-			orderedMsg("A-1", "A"), orderedMsg("A-2", "A"), orderedMsg("A-3", "A"), orderedMsg("A-4", "A"),
-			orderedMsg("B-1", "B"), orderedMsg("B-2", "B"), orderedMsg("B-3", "B"),
-			orderedMsg("C-1", "C"), orderedMsg("C-2", "C"),
-			orderedMsg("free-1", ""), orderedMsg("free-2", ""))
+		var rows []seedRow
+		for _, r := range []struct{ uuid, key string }{
+			{"A-1", "A"}, {"A-2", "A"}, {"A-3", "A"}, {"A-4", "A"},
+			{"B-1", "B"}, {"B-2", "B"}, {"B-3", "B"},
+			{"C-1", "C"}, {"C-2", "C"},
+			{"free-1", ""}, {"free-2", ""},
+		} {
+			rows = append(rows, seedRow{Topic: "orders", UUID: r.uuid, Payload: r.uuid, OrderingKey: r.key})
+		}
+		b.seed(t, rows...)
 		require.Equal(t, blockedFigures{}, b.blockedFigures(t), "no failed row: nothing blocked")
 
 		// A-2 and A-4 failing (A-4 waits behind A-2, and is counted as
 		// failing, not blocked); B-1 quarantined; free-1, without a key,
 		// failing: it blocks nothing.
 		out := b.tables.Outbox()
-		b.exec(t, `UPDATE `+out+` SET failures = 2, next_attempt_at = now() + interval '1 hour', last_error = 'broker down'
+		now := b.sql("now()", "UTC_TIMESTAMP(6)")
+		b.exec(t, `UPDATE `+out+` SET failures = 2, next_attempt_at = `+now+b.sql(" + interval '1 hour'", " + INTERVAL 1 HOUR")+`, last_error = 'broker down'
 WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
-		b.exec(t, `UPDATE `+out+` SET failures = 5, attempts = 5, quarantined_at = now(), last_error = 'PRECONDITION_FAILED' WHERE uuid = 'B-1'`)
+		b.exec(t, `UPDATE `+out+` SET failures = 5, attempts = 5, quarantined_at = `+now+`, last_error = 'PRECONDITION_FAILED' WHERE uuid = 'B-1'`)
 		require.Equal(t, blockedFigures{Failing: 3, Quarantined: 1, BlockedKeys: 2, Blocked: 3}, b.blockedFigures(t),
 			"keys A and B blocked; waiting: A-3 (behind A-2), B-2 and B-3 (behind B-1)")
 		p, err := mustStore(t, db).Pending(b.ctx)
@@ -151,7 +154,7 @@ WHERE uuid IN ('A-2', 'A-4', 'free-1')`)
 
 		// A key is a criterion: a discard of a key's quarantined rows is not
 		// a discard of every quarantined row.
-		b.exec(t, `UPDATE `+out+` SET failures = 1, attempts = 1, quarantined_at = now() WHERE uuid IN ('C-1', 'A-4')`)
+		b.exec(t, `UPDATE `+out+` SET failures = 1, attempts = 1, quarantined_at = `+now+` WHERE uuid IN ('C-1', 'A-4')`)
 		require.Equal(t, blockedFigures{Failing: 1, Quarantined: 2, BlockedKeys: 2, Blocked: 1}, b.blockedFigures(t), "C-2 waits behind C-1; A-4 is A's last")
 		n, err = mustStore(t, db).DiscardMatching(b.ctx, outbox.RowFilter{OrderingKey: "C"})
 		require.NoError(t, err)

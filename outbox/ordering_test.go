@@ -161,8 +161,17 @@ func (f *flakyBroker) Publish(_ string, msgs ...*message.Message) error {
 }
 
 // waitingForKey counts the transactions waiting for an ordering key's lock
-// of db's outbox table (the table's lock class: no other test's locks).
+// of db's outbox table (no other test's locks): on PostgreSQL an advisory
+// lock of the table's lock class; on MySQL a session in the statement that
+// upserts rows of the table's key-lock table (which takes no time unless
+// it waits: PROCESSLIST, as MariaDB's INNODB_TRX does not always list a
+// transaction waiting in its first write).
 func waitingForKey(t *testing.T, b bundle) int64 {
+	if b.mysql() {
+		keyLocks := b.tables.Dialect.QuoteIdentifier(b.tables.Schema, b.tables.OutboxTable+"_key_locks")
+		return testenv.Count(t, b.db, `SELECT count(*) FROM information_schema.PROCESSLIST WHERE command = 'Execute' AND info LIKE ?`,
+			"%INSERT INTO "+keyLocks+"%")
+	}
 	return testenv.Count(t, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2
 AND classid::text::bigint = ($1::bigint & 4294967295)`, int64(outbox.LockClass(b.tables)))
 }
@@ -174,7 +183,7 @@ AND classid::text::bigint = ($1::bigint & 4294967295)`, int64(outbox.LockClass(b
 // third transaction gets a smaller id.
 func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		first := b.begin(t)
 		pub1, err := b.w.Publisher(first)
 		require.NoError(t, err)
@@ -218,38 +227,26 @@ func TestOrderingKeyWritersOfOneKeyWait(t *testing.T) {
 	})
 }
 
-// pausingExec is an autocommit executor (a pool) that holds its INSERT
-// until released.
-type pausingExec struct {
-	wsql.ContextExecutor
-	paused, release chan struct{}
-}
-
-func (p pausingExec) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
-	if strings.Contains(q, "INSERT INTO") {
-		close(p.paused)
-		<-p.release
-	}
-	return p.ContextExecutor.ExecContext(ctx, q, args...)
-}
-
 // TestOrderingKeyPublishOutsideTransaction: a Publish outside a
-// transaction (each statement commits on its own) takes the key's lock in
-// the statement that writes the row: when a transaction took the key
-// before that statement, the statement waits for its commit and draws its
-// id after it, so the relay keeps the order of the commits. (The lock was a
+// transaction (the Publisher bound to a pool) holds the key's lock until
+// its row is committed: when a transaction took the key before the
+// Publish's first statement, the Publish waits for its commit and draws
+// its id after it, so the relay keeps the order of the commits. On
+// PostgreSQL the lock is taken in the statement that writes the row (its
+// own autocommit transaction); on MySQL the key-lock statement and the
+// INSERT run in a transaction the Publish begins. (The lock was a
 // statement of its own, whose lock ended before the INSERT: the INSERT
 // went ahead of the open transaction, committed first with the larger id,
 // and the relay published it second.)
 func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
-		auto := pausingExec{ContextExecutor: b.db, paused: make(chan struct{}), release: make(chan struct{})}
+	eachEngine(t, func(t *testing.T, b bundle) {
+		auto := &pausingBeginner{Beginner: b.db, at: 1, reached: make(chan struct{}), release: make(chan struct{})}
 		autoPub, err := b.w.Publisher(auto)
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- autoPub.Publish("orders", keyed("K", 2)) }()
-		<-auto.paused // before its INSERT
+		<-auto.reached // before its first statement
 
 		tx := b.begin(t)
 		txPub, err := b.w.Publisher(tx)
@@ -263,6 +260,9 @@ func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 		require.NoError(t, <-done)
 		require.Equal(t, []string{"K-001", "J-001", "K-002"}, uuidsOf(b.rows(t)))
 
+		if b.mysql() {
+			return // TODO(issue 31): relay on MySQL once its relay is merged (wt-relay)
+		}
 		log := newAcceptLog()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(2, 2))},
 			Logger: watermill.NopLogger{}})
@@ -277,7 +277,7 @@ func TestOrderingKeyPublishOutsideTransaction(t *testing.T) {
 // the waiting one go on; nothing of the first is relayed.
 func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		first := b.begin(t)
 		pub1, err := b.w.Publisher(first)
 		require.NoError(t, err)
@@ -310,7 +310,7 @@ func TestOrderingKeyRolledBackWriterFreesKey(t *testing.T) {
 // anything is written.
 func TestOrderingKeyTooLong(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		tx := b.begin(t)
 		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -13,13 +12,15 @@ import (
 
 func TestPendingStats(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		p, err := mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, outbox.Pending{}, p, "an empty outbox has no count, no oldest row and no age")
 
-		b.publish(t, "t", message.NewMessage("p-1", nil), message.NewMessage("p-2", nil), message.NewMessage("p-3", nil))
-		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET created_at = now() - interval '90 seconds' WHERE uuid = 'p-2'"))
+		b.seed(t, seedRow{Topic: "t", UUID: "p-1"}, seedRow{Topic: "t", UUID: "p-2"}, seedRow{Topic: "t", UUID: "p-3"})
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(
+			" SET created_at = now() - interval '90 seconds' WHERE uuid = 'p-2'",
+			" SET created_at = UTC_TIMESTAMP(6) - INTERVAL 90 SECOND WHERE uuid = 'p-2'")))
 
 		before := time.Now()
 		p, err = mustStore(t, b.schema()).Pending(b.ctx)
@@ -32,7 +33,9 @@ func TestPendingStats(t *testing.T) {
 
 		// A quarantined row counts, but not in the lag of the live stream; a
 		// row retrying after failures is failing.
-		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET quarantined_at = now(), failures = 7 WHERE uuid = 'p-2'"))
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(
+			" SET quarantined_at = now(), failures = 7 WHERE uuid = 'p-2'",
+			" SET quarantined_at = UTC_TIMESTAMP(6), failures = 7 WHERE uuid = 'p-2'")))
 		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 2 WHERE uuid = 'p-3'"))
 		p, err = mustStore(t, b.schema()).Pending(b.ctx)
 		require.NoError(t, err)
@@ -44,20 +47,24 @@ func TestPendingStats(t *testing.T) {
 
 		// A transaction sees its own uncommitted rows; others do not.
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
-		require.NoError(t, err)
-		require.NoError(t, pub.Publish("t", message.NewMessage("p-4", nil)))
+		b.seedIn(t, tx, seedRow{Topic: "t", UUID: "p-4"})
 		require.Equal(t, int64(4), b.pending(t, tx))
 		require.Equal(t, int64(3), b.pending(t, b.db))
 		require.NoError(t, tx.Rollback())
 
-		_, err = outbox.NewStore(sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "no-such table"})
+		bad := b.schema()
+		bad.OutboxTable = "no-such table"
+		_, err = outbox.NewStore(bad)
 		require.ErrorContains(t, err, "invalid SQL identifier")
 		require.ErrorContains(t, err, "DB.OutboxTable")
-		_, err = mustStore(t, sqlschema.DB{Conn: b.db, Schema: b.tables.Schema, OutboxTable: "missing"}).Pending(b.ctx)
+		missing := b.schema()
+		missing.OutboxTable = "missing"
+		_, err = mustStore(t, missing).Pending(b.ctx)
 		require.Error(t, err, "a missing table is an error, not an empty outbox")
 		require.ErrorIs(t, err, sqlschema.ErrNotMigrated)
-		_, err = outbox.NewStore(sqlschema.DB{Schema: b.tables.Schema})
+		noConn := b.schema()
+		noConn.Conn = nil
+		_, err = outbox.NewStore(noConn)
 		require.ErrorContains(t, err, "DB.Conn is nil")
 	})
 }

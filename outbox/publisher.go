@@ -44,7 +44,10 @@ func NewWriter(db sqlschema.DB) (*Writer, error) {
 // transaction (wsql.BeginnerFromPgx(pool), wsql.BeginnerFromStdSQL(db)),
 // each Publish is a transaction of its own, however many messages it
 // writes, and the atomicity with your other writes is gone; any other
-// executor is taken for a transaction, whose commit is the caller's.
+// executor is taken for a transaction, whose commit is the caller's. On
+// MySQL such an executor must be in a transaction when the messages have
+// ordering keys: a key's lock is a statement of its own there, which an
+// autocommit session would release before the rows are written.
 func (w *Writer) Publisher(tx wsql.ContextExecutor) (*Publisher, error) {
 	if tx == nil {
 		return nil, errors.New("outbox: Writer.Publisher: tx is nil")
@@ -89,13 +92,24 @@ var _ message.Publisher = (*Publisher)(nil)
 // byte for byte), so a bad one leaves the transaction as it was. The SQL
 // runs with the first message's context.
 //
-// A write may also send a NOTIFY on the table's channel (at most one per
-// 10 ms among the Publishers of a Writer; see RelayConfig.ListenConnString),
-// which PostgreSQL delivers to listening Relays when the transaction
-// commits. A write that failed sent none and leaves the debounce as it
-// was; once one was sent, the later writes of the Publisher repeat it
-// (PostgreSQL delivers one per transaction), so a ROLLBACK TO SAVEPOINT
-// that discarded it does not leave the transaction without one.
+// On MySQL (sqlschema.MySQL) a key's lock is its row in the outbox's
+// table of key locks (<outbox>_key_locks, a row per 16-bit hash of keys),
+// which Publish upserts, in one order, in a statement before the INSERT;
+// InnoDB holds the row's lock until the transaction ends, as PostgreSQL
+// holds the advisory lock. Outside a transaction, a Publish with ordering
+// keys is then a transaction that Publish begins and commits (READ
+// COMMITTED), whatever its size. An INSERT there also takes at most 4 MiB
+// of payloads and metadata (a statement is bounded by the server's
+// max_allowed_packet).
+//
+// On PostgreSQL a write may also send a NOTIFY on the table's channel (at
+// most one per 10 ms among the Publishers of a Writer; see
+// RelayConfig.ListenConnString), which PostgreSQL delivers to listening
+// Relays when the transaction commits. A write that failed sent none and
+// leaves the debounce as it was; once one was sent, the later writes of
+// the Publisher repeat it (PostgreSQL delivers one per transaction), so a
+// ROLLBACK TO SAVEPOINT that discarded it does not leave the transaction
+// without one. MySQL has no NOTIFY: the writes send nothing.
 //
 // Publish is not safe for concurrent use (neither is the transaction).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
-	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -24,7 +23,7 @@ import (
 
 func TestPublisherWritesRowsExactly(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		m1 := message.NewMessage("0f8fad5b-d9cb-469f-a165-70867728950e", []byte(`{"order":42}`))
 		m1.Metadata.Set("tenant", "acme")
 		m1.Metadata.Set("trace", `quote " and ünïcode ✓`)
@@ -37,8 +36,8 @@ func TestPublisherWritesRowsExactly(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("orders.confirmed", m1, m2))
 		require.NoError(t, pub.Publish("audit", m3))
-		require.Equal(t, int64(3), b.pending(t, tx), "the transaction sees its own rows")
-		require.Zero(t, b.pending(t, b.db), "nothing is visible before commit")
+		require.Equal(t, int64(3), b.count(t, tx), "the transaction sees its own rows")
+		require.Zero(t, b.count(t, b.db), "nothing is visible before commit")
 		require.NoError(t, tx.Commit())
 
 		rows := b.rows(t)
@@ -55,7 +54,7 @@ func TestPublisherWritesRowsExactly(t *testing.T) {
 
 		require.Equal(t, "orders.confirmed", rows[1].Topic)
 		require.Equal(t, "order-42-binary", rows[1].UUID)
-		require.Equal(t, []byte{0x00, 0xff, 0x10, '\'', 0x00}, rows[1].Payload, "bytea keeps binary payloads")
+		require.Equal(t, []byte{0x00, 0xff, 0x10, '\'', 0x00}, rows[1].Payload, "bytea (LONGBLOB) keeps binary payloads")
 		require.JSONEq(t, `{}`, rows[1].Metadata, "nil metadata is stored as an empty object")
 
 		require.Equal(t, "audit", rows[2].Topic)
@@ -67,14 +66,14 @@ func TestPublisherWritesRowsExactly(t *testing.T) {
 
 func TestPublisherRollback(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		tx := b.begin(t)
 		pub, err := b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("t", message.NewMessage("a", []byte("1")), message.NewMessage("b", []byte("2"))))
-		require.Equal(t, int64(2), b.pending(t, tx))
+		require.Equal(t, int64(2), b.count(t, tx))
 		require.NoError(t, tx.Rollback())
-		require.Zero(t, b.pending(t, b.db), "a rolled-back transaction leaves no outbox row")
+		require.Zero(t, b.count(t, b.db), "a rolled-back transaction leaves no outbox row")
 		require.Empty(t, b.rows(t))
 	})
 }
@@ -93,7 +92,7 @@ func TestPublisherErrors(t *testing.T) {
 	require.Contains(t, err.Error(), "outbox: NewWriter")
 	require.Contains(t, err.Error(), "DB.OutboxTable")
 
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 
 		tx := b.begin(t)
 		pub, err := b.w.Publisher(tx)
@@ -138,13 +137,13 @@ func TestPublisherErrors(t *testing.T) {
 		require.NoError(t, pub.Close())
 		require.ErrorIs(t, pub.Publish("t", message.NewMessage("closed", nil)), wsql.ErrPublisherClosed)
 		require.NoError(t, tx.Commit(), "Close does not touch the transaction")
-		require.Equal(t, int64(2), b.pending(t, b.db))
+		require.Equal(t, int64(2), b.count(t, b.db))
 	})
 }
 
 func TestPublisherChunksLargeBatches(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const n = 2500 // more than the 1000 messages one INSERT takes
 		msgs := make([]*message.Message, n)
 		for i := range msgs {
@@ -170,7 +169,7 @@ func TestPublisherChunksLargeBatches(t *testing.T) {
 		msgs[1500] = message.NewMessage("", nil)
 		require.ErrorContains(t, pub.Publish("bulk", msgs...), "message 1500 has an empty UUID")
 		require.NoError(t, tx.Commit())
-		require.Equal(t, int64(n), b.pending(t, b.db), "nothing of the failed call was written")
+		require.Equal(t, int64(n), b.count(t, b.db), "nothing of the failed call was written")
 	})
 }
 
@@ -182,7 +181,7 @@ func TestPublisherChunksLargeBatches(t *testing.T) {
 // caller's commit.
 func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		// A row the table refuses, written only by the third statement.
 		b.exec(t, `ALTER TABLE `+b.tables.Outbox()+` ADD CONSTRAINT refuses_poison CHECK (uuid <> 'poison')`)
 		const n = 2500
@@ -195,7 +194,7 @@ func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 		pub, err := b.w.Publisher(b.db)
 		require.NoError(t, err)
 		require.ErrorContains(t, pub.Publish("bulk", msgs...), "refuses_poison")
-		require.Zero(t, b.pending(t, b.db), "the failed Publish left none of its 2,500 rows, although its first two INSERTs succeeded")
+		require.Zero(t, b.count(t, b.db), "the failed Publish left none of its 2,500 rows, although its first two INSERTs succeeded")
 
 		msgs = msgs[:n-1]
 		require.NoError(t, pub.Publish("bulk", msgs...))
@@ -212,10 +211,10 @@ func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 		pub, err = b.w.Publisher(tx)
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("bulk", msgs...))
-		require.Equal(t, int64(n-1), b.pending(t, tx), "the transaction sees its rows")
-		require.Zero(t, b.pending(t, b.db), "Publish in the caller's transaction commits nothing of its own")
+		require.Equal(t, int64(n-1), b.count(t, tx), "the transaction sees its rows")
+		require.Zero(t, b.count(t, b.db), "Publish in the caller's transaction commits nothing of its own")
 		require.NoError(t, tx.Commit())
-		require.Equal(t, int64(n-1), b.pending(t, b.db))
+		require.Equal(t, int64(n-1), b.count(t, b.db))
 	})
 }
 
@@ -227,13 +226,18 @@ func TestPublisherOutsideTransactionIsOneTransaction(t *testing.T) {
 // waits for the key's lock, or has committed (which it must not).
 func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const n = 2000
 		big := make([]*message.Message, n)
 		for i := range big {
 			big[i] = msgid.SetOrderingKey(message.NewMessage(fmt.Sprintf("K-%04d", i), nil), "K")
 		}
+		// Stop before the second INSERT: on MySQL the second statement of
+		// each INSERT's pair (key locks, INSERT).
 		gate := &pausingBeginner{Beginner: b.db, at: 2, reached: make(chan struct{}), release: make(chan struct{})}
+		if b.mysql() {
+			gate.at = 3
+		}
 		bigDone := make(chan error, 1)
 		go func() {
 			pub, err := b.w.Publisher(gate)
@@ -258,15 +262,7 @@ func TestPublisherOutsideTransactionHoldsKeysToCommit(t *testing.T) {
 		}()
 		// Either the second writer waits for a key lock of this table (as
 		// it must), or it got in and committed (the bug).
-		class := int64(uint32(outbox.LockClass(b.tables))) // pg_locks shows the int4 as an oid
-		waiting := func() bool {
-			var n int64
-			err := seam.QueryRow(b.ctx, b.db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid AND objsubid = 2`, []any{class}, &n)
-			if err != nil {
-				t.Errorf("reading pg_locks: %v", err)
-			}
-			return n > 0
-		}
+		waiting := func() bool { return waitingForKey(t, b) > 0 }
 		testenv.Eventually(t, 20*time.Second, func() bool { return len(secondDone) > 0 || waiting() },
 			"the second writer of K either waits for the large Publish or is done")
 		close(gate.release)

@@ -2,8 +2,8 @@
 // outbox runs (the writers' INSERT and NOTIFY, the relay's batch, its
 // failures and its LISTEN session, the operator's reads and actions on
 // rows, the backlog's statistics), each a method with typed parameters and
-// results. The statements live in queries/postgres/*.sql, rendered once
-// per table set by New (internal/sqlfile); values always travel as
+// results. The statements live in queries/<dialect>/*.sql (postgres,
+// mysql), rendered once per table set by New (internal/sqlfile); values always travel as
 // parameters, so each operation is one statement whatever its arguments
 // (a batch's size, a filter's fields).
 //
@@ -16,6 +16,7 @@ import (
 	"embed"
 	"fmt"
 	"strings"
+	"text/template"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
@@ -35,15 +36,31 @@ const migrationsTable = "watermill_exactlyonce_migrations"
 
 // Store runs the statements of one outbox table.
 type Store struct {
-	st    sqlfile.Statements
-	rows  map[string]sqlfile.Statements // rows/*.sql, by the filter's state
-	table string                        // quoted and schema-qualified
+	dialect sqlschema.Dialect
+	st      sqlfile.Statements
+	rows    map[string]sqlfile.Statements // rows/*.sql, by the filter's state
+	table   string                        // quoted and schema-qualified
+	// db names the table set (defaults applied): its dialect, and the
+	// unquoted names the catalog queries take.
+	db sqlschema.DB
+	// perCount are the statements rendered per call for its number of
+	// rows (MySQL's Insert and LockKeys: write.sql), by name; data is
+	// what they are rendered with.
+	perCount map[string]*template.Template
+	data     tables
 }
 
 // tables is what the statements are rendered with.
 type tables struct {
 	// Outbox is the outbox table, quoted and schema-qualified.
 	Outbox string
+	// OutboxKeyLocks is MySQL's table of the ordering keys' locks
+	// (<outbox>_key_locks), quoted and schema-qualified.
+	OutboxKeyLocks string
+	// Rows is the number of rows of a statement whose VALUES list has one
+	// tuple per row (MySQL's Insert and LockKeys): 1 when New renders it,
+	// the call's when Store.Insert does.
+	Rows int
 	// Channel is the table's NOTIFY channel as an SQL string literal;
 	// ChannelIdent as an identifier (LISTEN's).
 	Channel, ChannelIdent string
@@ -62,9 +79,12 @@ func New(db sqlschema.DB) (*Store, error) {
 	if err := db.Validate(); err != nil {
 		return nil, err
 	}
+	db = db.WithDefaults()
 	channel := outboxnotify.Channel(db)
 	data := tables{
 		Outbox:            db.Outbox(),
+		OutboxKeyLocks:    db.Dialect.QuoteIdentifier(db.Schema, db.OutboxTable+keyLocksSuffix),
+		Rows:              1,
 		Channel:           "'" + strings.ReplaceAll(channel, "'", "''") + "'",
 		ChannelIdent:      db.Dialect.QuoteIdentifier(channel),
 		ListenerLockClass: outboxnotify.ListenerLockClass,
@@ -74,7 +94,10 @@ func New(db sqlschema.DB) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox}
+	s := &Store{dialect: db.Dialect, st: st, rows: map[string]sqlfile.Statements{}, table: data.Outbox, db: db, data: data}
+	if s.perCount, err = parsePerCount(dir(db.Dialect)); err != nil {
+		return nil, err
+	}
 	for _, state := range []string{StateQuarantined, StateFailing, StateAll} {
 		data.State = state
 		if data.RowFilter, err = include(dir(db.Dialect), "row_filter.sql", "RowFilter", data); err != nil {

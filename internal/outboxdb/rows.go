@@ -3,11 +3,13 @@ package outboxdb
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // The states of Filter.State.
@@ -33,20 +35,35 @@ type Filter struct {
 	AsOf              time.Time
 }
 
-// args are the filter's parameters, $1 to $10 of the statements of
-// rows/*.sql (include/row_filter.sql): NULL for a field not set.
-func (f Filter) args() []any {
+// args are the filter's parameters in dialect d: on PostgreSQL $1 to $10
+// of the statements of rows/*.sql (include/row_filter.sql), NULL for a
+// field not set; on MySQL, whose `?` cannot be named twice, the same ten
+// values each twice in a row (the NULL test and the condition), the ids as
+// a JSON array.
+func (f Filter) args(d sqlschema.Dialect) []any {
 	var ids any
 	if len(f.IDs) > 0 {
 		ids = f.IDs
+		if d == sqlschema.MySQL {
+			js, _ := json.Marshal(f.IDs) // a slice of integers always encodes
+			ids = string(js)
+		}
 	}
 	var metadata any
 	if len(f.Metadata) > 0 {
 		js, _ := json.Marshal(f.Metadata) // a map of strings always encodes
 		metadata = string(js)
 	}
-	return []any{ids, text(f.Topic), text(f.UUID), text(f.Reason), text(f.OrderingKey),
+	args := []any{ids, text(f.Topic), text(f.UUID), text(f.Reason), text(f.OrderingKey),
 		stamp(f.QuarantinedSince), stamp(f.QuarantinedBefore), metadata, positive(f.MaxID), stamp(f.AsOf)}
+	if d != sqlschema.MySQL {
+		return args
+	}
+	twice := make([]any, 0, 2*len(args))
+	for _, a := range args {
+		twice = append(twice, a, a)
+	}
+	return twice
 }
 
 // query is the statement called name of f's state.
@@ -65,17 +82,20 @@ func (s *Store) query(name string, f Filter) string {
 // FindRowsQuery is FindRows' statement for f and its arguments (the plan
 // tests EXPLAIN it).
 func (s *Store) FindRowsQuery(f Filter, after int64, limit int) (string, []any) {
-	return s.query("FindRows", f), append(f.args(), after, limit)
+	return s.query("FindRows", f), append(f.args(s.dialect), after, limit)
 }
 
 // CountRowsQuery is CountRows' statement for f and its arguments (the plan
 // tests EXPLAIN it).
 func (s *Store) CountRowsQuery(f Filter, limit int) (string, []any) {
 	var bound any
-	if limit > 0 {
+	switch {
+	case limit > 0:
 		bound = limit
+	case s.dialect == sqlschema.MySQL:
+		bound = int64(math.MaxInt64) // MySQL has no LIMIT NULL
 	}
-	return s.query("CountRows", f), append(f.args(), bound)
+	return s.query("CountRows", f), append(f.args(s.dialect), bound)
 }
 
 func text(s string) any {
@@ -155,7 +175,11 @@ func (s *Store) GetRow(ctx context.Context, q wsql.ContextExecutor, id int64, ma
 	if maxPayload >= 0 {
 		prefix = maxPayload
 	}
-	rs, err := q.QueryContext(ctx, s.st.Get("GetRow"), id, prefix)
+	args := []any{id, prefix}
+	if s.dialect == sqlschema.MySQL {
+		args = []any{prefix, prefix, id}
+	}
+	rs, err := q.QueryContext(ctx, s.st.Get("GetRow"), args...)
 	if err != nil {
 		return Row{}, false, err
 	}
@@ -185,18 +209,29 @@ func (s *Store) Now(ctx context.Context, q wsql.ContextExecutor) (time.Time, err
 }
 
 // BoundedScan prepares tx, a read-only transaction, for a read of f whose
-// Reason no index serves: it turns sequential scans and JIT off, counts
-// (up to limit) the rows f's other conditions select on the indexes, and
-// then turns index scans off, so that the read after it goes through the
-// indexes' bitmaps. It returns the count.
+// Reason no index serves, and returns the number of rows (up to limit)
+// f's other conditions select, counted in tx's snapshot. On PostgreSQL it
+// turns sequential scans and JIT off, counts on the indexes, and then
+// turns index scans off, so that the read after it goes through the
+// indexes' bitmaps. MySQL has no such per-transaction planner settings
+// (nor a row bound of a statement; MariaDB's max_statement_time bounds its
+// time, not its rows, and MySQL 8 names it otherwise): the count is the
+// whole of it there. Its bound holds all the same: the optimizer estimates
+// the indexed conditions with index dives on the statement's own values,
+// and a read that the count just proved selects at most limit rows on
+// them takes those indexes.
 func (s *Store) BoundedScan(ctx context.Context, tx wsql.ContextExecutor, f Filter, limit int) (int64, error) {
+	f.Reason = ""
+	var n int64
+	if s.dialect == sqlschema.MySQL {
+		err := seam.QueryRow(ctx, tx, s.query("BoundedScanCount", f), append(f.args(s.dialect), limit), &n)
+		return n, err
+	}
 	var a, b string
 	if err := seam.QueryRow(ctx, tx, s.st.Get("BoundedScanSettings"), nil, &a, &b); err != nil {
 		return 0, err
 	}
-	f.Reason = ""
-	var n int64
-	err := seam.QueryRow(ctx, tx, s.query("BoundedScanCount", f), append(f.args(), limit), &n, &a)
+	err := seam.QueryRow(ctx, tx, s.query("BoundedScanCount", f), append(f.args(s.dialect), limit), &n, &a)
 	return n, err
 }
 
@@ -208,7 +243,10 @@ func (s *Store) LockRow(ctx context.Context, tx wsql.ContextExecutor, id int64) 
 }
 
 // RequeueRow clears the failure record of the quarantined row id, waking
-// the relays (at commit), and returns the number of rows changed.
+// the relays (at commit; on MySQL, which has no NOTIFY, their next poll
+// finds it), and returns the number of rows changed. On MySQL tx must
+// hold the row's lock (LockRow): the row then changes whenever it is
+// quarantined, and rows affected counts it.
 func (s *Store) RequeueRow(ctx context.Context, tx wsql.ContextExecutor, id int64) (int64, error) {
 	return s.actOnRow(ctx, tx, "RequeueRow", id)
 }
@@ -220,6 +258,9 @@ func (s *Store) DiscardRow(ctx context.Context, tx wsql.ContextExecutor, id int6
 }
 
 func (s *Store) actOnRow(ctx context.Context, tx wsql.ContextExecutor, name string, id int64) (int64, error) {
+	if s.dialect == sqlschema.MySQL {
+		return seam.Exec(ctx, tx, s.st.Get(name), id)
+	}
 	var n int64
 	var ignored bool
 	err := seam.QueryRow(ctx, tx, s.st.Get(name), []any{id}, &n, &ignored)
@@ -235,7 +276,10 @@ type Matched struct {
 
 // RequeueMatching clears the failure records of at most limit rows f
 // selects with ids above after, in id order, skipping the rows another
-// transaction holds, and wakes the relays when it changed one.
+// transaction holds, and wakes the relays when it changed one. On
+// PostgreSQL it is one statement, and q may be a pool; on MySQL two (lock
+// the rows, then change them), and q must be a transaction (NeedsTx),
+// which the caller commits.
 func (s *Store) RequeueMatching(ctx context.Context, q wsql.ContextExecutor, f Filter, after int64, limit int) (Matched, error) {
 	return s.actOnMatching(ctx, q, "RequeueMatching", f, after, limit)
 }
@@ -247,7 +291,48 @@ func (s *Store) DiscardMatching(ctx context.Context, q wsql.ContextExecutor, f F
 
 func (s *Store) actOnMatching(ctx context.Context, q wsql.ContextExecutor, name string, f Filter, after int64, limit int) (Matched, error) {
 	var m Matched
+	if s.dialect == sqlschema.MySQL {
+		return s.actOnMatchingMySQL(ctx, q, name, f, after, limit)
+	}
 	var ignored bool
-	err := seam.QueryRow(ctx, q, s.query(name, f), append(f.args(), after, limit), &m.Acted, &m.Picked, &m.Last, &ignored)
+	err := seam.QueryRow(ctx, q, s.query(name, f), append(f.args(s.dialect), after, limit), &m.Acted, &m.Picked, &m.Last, &ignored)
 	return m, err
 }
+
+// actOnMatchingMySQL is actOnMatching in the transaction tx: it locks the
+// batch's rows (PickMatching, skipping the rows other transactions hold),
+// then requeues or deletes exactly those (RequeuePicked, DiscardPicked),
+// which nobody else can change meanwhile: each changes, and rows affected
+// counts them.
+func (s *Store) actOnMatchingMySQL(ctx context.Context, tx wsql.ContextExecutor, name string, f Filter, after int64, limit int) (Matched, error) {
+	var m Matched
+	rs, err := tx.QueryContext(ctx, s.query("PickMatching", f), append(f.args(s.dialect), after, limit)...)
+	if err != nil {
+		return m, err
+	}
+	var ids []int64
+	for rs.Next() {
+		var id int64
+		if err := rs.Scan(&id); err != nil {
+			_ = rs.Close()
+			return m, err
+		}
+		ids = append(ids, id)
+	}
+	if err := seam.Close(rs); err != nil {
+		return m, err
+	}
+	if len(ids) == 0 {
+		return m, nil
+	}
+	m.Picked, m.Last = int64(len(ids)), ids[len(ids)-1] // in id order
+	js, _ := json.Marshal(ids)                          // a slice of integers always encodes
+	picked := map[string]string{"RequeueMatching": "RequeuePicked", "DiscardMatching": "DiscardPicked"}[name]
+	m.Acted, err = seam.Exec(ctx, tx, s.st.Get(picked), string(js))
+	return m, err
+}
+
+// NeedsTx reports whether RequeueMatching and DiscardMatching must run in
+// a transaction the caller begins and commits (MySQL), rather than on any
+// executor (PostgreSQL: one statement).
+func (s *Store) NeedsTx() bool { return s.dialect == sqlschema.MySQL }

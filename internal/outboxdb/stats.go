@@ -2,11 +2,13 @@ package outboxdb
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // Pending is the backlog as stats.sql's Pending reads it.
@@ -57,7 +59,11 @@ type PendingRow struct {
 // PendingRows returns the oldest limit rows: all of them when state is
 // "", else the rows of StateQuarantined or StateFailing.
 func (s *Store) PendingRows(ctx context.Context, q wsql.ContextExecutor, state string, limit int) ([]PendingRow, error) {
-	rows, err := q.QueryContext(ctx, s.st.Get("PendingRows"), state, limit)
+	args := []any{state, limit}
+	if s.dialect == sqlschema.MySQL {
+		args = []any{state, state, state, limit} // `?` is named once
+	}
+	rows, err := q.QueryContext(ctx, s.st.Get("PendingRows"), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -87,8 +93,13 @@ type Session struct {
 }
 
 // Relays lists the sessions that hold a relay's LISTEN lock or row locks
-// on the outbox table, at most 1000.
+// on the outbox table, at most 1000. Where the dialect has no Relays
+// statement (MySQL: no LISTEN, no advisory lock to find a relay by), it
+// returns sqlschema.ErrUnsupported.
 func (s *Store) Relays(ctx context.Context, q wsql.ContextExecutor) ([]Session, error) {
+	if !slices.Contains(s.st.Names(), "Relays") {
+		return nil, sqlschema.ErrUnsupported
+	}
 	rows, err := q.QueryContext(ctx, s.st.Get("Relays"), s.table)
 	if err != nil {
 		return nil, err

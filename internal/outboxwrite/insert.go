@@ -24,7 +24,8 @@ const MaxOrderingKeyBytes = 1024
 // order, and only then draws the rows' ids, in the order of messages. One
 // statement, so that a Publish outside a transaction (its own autocommit
 // transaction) holds the locks until its rows are committed, like one
-// inside.
+// inside. On MySQL lock holds the key-lock buckets (lockBuckets), taken by
+// a statement before the INSERT, and Publish runs both in a transaction.
 func insertRows(lockClass int32, topic string, messages []*message.Message, lock []int32) (outboxdb.Insert, error) {
 	if len(messages) == 0 {
 		return outboxdb.Insert{}, errors.New("outbox: no messages to insert")
@@ -97,6 +98,32 @@ func lockHashes(messages []*message.Message) []int32 {
 	}
 	slices.Sort(hashes)
 	return slices.Compact(hashes)
+}
+
+// lockBuckets returns the MySQL key-lock buckets of the lock hashes of
+// lockHashes, sorted and distinct: the rows of the outbox's table of key
+// locks (<outbox>_key_locks) that a writer upserts, in this order, before
+// it inserts its messages (outboxdb's LockKeys), as PostgreSQL's writer
+// takes the advisory locks (class, hash). A bucket is the hash folded to
+// 16 bits (0 to 65535), which bounds the table to 65,536 small rows; two
+// keys of one bucket only make their writers wait for each other.
+func lockBuckets(hashes []int32) []int32 {
+	if len(hashes) == 0 {
+		return nil
+	}
+	out := make([]int32, len(hashes))
+	for i, h := range hashes {
+		out[i] = bucket(h)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// bucket folds a key's lock hash to 16 bits (the high half xored into the
+// low one, so that every bit of the hash counts).
+func bucket(h int32) int32 {
+	u := uint32(h)
+	return int32((u ^ u>>16) & 0xffff) //nolint:gosec // 16 bits: always fits
 }
 
 // LockClass is the first value of the advisory locks of the ordering keys

@@ -1,6 +1,7 @@
 package outboxwrite
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -67,4 +68,45 @@ func TestCheckOrderingKeys(t *testing.T) {
 	require.NoError(t, checkOrderingKeys([]*message.Message{keyed("a", strings.Repeat("k", MaxOrderingKeyBytes))}))
 	require.ErrorContains(t, checkOrderingKeys([]*message.Message{keyed("a", strings.Repeat("k", MaxOrderingKeyBytes+1))}),
 		`message "a": its ordering key is 1025 bytes, the most is 1024`)
+}
+
+// MySQL's key locks are rows of 16-bit buckets of the keys' hashes, sorted
+// and distinct (two writers of the same keys upsert them in one order: no
+// deadlock); none without keys. The keys of the lock tests have
+// different buckets.
+func TestLockBuckets(t *testing.T) {
+	t.Parallel()
+	require.Nil(t, lockBuckets(nil))
+	hashes := lockHashes([]*message.Message{keyed("a", "K"), keyed("b", "L"), keyed("c", "K"), keyed("d", "M")})
+	b := lockBuckets(hashes)
+	require.Len(t, b, 3)
+	require.True(t, slices.IsSorted(b))
+	for _, x := range b {
+		require.GreaterOrEqual(t, x, int32(0))
+		require.LessOrEqual(t, x, int32(0xffff))
+	}
+	require.Equal(t, []int32{5}, lockBuckets([]int32{5, 5}))
+	require.Equal(t, bucket(hash32("K")), lockBuckets(lockHashes([]*message.Message{keyed("a", "K")}))[0])
+	require.Equal(t, int32(0x1234^0xabcd), bucket(int32(0x1234abcd)), "the high half is folded into the low one")
+	require.Equal(t, int32(0xffff), bucket(-0x10000), "a negative hash folds to a positive bucket")
+}
+
+// An INSERT takes at most maxMessagesPerInsert messages, and on MySQL at
+// most maxBytesPerInsertMySQL of payloads and metadata, but always one.
+func TestChunk(t *testing.T) {
+	t.Parallel()
+	sized := func(n, size int) []*message.Message {
+		out := make([]*message.Message, n)
+		for i := range out {
+			out[i] = message.NewMessage("m", make([]byte, size))
+		}
+		return out
+	}
+	pg, my := &Writer{}, &Writer{mysql: true}
+	require.Equal(t, maxMessagesPerInsert, pg.chunk(sized(2500, 10)))
+	require.Equal(t, 3, pg.chunk(sized(3, maxBytesPerInsertMySQL)), "PostgreSQL: no bound on bytes")
+	require.Equal(t, maxMessagesPerInsert, my.chunk(sized(2500, 10)))
+	require.Equal(t, 1, my.chunk(sized(3, maxBytesPerInsertMySQL)), "one message, even alone over the bound")
+	require.Equal(t, 2, my.chunk(sized(5, maxBytesPerInsertMySQL/2)))
+	require.Equal(t, 0, my.chunk(nil))
 }

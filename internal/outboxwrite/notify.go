@@ -4,7 +4,8 @@ import (
 	"time"
 )
 
-// Wake-on-commit, the writers' side. A transaction that writes outbox rows
+// Wake-on-commit, the writers' side (PostgreSQL's: MySQL has no NOTIFY,
+// and its writers send nothing). A transaction that writes outbox rows
 // also sends a PostgreSQL NOTIFY on the table's channel, which PostgreSQL
 // delivers when (and only if) the transaction commits; a Relay LISTENs on a
 // connection of its own and relays at once instead of waiting out its

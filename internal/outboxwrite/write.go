@@ -1,6 +1,9 @@
 // Package outboxwrite writes messages to an outbox table: the INSERT, which
 // takes the locks of the messages' ordering keys, and the wake-on-commit
-// NOTIFY with its debounce (notify.go). Package outbox's Writer and
+// NOTIFY with its debounce (notify.go). On MySQL the keys' locks are rows
+// of the outbox's table of key locks, upserted by a statement before the
+// INSERT (lockBuckets), and there is no NOTIFY (the NOTIFY paths do
+// nothing). Package outbox's Writer and
 // Publisher wrap it for the application's own transactions; the
 // middleware (package exactlyonce), which owns the commits of the
 // transactions it writes in, uses it directly and sends the NOTIFY right
@@ -27,7 +30,42 @@ import (
 // maxMessagesPerInsert bounds one INSERT (its values travel as arrays, so
 // it is no longer PostgreSQL's limit of 65535 bind parameters: it keeps
 // one statement's arrays, and the memory of the rows it sorts, bounded).
+//
+// On MySQL, whose INSERT binds five placeholders a row (1,000 rows: 5,000
+// of the 65,535 one statement may have), an INSERT also ends before the
+// message whose payload and metadata would take it past
+// maxBytesPerInsertMySQL (it always has one message). A statement whose
+// values are interpolated (go-sql-driver/mysql's interpolateParams=true)
+// is one packet, which the server refuses beyond max_allowed_packet (16 MiB
+// by default on MariaDB, 64 MiB on MySQL 8); server-side prepared
+// statements send a large value apart (long data), but the bound costs
+// them nothing either.
 const maxMessagesPerInsert = 1000
+
+// maxBytesPerInsertMySQL bounds the payloads and metadata of one INSERT on
+// MySQL (see maxMessagesPerInsert).
+const maxBytesPerInsertMySQL = 4 << 20
+
+// chunk returns how many of messages, from the first, the next INSERT
+// writes: at most maxMessagesPerInsert, and on MySQL at most
+// maxBytesPerInsertMySQL of payloads and metadata (at least one message).
+func (w *Writer) chunk(messages []*message.Message) int {
+	n := min(len(messages), maxMessagesPerInsert)
+	if !w.mysql {
+		return n
+	}
+	size := 0
+	for i, msg := range messages[:n] {
+		size += len(msg.Payload)
+		for k, v := range msg.Metadata {
+			size += len(k) + len(v) + 6 // quotes, colon, comma
+		}
+		if i > 0 && size > maxBytesPerInsertMySQL {
+			return i
+		}
+	}
+	return n
+}
 
 // Writer writes to one outbox table (in one database) through the
 // transactions of the Publishers it makes, and holds their NOTIFY
@@ -37,7 +75,12 @@ const maxMessagesPerInsert = 1000
 type Writer struct {
 	store     *outboxdb.Store
 	lockClass int32 // the first value of the ordering keys' locks
-	last      atomic.Int64
+	// mysql: the keys' locks are rows of the table of key locks, taken by
+	// a statement of their own (see Publisher.Publish), and there is no
+	// NOTIFY.
+	mysql bool
+	db    sqlschema.DB // names the table (committed)
+	last  atomic.Int64
 }
 
 // New returns a Writer for db's outbox table. It does not touch the
@@ -50,7 +93,7 @@ func New(db sqlschema.DB) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{store: store, lockClass: LockClass(store.Table())}, nil
+	return &Writer{store: store, lockClass: LockClass(store.Table()), mysql: db.Dialect == sqlschema.MySQL, db: db}, nil
 }
 
 // Publisher returns a Publisher writing through tx whose writes decide the
@@ -100,11 +143,24 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	// Every INSERT of the call takes the locks of all the call's keys (a
 	// lock held already is taken again at no cost).
 	lock := lockHashes(messages)
-	if b, ok := ownTransaction(p.db); ok && len(messages) > maxMessagesPerInsert {
+	if p.w.mysql {
+		lock = lockBuckets(lock)
+	}
+	// Outside a transaction, several statements must be one transaction:
+	// more than one INSERT takes, or, on MySQL, the key locks' statement
+	// and the INSERT after it (PostgreSQL's INSERT takes its locks).
+	several := p.w.chunk(messages) < len(messages) || (p.w.mysql && len(lock) > 0)
+	b, own := ownTransaction(p.db)
+	if own && several {
 		return p.publishInOwnTx(b, topic, messages, lock)
 	}
-	_, err := p.insert(topic, messages, lock)
-	return err
+	if _, err := p.insert(topic, messages, lock); err != nil {
+		return err
+	}
+	if own && len(messages) > 0 {
+		p.w.committed() // the INSERT was its own transaction
+	}
+	return nil
 }
 
 // ownTransaction returns db as a wsql.Beginner when it is one and not a
@@ -118,11 +174,13 @@ func ownTransaction(db wsql.ContextExecutor) (wsql.Beginner, bool) {
 	return b, ok
 }
 
-// publishInOwnTx writes messages, more than one INSERT takes, in a
-// transaction of its own begun on b (READ COMMITTED, whatever the
+// publishInOwnTx writes messages, more than one INSERT takes (or, on
+// MySQL, with ordering keys, whose locks are a statement of their own), in
+// a transaction of its own begun on b (READ COMMITTED, whatever the
 // database's default), so that the call is one transaction, as one INSERT
 // would be: all rows or none are committed, and the keys' locks are held
-// until all are, so no other writer of a key commits between the INSERTs.
+// until all are, so no other writer of a key commits between the
+// statements.
 func (p *Publisher) publishInOwnTx(b wsql.Beginner, topic string, messages []*message.Message, lock []int32) error {
 	ctx := messages[0].Context()
 	tx, err := b.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
@@ -144,17 +202,18 @@ func (p *Publisher) publishInOwnTx(b wsql.Beginner, topic string, messages []*me
 		return fmt.Errorf("outbox: committing %d message(s) for topic %q: %w", len(messages), topic, err)
 	}
 	p.wrote = true
+	p.w.committed()
 	return nil
 }
 
 // insert writes messages through p.db, at most maxMessagesPerInsert per
-// INSERT. undo (never nil) takes back the debounce record of a NOTIFY that
-// the call's writes sent, for a caller whose transaction then did not
-// commit.
+// INSERT (Writer.chunk). undo (never nil) takes back the debounce record
+// of a NOTIFY that the call's writes sent, for a caller whose transaction
+// then did not commit.
 func (p *Publisher) insert(topic string, messages []*message.Message, lock []int32) (undo func(), err error) {
 	undo = func() {}
 	for len(messages) > 0 {
-		n := min(len(messages), maxMessagesPerInsert)
+		n := p.w.chunk(messages)
 		rows, err := insertRows(p.w.lockClass, topic, messages[:n], lock)
 		if err != nil {
 			return undo, err
@@ -164,7 +223,7 @@ func (p *Publisher) insert(topic string, messages []*message.Message, lock []int
 		// (its cost, at commit, is paid already), and a ROLLBACK TO
 		// SAVEPOINT may have discarded the earlier one with its rows.
 		notify, decided := p.notified, func() {}
-		if !notify && !p.atCommit {
+		if !notify && !p.atCommit && p.w.store.CanNotify() {
 			notify, decided = p.w.shouldNotify(time.Now())
 		}
 		if err := p.w.store.Insert(messages[0].Context(), p.db, rows, notify); err != nil {
@@ -198,7 +257,7 @@ func (p *Publisher) Close() error {
 // long, or roll back. Its error only means that no NOTIFY was sent (the
 // transaction may be aborted, which its commit reports).
 func (p *Publisher) BeforeCommit(ctx context.Context) error {
-	if !p.wrote || p.notified {
+	if !p.wrote || p.notified || !p.w.store.CanNotify() {
 		return nil
 	}
 	ok, undo := p.w.shouldNotify(time.Now())

@@ -30,12 +30,15 @@ CREATE TABLE IF NOT EXISTS {{.Outbox}} (
 
 -- The ordering keys' locks: PostgreSQL's transaction-level advisory locks
 -- have no MySQL equivalent (GET_LOCK is held by the session, not the
--- transaction). A writer upserts the rows of its keys' hashes here, in
--- hash order, before it inserts its messages: InnoDB holds their exclusive
--- row locks until the writer's transaction ends, so writers of one key are
--- serialised in commit order, and so are their ids. A hash collision only
--- serialises two keys' writers. The table holds one small row per hash
--- ever used (at most 2^16).
+-- transaction: it survives COMMIT and a pooled connection's reuse). A
+-- writer upserts the rows of its keys' buckets here (a bucket is the
+-- key's lock hash folded to 16 bits), in ascending order, with
+-- INSERT ... ON DUPLICATE KEY UPDATE bucket = bucket, before it inserts its
+-- messages: InnoDB holds their exclusive record locks until the writer's
+-- transaction ends, so writers of one key are serialised in commit order,
+-- and so are their ids. Two keys of one bucket only serialise their
+-- writers. The table holds one small row per bucket ever used (at most
+-- 2^16); no other statement reads it.
 CREATE TABLE IF NOT EXISTS {{.OutboxKeyLocks}} (
     bucket INT NOT NULL,
     PRIMARY KEY (bucket)
