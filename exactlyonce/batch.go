@@ -554,6 +554,10 @@ func (b *batcher) runOnce(jobs []*job) attempt {
 	ended = true
 	if err := tx.Commit(); err != nil {
 		a.at, a.err = atCommit, err
+		return a
+	}
+	if wrote != nil {
+		wrote.afterCommit()
 	}
 	return a
 }

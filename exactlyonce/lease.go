@@ -238,9 +238,13 @@ func (m *Guard) completeLease(ctx context.Context, d *delivery, l *leaseState, t
 		return stageComplete, err
 	}
 	ob.beforeCommit(ctx)
+	if err := m.store.CheckOpen(ctx, tx); err != nil {
+		return stageCommit, err
+	}
 	if err := th.commit(); err != nil {
 		return stageCommit, err
 	}
+	ob.afterCommit()
 	return stageNone, nil
 }
 

@@ -156,6 +156,15 @@ func (l *lazyOutbox) beforeCommit(ctx context.Context) {
 	}
 }
 
+// afterCommit wakes the relays of this process (on MySQL, which has no
+// NOTIFY: internal/outboxnotify) once the transaction that wrote rows
+// committed.
+func (l *lazyOutbox) afterCommit() {
+	if l.pub != nil {
+		l.w.Committed()
+	}
+}
+
 // Close closes the underlying publisher, if one was created.
 func (l *lazyOutbox) Close() error {
 	if l.pub == nil {

@@ -93,6 +93,7 @@ func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
 		d.nack(commitError(d, err))
 		return
 	}
+	ob.afterCommit()
 	d.settle(Processed, nil)
 }
 

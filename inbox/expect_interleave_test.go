@@ -78,13 +78,18 @@ func TestExpectSeesWhatAnotherPartyDidWhileItWaited(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback() })
 			var pid int
-			require.NoError(t, seam.QueryRow(b.ctx, tx, `SELECT pg_backend_pid()`, nil, &pid))
+			require.NoError(t, seam.QueryRow(b.ctx, tx, b.sql(`SELECT pg_backend_pid()`, `SELECT CONNECTION_ID()`), nil, &pid))
 			second(tx)
 
 			done := make(chan error, 1)
 			go func() { done <- a.run(key, e) }()
 			testenv.Eventually(t, 20*time.Second, func() bool {
-				return testCount(b, `SELECT count(*) FROM pg_stat_activity WHERE `+strconv.Itoa(pid)+` = ANY(pg_blocking_pids(pid))`) > 0
+				// MySQL: a statement of the action on the schema running for
+				// 100 ms (the InnoDB lock tables of information_schema are a
+				// cache that polling keeps stale).
+				return testCount(b, b.sql(`SELECT count(*) FROM pg_stat_activity WHERE `+strconv.Itoa(pid)+` = ANY(pg_blocking_pids(pid))`,
+					`SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID NOT IN (CONNECTION_ID(), `+strconv.Itoa(pid)+`)
+AND COMMAND IN ('Query', 'Execute') AND TIME_MS >= 100 AND INFO LIKE '%`+b.db.Schema+`%'`)) > 0
 			}, "the %s waits for the second party's transaction", a.name)
 			require.NoError(t, tx.Commit())
 			select {
@@ -110,9 +115,9 @@ func TestExpectSeesWhatAnotherPartyDidWhileItWaited(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, "u2-"+key, m.UUID, "the message nobody saw is untouched")
 				require.Equal(t, "parked", m.Status)
-				require.EqualValues(t, 1, b.count(t, `SELECT count(*) FROM `+b.db.Outbox()+` WHERE uuid = $1`, "u1-"+key),
+				require.EqualValues(t, 1, b.count(t, `SELECT count(*) FROM `+b.db.Outbox()+` WHERE uuid = `+b.sql("$1", "?"), "u1-"+key),
 					"replayed once, by the second operator")
-				require.Zero(t, b.count(t, `SELECT count(*) FROM `+b.db.Outbox()+` WHERE uuid = $1`, "u2-"+key))
+				require.Zero(t, b.count(t, `SELECT count(*) FROM `+b.db.Outbox()+` WHERE uuid = `+b.sql("$1", "?"), "u2-"+key))
 			})
 			t.Run(a.name+" while the key is replayed and processed", func(t *testing.T) {
 				key := a.name + "-processed"
@@ -143,9 +148,9 @@ func TestExpectSeesWhatAnotherPartyDidWhileItWaited(t *testing.T) {
 			t.Run(a.name+" while the key is forgotten and recorded again", func(t *testing.T) {
 				key := a.name + "-again"
 				err := interleave(t, key, a, func(tx wsql.Tx) {
-					_, err := tx.ExecContext(b.ctx, `DELETE FROM `+b.db.Inbox()+` WHERE consumer = 'c' AND message_key = $1`, key)
+					_, err := tx.ExecContext(b.ctx, `DELETE FROM `+b.db.Inbox()+` WHERE consumer = 'c' AND message_key = `+b.sql("$1", "?"), key)
 					require.NoError(t, err)
-					_, err = tx.ExecContext(b.ctx, `DELETE FROM `+b.parkedTable()+` WHERE consumer = 'c' AND message_key = $1`, key)
+					_, err = tx.ExecContext(b.ctx, `DELETE FROM `+b.parkedTable()+` WHERE consumer = 'c' AND message_key = `+b.sql("$1", "?"), key)
 					require.NoError(t, err)
 					require.NoError(t, b.inner.Park(b.ctx, tx, "c", key, "declined again", msg("u2-"+key)))
 				})

@@ -25,6 +25,16 @@ func eachLayout(t *testing.T, f func(t *testing.T, b bundle)) {
 	for _, layout := range testenv.Layouts {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
+			if layout == "plain" { // and MariaDB's (ForEachEngine)
+				testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+					if d.Dialect == sqlschema.MySQL {
+						f(t, newBundle(t, testenv.NewBundle(t, d).DB, 60*time.Second))
+						return
+					}
+					f(t, newBundle(t, testenv.WithConn(testenv.SchemaLayout(t, layout), d.DB), 60*time.Second))
+				})
+				return
+			}
 			testenv.ForEachDriver(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
 				f(t, newBundle(t, testenv.WithConn(testenv.SchemaLayout(t, layout), d.DB), 60*time.Second))
 			})
@@ -65,6 +75,12 @@ func (b bundle) seedMessage(t *testing.T, m parkedMsg) {
 	if m.notKept {
 		payload = nil
 	}
+	if b.mysql() {
+		b.exec(t, `INSERT INTO `+b.parkedTable()+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND - INTERVAL 1 MINUTE, UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)`,
+			m.consumer, m.key, m.uuid, m.topic, payload, len(m.payload), string(meta), m.reason, m.ago.Microseconds(), m.ago.Microseconds())
+		return
+	}
 	b.exec(t, `INSERT INTO `+b.parkedTable()+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, 1, now() - make_interval(secs => $9) - interval '1 minute', now() - make_interval(secs => $9))`,
 		m.consumer, m.key, m.uuid, m.topic, payload, len(m.payload), string(meta), m.reason, m.ago.Seconds())
@@ -96,7 +112,8 @@ type outboxRow struct {
 
 func (b bundle) outbox(t *testing.T) []outboxRow {
 	t.Helper()
-	rows, err := b.db.Conn.QueryContext(b.ctx, `SELECT topic, uuid, payload, metadata::text FROM `+b.db.Outbox()+` ORDER BY id`)
+	rows, err := b.db.Conn.QueryContext(b.ctx, b.sql(`SELECT topic, uuid, payload, metadata::text FROM `+b.db.Outbox()+` ORDER BY id`,
+		`SELECT topic, uuid, payload, metadata FROM `+b.db.Outbox()+` ORDER BY id`))
 	require.NoError(t, err)
 	var out []outboxRow
 	for rows.Next() {
@@ -282,7 +299,7 @@ func TestFindParkedPages(t *testing.T) {
 				meta: map[string]string{"batch": "x"}, reason: "r", ago: time.Duration(10-i/3) * time.Minute})
 			want[consumer+"/"+key] = true
 		}
-		b.exec(t, `UPDATE `+b.parkedTable()+` SET parked_at = date_trunc('second', parked_at)`)
+		b.exec(t, `UPDATE `+b.parkedTable()+b.sql(` SET parked_at = date_trunc('second', parked_at)`, ` SET parked_at = DATE_FORMAT(parked_at, '%Y-%m-%d %H:%i:%s')`))
 		f := inbox.ParkedFilter{Metadata: map[string]string{"batch": "x"}}
 		n, err := b.store.CountParked(b.ctx, f)
 		require.NoError(t, err)
@@ -458,7 +475,7 @@ func TestReplayParkedConcurrently(t *testing.T) {
 // operator contract's (internal/ops/opstest: DiscardParked).
 func TestDiscardParkedErrorPrefix(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.seed(t, parkedMsg{consumer: "c", key: "keep", topic: "t", payload: []byte("x")})
 		require.NoError(t, b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{}))
 		err := b.store.DiscardParked(b.ctx, "c", "keep", inbox.DiscardOptions{})

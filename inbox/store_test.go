@@ -34,6 +34,27 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	})
 }
 
+// eachEngine runs f once per driver of either engine
+// (testenv.ForEachEngine: PostgreSQL's and MariaDB), each with its own
+// migrated schema (on MySQL a database).
+func eachEngine(t *testing.T, f func(t *testing.T, b bundle)) {
+	t.Helper()
+	testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		f(t, newBundle(t, testenv.NewBundle(t, d).DB, 60*time.Second))
+	})
+}
+
+// mysql is true for a bundle on MySQL/MariaDB.
+func (b bundle) mysql() bool { return b.db.Dialect == sqlschema.MySQL }
+
+// sql returns pg or mysql: a test's own statement in the bundle's dialect.
+func (b bundle) sql(pg, mysql string) string {
+	if b.mysql() {
+		return mysql
+	}
+	return pg
+}
+
 // newBundle is the bundle of db (a migrated schema reached through one
 // driver), its context bounded by timeout.
 func newBundle(t *testing.T, db sqlschema.DB, timeout time.Duration) bundle {
@@ -64,6 +85,11 @@ func (b bundle) claim(t *testing.T, consumer, key string) {
 func (b bundle) park(t *testing.T, consumer, key, reason string, minutes int) {
 	t.Helper()
 	require.NoError(t, b.inner.Park(b.ctx, b.db.Conn, consumer, key, reason, nil))
+	if b.mysql() {
+		b.exec(t, "UPDATE "+b.db.Inbox()+" SET first_seen_at = UTC_TIMESTAMP(6) - INTERVAL ? MINUTE WHERE consumer = ? AND message_key = ?",
+			minutes, consumer, key)
+		return
+	}
 	b.exec(t, "UPDATE "+b.db.Inbox()+" SET first_seen_at = now() - make_interval(mins => $3) WHERE consumer = $1 AND message_key = $2",
 		consumer, key, minutes)
 }
@@ -95,7 +121,7 @@ func TestNewStore(t *testing.T) {
 
 func TestStoreGetAndForget(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		_, err := b.store.Get(b.ctx, "c", "missing")
 		require.ErrorIs(t, err, inbox.ErrNotFound)
 		require.True(t, errors.Is(err, inboxdb.ErrNotFound), "the same sentinel as the store's")
@@ -119,8 +145,10 @@ func TestStoreGetAndForget(t *testing.T) {
 
 		// Every column of the record comes through (a lease-mode record
 		// whose attempt was interrupted).
-		b.exec(t, "INSERT INTO "+b.db.Inbox()+` (consumer, message_key, status, attempts, duplicates, lease_until, processed_at, last_error, interrupted, interruptions)
-VALUES ('c', 'leased', 'processing', 3, 4, '2030-01-02T03:04:05Z', '2029-01-01T00:00:00Z', 'timeout', true, 2)`)
+		b.exec(t, "INSERT INTO "+b.db.Inbox()+b.sql(` (consumer, message_key, status, attempts, duplicates, lease_until, processed_at, last_error, interrupted, interruptions)
+VALUES ('c', 'leased', 'processing', 3, 4, '2030-01-02T03:04:05Z', '2029-01-01T00:00:00Z', 'timeout', true, 2)`,
+			` (consumer, message_key, status, attempts, duplicates, lease_until, processed_at, last_error, interrupted, interruptions, first_seen_at)
+VALUES ('c', 'leased', 'processing', 3, 4, '2030-01-02 03:04:05', '2029-01-01 00:00:00', 'timeout', true, 2, UTC_TIMESTAMP(6))`))
 		rec, err = b.store.Get(b.ctx, "c", "leased")
 		require.NoError(t, err)
 		inner, err := b.inner.Lookup(b.ctx, b.db.Conn, "c", "leased")
@@ -153,6 +181,8 @@ VALUES ('c', 'leased', 'processing', 3, 4, '2030-01-02T03:04:05Z', '2029-01-01T0
 	})
 }
 
+// TestStoreParkedAndRelease lists parked keys (ListParked, lease mode's
+// statements): on PostgreSQL until wt-lease's MySQL statements are merged.
 func TestStoreParkedAndRelease(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, b bundle) {
@@ -221,7 +251,7 @@ func TestStoreParkedAndRelease(t *testing.T) {
 
 func TestStoreStats(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		empty, err := b.store.Stats(b.ctx, "")
 		require.NoError(t, err)
 		require.Equal(t, inbox.Stats{Rows: map[string]int64{}}, empty)
@@ -231,9 +261,10 @@ func TestStoreStats(t *testing.T) {
 		}
 		b.exec(t, "UPDATE "+b.db.Inbox()+" SET duplicates = 2 WHERE message_key = 'a-1'")
 		b.park(t, "b", "b-parked", "permanent", 0)
-		b.exec(t, "INSERT INTO "+b.db.Inbox()+` (consumer, message_key, status) VALUES ('b', 'b-failed', 'failed'), ('b', 'b-processing', 'processing')`)
+		b.exec(t, "INSERT INTO "+b.db.Inbox()+b.sql(` (consumer, message_key, status) VALUES ('b', 'b-failed', 'failed'), ('b', 'b-processing', 'processing')`,
+			` (consumer, message_key, status, first_seen_at) VALUES ('b', 'b-failed', 'failed', UTC_TIMESTAMP(6)), ('b', 'b-processing', 'processing', UTC_TIMESTAMP(6))`))
 		oldest := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
-		b.exec(t, "UPDATE "+b.db.Inbox()+" SET first_seen_at = $1 WHERE message_key = 'b-parked'", oldest)
+		b.exec(t, "UPDATE "+b.db.Inbox()+b.sql(" SET first_seen_at = $1", " SET first_seen_at = ?")+" WHERE message_key = 'b-parked'", oldest)
 
 		all, err := b.store.Stats(b.ctx, "")
 		require.NoError(t, err)
@@ -259,15 +290,25 @@ func TestStoreStats(t *testing.T) {
 
 func TestStorePurge(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		table := b.db.Inbox()
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, processed_at)
+		if b.mysql() { // seq_1_to_25: MariaDB's Sequence engine
+			b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, processed_at, first_seen_at)
+SELECT 'c1', CONCAT('old-', seq), IF(seq % 2 = 0, 'done', 'failed'), UTC_TIMESTAMP(6) - INTERVAL 48 HOUR, UTC_TIMESTAMP(6) FROM seq_1_to_25`)
+			b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, processed_at, first_seen_at) VALUES
+('c1', 'recent', 'done', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)),
+('c2', 'old-c2', 'done', UTC_TIMESTAMP(6) - INTERVAL 48 HOUR, UTC_TIMESTAMP(6)),
+('c1', 'old-processing', 'processing', UTC_TIMESTAMP(6) - INTERVAL 48 HOUR, UTC_TIMESTAMP(6)),
+('c1', 'old-parked', 'parked', UTC_TIMESTAMP(6) - INTERVAL 48 HOUR, UTC_TIMESTAMP(6))`)
+		} else {
+			b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, processed_at)
 SELECT 'c1', 'old-' || g, CASE WHEN g % 2 = 0 THEN 'done' ELSE 'failed' END, now() - interval '48 hours' FROM generate_series(1, 25) g`)
-		b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, processed_at) VALUES
+			b.exec(t, "INSERT INTO "+table+` (consumer, message_key, status, processed_at) VALUES
 ('c1', 'recent', 'done', now()),
 ('c2', 'old-c2', 'done', now() - interval '48 hours'),
 ('c1', 'old-processing', 'processing', now() - interval '48 hours'),
 ('c1', 'old-parked', 'parked', now() - interval '48 hours')`)
+		}
 
 		for _, tc := range []struct {
 			opts  inbox.PurgeOptions

@@ -90,6 +90,21 @@ func (b bundle) count(t testing.TB, db wsql.ContextExecutor) int64 {
 	return testenv.Count(t, db, "SELECT count(*) FROM "+b.tables.Outbox())
 }
 
+// write writes msgs to topic through tx (writeTo), which must succeed.
+func (b bundle) write(t testing.TB, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) {
+	t.Helper()
+	require.NoError(t, b.writeTo(tx, topic, msgs...))
+}
+
+// writeTo writes msgs to topic through tx with the bundle's Writer.
+func (b bundle) writeTo(tx wsql.ContextExecutor, topic string, msgs ...*message.Message) error {
+	pub, err := b.w.Publisher(tx)
+	if err != nil {
+		return err
+	}
+	return pub.Publish(topic, msgs...)
+}
+
 // begin starts a transaction that is rolled back at cleanup if the test did
 // not end it.
 func (b bundle) begin(t testing.TB) wsql.Tx {
@@ -104,9 +119,7 @@ func (b bundle) begin(t testing.TB) wsql.Tx {
 func (b bundle) publish(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx := b.begin(t)
-	pub, err := b.w.Publisher(tx)
-	require.NoError(t, err)
-	require.NoError(t, pub.Publish(topic, msgs...))
+	b.write(t, tx, topic, msgs...)
 	require.NoError(t, tx.Commit())
 }
 
@@ -255,4 +268,21 @@ func mustStore(t testing.TB, db sqlschema.DB) *outbox.Store {
 	s, err := outbox.NewStore(db)
 	require.NoError(t, err)
 	return s
+}
+
+// txWriter publishes through one transaction with writeTo: the Writer's
+// Publisher on PostgreSQL, the test's own statements on MySQL.
+type txWriter struct {
+	b  bundle
+	tx wsql.ContextExecutor
+}
+
+// Publish writes msgs to topic (bundle.writeTo).
+func (w txWriter) Publish(topic string, msgs ...*message.Message) error {
+	return w.b.writeTo(w.tx, topic, msgs...)
+}
+
+// publisher is b.w.Publisher(tx) on either engine (txWriter).
+func (b bundle) publisher(tx wsql.ContextExecutor) (txWriter, error) {
+	return txWriter{b, tx}, nil
 }

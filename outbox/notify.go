@@ -27,6 +27,23 @@ const (
 	catchUpPoll   = 2 * time.Millisecond
 )
 
+// On MySQL/MariaDB there is no NOTIFY: a Relay polls, and is woken at
+// once only by the writers of its own process, through a process-wide
+// registry (internal/outboxnotify's Subscribe and Committed): the
+// exactly-once middleware signals it after it commits a transaction that
+// wrote outbox rows, and an application that commits its own transaction
+// calls WakeRelays. Rows committed by other processes are relayed at the
+// next poll (RelayConfig.PollInterval).
+
+// WakeRelays wakes the Relays of this process that relay db's outbox
+// table, on MySQL/MariaDB: call it after committing a transaction that
+// wrote outbox rows through a Writer (the exactly-once middleware does it
+// for the transactions it commits). It never blocks, and does nothing
+// when no such Relay runs. On PostgreSQL the writers' NOTIFY wakes every
+// listening Relay, of any process, and WakeRelays is not needed (it only
+// wakes none: Relays on PostgreSQL LISTEN instead).
+func WakeRelays(db sqlschema.DB) { outboxnotify.Committed(db) }
+
 // channelName is the NOTIFY channel of db's outbox table
 // (outboxnotify.Channel: the console reads it too).
 func channelName(db sqlschema.DB) string { return outboxnotify.Channel(db) }

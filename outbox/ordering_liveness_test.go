@@ -31,7 +31,7 @@ import (
 // no other key went while the topic was paused.)
 func TestRelayOrderedPausedHeadTakesNoRoom(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		log := newAcceptLog()
 		broker := &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(7, 7)), refuse: func(m *message.Message) error {
 			if m.Metadata.Get("dest") == "down" {
@@ -113,7 +113,7 @@ func (f *blockingBroker) Close() error { return nil }
 // broker connection hangs.)
 func TestRelayOrderedKeyInFlightElsewhereTakesNoRoom(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const batch = 10
 		var hot []*message.Message
 		for seq := 1; seq <= 2*batch; seq++ {
@@ -256,7 +256,7 @@ func uuidsOf(rows []row) []string {
 // are not in it however many they are, so the keys after them still go.
 func TestRelayOrderedLongBlockedTailsTakeNoWindow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const batch = 10 // a window of 40 rows
 		log := newAcceptLog()
 		broker := &flakyBroker{log: log, rng: mrand.New(mrand.NewPCG(9, 9)), refuse: func(m *message.Message) error {

@@ -121,6 +121,7 @@ type RelayStats struct {
 	// outbox rows wake the relay at once (see RelayConfig.ListenConnString).
 	// False before Run, after it, when LISTEN is not possible with this
 	// configuration, and while the connection is being re-established.
+	// Always false on MySQL, which has no LISTEN (see WakeRelays).
 	Listening bool
 }
 
@@ -187,7 +188,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	})
 	wg.Go(func() { r.startupCheck(ctx) })
-	if !r.cfg.NoListen {
+	switch {
+	case r.cfg.NoListen:
+	case r.cfg.DB.Dialect == sqlschema.MySQL:
+		wg.Go(func() { r.wakeInProcess(ctx) })
+	default:
 		wg.Go(func() { r.listen(ctx) })
 	}
 	for range r.cfg.Workers {
@@ -228,6 +233,10 @@ func (r *Relay) Running() chan struct{} {
 // so it holds for tables made by any migration tool; a missing table is
 // left to the batches (sqlschema.ErrNotMigrated).
 func (r *Relay) checkSequence(ctx context.Context) {
+	if r.cfg.DB.Dialect == sqlschema.MySQL {
+		r.checkIDOrder(ctx)
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	cache, seq, err := r.store.IDSequence(qctx, r.cfg.DB.Conn)
@@ -243,6 +252,24 @@ func (r *Relay) checkSequence(ctx context.Context) {
 	case *cache > 1:
 		r.cfg.Logger.Error("outbox relay: start-up check: the outbox id sequence "+*seq+" caches "+strconv.FormatInt(*cache, 10)+
 			" values per session: ids do not follow the order of commits, and messages with an ordering key can be relayed out of order; run ALTER SEQUENCE "+*seq+" CACHE 1", nil, nil)
+	}
+}
+
+// checkIDOrder is checkSequence on MySQL: AUTO_INCREMENT has no
+// per-session cache, but the ids of a key follow the commits of its
+// writers only on InnoDB tables and one primary handing out ids
+// (internal/outboxdb's IDOrder says why); it logs an error otherwise.
+func (r *Relay) checkIDOrder(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ok, why, err := r.store.IDOrder(qctx, r.cfg.DB.Conn)
+	switch {
+	case errors.Is(err, outboxdb.ErrNoTable), err != nil && ctx.Err() != nil:
+	case err != nil:
+		r.cfg.Logger.Info("outbox relay: start-up check could not tell whether the outbox's ids follow the order of commits (check it if you use ordering keys): "+err.Error(), nil)
+	case !ok:
+		r.cfg.Logger.Error("outbox relay: start-up check: "+why+": messages with an ordering key can be relayed out of order", nil,
+			watermill.LogFields{"outbox_table": r.cfg.DB.Outbox()})
 	}
 }
 

@@ -68,7 +68,7 @@ func TestRelayBatchPublisherScenarios(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, scenario(asBatch))
+			eachEngine(t, scenario(asBatch))
 		})
 	}
 }
@@ -195,7 +195,7 @@ func (c *confirmBroker) requireConfirmedOnce(t *testing.T, want []string) {
 // with uuid (of any topic; the tests keep uuids unique).
 func (b bundle) rowFailures(t testing.TB, uuid string) (attempts, failures int) {
 	t.Helper()
-	require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT attempts, failures FROM "+b.tables.Outbox()+" WHERE uuid = $1", []any{uuid}, &attempts, &failures))
+	require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT attempts, failures FROM "+b.tables.Outbox()+b.sql(" WHERE uuid = $1", " WHERE uuid = ?"), []any{uuid}, &attempts, &failures))
 	return attempts, failures
 }
 
@@ -210,7 +210,7 @@ func poisonMessage(uuid string) *message.Message {
 // metadata, and Publish is never called.
 func TestRelayBatchPublisherAllConfirmed(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		want := mixedMessages(250)
 		b.publishAll(t, want)
 		br := newConfirmBroker()
@@ -253,7 +253,7 @@ func TestRelayBatchPublisherAllConfirmed(t *testing.T) {
 // failures, the rows around it relayed meanwhile.
 func TestRelayBatchPublisherPoisonAmongGoodOnes(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		br := newConfirmBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), MaxAttempts: 3, BatchSize: 10,
@@ -295,7 +295,7 @@ func TestRelayBatchPublisherPoisonAmongGoodOnes(t *testing.T) {
 // for two calls. Once the broker is back every row goes out once.
 func TestRelayBatchPublisherOutageMidBatchQuarantinesNothing(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const (
 			batchSize = 10
 			accepted  = 6
@@ -347,7 +347,7 @@ func TestRelayBatchPublisherOutageMidBatchQuarantinesNothing(t *testing.T) {
 // topics are paused. The broker back, every row goes out.
 func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		rows := b.alternating(t, "row", 0, 10)
 		br := newConfirmBroker()
 		br.script(upTo(0))
@@ -398,7 +398,7 @@ func TestRelayBatchPublisherNothingConfirmed(t *testing.T) {
 // and the error is the context's, not counted as a failure.
 func TestRelayBatchPublisherCancelledMidCall(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		rows := b.alternating(t, "row", 0, 10)
 		br := newConfirmBroker()
 		ctx, cancel := context.WithCancel(b.ctx)
@@ -432,8 +432,9 @@ func TestRelayBatchPublisherCancelledMidCall(t *testing.T) {
 // part of the call; the rows behind it are relayed.
 func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
-		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'u', '\x7b7d', '[1, 2]')`)
+	eachEngine(t, func(t *testing.T, b bundle) {
+		b.exec(t, "INSERT INTO "+b.tables.Outbox()+b.sql(` (topic, uuid, payload, metadata) VALUES ('t', 'u', '\x7b7d', '[1, 2]')`,
+			` (topic, uuid, payload, metadata, created_at) VALUES ('t', 'u', X'7b7d', '[1, 2]', UTC_TIMESTAMP(6))`))
 		want := mixedMessages(3)
 		b.publishAll(t, want)
 		br := newConfirmBroker()
@@ -448,7 +449,8 @@ func TestRelayBatchPublisherUnreadableMetadata(t *testing.T) {
 		require.Equal(t, int64(1), relay.Stats().Quarantined)
 
 		// Only unreadable rows: quarantined, no call at all.
-		b.exec(t, "INSERT INTO "+b.tables.Outbox()+` (topic, uuid, payload, metadata) VALUES ('t', 'v', '\x7b7d', '"x"')`)
+		b.exec(t, "INSERT INTO "+b.tables.Outbox()+b.sql(` (topic, uuid, payload, metadata) VALUES ('t', 'v', '\x7b7d', '"x"')`,
+			` (topic, uuid, payload, metadata, created_at) VALUES ('t', 'v', X'7b7d', '"x"', UTC_TIMESTAMP(6))`))
 		n, err = relay.Flush(b.ctx)
 		require.ErrorContains(t, err, "unreadable metadata")
 		require.Zero(t, n)
@@ -469,7 +471,7 @@ func (shortBatch) PublishBatch(_ context.Context, batch []msgid.TopicMessage) []
 // nothing: no row is deleted, each has a failure recorded.
 func TestRelayBatchPublisherWrongOutcomeCount(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.goodRows(t, "t", "row", 0, 4)
 		relay, err := outbox.NewRelay(outbox.RelayConfig{DB: b.schema(), Publisher: shortBatch{}, Logger: testenv.Logger(t)})
 		require.NoError(t, err)
@@ -504,7 +506,7 @@ func interleaved(_ context.Context, i int) error {
 // MaxAttempts 1 no row is quarantined, and every row is relayed in the end.
 func TestRelayBatchPublisherConnectionLostQuarantinesNothing(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		br := newConfirmBroker()
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			DB: b.schema(), Publisher: br, Logger: testenv.Logger(t), BatchSize: 10, MaxAttempts: 1,

@@ -80,13 +80,15 @@ func down(string, *message.Message) error { return errTransient }
 // makeDue makes the failed rows due now, whatever their backoff.
 func (b bundle) makeDue(t testing.TB) {
 	t.Helper()
-	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() - interval '1 second' WHERE next_attempt_at IS NOT NULL")
+	b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(" SET next_attempt_at = now() - interval '1 second'", " SET next_attempt_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND")+
+		" WHERE next_attempt_at IS NOT NULL")
 }
 
 // holdBack keeps the failed rows from being due for a long while.
 func (b bundle) holdBack(t testing.TB) {
 	t.Helper()
-	b.exec(t, "UPDATE "+b.tables.Outbox()+" SET next_attempt_at = now() + interval '1 hour' WHERE next_attempt_at IS NOT NULL")
+	b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(" SET next_attempt_at = now() + interval '1 hour'", " SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR")+
+		" WHERE next_attempt_at IS NOT NULL")
 }
 
 // drain relays until the outbox is empty, making failed rows due.
@@ -108,7 +110,7 @@ func TestRelayBlipInsideBatchQuarantinesNothing(t *testing.T) {
 	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				rows := b.alternating(t, "row", 0, 10)
 				n := 0
 				br := newStepBroker(func(string, *message.Message) error {
@@ -147,7 +149,7 @@ func TestRelayFlappingRetriedAtOutageOnsetQuarantinesNothing(t *testing.T) {
 	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				for _, batchSize := range []int{1, 100} {
 					b.exec(t, "DELETE FROM "+b.tables.Outbox())
 					br := newStepBroker(up)
@@ -195,7 +197,7 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				// In id order: Y (relay B's), W and X (relay A's); each its own topic.
 				b.publish(t, "y", message.NewMessage("y", []byte("{}")))
 				b.publish(t, "w", message.NewMessage("w", []byte("{}")))
@@ -272,7 +274,7 @@ func TestRelayTwoRelaysOneOutageQuarantinesNothing(t *testing.T) {
 // relaying the others at once, however long ErrorBackoff is.
 func TestRelayRunFailingTopicDelaysNoOtherTopic(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.publish(t, "t", message.NewMessage("poison", []byte("{}")))
 		br := newStepBroker(func(_ string, m *message.Message) error {
 			if m.UUID == "poison" {
@@ -303,7 +305,7 @@ func TestRelayFailingTopicRunHoldsNoOtherTopic(t *testing.T) {
 	for name, wrap := range map[string]publisherAs{"Publish": asIs, "PublishBatch": asBatch} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			eachDriver(t, func(t *testing.T, b bundle) {
+			eachEngine(t, func(t *testing.T, b bundle) {
 				b.goodRows(t, "full", "bad", 0, 1000)
 				want := b.goodRows(t, "ok", "good", 0, 5)
 				br := newStepBroker(func(topic string, _ *message.Message) error {
@@ -332,7 +334,7 @@ func TestRelayFailingTopicRunHoldsNoOtherTopic(t *testing.T) {
 // healthy row: retried and fresh rows take turns.
 func TestRelayBatchSizeOneFailingRowsStarveNothing(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for i := range 12 {
 			// Each its own topic: no pause holds them back as a group.
 			b.publish(t, fmt.Sprintf("slow-%d", i), message.NewMessage(fmt.Sprintf("bad-%d", i), []byte("{}")))
@@ -438,9 +440,10 @@ func TestRelayBatchIsNotJITCompiled(t *testing.T) {
 // with a backlog waiting.)
 func TestRelayRetryRowsLockedElsewhereShrinkNoBatch(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		b.goodRows(t, "retry", "r", 0, 50)
-		b.exec(t, "UPDATE "+b.tables.Outbox()+" SET failures = 1, next_attempt_at = now() - interval '1 second'")
+		b.exec(t, "UPDATE "+b.tables.Outbox()+b.sql(" SET failures = 1, next_attempt_at = now() - interval '1 second'",
+			" SET failures = 1, next_attempt_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"))
 		b.goodRows(t, "fresh", "f", 0, 200)
 		other := b.begin(t) // another worker's batch holds the failed rows
 		_, err := other.ExecContext(b.ctx, "SELECT id FROM "+b.tables.Outbox()+" WHERE failures > 0 FOR UPDATE")

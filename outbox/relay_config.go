@@ -48,6 +48,13 @@ type RelayConfig struct {
 
 	// NoListen turns wake-on-commit off: Run only polls, every
 	// PollInterval, and opens no connection of its own.
+	//
+	// On MySQL/MariaDB (DB.Dialect sqlschema.MySQL) there is no LISTEN:
+	// ListenConnString is not used, Run logs once that it polls, and
+	// Stats().Listening stays false. Writers of the same process wake it at
+	// once instead (see WakeRelays; the exactly-once middleware does it
+	// after its commits), unless NoListen is set; rows committed by other
+	// processes are relayed at the next poll.
 	NoListen bool
 
 	// BatchSize is the most rows one transaction locks, publishes and
@@ -175,6 +182,8 @@ func (c RelayConfig) validate() error {
 	switch {
 	case c.DB.Conn == nil:
 		return errors.New("outbox: RelayConfig.DB.Conn is required: wsql.BeginnerFromPgx(pool) or wsql.BeginnerFromStdSQL(db)")
+	case c.DB.ValidateConn() != nil:
+		return fmt.Errorf("outbox: RelayConfig.DB: %w", c.DB.ValidateConn())
 	case c.Publisher == nil:
 		return errors.New("outbox: RelayConfig.Publisher is required")
 	case c.BatchSize < 1 || c.BatchSize > 10000:

@@ -96,7 +96,7 @@ func (s *scriptedBroker) acceptedCopy() map[string]int {
 // quarantined returns topic/uuid of the quarantined rows, in id order.
 func (b bundle) quarantined(t testing.TB) []string {
 	t.Helper()
-	rs, err := b.db.QueryContext(b.ctx, "SELECT topic || '/' || uuid FROM "+b.tables.Outbox()+" WHERE quarantined_at IS NOT NULL ORDER BY id")
+	rs, err := b.db.QueryContext(b.ctx, b.sql("SELECT topic || '/' || uuid FROM ", "SELECT CONCAT(topic, '/', uuid) FROM ")+b.tables.Outbox()+" WHERE quarantined_at IS NOT NULL ORDER BY id")
 	require.NoError(t, err)
 	var out []string
 	for rs.Next() {
@@ -138,7 +138,7 @@ func (b bundle) alternating(t testing.TB, prefix string, first, n int) []string 
 	t.Helper()
 	var keys []string
 	tx := b.begin(t)
-	pub, err := b.w.Publisher(tx)
+	pub, err := b.publisher(tx)
 	require.NoError(t, err)
 	for i := first; i < first+n; i++ {
 		topic := []string{"a", "b"}[i%2]
@@ -191,7 +191,7 @@ func requireEachAtLeastOnce(t *testing.T, br *scriptedBroker, want []string) {
 // while it waits out its backoff, and its permanent failures quarantine it.
 func TestRelayPoisonRowFirstBatchSizeOne(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayPoisonRowFirstBatchSizeOne(asIs))
+	eachEngine(t, relayPoisonRowFirstBatchSizeOne(asIs))
 }
 
 // relayPoisonRowFirstBatchSizeOne is the scenario of TestRelayPoisonRowFirstBatchSizeOne, its publisher wrapped by wrap.
@@ -246,7 +246,7 @@ func relayPoisonRowFirstBatchSizeOne(wrap publisherAs) func(t *testing.T, b bund
 // later flow, and both bad rows are quarantined.
 func TestRelayBatchOfOnlyBadRows(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayBatchOfOnlyBadRows(asIs))
+	eachEngine(t, relayBatchOfOnlyBadRows(asIs))
 }
 
 // relayBatchOfOnlyBadRows is the scenario of TestRelayBatchOfOnlyBadRows, its publisher wrapped by wrap.
@@ -254,7 +254,7 @@ func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
 	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
+		pub, err := b.publisher(tx)
 		require.NoError(t, err)
 		for _, topic := range []string{"a", "b"} {
 			out := message.NewMessage("fanned-out", []byte("{}"))
@@ -303,7 +303,7 @@ func relayBatchOfOnlyBadRows(wrap publisherAs) func(t *testing.T, b bundle) {
 // none is, and once the outage ends every row is relayed.
 func TestRelayOutageOnsetsQuarantineNoHealthyRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayOutageOnsetsQuarantineNoHealthyRow(asIs))
+	eachEngine(t, relayOutageOnsetsQuarantineNoHealthyRow(asIs))
 }
 
 // relayOutageOnsetsQuarantineNoHealthyRow is the scenario of TestRelayOutageOnsetsQuarantineNoHealthyRow, its publisher wrapped by wrap.
@@ -361,7 +361,7 @@ func relayOutageOnsetsQuarantineNoHealthyRow(wrap publisherAs) func(t *testing.T
 // quarantined, no healthy row is, and every healthy row is relayed once.
 func TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayFlappingBrokerQuarantinesOnlyThePoisonRow(asIs))
+	eachEngine(t, relayFlappingBrokerQuarantinesOnlyThePoisonRow(asIs))
 }
 
 // relayFlappingBrokerQuarantinesOnlyThePoisonRow is the scenario of TestRelayFlappingBrokerQuarantinesOnlyThePoisonRow, its publisher wrapped by wrap.
@@ -423,7 +423,7 @@ func relayFlappingBrokerQuarantinesOnlyThePoisonRow(wrap publisherAs) func(t *te
 // poison rows, every poll, and the 279 healthy rows behind them never left.)
 func TestRelayRetriesBehindFailingPairAreTried(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayRetriesBehindFailingPairAreTried(asIs))
+	eachEngine(t, relayRetriesBehindFailingPairAreTried(asIs))
 }
 
 // relayRetriesBehindFailingPairAreTried is the scenario of TestRelayRetriesBehindFailingPairAreTried, its publisher wrapped by wrap.
@@ -431,7 +431,7 @@ func relayRetriesBehindFailingPairAreTried(wrap publisherAs) func(t *testing.T, 
 	return func(t *testing.T, b bundle) {
 		br := newScriptedBroker()
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
+		pub, err := b.publisher(tx)
 		require.NoError(t, err)
 		for _, topic := range []string{"a", "b"} {
 			out := message.NewMessage("fanned-out", []byte("{}"))
@@ -464,7 +464,7 @@ func relayRetriesBehindFailingPairAreTried(wrap publisherAs) func(t *testing.T, 
 // quarantined 24 healthy rows here with MaxAttempts 1.)
 func TestRelayOutageAfterBriefRecoveryQuarantinesNothing(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayOutageAfterBriefRecoveryQuarantinesNothing(asIs))
+	eachEngine(t, relayOutageAfterBriefRecoveryQuarantinesNothing(asIs))
 }
 
 // relayOutageAfterBriefRecoveryQuarantinesNothing is the scenario of TestRelayOutageAfterBriefRecoveryQuarantinesNothing, its publisher wrapped by wrap.
@@ -515,7 +515,7 @@ func relayOutageAfterBriefRecoveryQuarantinesNothing(wrap publisherAs) func(t *t
 // no healthy row is (MaxAttempts 1), and every healthy row is relayed once.
 func TestRelayWorkersAndInstancesQuarantineOnlyThePoison(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, relayWorkersAndInstancesQuarantineOnlyThePoison(asIs))
+	eachEngine(t, relayWorkersAndInstancesQuarantineOnlyThePoison(asIs))
 }
 
 // relayWorkersAndInstancesQuarantineOnlyThePoison is the scenario of TestRelayWorkersAndInstancesQuarantineOnlyThePoison, its publisher wrapped by wrap.
@@ -531,7 +531,7 @@ func relayWorkersAndInstancesQuarantineOnlyThePoison(wrap publisherAs) func(t *t
 			runRelay(t, relay)
 		}
 		tx := b.begin(t)
-		pub, err := b.w.Publisher(tx)
+		pub, err := b.publisher(tx)
 		require.NoError(t, err)
 		poison := message.NewMessage("poison", []byte("{}"))
 		poison.Metadata.Set(badHeader, "1")

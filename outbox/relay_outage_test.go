@@ -8,7 +8,6 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
@@ -64,25 +63,25 @@ func TestRelayStartupCheck(t *testing.T) {
 	for _, recorded := range []bool{false, true} {
 		t.Run(map[bool]string{false: "none recorded", true: "migrated"}[recorded], func(t *testing.T) {
 			t.Parallel()
-			db := testenv.Schema(t)
-			if !recorded {
-				table := pgx.Identifier{db.Schema, "watermill_exactlyonce_migrations"}.Sanitize()
-				_, err := db.Conn.ExecContext(context.Background(), "DELETE FROM "+table+" WHERE target LIKE 'outbox:%'")
+			testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+				db := b.DB
+				if !recorded {
+					b.Exec(t, "DELETE FROM "+b.Table("watermill_exactlyonce_migrations")+" WHERE target LIKE 'outbox:%'")
+				}
+				logs := &logCapture{}
+				relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, NoListen: true, Logger: logs})
 				require.NoError(t, err)
-			}
-			logs := &logCapture{}
-			relay, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: &recorder{}, NoListen: true, Logger: logs})
-			require.NoError(t, err)
-			runRelay(t, relay)
-			if !recorded {
-				testenv.Eventually(t, 10*time.Second, func() bool {
-					return logs.has("INFO outbox relay: start-up check: no migration is recorded for the outbox table")
-				}, "the unchecked table is reported\n%s", logs)
+				runRelay(t, relay)
+				if !recorded {
+					testenv.Eventually(t, 10*time.Second, func() bool {
+						return logs.has("INFO outbox relay: start-up check: no migration is recorded for the outbox table")
+					}, "the unchecked table is reported\n%s", logs)
+					require.NotContains(t, logs.String(), "ERROR")
+					return
+				}
+				testenv.Eventually(t, 10*time.Second, func() bool { return logs.has("INFO outbox relay: start-up check passed") }, "the check passes\n%s", logs)
 				require.NotContains(t, logs.String(), "ERROR")
-				return
-			}
-			testenv.Eventually(t, 10*time.Second, func() bool { return logs.has("INFO outbox relay: start-up check passed") }, "the check passes\n%s", logs)
-			require.NotContains(t, logs.String(), "ERROR")
+			})
 		})
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxnotify"
 )
 
 // errNoListen says why the relay cannot LISTEN at all with this
@@ -63,6 +65,25 @@ func (r *Relay) listen(ctx context.Context) {
 		case <-t.C:
 		}
 		backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
+	}
+}
+
+// wakeInProcess is listen on MySQL/MariaDB, which has no LISTEN/NOTIFY:
+// it says once that the relay polls, and turns the in-process signals of
+// the table's writers (WakeRelays) into wakes of the workers until ctx
+// ends. Rows committed by other processes wait for the next poll.
+func (r *Relay) wakeInProcess(ctx context.Context) {
+	wake, cancel := outboxnotify.Subscribe(r.cfg.DB)
+	defer cancel()
+	r.cfg.Logger.Info("outbox relay: wake-on-commit (LISTEN/NOTIFY) is not available on MySQL: polling every "+r.cfg.PollInterval.String()+
+		"; rows committed by writers of this process wake the relay at once, those of other processes are seen at the next poll", nil)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			r.wakeWorkers()
+		}
 	}
 }
 

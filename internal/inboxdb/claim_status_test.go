@@ -252,9 +252,11 @@ func TestBeginClaimPgxParkedAndFailed(t *testing.T) {
 	})
 }
 
+// TestPark uses lease mode too: on PostgreSQL until lease mode's MySQL
+// statements are merged (wt-lease).
 func TestPark(t *testing.T) {
 	t.Parallel()
-	eachEngine(t, func(t *testing.T, b bundle) {
+	eachDriver(t, func(t *testing.T, b bundle) {
 		lookup := func(key string) inboxdb.Record {
 			t.Helper()
 			rec, err := b.store.Lookup(b.ctx, b.db, "c", key)
@@ -355,8 +357,9 @@ func TestPark(t *testing.T) {
 func TestClaimsRefuseLeaseFailed(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, func(t *testing.T, b bundle) {
-		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, processed_at, last_error)
-VALUES ('c', 'lease-failed', 'failed', 1, now(), 'provider 500')`)
+		b.exec(t, "INSERT INTO "+b.store.Table()+b.sql(` (consumer, message_key, status, attempts, processed_at, last_error)
+VALUES ('c', 'lease-failed', 'failed', 1, now(), 'provider 500')`, ` (consumer, message_key, status, attempts, processed_at, last_error, first_seen_at)
+VALUES ('c', 'lease-failed', 'failed', 1, UTC_TIMESTAMP(6), 'provider 500', UTC_TIMESTAMP(6))`))
 		tx := b.begin(t)
 		_, err := b.store.ClaimTx(b.ctx, tx, "c", "lease-failed")
 		require.ErrorIs(t, err, inboxdb.ErrNotDone)

@@ -17,7 +17,7 @@ import (
 // as a duplicate, and none changes its status; a Park leaves it alone.
 func TestDiscardedKeyOnEveryClaimPath(t *testing.T) {
 	t.Parallel()
-	eachEngine(t, func(t *testing.T, b bundle) {
+	eachDriver(t, func(t *testing.T, b bundle) {
 		before := b.insertRecord(t, "c", "k", inboxdb.StatusDiscarded, 1, "declined")
 
 		tx := b.begin(t)

@@ -72,6 +72,22 @@
 // plain, daily and hourly layouts, and runs the DDL templates on a sample
 // partition.
 //
+// # MySQL/MariaDB
+//
+// On sqlschema.MySQL the statements are queries/mysql's (plain layout
+// only; placeholders are ?, in the order of the text, so a filter's
+// arguments follow the statement's own and the LIMIT comes last:
+// filterArgs). There is no RETURNING and no data-modifying CTE: a claim
+// is an INSERT ... ON DUPLICATE KEY UPDATE read by its affected rows and a
+// locking read (claim.go); the batch claim marks its new records with a
+// negated count (claimBatchMySQL); a park, forget, discard, batch discard
+// and purge run their steps in one transaction (mysql.go). Two more
+// run-time templates: ClaimBatchInsert (Rows: ClaimBatchRow per key) and
+// ClaimBatchLock/ClaimBatchFix (Keys: a placeholder per key). The purge
+// lock is a named lock of the session (GET_LOCK), released before its
+// transaction ends. TestQueriesPrepareMySQL has MariaDB prepare every
+// statement.
+//
 // # The partitioned layout's locks
 //
 // lockPlan (lockplan.go) states the plan once: which advisory locks a

@@ -93,47 +93,58 @@ func (s *Store) discardMySQL(ctx context.Context, tx wsql.ContextExecutor, consu
 	return n > 0, nil
 }
 
-// pairs reads the (consumer, key) rows of a pick (DiscardParkedBatch,
-// PurgePick) and returns the Pairs hole's text and its arguments.
-func pairs(rows wsql.Rows, err error) (string, []any, error) {
+// picked reads the (consumer, key) rows of a pick (DiscardParkedBatch,
+// PurgePick).
+func picked(rows wsql.Rows, err error) ([][2]string, error) {
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	var marks []string
-	var args []any
+	var out [][2]string
 	for rows.Next() {
-		var c, k string
-		if err := rows.Scan(&c, &k); err != nil {
+		var p [2]string
+		if err := rows.Scan(&p[0], &p[1]); err != nil {
 			_ = rows.Close()
-			return "", nil, err
+			return nil, err
 		}
-		marks = append(marks, "(?, ?)")
-		args = append(args, c, k)
+		out = append(out, p)
 	}
-	if err := seam.Close(rows); err != nil {
-		return "", nil, err
+	return out, seam.Close(rows)
+}
+
+// byKey runs the statement q of one key (consumer, key: its only
+// parameters) for each picked key, and returns the rows it affected. One
+// statement per key: a primary-key look-up whatever the plan, where a
+// DELETE of a list of keys, prepared, was planned as a scan by MariaDB
+// 10.11, which, locking, waits for every row another transaction holds.
+func byKey(ctx context.Context, tx wsql.ContextExecutor, q string, keys [][2]string) (int64, error) {
+	var total int64
+	for _, k := range keys {
+		n, err := seam.Exec(ctx, tx, q, k[0], k[1])
+		if err != nil {
+			return total, err
+		}
+		total += n
 	}
-	return strings.Join(marks, ", "), args, nil
+	return total, nil
 }
 
 // discardParkedBatchMySQL is DiscardParkedBatch on MySQL: the pick of the
 // parked messages (SKIP LOCKED), their DELETE, and their records marked
 // discarded (with forget: deleted while they wait for an operator).
 func (s *Store) discardParkedBatchMySQL(ctx context.Context, tx wsql.Tx, where string, args []any, forget bool) (int64, error) {
-	rows, err := tx.QueryContext(ctx, s.rt.discardBatch[0].Fill(where), args...)
-	list, keys, err := pairs(rows, err)
+	keys, err := picked(tx.QueryContext(ctx, s.rt.discardBatch[0].Fill(where), args...))
 	if err != nil || len(keys) == 0 {
 		return 0, err
 	}
-	n, err := seam.Exec(ctx, tx, s.rt.deleteParkedPairs.Fill(list), keys...)
+	n, err := byKey(ctx, tx, s.q.get("DeleteParked"), keys)
 	if err != nil {
 		return 0, err
 	}
-	records := s.rt.discardMarkPairs
+	records := s.q.get("DiscardMark")
 	if forget {
-		records = s.rt.forgetWaitingPairs
+		records = s.q.get("ForgetWaitingRecord")
 	}
-	if _, err := seam.Exec(ctx, tx, records.Fill(list), keys...); err != nil {
+	if _, err := byKey(ctx, tx, records, keys); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -142,12 +153,11 @@ func (s *Store) discardParkedBatchMySQL(ctx context.Context, tx wsql.Tx, where s
 // purgeBatchMySQL is one batch of Purge on MySQL, in tx (under the purge
 // lock): the pick of the rows (q, SKIP LOCKED), then their DELETE.
 func (s *Store) purgeBatchMySQL(ctx context.Context, tx wsql.Tx, q string, args []any) (int64, error) {
-	rows, err := tx.QueryContext(ctx, q, args...)
-	list, keys, err := pairs(rows, err)
+	keys, err := picked(tx.QueryContext(ctx, q, args...))
 	if err != nil || len(keys) == 0 {
 		return 0, err
 	}
-	return seam.Exec(ctx, tx, s.rt.purgeDelete.Fill(list), keys...)
+	return byKey(ctx, tx, s.q.get("ForgetRecord"), keys)
 }
 
 // purgeLockName is the name of the inbox table's purge lock on MySQL

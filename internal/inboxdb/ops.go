@@ -300,12 +300,12 @@ func (s *Store) Purge(ctx context.Context, db wsql.Beginner, opts PurgeOptions) 
 		}
 		args = append(args, s.prefixArg(tenant.Prefix(opts.Tenant)))
 	}
-	q := s.q.get(name)
 	if s.mysql {
 		// PurgePick's, the limit last; the age in microseconds.
-		q = s.q.get(strings.Replace(name, "PurgeRows", "PurgePick", 1))
+		name = strings.Replace(name, "PurgeRows", "PurgePick", 1)
 		args = append(append([]any{opts.OlderThan.Microseconds()}, args[2:]...), opts.BatchSize)
 	}
+	q := s.q.get(name)
 
 	var total int64
 	for batch := 0; opts.MaxBatches == 0 || batch < opts.MaxBatches; batch++ {

@@ -35,8 +35,9 @@ func TestLookup(t *testing.T) {
 		require.ErrorIs(t, err, inboxdb.ErrNotFound, "keys are per consumer")
 
 		// Lease-mode columns are read back too.
-		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status, attempts, lease_until, last_error)
-VALUES ('c', 'leased', 'processing', 3, '2030-01-02T03:04:05Z', 'timeout')`)
+		b.exec(t, "INSERT INTO "+b.store.Table()+b.sql(` (consumer, message_key, status, attempts, lease_until, last_error)
+VALUES ('c', 'leased', 'processing', 3, '2030-01-02T03:04:05Z', 'timeout')`, ` (consumer, message_key, status, attempts, lease_until, last_error, first_seen_at)
+VALUES ('c', 'leased', 'processing', 3, '2030-01-02 03:04:05', 'timeout', UTC_TIMESTAMP(6))`))
 		rec, err = b.store.Lookup(b.ctx, b.db, "c", "leased")
 		require.NoError(t, err)
 		require.Equal(t, inboxdb.StatusProcessing, rec.Status)
@@ -97,12 +98,13 @@ func TestStats(t *testing.T) {
 		b.claim(t, "a", "a-1") // duplicate
 		b.claim(t, "b", "b-1")
 		b.claim(t, "b", "b-1") // duplicate
-		b.exec(t, "INSERT INTO "+b.store.Table()+` (consumer, message_key, status) VALUES
-('b', 'b-failed', 'failed'), ('b', 'b-parked', 'parked'), ('b', 'b-processing', 'processing')`)
+		b.exec(t, "INSERT INTO "+b.store.Table()+b.sql(` (consumer, message_key, status) VALUES
+('b', 'b-failed', 'failed'), ('b', 'b-parked', 'parked'), ('b', 'b-processing', 'processing')`, ` (consumer, message_key, status, first_seen_at) VALUES
+('b', 'b-failed', 'failed', UTC_TIMESTAMP(6)), ('b', 'b-parked', 'parked', UTC_TIMESTAMP(6)), ('b', 'b-processing', 'processing', UTC_TIMESTAMP(6))`))
 		oldest := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
-		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+" SET first_seen_at = $1 WHERE consumer = 'b' AND message_key = 'b-parked'", oldest))
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+b.sql(" SET first_seen_at = $1", " SET first_seen_at = ?")+" WHERE consumer = 'b' AND message_key = 'b-parked'", oldest))
 		aOldest := time.Date(2002, 1, 1, 0, 0, 0, 0, time.UTC)
-		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+" SET first_seen_at = $1 WHERE consumer = 'a' AND message_key = 'a-2'", aOldest))
+		require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+b.sql(" SET first_seen_at = $1", " SET first_seen_at = ?")+" WHERE consumer = 'a' AND message_key = 'a-2'", aOldest))
 
 		all, err := b.store.Stats(b.ctx, b.db, "")
 		require.NoError(t, err)

@@ -8,7 +8,9 @@ package inboxdb_test
 
 import (
 	"context"
+	"hash/fnv"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +35,10 @@ var findConsumers = []string{"a", "B", "b-incident", "é-unicode", "c"}
 // with an inbox record (done, parked or failed), some with a payload.
 func seedFind(t *testing.T, b bundle, base time.Time) {
 	t.Helper()
+	if b.mysql() {
+		seedFindMySQL(t, b, base)
+		return
+	}
 	b.exec(t, `INSERT INTO `+b.store.ParkedTable()+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
 SELECT c, k, 'uuid-' || c || '-' || i, 'topic', CASE WHEN i % 3 = 0 THEN convert_to('payload ' || i, 'UTF8') END, 9,
   jsonb_build_object('n', i::text), 'reason ' || i, i % 4,
@@ -45,6 +51,35 @@ FROM unnest($2::text[]) c, generate_series(1, 40) i,
 SELECT consumer, message_key, (ARRAY['done', 'parked', 'failed'])[1 + abs(hashtext(message_key)) % 3], now()
 FROM `+b.store.ParkedTable()+` WHERE abs(hashtext(message_key || consumer)) % 2 = 0`)
 	b.exec(t, `ANALYZE `+b.store.ParkedTable())
+}
+
+// seedFindMySQL is seedFind's rows on MySQL, one INSERT each (the
+// record's status and presence chosen by an FNV hash of the key).
+func seedFindMySQL(t *testing.T, b bundle, base time.Time) {
+	t.Helper()
+	prefixes, letters := []string{"acme:", "globex:", "", "Acme:"}, []string{"k", "K", "é", "z", "_", "Z"}
+	for _, c := range findConsumers {
+		for i := 1; i <= 40; i++ {
+			k := prefixes[i%4] + letters[i%6] + strconv.Itoa(i)
+			var payload []byte
+			if i%3 == 0 {
+				payload = []byte("payload " + strconv.Itoa(i))
+			}
+			at := base.Add(-time.Duration(i%13) * time.Minute)
+			if c == "b-incident" {
+				at = base.Add(-time.Duration(i%5) * time.Second)
+			}
+			b.exec(t, `INSERT INTO `+b.store.ParkedTable()+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
+VALUES (?, ?, ?, 'topic', ?, 9, JSON_OBJECT('n', ?), ?, ?, ?, ?)`, c, k, "uuid-"+c+"-"+strconv.Itoa(i), payload, strconv.Itoa(i),
+				"reason "+strconv.Itoa(i), i%4, base.Add(-time.Hour).UTC(), at.UTC())
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(k + c))
+			if h.Sum32()%2 == 0 {
+				b.exec(t, `INSERT INTO `+b.store.Table()+` (consumer, message_key, status, first_seen_at, processed_at)
+VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, c, k, []string{"done", "parked", "failed"}[h.Sum32()/2%3])
+			}
+		}
+	}
 }
 
 // pgTextArray is a text[] literal of ss (no quotes nor backslashes in them).

@@ -37,8 +37,10 @@ func (b bundle) kept(t *testing.T, consumer, key string) (keptRow, bool) {
 	t.Helper()
 	var r keptRow
 	var meta string
-	err := seam.QueryRow(b.ctx, b.db, `SELECT message_uuid, topic, coalesce(payload, ''), payload IS NULL, payload_size, metadata::text,
+	err := seam.QueryRow(b.ctx, b.db, b.sql(`SELECT message_uuid, topic, coalesce(payload, ''), payload IS NULL, payload_size, metadata::text,
 reason, attempts, first_seen_at, parked_at FROM `+b.store.ParkedTable()+` WHERE consumer = $1 AND message_key = $2`,
+		`SELECT message_uuid, topic, COALESCE(payload, ''), payload IS NULL, payload_size, metadata,
+reason, attempts, first_seen_at, parked_at FROM `+b.store.ParkedTable()+` WHERE consumer = ? AND message_key = ?`),
 		[]any{consumer, key}, &r.UUID, &r.Topic, &r.Payload, &r.PayloadNull, &r.PayloadSize, &meta, &r.Reason, &r.Attempts, &r.FirstSeenAt, &r.ParkedAt)
 	if errors.Is(err, seam.ErrNoRows) {
 		return keptRow{}, false

@@ -97,6 +97,9 @@ SELECT 'c', CONCAT('k-', seq), UTC_TIMESTAMP(6) - INTERVAL 2 DAY FROM seq_1_to_1
 		case n := <-purged:
 			require.Equal(t, int64(9), n, "the locked row is skipped, the others are purged")
 		case <-time.After(10 * time.Second):
+			if b.mysql() {
+				t.Log(b.strings(t, "SELECT CONCAT(COMMAND, ' ', COALESCE(STATE, ''), ' ', COALESCE(INFO, '')) FROM information_schema.PROCESSLIST WHERE TIME_MS > 1000 AND COMMAND <> 'Sleep'"))
+			}
 			t.Fatal("Purge waited for a locked row instead of skipping it")
 		}
 		require.NoError(t, tx.Commit())

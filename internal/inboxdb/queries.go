@@ -198,9 +198,6 @@ type runTemplates struct {
 	// key), the locking read of the batch and the fix of its own records'
 	// counts (Keys: a placeholder per key).
 	claimBatchInsert, claimBatchLock, claimBatchFix sqlexec.Template
-	// MySQL's batch discard and purge steps by key (Pairs: "(?, ?)" per
-	// key).
-	deleteParkedPairs, discardMarkPairs, forgetWaitingPairs, purgeDelete sqlexec.Template
 	// A parked-message filter's statements: [keysFirst][payloads] for the
 	// find, [payload] for the lock, [forget] for the batch discard.
 	findParked                           [2][2]sqlexec.Template
@@ -227,10 +224,6 @@ func newRunTemplates(q queries, partitioned, mysql bool) (runTemplates, error) {
 		tm(&rt.claimBatchInsert, "ClaimBatchInsert", "Rows")
 		tm(&rt.claimBatchLock, "ClaimBatchLock", "Keys")
 		tm(&rt.claimBatchFix, "ClaimBatchFix", "Keys")
-		tm(&rt.deleteParkedPairs, "DeleteParkedPairs", "Pairs")
-		tm(&rt.discardMarkPairs, "DiscardMarkPairs", "Pairs")
-		tm(&rt.forgetWaitingPairs, "ForgetWaitingPairs", "Pairs")
-		tm(&rt.purgeDelete, "PurgeDelete", "Pairs")
 	case partitioned:
 		tm(&rt.beginLock[0], "BeginClaimLock", "Consumer", "Key")
 		tm(&rt.beginLock[1], "BeginClaimLock"+fallbackSuffix, "Consumer", "Key")

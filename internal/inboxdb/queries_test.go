@@ -161,7 +161,7 @@ func checkAllLayoutsChecked(t *testing.T, layout string, names []string) {
 // for it, on one connection (prepared statements are the session's): a
 // typo in a .sql file fails here, not for a user. The run-time templates'
 // holes are filled with sample text (a filter condition, one row, one key,
-// one pair). ClaimBatchRow is a row of ClaimBatchInsert, checked inside it.
+// one key). ClaimBatchRow is a row of ClaimBatchInsert, checked inside it.
 func TestQueriesPrepareMySQL(t *testing.T) {
 	t.Parallel()
 	db := testenv.MySQLDB(t)
@@ -174,7 +174,7 @@ func TestQueriesPrepareMySQL(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 
-	sample := map[string]string{"Where": "p.reason <> ''", "Rows": store.Statement("ClaimBatchRow"), "Keys": "?", "Pairs": "(?, ?)"}
+	sample := map[string]string{"Where": "p.reason <> ''", "Rows": store.Statement("ClaimBatchRow"), "Keys": "?"}
 	names := store.StatementNames()
 	for _, name := range names {
 		if name == "ClaimBatchRow" {
@@ -197,7 +197,7 @@ func TestQueriesPrepareMySQL(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for _, n := range []string{"ClaimInsert", "LockRecord", "Reclaim", "ClaimBatchInsert", "ClaimBatchLock", "ClaimBatchFix",
-		"Lookup", "ForgetRecord", "Release", "Park", "KeepParked", "FindParked", "DiscardParkedBatch", "PurgePick", "PurgeDelete"} {
+		"Lookup", "ForgetRecord", "Release", "Park", "KeepParked", "FindParked", "DiscardParkedBatch", "PurgePick"} {
 		require.Contains(t, names, n)
 	}
 }

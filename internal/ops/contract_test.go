@@ -41,6 +41,16 @@ func TestContractPostgres(t *testing.T) {
 	}
 }
 
+// The operator contract against the MySQL/MariaDB inbox (plain layout:
+// MySQL has no partitioned one).
+func TestContractMariaDB(t *testing.T) {
+	t.Parallel()
+	opstest.Run(t, func(t *testing.T) opstest.Harness {
+		d := testenv.DriverNamed(t, testenv.MariaDB)
+		return postgresHarness(t, testenv.SchemaMySQL(t, d.DB))
+	})
+}
+
 // The operator contract against the Redis lease store.
 func TestContractRedis(t *testing.T) {
 	t.Parallel()
@@ -53,7 +63,16 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// postgresHarness is the harness of the SQL inbox on db, PostgreSQL or
+// MySQL (db.Dialect): its own statements in the dialect's text.
 func postgresHarness(t *testing.T, db sqlschema.DB) opstest.Harness {
+	mysql := db.Dialect == sqlschema.MySQL
+	pick := func(pg, my string) string {
+		if mysql {
+			return my
+		}
+		return pg
+	}
 	store, err := inbox.NewStore(db)
 	require.NoError(t, err)
 	inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
@@ -77,19 +96,32 @@ func postgresHarness(t *testing.T, db sqlschema.DB) opstest.Harness {
 		},
 		Age: func(t *testing.T, consumer, key string, ago time.Duration) {
 			t.Helper()
+			if mysql {
+				_, err := db.Conn.ExecContext(ctx, `UPDATE `+inner.ParkedTable()+` SET parked_at = UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+WHERE consumer = ? AND message_key = ?`, ago.Microseconds(), consumer, key)
+				require.NoError(t, err)
+				return
+			}
 			_, err := db.Conn.ExecContext(ctx, `UPDATE `+inner.ParkedTable()+` SET parked_at = now() - make_interval(secs => $3)
 WHERE consumer = $1 AND message_key = $2`, consumer, key, ago.Seconds())
 			require.NoError(t, err)
 		},
 		SetStatus: func(t *testing.T, consumer, key, status string) {
 			t.Helper()
+			if mysql {
+				_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Inbox()+` SET status = ?,
+  lease_until = IF(status = 'processing', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, NULL) WHERE consumer = ? AND message_key = ?`, status, consumer, key)
+				require.NoError(t, err)
+				return
+			}
 			_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Inbox()+` SET status = $3,
   lease_until = CASE WHEN $3 = 'processing' THEN now() + interval '1 hour' END WHERE consumer = $1 AND message_key = $2`, consumer, key, status)
 			require.NoError(t, err)
 		},
 		Replayed: func(t *testing.T) []opstest.Replayed {
 			t.Helper()
-			rows, err := db.Conn.QueryContext(ctx, `SELECT topic, uuid, payload, metadata::text FROM `+db.Outbox()+` ORDER BY id`)
+			rows, err := db.Conn.QueryContext(ctx, pick(`SELECT topic, uuid, payload, metadata::text FROM `+db.Outbox()+` ORDER BY id`,
+				`SELECT topic, uuid, payload, metadata FROM `+db.Outbox()+` ORDER BY id`))
 			require.NoError(t, err)
 			var out []opstest.Replayed
 			for rows.Next() {

@@ -68,6 +68,9 @@ type tables struct {
 	ListenerLockClass int64
 	// MigrationsTable is the name of sqlschema's migrations table.
 	MigrationsTable string
+	// FailingIndex is the outbox table's index of its failed rows, quoted
+	// (the MySQL relay's DueHeads names it).
+	FailingIndex string
 	// State is the filter's state, and RowFilter the condition of
 	// include/row_filter.sql for it (rows/*.sql).
 	State, RowFilter string
@@ -89,6 +92,7 @@ func New(db sqlschema.DB) (*Store, error) {
 		ChannelIdent:      db.Dialect.QuoteIdentifier(channel),
 		ListenerLockClass: outboxnotify.ListenerLockClass,
 		MigrationsTable:   migrationsTable,
+		FailingIndex:      db.Dialect.QuoteIdentifier(db.WithDefaults().OutboxTable + "_failing"),
 	}
 	st, err := sqlfile.Render(queries, dir(db.Dialect), data)
 	if err != nil {

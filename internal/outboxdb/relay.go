@@ -9,10 +9,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // Probe reports whether the table has a row with an ordering key, and
-// turns JIT compilation off for the rest of tx (relay.sql's Probe).
+// turns JIT compilation off for the rest of tx (relay.sql's Probe; on
+// MySQL there is no JIT).
 func (s *Store) Probe(ctx context.Context, tx wsql.ContextExecutor) (keyed bool, err error) {
 	var jit string
 	err = seam.QueryRow(ctx, tx, s.st.Get("Probe"), nil, &jit, &keyed)
@@ -52,7 +54,13 @@ type Claimed struct {
 
 // ClaimBatch locks a relay batch in tx, FOR UPDATE SKIP LOCKED, and
 // returns its rows in id order (relay.sql's ClaimKeyed and ClaimPlain).
+//
+// On MySQL the batch is several statements (relay_mysql.go), with the same
+// semantics; tx must be READ COMMITTED there too.
 func (s *Store) ClaimBatch(ctx context.Context, tx wsql.ContextExecutor, c Claim) ([]Claimed, error) {
+	if s.dialect == sqlschema.MySQL {
+		return s.claimMySQL(ctx, tx, c)
+	}
 	paused := c.Paused
 	if paused == nil {
 		paused = []string{}
@@ -87,6 +95,9 @@ func (s *Store) ClaimBatch(ctx context.Context, tx wsql.ContextExecutor, c Claim
 
 // DeleteRelayed deletes the rows the publisher accepted.
 func (s *Store) DeleteRelayed(ctx context.Context, tx wsql.ContextExecutor, ids []int64) error {
+	if s.dialect == sqlschema.MySQL {
+		return s.deleteMySQL(ctx, tx, ids)
+	}
 	_, err := tx.ExecContext(ctx, s.st.Get("DeleteRelayed"), ids)
 	return err
 }
@@ -119,8 +130,12 @@ type Recorded struct {
 }
 
 // RecordFailures records the failures of a batch in one statement
-// (relay.sql's RecordFailures) and returns the rows as they are now.
+// (relay.sql's RecordFailures; on MySQL one per row) and returns the rows
+// as they are now.
 func (s *Store) RecordFailures(ctx context.Context, tx wsql.ContextExecutor, failed []Failure, b Backoff) ([]Recorded, error) {
+	if s.dialect == sqlschema.MySQL {
+		return s.recordMySQL(ctx, tx, failed, b)
+	}
 	ids := make([]int64, len(failed))
 	permanent := make([]bool, len(failed))
 	defect := make([]bool, len(failed))

@@ -82,9 +82,8 @@ SELECT COALESCE(GET_LOCK(?, 0), 0) = 1
 SELECT COALESCE(RELEASE_LOCK(?), 0)
 
 -- A purge batch picks the rows (skipping those another transaction
--- holds: a claim counting a duplicate) and deletes them by key: Pairs is
--- "(?, ?)" once per picked key, comma-separated. The age is in
--- microseconds.
+-- holds: a claim counting a duplicate); then ForgetRecord deletes them,
+-- one statement per key (byKey). The age is in microseconds.
 
 -- name: PurgePick
 SELECT consumer, message_key FROM {{.Inbox}}
@@ -108,6 +107,3 @@ SELECT consumer, message_key FROM {{.Inbox}}
 WHERE COALESCE(processed_at, first_seen_at) < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND status IN ('done', 'failed', 'discarded')
 AND consumer = ? AND message_key LIKE ? ESCAPE '!'
 LIMIT ? FOR UPDATE SKIP LOCKED
-
--- name: PurgeDelete
-DELETE FROM {{.Inbox}} WHERE (consumer, message_key) IN ({{.Run "Pairs"}})

@@ -86,23 +86,13 @@ UPDATE {{.Inbox}} SET status = 'discarded', processed_at = UTC_TIMESTAMP(6)
 WHERE consumer = ? AND message_key = ? AND status = 'parked'
 
 -- A batch discard picks the page of parked messages (skipping those
--- another transaction holds), then deletes them and marks (or, with
--- forget, deletes) their records: Pairs is "(?, ?)" once per picked key,
--- comma-separated.
+-- another transaction holds), then deletes them (DeleteParked) and marks
+-- (DiscardMark) or, with forget, deletes (ForgetWaitingRecord) their
+-- records, one statement per key (byKey).
 
 -- name: DiscardParkedBatch
 SELECT p.consumer, p.message_key FROM {{.Parked}} p WHERE {{.Run "Where"}}
 ORDER BY p.parked_at, p.consumer, p.message_key LIMIT ? FOR UPDATE SKIP LOCKED
-
--- name: DeleteParkedPairs
-DELETE FROM {{.Parked}} WHERE (consumer, message_key) IN ({{.Run "Pairs"}})
-
--- name: DiscardMarkPairs
-UPDATE {{.Inbox}} SET status = 'discarded', processed_at = UTC_TIMESTAMP(6)
-WHERE (consumer, message_key) IN ({{.Run "Pairs"}}) AND status = 'parked'
-
--- name: ForgetWaitingPairs
-DELETE FROM {{.Inbox}} WHERE (consumer, message_key) IN ({{.Run "Pairs"}}) AND status IN ('parked', 'failed')
 
 -- A park (transactional mode) inserts the record parked, or parks a
 -- released one (failed, parked by a transaction) again; any other record
