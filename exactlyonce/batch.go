@@ -18,6 +18,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlexec"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // Group commit (Config.Batch): the deliveries of one handler that are in
@@ -515,6 +516,17 @@ func (b *batcher) runOnce(jobs []*job) attempt {
 
 	th := readyTx(tx)
 	ptx, pipelined := pgxOf(tx)
+	// On MySQL the outputs are written once every handler ran and the
+	// transaction is known to be open (CheckOpen): a deadlock a handler
+	// ignored ends the transaction, and what runs after it commits on its
+	// own; the library writes nothing then.
+	mysql := m.cfg.DB.Dialect == sqlschema.MySQL
+	type pending struct {
+		n       int
+		outputs outputSet
+		ob      *lazyOutbox
+	}
+	var later []pending
 	var wrote *lazyOutbox // one whose rows the batch's NOTIFY is for
 	for n, j := range run {
 		j.queued = j.queued[:0]
@@ -527,7 +539,11 @@ func (b *batcher) runOnce(jobs []*job) attempt {
 		if herr == nil {
 			var outputs outputSet
 			if outputs, herr = m.prepareOutputs(j.d, produced); herr == nil {
-				herr = outputs.write(ob)
+				if mysql {
+					later = append(later, pending{n, outputs, ob})
+				} else {
+					herr = outputs.write(ob)
+				}
 			}
 		}
 		if wrote == nil && ob.pub != nil {
@@ -544,12 +560,24 @@ func (b *batcher) runOnce(jobs []*job) attempt {
 			return a
 		}
 	}
+	if len(run) > 0 {
+		// One claimed key tells: a rollback takes all of them.
+		if err := m.store.CheckOpen(ctx, tx, run[0].d.consumer, run[0].d.key); err != nil {
+			a.at, a.err = atCommit, err
+			return a
+		}
+	}
+	for _, p := range later {
+		if err := p.outputs.write(p.ob); err != nil {
+			a.at, a.job, a.err = atHandler, at[p.n], err
+			return a
+		}
+		if wrote == nil && p.ob.pub != nil {
+			wrote = p.ob
+		}
+	}
 	if wrote != nil {
 		wrote.beforeCommit(ctx)
-	}
-	if err := m.store.CheckOpen(ctx, tx); err != nil {
-		a.at, a.err = atCommit, err
-		return a
 	}
 	ended = true
 	if err := tx.Commit(); err != nil {

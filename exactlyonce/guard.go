@@ -33,6 +33,7 @@ type Guard struct {
 	store     *inboxdb.Store
 	conn      sqlexec.DB         // Config.DB.Conn, classified once (a pgx pool: BEGIN and the claim in one round trip)
 	lease     leasestore.Backend // lease mode's store
+	conncheck connCheck          // the connection checked before the first claim (MySQL)
 	names     pgerr.Tables
 	scopes    scopes
 	tracer    trace.Tracer
@@ -181,6 +182,14 @@ func (m *Guard) handle(d *delivery, h message.HandlerFunc, b *batcher) {
 		return
 	}
 	d.key, d.ev.Key = key, key
+	if m.lease == nil || m.lease.Transactional() {
+		if err := m.conncheck.check(d.ctx, m.cfg.DB); err != nil {
+			err = claimError(d, ErrClaimFailed, err)
+			m.claimFailed(err, nil)
+			d.nackLater(reported(err)) // a configuration error: never succeeds on redelivery
+			return
+		}
+	}
 	switch {
 	case m.cfg.Lease != nil:
 		m.handleLease(d, h)

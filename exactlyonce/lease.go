@@ -184,10 +184,24 @@ func (m *Guard) handleLease(d *delivery, h message.HandlerFunc) {
 	// message's context: the router cancels that when it closes, and once
 	// the handler's effect happened, recording it is worth finishing
 	// (database/sql would roll the transaction back on cancel).
-	th := lazyTx(func() (wsql.Tx, error) { return m.cfg.DB.Conn.BeginTx(context.WithoutCancel(d.ctx), nil) })
+	var handlerDone atomic.Bool
+	th := lazyTx(func() (wsql.Tx, error) {
+		tx, err := m.cfg.DB.Conn.BeginTx(context.WithoutCancel(d.ctx), nil)
+		if err != nil || handlerDone.Load() {
+			return tx, err
+		}
+		// Begun by the handler: marked for the check before the
+		// completion (MySQL, CheckMark).
+		if err := m.store.MarkTx(context.WithoutCancel(d.ctx), tx); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+		return tx, nil
+	})
 	defer th.rollback()
 	ob := &lazyOutbox{tx: th, w: m.outbox, ctx: d.ctx, tracer: m.tracer}
 	produced, herr := m.runHandler(d, h, &handlerValues{tx: th, outbox: ob, consumer: d.consumer, key: d.key, lease: lease})
+	handlerDone.Store(true)
 	// The completion's statements outlive the message's context (see the
 	// completion transaction), bounded by their own timeout.
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), completionTimeout)
@@ -219,6 +233,15 @@ func (m *Guard) completeLease(ctx context.Context, d *delivery, l *leaseState, t
 		return stageOutputs, err
 	}
 	outputs.setContext(ctx)
+	if tx, ok := th.current(); ok {
+		// The handler used its transaction: before the completion's
+		// statements, the check that the server did not end it (MySQL: a
+		// deadlock the handler ignored), after which they would commit on
+		// their own.
+		if err := m.store.CheckMark(ctx, tx); err != nil {
+			return stageCommit, err
+		}
+	}
 	if err := outputs.write(ob); err != nil {
 		return stageWrite, err
 	}
@@ -238,9 +261,6 @@ func (m *Guard) completeLease(ctx context.Context, d *delivery, l *leaseState, t
 		return stageComplete, err
 	}
 	ob.beforeCommit(ctx)
-	if err := m.store.CheckOpen(ctx, tx); err != nil {
-		return stageCommit, err
-	}
 	if err := th.commit(); err != nil {
 		return stageCommit, err
 	}

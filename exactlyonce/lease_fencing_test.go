@@ -15,6 +15,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // TestLeaseFencingSurvivesForget: an operator forgets a key while a worker
@@ -25,61 +26,62 @@ import (
 // B's completion was refused.
 func TestLeaseFencingSurvivesForget(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			e := newLeaseEnv(t, d)
-			eo := e.middleware(t, exactlyonce.Config{})
-			type step struct {
-				entered chan struct{}
-				release chan struct{}
-				extend  chan error
-			}
-			newStep := func() *step {
-				return &step{entered: make(chan struct{}), release: make(chan struct{}), extend: make(chan error, 1)}
-			}
-			a, b := newStep(), newStep()
-			run := func(s *step) <-chan error {
-				done := make(chan error, 1)
-				go func() {
-					_, err := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-						close(s.entered)
-						<-s.release
-						s.extend <- exactlyonce.ExtendLease(msg.Context(), time.Minute)
-						return nil, nil
-					})(message.NewMessage("k", nil))
-					done <- err
-				}()
-				return done
-			}
-			aDone := run(a)
-			<-a.entered
-			forgot, err := e.store.Forget(context.Background(), d.DB, "sms", "k")
-			require.NoError(t, err)
-			require.True(t, forgot)
-			bDone := run(b)
-			<-b.entered
-			require.Equal(t, 1, e.record(t, "k").Attempts, "B runs attempt 1 again after Forget")
+	testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		e := newLeaseEnv(t, d)
+		eo := e.middleware(t, exactlyonce.Config{})
+		type step struct {
+			entered chan struct{}
+			release chan struct{}
+			extend  chan error
+		}
+		newStep := func() *step {
+			return &step{entered: make(chan struct{}), release: make(chan struct{}), extend: make(chan error, 1)}
+		}
+		a, b := newStep(), newStep()
+		run := func(s *step) <-chan error {
+			done := make(chan error, 1)
+			go func() {
+				_, err := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					close(s.entered)
+					<-s.release
+					s.extend <- exactlyonce.ExtendLease(msg.Context(), time.Minute)
+					return nil, nil
+				})(message.NewMessage("k", nil))
+				done <- err
+			}()
+			return done
+		}
+		aDone := run(a)
+		<-a.entered
+		forgot, err := e.store.Forget(context.Background(), d.DB, "sms", "k")
+		require.NoError(t, err)
+		require.True(t, forgot)
+		bDone := run(b)
+		<-b.entered
+		require.Equal(t, 1, e.record(t, "k").Attempts, "B runs attempt 1 again after Forget")
 
-			close(a.release)
-			require.ErrorIs(t, <-a.extend, exactlyonce.ErrLeaseLost, "stale A's extension is refused")
-			require.ErrorIs(t, <-aDone, exactlyonce.ErrLeaseLost, "stale A's completion is refused")
-			close(b.release)
-			require.NoError(t, <-b.extend)
-			require.NoError(t, <-bDone, "B, the holder, completes")
-			require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
-		})
-	}
+		close(a.release)
+		require.ErrorIs(t, <-a.extend, exactlyonce.ErrLeaseLost, "stale A's extension is refused")
+		require.ErrorIs(t, <-aDone, exactlyonce.ErrLeaseLost, "stale A's completion is refused")
+		close(b.release)
+		require.NoError(t, <-b.extend)
+		require.NoError(t, <-bDone, "B, the holder, completes")
+		require.Equal(t, inboxdb.StatusDone, e.record(t, "k").Status)
+	})
 }
 
 // TestExtendLeaseSmallPool: with a pool of one connection, a handler that
 // holds it (its completion transaction began) can still extend its lease;
 // and a handler whose extension waits for a connection someone else holds
 // gets an error within its lease instead of blocking until its message
-// context ends.
+// context ends. PostgreSQL through pgx's pool and database/sql, MariaDB
+// through database/sql.
 func TestExtendLeaseSmallPool(t *testing.T) {
 	t.Parallel()
 	tables := testenv.Schema(t)
+	mysqlTables := testenv.SchemaMySQL(t, wsql.BeginnerFromStdSQL(testenv.MySQLDB(t)))
+	my := testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL()))
+	my.SetMaxOpenConns(1)
 	pgxCfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
 	require.NoError(t, err)
 	pgxCfg.MaxConns = 1
@@ -93,25 +95,31 @@ func TestExtendLeaseSmallPool(t *testing.T) {
 	t.Cleanup(func() { _ = std.Close() })
 
 	type smallPool struct {
-		name string
-		db   wsql.Beginner
-		hold func(t *testing.T) (release func())
+		name   string
+		tables sqlschema.DB
+		db     wsql.Beginner
+		hold   func(t *testing.T) (release func())
 	}
 	for i, p := range []smallPool{
-		{name: "pgxpool", db: wsql.BeginnerFromPgx(pool), hold: func(t *testing.T) func() {
+		{name: "pgxpool", tables: tables, db: wsql.BeginnerFromPgx(pool), hold: func(t *testing.T) func() {
 			c, err := pool.Acquire(context.Background())
 			require.NoError(t, err)
 			return c.Release
 		}},
-		{name: "database-sql", db: wsql.BeginnerFromStdSQL(std), hold: func(t *testing.T) func() {
+		{name: "database-sql", tables: tables, db: wsql.BeginnerFromStdSQL(std), hold: func(t *testing.T) func() {
 			c, err := std.Conn(context.Background())
+			require.NoError(t, err)
+			return func() { _ = c.Close() }
+		}},
+		{name: testenv.MariaDB, tables: mysqlTables, db: wsql.BeginnerFromStdSQL(my), hold: func(t *testing.T) func() {
+			c, err := my.Conn(context.Background())
 			require.NoError(t, err)
 			return func() { _ = c.Close() }
 		}},
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			const lease = 2 * time.Second
-			eo, err := exactlyonce.New(exactlyonce.Config{DB: testenv.WithConn(tables, p.db),
+			eo, err := exactlyonce.New(exactlyonce.Config{DB: testenv.WithConn(p.tables, p.db),
 				Lease:    &exactlyonce.LeaseConfig{Duration: lease},
 				Consumer: "c" + string(rune('0'+i)), NackDelay: -1, Logger: testenv.Logger(t)})
 			require.NoError(t, err)

@@ -1,26 +1,30 @@
 package exactlyonce_test
 
-// The lease-mode behaviour suite, run once per store (PostgreSQL, Redis):
-// what a handler and an operator see must not depend on where the records
-// live. Store-specific behaviour (the PostgreSQL completion transaction and
-// outbox, Redis's DoneTTL and refusals) is tested elsewhere.
+// The lease-mode behaviour suite, run once per store (PostgreSQL, MariaDB,
+// Redis): what a handler and an operator see must not depend on where the
+// records live. Store-specific behaviour (the SQL completion transaction
+// and outbox, Redis's DoneTTL and refusals) is tested elsewhere.
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/leasestore"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/redisstore"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // leaseStore is one lease-mode store under test.
@@ -29,7 +33,7 @@ type leaseStore struct {
 	// backend is the store's implementation, for what another worker or
 	// an operator does to a key.
 	backend leasestore.Backend
-	// with puts the store in cfg: Config.DB (PostgreSQL) or
+	// with puts the store in cfg: Config.DB (PostgreSQL, MariaDB) or
 	// Config.Lease.Store (Redis).
 	with func(cfg *exactlyonce.Config)
 	// expireOf ends the live lease of consumer's key now, as if its worker
@@ -66,6 +70,48 @@ func postgresLeaseStore(t *testing.T) *leaseStore {
 	}
 }
 
+// mariadbLeaseStore is the inbox table on MariaDB (sqlschema.MySQL),
+// through database/sql: the store lease mode uses when Config.DB is MySQL.
+func mariadbLeaseStore(t *testing.T) *leaseStore {
+	conn := wsql.BeginnerFromStdSQL(testenv.MySQLDB(t))
+	tables := testenv.SchemaMySQL(t, conn)
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+	require.NoError(t, err)
+	return &leaseStore{
+		name:    testenv.MariaDB,
+		backend: &leasestore.Postgres{Store: store, DB: conn},
+		with:    func(cfg *exactlyonce.Config) { cfg.DB = tables },
+		expireOf: func(t *testing.T, consumer, key string) {
+			_, err := conn.ExecContext(context.Background(), "UPDATE "+tables.Inbox()+
+				" SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE consumer = ? AND message_key = ? AND status = 'processing'", consumer, key)
+			require.NoError(t, err)
+		},
+		kept: func(t *testing.T, consumer, key string) (keptMessage, bool) {
+			return keptInMySQL(t, tables, consumer, key)
+		},
+	}
+}
+
+// keptInMySQL is keptInPostgres on MySQL/MariaDB: the parked message of
+// (consumer, key) from the table of parked messages; false when there is
+// none.
+func keptInMySQL(t *testing.T, db sqlschema.DB, consumer, key string) (keptMessage, bool) {
+	t.Helper()
+	store, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
+	require.NoError(t, err)
+	var k keptMessage
+	var meta string
+	err = seam.QueryRow(context.Background(), db.Conn, `SELECT message_uuid, topic, coalesce(payload, ''), payload IS NOT NULL, payload_size,
+metadata, reason, attempts FROM `+store.ParkedTable()+` WHERE consumer = ? AND message_key = ?`, []any{consumer, key},
+		&k.UUID, &k.Topic, &k.Payload, &k.PayloadKept, &k.PayloadSize, &meta, &k.Reason, &k.Attempts)
+	if errors.Is(err, seam.ErrNoRows) {
+		return keptMessage{}, false
+	}
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(meta), &k.Metadata))
+	return k, true
+}
+
 func redisLeaseStore(t *testing.T) *leaseStore {
 	c := testenv.Redis(t)
 	prefix := testenv.RedisPrefix(t, c)
@@ -95,7 +141,7 @@ func eachLeaseStore(t *testing.T, f func(t *testing.T, s *leaseStore)) {
 	for _, store := range []struct {
 		name string
 		make func(*testing.T) *leaseStore
-	}{{"postgres", postgresLeaseStore}, {"redis", redisLeaseStore}} {
+	}{{"postgres", postgresLeaseStore}, {testenv.MariaDB, mariadbLeaseStore}, {"redis", redisLeaseStore}} {
 		t.Run(store.name, func(t *testing.T) {
 			t.Parallel()
 			f(t, store.make(t))

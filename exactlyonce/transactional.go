@@ -66,6 +66,14 @@ func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
 		m.handlerFailed(d, err)
 		return
 	}
+	// Before the library's own writes: on MySQL a deadlock the handler
+	// ignored ended the transaction, and they would commit on their own.
+	if err := m.store.CheckOpen(context.WithoutCancel(d.ctx), tx, d.consumer, d.key); err != nil {
+		_ = tx.Rollback()
+		done = true
+		d.nack(commitError(d, err))
+		return
+	}
 	outputs, err := m.prepareOutputs(d, produced)
 	if err == nil {
 		err = outputs.write(ob)
@@ -84,10 +92,6 @@ func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
 		return
 	}
 	ob.beforeCommit(context.WithoutCancel(d.ctx))
-	if err := m.store.CheckOpen(context.WithoutCancel(d.ctx), tx); err != nil {
-		d.nack(commitError(d, err))
-		return
-	}
 	done = true
 	if err := tx.Commit(); err != nil {
 		d.nack(commitError(d, err))

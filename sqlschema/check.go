@@ -2,7 +2,6 @@ package sqlschema
 
 import (
 	"context"
-	stdsql "database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -40,7 +39,7 @@ func Check(ctx context.Context, db DB) error {
 		return err
 	}
 	if db.Dialect == MySQL {
-		if err := checkServer(ctx, mysqlRow{db.Conn}, st); err != nil {
+		if err := db.checkConn(ctx); err != nil {
 			return fmt.Errorf("sqlschema: Check: %w", err)
 		}
 	}
@@ -109,14 +108,6 @@ func (c DB) tableArgs(table string) []any {
 		return []any{c.Schema, table}
 	}
 	return []any{c.Dialect.QuoteIdentifier(c.Schema, table)}
-}
-
-// mysqlRow runs checkServer's query through a Beginner.
-type mysqlRow struct{ b wsql.Beginner }
-
-func (r mysqlRow) QueryRowContext(ctx context.Context, query string, args ...any) *stdsql.Row {
-	db, _ := stdDB(r.b) // ValidateConn made sure
-	return db.QueryRowContext(ctx, query, args...)
 }
 
 func tableExists(ctx context.Context, st sqlfile.Statements, db DB, table string) (bool, error) {

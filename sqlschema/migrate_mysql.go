@@ -53,7 +53,7 @@ func migrateMySQL(ctx context.Context, cfg DB, st sqlfile.Statements, migs []mig
 		return fmt.Errorf("sqlschema: Migrate: connecting: %w", err)
 	}
 	defer func() { _ = conn.Close() }()
-	if err := checkServer(ctx, conn, st); err != nil {
+	if err := checkConn(ctx, conn, st); err != nil {
 		return fmt.Errorf("sqlschema: Migrate: %w", err)
 	}
 	var got stdsql.NullInt64
@@ -161,6 +161,66 @@ func checkVersion(version string) error {
 		return fmt.Errorf("%w: %s %s has no SKIP LOCKED, %d.%d or later is needed", ErrEngine, engine, version, min[0], min[1])
 	}
 	return nil
+}
+
+// checkConn is checkServer, and the found-rows probe, on one connection.
+func checkConn(ctx context.Context, conn *stdsql.Conn, st sqlfile.Statements) error {
+	if err := checkServer(ctx, conn, st); err != nil {
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, st.Get("ProbeCreate")); err != nil {
+		return fmt.Errorf("the found-rows probe: %w", err)
+	}
+	defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), st.Get("ProbeDrop")) }()
+	var n int64
+	for range 2 {
+		res, err := conn.ExecContext(ctx, st.Get("ProbeUpsert"))
+		if err != nil {
+			return fmt.Errorf("the found-rows probe: %w", err)
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return fmt.Errorf("the found-rows probe: %w", err)
+		}
+	}
+	if n != 0 {
+		return fmt.Errorf("%w: the DSN must not set clientFoundRows=true (an upsert that changes nothing must report 0 rows)", ErrEngine)
+	}
+	return nil
+}
+
+// CheckConn reports whether db's connection can serve the library, as far
+// as the connection itself decides it: on MySQL, a server with SKIP LOCKED,
+// a DSN with parseTime=true and without clientFoundRows=true (the claims
+// tell a new record from an existing one by the affected rows of an
+// upsert). Errors wrap ErrEngine, or are the database's. On PostgreSQL it
+// checks nothing. Migrate and Check run it; the middleware runs it once
+// before its first claim.
+func CheckConn(ctx context.Context, db DB) error {
+	if err := db.checkConn(ctx); err != nil {
+		return fmt.Errorf("sqlschema: %w", err)
+	}
+	return nil
+}
+
+// checkConn is CheckConn without the package's prefix.
+func (c DB) checkConn(ctx context.Context) error {
+	if c.Dialect != MySQL {
+		return nil
+	}
+	if err := c.validateConn(); err != nil {
+		return err
+	}
+	st, err := c.bookkeeping()
+	if err != nil {
+		return err
+	}
+	sdb, _ := stdDB(c.Conn)
+	conn, err := sdb.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("connecting: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	return checkConn(ctx, conn, st)
 }
 
 // connExec runs the bookkeeping's queries on one connection.

@@ -80,3 +80,26 @@ func TestMySQLTwoTableSetsAndTheConnectionsDatabase(t *testing.T) {
 	}
 	require.ErrorIs(t, sqlschema.Check(ctx, a), sqlschema.ErrEngine)
 }
+
+// clientFoundRows=true makes an upsert that changes nothing report one
+// affected row, as an insert: the claims would take an existing record for
+// a new one. Migrate, Check and CheckConn refuse the connection.
+func TestMySQLRefusesClientFoundRows(t *testing.T) {
+	t.Parallel()
+	mc, err := mysql.ParseDSN(testenv.MySQLDSN(testenv.MySQLURL()))
+	require.NoError(t, err)
+	mc.ClientFoundRows = true
+	db, err := sql.Open("mysql", mc.FormatDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	conn := wsql.BeginnerFromStdSQL(db)
+	cfg := sqlschema.DB{Conn: conn, Dialect: sqlschema.MySQL, Schema: freshSchema(t, conn)}
+	err = sqlschema.Migrate(ctxT(t), cfg)
+	require.ErrorIs(t, err, sqlschema.ErrEngine)
+	require.ErrorContains(t, err, "clientFoundRows")
+	require.ErrorIs(t, sqlschema.CheckConn(ctxT(t), cfg), sqlschema.ErrEngine)
+
+	good := sqlschema.DB{Conn: wsql.BeginnerFromStdSQL(testenv.MySQLDB(t)), Dialect: sqlschema.MySQL}
+	require.NoError(t, sqlschema.CheckConn(ctxT(t), good))
+	require.NoError(t, sqlschema.CheckConn(ctxT(t), sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t))}), "nothing to check on PostgreSQL")
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 // ErrLeaseLost means the caller's attempt no longer owns the key: its lease
@@ -103,6 +104,28 @@ const claimLockTimeout = time.Second
 // lockNotAvailable is PostgreSQL's SQLSTATE when lock_timeout expires.
 const lockNotAvailable = "55P03"
 
+// claimRestoreTimeout bounds the statement that puts a MySQL session's
+// innodb_lock_wait_timeout back after a claim (claimLeaseMySQL), which
+// runs also when the claim's context ended.
+const claimRestoreTimeout = 5 * time.Second
+
+// mysqlLockWaitTimeout is MySQL's error when innodb_lock_wait_timeout
+// expires (ER_LOCK_WAIT_TIMEOUT).
+const mysqlLockWaitTimeout = 1205
+
+// lockWaitExpired reports whether err says that a claim waited its
+// claimLockTimeout for a record another transaction holds.
+func lockWaitExpired(err error) bool {
+	if n, ok := pgerr.MySQLNumber(err); ok {
+		return n == mysqlLockWaitTimeout
+	}
+	return pgerr.Code(err) == lockNotAvailable
+}
+
+// leaseMySQL reports whether s runs lease.sql's MySQL statements, which
+// stand in for RETURNING with a read after each change (claimLeaseMySQL).
+func (s *Store) leaseMySQL() bool { return s.cfg.Tables.Dialect == sqlschema.MySQL }
+
 // ClaimLease claims (consumer, key) for lease mode in a short transaction of
 // its own (READ COMMITTED, whatever the database's default), committed
 // before it returns, so that other workers see the lease while the caller
@@ -121,7 +144,8 @@ const lockNotAvailable = "55P03"
 //     parked with the reason in last_error (LeaseParked with ParkedNow).
 //
 // Each acquired claim carries a new Token. On the partitioned layout, a
-// claim that met ErrPartitionsChanged runs again in a new transaction.
+// claim that met ErrPartitionsChanged runs again in a new transaction; on
+// MySQL/MariaDB, so does a claim InnoDB chose as a deadlock's victim.
 func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key string, opts LeaseOptions) (LeaseClaim, error) {
 	if err := s.ValidateKey(consumer, key); err != nil {
 		return LeaseClaim{}, err
@@ -133,19 +157,39 @@ func (s *Store) ClaimLease(ctx context.Context, db wsql.Beginner, consumer, key 
 		return LeaseClaim{}, fmt.Errorf("MaxInterrupted must be >= 0, got %d", opts.MaxInterrupted)
 	}
 	for try := 1; ; try++ {
-		tx, err := db.BeginTx(ctx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
+		beginCtx := ctx
+		if s.leaseMySQL() {
+			// The transaction outlives ctx (database/sql would roll it back
+			// and pool its connection the moment ctx ends), so that the
+			// claim can put the session's setting back first
+			// (claimLeaseMySQL); its statements still end with ctx.
+			beginCtx = context.WithoutCancel(ctx)
+		}
+		tx, err := db.BeginTx(beginCtx, &stdsql.TxOptions{Isolation: stdsql.LevelReadCommitted})
 		if err != nil {
 			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: begin: %w", key, consumer, err)
 		}
-		lc, err := s.claimLease(ctx, tx, consumer, key, opts, 3)
+		var lc LeaseClaim
+		if s.leaseMySQL() {
+			lc, err = s.claimLeaseMySQL(ctx, tx, consumer, key, opts)
+		} else {
+			lc, err = s.claimLease(ctx, tx, consumer, key, opts, 3)
+		}
 		if err != nil {
 			_ = tx.Rollback()
-			if pgerr.Code(err) == lockNotAvailable {
+			if lockWaitExpired(err) {
 				return LeaseClaim{Outcome: LeaseBusy}, nil
+			}
+			if s.leaseMySQL() && try < claimRetries && pgerr.SerializationFailure(err) {
+				continue // a deadlock's victim (1213), rolled back: claim again
 			}
 			if err = s.partitionsChanged(err); try < claimRetries && errors.Is(err, ErrPartitionsChanged) {
 				continue // the partitions changed: claim again where the database says
 			}
+			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
+		}
+		if err := ctx.Err(); err != nil && s.leaseMySQL() {
+			_ = tx.Rollback() // ended meanwhile: as the transaction bound to ctx would
 			return LeaseClaim{}, fmt.Errorf("lease claim of %q for %q: %w", key, consumer, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -200,7 +244,27 @@ func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string
 		err := seam.QueryRow(ctx, tx, s.q.get(name), append([]any{consumer, key}, args...), out.scanDest()...)
 		return out, err
 	}
+	park := func(reason string) (Record, error) {
+		if opts.Message == nil {
+			return update("LeasePark", reason)
+		}
+		// The message is kept by the same statement.
+		var out Record
+		err := seam.QueryRow(ctx, tx, s.q.get("LeaseParkKeep"), append(opts.Message.Row().args(), consumer, key, reason), out.scanDest()...)
+		return out, err
+	}
+	return decideLease(rec, expired, token, leaseSecs, opts, update, park)
+}
 
+// decideLease is what a claim does with the key's record rec, which its
+// transaction holds (locked), when the claim did not insert it: see
+// ClaimLease. expired tells whether rec's lease is over; token and lease
+// (the dialect's parameter) are the ones a new attempt gets. update runs
+// one of lease.sql's updates of the record with args and returns the
+// record after it; park parks the record with reason (keeping
+// opts.Message).
+func decideLease(rec Record, expired bool, token string, lease any, opts LeaseOptions,
+	update func(name string, args ...any) (Record, error), park func(reason string) (Record, error)) (LeaseClaim, error) {
 	switch {
 	case rec.Status == StatusDone, rec.Status == StatusDiscarded:
 		out, err := update("LeaseCountDuplicate")
@@ -211,7 +275,7 @@ func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string
 	case rec.Status == StatusFailed:
 		// A failed record that was parked after an interrupted attempt and
 		// then released keeps the interruption: the effect is still unknown.
-		out, err := update("LeaseRetry", leaseSecs, token)
+		out, err := update("LeaseRetry", lease, token)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
@@ -226,23 +290,82 @@ func (s *Store) claimLease(ctx context.Context, tx wsql.Tx, consumer, key string
 	case opts.MaxInterrupted > 0 && rec.Interruptions+1 >= opts.MaxInterrupted:
 		reason := fmt.Sprintf("lease expired during attempt %d: the worker stopped mid-attempt; whether its effect happened is unknown", rec.Attempts)
 		reason += fmt.Sprintf(" (%d interrupted attempts; retries stop at %d)", rec.Interruptions+1, opts.MaxInterrupted)
-		var out Record
-		var err error
-		if opts.Message == nil {
-			out, err = update("LeasePark", reason)
-		} else {
-			// The message is kept by the same statement.
-			err = seam.QueryRow(ctx, tx, s.q.get("LeaseParkKeep"), append(opts.Message.Row().args(), consumer, key, reason), out.scanDest()...)
-		}
+		out, err := park(reason)
 		return LeaseClaim{Outcome: LeaseParked, ParkedNow: true, Attempt: out.Attempts, Record: out}, err
 	default:
-		out, err := update("LeaseRetryInterrupted", leaseSecs, token)
+		out, err := update("LeaseRetryInterrupted", lease, token)
 		if err != nil {
 			return LeaseClaim{}, err
 		}
 		return LeaseClaim{Outcome: LeaseAcquired, Attempt: out.Attempts, Token: token, Interrupted: true,
 			LeaseUntil: *out.LeaseUntil, Record: out}, nil
 	}
+}
+
+// claimLeaseMySQL is claimLease on MySQL/MariaDB (queries/mysql/lease.sql),
+// where no statement returns the rows it changed. The session's
+// innodb_lock_wait_timeout is claimLockTimeout for the claim's statements
+// (LeaseLockWait), and put back before the claim commits. LeaseInsert
+// inserts the record as attempt 1 with the claim's token, or takes the
+// existing record's row lock (waiting for the transaction that holds it);
+// either way tx then holds the record, and LeaseLockRecord reads it with a
+// locking read, which sees the latest committed row under any isolation
+// level. The record carries the claim's token only when LeaseInsert
+// inserted it (every claim's token is new); otherwise decideLease decides,
+// each update followed by a read of the record (LeaseRecord) in tx.
+func (s *Store) claimLeaseMySQL(ctx context.Context, tx wsql.Tx, consumer, key string, opts LeaseOptions) (lc LeaseClaim, err error) {
+	if _, err := seam.Exec(ctx, tx, s.q.get("LeaseLockWait")); err != nil {
+		return LeaseClaim{}, err
+	}
+	defer func() {
+		// Not transactional: put back also after a failure, and after ctx
+		// ended (a connection a statement failed on for good, or that ctx
+		// interrupted mid-statement, is closed by the driver, never
+		// pooled).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimRestoreTimeout)
+		defer cancel()
+		if _, rerr := seam.Exec(rctx, tx, s.q.get("LeaseLockWaitRestore")); rerr != nil && err == nil {
+			lc, err = LeaseClaim{}, rerr
+		}
+	}()
+	lease := opts.Lease.Microseconds()
+	token := watermill.NewUUID() // random (version 4): every claim its own
+	if _, err := seam.Exec(ctx, tx, s.q.get("LeaseInsert"), consumer, key, lease, token); err != nil {
+		return LeaseClaim{}, err
+	}
+	var rec Record
+	var expired bool
+	var holder string
+	err = seam.QueryRow(ctx, tx, s.q.get("LeaseLockRecord"), []any{consumer, key}, append(rec.scanDest(), &expired, &holder)...)
+	if notFound(err) {
+		return LeaseClaim{}, errors.New("the record vanished under its row lock")
+	}
+	if err != nil {
+		return LeaseClaim{}, err
+	}
+	if holder == token {
+		return LeaseClaim{Outcome: LeaseAcquired, Attempt: 1, Token: token, LeaseUntil: *rec.LeaseUntil, Record: rec}, nil
+	}
+	// update runs one of lease.sql's updates of the record (args, then
+	// consumer and key) and reads the record back.
+	update := func(name string, args ...any) (Record, error) {
+		var out Record
+		if _, err := seam.Exec(ctx, tx, s.q.get(name), append(args, consumer, key)...); err != nil {
+			return out, err
+		}
+		err := seam.QueryRow(ctx, tx, s.q.get("LeaseRecord"), []any{consumer, key}, out.scanDest()...)
+		return out, err
+	}
+	park := func(reason string) (Record, error) {
+		out, err := update("LeasePark", reason)
+		if err != nil || opts.Message == nil {
+			return out, err
+		}
+		// The message is kept in the same transaction.
+		_, err = seam.Exec(ctx, tx, s.q.get("KeepParked"), append(opts.Message.Row().args(), consumer, key)...)
+		return out, err
+	}
+	return decideLease(rec, expired, token, lease, opts, update, park)
 }
 
 // ExtendLease moves the lease of the attempt fenced by token to now +
@@ -264,6 +387,16 @@ func (s *Store) ExtendLease(ctx context.Context, db wsql.ContextExecutor, consum
 	}
 	var until time.Time
 	err := retryStatement(db, func() error {
+		if s.leaseMySQL() {
+			// No RETURNING: the update, then a locking read of what it
+			// wrote, fenced by the token too (a record never gets an old
+			// token back). Not the update's affected rows: MySQL counts a
+			// row whose value did not change as unaffected.
+			if _, err := seam.Exec(ctx, db, s.q.get("ExtendLease"), lease.Microseconds(), consumer, key, tokenArg(token)); err != nil {
+				return err
+			}
+			return seam.QueryRow(ctx, db, s.q.get("LeaseUntilOf"), []any{consumer, key, tokenArg(token)}, &until)
+		}
 		return seam.QueryRow(ctx, db, s.q.get("ExtendLease"), []any{consumer, key, tokenArg(token), lease.Seconds()}, &until)
 	})
 	if notFound(err) {
@@ -356,6 +489,9 @@ func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, p finishPar
 	if err := s.lockRecord(ctx, db, p.Consumer, p.Key); err != nil {
 		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
 	}
+	if s.leaseMySQL() {
+		return s.finishMySQL(ctx, db, p)
+	}
 	q, args := s.q.get(p.statement), []any{p.Consumer, p.Key, tokenArg(p.Token), p.text}
 	if p.Message != nil {
 		// One row kept per record parked: the count is the update's.
@@ -366,6 +502,52 @@ func (s *Store) finish(ctx context.Context, db wsql.ContextExecutor, p finishPar
 		var err error
 		n, err = seam.Exec(ctx, db, q, args...)
 		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %q for %q", ErrLeaseLost, p.Key, p.Consumer)
+	}
+	return nil
+}
+
+// finishMySQL is finish on MySQL/MariaDB: the text first, then the
+// attempt (queries/mysql/lease.sql). Its statements change the status, so
+// their affected rows say whether the attempt owned the key. A park that
+// keeps p.Message runs KeepParked after the update, in db when it is a
+// transaction, else in a transaction of its own.
+func (s *Store) finishMySQL(ctx context.Context, db wsql.ContextExecutor, p finishParams) error {
+	args := []any{p.text, p.Consumer, p.Key, tokenArg(p.Token)}
+	run := func(db wsql.ContextExecutor) (int64, error) {
+		n, err := seam.Exec(ctx, db, s.q.get(p.statement), args...)
+		if err != nil || n == 0 || p.Message == nil {
+			return n, err
+		}
+		_, err = seam.Exec(ctx, db, s.q.get("KeepParked"), append(p.Message.Row().args(), p.Consumer, p.Key)...)
+		return n, err
+	}
+	var n int64
+	err := retryStatement(db, func() error {
+		_, inTx := db.(wsql.Tx)
+		b, beginner := db.(wsql.Beginner)
+		if p.Message == nil || inTx || !beginner {
+			if p.Message != nil && !inTx {
+				return errors.New("keeping the parked message needs a transaction or a handle that begins one")
+			}
+			var err error
+			n, err = run(db)
+			return err
+		}
+		tx, err := b.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if n, err = run(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
 	})
 	if err != nil {
 		return fmt.Errorf("%s %q for %q: %w", p.what, p.Key, p.Consumer, err)
@@ -436,7 +618,7 @@ func (s *Store) ListParked(ctx context.Context, db wsql.ContextExecutor, consume
 	}
 	q, args := s.q.get("ListParked"), []any{limit}
 	if consumer != "" {
-		q, args = s.q.get("ListParkedOf"), append(args, consumer)
+		q, args = s.q.get("ListParkedOf"), []any{consumer, limit}
 	}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {

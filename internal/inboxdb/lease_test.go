@@ -1,6 +1,8 @@
 package inboxdb_test
 
 import (
+	"context"
+	stdsql "database/sql"
 	"fmt"
 	"strings"
 	"sync"
@@ -8,17 +10,19 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgtext"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
-// leaseSlack is the tolerance when comparing a lease end computed by
-// PostgreSQL's now() with the test's clock (same host).
+// leaseSlack is the tolerance when comparing a lease end computed by the
+// database's clock (PostgreSQL's now(), MySQL's UTC_TIMESTAMP(6)) with the
+// test's (same host).
 const leaseSlack = 2 * time.Second
 
 // The two MaxInterrupted settings the tests claim with: retryExpired runs a
@@ -76,8 +80,9 @@ func leaseAround(t *testing.T, got, before, after time.Time, d time.Duration) {
 // its holder had died mid-attempt.
 func leaseExpire(t *testing.T, b bundle, consumer, key string) {
 	t.Helper()
-	require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+
+	require.Equal(t, int64(1), b.exec(t, "UPDATE "+b.store.Table()+b.sql(
 		" SET lease_until = now() - interval '1 second' WHERE consumer = $1 AND message_key = $2 AND status = 'processing'",
+		" SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE consumer = ? AND message_key = ? AND status = 'processing'"),
 		consumer, key))
 }
 
@@ -115,7 +120,7 @@ func TestLeaseOutcomeString(t *testing.T) {
 
 func TestLeaseClaimStates(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const c = "c"
 		const lease = time.Hour
 
@@ -206,7 +211,9 @@ func TestLeaseClaimStates(t *testing.T) {
 		})
 
 		t.Run("processing without a lease end counts as expired", func(t *testing.T) {
-			b.exec(t, "INSERT INTO "+b.store.Table()+" (consumer, message_key, status, attempts, lease_until) VALUES ($1, 'k-null', 'processing', 1, NULL)", c)
+			b.exec(t, "INSERT INTO "+b.store.Table()+b.sql(
+				" (consumer, message_key, status, attempts, lease_until) VALUES ($1, 'k-null', 'processing', 1, NULL)",
+				" (consumer, message_key, status, attempts, lease_until, first_seen_at) VALUES (?, 'k-null', 'processing', 1, NULL, UTC_TIMESTAMP(6))"), c)
 			lc := leaseAcquire(t, b, c, "k-null", lease, retryExpired)
 			require.Equal(t, 2, lc.Attempt)
 			require.True(t, lc.Interrupted)
@@ -245,7 +252,7 @@ func TestLeaseClaimStates(t *testing.T) {
 
 func TestLeaseClaimInvalid(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for _, tc := range []struct {
 			name          string
 			consumer, key string
@@ -277,7 +284,7 @@ func TestLeaseClaimInvalid(t *testing.T) {
 
 func TestLeaseClaimConcurrent(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const n = 10
 		// race runs n ClaimLease calls of key at once.
 		race := func(t *testing.T, key string, maxInterrupted int) []leaseOutcome {
@@ -365,7 +372,7 @@ func TestLeaseClaimConcurrent(t *testing.T) {
 // the same key: the claim waits, then sees the outcome.
 func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for _, commit := range []bool{true, false} {
 			key := "k-rollback"
 			if commit {
@@ -379,7 +386,7 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 				require.NoError(t, b.store.CompleteTx(b.ctx, tx, "c", key, first.Token),
 					"an expired lease nobody took over still owns the key")
 				var pid int
-				require.NoError(t, seam.QueryRow(b.ctx, tx, "SELECT pg_backend_pid()", nil, &pid))
+				require.NoError(t, seam.QueryRow(b.ctx, tx, b.sql("SELECT pg_backend_pid()", "SELECT CONNECTION_ID()"), nil, &pid))
 
 				done := make(chan leaseOutcome, 1)
 				go func() {
@@ -388,8 +395,16 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 				}()
 				testenv.Eventually(t, 10*time.Second, func() bool {
 					var n int
-					err := seam.QueryRow(b.ctx, b.db,
-						"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", []any{pid}, &n)
+					q, args := "SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", []any{pid}
+					if b.mysql() {
+						// The claim's insert of this test's table is
+						// running (MariaDB does not list a lock wait of a
+						// transaction that has not written yet in
+						// INNODB_LOCK_WAITS).
+						q, args = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE id NOT IN (?, CONNECTION_ID()) AND info LIKE ?",
+							[]any{pid, "%INSERT INTO " + b.store.Table() + "%"}
+					}
+					err := seam.QueryRow(b.ctx, b.db, q, args, &n)
 					return err == nil && n == 1
 				}, "the takeover should wait for the completion transaction")
 				select {
@@ -431,7 +446,7 @@ func TestLeaseClaimWaitsForCompletion(t *testing.T) {
 // long as the holder works.
 func TestLeaseClaimBusyWhileRowHeld(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		first := leaseAcquire(t, b, "c", "k", time.Hour, retryExpired)
 		leaseExpire(t, b, "c", "k")
 		tx := b.begin(t)
@@ -454,9 +469,127 @@ func TestLeaseClaimBusyWhileRowHeld(t *testing.T) {
 	})
 }
 
+// A stale attempt whose completion transaction took its snapshot while it
+// still owned the key (it read the record first) is refused once another
+// worker took the key over: its extension and completion read the latest
+// record, not the snapshot (MariaDB's default isolation is REPEATABLE
+// READ, where only locking reads see the takeover).
+func TestLeaseStaleSnapshotIsFenced(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, func(t *testing.T, b bundle) {
+		const c, k = "c", "k"
+		stale := leaseAcquire(t, b, c, k, time.Hour, retryExpired)
+		tx := b.begin(t)
+		rec, err := b.store.Lookup(b.ctx, tx, c, k)
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusProcessing, rec.Status, "the snapshot sees the attempt's own claim")
+
+		leaseExpire(t, b, c, k)
+		holder := leaseAcquire(t, b, c, k, time.Hour, retryExpired)
+		require.Equal(t, 2, holder.Attempt)
+
+		_, err = b.store.ExtendLease(b.ctx, tx, c, k, stale.Token, time.Hour)
+		require.ErrorIs(t, err, inboxdb.ErrLeaseLost, "the extension of the stale attempt")
+		require.ErrorIs(t, b.store.CompleteTx(b.ctx, tx, c, k, stale.Token), inboxdb.ErrLeaseLost, "the completion of the stale attempt")
+		require.NoError(t, tx.Rollback())
+		rec = leaseLookup(t, b, c, k)
+		require.Equal(t, inboxdb.StatusProcessing, rec.Status)
+		require.True(t, holder.LeaseUntil.Equal(*rec.LeaseUntil), "the holder's lease is untouched")
+		leaseComplete(t, b, c, k, holder.Token)
+	})
+}
+
+// On MySQL a claim waits at most a second for a record another
+// transaction holds through the session's innodb_lock_wait_timeout, and
+// puts the session's own value back before it returns, whatever the
+// outcome, also when its context ends: the connection goes back to the
+// pool as it came.
+func TestLeaseClaimKeepsTheSessionLockWait(t *testing.T) {
+	t.Parallel()
+	// Every session of this pool starts with 7 (a system variable in the
+	// DSN), and there is one session at a time.
+	one := testenv.MySQLDBFor(t, testenv.MySQLDSN(testenv.MySQLURL())+"&innodb_lock_wait_timeout=7")
+	one.SetMaxOpenConns(1)
+	b := newBundle(t, testenv.Driver{Name: testenv.MariaDB, DB: wsql.BeginnerFromStdSQL(one), Dialect: sqlschema.MySQL}, "plain")
+	other := wsql.BeginnerFromStdSQL(testenv.MySQLDB(t))
+	sessionWait := func() int {
+		var n int
+		require.NoError(t, seam.QueryRow(b.ctx, b.db, "SELECT @@SESSION.innodb_lock_wait_timeout", nil, &n))
+		return n
+	}
+	require.Equal(t, 7, sessionWait())
+
+	first := leaseAcquire(t, b, "c", "k", time.Hour, retryExpired)
+	require.Equal(t, 7, sessionWait(), "after an acquired claim")
+	require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, "c", "k", time.Hour, retryExpired).Outcome)
+	require.Equal(t, 7, sessionWait(), "after a busy claim")
+
+	// The claim's context ends right after the session's setting changed:
+	// it is put back all the same.
+	ctx, cancel := context.WithCancel(b.ctx)
+	_, err := b.store.ClaimLease(ctx, cancelAfter{Beginner: b.db, match: "innodb_lock_wait_timeout = 1", cancel: cancel},
+		"c", "k", inboxdb.LeaseOptions{Lease: time.Hour})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 7, sessionWait(), "after a claim whose context ended")
+
+	// Another session holds the record: the claim gives up after about a
+	// second (not the session's 7), busy.
+	leaseExpire(t, b, "c", "k")
+	tx, err := other.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	_, err = b.store.ExtendLease(b.ctx, tx, "c", "k", first.Token, time.Millisecond)
+	require.NoError(t, err)
+	start := time.Now()
+	require.Equal(t, inboxdb.LeaseBusy, leaseClaim(t, b, "c", "k", time.Hour, retryExpired).Outcome)
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, 7, sessionWait(), "after a claim that waited")
+
+	// Its context ends while it waits: the driver drops the session.
+	ctx, cancel = context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = b.store.ClaimLease(ctx, b.db, "c", "k", inboxdb.LeaseOptions{Lease: time.Hour})
+	require.Error(t, err)
+	require.Equal(t, 7, sessionWait(), "after a claim interrupted while it waited")
+	require.NoError(t, tx.Rollback())
+}
+
+// cancelAfter is a database whose transactions call cancel once they ran
+// a statement containing match, and give database/sql a moment to act on
+// it.
+type cancelAfter struct {
+	wsql.Beginner
+	match  string
+	cancel context.CancelFunc
+}
+
+func (c cancelAfter) BeginTx(ctx context.Context, opts *stdsql.TxOptions) (wsql.Tx, error) {
+	tx, err := c.Beginner.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return cancelAfterTx{Tx: tx, c: c}, nil
+}
+
+type cancelAfterTx struct {
+	wsql.Tx
+	c cancelAfter
+}
+
+func (t cancelAfterTx) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	res, err := t.Tx.ExecContext(ctx, q, args...)
+	if strings.Contains(q, t.c.match) {
+		t.c.cancel()
+		// database/sql rolls a transaction bound to the context back on
+		// its own goroutine: give it the time to.
+		time.Sleep(50 * time.Millisecond)
+	}
+	return res, err
+}
+
 func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const c, k = "c", "k"
 		lc := leaseAcquire(t, b, c, k, 10*time.Second, retryExpired)
 
@@ -535,10 +668,10 @@ func TestLeaseExtend(t *testing.T) {
 
 func TestLeaseCompleteTx(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const c = "c"
-		effects := pgx.Identifier{b.tables.Schema, "lease_effects"}.Sanitize()
-		b.exec(t, "CREATE TABLE "+effects+" (k text PRIMARY KEY)")
+		effects := b.tables.Dialect.QuoteIdentifier(b.tables.Schema, "lease_effects")
+		b.exec(t, "CREATE TABLE "+effects+b.sql(" (k text PRIMARY KEY)", " (k VARCHAR(64) PRIMARY KEY)"))
 
 		t.Run("commit", func(t *testing.T) {
 			lc := leaseAcquire(t, b, c, "k", time.Hour, retryExpired)
@@ -568,7 +701,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 			require.WithinRange(t, *rec.ProcessedAt, before.Add(-time.Minute), time.Now().Add(leaseSlack))
 			require.Nil(t, rec.LeaseUntil, "the lease is cleared")
 			require.Empty(t, rec.LastError, "the previous attempt's error is cleared")
-			require.Equal(t, int64(1), b.count(t, "consumer = $1 AND message_key = 'k'", c))
+			require.Equal(t, int64(1), b.count(t, b.sql("consumer = $1", "consumer = ?")+" AND message_key = 'k'", c))
 			require.Equal(t, []string{"k"}, b.strings(t, "SELECT k FROM "+effects+" WHERE k = 'k'"), "the handler's write committed with it")
 
 			// Done: a second completion of the attempt is refused.
@@ -632,7 +765,7 @@ func TestLeaseCompleteTx(t *testing.T) {
 
 func TestLeaseFail(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		const c = "c"
 		// fail runs a fresh key's first attempt and fails it with text.
 		var lastToken string
@@ -742,13 +875,15 @@ func TestLeaseFail(t *testing.T) {
 
 func TestLeaseParkedAndRelease(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		table := b.store.Table()
 		// age sets first_seen_at to minutes ago.
 		age := func(consumer, key string, minutes int) {
-			require.Equal(t, int64(1), b.exec(t, "UPDATE "+table+
-				" SET first_seen_at = now() - make_interval(mins => $3) WHERE consumer = $1 AND message_key = $2",
-				consumer, key, minutes))
+			q, args := " SET first_seen_at = now() - make_interval(mins => $3) WHERE consumer = $1 AND message_key = $2", []any{consumer, key, minutes}
+			if b.mysql() {
+				q, args = " SET first_seen_at = UTC_TIMESTAMP(6) - INTERVAL ? MINUTE WHERE consumer = ? AND message_key = ?", []any{minutes, consumer, key}
+			}
+			require.Equal(t, int64(1), b.exec(t, "UPDATE "+table+q, args...))
 		}
 		park := func(consumer, key string, minutes int) {
 			lc := leaseAcquire(t, b, consumer, key, time.Hour, retryExpired)
@@ -853,7 +988,7 @@ func TestLeaseParkedAndRelease(t *testing.T) {
 // processing (even with an expired lease) or parked.
 func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 	t.Parallel()
-	eachDriverPlain(t, func(t *testing.T, b bundle) {
+	eachEnginePlain(t, func(t *testing.T, b bundle) {
 		const c = "c"
 		lc := leaseAcquire(t, b, c, "done", time.Hour, retryExpired)
 		leaseComplete(t, b, c, "done", lc.Token)
@@ -867,8 +1002,9 @@ func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 		leaseAcquire(t, b, c, "parked-expired", time.Hour, parkExpired)
 		leaseExpire(t, b, c, "parked-expired")
 		require.True(t, leaseClaim(t, b, c, "parked-expired", time.Hour, parkExpired).ParkedNow)
-		require.Equal(t, int64(6), b.exec(t, "UPDATE "+b.store.Table()+
-			" SET first_seen_at = now() - interval '48 hours', processed_at = now() - interval '47 hours'"))
+		require.Equal(t, int64(6), b.exec(t, "UPDATE "+b.store.Table()+b.sql(
+			" SET first_seen_at = now() - interval '48 hours', processed_at = now() - interval '47 hours'",
+			" SET first_seen_at = UTC_TIMESTAMP(6) - INTERVAL 48 HOUR, processed_at = UTC_TIMESTAMP(6) - INTERVAL 47 HOUR")))
 
 		n, err := b.store.Purge(b.ctx, b.db, inboxdb.PurgeOptions{OlderThan: time.Hour, BatchSize: 1})
 		require.NoError(t, err)
@@ -892,13 +1028,14 @@ func TestLeasePurgeKeepsProcessingAndParked(t *testing.T) {
 
 func TestCountStatus(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, b bundle) {
+	eachEngine(t, func(t *testing.T, b bundle) {
 		for i, status := range []string{"done", "done", "parked", "parked", "parked", "failed", "processing"} {
 			consumer := "c1"
 			if i%2 == 1 {
 				consumer = "c2"
 			}
-			b.exec(t, "INSERT INTO "+b.tables.Inbox()+" (consumer, message_key, status) VALUES ($1, $2, $3)", consumer, fmt.Sprint("k", i), status)
+			b.exec(t, "INSERT INTO "+b.tables.Inbox()+b.sql(" (consumer, message_key, status) VALUES ($1, $2, $3)",
+				" (consumer, message_key, status, first_seen_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6))"), consumer, fmt.Sprint("k", i), status)
 		}
 		for _, tc := range []struct {
 			consumer string

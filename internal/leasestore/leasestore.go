@@ -1,8 +1,9 @@
 // Package leasestore is the seam between lease mode (the middleware) and
-// where it keeps its records: the PostgreSQL inbox table (Postgres, the
-// default) or Redis (package redisstore). Both implement Backend with the
-// same semantics, which the middleware's lease-mode behaviour suite checks
-// store by store.
+// where it keeps its records: the inbox table (Postgres, the default, on
+// PostgreSQL or MySQL/MariaDB, as Config.DB's dialect says) or Redis
+// (package redisstore). Both implement Backend with the same semantics,
+// which the middleware's lease-mode behaviour suite checks store by store
+// (PostgreSQL, MariaDB, Redis).
 //
 // The package is internal so that only this module provides stores: the
 // middleware's exported LeaseStore is sealed by Provider, whose one method
@@ -50,7 +51,7 @@ type Options = inboxdb.LeaseOptions
 // FirstSeenAt and LastError).
 type Claim = inboxdb.LeaseClaim
 
-// Record is a key's record, in the PostgreSQL inbox's vocabulary (status
+// Record is a key's record, in the inbox table's vocabulary (status
 // processing, done, failed or parked).
 type Record = inboxdb.Record
 
@@ -58,8 +59,8 @@ type Record = inboxdb.Record
 type Attempt struct {
 	Consumer, Key, Token string
 	// Tx is the handler's completion transaction when it has begun
-	// (Postgres only): Extend and Complete then write in it. Nil
-	// otherwise.
+	// (Postgres only, either dialect): Extend and Complete then write in
+	// it. Nil otherwise.
 	Tx wsql.ContextExecutor
 	// Message is the message the attempt processes: Fail (permanent) and
 	// ParkInterrupted keep it with the park, atomically. Nil keeps
@@ -120,7 +121,7 @@ type Backend interface {
 	// reached (ErrDBUnavailable) rather than that it answered with an
 	// error (ErrClaimFailed).
 	Unreachable(err error) bool
-	// Transactional reports whether the completion is a PostgreSQL
+	// Transactional reports whether the completion is an SQL
 	// transaction that also holds the handler's writes and output
 	// messages. When false the handler gets no transaction and no outbox.
 	Transactional() bool

@@ -11,9 +11,12 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
-// Postgres is the PostgreSQL inbox table as a Backend: the store lease
-// mode uses unless another is configured. Its completion is a transaction
-// of DB that also holds the handler's writes and output messages.
+// Postgres is the inbox table as a Backend: the store lease mode uses
+// unless another is configured. Despite its name it serves both SQL
+// dialects: Store's (inboxdb.Config.Tables.Dialect) picks PostgreSQL's or
+// MySQL/MariaDB's statements, with the same outcomes, and pgerr classifies
+// either's errors. Its completion is a transaction of DB that also holds
+// the handler's writes and output messages.
 type Postgres struct {
 	Store *inboxdb.Store
 	DB    wsql.Beginner
@@ -44,7 +47,7 @@ func (p *Postgres) Extend(ctx context.Context, a Attempt, d time.Duration) (time
 // commits it with the handler's writes.
 func (p *Postgres) Complete(ctx context.Context, a Attempt) error {
 	if a.Tx == nil {
-		return errors.New("the PostgreSQL lease store completes in the handler's transaction, and none was given")
+		return errors.New("the SQL lease store completes in the handler's transaction, and none was given")
 	}
 	return p.Store.CompleteTx(ctx, a.Tx, a.Consumer, a.Key, a.Token)
 }
@@ -89,8 +92,9 @@ func (p *Postgres) Release(ctx context.Context, consumer, key string) (bool, err
 	return p.Store.Release(ctx, p.DB, consumer, key)
 }
 
-// Unreachable is pgerr.Unreachable.
+// Unreachable is pgerr.Unreachable (PostgreSQL's and MySQL's errors).
 func (p *Postgres) Unreachable(err error) bool { return pgerr.Unreachable(err) }
 
-// Transactional is true: the completion is a PostgreSQL transaction.
+// Transactional is true: the completion is a transaction of the SQL
+// database.
 func (p *Postgres) Transactional() bool { return true }

@@ -44,3 +44,16 @@ WHERE table_schema = coalesce(nullif(?, ''), database()) AND table_name = ?
 -- version() ('10.11.19-MariaDB-...', '8.0.36') and a DATETIME(6) value, to
 -- see that the DSN has parseTime=true (it scans into a time.Time).
 SELECT version(), UTC_TIMESTAMP(6)
+
+-- name: ProbeCreate
+-- The found-rows probe (CheckConn): with go-sql-driver's clientFoundRows=true
+-- an INSERT ... ON DUPLICATE KEY UPDATE that changes nothing reports one
+-- affected row, as an insert does, and the claims tell an existing record
+-- from a new one by that count. A temporary table of the session.
+CREATE TEMPORARY TABLE watermill_exactlyonce_probe (id INT PRIMARY KEY)
+
+-- name: ProbeUpsert
+INSERT INTO watermill_exactlyonce_probe (id) VALUES (1) ON DUPLICATE KEY UPDATE id = id
+
+-- name: ProbeDrop
+DROP TEMPORARY TABLE IF EXISTS watermill_exactlyonce_probe

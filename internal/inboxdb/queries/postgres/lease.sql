@@ -81,4 +81,4 @@ WHERE consumer = $1 AND message_key = $2 AND status = 'parked'
 SELECT {{.Frag.RecordColumns}} FROM {{.Inbox}} WHERE status = 'parked' ORDER BY first_seen_at LIMIT $1
 
 -- name: ListParkedOf
-SELECT {{.Frag.RecordColumns}} FROM {{.Inbox}} WHERE status = 'parked' AND consumer = $2 ORDER BY first_seen_at LIMIT $1
+SELECT {{.Frag.RecordColumns}} FROM {{.Inbox}} WHERE status = 'parked' AND consumer = $1 ORDER BY first_seen_at LIMIT $2
