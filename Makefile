@@ -81,6 +81,14 @@ chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each k
 	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),transactional,batch,lease) \
 	$(GO) test -run TestChaos -count=1 -timeout 80m -v ./tests/chaos/
 
-demo: ## Run the notifier example: sends with duplicates and a redelivery, prints what happened (needs PostgreSQL and RabbitMQ only)
-	@bash scripts/services.sh postgres rabbitmq
-	$(GO) -C $(EXAMPLES) run ./notifier -demo
+# The demo's database: postgres (DATABASE_URL) or mariadb (MYSQL_URL; MySQL 8 works too).
+DB ?= postgres
+DEMO_URL_postgres     = $(DATABASE_URL)
+DEMO_SERVICE_postgres = postgres
+DEMO_URL_mariadb      = $(MYSQL_URL)
+DEMO_SERVICE_mariadb  = mariadb
+
+demo: ## Run the notifier example: sends with duplicates and a redelivery, prints what happened (PostgreSQL and RabbitMQ only; DB=mariadb: on MariaDB at MYSQL_URL)
+	@case '$(DB)' in postgres|mariadb) ;; *) echo "make demo: DB=$(DB): want postgres or mariadb" >&2; exit 2 ;; esac
+	@bash scripts/services.sh $(DEMO_SERVICE_$(DB)) rabbitmq
+	DATABASE_URL='$(DEMO_URL_$(DB))' $(GO) -C $(EXAMPLES) run ./notifier -demo

@@ -59,14 +59,6 @@ func sqlFor(db wsql.ContextExecutor, pg, mysql string) string {
 	return pg
 }
 
-// dialectOf is the sqlschema.Dialect of db.
-func dialectOf(db wsql.ContextExecutor) sqlschema.Dialect {
-	if isMySQL(db) {
-		return sqlschema.MySQL
-	}
-	return sqlschema.Postgres
-}
-
 // eachDriver runs f once per driver (testenv.ForEachDriver).
 func eachDriver(t *testing.T, f func(t *testing.T, d testenv.Driver)) {
 	t.Helper()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/sqlfile"
 )
 

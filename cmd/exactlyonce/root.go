@@ -318,7 +318,7 @@ func (a *app) open(ctx context.Context, cmd *cobra.Command, maxConns int32, migr
 	if err != nil {
 		return db, nil, err
 	}
-	closeDB := func() {}
+	var closeDB func()
 	if db.Dialect == sqlschema.MySQL {
 		sdb, err := a.connectMySQL(ctx, cmd, int(maxConns))
 		if err != nil {

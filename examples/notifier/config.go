@@ -10,7 +10,7 @@ import (
 
 // Config is the notifier's configuration, read from the environment.
 type Config struct {
-	DatabaseURL string // DATABASE_URL
+	DatabaseURL string // DATABASE_URL: postgres://... (or a pgx connection string), or mysql://...
 	AMQPURL     string // AMQP_URL
 	// SMSProviderURL and EmailProviderURL are the providers' base URLs
 	// (POST {url}/messages). Empty: a built-in fake provider runs in-process.

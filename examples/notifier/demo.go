@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
@@ -88,7 +87,7 @@ func runDemo(ctx context.Context, logger *slog.Logger, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	printDemo(out, f)
+	printDemo(out, engineName(dialectOf(cfg.DatabaseURL)), f)
 	if !f.exactlyOnce() {
 		return errors.New("expected exactly one send, one log row and one event per notification")
 	}
@@ -273,7 +272,7 @@ func demo(ctx context.Context, logger *slog.Logger, cfg Config, names demoNames)
 		fig.ProviderKeys += k
 		fig.ProviderRequests += r
 	}
-	if err := svc.pool.QueryRow(ctx, `SELECT count(*) FROM `+svc.logTable).Scan(&fig.LogRows); err != nil {
+	if _, err := queryRow(ctx, svc.db.Conn, svc.st["CountLog"], nil, &fig.LogRows); err != nil {
 		return fig, err
 	}
 	return fig, stopService()
@@ -332,8 +331,9 @@ func (c *deliveryCounter) beyond(published map[string]int) int {
 	return n
 }
 
-// printDemo prints the figures in two aligned columns.
-func printDemo(w io.Writer, f demoFigures) {
+// printDemo prints the figures of a run on engine (engineName) in
+// two aligned columns.
+func printDemo(w io.Writer, engine string, f demoFigures) {
 	rows := []struct {
 		label string
 		value string
@@ -355,7 +355,7 @@ func printDemo(w io.Writer, f demoFigures) {
 		lw, vw = max(lw, len(r.label)), max(vw, len(r.value))
 	}
 	_, _ = fmt.Fprintln(w)
-	_, _ = fmt.Fprintln(w, "watermill-exactlyonce notifier demo (lease mode, fake SMS and e-mail providers)")
+	_, _ = fmt.Fprintf(w, "watermill-exactlyonce notifier demo (lease mode on %s, fake SMS and e-mail providers)\n", engine)
 	for _, r := range rows {
 		_, _ = fmt.Fprintf(w, "  %-*s  %*s\n", lw, r.label, vw, r.value)
 	}
@@ -385,13 +385,8 @@ func cleanUpDemo(cfg Config) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	var errs []error
-	if conn, err := pgx.Connect(ctx, cfg.DatabaseURL); err != nil {
+	if err := dropSchema(ctx, cfg); err != nil {
 		errs = append(errs, err)
-	} else {
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{cfg.Schema}.Sanitize()+` CASCADE`); err != nil {
-			errs = append(errs, err)
-		}
-		_ = conn.Close(ctx)
 	}
 	conn, err := amqp.Dial(cfg.AMQPURL)
 	if err != nil {
@@ -410,6 +405,27 @@ func cleanUpDemo(cfg Config) error {
 		_ = ch.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// dropSchema drops the demo's schema (on MySQL, its database) with
+// everything in it.
+func dropSchema(ctx context.Context, cfg Config) error {
+	if cfg.Schema == "" {
+		return errors.New("the demo has no schema of its own") // never the connection's database
+	}
+	conn, err := openDatabase(ctx, cfg.DatabaseURL, 1)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	db := conn.conn
+	db.Schema = cfg.Schema
+	st, err := loadStatements(db)
+	if err != nil {
+		return err
+	}
+	_, err = db.Conn.ExecContext(ctx, st["DropSchema"])
+	return err
 }
 
 func isNotFound(err error) bool {

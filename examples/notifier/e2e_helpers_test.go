@@ -20,8 +20,6 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -96,8 +94,9 @@ type notifierProc struct {
 	base   string        // http://127.0.0.1:port
 	client *http.Client
 
-	pool   *pgxpool.Pool
-	tables sqlschema.DB // the notifier's schema, through the test's pool
+	databaseURL string        // the notifier's DATABASE_URL
+	db          wsql.Beginner // the test's own connection to the notifier's database
+	tables      sqlschema.DB  // the notifier's schema (Dialect set), through db
 
 	send, sent, dead string
 	sms, email       *testenv.Provider
@@ -112,6 +111,22 @@ type notifierOptions struct {
 	// same, when set, makes this a second instance of that notifier: the
 	// same database schema, queues and providers.
 	same *notifierProc
+	// engine is the database: "postgres" (the default) or testenv.MariaDB.
+	engine string
+}
+
+// e2eEngines are the database engines an end-to-end test runs on, as
+// parallel subtests named after them (notifierOptions.engine).
+var e2eEngines = []string{"postgres", testenv.MariaDB}
+
+// forEachEngine runs f once per database engine, as parallel subtests.
+func forEachEngine(t *testing.T, f func(t *testing.T, engine string)) {
+	for _, e := range e2eEngines {
+		t.Run(e, func(t *testing.T) {
+			t.Parallel()
+			f(t, e)
+		})
+	}
 }
 
 var runningLine = regexp.MustCompile(`msg="notifier running" http="?([0-9a-fA-F.:\[\]]+)`)
@@ -139,15 +154,27 @@ func startNotifier(t *testing.T, opts notifierOptions) *notifierProc {
 		n.email = testenv.NewProvider(t)
 	}
 
-	n.pool = testenv.Pool(t)
+	n.databaseURL = testenv.DatabaseURL()
 	if o := opts.same; o != nil {
+		n.db, n.databaseURL = o.db, o.databaseURL
 		n.tables, n.send, n.sent, n.dead, n.sms, n.email = o.tables, o.send, o.sent, o.dead, o.sms, o.email
 	} else {
-		n.tables = sqlschema.DB{Conn: wsql.BeginnerFromPgx(n.pool), Schema: testenv.Unique(t, "nt_")}
+		drop := "DROP SCHEMA IF EXISTS %s CASCADE"
+		switch opts.engine {
+		case "", "postgres":
+			n.db = wsql.BeginnerFromPgx(testenv.Pool(t))
+			n.tables = sqlschema.DB{Conn: n.db, Schema: testenv.Unique(t, "nt_")}
+		case testenv.MariaDB:
+			n.databaseURL, drop = testenv.MySQLURL(), "DROP DATABASE IF EXISTS %s"
+			n.db = wsql.BeginnerFromStdSQL(testenv.MySQLDB(t))
+			n.tables = sqlschema.DB{Conn: n.db, Dialect: sqlschema.MySQL, Schema: testenv.Unique(t, "nt_")}
+		default:
+			t.Fatalf("no database engine %q", opts.engine)
+		}
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if _, err := n.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{n.tables.Schema}.Sanitize()+" CASCADE"); err != nil {
+			if _, err := n.db.ExecContext(ctx, fmt.Sprintf(drop, n.tables.Dialect.QuoteIdentifier(n.tables.Schema))); err != nil {
 				t.Errorf("dropping schema %s: %v", n.tables.Schema, err)
 			}
 		})
@@ -163,7 +190,7 @@ func startNotifier(t *testing.T, opts notifierOptions) *notifierProc {
 
 	n.cmd = exec.Command(bin)
 	n.cmd.Env = append(os.Environ(),
-		"DATABASE_URL="+testenv.DatabaseURL(),
+		"DATABASE_URL="+n.databaseURL,
 		"AMQP_URL="+testenv.AMQPURL(),
 		"SMS_PROVIDER_URL="+n.sms.URL(),
 		"EMAIL_PROVIDER_URL="+n.email.URL(),
@@ -398,17 +425,17 @@ func (n *notifierProc) logRows() map[string]logRow {
 	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rows, err := n.pool.Query(ctx, `SELECT notification_id, channel, recipient, status, attempts, message_key FROM `+
-		pgx.Identifier{n.tables.Schema, "notification_log"}.Sanitize())
+	rows, err := n.db.QueryContext(ctx, `SELECT notification_id, channel, recipient, status, attempts, message_key FROM `+
+		n.tables.Dialect.QuoteIdentifier(n.tables.Schema, "notification_log"))
 	require.NoError(n.t, err)
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	out := map[string]logRow{}
 	for rows.Next() {
 		var r logRow
 		require.NoError(n.t, rows.Scan(&r.NotificationID, &r.Channel, &r.Recipient, &r.Status, &r.Attempts, &r.MessageKey))
 		out[r.NotificationID] = r
 	}
-	require.NoError(n.t, rows.Err())
+	require.NoError(n.t, rowsErr(rows))
 	return out
 }
 
@@ -418,7 +445,13 @@ func (n *notifierProc) inboxRows(consumer string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var c int
-	require.NoError(n.t, n.pool.QueryRow(ctx, `SELECT count(*) FROM `+n.tables.Inbox()+` WHERE consumer = $1`, consumer).Scan(&c))
+	query := `SELECT count(*) FROM ` + n.tables.Inbox() + ` WHERE consumer = $1`
+	if n.tables.Dialect == sqlschema.MySQL {
+		query = `SELECT count(*) FROM ` + n.tables.Inbox() + ` WHERE consumer = ?`
+	}
+	found, err := queryRow(ctx, n.db, query, []any{consumer}, &c)
+	require.NoError(n.t, err)
+	require.True(n.t, found)
 	return c
 }
 

@@ -114,13 +114,11 @@ func (s *Service) send(msg *message.Message) ([]*message.Message, error) {
 		return nil, giveUp(err)
 	}
 
-	tx, err := exactlyonce.PgxTxFromContext(ctx)
+	tx, err := handlerTx(ctx, s.db.Dialect)
 	if err != nil {
 		return nil, giveUp(err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+s.logTable+`
-(notification_id, channel, recipient, status, attempts, message_key) VALUES ($1, $2, $3, 'sent', $4, $5)
-ON CONFLICT (notification_id) DO UPDATE SET status = 'sent', attempts = excluded.attempts, updated_at = now()`,
+	if _, err := tx.ExecContext(ctx, s.st["RecordSent"],
 		req.NotificationID, req.Channel, req.To, info.Attempt, msg.UUID); err != nil {
 		return nil, giveUp(err)
 	}

@@ -38,7 +38,7 @@ func (s *Service) healthz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	status := map[string]string{"database": "ok", "router": "ok"}
 	code := http.StatusOK
-	if err := s.pool.Ping(ctx); err != nil {
+	if err := s.ping(ctx); err != nil {
 		status["database"] = err.Error()
 		code = http.StatusServiceUnavailable
 	}

@@ -12,10 +12,15 @@ import (
 
 // TestNotifierTwoInstances: two notifier processes on the same database and
 // queues (each with its workers and its own relay) share the work, and each
-// notification is still sent, logged and announced exactly once.
+// notification is still sent, logged and announced exactly once. On each
+// database engine.
 func TestNotifierTwoInstances(t *testing.T) {
 	t.Parallel()
-	a := startNotifier(t, notifierOptions{})
+	forEachEngine(t, testNotifierTwoInstances)
+}
+
+func testNotifierTwoInstances(t *testing.T, engine string) {
+	a := startNotifier(t, notifierOptions{engine: engine})
 	b := startNotifier(t, notifierOptions{same: a})
 
 	const total = 60

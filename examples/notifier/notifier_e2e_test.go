@@ -25,15 +25,19 @@ import (
 // message published with this message_id (lease mode: "<consumer>:<key>").
 func idemKey(messageID string) string { return sendConsumer + ":" + messageID }
 
-// TestNotifierEndToEnd runs the built binary against real PostgreSQL and
-// RabbitMQ: 50 notifications, 15 of them published 2 or 3 times in a random
-// order by a plain AMQP producer (message_id), go out exactly once each (the
-// provider sees each idempotency key once), are logged once and announced once
-// on the sent queue; the extra copies are counted as duplicates; SIGTERM
-// stops the process cleanly.
+// TestNotifierEndToEnd runs the built binary against real RabbitMQ and
+// each database engine (PostgreSQL, MariaDB): 50 notifications, 15 of them
+// published 2 or 3 times in a random order by a plain AMQP producer
+// (message_id), go out exactly once each (the provider sees each idempotency
+// key once), are logged once and announced once on the sent queue; the
+// extra copies are counted as duplicates; SIGTERM stops the process cleanly.
 func TestNotifierEndToEnd(t *testing.T) {
 	t.Parallel()
-	n := startNotifier(t, notifierOptions{})
+	forEachEngine(t, testNotifierEndToEnd)
+}
+
+func testNotifierEndToEnd(t *testing.T, engine string) {
+	n := startNotifier(t, notifierOptions{engine: engine})
 
 	type note struct {
 		msgID  string
@@ -240,10 +244,15 @@ type receiptAnswer struct {
 // (the SHA-256 of the body is the inbox key, claimed in the transaction of
 // the status update), also when copies arrive at the same moment; a receipt
 // that overtakes the notification is refused with 404 and not recorded, so
-// the provider's retry is applied; malformed receipts get 400.
+// the provider's retry is applied; malformed receipts get 400. On each
+// database engine.
 func TestNotifierReceiptsWebhook(t *testing.T) {
 	t.Parallel()
-	n := startNotifier(t, notifierOptions{})
+	forEachEngine(t, testNotifierReceiptsWebhook)
+}
+
+func testNotifierReceiptsWebhook(t *testing.T, engine string) {
+	n := startNotifier(t, notifierOptions{engine: engine})
 	const path = "/webhooks/receipts"
 	postReceipt := func(body string) (int, string) {
 		t.Helper()
@@ -349,9 +358,13 @@ type adminRecord struct {
 // TestNotifierAdminAPI: the read-only admin API reports what happened:
 // inbox stats (done, parked, duplicates), one record, the parked keys (a
 // request the provider rejected with 400: parked after one call, acked, not
-// retried) and the outbox relay.
+// retried) and the outbox relay. On each database engine.
 func TestNotifierAdminAPI(t *testing.T) {
 	t.Parallel()
+	forEachEngine(t, testNotifierAdminAPI)
+}
+
+func testNotifierAdminAPI(t *testing.T, engine string) {
 	sms := testenv.NewProvider(t)
 	sms.OnRequest = func(_ *http.Request, key string, _ int) int {
 		if key == idemKey("adm-rejected") {
@@ -359,7 +372,7 @@ func TestNotifierAdminAPI(t *testing.T) {
 		}
 		return http.StatusOK
 	}
-	n := startNotifier(t, notifierOptions{sms: sms})
+	n := startNotifier(t, notifierOptions{sms: sms, engine: engine})
 	first := request("adm-1", SendRequest{NotificationID: "n-a1", Channel: "sms", To: "+380501112233", Text: "Your code is 4821"})
 	n.publish(
 		first,

@@ -12,10 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
@@ -38,9 +36,9 @@ type Service struct {
 	hooks    hooks
 	logger   *slog.Logger
 	wlogger  watermill.LoggerAdapter
-	pool     *pgxpool.Pool
 	db       sqlschema.DB // the database and the library's tables: stated once, passed everywhere
-	logTable string
+	ping     func(context.Context) error
+	st       statements // the notifier's own, in db's dialect (queries/)
 	store    *inbox.Store
 	receipts *exactlyonce.Guard
 
@@ -80,20 +78,25 @@ func newService(ctx context.Context, cfg Config, logger *slog.Logger, h hooks) (
 			s.close()
 		}
 	}()
-	s.pool, err = pgxpool.New(ctx, cfg.DatabaseURL) // connects lazily
+	// PostgreSQL (pgx) or MySQL/MariaDB (database/sql), by the URL's
+	// scheme; it connects lazily.
+	conn, err := openDatabase(ctx, cfg.DatabaseURL, cfg.Workers+4)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	s.closers = append(s.closers, func() error { s.pool.Close(); return nil })
-	s.db = sqlschema.DB{Conn: wsql.BeginnerFromPgx(s.pool), Schema: cfg.Schema}
+	s.closers = append(s.closers, func() error { conn.close(); return nil })
+	s.db, s.ping = conn.conn, conn.ping
+	s.db.Schema = cfg.Schema
 	if err := s.db.Validate(); err != nil {
 		return nil, fmt.Errorf("DB_SCHEMA: %w", err)
 	}
-	s.logTable = logTable(s.db)
-	if err := s.pool.Ping(ctx); err != nil {
-		return nil, fmt.Errorf("PostgreSQL at DATABASE_URL is unreachable: %w", err)
+	if s.st, err = loadStatements(s.db); err != nil {
+		return nil, err
 	}
-	if err := migrate(ctx, s.pool, s.db); err != nil {
+	if err := s.ping(ctx); err != nil {
+		return nil, fmt.Errorf("%s at DATABASE_URL is unreachable: %w", engineName(s.db.Dialect), err)
+	}
+	if err := migrate(ctx, s.db, s.st); err != nil {
 		return nil, fmt.Errorf("migrating: %w", err)
 	}
 	if s.store, err = inbox.NewStore(s.db); err != nil {

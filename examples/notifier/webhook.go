@@ -12,8 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 )
 
 // receiptsConsumer is the inbox consumer name of the receipts webhook.
@@ -97,17 +95,30 @@ func parseReceipt(body []byte) (Receipt, error) {
 func (s *Service) applyReceipt(ctx context.Context, body []byte, rc Receipt) (string, error) {
 	applied := false
 	update := func(msg *message.Message) ([]*message.Message, error) {
-		tx, err := exactlyonce.PgxTxFromContext(msg.Context())
+		ctx := msg.Context()
+		tx, err := handlerTx(ctx, s.db.Dialect)
 		if err != nil {
 			return nil, err
 		}
-		tag, err := tx.Exec(msg.Context(), `UPDATE `+s.logTable+` SET status = $2, updated_at = now() WHERE notification_id = $1`,
-			rc.NotificationID, strings.ToLower(rc.Status))
+		res, err := tx.ExecContext(ctx, s.st["SetStatus"], strings.ToLower(rc.Status), rc.NotificationID)
 		if err != nil {
 			return nil, err
 		}
-		if tag.RowsAffected() == 0 {
-			return nil, errUnknownNotification
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			// No such row, or (MySQL counts rows changed) one that
+			// already held these values.
+			var one int
+			found, err := queryRow(ctx, tx, s.st["LockLogRow"], []any{rc.NotificationID}, &one)
+			if err != nil {
+				return nil, err
+			}
+			if !found {
+				return nil, errUnknownNotification
+			}
 		}
 		applied = true
 		return nil, nil

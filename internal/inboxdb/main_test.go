@@ -87,13 +87,6 @@ func eachDriver(t *testing.T, f func(t *testing.T, b bundle)) {
 	eachDriverOf(t, testenv.Layouts, f)
 }
 
-// eachDriverPlain is eachDriver on the plain layout only: for behaviour the
-// partitioned layout has its own tests of (retention).
-func eachDriverPlain(t *testing.T, f func(t *testing.T, b bundle)) {
-	t.Helper()
-	eachDriverOf(t, []string{"plain"}, f)
-}
-
 // eachLayout runs f once per inbox layout (testenv.Layouts), as parallel
 // subtests.
 func eachLayout(t *testing.T, f func(t *testing.T, layout string)) {

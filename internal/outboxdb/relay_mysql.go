@@ -74,7 +74,7 @@ func (s *Store) claimMySQL(ctx context.Context, tx wsql.ContextExecutor, c Claim
 			return nil, err
 		}
 	}
-	taken := append(fresh, retry...)
+	taken := append(append(make([]Claimed, 0, len(fresh)+len(retry)), fresh...), retry...)
 	sort.Slice(taken, func(i, j int) bool { return taken[i].ID < taken[j].ID })
 	if c.Keyed {
 		follow, err := s.follow(ctx, tx, c.Size, taken, paused)

@@ -18,10 +18,6 @@ import (
 // locks from the outbox table's (sqlschema's OutboxKeyLocks).
 const keyLocksSuffix = "_key_locks"
 
-// perCountStatements are the statements of write.sql rendered per call
-// for its number of rows (.Rows), on a dialect without array parameters.
-var perCountStatements = []string{"Insert", "LockKeys"}
-
 // parsePerCount parses the statements of dir's write.sql that are
 // rendered per call (perCountStatements), when they use .Rows: none on
 // PostgreSQL, whose statements take arrays.
