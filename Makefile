@@ -73,13 +73,15 @@ fmt: ## Format all Go files with gofmt
 	$(GOFMT) -w .
 
 .PHONY: chaos
-CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis,batch+rabbitmq,transactional+rabbitmq,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer
+CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis,batch+rabbitmq,transactional+rabbitmq,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer,transactional@mariadb,lease@mariadb,batch@mariadb,transactional@mariadb-rc,lease@mariadb-rc,batch@mariadb-rc,batch+rabbitmq@mariadb-rc
+CHAOS_ALL_ORDERED := transactional,batch,lease,transactional@mariadb,batch@mariadb,lease@mariadb-rc
 
-chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, both transactional modes on rabbitmq.Subscriber, per-key order in the three consumer modes (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
+chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, both transactional modes on rabbitmq.Subscriber, every mode on MariaDB (REPEATABLE READ and READ COMMITTED), per-key order in the three consumer modes on both engines (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
 	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) \
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
-	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),transactional,batch,lease) \
-	$(GO) test -run TestChaos -count=1 -timeout 80m -v ./tests/chaos/
+	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),$(CHAOS_ALL_ORDERED)) \
+	CHAOS_ORDERED_KEYS=$(or $(CHAOS_ORDERED_KEYS),200) CHAOS_ORDERED_PER_KEY=$(or $(CHAOS_ORDERED_PER_KEY),50) \
+	$(GO) test -run TestChaos -count=1 -timeout 120m -v ./tests/chaos/
 
 # The demo's database: postgres (DATABASE_URL) or mariadb (MYSQL_URL; MySQL 8 works too).
 DB ?= postgres

@@ -294,7 +294,7 @@ func (h *handler) overviewDoc(snap *snapshot, refreshing bool) overviewJSON {
 	d := overviewJSON{Refreshing: refreshing, StatsIntervalSeconds: h.cfg.StatsInterval.Seconds(),
 		Consumers: []consumerFigures{}, Relays: []relayInfo{}, Errors: []string{}}
 	if h.pg != nil {
-		d.RelaysNote = relaysNote
+		d.RelaysNote = h.relaysNoteOf()
 	}
 	if snap != nil {
 		d.AsOf = &snap.AsOf
@@ -1123,11 +1123,18 @@ func (h *handler) apiRelays(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// On MySQL the list is not available (available false, and the note
+	// says so) and there is no channel: MySQL has no LISTEN.
+	channel := ""
+	if h.relaysAvailable() {
+		channel = notifyChannel(h.cfg.DB)
+	}
 	writeJSON(w, http.StatusOK, struct {
-		Channel string      `json:"channel"`
-		Relays  []relayInfo `json:"relays"`
-		Note    string      `json:"note"`
-	}{notifyChannel(h.cfg.DB), rs, relaysNote})
+		Available bool        `json:"available"`
+		Channel   string      `json:"channel"`
+		Relays    []relayInfo `json:"relays"`
+		Note      string      `json:"note"`
+	}{h.relaysAvailable(), channel, rs, h.relaysNoteOf()})
 	return nil
 }
 

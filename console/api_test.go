@@ -28,7 +28,12 @@ import (
 // last computation (as_of), quickly.
 func TestOverview(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config) { c.StatsInterval = time.Hour })
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testOverview(t, newEngineEnv(t, b, func(c *Config) { c.StatsInterval = time.Hour }))
+	})
+}
+
+func testOverview(t *testing.T, e *tenv) {
 	e.done("charge-order", "o-1", 2)
 	e.done("charge-order", "o-2", 1)
 	e.park("charge-order", "o-3", pmsg{topic: "orders"})
@@ -132,7 +137,12 @@ func TestUnavailable(t *testing.T) {
 // The consumers and their figures; a key's record; forgetting a key.
 func TestConsumersAndKeys(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testConsumersAndKeys(t, newEngineEnv(t, b))
+	})
+}
+
+func testConsumersAndKeys(t *testing.T, e *tenv) {
 	odd := `it's "quoted" / ünïcødé ✓ 100%`
 	e.done("charge-order", odd, 3)
 	e.done("charge-order", "acme:inv-1", 0)
@@ -197,7 +207,12 @@ func TestConsumersAndKeys(t *testing.T) {
 // topic, PostgreSQL) and discard, with the stores' refusals as 4xx.
 func TestParked(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testParked(t, newEngineEnv(t, b))
+	})
+}
+
+func testParked(t *testing.T, e *tenv) {
 	odd := `key "with" quotes/and/slashes ✓`
 	e.park("ship-order", odd, pmsg{topic: "orders", payload: []byte(`{"order":"A-1042"}`), meta: map[string]string{"order_id": "A-1042"}, reason: "invalid address"})
 	e.park("ship-order", "acme:k2", pmsg{topic: "orders", payload: []byte{0xff, 0x00, 0x01}, meta: map[string]string{"order_id": "A-7"}})
@@ -333,7 +348,12 @@ func TestParked(t *testing.T) {
 // count_changed, with the count now) and changes nothing.
 func TestParkedBulk(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testParkedBulk(t, newEngineEnv(t, b))
+	})
+}
+
+func testParkedBulk(t *testing.T, e *tenv) {
 	for _, k := range []string{"a1", "a2", "a3"} {
 		e.park("ship-order", k, pmsg{topic: "orders", meta: map[string]string{"customer_id": "C-77"}})
 	}
@@ -409,7 +429,12 @@ func TestParkedBulk(t *testing.T) {
 // one or in bulk with the confirmed count.
 func TestOutboxRows(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testOutboxRows(t, newEngineEnv(t, b))
+	})
+}
+
+func testOutboxRows(t *testing.T, e *tenv) {
 	q1 := e.row("invoices", "inv-1", `{"n":1}`, map[string]string{"order_id": "A-1"}, "quarantined")
 	q2 := e.row("invoices", "inv-2", "{}", map[string]string{"order_id": "A-2"}, "quarantined")
 	q3 := e.row("receipts", "rec-1", "{}", nil, "quarantined")
@@ -528,11 +553,13 @@ func TestRelays(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var doc struct {
-		Channel string      `json:"channel"`
-		Relays  []relayInfo `json:"relays"`
-		Note    string      `json:"note"`
+		Available bool        `json:"available"`
+		Channel   string      `json:"channel"`
+		Relays    []relayInfo `json:"relays"`
+		Note      string      `json:"note"`
 	}
 	decode(t, e.get("/eo/api/v1/relays"), &doc)
+	require.True(t, doc.Available)
 	require.Empty(t, doc.Relays)
 	require.Equal(t, "exactlyonce."+e.db.Schema+".watermill_outbox", doc.Channel)
 	require.NotEmpty(t, doc.Note)
@@ -567,7 +594,12 @@ func TestRelays(t *testing.T) {
 // Unknown endpoints and methods are JSON errors too.
 func TestAPIRouting(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testAPIRouting(t, newEngineEnv(t, b))
+	})
+}
+
+func testAPIRouting(t *testing.T, e *tenv) {
 	apiErr(t, e.get("/eo/api/v1/nope"), http.StatusNotFound, codeNotFound)
 	apiErr(t, e.get("/eo/api/v2/overview"), http.StatusNotFound, codeNotFound)
 	w := e.call("PUT", "/eo/api/v1/overview", nil)
@@ -614,7 +646,12 @@ func TestAPIRouting(t *testing.T) {
 // 500.
 func TestBadInputEveryEndpoint(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testBadInputEveryEndpoint(t, newEngineEnv(t, b))
+	})
+}
+
+func testBadInputEveryEndpoint(t *testing.T, e *tenv) {
 	e.park("ship-order", "k1", pmsg{topic: "orders"})
 	for _, c := range []struct {
 		method, path string

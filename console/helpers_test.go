@@ -80,13 +80,39 @@ type tenv struct {
 	h     http.Handler
 	cfg   Config
 	logs  *syncBuffer
+	// mysql: the schema is MySQL/MariaDB's (a test's own statements pick
+	// that dialect's text with sql).
+	mysql bool
+}
+
+// sql is pg or mysql: the text of a test's own statement in the env's
+// dialect.
+func (e *tenv) sql(pg, mysql string) string {
+	if e.mysql {
+		return mysql
+	}
+	return pg
 }
 
 // newEnv makes a tenv; mutate edits the Config before New.
 func newEnv(t *testing.T, mutate ...func(*Config)) *tenv {
 	t.Helper()
-	db := testenv.Schema(t).WithDefaults()
+	return newEnvOn(t, testenv.Schema(t), mutate...)
+}
+
+// newEngineEnv makes a tenv on the bundle's schema, PostgreSQL or
+// MySQL/MariaDB (the engine matrix: testenv.EachEngine).
+func newEngineEnv(t *testing.T, b *testenv.Bundle, mutate ...func(*Config)) *tenv {
+	t.Helper()
+	return newEnvOn(t, b.DB, mutate...)
+}
+
+// newEnvOn makes a tenv on db.
+func newEnvOn(t *testing.T, db sqlschema.DB, mutate ...func(*Config)) *tenv {
+	t.Helper()
+	db = db.WithDefaults()
 	e := envWith(t, Config{DB: db}, mutate...)
+	e.mysql = db.Dialect == sqlschema.MySQL
 	inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
 	require.NoError(t, err)
 	store, err := inbox.NewStore(db)
@@ -217,8 +243,9 @@ func (e *tenv) park(consumer, key string, m pmsg) {
 // done records (consumer, key) as processed, with dups duplicates.
 func (e *tenv) done(consumer, key string, dups int) {
 	e.t.Helper()
-	_, err := e.db.Conn.ExecContext(e.ctx, `INSERT INTO `+e.db.Inbox()+` (consumer, message_key, status, attempts, processed_at, duplicates)
-VALUES ($1, $2, 'done', 1, now(), $3)`, consumer, key, dups)
+	_, err := e.db.Conn.ExecContext(e.ctx, e.sql(`INSERT INTO `+e.db.Inbox()+` (consumer, message_key, status, attempts, processed_at, duplicates)
+VALUES ($1, $2, 'done', 1, now(), $3)`, `INSERT INTO `+e.db.Inbox()+` (consumer, message_key, status, attempts, first_seen_at, processed_at, duplicates)
+VALUES (?, ?, 'done', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?)`), consumer, key, dups)
 	require.NoError(e.t, err)
 }
 
@@ -238,6 +265,18 @@ func (e *tenv) row(topic, uuid, payload string, meta map[string]string, state st
 		failures, lastError = 2, "connection lost"
 	}
 	var id int64
+	if e.mysql {
+		if quarantined != "NULL" {
+			quarantined = "UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE"
+		}
+		_, err := e.db.Conn.ExecContext(e.ctx, `INSERT INTO `+e.db.Outbox()+`
+ (topic, uuid, payload, metadata, failures, attempts, last_error, quarantined_at, created_at)
+ VALUES (?, ?, ?, ?, ?, ?, NULLIF(?, ''), `+quarantined+`, UTC_TIMESTAMP(6) - INTERVAL 10 SECOND)`,
+			topic, uuid, []byte(payload), string(js), failures, failures, lastError)
+		require.NoError(e.t, err)
+		require.NoError(e.t, seam.QueryRow(e.ctx, e.db.Conn, `SELECT max(id) FROM `+e.db.Outbox()+` WHERE uuid = ?`, []any{uuid}, &id))
+		return id
+	}
 	require.NoError(e.t, seam.QueryRow(e.ctx, e.db.Conn, `INSERT INTO `+e.db.Outbox()+`
  (topic, uuid, payload, metadata, failures, attempts, last_error, quarantined_at, created_at)
  VALUES ($1, $2, $3, $4::jsonb, $5, $5, nullif($6, ''), `+quarantined+`, now() - interval '10 seconds') RETURNING id`,
@@ -248,7 +287,7 @@ func (e *tenv) row(topic, uuid, payload string, meta map[string]string, state st
 // outboxRows counts the outbox's rows of topic with uuid.
 func (e *tenv) outboxRows(topic, uuid string) int64 {
 	e.t.Helper()
-	return testenv.Count(e.t, e.db.Conn, `SELECT count(*) FROM `+e.db.Outbox()+` WHERE topic = $1 AND uuid = $2`, topic, uuid)
+	return testenv.Count(e.t, e.db.Conn, `SELECT count(*) FROM `+e.db.Outbox()+e.sql(` WHERE topic = $1 AND uuid = $2`, ` WHERE topic = ? AND uuid = ?`), topic, uuid)
 }
 
 func (e *tenv) status(consumer, key string) string {

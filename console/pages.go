@@ -18,6 +18,7 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/inbox"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/ops"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
+	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
 //go:embed templates/*.html static/*
@@ -65,7 +66,26 @@ type pageData struct {
 	Nav      string
 	Script   bool
 	Stores   []string
-	Data     any
+	// MySQL: the SQL store is on MySQL/MariaDB (its name, StoreName).
+	MySQL bool
+	Data  any
+}
+
+// StoreName is how a page names a store: the SQL store ("postgres", the
+// store's identifier in URLs and the API) as "mysql" on MySQL/MariaDB.
+func (p pageData) StoreName(store string) string {
+	if p.MySQL && store == storePostgres {
+		return "mysql"
+	}
+	return store
+}
+
+// SQLInbox is the label of the SQL store in the store pickers.
+func (p pageData) SQLInbox() string {
+	if p.MySQL {
+		return "MySQL inbox"
+	}
+	return "PostgreSQL inbox"
 }
 
 // render writes the page.
@@ -73,7 +93,7 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, pag
 	t := h.pages[page]
 	_, bearer := h.cfg.Auth.(*bearerAuth)
 	pd := pageData{Title: title, Prefix: h.prefix, User: userOf(r), ReadOnly: h.cfg.ReadOnly, Logout: bearer && userOf(r) != "",
-		Nav: page, Script: page == "overview", Stores: h.stores, Data: data}
+		Nav: page, Script: page == "overview", Stores: h.stores, MySQL: h.cfg.DB.Dialect == sqlschema.MySQL, Data: data}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, "layout.html", pd); err != nil {
 		h.log.Error("exactlyonce console: rendering a page", "page", page, "error", err)
@@ -257,8 +277,10 @@ type overviewData struct {
 	Outbox     *outboxFigures
 	Relays     []relayInfo
 	RelaysNote string
-	Errors     []string
-	DB         bool
+	// NoRelays: the list of relays is not available (MySQL).
+	NoRelays bool
+	Errors   []string
+	DB       bool
 }
 
 type consumerRow struct {
@@ -403,7 +425,7 @@ func (h *handler) pageOverview(w http.ResponseWriter, r *http.Request) error {
 	snap, refreshing := h.stats.get(r.Context())
 	d := overviewData{Refreshing: refreshing, Interval: h.cfg.StatsInterval.String(), DB: h.pg != nil}
 	if h.pg != nil {
-		d.RelaysNote = relaysNote
+		d.RelaysNote, d.NoRelays = h.relaysNoteOf(), !h.relaysAvailable()
 	}
 	if snap != nil {
 		d.AsOf, d.More, d.Outbox, d.Relays, d.Errors = &snap.AsOf, snap.ConsumersMore, snap.Outbox, snap.Relays, snap.Errors

@@ -49,7 +49,12 @@ func text(t *testing.T, body, id string) string {
 // links to the parked list.
 func TestOverviewPage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testOverviewPage(t, newEngineEnv(t, b))
+	})
+}
+
+func testOverviewPage(t *testing.T, e *tenv) {
 	e.done("charge-order", "o-1", 4)
 	e.park("charge-order", "o-2", pmsg{topic: "orders"})
 	e.row("invoices", "u1", "{}", nil, "quarantined")
@@ -78,7 +83,12 @@ func TestOverviewPage(t *testing.T) {
 // the known ones (404).
 func TestParkedPage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testParkedPage(t, newEngineEnv(t, b))
+	})
+}
+
+func testParkedPage(t *testing.T, e *tenv) {
 	e.park("ship-order", "k1", pmsg{topic: "orders", meta: map[string]string{"order_id": "A-1042"}, reason: "invalid <address>"})
 	e.park("ship-order", "k2", pmsg{topic: "orders", meta: map[string]string{"order_id": "A-7"}})
 	e.park("ship-order", "k3", pmsg{topic: "orders"})
@@ -127,7 +137,12 @@ func TestParkedPage(t *testing.T) {
 // a binary payload as base64 with a note.
 func TestMessagePage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testMessagePage(t, newEngineEnv(t, b))
+	})
+}
+
+func testMessagePage(t *testing.T, e *tenv) {
 	odd := `it's "quoted" <b>/ünïcødé ✓ 100%`
 	e.park("ship-order", odd, pmsg{topic: "orders", payload: []byte(`<script>alert("payload")</script>`),
 		meta: map[string]string{"order_id": `"><img src=x onerror=alert(1)>`, "<script>": "x"}, reason: `<script>alert("reason")</script>`})
@@ -278,7 +293,12 @@ func TestConfirmFlows(t *testing.T) {
 // requeue and discard through a confirmation.
 func TestOutboxPages(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testOutboxPages(t, newEngineEnv(t, b))
+	})
+}
+
+func testOutboxPages(t *testing.T, e *tenv) {
 	id := e.row("invoices", "inv-1", `<script>alert(1)</script>`, map[string]string{"order_id": "A-1"}, "quarantined")
 	e.row("invoices", "inv-2", "{}", nil, "quarantined")
 	failing := e.row("invoices", "inv-3", "{}", nil, "failing")
@@ -376,7 +396,12 @@ func TestOutboxPagesBlockedKeys(t *testing.T) {
 // tenant), and forgetting it through a confirmation.
 func TestInboxPage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		testInboxPage(t, newEngineEnv(t, b))
+	})
+}
+
+func testInboxPage(t *testing.T, e *tenv) {
 	e.done("charge-order", "acme:inv-1", 2)
 	e.park("charge-order", "o-9", pmsg{topic: "orders"})
 

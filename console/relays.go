@@ -29,6 +29,24 @@ const relaysNote = "Relays are found in pg_locks: a relay that wakes on commit h
 	"A relay that polls only (NoListen, or behind PgBouncer without ListenConnString) is seen only while a batch is in flight; " +
 	"a session of another database role shows only its pid and application name unless the console's role has pg_read_all_stats."
 
+// relaysNoteMySQL is the note of the relays on MySQL/MariaDB, where the
+// list is not available.
+const relaysNoteMySQL = "The list of relays is not available on MySQL: it reads PostgreSQL's pg_locks (a relay's advisory lock on its LISTEN " +
+	"connection, its row locks), and MySQL/MariaDB has neither LISTEN nor a view the console could read the same way. " +
+	"The outbox's backlog above, and the relay's metrics, say whether rows are relayed."
+
+// relaysAvailable reports whether the database can tell about the relays:
+// PostgreSQL only (outboxdb's Relays is sqlschema.ErrUnsupported on MySQL).
+func (h *handler) relaysAvailable() bool { return h.cfg.DB.Dialect != sqlschema.MySQL }
+
+// relaysNoteOf is the note that goes with the list of relays.
+func (h *handler) relaysNoteOf() string {
+	if !h.relaysAvailable() {
+		return relaysNoteMySQL
+	}
+	return relaysNote
+}
+
 // relayInfo is a session that looks like a relay's.
 type relayInfo struct {
 	PID             int32      `json:"pid"`
@@ -47,7 +65,11 @@ type relayInfo struct {
 func notifyChannel(db sqlschema.DB) string { return outboxnotify.Channel(db) }
 
 // relays lists the sessions that look like the outbox's relays.
+// On MySQL, where the list is not available, it is empty.
 func (h *handler) relays(ctx context.Context) ([]relayInfo, error) {
+	if !h.relaysAvailable() {
+		return []relayInfo{}, nil
+	}
 	// The statement is internal/outboxdb's Relays. (The store is built per
 	// call: the handler could keep one.)
 	st, err := outboxdb.New(h.cfg.DB)

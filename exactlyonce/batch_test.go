@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/seam"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
@@ -159,6 +161,17 @@ func pgCode(err error) string {
 	return ""
 }
 
+// sqlCode is err's SQLSTATE on PostgreSQL, its error number on MySQL.
+func sqlCode(err error) string {
+	if n, ok := pgerr.MySQLNumber(err); ok {
+		return strconv.Itoa(int(n))
+	}
+	return pgCode(err)
+}
+
+// deadlockCode is sqlCode of a deadlock in the bundle's dialect.
+func deadlockCode(b *testenv.Bundle) string { return b.SQL("40P01", "1213") }
+
 func storeMax(v *atomic.Int64, n int64) {
 	for {
 		cur := v.Load()
@@ -171,15 +184,30 @@ func storeMax(v *atomic.Int64, n int64) {
 // inboxCount counts consumer "c"'s inbox rows of status for keys.
 func inboxCount(t *testing.T, b *testenv.Bundle, status string, keys ...string) int64 {
 	t.Helper()
+	if b.MySQL() {
+		args := []any{status}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		in := strings.TrimSuffix(strings.Repeat("?, ", len(keys)), ", ")
+		return b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE consumer = 'c' AND status = ? AND message_key IN ("+in+")", args...)
+	}
 	return b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" WHERE consumer = 'c' AND status = $1 AND message_key = ANY($2)", status, keys)
 }
+
+// mysqlTxID identifies the session's current transaction on MariaDB
+// without information_schema.innodb_trx (a cache up to 0.1s old): the
+// connection, and how many transactions it ended before this one (its
+// COMMIT and ROLLBACK statements).
+const mysqlTxID = "SELECT connection_id() * 1000000 + (SELECT CAST(SUM(VARIABLE_VALUE) AS SIGNED) FROM information_schema.SESSION_STATUS " +
+	"WHERE VARIABLE_NAME IN ('COM_COMMIT', 'COM_ROLLBACK'))"
 
 // TestBatchOneTransaction: N deliveries in flight at once share one
 // transaction (one txid for the handlers, the inbox rows and the outbox
 // rows), handlers run in turn, and MaxSize bounds a batch.
 func TestBatchOneTransaction(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		effects := b.Table("effects")
 		b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL, txid bigint NOT NULL)")
 		var inHandler, maxInHandler atomic.Int64
@@ -187,10 +215,10 @@ func TestBatchOneTransaction(t *testing.T) {
 			storeMax(&maxInHandler, inHandler.Add(1))
 			defer inHandler.Add(-1)
 			var txid int64
-			if err := testenv.QueryRow(msg.Context(), "SELECT txid_current()", nil, &txid); err != nil {
+			if err := testenv.QueryRow(msg.Context(), b.SQL("SELECT txid_current()", mysqlTxID), nil, &txid); err != nil {
 				return nil, err
 			}
-			if err := testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id, txid) VALUES ($1, $2)", msg.UUID, txid); err != nil {
+			if err := testenv.Exec(msg.Context(), b.Q("INSERT INTO "+effects+" (id, txid) VALUES ($1, $2)"), msg.UUID, txid); err != nil {
 				return nil, err
 			}
 			time.Sleep(time.Millisecond) // a second handler in parallel would show
@@ -209,11 +237,16 @@ func TestBatchOneTransaction(t *testing.T) {
 		require.Equal(t, int64(10), b.Count(t, "SELECT count(*) FROM "+effects+" WHERE id LIKE 'one-%'"))
 		require.Equal(t, int64(1), b.Count(t, "SELECT count(DISTINCT txid) FROM "+effects+" WHERE id LIKE 'one-%'"), "one transaction")
 		require.Equal(t, int64(1), maxInHandler.Load(), "handlers of a batch run in turn")
-		// The inbox rows and the outbox rows were written by that transaction.
-		require.Equal(t, int64(10), b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" i JOIN "+effects+
-			" e ON e.id = i.message_key WHERE i.consumer = 'c' AND i.status = 'done' AND i.xmin::text::bigint = e.txid % 4294967296"))
-		require.Equal(t, int64(10), b.Count(t, "SELECT count(*) FROM "+b.DB.Outbox()+" o JOIN "+effects+
-			" e ON o.uuid = 'out-' || e.id WHERE o.xmin::text::bigint = e.txid % 4294967296"))
+		if !b.MySQL() {
+			// The inbox rows and the outbox rows were written by that
+			// transaction (xmin: PostgreSQL's; on MySQL the batch's
+			// statements all run in the transaction the handlers saw).
+			require.Equal(t, int64(10), b.Count(t, "SELECT count(*) FROM "+b.DB.Inbox()+" i JOIN "+effects+
+				" e ON e.id = i.message_key WHERE i.consumer = 'c' AND i.status = 'done' AND i.xmin::text::bigint = e.txid % 4294967296"))
+			require.Equal(t, int64(10), b.Count(t, "SELECT count(*) FROM "+b.DB.Outbox()+" o JOIN "+effects+
+				" e ON o.uuid = 'out-' || e.id WHERE o.xmin::text::bigint = e.txid % 4294967296"))
+		}
+		require.Equal(t, int64(10), b.Count(t, "SELECT count(*) FROM "+b.DB.Outbox()))
 
 		// MaxSize 4, 10 deliveries: at least 3 transactions, none of more than 4.
 		log = eventLog{}
@@ -237,15 +270,15 @@ func TestBatchOneTransaction(t *testing.T) {
 // error and leave nothing; the Permanent one is parked and acked.
 func TestBatchFailureCostsOnlyItsMessage(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		effects, taken := b.Table("effects"), b.Table("taken")
 		b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
-		b.Exec(t, "CREATE TABLE "+taken+" (id text PRIMARY KEY)")
+		b.Exec(t, "CREATE TABLE "+taken+" (id "+b.KeyText()+" PRIMARY KEY)")
 		b.Exec(t, "INSERT INTO "+taken+" VALUES ('taken')")
 		behaviour := map[string]string{"a-3": "error", "a-6": "panic", "b-5": "abort", "c-2": "permanent"}
 		h := func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			if err := testenv.Exec(ctx, "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
+			if err := testenv.Exec(ctx, b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID); err != nil {
 				return nil, err
 			}
 			switch behaviour[msg.UUID] {
@@ -285,7 +318,7 @@ func TestBatchFailureCostsOnlyItsMessage(t *testing.T) {
 					require.Equal(t, exactlyonce.Nacked, ev.Outcome)
 				case "abort":
 					require.Error(t, err)
-					require.Equal(t, "23505", pgCode(err), "the statement's own error: %v", err)
+					require.Equal(t, b.SQL("23505", "1062"), sqlCode(err), "the statement's own error: %v", err)
 					require.Equal(t, exactlyonce.Nacked, ev.Outcome)
 				case "permanent":
 					require.NoError(t, err, "a Permanent error parks the key and acks")
@@ -298,7 +331,7 @@ func TestBatchFailureCostsOnlyItsMessage(t *testing.T) {
 					good = append(good, k)
 					continue
 				}
-				require.Zero(t, b.Count(t, "SELECT count(*) FROM "+effects+" WHERE id = $1", k), "%s: its effect is rolled back", k)
+				require.Zero(t, b.Count(t, b.Q("SELECT count(*) FROM "+effects+" WHERE id = $1"), k), "%s: its effect is rolled back", k)
 				require.Zero(t, inboxCount(t, b, inboxdb.StatusDone, k), "%s: not recorded done", k)
 			}
 			failing := 0
@@ -309,8 +342,8 @@ func TestBatchFailureCostsOnlyItsMessage(t *testing.T) {
 			}
 			require.Len(t, good, 10-failing)
 			for _, k := range good {
-				require.Equal(t, int64(1), b.Count(t, "SELECT count(*) FROM "+effects+" WHERE id = $1", k), "%s: one effect", k)
-				require.Equal(t, int64(1), b.Count(t, "SELECT count(*) FROM "+b.DB.Outbox()+" WHERE uuid = $1", "out-"+k), "%s: one output", k)
+				require.Equal(t, int64(1), b.Count(t, b.Q("SELECT count(*) FROM "+effects+" WHERE id = $1"), k), "%s: one effect", k)
+				require.Equal(t, int64(1), b.Count(t, b.Q("SELECT count(*) FROM "+b.DB.Outbox()+" WHERE uuid = $1"), "out-"+k), "%s: one output", k)
 			}
 			require.Equal(t, int64(len(good)), inboxCount(t, b, inboxdb.StatusDone, good...))
 		}
@@ -379,9 +412,9 @@ func (tr *batchTracer) take() []int {
 // its own message.
 func TestBatchExec(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		effects := b.Table("effects")
-		b.Exec(t, "CREATE TABLE "+effects+" (id text PRIMARY KEY)")
+		b.Exec(t, "CREATE TABLE "+effects+" (id "+b.KeyText()+" PRIMARY KEY)")
 		pgxDriver := b.Driver.Name == "pgxpool"
 		db := b.DB
 		tracer := &batchTracer{current: map[*pgx.Conn]int{}}
@@ -399,11 +432,11 @@ func TestBatchExec(t *testing.T) {
 		var seen []int64
 		h := func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			if err := exactlyonce.Exec(ctx, "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
+			if err := exactlyonce.Exec(ctx, b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID); err != nil {
 				return nil, err
 			}
 			var n int64
-			if err := testenv.QueryRow(ctx, "SELECT count(*) FROM "+effects+" WHERE id LIKE $1", []any{msg.UUID[:2] + "%"}, &n); err != nil {
+			if err := testenv.QueryRow(ctx, b.Q("SELECT count(*) FROM "+effects+" WHERE id LIKE $1"), []any{msg.UUID[:2] + "%"}, &n); err != nil {
 				return nil, err
 			}
 			mu.Lock()
@@ -438,7 +471,7 @@ func TestBatchExec(t *testing.T) {
 		for i, k := range keys {
 			if k == "r-dup" {
 				require.Error(t, ds[i].err)
-				require.Equal(t, "23505", pgCode(ds[i].err), "the statement's own error: %v", ds[i].err)
+				require.Equal(t, b.SQL("23505", "1062"), sqlCode(ds[i].err), "the statement's own error: %v", ds[i].err)
 				require.Equal(t, []exactlyonce.Outcome{exactlyonce.Nacked}, log.outcomes(k))
 				continue
 			}
@@ -462,7 +495,7 @@ func TestBatchExec(t *testing.T) {
 // when the first copy's handler fails, the other copy is nacked too.
 func TestBatchDuplicatesInOneBatch(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		effects := b.Table("effects")
 		b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
 		var mu sync.Mutex
@@ -471,7 +504,7 @@ func TestBatchDuplicatesInOneBatch(t *testing.T) {
 			mu.Lock()
 			runs[msg.UUID]++
 			mu.Unlock()
-			if err := testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID); err != nil {
+			if err := testenv.Exec(msg.Context(), b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID); err != nil {
 				return nil, err
 			}
 			if strings.HasPrefix(msg.UUID, "f-") {
@@ -561,12 +594,19 @@ func deadlocks(t *testing.T, database string) int64 {
 	return n
 }
 
+// innodbDeadlocks is the deadlocks the MySQL server detected since it
+// started (Innodb_deadlocks, all databases).
+func innodbDeadlocks(t *testing.T, b *testenv.Bundle) int64 {
+	t.Helper()
+	return b.Count(t, "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_DEADLOCKS'")
+}
+
 // TestBatchTwoInstancesRace: two instances (two middlewares, two pools),
 // one consumer name, receive the same 10 keys at the same moment, in
 // opposite orders, 20 rounds: each key has one effect, one delivery
 // processed and the other acked as a duplicate, no delivery nacked, and
 // PostgreSQL detected no deadlock (the claims take their locks in key
-// order). Then both receive 50 done keys again at once, counting the
+// order; on MariaDB the count is the server's, logged). Then both receive 50 done keys again at once, counting the
 // duplicates on the same rows. Under a REPEATABLE READ default too: a claim
 // that meets the other batch's commit (40001) is retried, never nacked.
 func TestBatchTwoInstancesRace(t *testing.T) {
@@ -607,72 +647,24 @@ func TestBatchTwoInstancesRace(t *testing.T) {
 						require.Equal(t, iso, got)
 					}
 
-					var log eventLog
-					handler := func(instance string) message.HandlerFunc {
-						return func(msg *message.Message) ([]*message.Message, error) {
-							return nil, testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id, instance) VALUES ($1, $2)", msg.UUID, instance)
-						}
-					}
-					batch := exactlyonce.BatchConfig{MaxSize: 10, MaxWait: forever}
-					hA := newBatchEO(t, tables, batch, &log).Middleware(handler("a"))
-					hB := newBatchEO(t, testenv.WithConn(tables, connB), batch, &log).Middleware(handler("b"))
-
-					const rounds = 20
-					var all []string
-					for r := range rounds + 5 {
-						keys := keyRange(fmt.Sprintf("r%02d-k", r), 10)
-						if r >= rounds {
-							// Both instances receive done keys again at once:
-							// both count the duplicates on the same rows.
-							keys = keyRange(fmt.Sprintf("r%02d-k", r-rounds), 10)
-						} else {
-							all = append(all, keys...)
-						}
-						reversed := slices.Clone(keys)
-						slices.Reverse(reversed)
-						var wg sync.WaitGroup
-						var dsA, dsB []delivery
-						// Each instance receives the keys one after the other, in
-						// its order.
-						for _, side := range []struct {
-							h    message.HandlerFunc
-							keys []string
-							out  *[]delivery
-						}{{hA, keys, &dsA}, {hB, reversed, &dsB}} {
-							wg.Go(func() {
-								*side.out = make([]delivery, len(side.keys))
-								var inner sync.WaitGroup
-								for i, k := range side.keys {
-									inner.Go(func() {
-										start := time.Now()
-										_, err := side.h(message.NewMessage(k, nil))
-										(*side.out)[i] = delivery{err: err, took: time.Since(start)}
-									})
-									time.Sleep(time.Millisecond)
-								}
-								inner.Wait()
-							})
-						}
-						wg.Wait()
-						for _, d := range append(dsA, dsB...) {
-							require.NoError(t, d.err, "round %d: no delivery is nacked", r)
-						}
-					}
-					for i, k := range all {
-						want := []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Processed}
-						if i < 50 {
-							want = []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Processed}
-						}
-						require.Equal(t, want, log.outcomes(k), k)
-					}
-					require.Equal(t, int64(len(all)+2*50), testenv.Count(t, connA, "SELECT coalesce(sum(duplicates), 0) FROM "+tables.Inbox()+" WHERE consumer = 'c'"),
-						"every duplicate counted once")
-					require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(*) FROM "+effects))
-					require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(DISTINCT id) FROM "+effects))
-					t.Logf("effects by instance: a %d, b %d", testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'a'"),
-						testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'b'"))
+					twoInstancesRace(t, tables, connB, effects, "INSERT INTO "+effects+" (id, instance) VALUES ($1, $2)")
 				})
 			}
+			t.Run(testenv.MariaDB, func(t *testing.T) {
+				// Two pools whose sessions default to iso; the deadlocks
+				// InnoDB counts are the server's (shared with other
+				// tests), so they are logged, not asserted.
+				b := testenv.NewBundle(t, testenv.MySQLDriverWithIsolation(t, iso))
+				connB := testenv.MySQLDriverWithIsolation(t, iso).DB
+				var got string
+				require.NoError(t, seam.QueryRow(b.Ctx, connB, "SELECT @@tx_isolation", nil, &got))
+				require.Equal(t, strings.ToUpper(strings.ReplaceAll(iso, " ", "-")), got)
+				effects := b.Table("effects")
+				b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL, instance text NOT NULL)")
+				before := innodbDeadlocks(t, b)
+				twoInstancesRace(t, b.DB, connB, effects, b.Q("INSERT INTO "+effects+" (id, instance) VALUES ($1, $2)"))
+				t.Logf("InnoDB deadlocks on the server during the test: %d", innodbDeadlocks(t, b)-before)
+			})
 			// The subtests ended and closed their connections, which
 			// flushes their statistics.
 			var n int64
@@ -684,6 +676,78 @@ func TestBatchTwoInstancesRace(t *testing.T) {
 			require.Zero(t, n, "PostgreSQL detected deadlocks between the batches (retried, but each cost deadlock_timeout): the claims must lock keys in one order")
 		})
 	}
+}
+
+// twoInstancesRace runs the rounds of TestBatchTwoInstancesRace: instance
+// a on tables (its Conn), instance b through connB; insert writes an effect
+// (id, instance) in the tables' dialect.
+func twoInstancesRace(t *testing.T, tables sqlschema.DB, connB wsql.Beginner, effects, insert string) {
+	t.Helper()
+	connA := tables.Conn
+	var log eventLog
+	handler := func(instance string) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			return nil, testenv.Exec(msg.Context(), insert, msg.UUID, instance)
+		}
+	}
+	batch := exactlyonce.BatchConfig{MaxSize: 10, MaxWait: forever}
+	hA := newBatchEO(t, tables, batch, &log).Middleware(handler("a"))
+	hB := newBatchEO(t, testenv.WithConn(tables, connB), batch, &log).Middleware(handler("b"))
+
+	const rounds = 20
+	var all []string
+	for r := range rounds + 5 {
+		keys := keyRange(fmt.Sprintf("r%02d-k", r), 10)
+		if r >= rounds {
+			// Both instances receive done keys again at once:
+			// both count the duplicates on the same rows.
+			keys = keyRange(fmt.Sprintf("r%02d-k", r-rounds), 10)
+		} else {
+			all = append(all, keys...)
+		}
+		reversed := slices.Clone(keys)
+		slices.Reverse(reversed)
+		var wg sync.WaitGroup
+		var dsA, dsB []delivery
+		// Each instance receives the keys one after the other, in
+		// its order.
+		for _, side := range []struct {
+			h    message.HandlerFunc
+			keys []string
+			out  *[]delivery
+		}{{hA, keys, &dsA}, {hB, reversed, &dsB}} {
+			wg.Go(func() {
+				*side.out = make([]delivery, len(side.keys))
+				var inner sync.WaitGroup
+				for i, k := range side.keys {
+					inner.Go(func() {
+						start := time.Now()
+						_, err := side.h(message.NewMessage(k, nil))
+						(*side.out)[i] = delivery{err: err, took: time.Since(start)}
+					})
+					time.Sleep(time.Millisecond)
+				}
+				inner.Wait()
+			})
+		}
+		wg.Wait()
+		for _, d := range append(dsA, dsB...) {
+			require.NoError(t, d.err, "round %d: no delivery is nacked", r)
+		}
+	}
+	for i, k := range all {
+		want := []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Processed}
+		if i < 50 {
+			want = []exactlyonce.Outcome{exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Duplicate, exactlyonce.Processed}
+		}
+		require.Equal(t, want, log.outcomes(k), k)
+	}
+	require.Equal(t, int64(len(all)+2*50), testenv.Count(t, connA, "SELECT coalesce(sum(duplicates), 0) FROM "+tables.Inbox()+" WHERE consumer = 'c'"),
+		"every duplicate counted once")
+	require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(*) FROM "+effects))
+	require.Equal(t, int64(len(all)), testenv.Count(t, connA, "SELECT count(DISTINCT id) FROM "+effects))
+	t.Logf("effects by instance: a %d, b %d", testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'a'"),
+		testenv.Count(t, connA, "SELECT count(*) FROM "+effects+" WHERE instance = 'b'"))
 }
 
 // TestBatchCommitFails: a deferred constraint that one handler's write
@@ -975,60 +1039,61 @@ func TestBatchContextCancelledWhileQueued(t *testing.T) {
 // TestBatchShutdownMidBatch: a router closed while batches are collecting
 // or running (every batch waits 300 ms for more deliveries than are in
 // flight); after a restart with a fresh router every message is processed
-// exactly once and the queue is drained.
+// exactly once and the queue is drained. On either engine.
 func TestBatchShutdownMidBatch(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
-	pool := testenv.Pool(t)
-	effects := pgx.Identifier{db.Schema, "effects"}.Sanitize()
-	_, err := pool.Exec(context.Background(), "CREATE TABLE "+effects+" (id text NOT NULL)")
-	require.NoError(t, err)
-	q := testenv.Queue(t, "batch_shutdown_")
-	const n = 300
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		db := b.DB
+		effects := b.Table("effects")
+		b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
+		insert := b.Q("INSERT INTO " + effects + " (id) VALUES ($1)")
+		q := testenv.Queue(t, "batch_shutdown_")
+		const n = 300
 
-	start := func(log *eventLog) *message.Router {
-		eo, err := exactlyonce.New(exactlyonce.Config{DB: db, NackDelay: -1, OnEvent: log.observe, Logger: testenv.Logger(t),
-			Batch: &exactlyonce.BatchConfig{MaxSize: 64, MaxWait: 300 * time.Millisecond}})
-		require.NoError(t, err)
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, testenv.Logger(t))
-		require.NoError(t, err)
-		r.AddMiddleware(eo.Middleware)
-		r.AddConsumerHandler("batch-shutdown", q, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 16), func(msg *message.Message) error {
-			time.Sleep(2 * time.Millisecond)
-			return testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
-		})
-		testenv.StartRouter(t, r)
-		return r
-	}
-	pub := testenv.AMQPPublisher(t)
-	for i := range n {
-		require.NoError(t, pub.Publish(q, message.NewMessage(fmt.Sprintf("s-%03d", i), nil)))
-	}
+		start := func(log *eventLog) *message.Router {
+			eo, err := exactlyonce.New(exactlyonce.Config{DB: db, NackDelay: -1, OnEvent: log.observe, Logger: testenv.Logger(t),
+				Batch: &exactlyonce.BatchConfig{MaxSize: 64, MaxWait: 300 * time.Millisecond}})
+			require.NoError(t, err)
+			r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, testenv.Logger(t))
+			require.NoError(t, err)
+			r.AddMiddleware(eo.Middleware)
+			r.AddConsumerHandler("batch-shutdown", q, exactlyonce.ConcurrentSubscriber(testenv.AMQPSubscriber(t, 1), 16), func(msg *message.Message) error {
+				time.Sleep(2 * time.Millisecond)
+				return testenv.Exec(msg.Context(), insert, msg.UUID)
+			})
+			testenv.StartRouter(t, r)
+			return r
+		}
+		pub := testenv.AMQPPublisher(t)
+		for i := range n {
+			require.NoError(t, pub.Publish(q, message.NewMessage(fmt.Sprintf("s-%03d", i), nil)))
+		}
 
-	var first eventLog
-	r := start(&first)
-	testenv.Eventually(t, time.Minute, func() bool { return first.count(exactlyonce.Processed) >= 40 }, "the first router processed some")
-	closed := make(chan error, 1)
-	go func() { closed <- r.Close() }()
-	select {
-	case err := <-closed:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the router did not close within 30s")
-	}
-	processed := first.count(exactlyonce.Processed)
-	t.Logf("first router: %d processed, %d nacked at the shutdown", processed, first.count(exactlyonce.Nacked))
-	require.Less(t, processed, n, "the shutdown should have come before the end")
+		var first eventLog
+		r := start(&first)
+		testenv.Eventually(t, time.Minute, func() bool { return first.count(exactlyonce.Processed) >= 40 }, "the first router processed some")
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close() }()
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the router did not close within 30s")
+		}
+		processed := first.count(exactlyonce.Processed)
+		t.Logf("first router: %d processed, %d nacked at the shutdown", processed, first.count(exactlyonce.Nacked))
+		require.Less(t, processed, n, "the shutdown should have come before the end")
 
-	var second eventLog
-	start(&second)
-	testenv.Eventually(t, 2*time.Minute, func() bool {
-		return testenv.Count(t, db.Conn, "SELECT count(DISTINCT id) FROM "+effects) >= n
-	}, "every message processed after the restart")
-	time.Sleep(500 * time.Millisecond) // a repeat would show
-	require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+effects), "no message processed twice")
-	require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+db.Inbox()+" WHERE status = 'done'"))
-	require.Equal(t, n, processed+second.count(exactlyonce.Processed))
+		var second eventLog
+		start(&second)
+		testenv.Eventually(t, 2*time.Minute, func() bool {
+			return testenv.Count(t, db.Conn, "SELECT count(DISTINCT id) FROM "+effects) >= n
+		}, "every message processed after the restart")
+		time.Sleep(500 * time.Millisecond) // a repeat would show
+		require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+effects), "no message processed twice")
+		require.Equal(t, int64(n), testenv.Count(t, db.Conn, "SELECT count(*) FROM "+db.Inbox()+" WHERE status = 'done'"))
+		require.Equal(t, n, processed+second.count(exactlyonce.Processed))
+	})
 }
 
 // TestBatchClaimFailures: the claim of a batch fails for all of it when the
@@ -1305,4 +1370,68 @@ func TestBatchHandlerIgnoresFailedStatement(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestBatchDisjointKeysDoNotWait: while one instance's batch is running
+// (its handler waits), another instance's batch of other keys of the same
+// consumer, sorting before or after them, claims, runs and commits: a
+// batch's claim locks its own records, not the gaps around them. On
+// MariaDB under REPEATABLE READ (its default) the batch claim's locking read
+// (ClaimBatchLock, a range scan of the IN list) took next-key locks, and
+// the other batch's INSERT waited for the first one's COMMIT (with three
+// keys or more; two keys were locked one by one).
+func TestBatchDisjointKeysDoNotWait(t *testing.T) {
+	t.Parallel()
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		for _, other := range [][]string{{"b-1", "b-2", "b-3"}, {"0-1", "0-2", "0-3"}} {
+			release, held := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			var logA, logB eventLog
+			hA := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 3, MaxWait: forever}, &logA).Middleware(
+				func(*message.Message) ([]*message.Message, error) {
+					once.Do(func() { close(held) })
+					<-release
+					return nil, nil
+				})
+			hB := newBatchEO(t, b.DB, exactlyonce.BatchConfig{MaxSize: 3, MaxWait: forever}, &logB).Middleware(
+				func(*message.Message) ([]*message.Message, error) { return nil, nil })
+			run := func(h message.HandlerFunc, keys []string) chan error {
+				errs := make(chan error, len(keys))
+				for _, k := range keys {
+					go func() { _, err := h(message.NewMessage(k, nil)); errs <- err }()
+				}
+				return errs
+			}
+			keysA := []string{"a-1", "a-2", "a-3"}
+			if other[0] == "0-1" {
+				keysA = []string{"a-4", "a-5", "a-6"}
+			}
+			errsA := run(hA, keysA)
+			select {
+			case <-held:
+			case <-time.After(30 * time.Second):
+				close(release)
+				t.Fatal("the first batch's handler never ran")
+			}
+			errsB := run(hB, other)
+			var blocked bool
+			for range other {
+				select {
+				case err := <-errsB:
+					require.NoError(t, err)
+				case <-time.After(10 * time.Second):
+					blocked = true
+				}
+				if blocked {
+					break
+				}
+			}
+			close(release)
+			for range keysA {
+				require.NoError(t, <-errsA)
+			}
+			require.False(t, blocked, "keys %v waited for the running batch of %v", other, keysA)
+			require.Equal(t, 3, logB.count(exactlyonce.Processed))
+		}
+	})
 }

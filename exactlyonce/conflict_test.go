@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -39,9 +40,9 @@ func TestConflictOnHandlerRows(t *testing.T) {
 	for _, mode := range eoModes[:2] { // transactional, group commit
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
-			testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+			testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 				counters, effects := b.Table("counters"), b.Table("effects")
-				b.Exec(t, "CREATE TABLE "+counters+" (customer text PRIMARY KEY, n int NOT NULL)")
+				b.Exec(t, "CREATE TABLE "+counters+" (customer "+b.KeyText()+" PRIMARY KEY, n int NOT NULL)")
 				b.Exec(t, "INSERT INTO "+counters+" VALUES ('x', 0), ('y', 0)")
 				b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
 
@@ -53,17 +54,17 @@ func TestConflictOnHandlerRows(t *testing.T) {
 					first := &atomic.Bool{} // false: the instance's first handler has not waited yet
 					return func(msg *message.Message) ([]*message.Message, error) {
 						ctx := msg.Context()
-						if err := testenv.Exec(ctx, "UPDATE "+counters+" SET n = n + 1 WHERE customer = $1", order[0]); err != nil {
+						if err := testenv.Exec(ctx, b.Q("UPDATE "+counters+" SET n = n + 1 WHERE customer = $1"), order[0]); err != nil {
 							return nil, err
 						}
 						if first.CompareAndSwap(false, true) {
 							holding.Done()
 							holding.Wait() // both instances hold their first row
 						}
-						if err := testenv.Exec(ctx, "UPDATE "+counters+" SET n = n + 1 WHERE customer = $1", order[1]); err != nil {
+						if err := testenv.Exec(ctx, b.Q("UPDATE "+counters+" SET n = n + 1 WHERE customer = $1"), order[1]); err != nil {
 							return nil, err
 						}
-						return nil, testenv.Exec(ctx, "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
+						return nil, testenv.Exec(ctx, b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID)
 					}
 				}
 				var ev eventLog
@@ -107,7 +108,7 @@ func TestConflictOnHandlerRows(t *testing.T) {
 					require.NotEmpty(t, failed, "a delivery was the deadlock's victim")
 				}
 				for key, err := range failed {
-					require.Equal(t, "40P01", pgCode(err), "%s: %v", key, err)
+					require.Equal(t, deadlockCode(b), sqlCode(err), "%s: %v", key, err)
 					h := hA
 					if key[0] == 'b' {
 						h = hB
@@ -138,7 +139,14 @@ func TestConflictOnHandlerRows(t *testing.T) {
 // message of the batch is processed once.
 func TestConflictKeepsRecurring(t *testing.T) {
 	t.Parallel()
-	b := testenv.NewBundle(t, testenv.Drivers(t)[0])
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		conflictKeepsRecurring(t, b)
+	})
+}
+
+// conflictKeepsRecurring is TestConflictKeepsRecurring on b: the handler's
+// error is a made-up deadlock of b's dialect.
+func conflictKeepsRecurring(t *testing.T, b *testenv.Bundle) {
 	effects := b.Table("effects")
 	b.Exec(t, "CREATE TABLE "+effects+" (id text NOT NULL)")
 	var log fh2Log
@@ -150,17 +158,26 @@ func TestConflictKeepsRecurring(t *testing.T) {
 	h := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		if msg.UUID == "always" {
 			runs.Add(1)
+			if b.MySQL() {
+				return nil, &mysql.MySQLError{Number: 1213, SQLState: [5]byte{'4', '0', '0', '0', '1'},
+					Message: "Deadlock found when trying to get lock; try restarting transaction"}
+			}
 			return nil, &pgconn.PgError{Severity: "ERROR", Code: "40P01", Message: "deadlock detected"}
 		}
-		return nil, testenv.Exec(msg.Context(), "INSERT INTO "+effects+" (id) VALUES ($1)", msg.UUID)
+		return nil, testenv.Exec(msg.Context(), b.Q("INSERT INTO "+effects+" (id) VALUES ($1)"), msg.UUID)
 	})
 	ds := deliver(t, h, msgs("always", "fine")...)
 	requireOneBatch(t, ds)
 	require.NoError(t, ds[1].err)
 	require.Error(t, ds[0].err)
-	require.Equal(t, "40P01", pgCode(ds[0].err))
-	var pe *pgconn.PgError
-	require.True(t, errors.As(ds[0].err, &pe))
+	require.Equal(t, deadlockCode(b), sqlCode(ds[0].err))
+	if b.MySQL() {
+		var me *mysql.MySQLError
+		require.True(t, errors.As(ds[0].err, &me))
+	} else {
+		var pe *pgconn.PgError
+		require.True(t, errors.As(ds[0].err, &pe))
+	}
 	exactlyonce.RouterLogger(&log).Error("Handler returned error", ds[0].err, nil)
 	require.Zero(t, log.count("ERROR"), "reported: the router's line is at debug level")
 	require.Equal(t, int64(1), b.Count(t, "SELECT count(*) FROM "+effects+" WHERE id = 'fine'"))

@@ -22,7 +22,7 @@ import (
 // handler's redelivery was acked as a duplicate: its effect never ran.
 func TestLeaseFailedNotTakenOverByTransactional(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		var lev, tev testenv.Counters
 		lease, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Consumer: "c", Lease: &exactlyonce.LeaseConfig{}, NackDelay: -1, OnEvent: lev.Observe, Logger: testenv.Logger(t)})
 		require.NoError(t, err)

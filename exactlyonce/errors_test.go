@@ -184,14 +184,14 @@ func fhStop(t *testing.T, r *message.Router) {
 	require.NoError(t, r.Close())
 }
 
-// fhEffects creates an effects table in the schema and returns the query
+// fhEffects creates an effects table in the bundle's schema and returns
+// the statement that inserts a row (in the bundle's dialect) and the query
 // that counts its rows.
-func fhEffects(t *testing.T, tables sqlschema.DB) (insert, countQuery string) {
+func fhEffects(t *testing.T, b *testenv.Bundle) (insert, countQuery string) {
 	t.Helper()
-	table := pgx.Identifier{tables.Schema, "effects"}.Sanitize()
-	_, err := tables.Conn.ExecContext(context.Background(), "CREATE TABLE "+table+" (id text)")
-	require.NoError(t, err)
-	return "INSERT INTO " + table + " (id) VALUES ($1)", "SELECT count(*) FROM " + table
+	table := b.Table("effects")
+	b.Exec(t, "CREATE TABLE "+table+" (id text)")
+	return b.Q("INSERT INTO " + table + " (id) VALUES ($1)"), "SELECT count(*) FROM " + table
 }
 
 // (a) Permanent(err) in transactional mode parks the key and acks: one
@@ -200,74 +200,70 @@ func fhEffects(t *testing.T, tables sqlschema.DB) (insert, countQuery string) {
 // Before: neither parked nor acked, redelivered in a tight loop.
 func TestPermanentInTransactionalModeParks(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			tables := testenv.WithConn(testenv.Schema(t), d.DB)
-			insert, effects := fhEffects(t, tables)
-			q := testenv.Queue(t, "fh_perm_")
-			var run fhRun
-			eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, OnEvent: run.Observe, Logger: testenv.Logger(t)}) // default NackDelay
-			require.NoError(t, err)
-			r := fhRouter(t)
-			r.AddMiddleware(run.Outer, eo.Middleware)
-			r.AddConsumerHandler("permanent", q, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
-				run.runs.Add(1)
-				if err := testenv.Exec(msg.Context(), insert, msg.UUID); err != nil {
-					return err
-				}
-				pub, err := exactlyonce.OutboxFromContext(msg.Context())
-				if err != nil {
-					return err
-				}
-				if err := pub.Publish("downstream", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
-					return err
-				}
-				return exactlyonce.Permanent(errors.New("payload will never parse"))
-			})
-			testenv.StartRouter(t, r)
-
-			uuid := watermill.NewUUID()
-			fhPublish(t, q, message.NewMessage(uuid, []byte(`{"broken"`)))
-			ev := run.event(t, 1)
-			require.Equal(t, exactlyonce.Parked, ev.Outcome)
-			require.Equal(t, uuid, ev.Key)
-			require.ErrorContains(t, ev.Err, "payload will never parse", "the event says why the key was parked")
-			require.NoError(t, run.returnedAt(t, 1), "the router acks")
-
-			n := run.window(t, "Permanent in transactional mode (default NackDelay)")
-			require.Zero(t, n, "exactly one delivery: parked and acked, never redelivered")
-			require.Equal(t, int64(1), run.runs.Load())
-
-			store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
-			require.NoError(t, err)
-			rec, err := store.Lookup(ctx, d.DB, "permanent", uuid)
-			require.NoError(t, err)
-			require.Equal(t, inboxdb.StatusParked, rec.Status)
-			require.Contains(t, rec.LastError, "payload will never parse")
-			require.Equal(t, int64(0), count(t, d, effects), "the handler's writes were rolled back")
-			require.Equal(t, int64(0), count(t, d, "SELECT count(*) FROM "+tables.Outbox()), "and its outbox message")
-
-			// A redelivered copy (the same UUID published again) is acked as
-			// parked without running the handler.
-			fhPublish(t, q, message.NewMessage(uuid, []byte(`{"broken"`)))
-			ev = run.event(t, 2)
-			require.Equal(t, exactlyonce.Parked, ev.Outcome)
-			require.NoError(t, run.returnedAt(t, 2), "the copy is acked")
-			require.Equal(t, int64(1), run.runs.Load(), "the handler does not run for a parked key")
-			require.Equal(t, int64(2), run.counters.Parked.Load())
-			require.Zero(t, run.counters.Failed.Load())
-			rec, err = store.Lookup(ctx, d.DB, "permanent", uuid)
-			require.NoError(t, err)
-			require.Equal(t, inboxdb.StatusParked, rec.Status)
-			require.Equal(t, int64(1), rec.Duplicates)
-
-			fhStop(t, r)
-			fhQueueDepth(t, q, 0) // both copies acked
-			require.Equal(t, int64(2), run.deliveries.Load())
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		ctx, d, tables := b.Ctx, b.Driver, b.DB
+		insert, effects := fhEffects(t, b)
+		q := testenv.Queue(t, "fh_perm_")
+		var run fhRun
+		eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, OnEvent: run.Observe, Logger: testenv.Logger(t)}) // default NackDelay
+		require.NoError(t, err)
+		r := fhRouter(t)
+		r.AddMiddleware(run.Outer, eo.Middleware)
+		r.AddConsumerHandler("permanent", q, testenv.AMQPSubscriber(t, 1), func(msg *message.Message) error {
+			run.runs.Add(1)
+			if err := testenv.Exec(msg.Context(), insert, msg.UUID); err != nil {
+				return err
+			}
+			pub, err := exactlyonce.OutboxFromContext(msg.Context())
+			if err != nil {
+				return err
+			}
+			if err := pub.Publish("downstream", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
+				return err
+			}
+			return exactlyonce.Permanent(errors.New("payload will never parse"))
 		})
-	}
+		testenv.StartRouter(t, r)
+
+		uuid := watermill.NewUUID()
+		fhPublish(t, q, message.NewMessage(uuid, []byte(`{"broken"`)))
+		ev := run.event(t, 1)
+		require.Equal(t, exactlyonce.Parked, ev.Outcome)
+		require.Equal(t, uuid, ev.Key)
+		require.ErrorContains(t, ev.Err, "payload will never parse", "the event says why the key was parked")
+		require.NoError(t, run.returnedAt(t, 1), "the router acks")
+
+		n := run.window(t, "Permanent in transactional mode (default NackDelay)")
+		require.Zero(t, n, "exactly one delivery: parked and acked, never redelivered")
+		require.Equal(t, int64(1), run.runs.Load())
+
+		store, err := inboxdb.NewStore(inboxdb.Config{Tables: tables})
+		require.NoError(t, err)
+		rec, err := store.Lookup(ctx, d.DB, "permanent", uuid)
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusParked, rec.Status)
+		require.Contains(t, rec.LastError, "payload will never parse")
+		require.Equal(t, int64(0), count(t, d, effects), "the handler's writes were rolled back")
+		require.Equal(t, int64(0), count(t, d, "SELECT count(*) FROM "+tables.Outbox()), "and its outbox message")
+
+		// A redelivered copy (the same UUID published again) is acked as
+		// parked without running the handler.
+		fhPublish(t, q, message.NewMessage(uuid, []byte(`{"broken"`)))
+		ev = run.event(t, 2)
+		require.Equal(t, exactlyonce.Parked, ev.Outcome)
+		require.NoError(t, run.returnedAt(t, 2), "the copy is acked")
+		require.Equal(t, int64(1), run.runs.Load(), "the handler does not run for a parked key")
+		require.Equal(t, int64(2), run.counters.Parked.Load())
+		require.Zero(t, run.counters.Failed.Load())
+		rec, err = store.Lookup(ctx, d.DB, "permanent", uuid)
+		require.NoError(t, err)
+		require.Equal(t, inboxdb.StatusParked, rec.Status)
+		require.Equal(t, int64(1), rec.Duplicates)
+
+		fhStop(t, r)
+		fhQueueDepth(t, q, 0) // both copies acked
+		require.Equal(t, int64(2), run.deliveries.Load())
+	})
 }
 
 // (b) A handler without a publish topic whose messages have no
@@ -307,9 +303,9 @@ func TestNoDestinationIsBoundedAndKept(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			d := testenv.Drivers(t)[0]
-			tables := testenv.WithConn(testenv.Schema(t), d.DB)
-			insert, effects := fhEffects(t, tables)
+			b := testenv.NewBundle(t, testenv.DriverNamed(t, "pgxpool"))
+			d, tables := b.Driver, b.DB
+			insert, effects := fhEffects(t, b)
 			q := testenv.Queue(t, "fh_nodest_")
 			var run fhRun
 			eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, NackDelay: fhNackDelay, OnEvent: run.Observe, Logger: watermill.NopLogger{}})
@@ -360,16 +356,20 @@ func TestNoDestinationIsBoundedAndKept(t *testing.T) {
 // bounded by NackDelay and the message is kept.
 func TestNotMigratedSaysSo(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
+	for _, name := range testenv.EngineDriverNames {
 		for _, create := range []bool{true, false} {
-			name := d.Name + "/missing schema"
+			sub := name + "/missing schema"
 			if create {
-				name = d.Name + "/empty schema"
+				sub = name + "/empty schema"
 			}
-			t.Run(name, func(t *testing.T) {
+			t.Run(sub, func(t *testing.T) {
 				t.Parallel()
+				d := testenv.DriverNamed(t, name)
 				schema := testenv.Unique(t, "eo_nomig_")
-				if create {
+				switch {
+				case create && d.Dialect == sqlschema.MySQL:
+					_, schema = testenv.MySQLDatabase(t) // a database without the tables
+				case create:
 					pool := testenv.Pool(t)
 					_, err := pool.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 					require.NoError(t, err)
@@ -380,7 +380,7 @@ func TestNotMigratedSaysSo(t *testing.T) {
 				}
 				q := testenv.Queue(t, "fh_nomig_")
 				var run fhRun
-				eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: d.DB, Schema: schema}, FailOpen: true,
+				eo, err := exactlyonce.New(exactlyonce.Config{DB: sqlschema.DB{Conn: d.DB, Dialect: d.Dialect, Schema: schema}, FailOpen: true,
 					NackDelay: fhNackDelay, OnEvent: run.Observe, Logger: watermill.NopLogger{}})
 				require.NoError(t, err)
 				r := fhRouter(t)
@@ -490,61 +490,58 @@ func TestOutboxOnlyWithoutMiddlewareFails(t *testing.T) {
 // runs again and commits once.
 func TestPanicIsRecoveredPanicError(t *testing.T) {
 	t.Parallel()
-	for _, d := range testenv.Drivers(t) {
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			tables := testenv.WithConn(testenv.Schema(t), d.DB)
-			insert, effects := fhEffects(t, tables)
-			q := testenv.Queue(t, "fh_panic_")
-			var run fhRun
-			eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, OnEvent: run.Observe, Logger: testenv.Logger(t)})
-			require.NoError(t, err)
-			type bug struct{ msg string }
-			r := fhRouter(t)
-			r.AddMiddleware(run.Outer, eo.Middleware)
-			r.AddHandler("panics-once", q, testenv.AMQPSubscriber(t, 1), "downstream", exactlyonce.OutboxOnly(),
-				func(msg *message.Message) ([]*message.Message, error) {
-					if err := testenv.Exec(msg.Context(), insert, msg.UUID); err != nil {
-						return nil, err
-					}
-					pub, err := exactlyonce.OutboxFromContext(msg.Context())
-					if err != nil {
-						return nil, err
-					}
-					if err := pub.Publish("audit", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
-						return nil, err
-					}
-					if run.runs.Add(1) == 1 {
-						panic(bug{"nil map in handler"})
-					}
-					return []*message.Message{message.NewMessage(watermill.NewUUID(), nil)}, nil
-				})
-			testenv.StartRouter(t, r)
-			uuid := watermill.NewUUID()
-			fhPublish(t, q, message.NewMessage(uuid, []byte("{}")))
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
+		d, tables := b.Driver, b.DB
+		insert, effects := fhEffects(t, b)
+		q := testenv.Queue(t, "fh_panic_")
+		var run fhRun
+		eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, OnEvent: run.Observe, Logger: testenv.Logger(t)})
+		require.NoError(t, err)
+		type bug struct{ msg string }
+		r := fhRouter(t)
+		r.AddMiddleware(run.Outer, eo.Middleware)
+		r.AddHandler("panics-once", q, testenv.AMQPSubscriber(t, 1), "downstream", exactlyonce.OutboxOnly(),
+			func(msg *message.Message) ([]*message.Message, error) {
+				if err := testenv.Exec(msg.Context(), insert, msg.UUID); err != nil {
+					return nil, err
+				}
+				pub, err := exactlyonce.OutboxFromContext(msg.Context())
+				if err != nil {
+					return nil, err
+				}
+				if err := pub.Publish("audit", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
+					return nil, err
+				}
+				if run.runs.Add(1) == 1 {
+					panic(bug{"nil map in handler"})
+				}
+				return []*message.Message{message.NewMessage(watermill.NewUUID(), nil)}, nil
+			})
+		testenv.StartRouter(t, r)
+		uuid := watermill.NewUUID()
+		fhPublish(t, q, message.NewMessage(uuid, []byte("{}")))
 
-			err = run.returnedAt(t, 1)
-			var pe middleware.RecoveredPanicError
-			require.ErrorAs(t, err, &pe)
-			require.Equal(t, bug{"nil map in handler"}, pe.V, "the panic value")
-			require.NotEmpty(t, pe.Stacktrace)
-			ev := run.event(t, 1)
-			require.Equal(t, exactlyonce.Nacked, ev.Outcome)
-			require.ErrorAs(t, ev.Err, &pe)
-			require.False(t, exactlyonce.IsPermanent(err), "a panic may be a transient bug: redelivered")
+		err = run.returnedAt(t, 1)
+		var pe middleware.RecoveredPanicError
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, bug{"nil map in handler"}, pe.V, "the panic value")
+		require.NotEmpty(t, pe.Stacktrace)
+		ev := run.event(t, 1)
+		require.Equal(t, exactlyonce.Nacked, ev.Outcome)
+		require.ErrorAs(t, ev.Err, &pe)
+		require.False(t, exactlyonce.IsPermanent(err), "a panic may be a transient bug: redelivered")
 
-			ev = run.event(t, 2) // the redelivery
-			require.Equal(t, exactlyonce.Processed, ev.Outcome)
-			fhStop(t, r)
-			require.Equal(t, int64(2), run.runs.Load())
-			require.Equal(t, int64(1), run.counters.Processed.Load())
-			require.Equal(t, int64(1), run.counters.Failed.Load())
-			require.Equal(t, int64(1), count(t, d, effects), "only the committed attempt's write")
-			require.Equal(t, int64(2), count(t, d, "SELECT count(*) FROM "+tables.Outbox()), "only the committed attempt's two messages")
-			require.Equal(t, int64(1), count(t, d, "SELECT count(*) FROM "+tables.Inbox()))
-			fhQueueDepth(t, q, 0)
-		})
-	}
+		ev = run.event(t, 2) // the redelivery
+		require.Equal(t, exactlyonce.Processed, ev.Outcome)
+		fhStop(t, r)
+		require.Equal(t, int64(2), run.runs.Load())
+		require.Equal(t, int64(1), run.counters.Processed.Load())
+		require.Equal(t, int64(1), run.counters.Failed.Load())
+		require.Equal(t, int64(1), count(t, d, effects), "only the committed attempt's write")
+		require.Equal(t, int64(2), count(t, d, "SELECT count(*) FROM "+tables.Outbox()), "only the committed attempt's two messages")
+		require.Equal(t, int64(1), count(t, d, "SELECT count(*) FROM "+tables.Inbox()))
+		fhQueueDepth(t, q, 0)
+	})
 }
 
 // refusedDB returns a database handle of driver name whose every

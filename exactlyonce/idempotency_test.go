@@ -171,7 +171,7 @@ func TestIdempotencyKeyAcrossConsumers(t *testing.T) {
 		require.Equal(t, "notify:vip:42", byTenant.IdempotencyKey, "a consumer without ':': the first form")
 		require.Equal(t, ":10:notify:vip:42", byConsumer.IdempotencyKey)
 	}
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		t.Run("transactional", func(t *testing.T) { check(t, func() exactlyonce.Config { return exactlyonce.Config{DB: b.DB} }) })
 		t.Run("group commit", func(t *testing.T) {
 			db := testenv.NewBundle(t, b.Driver).DB
@@ -242,7 +242,7 @@ func TestIdempotencyKeyStableAcrossAttempts(t *testing.T) {
 func TestIdempotencyKeyStableAcrossRelease(t *testing.T) {
 	t.Parallel()
 	const consumer = "notify:vip"
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		store, err := inboxdb.NewStore(inboxdb.Config{Tables: b.DB})
 		require.NoError(t, err)
 		for _, batch := range []*exactlyonce.BatchConfig{nil, {MaxSize: 1}} {

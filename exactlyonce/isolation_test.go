@@ -3,10 +3,12 @@ package exactlyonce_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -32,8 +34,8 @@ WHERE usename = $1 AND wait_event_type = 'Lock'`, role).Scan(&n)
 // copy of a message that arrives while another worker's claim of the same
 // key is uncommitted waits for it, then acks as a duplicate when it
 // committed (the handler does not run) or runs the handler once when it
-// rolled back. It is never reported as a database failure. Both modes, both
-// drivers.
+// rolled back. It is never reported as a database failure. Both modes, on
+// either engine (MariaDB: the session's default isolation).
 func TestIsolationConcurrentCopy(t *testing.T) {
 	t.Parallel()
 	for _, level := range testenv.IsolationLevels {
@@ -42,30 +44,51 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 			dbURL := testenv.DatabaseURLWithIsolation(t, level)
 			role := roleOf(t, dbURL)
 			admin := testenv.PoolFor(t, testenv.DirectDatabaseURL())
-			for _, d := range testenv.DriversFor(t, dbURL) {
+			drivers := testenv.DriversFor(t, dbURL)
+			drivers = append(drivers, testenv.MySQLDriverWithIsolation(t, level))
+			for _, d := range drivers {
 				for _, lease := range []*exactlyonce.LeaseConfig{nil, {}} {
 					name := fmt.Sprintf("%s/%s", d.Name, modeName(lease))
 					t.Run(name, func(t *testing.T) {
-						tables := testenv.WithConn(testenv.Schema(t), d.DB)
+						b := testenv.NewBundle(t, d)
+						// Another worker: PostgreSQL's superuser pool (its
+						// own default isolation), or another MariaDB
+						// connection of the pool.
+						otherConn, waitForWaiter := wsql.BeginnerFromPgx(admin), func() { waitForLockWaiter(t, admin, role) }
+						if b.MySQL() {
+							otherConn, waitForWaiter = d.DB, func() { b.WaitForLockWaiter(t) }
+						}
 						var ev testenv.Counters
-						eo, err := exactlyonce.New(exactlyonce.Config{DB: tables, Lease: lease, Consumer: "c",
+						eo, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Lease: lease, Consumer: "c",
 							NackDelay: -1, OnEvent: ev.Observe, Logger: testenv.Logger(t)})
 						require.NoError(t, err)
 						var runs atomic.Int64
-						h := eo.Middleware(func(*message.Message) ([]*message.Message, error) {
+						h := eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 							runs.Add(1)
+							if b.MySQL() && lease == nil {
+								// The handler's transaction has the level.
+								var got string
+								if err := testenv.QueryRow(msg.Context(), "SELECT @@tx_isolation", nil, &got); err != nil {
+									return nil, err
+								}
+								if want := strings.ToUpper(strings.ReplaceAll(level, " ", "-")); got != want {
+									return nil, fmt.Errorf("the handler's transaction is %s, want %s", got, want)
+								}
+							}
 							return nil, nil
 						})
 						for _, outcome := range []string{"commit", "rollback"} {
 							key := "k-" + outcome
 							// Another worker's claim of the key, not committed yet.
-							other, err := admin.Begin(context.Background())
+							other, err := otherConn.BeginTx(context.Background(), nil)
 							require.NoError(t, err)
 							// Never left open by a failed assertion: the delivery
 							// waiting behind it would never end.
-							t.Cleanup(func() { _ = other.Rollback(context.Background()) })
-							_, err = other.Exec(context.Background(), `INSERT INTO `+tables.Inbox()+
-								` (consumer, message_key, status, attempts, processed_at) VALUES ('c', $1, 'done', 1, now())`, key)
+							t.Cleanup(func() { _ = other.Rollback() })
+							_, err = other.ExecContext(context.Background(), b.SQL(
+								`INSERT INTO `+b.DB.Inbox()+` (consumer, message_key, status, attempts, processed_at) VALUES ('c', $1, 'done', 1, now())`,
+								`INSERT INTO `+b.DB.Inbox()+` (consumer, message_key, status, attempts, first_seen_at, processed_at)
+VALUES ('c', ?, 'done', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`), key)
 							require.NoError(t, err)
 
 							done := make(chan error, 1)
@@ -73,11 +96,11 @@ func TestIsolationConcurrentCopy(t *testing.T) {
 								_, err := h(message.NewMessage(key, nil))
 								done <- err
 							}()
-							waitForLockWaiter(t, admin, role)
+							waitForWaiter()
 							if outcome == "commit" {
-								require.NoError(t, other.Commit(context.Background()))
+								require.NoError(t, other.Commit())
 							} else {
-								require.NoError(t, other.Rollback(context.Background()))
+								require.NoError(t, other.Rollback())
 							}
 							select {
 							case err := <-done:

@@ -42,15 +42,22 @@ type keptMessage struct {
 }
 
 // keptInPostgres reads the parked message of (consumer, key) from the
-// table of parked messages; false when there is none.
+// table of parked messages; false when there is none. On either engine
+// (db.Dialect): the name says it is the SQL store's, not Redis's.
 func keptInPostgres(t *testing.T, db sqlschema.DB, consumer, key string) (keptMessage, bool) {
 	t.Helper()
 	store, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
 	require.NoError(t, err)
 	var k keptMessage
 	var meta string
-	err = seam.QueryRow(context.Background(), db.Conn, `SELECT message_uuid, topic, coalesce(payload, ''), payload IS NOT NULL, payload_size,
-metadata::text, reason, attempts FROM `+store.ParkedTable()+` WHERE consumer = $1 AND message_key = $2`, []any{consumer, key},
+	metadata, query := "metadata::text", testenv.MySQLPlaceholders
+	if db.Dialect != sqlschema.MySQL {
+		query = func(q string) string { return q }
+	} else {
+		metadata = "metadata"
+	}
+	err = seam.QueryRow(context.Background(), db.Conn, query(`SELECT message_uuid, topic, coalesce(payload, ''), payload IS NOT NULL, payload_size,
+`+metadata+`, reason, attempts FROM `+store.ParkedTable()+` WHERE consumer = $1 AND message_key = $2`), []any{consumer, key},
 		&k.UUID, &k.Topic, &k.Payload, &k.PayloadKept, &k.PayloadSize, &meta, &k.Reason, &k.Attempts)
 	if errors.Is(err, seam.ErrNoRows) {
 		return keptMessage{}, false
@@ -178,64 +185,70 @@ func (l *parkLog) requireLine(t *testing.T, parts ...string) {
 
 func TestParkedTransactionalKeepsTheMessage(t *testing.T) {
 	t.Parallel()
-	for _, layout := range testenv.Layouts {
-		for _, driver := range testenv.DriverNames {
-			t.Run(driver+"/"+layout, func(t *testing.T) {
-				t.Parallel()
-				db := testenv.WithConn(testenv.SchemaLayout(t, layout), testenv.DriverNamed(t, driver).DB)
-				var ev testenv.Counters
-				var log parkLog
-				eo, err := exactlyonce.New(exactlyonce.Config{DB: db, NackDelay: -1, OnEvent: ev.Observe, Logger: &log, MaxParkedPayload: 64})
-				require.NoError(t, err)
-				publish := routed(t, "billing", "orders.created", eo, func(msg *message.Message) ([]*message.Message, error) {
-					return nil, exactlyonce.Permanent(errors.New("invalid order " + msg.UUID))
-				})
+	testenv.ForEachEngine(t, testenv.Layouts, func(t *testing.T, d testenv.Driver, layout string) {
+		db := layoutDB(t, d, layout)
+		var ev testenv.Counters
+		var log parkLog
+		eo, err := exactlyonce.New(exactlyonce.Config{DB: db, NackDelay: -1, OnEvent: ev.Observe, Logger: &log, MaxParkedPayload: 64})
+		require.NoError(t, err)
+		publish := routed(t, "billing", "orders.created", eo, func(msg *message.Message) ([]*message.Message, error) {
+			return nil, exactlyonce.Permanent(errors.New("invalid order " + msg.UUID))
+		})
 
-				order := parkedOrder("u-1")
-				publish(order)
-				got, ok := keptInPostgres(t, db, "billing", "u-1")
-				requireKept(t, got, ok, order, "orders.created")
-				require.Equal(t, "permanent: invalid order u-1", got.Reason, "the reason is the handler's error")
-				require.Equal(t, 1, got.Attempts)
-				log.requireLine(t, "exactlyonce parked show billing u-1", "exactlyonce parked replay billing u-1")
-				require.NotContains(t, strings.Join(log.lines, "\n"), "--redis-url")
+		order := parkedOrder("u-1")
+		publish(order)
+		got, ok := keptInPostgres(t, db, "billing", "u-1")
+		requireKept(t, got, ok, order, "orders.created")
+		require.Equal(t, "permanent: invalid order u-1", got.Reason, "the reason is the handler's error")
+		require.Equal(t, 1, got.Attempts)
+		log.requireLine(t, "exactlyonce parked show billing u-1", "exactlyonce parked replay billing u-1")
+		require.NotContains(t, strings.Join(log.lines, "\n"), "--redis-url")
 
-				// Over MaxParkedPayload: the park happens, the message is
-				// acked (publish returned), only the size is kept.
-				big := parkedOrder("u-2")
-				big.Payload = []byte(strings.Repeat("x", 65))
-				publish(big)
-				got, ok = keptInPostgres(t, db, "billing", "u-2")
-				require.True(t, ok)
-				require.False(t, got.PayloadKept)
-				require.Equal(t, 65, got.PayloadSize)
-				require.Equal(t, map[string]string(big.Metadata), got.Metadata, "metadata is always kept")
-				require.Equal(t, int64(2), ev.Parked.Load())
+		// Over MaxParkedPayload: the park happens, the message is
+		// acked (publish returned), only the size is kept.
+		big := parkedOrder("u-2")
+		big.Payload = []byte(strings.Repeat("x", 65))
+		publish(big)
+		got, ok = keptInPostgres(t, db, "billing", "u-2")
+		require.True(t, ok)
+		require.False(t, got.PayloadKept)
+		require.Equal(t, 65, got.PayloadSize)
+		require.Equal(t, map[string]string(big.Metadata), got.Metadata, "metadata is always kept")
+		require.Equal(t, int64(2), ev.Parked.Load())
 
-				// A redelivery of a parked key changes nothing; Forget
-				// deletes what was kept.
-				again := parkedOrder("u-1")
-				again.Payload = []byte("changed")
-				publish(again)
-				got, ok = keptInPostgres(t, db, "billing", "u-1")
-				requireKept(t, got, ok, order, "orders.created")
-				store, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
-				require.NoError(t, err)
-				forgot, err := store.Forget(context.Background(), db.Conn, "billing", "u-1")
-				require.NoError(t, err)
-				require.True(t, forgot)
-				_, ok = keptInPostgres(t, db, "billing", "u-1")
-				require.False(t, ok)
-			})
-		}
+		// A redelivery of a parked key changes nothing; Forget
+		// deletes what was kept.
+		again := parkedOrder("u-1")
+		again.Payload = []byte("changed")
+		publish(again)
+		got, ok = keptInPostgres(t, db, "billing", "u-1")
+		requireKept(t, got, ok, order, "orders.created")
+		store, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
+		require.NoError(t, err)
+		forgot, err := store.Forget(context.Background(), db.Conn, "billing", "u-1")
+		require.NoError(t, err)
+		require.True(t, forgot)
+		_, ok = keptInPostgres(t, db, "billing", "u-1")
+		require.False(t, ok)
+	})
+}
+
+// layoutDB is the fresh schema of layout (testenv.Layouts) reached through
+// d: on MySQL, whose only layout is the plain one, the bundle's database.
+func layoutDB(t *testing.T, d testenv.Driver, layout string) sqlschema.DB {
+	t.Helper()
+	if d.Dialect == sqlschema.MySQL {
+		require.Equal(t, "plain", layout)
+		return testenv.NewBundle(t, d).DB
 	}
+	return testenv.WithConn(testenv.SchemaLayout(t, layout), d.DB)
 }
 
 // Group commit: a batch where one handler returns Permanent parks that key
 // with its message, and commits the others.
 func TestParkedBatchKeepsTheMessage(t *testing.T) {
 	t.Parallel()
-	testenv.EachDriver(t, func(t *testing.T, b *testenv.Bundle) {
+	testenv.EachEngine(t, func(t *testing.T, b *testenv.Bundle) {
 		var ev testenv.Counters
 		eo, err := exactlyonce.New(exactlyonce.Config{DB: b.DB, Batch: &exactlyonce.BatchConfig{MaxSize: 8, MaxWait: 200 * time.Millisecond},
 			OnEvent: ev.Observe, NackDelay: -1, Logger: testenv.Logger(t)})

@@ -108,7 +108,7 @@ func newRelayCollector(ns string) *relayCollector {
 		failedBatches:   d("failed_batches_total", "Relay batches that returned an error (a publish failed, a row was quarantined, or the database failed)."),
 		failedPublishes: d("failed_publishes_total", "Messages whose publish by the relay failed (each failure of a row counts; the row is retried)."),
 		quarantined:     d("quarantined_total", "Outbox rows the relay quarantined (skipped until outbox.Store.RequeueFailed)."),
-		listening:       d("listening", "Watched relays that hold their wake-on-commit LISTEN connection (the others poll)."),
+		listening:       d("listening", "Watched relays that hold their wake-on-commit LISTEN connection (the others poll; always 0 on MySQL/MariaDB, which has no LISTEN)."),
 	}
 }
 

@@ -35,12 +35,6 @@ func writeOutbox(t testing.TB, ctx context.Context, db sqlschema.DB, topic strin
 	require.NoError(t, tx.Commit())
 }
 
-func execSQL(t testing.TB, ctx context.Context, query string, args ...any) {
-	t.Helper()
-	_, err := testenv.Pool(t).Exec(ctx, query, args...)
-	require.NoError(t, err)
-}
-
 // seedOutbox inserts rows of topic and ordering key ("" for none) into
 // b's outbox table, as a writer would have (created now).
 func seedOutbox(t testing.TB, b *testenv.Bundle, topic, key string, uuids ...string) {
@@ -141,7 +135,11 @@ func (p *flaky) Close() error { return nil }
 
 func TestWatchRelay(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testWatchRelay)
+}
+
+func testWatchRelay(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	m, reg := newMetrics(t, metrics.Config{})
@@ -166,7 +164,7 @@ func TestWatchRelay(t *testing.T) {
 	writeOutbox(t, ctx, db, "ok", "r-1", "r-2", "r-3")
 	writeOutbox(t, ctx, db, "refused", "r-4")
 	writeOutbox(t, ctx, db, "ok", "r-5")
-	execSQL(t, ctx, "UPDATE "+db.Outbox()+` SET metadata = '{"a": [1]}' WHERE uuid = 'r-5'`)
+	b.Exec(t, "UPDATE "+db.Outbox()+` SET metadata = '{"a": [1]}' WHERE uuid = 'r-5'`)
 	n, err := relay.Flush(ctx)
 	require.Error(t, err)
 	require.Equal(t, 3, n)
@@ -195,9 +193,13 @@ func TestWatchRelay(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return scrape(t, reg)["exactlyonce_relay_relayed_total"] == 4
 	}, "the fourth message relayed")
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		return scrape(t, reg)["exactlyonce_relay_listening"] == 1
-	}, "a running relay listens (wake-on-commit)")
+	if b.MySQL() {
+		require.Zero(t, scrape(t, reg)["exactlyonce_relay_listening"], "no LISTEN on MySQL: the relay polls")
+	} else {
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			return scrape(t, reg)["exactlyonce_relay_listening"] == 1
+		}, "a running relay listens (wake-on-commit)")
+	}
 	stop()
 	require.NoError(t, <-done)
 	require.Zero(t, scrape(t, reg)["exactlyonce_relay_listening"], "a stopped relay does not")
@@ -215,7 +217,11 @@ func TestWatchRelay(t *testing.T) {
 
 func TestWatchInbox(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testWatchInbox)
+}
+
+func testWatchInbox(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	m, reg := newMetrics(t, metrics.Config{InboxInterval: time.Hour})
@@ -278,7 +284,8 @@ func TestWatchInbox(t *testing.T) {
 	require.Equal(t, float64(5), scrape(t, reg2)[`exactlyonce_inbox_rows{consumer="",status="done"}`])
 
 	// Retention: the rows a purge removed, reported through ObservePurge.
-	execSQL(t, ctx, "UPDATE "+db.Inbox()+" SET processed_at = now() - interval '2 days' WHERE status = 'done'")
+	b.Exec(t, "UPDATE "+db.Inbox()+b.SQL(" SET processed_at = now() - interval '2 days' WHERE status = 'done'",
+		" SET processed_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY WHERE status = 'done'"))
 	n, err := store.Purge(ctx, inbox.PurgeOptions{OlderThan: 24 * time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, int64(5), n)
@@ -291,7 +298,7 @@ func TestWatchInbox(t *testing.T) {
 	// A query that fails: counted, the gauges left out, and not retried
 	// before the interval passed.
 	m3, reg3 := newMetrics(t, metrics.Config{InboxInterval: time.Hour})
-	bad, err := inbox.NewStore(sqlschema.DB{Conn: db.Conn, Schema: testenv.Unique(t, "nm_")})
+	bad, err := inbox.NewStore(sqlschema.DB{Dialect: db.Dialect, Conn: db.Conn, Schema: testenv.Unique(t, "nm_")})
 	require.NoError(t, err)
 	require.NoError(t, m3.WatchInbox(bad))
 	require.Equal(t, map[string]float64{"exactlyonce_inbox_scrape_errors_total": 1, "exactlyonce_inbox_purged_rows_total": 0},

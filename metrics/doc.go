@@ -59,7 +59,7 @@
 //	exactlyonce_relay_failed_batches_total     counter  batches that returned an error (RelayStats.Failures)
 //	exactlyonce_relay_failed_publishes_total   counter  failed publishes of a message (each failure of a row counts)
 //	exactlyonce_relay_quarantined_total        counter  rows this process quarantined
-//	exactlyonce_relay_listening                gauge    watched relays holding their wake-on-commit LISTEN
+//	exactlyonce_relay_listening                gauge    watched relays holding their wake-on-commit LISTEN (0 on MySQL)
 //
 // From WatchOutbox, one outbox.Store.Pending query per scrape (bounded by
 // Config.ScrapeTimeout; it counts the outbox table, which holds only rows not

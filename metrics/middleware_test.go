@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	stdsql "database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -50,11 +51,15 @@ func (e *events) claims() map[string]float64 {
 	return out
 }
 
-// TestMiddlewareEvents runs the real middleware against PostgreSQL through
+// TestMiddlewareEvents runs the real middleware on either engine through
 // each kind of delivery and checks what the metrics counted.
 func TestMiddlewareEvents(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testMiddlewareEvents)
+}
+
+func testMiddlewareEvents(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	m, reg := newMetrics(t, metrics.Config{})
 	var seen events
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -104,12 +109,20 @@ func TestMiddlewareEvents(t *testing.T) {
 
 	// Tables never migrated: a claim failure. A database that cannot be
 	// reached: db_unavailable, or a fail-open run.
-	notMigrated := sqlschema.DB{Conn: db.Conn, Schema: testenv.Unique(t, "nm_")}
+	notMigrated := sqlschema.DB{Dialect: db.Dialect, Conn: db.Conn, Schema: testenv.Unique(t, "nm_")}
 	require.ErrorIs(t, deliver(mw(exactlyonce.Config{DB: notMigrated, Consumer: "orders"}).Middleware(noop), "x"), exactlyonce.ErrClaimFailed)
-	down, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
-	require.NoError(t, err)
-	defer down.Close()
-	unreachable := sqlschema.DB{Conn: wsql.BeginnerFromPgx(down)}
+	var unreachable sqlschema.DB
+	if b.MySQL() {
+		down, err := stdsql.Open("mysql", "root@tcp(127.0.0.1:1)/test?parseTime=true&timeout=2s")
+		require.NoError(t, err)
+		defer down.Close()
+		unreachable = sqlschema.DB{Dialect: sqlschema.MySQL, Conn: wsql.BeginnerFromStdSQL(down)}
+	} else {
+		down, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
+		require.NoError(t, err)
+		defer down.Close()
+		unreachable = sqlschema.DB{Conn: wsql.BeginnerFromPgx(down)}
+	}
 	require.ErrorIs(t, deliver(mw(exactlyonce.Config{DB: unreachable, Consumer: "orders"}).Middleware(noop), "y"), exactlyonce.ErrDBUnavailable)
 	require.NoError(t, deliver(mw(exactlyonce.Config{DB: unreachable, Consumer: "orders", FailOpen: true}).Middleware(noop), "z"))
 
@@ -131,8 +144,8 @@ func TestMiddlewareEvents(t *testing.T) {
 	go func() { firstErr <- deliver(lh, "sms-1") }()
 	<-started
 	require.ErrorIs(t, deliver(lh, "sms-1"), exactlyonce.ErrLeaseHeld)
-	_, err = testenv.Pool(t).Exec(ctx, "UPDATE "+db.Inbox()+" SET lease_until = now() - interval '1 second' WHERE message_key = 'sms-1'")
-	require.NoError(t, err)
+	b.Exec(t, "UPDATE "+db.Inbox()+b.SQL(" SET lease_until = now() - interval '1 second' WHERE message_key = 'sms-1'",
+		" SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE message_key = 'sms-1'"))
 	require.NoError(t, deliver(lh, "sms-1"), "the takeover runs and completes")
 	close(release)
 	require.ErrorIs(t, <-firstErr, exactlyonce.ErrLeaseLost)
@@ -172,7 +185,11 @@ func noop(*message.Message) ([]*message.Message, error) { return nil, nil }
 // another.
 func TestRouter(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testRouter)
+}
+
+func testRouter(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	m, reg := newMetrics(t, metrics.Config{})
 	var seen events
 	eo, err := exactlyonce.New(exactlyonce.Config{DB: db, OnEvent: seen.hook(m), Logger: watermill.NopLogger{}})
@@ -206,7 +223,11 @@ func TestRouter(t *testing.T) {
 // of batches.
 func TestBatchSize(t *testing.T) {
 	t.Parallel()
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testBatchSize)
+}
+
+func testBatchSize(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	m, reg := newMetrics(t, metrics.Config{})
 	eo, err := exactlyonce.New(exactlyonce.Config{DB: db, OnEvent: m.OnEvent, Logger: watermill.NopLogger{},
 		Batch: &exactlyonce.BatchConfig{MaxSize: 16, MaxWait: 100 * time.Millisecond}})

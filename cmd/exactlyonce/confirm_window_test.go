@@ -21,19 +21,27 @@ import (
 // a bulk action for the same reason.)
 func TestOutboxDiscardConfirmKeepsTheCountsWindow(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testOutboxDiscardConfirmKeepsTheCountsWindow)
+}
+
+func testOutboxDiscardConfirmKeepsTheCountsWindow(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 	uuids := writeOutbox(t, db, "orders.charged", 2)
 	ctx := testCtx(t)
 	// The older row (smaller id) was retried for an hour and quarantined
 	// just inside the last hour; the newer one two hours ago.
 	const margin = 3 * time.Second
-	_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'refused',
+	if b.MySQL() {
+		b.Exec(t, `UPDATE `+db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'refused',
+ quarantined_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR + INTERVAL ? SECOND WHERE uuid = ?`, int(margin.Seconds()), uuids[0])
+	} else {
+		b.Exec(t, `UPDATE `+db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'refused',
  quarantined_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE uuid = $1`, uuids[0], margin.Seconds())
-	require.NoError(t, err)
-	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'refused',
- quarantined_at = now() - interval '2 hours' WHERE uuid = $1`, uuids[1])
+	}
+	_, err := db.Conn.ExecContext(ctx, b.SQL(`UPDATE `+db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'refused',
+ quarantined_at = now() - interval '2 hours' WHERE uuid = $1`, `UPDATE `+db.Outbox()+` SET failures = 5, attempts = 5, last_error = 'refused',
+ quarantined_at = UTC_TIMESTAMP(6) - INTERVAL 2 HOUR WHERE uuid = ?`), uuids[1])
 	require.NoError(t, err)
 	var rows rowsJSON
 	decode(t, cli(t, env, "outbox", "rows", "--json"), &rows)
@@ -70,24 +78,33 @@ func TestOutboxDiscardConfirmKeepsTheCountsWindow(t *testing.T) {
 // count did when the action runs with its confirmation.
 func TestParkedDiscardConfirmKeepsTheCountsWindow(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
-	ctx := testCtx(t)
+	testenv.EachEngine(t, testParkedDiscardConfirmKeepsTheCountsWindow)
+}
+
+func testParkedDiscardConfirmKeepsTheCountsWindow(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 	const margin = 3 * time.Second
 	d := db.WithDefaults()
-	parked := d.Schema + "." + d.InboxTable + "_parked"
+	parked := d.Dialect.QuoteIdentifier(d.Schema, d.InboxTable+"_parked")
 	for _, m := range []struct {
-		key string
-		ago string
-	}{{"inside", "1 hour"}, {"counted", "2 hours"}} {
-		_, err := db.Conn.ExecContext(ctx, `INSERT INTO `+db.Inbox()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
+		key   string
+		hours int
+	}{{"inside", 1}, {"counted", 2}} {
+		secs := map[bool]int{true: int(margin.Seconds()), false: 0}[m.key == "inside"]
+		if b.MySQL() {
+			b.Exec(t, `INSERT INTO `+db.Inbox()+` (consumer, message_key, status, attempts, first_seen_at, processed_at, last_error, parked_by_transaction)
+VALUES ('ship-order', ?, 'parked', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'refused', true)`, m.key)
+			b.Exec(t, `INSERT INTO `+parked+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
+VALUES ('ship-order', ?, ?, 'orders', 'x', 1, '{}', 'refused', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL ? HOUR + INTERVAL ? SECOND)`,
+				m.key, m.key, m.hours, secs)
+			continue
+		}
+		b.Exec(t, `INSERT INTO `+db.Inbox()+` (consumer, message_key, status, attempts, processed_at, last_error, parked_by_transaction)
 VALUES ('ship-order', $1, 'parked', 1, now(), 'refused', true)`, m.key)
-		require.NoError(t, err)
-		_, err = db.Conn.ExecContext(ctx, `INSERT INTO `+parked+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
-VALUES ('ship-order', $1, $1, 'orders', 'x', 1, '{}', 'refused', 1, now(), now() - $2::interval + $3 * interval '1 second')`,
-			m.key, m.ago, map[bool]float64{true: margin.Seconds(), false: 0}[m.key == "inside"])
-		require.NoError(t, err)
+		b.Exec(t, `INSERT INTO `+parked+` (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
+VALUES ('ship-order', $1, $1, 'orders', 'x', 1, '{}', 'refused', 1, now(), now() - $2 * interval '1 hour' + $3 * interval '1 second')`,
+			m.key, m.hours, secs)
 	}
 	var count actionJSON
 	decode(t, cli(t, env, "parked", "discard", "--json", "-c", "ship-order", "--until", "1h"), &count)

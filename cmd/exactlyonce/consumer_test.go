@@ -18,6 +18,13 @@ import (
 func insertParkedMessage(t *testing.T, db sqlschema.DB, consumer, key string) {
 	t.Helper()
 	db = db.WithDefaults()
+	if db.Dialect == sqlschema.MySQL {
+		_, err := db.Conn.ExecContext(testCtx(t), `INSERT INTO `+db.Dialect.QuoteIdentifier(db.Schema, db.InboxTable+"_parked")+`
+ (consumer, message_key, message_uuid, topic, payload, payload_size, metadata, reason, attempts, first_seen_at, parked_at)
+ VALUES (?, ?, ?, 'orders', '{}', 2, '{}', 'card declined', 1, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6))`, consumer, key, key)
+		require.NoError(t, err)
+		return
+	}
 	_, err := db.Conn.ExecContext(testCtx(t), `INSERT INTO `+pgx.Identifier{db.Schema, db.InboxTable + "_parked"}.Sanitize()+`
  (consumer, message_key, message_uuid, topic, payload, payload_size, reason, attempts, first_seen_at)
  VALUES ($1, $2, $2, 'orders', '{}'::bytea, 2, 'card declined', 1, now() - interval '1 hour')`, consumer, key)
@@ -31,9 +38,12 @@ func insertParkedMessage(t *testing.T, db sqlschema.DB, consumer, key string) {
 // that has records but nothing parked still gets the empty result.
 func TestUnknownConsumer(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t).WithDefaults()
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testUnknownConsumer)
+}
+
+func testUnknownConsumer(t *testing.T, b *testenv.Bundle) {
+	db := b.DB.WithDefaults()
+	env := engineEnv(b)
 	insertInbox(t, db,
 		inboxRow{consumer: "charge-order", key: "o-1", status: "parked", attempts: 1, firstSeenAgo: time.Hour, finishedAgo: time.Hour, lastError: "card declined"},
 		inboxRow{consumer: "send-sms", key: "s-1", status: "done", attempts: 1, firstSeenAgo: time.Hour, finishedAgo: time.Hour},
@@ -43,7 +53,7 @@ func TestUnknownConsumer(t *testing.T) {
 	// replayed or discarded: the consumer is known.
 	insertParkedMessage(t, db, "released", "r-1")
 
-	want := `unknown consumer "charge_order": no records in inbox table "` + db.Schema + `"."watermill_inbox"; consumers with records: charge-order, released, send-sms`
+	want := `unknown consumer "charge_order": no records in inbox table ` + db.Inbox() + `; consumers with records: charge-order, released, send-sms`
 	for _, args := range [][]string{
 		{"inbox", "parked", "-c", "charge_order"},
 		{"inbox", "parked", "--json", "--consumer", "charge_order"},
@@ -95,20 +105,21 @@ func TestUnknownConsumer(t *testing.T) {
 	requireOK(t, cli(t, env, "inbox", "parked", "-c", "charge-order"))
 
 	// Many consumers: the first 20, and how many more.
-	many := testenv.Schema(t)
+	manyB := testenv.NewBundle(t, b.Driver)
+	many := manyB.DB.WithDefaults()
 	var names []string
 	for i := range 25 {
 		name := fmt.Sprintf("c%02d", i)
 		names = append(names, name)
 		insertInbox(t, many, inboxRow{consumer: name, key: "k", status: "done", attempts: 1, firstSeenAgo: time.Minute, finishedAgo: time.Minute})
 	}
-	requireFails(t, cli(t, dbEnv(many.Schema), "inbox", "parked", "-c", "c99"), exitNotFound,
-		`unknown consumer "c99": no records in inbox table "`+many.Schema+`"."watermill_inbox"; consumers with records: `+strings.Join(names[:20], ", ")+" and 5 more")
+	requireFails(t, cli(t, engineEnv(manyB), "inbox", "parked", "-c", "c99"), exitNotFound,
+		`unknown consumer "c99": no records in inbox table `+many.Inbox()+`; consumers with records: `+strings.Join(names[:20], ", ")+" and 5 more")
 
 	// An empty inbox.
-	empty := testenv.Schema(t)
-	requireFails(t, cli(t, dbEnv(empty.Schema), "parked", "list", "-c", "charge-order"), exitNotFound,
-		`unknown consumer "charge-order": no records in inbox table "`+empty.Schema+`"."watermill_inbox"; no consumer has records`)
+	emptyB := testenv.NewBundle(t, b.Driver)
+	requireFails(t, cli(t, engineEnv(emptyB), "parked", "list", "-c", "charge-order"), exitNotFound,
+		`unknown consumer "charge-order": no records in inbox table `+emptyB.DB.WithDefaults().Inbox()+`; no consumer has records`)
 }
 
 // An unknown consumer on a large inbox, plain or partitioned: the error

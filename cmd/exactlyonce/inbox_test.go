@@ -34,6 +34,19 @@ func insertInbox(t *testing.T, db sqlschema.DB, rows ...inboxRow) {
 		if r.lastError != "" {
 			lastErr = &r.lastError
 		}
+		if db.Dialect == sqlschema.MySQL {
+			var processedUS *int64
+			if processed != nil {
+				us := r.finishedAgo.Microseconds()
+				processedUS = &us
+			}
+			_, err := db.Conn.ExecContext(testCtx(t), `INSERT INTO `+db.Inbox()+`
+ (consumer, message_key, status, attempts, duplicates, first_seen_at, processed_at, last_error, parked_by_transaction)
+ VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND, ?, ?)`,
+				r.consumer, r.key, r.status, r.attempts, r.duplicates, r.firstSeenAgo.Microseconds(), processedUS, lastErr, r.status == "parked")
+			require.NoError(t, err)
+			continue
+		}
 		_, err := db.Conn.ExecContext(testCtx(t), `INSERT INTO `+db.Inbox()+`
  (consumer, message_key, status, attempts, duplicates, first_seen_at, processed_at, last_error, parked_by_transaction)
  VALUES ($1, $2, $3, $4, $5, now() - $6::float8 * interval '1 second', now() - $7::float8 * interval '1 second', $8, $3 = 'parked')`,
@@ -55,9 +68,12 @@ type inboxStatsJSON struct {
 // exit status 3 for keys that have no record.
 func TestInboxCommands(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testInboxCommands)
+}
+
+func testInboxCommands(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 	store, err := inbox.NewStore(db)
 	require.NoError(t, err)
 	day := 24 * time.Hour

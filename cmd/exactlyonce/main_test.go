@@ -146,6 +146,17 @@ func dbEnv(schema string) []string {
 	return []string{envDatabaseURL + "=" + testenv.DatabaseURL(), envSchema + "=" + schema}
 }
 
+// engineEnv is the environment that points the command at the bundle's
+// engine and schema: PostgreSQL's test database (DatabaseURL) and the
+// bundle's schema, or MySQL/MariaDB's server (MySQLURL) and the bundle's
+// database, which is the CLI's --schema on MySQL.
+func engineEnv(b *testenv.Bundle) []string {
+	if b.MySQL() {
+		return []string{envDatabaseURL + "=" + testenv.MySQLURL(), envSchema + "=" + b.DB.Schema}
+	}
+	return dbEnv(b.DB.Schema)
+}
+
 // requirePostgres skips the test when PostgreSQL is unreachable, and fails
 // it instead when CI=true.
 func requirePostgres(t *testing.T) {

@@ -32,7 +32,14 @@ type migrateUpJSON struct {
 // order Migrate applies them.
 func migrationNames(t *testing.T) []string {
 	t.Helper()
-	st, err := sqlschema.Status(testCtx(t), sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t)), Schema: "no_such_schema_here"})
+	return migrationNamesOf(t, sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t))})
+}
+
+// migrationNamesOf is migrationNames for db's dialect, read through db.Conn.
+func migrationNamesOf(t *testing.T, db sqlschema.DB) []string {
+	t.Helper()
+	db.Schema = "no_such_schema_here"
+	st, err := sqlschema.Status(testCtx(t), db)
 	require.NoError(t, err)
 	var names []string
 	for _, m := range st {
@@ -46,10 +53,24 @@ func migrationNames(t *testing.T) []string {
 // migrated, saying what to run.
 func TestMigrateUpAndStatus(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	schema := freshSchema(t)
-	env := dbEnv(schema)
-	names := migrationNames(t)
+	testenv.ForEachEngine(t, nil, func(t *testing.T, d testenv.Driver, _ string) {
+		testMigrateUpAndStatus(t, d)
+	})
+}
+
+func testMigrateUpAndStatus(t *testing.T, d testenv.Driver) {
+	// A schema with no tables: on PostgreSQL one that does not exist yet,
+	// on MySQL a fresh database (the CLI's --schema).
+	var schema string
+	var env []string
+	if d.Dialect == sqlschema.MySQL {
+		_, schema = testenv.MySQLDatabase(t)
+		env = []string{envDatabaseURL + "=" + testenv.MySQLURL(), envSchema + "=" + schema}
+	} else {
+		schema = freshSchema(t)
+		env = dbEnv(schema)
+	}
+	names := migrationNamesOf(t, sqlschema.DB{Dialect: d.Dialect, Conn: d.DB})
 
 	r := cli(t, env, "migrate", "status")
 	requireOK(t, r)
@@ -96,7 +117,7 @@ func TestMigrateUpAndStatus(t *testing.T) {
 	require.Empty(t, up.Applied)
 	require.NotNil(t, up.Applied, "[] rather than null")
 
-	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t)), Schema: schema}
+	db := sqlschema.DB{Dialect: d.Dialect, Conn: d.DB, Schema: schema}
 	require.NoError(t, sqlschema.Check(testCtx(t), db))
 
 	decode(t, cli(t, env, "migrate", "status", "--json"), &st)

@@ -34,19 +34,26 @@ func counted(t *testing.T, a actionJSON) actionJSON {
 // (one carrying a business id), one failing, one fresh.
 func TestOutboxRowsCommands(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testOutboxRowsCommands)
+}
+
+func testOutboxRowsCommands(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 	uuids := writeOutbox(t, db, "orders.charged", 4)
 	ctx := testCtx(t)
-	_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = now(),
- metadata = metadata || '{"order_id": "42"}', last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = $1`, uuids[1])
+	_, err := db.Conn.ExecContext(ctx, b.SQL(`UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = now(),
+ metadata = metadata || '{"order_id": "42"}', last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = $1`,
+		`UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = UTC_TIMESTAMP(6),
+ metadata = JSON_SET(metadata, '$.order_id', '42'), last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = ?`), uuids[1])
 	require.NoError(t, err)
-	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 1, attempts = 1, quarantined_at = now(),
- last_error = 'expiration refused' WHERE uuid = $1`, uuids[2])
+	_, err = db.Conn.ExecContext(ctx, b.SQL(`UPDATE `+db.Outbox()+` SET failures = 1, attempts = 1, quarantined_at = now(),
+ last_error = 'expiration refused' WHERE uuid = $1`, `UPDATE `+db.Outbox()+` SET failures = 1, attempts = 1, quarantined_at = UTC_TIMESTAMP(6),
+ last_error = 'expiration refused' WHERE uuid = ?`), uuids[2])
 	require.NoError(t, err)
-	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 2, next_attempt_at = now() + interval '1 hour',
- last_error = 'NO_ROUTE' WHERE uuid = $1`, uuids[3])
+	_, err = db.Conn.ExecContext(ctx, b.SQL(`UPDATE `+db.Outbox()+` SET failures = 2, next_attempt_at = now() + interval '1 hour',
+ last_error = 'NO_ROUTE' WHERE uuid = $1`, `UPDATE `+db.Outbox()+` SET failures = 2, next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR,
+ last_error = 'NO_ROUTE' WHERE uuid = ?`), uuids[3])
 	require.NoError(t, err)
 
 	// Find by the business id, by reason, and the failing ones.

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -27,13 +26,12 @@ import (
 func writeOutbox(t *testing.T, db sqlschema.DB, topic string, n int) []string {
 	t.Helper()
 	ctx := testCtx(t)
-	pool := testenv.Pool(t)
-	tx, err := pool.Begin(ctx)
+	tx, err := db.Conn.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit: a no-op
+	defer tx.Rollback() //nolint:errcheck // after Commit: a no-op
 	w, err := outbox.NewWriter(db)
 	require.NoError(t, err)
-	pub, err := w.Publisher(wsql.TxFromPgx(tx))
+	pub, err := w.Publisher(tx)
 	require.NoError(t, err)
 	var uuids []string
 	for i := range n {
@@ -44,7 +42,7 @@ func writeOutbox(t *testing.T, db sqlschema.DB, topic string, n int) []string {
 		require.NoError(t, pub.Publish(topic, msg))
 		uuids = append(uuids, id)
 	}
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, tx.Commit())
 	return uuids
 }
 
@@ -69,9 +67,12 @@ type outboxPendingJSON struct {
 // ready.
 func TestOutboxCommands(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testOutboxCommands)
+}
+
+func testOutboxCommands(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 
 	var st outboxStatsJSON
 	decode(t, cli(t, env, "outbox", "stats", "--json"), &st)
@@ -82,11 +83,14 @@ func TestOutboxCommands(t *testing.T) {
 
 	uuids := writeOutbox(t, db, "orders.charged", 4)
 	ctx := testCtx(t)
-	_, err := db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = now(),
- last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = $1`, uuids[1])
+	_, err := db.Conn.ExecContext(ctx, b.SQL(`UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = now(),
+ last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = $1`,
+		`UPDATE `+db.Outbox()+` SET failures = 6, attempts = 5, quarantined_at = UTC_TIMESTAMP(6),
+ last_error = 'Exception (406) PRECONDITION_FAILED - message size larger than max' WHERE uuid = ?`), uuids[1])
 	require.NoError(t, err)
-	_, err = db.Conn.ExecContext(ctx, `UPDATE `+db.Outbox()+` SET failures = 2, attempts = 0, next_attempt_at = now() + interval '1 hour',
- last_error = 'NO_ROUTE' WHERE uuid = $1`, uuids[2])
+	_, err = db.Conn.ExecContext(ctx, b.SQL(`UPDATE `+db.Outbox()+` SET failures = 2, attempts = 0, next_attempt_at = now() + interval '1 hour',
+ last_error = 'NO_ROUTE' WHERE uuid = $1`, `UPDATE `+db.Outbox()+` SET failures = 2, attempts = 0, next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR,
+ last_error = 'NO_ROUTE' WHERE uuid = ?`), uuids[2])
 	require.NoError(t, err)
 
 	decode(t, cli(t, env, "outbox", "stats", "--json"), &st)
@@ -226,11 +230,14 @@ func uniqueQueue(t *testing.T) string {
 // kept and counted as failing.
 func TestRelayOnce(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
 	requireRabbitMQ(t)
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testRelayOnce)
+}
+
+func testRelayOnce(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	queue := uniqueQueue(t)
-	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
+	env := append(engineEnv(b), envAMQPURL+"="+testenv.AMQPURL())
 	uuids := writeOutbox(t, db, queue, 25)
 
 	r := cli(t, env, "outbox", "relay", "--once", "--json", "--batch-size", "10", "--workers", "2")
@@ -266,7 +273,7 @@ func TestRelayOnce(t *testing.T) {
 
 	// The broker is down: the rows stay, with their failure recorded.
 	writeOutbox(t, db, queue, 3)
-	down := append(dbEnv(db.Schema), envAMQPURL+"=amqp://guest:guest@127.0.0.1:1/")
+	down := append(engineEnv(b), envAMQPURL+"=amqp://guest:guest@127.0.0.1:1/")
 	r = cli(t, down, "outbox", "relay", "--once")
 	require.Equal(t, exitFailed, r.code, "%s", r)
 	require.Contains(t, r.stdout, "Relayed 0 messages")
@@ -304,14 +311,20 @@ func (b *syncBuffer) String() string {
 // hour, the rows arrive because their commits woke it.
 func TestRelayRunsUntilSignal(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
 	requireRabbitMQ(t)
-	db := testenv.Schema(t)
+	testenv.EachEngine(t, testRelayRunsUntilSignal)
+}
+
+func testRelayRunsUntilSignal(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
 	queue := uniqueQueue(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "outbox", "relay", "--poll-interval", "1h", "--workers", "2")
-	cmd.Env = append(cleanEnv(), append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())...)
+	// PostgreSQL: rows committed by another process wake the relay
+	// (LISTEN), it need not poll. MySQL has no LISTEN: it polls.
+	poll := b.SQL("1h", "200ms")
+	cmd := exec.CommandContext(ctx, binary, "outbox", "relay", "--poll-interval", poll, "--workers", "2")
+	cmd.Env = append(cleanEnv(), append(engineEnv(b), envAMQPURL+"="+testenv.AMQPURL())...)
 	var stdout, stderr syncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())
@@ -334,6 +347,6 @@ func TestRelayRunsUntilSignal(t *testing.T) {
 	require.Contains(t, stdout.String(), "Relayed 10 messages")
 	require.Contains(t, stdout.String(), "Outbox now: 0 pending")
 	require.Contains(t, stderr.String(), "outbox relay stopping")
-	require.Contains(t, stderr.String(), "wake-on-commit is on")
+	require.Contains(t, stderr.String(), b.SQL("wake-on-commit is on", "not available on MySQL"))
 	require.NotContains(t, stderr.String(), "level=ERROR")
 }

@@ -19,9 +19,12 @@ import (
 // the record's version releases it.
 func TestParkedReleaseTakesTheVersionParkedShowPrints(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testParkedReleaseTakesTheVersionParkedShowPrints)
+}
+
+func testParkedReleaseTakesTheVersionParkedShowPrints(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 	inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

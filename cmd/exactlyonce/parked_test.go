@@ -110,9 +110,13 @@ func publishOrder(t *testing.T, queue, uuid, order string, bad bool) {
 // RabbitMQ; the fixed handler runs it once, and a second replay is refused.
 func TestParkedReplayThroughRabbitMQ(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
+	requireRabbitMQ(t)
+	testenv.EachEngine(t, testParkedReplayThroughRabbitMQ)
+}
+
+func testParkedReplayThroughRabbitMQ(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := append(engineEnv(b), envAMQPURL+"="+testenv.AMQPURL())
 	queue := testenv.Queue(t, "cli_parked_")
 	h := &poisonHandler{effect: map[string]int{}}
 	ev := runRouter(t, queue, exactlyonce.Config{DB: db}, h)
@@ -157,9 +161,13 @@ func TestParkedReplayThroughRabbitMQ(t *testing.T) {
 // Bulk replay and discard by criteria: a count first, --yes acts.
 func TestParkedBulkCommands(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
+	requireRabbitMQ(t)
+	testenv.EachEngine(t, testParkedBulkCommands)
+}
+
+func testParkedBulkCommands(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := append(engineEnv(b), envAMQPURL+"="+testenv.AMQPURL())
 	queue := testenv.Queue(t, "cli_parked_bulk_")
 	h := &poisonHandler{effect: map[string]int{}}
 	ev := runRouter(t, queue, exactlyonce.Config{DB: db}, h)
@@ -274,9 +282,13 @@ func TestParkedRedisStore(t *testing.T) {
 // is refused with exit status 4, nothing done.
 func TestActionsWithPreconditions(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := append(dbEnv(db.Schema), envAMQPURL+"="+testenv.AMQPURL())
+	requireRabbitMQ(t)
+	testenv.EachEngine(t, testActionsWithPreconditions)
+}
+
+func testActionsWithPreconditions(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := append(engineEnv(b), envAMQPURL+"="+testenv.AMQPURL())
 	queue := testenv.Queue(t, "cli_parked_if_")
 	h := &poisonHandler{effect: map[string]int{}}
 	ev := runRouter(t, queue, exactlyonce.Config{DB: db}, h)

@@ -16,15 +16,24 @@ import (
 // prints all of it; --json says payload_truncated. Lists give sizes only.
 func TestShowPrintsABoundedPayload(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t).WithDefaults()
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testShowPrintsABoundedPayload)
+}
+
+func testShowPrintsABoundedPayload(t *testing.T, b *testenv.Bundle) {
+	db := b.DB.WithDefaults()
+	env := engineEnv(b)
 	ctx := testCtx(t)
 	head := strings.Repeat("a", showPayloadBytes-1) + "€" // split by the bound
 	payload := head + strings.Repeat("b", 1000)
 	var id int64
-	require.NoError(t, seam.QueryRow(ctx, db.Conn, `INSERT INTO `+db.Outbox()+` (topic, uuid, payload, failures, attempts, last_error, quarantined_at)
+	if b.MySQL() {
+		b.Exec(t, `INSERT INTO `+db.Outbox()+` (topic, uuid, payload, metadata, created_at, failures, attempts, last_error, quarantined_at)
+VALUES ('t', 'u-1', ?, '{}', UTC_TIMESTAMP(6), 5, 5, 'too large', UTC_TIMESTAMP(6))`, []byte(payload))
+		require.NoError(t, seam.QueryRow(ctx, db.Conn, `SELECT id FROM `+db.Outbox()+` WHERE uuid = 'u-1'`, nil, &id))
+	} else {
+		require.NoError(t, seam.QueryRow(ctx, db.Conn, `INSERT INTO `+db.Outbox()+` (topic, uuid, payload, failures, attempts, last_error, quarantined_at)
 VALUES ('t', 'u-1', $1, 5, 5, 'too large', now()) RETURNING id`, []any{[]byte(payload)}, &id))
+	}
 	inner, err := inboxdb.NewStore(inboxdb.Config{Tables: db})
 	require.NoError(t, err)
 	require.NoError(t, inner.Park(ctx, db.Conn, "c", "k", "too large",

@@ -166,6 +166,13 @@ func (a *app) relay(cmd *cobra.Command, o relayOptions) error {
 		return err
 	}
 	defer func() { _ = pub.Close() }()
+	names, err := a.names(cmd)
+	if err != nil {
+		return err
+	}
+	if names.Dialect == sqlschema.MySQL && o.listenURL != "" {
+		return usageErr("--listen-url (or $EXACTLYONCE_LISTEN_URL) is PostgreSQL's LISTEN address, for PgBouncer in transaction mode: MySQL/MariaDB has no LISTEN (the relay polls, --poll-interval): leave it empty")
+	}
 	db, closeDB, err := a.open(ctx, cmd, int32(o.workers)+2, true)
 	if err != nil {
 		return err

@@ -157,7 +157,7 @@ failed, 2 usage error, 3 no such record, or a consumer with no records at all (a
 	f.IntVar(&a.ahead, "partitions-ahead", 3, "with --partitions: partitions created ahead (Partitioning.Ahead)")
 	f.BoolVar(&a.jsonOut, "json", false, "print one JSON document instead of text")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on the command after this long (0: never; inbox purge and outbox relay: never unless given)")
-	f.DurationVar(&a.connectTimeout, "connect-timeout", 5*time.Second, "give up connecting to PostgreSQL after this long")
+	f.DurationVar(&a.connectTimeout, "connect-timeout", 5*time.Second, "give up connecting to the database after this long")
 
 	root.AddCommand(a.migrateCmd(), a.inboxCmd(), a.outboxCmd(), a.parkedCmd(), a.uiCmd())
 	failuresExit(root)
@@ -231,6 +231,9 @@ func (a *app) names(cmd *cobra.Command) (sqlschema.DB, error) {
 	switch p := flagOrEnv(cmd.Flags(), "partitions", a.partitions, envPartitions); p {
 	case "":
 	case string(sqlschema.Daily), string(sqlschema.Hourly):
+		if dialect == sqlschema.MySQL {
+			return db, usageErr("--partitions %s (or $%s): the time-partitioned inbox is PostgreSQL only (docs/mysql.md); on MySQL/MariaDB the inbox is the plain table: leave it empty", p, envPartitions)
+		}
 		db.Partitions = &sqlschema.Partitioning{Interval: sqlschema.PartitionInterval(p), Ahead: a.ahead}
 	default:
 		return db, usageErr("--partitions is %q: daily or hourly (or empty for the plain table)", p)

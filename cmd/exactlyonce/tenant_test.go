@@ -15,9 +15,12 @@ import (
 // tenants' records; a tenant with a colon is a usage error.
 func TestInboxTenant(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t)
-	env := dbEnv(db.Schema)
+	testenv.EachEngine(t, testInboxTenant)
+}
+
+func testInboxTenant(t *testing.T, b *testenv.Bundle) {
+	db := b.DB
+	env := engineEnv(b)
 	day := 24 * time.Hour
 	insertInbox(t, db,
 		inboxRow{consumer: "billing", key: "acme:inv-1", status: "done", attempts: 1, firstSeenAgo: 40 * day, finishedAgo: 40 * day},

@@ -123,14 +123,17 @@ func (p *uiProc) do(t *testing.T, method, path, auth string) (int, string) {
 // token, 401 without it, the pages behind a login form; SIGINT stops it.
 func TestUIServes(t *testing.T) {
 	t.Parallel()
-	requirePostgres(t)
-	db := testenv.Schema(t).WithDefaults()
+	testenv.EachEngine(t, testUIServes)
+}
+
+func testUIServes(t *testing.T, b *testenv.Bundle) {
+	db := b.DB.WithDefaults()
 	insertInbox(t, db,
 		inboxRow{consumer: "charge-order", key: "o-1", status: "done", attempts: 1, firstSeenAgo: time.Hour, finishedAgo: time.Hour},
 		inboxRow{consumer: "charge-order", key: "o-2", status: "parked", attempts: 1, firstSeenAgo: time.Hour, finishedAgo: time.Hour, lastError: "card declined"},
 	)
 	insertParkedMessage(t, db, "charge-order", "o-2")
-	p := startUI(t, append(dbEnv(db.Schema), envUIToken+"="+uiToken))
+	p := startUI(t, append(engineEnv(b), envUIToken+"="+uiToken))
 	require.Contains(t, p.stdout.String(), "inbox "+db.Schema+".watermill_inbox")
 	require.Contains(t, p.stdout.String(), "Ctrl-C stops it.")
 	require.NotContains(t, p.stdout.String(), uiToken, "a given token is not printed")

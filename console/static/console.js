@@ -42,7 +42,8 @@
       var th = cell("th", c.consumer);
       th.setAttribute("scope", "row");
       tr.appendChild(th);
-      tr.appendChild(cell("td", c.store));
+      // The SQL store is named after its engine (data-sql-store: "mysql" on MySQL).
+      tr.appendChild(cell("td", c.store === "postgres" && table.dataset.sqlStore ? table.dataset.sqlStore : c.store));
       tr.appendChild(cell("td", num(c.done), "n"));
       tr.appendChild(cell("td", num(c.duplicates), "n"));
       var parked = cell("td", "", "n");

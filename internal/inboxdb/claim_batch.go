@@ -238,36 +238,34 @@ func claimedKeys(rows wsql.Rows, err error, n int, consumer string) (map[string]
 // (queries/mysql/claim.sql): one multi-row INSERT ... ON DUPLICATE KEY
 // UPDATE of the sorted keys, which inserts the new ones with their count
 // negated (the transaction's own mark) and counts the duplicates on the
-// others; one locking read of the batch's records, which tells the
-// inserted (negative count) from the others (the latest committed rows:
-// a key another transaction claimed and committed meanwhile is a
-// duplicate, counted); one UPDATE that sets the inserted records' counts
-// (copies-1). The insert holds the row locks of every key from then on:
+// others; one locking read of the batch's records (a point read per key,
+// joined: an IN list would lock the gaps between the keys under REPEATABLE
+// READ, see claim.sql), which tells the inserted (negative count) from the
+// others (the latest committed rows: a key another transaction claimed and
+// committed meanwhile is a duplicate, counted); a point UPDATE per
+// inserted record that sets its count (copies-1). The insert holds the row locks of every key from then on:
 // no record vanishes in between. A deadlock (1213) between batches
 // (against the sorted order, e.g. with single claims) is returned as is:
 // roll back and claim again.
 func (s *Store) claimBatchMySQL(ctx context.Context, tx wsql.ContextExecutor, consumer string, keys, sorted []string, n func(string) int64) ([]ClaimResult, []error, error) {
 	rows := make([]string, len(sorted))
-	marks := make([]string, len(sorted))
+	reads := make([]string, len(sorted))
 	insertArgs := make([]any, 0, 3*len(sorted))
-	keyArgs := make([]any, 0, 1+len(sorted))
-	keyArgs = append(keyArgs, consumer)
-	row := s.q.get("ClaimBatchRow")
+	readArgs := make([]any, 0, 2*len(sorted))
+	row, read := s.q.get("ClaimBatchRow"), s.q.get("ClaimBatchLockOne")
 	for i, k := range sorted {
-		rows[i], marks[i] = row, "?"
+		rows[i], reads[i] = row, read
 		insertArgs = append(insertArgs, consumer, k, -n(k))
-		keyArgs = append(keyArgs, k)
+		readArgs = append(readArgs, consumer, k)
 	}
-	list := strings.Join(marks, ", ")
 	if _, err := seam.Exec(ctx, tx, s.rt.claimBatchInsert.Fill(strings.Join(rows, ", ")), insertArgs...); err != nil {
 		return nil, nil, fmt.Errorf("claiming %d keys for %q: %w", len(sorted), consumer, err)
 	}
-	rs, err := tx.QueryContext(ctx, s.rt.claimBatchLock.Fill(list), keyArgs...)
+	rs, err := tx.QueryContext(ctx, s.rt.claimBatchLock.Fill(strings.Join(reads, " UNION ALL ")), readArgs...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
 	}
 	found := make(map[string]Record, len(sorted))
-	inserted := false
 	for rs.Next() {
 		var rec Record
 		if err := rs.Scan(rec.scanDest()...); err != nil {
@@ -275,14 +273,15 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx wsql.ContextExecutor, co
 			return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
 		}
 		found[rec.Key] = rec
-		inserted = inserted || rec.Duplicates < 0
 	}
 	if err := seam.Close(rs); err != nil {
 		return nil, nil, fmt.Errorf("counting duplicates for %q: %w", consumer, err)
 	}
-	if inserted {
-		if _, err := seam.Exec(ctx, tx, s.rt.claimBatchFix.Fill(list), keyArgs...); err != nil {
-			return nil, nil, fmt.Errorf("counting the duplicates within the batch for %q: %w", consumer, err)
+	for _, k := range sorted {
+		if rec, ok := found[k]; ok && rec.Duplicates < 0 {
+			if _, err := seam.Exec(ctx, tx, s.q.get("ClaimBatchFix"), consumer, k); err != nil {
+				return nil, nil, fmt.Errorf("counting the duplicates within the batch for %q: %w", consumer, err)
+			}
 		}
 	}
 	results := make([]ClaimResult, len(keys))

@@ -197,7 +197,7 @@ type runTemplates struct {
 	// MySQL's batch claim: the multi-row INSERT (Rows: ClaimBatchRow per
 	// key), the locking read of the batch and the fix of its own records'
 	// counts (Keys: a placeholder per key).
-	claimBatchInsert, claimBatchLock, claimBatchFix sqlexec.Template
+	claimBatchInsert, claimBatchLock sqlexec.Template
 	// A parked-message filter's statements: [keysFirst][payloads] for the
 	// find, [payload] for the lock, [forget] for the batch discard.
 	findParked                           [2][2]sqlexec.Template
@@ -222,8 +222,7 @@ func newRunTemplates(q queries, partitioned, mysql bool) (runTemplates, error) {
 	case mysql:
 		// No pgx fast path, no partitioned layout (refused by sqlschema).
 		tm(&rt.claimBatchInsert, "ClaimBatchInsert", "Rows")
-		tm(&rt.claimBatchLock, "ClaimBatchLock", "Keys")
-		tm(&rt.claimBatchFix, "ClaimBatchFix", "Keys")
+		tm(&rt.claimBatchLock, "ClaimBatchLock", "Reads")
 	case partitioned:
 		tm(&rt.beginLock[0], "BeginClaimLock", "Consumer", "Key")
 		tm(&rt.beginLock[1], "BeginClaimLock"+fallbackSuffix, "Consumer", "Key")

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
@@ -25,7 +26,6 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -39,9 +39,10 @@ import (
 // TestChaos runs the chaos suite once per run of CHAOS_MODES (sequentially:
 // each run takes the machine's CPU). Environment:
 //
-//	CHAOS_MESSAGES   unique messages (default 800)
+//	CHAOS_MESSAGES   unique messages (default 800; a MariaDB run 500)
 //	CHAOS_DUP_RATIO  extra copies per unique message (default 0.2)
-//	CHAOS_FAULTS     at least this many faults of each kind (default 3)
+//	CHAOS_FAULTS     at least this many faults of each kind (default 3; a
+//	                 MariaDB run 2)
 //	CHAOS_MODES      comma-separated runs, each a mode (transactional, lease,
 //	                 or batch: transactional with group commit, Config.Batch)
 //	                 with an optional database setup: @repeatable-read (the
@@ -51,15 +52,21 @@ import (
 //	                 consumers keep lease records in Redis with redisstore,
 //	                 reached through a proxy whose connections are cut; the
 //	                 handler only calls the provider, so no relay and no
-//	                 downstream run). A mode may name the consumers'
-//	                 subscriber after a +: batch+rabbitmq or
-//	                 transactional+rabbitmq run one handler on
+//	                 downstream run), or on MariaDB: @mariadb (its default
+//	                 REPEATABLE READ) or @mariadb-rc (the workers' sessions
+//	                 default to READ COMMITTED: tx_isolation in their DSN);
+//	                 there a fresh database per run, every worker on
+//	                 go-sql-driver/mysql through the proxy, and KILL of
+//	                 their connections for pg_terminate_backend. A mode may
+//	                 name the consumers' subscriber after a +: batch+rabbitmq
+//	                 or transactional+rabbitmq run one handler on
 //	                 rabbitmq.Subscriber (one subscription, prefetch 16,
 //	                 acks batched) instead of watermill-amqp's.
 //	                 Default: transactional,lease,batch,lease@repeatable-read,
 //	                 transactional@pgbouncer,lease@redis,
 //	                 batch+rabbitmq@repeatable-read,
-//	                 transactional+rabbitmq@pgbouncer.
+//	                 transactional+rabbitmq@pgbouncer,transactional@mariadb,
+//	                 batch@mariadb-rc,lease@mariadb.
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
 //	                 reproducible; the plan is.
@@ -70,8 +77,8 @@ import (
 // proxies; 3 consumer processes (4 handlers each, prefetch 10; in batch mode
 // one handler with 16 deliveries in flight; with +rabbitmq one handler on
 // rabbitmq.Subscriber, prefetch 16; drivers
-// pgxpool, database/sql, pgxpool), 1 relay (database/sql), 1 downstream
-// consumer (pgxpool). The harness publishes the messages with duplicates
+// pgxpool, database/sql, pgxpool; on MariaDB go-sql-driver/mysql), 1 relay
+// (database/sql), 1 downstream consumer (pgxpool). The harness publishes the messages with duplicates
 // spread over the fault schedule, injects the faults, waits until every key
 // is done downstream and the queues are empty, stops the workers
 // gracefully, and checks the invariants, printed as one table (also written
@@ -89,7 +96,7 @@ func TestChaos(t *testing.T) {
 			for _, c := range v.String() {
 				stream = stream*31 + uint64(c)
 			}
-			runChaos(t, s, bin, v, stream)
+			runChaos(t, s.forRun(v), bin, v, stream)
 		})
 	}
 }
@@ -105,15 +112,16 @@ type harness struct {
 	bin    string
 	logDir string
 
-	tables             sqlschema.DB // its Conn is pool
+	tables             sqlschema.DB // its Conn is pool (PostgreSQL) or my (MariaDB)
 	outbox             *outbox.Writer
-	pool               *pgxpool.Pool
+	pool               *pgxpool.Pool // PostgreSQL runs
+	my                 *sql.DB       // MariaDB runs (@mariadb, @mariadb-rc)
 	conn               *amqp.Connection
 	in, out, out2      string
 	outB               string // the other output queue: outputs alternate between out and outB
 	ticks              string // healthy events written during the settle (see trickle)
 	ticksSent          int
-	pgProxy, amqpProxy *testenv.Proxy
+	dbProxy, amqpProxy *testenv.Proxy
 	relayAMQPProxy     *testenv.Proxy // the relay's own, for outages mid-batch
 	bouncer            *testenv.PgBouncerSupervisor
 	redis              *redis.Client  // lease@redis: the harness's own client
@@ -132,7 +140,7 @@ type harness struct {
 	copies             []copyRec
 	published          atomic.Int64
 	injected           map[string]int
-	terminated         int64 // backends terminated
+	terminated         int64 // backends terminated (MariaDB: connections KILLed)
 	amqpCut            int64 // AMQP connections cut
 	exitMu             sync.Mutex
 	exits              []string
@@ -141,7 +149,9 @@ type harness struct {
 
 func (h *harness) lease() bool { return h.mode == "lease" }
 
-func (h *harness) table(name string) string { return pgx.Identifier{h.tables.Schema, name}.Sanitize() }
+func (h *harness) table(name string) string {
+	return h.tables.Dialect.QuoteIdentifier(h.tables.Schema, name)
+}
 
 func runChaos(t *testing.T, s settings, bin string, v variant, stream uint64) {
 	mode := v.Mode
@@ -167,15 +177,19 @@ func runChaos(t *testing.T, s settings, bin string, v variant, stream uint64) {
 		_ = os.RemoveAll(h.logDir)
 	})
 
-	h.pool = testenv.Pool(t)
-	h.tables = testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(h.pool))
-	h.outbox, err = outbox.NewWriter(h.tables)
-	require.NoError(t, err)
-	_, err = h.pool.Exec(ctx, `CREATE TABLE `+h.table("effects")+` (id bigserial PRIMARY KEY, key text NOT NULL,
+	if v.mysql() {
+		h.setupMySQL(ctx)
+	} else {
+		h.pool = testenv.Pool(t)
+		h.tables = testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromPgx(h.pool))
+		_, err = h.pool.Exec(ctx, `CREATE TABLE `+h.table("effects")+` (id bigserial PRIMARY KEY, key text NOT NULL,
 attempt int NOT NULL, worker text NOT NULL, out_uuid text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),
 txid bigint NOT NULL DEFAULT txid_current());
 CREATE TABLE `+h.table("down_effects")+` (id bigserial PRIMARY KEY, key text NOT NULL, uuid text NOT NULL,
 worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+		require.NoError(t, err)
+	}
+	h.outbox, err = outbox.NewWriter(h.tables)
 	require.NoError(t, err)
 	h.in = testenv.Queue(t, "chaos_in_")
 	h.out = testenv.Queue(t, "chaos_out_")
@@ -183,29 +197,35 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	h.out2 = testenv.Queue(t, "chaos_out2_")
 	h.ticks = testenv.Queue(t, "chaos_ticks_")
 	h.conn = testenv.AMQPConn(t)
-	h.pgProxy = testenv.NewProxy(t, hostPort(t, testenv.DatabaseURL(), "5432"))
+	if v.mysql() {
+		h.dbProxy = testenv.NewProxy(t, hostPort(t, testenv.MySQLURL(), "3306"))
+	} else {
+		h.dbProxy = testenv.NewProxy(t, hostPort(t, testenv.DatabaseURL(), "5432"))
+	}
 	h.amqpProxy = testenv.NewProxy(t, hostPort(t, testenv.AMQPURL(), "5672"))
 	h.relayAMQPProxy = testenv.NewProxy(t, hostPort(t, testenv.AMQPURL(), "5672"))
 	switch v.DB {
 	case dbDirect:
-		h.workerDBURL = h.pgProxy.RewriteURL(testenv.DatabaseURL())
+		h.workerDBURL = h.dbProxy.RewriteURL(testenv.DatabaseURL())
 	case dbRepeatableRead:
-		h.workerDBURL = h.pgProxy.RewriteURL(testenv.DatabaseURLWithIsolation(t, testenv.RepeatableRead))
+		h.workerDBURL = h.dbProxy.RewriteURL(testenv.DatabaseURLWithIsolation(t, testenv.RepeatableRead))
 		var iso string
 		require.NoError(t, h.pool.QueryRow(ctx, `SELECT s.setconfig::text FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
 WHERE r.rolname = $1`, roleOf(t, h.workerDBURL)).Scan(&iso))
 		require.Contains(t, iso, "repeatable read", "the workers' role defaults to REPEATABLE READ")
 	case dbRedis:
-		h.workerDBURL = h.pgProxy.RewriteURL(testenv.DatabaseURL()) // unused by the consumers
+		h.workerDBURL = h.dbProxy.RewriteURL(testenv.DatabaseURL()) // unused by the consumers
 		h.redis = testenv.Redis(t)
 		h.redisPrefix = testenv.RedisPrefix(t, h.redis)
 		h.redisProxy = testenv.NewProxy(t, hostPort(t, testenv.RedisURL(), "6379"))
+	case dbMariaDB, dbMariaDBRC:
+		h.workerDBURL = h.mysqlWorkerURL(ctx)
 	case dbPgBouncer:
 		h.bouncer = &testenv.PgBouncerSupervisor{}
 		// PgBouncer's server connections go through the proxy, so that the
 		// database faults reach them; the workers dial PgBouncer.
 		h.workerDBURL = testenv.StartPgBouncer(t, testenv.PgBouncerConfig{
-			PoolMode: "transaction", PoolSize: 8, TargetURL: h.pgProxy.RewriteURL(testenv.DatabaseURL()),
+			PoolMode: "transaction", PoolSize: 8, TargetURL: h.dbProxy.RewriteURL(testenv.DatabaseURL()),
 			// After the proxy refused, log in again within a second, not 15.
 			ServerLoginRetry: 1,
 			// PgBouncer 1.18 sometimes crashes on a client's cancel request
@@ -304,6 +324,12 @@ func hostPort(t *testing.T, rawURL, defPort string) string {
 func (h *harness) startWorkers() {
 	t := h.t
 	dbURL := func(role string) string {
+		if h.v.mysql() {
+			// MySQL has no application_name (an unknown DSN parameter is a
+			// system variable to SET): the harness finds the workers'
+			// connections by their database (killMySQL).
+			return h.workerDBURL
+		}
 		u, err := url.Parse(h.workerDBURL)
 		require.NoError(t, err)
 		q := u.Query()
@@ -353,13 +379,20 @@ func (h *harness) startWorkers() {
 		if i%2 == 1 {
 			driver = "database-sql"
 		}
+		if h.v.mysql() {
+			driver = "mysql"
+		}
 		h.consumers = append(h.consumers, h.newProc(fmt.Sprintf("consumer-%d", i), env("consumer", driver, h.s.Handlers)))
 	}
 	if h.v.DB != dbRedis { // lease@redis: no outbox, so no relay and no downstream
-		relayEnv := env("relay", "database-sql", 1)
+		relayDriver, downDriver := "database-sql", "pgxpool"
+		if h.v.mysql() {
+			relayDriver, downDriver = "mysql", "mysql"
+		}
+		relayEnv := env("relay", relayDriver, 1)
 		relayEnv["CHAOS_AMQP_URL"] = h.relayAMQPProxy.RewriteURL(testenv.AMQPURL())
 		h.relay = h.newProc("relay", relayEnv)
-		h.downstream = h.newProc("downstream", env("downstream", "pgxpool", 2))
+		h.downstream = h.newProc("downstream", env("downstream", downDriver, 2))
 	}
 	t.Cleanup(func() {
 		for _, p := range h.procs() {
@@ -414,27 +447,26 @@ func (h *harness) state(ctx context.Context) (state, error) {
 		return h.redisState(ctx)
 	}
 	st := state{consumer: map[string]int64{}}
-	rows, err := h.pool.Query(ctx, `SELECT status, count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 GROUP BY status`, consumerName)
+	err := h.each(ctx, h.q(`SELECT status, count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 GROUP BY status`,
+		`SELECT status, count(*) FROM `+h.tables.Inbox()+` WHERE consumer = ? GROUP BY status`), []any{consumerName},
+		func(scan func(...any) error) error {
+			var status string
+			var n int64
+			if err := scan(&status, &n); err != nil {
+				return err
+			}
+			st.consumer[status] = n
+			return nil
+		})
 	if err != nil {
 		return st, err
 	}
-	for rows.Next() {
-		var status string
-		var n int64
-		if err := rows.Scan(&status, &n); err != nil {
-			rows.Close()
-			return st, err
-		}
-		st.consumer[status] = n
-	}
-	if err := rows.Err(); err != nil {
-		return st, err
-	}
-	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`,
+	if err := h.queryRow(ctx, h.q(`SELECT count(*) FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`,
+		`SELECT count(*) FROM `+h.tables.Inbox()+` WHERE consumer = ? AND status = 'done'`),
 		downstreamName).Scan(&st.downDone); err != nil {
 		return st, err
 	}
-	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.table("down_effects")).Scan(&st.downEffect); err != nil {
+	if err := h.queryRow(ctx, `SELECT count(*) FROM `+h.table("down_effects")).Scan(&st.downEffect); err != nil {
 		return st, err
 	}
 	p, err := testenv.OutboxStore(h.t, h.tables).Pending(ctx)
@@ -511,16 +543,16 @@ func (h *harness) awaitSettled(ctx context.Context) bool {
 // trickle writes one healthy event to the outbox, for the ticks queue: a
 // live system's traffic goes on after the test's input ends.
 func (h *harness) trickle(ctx context.Context) {
-	tx, err := h.pool.Begin(ctx)
+	tx, err := h.tables.Conn.BeginTx(ctx, nil)
 	if err != nil {
 		return
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	pub, err := h.outbox.Publisher(wsql.TxFromPgx(tx))
+	defer func() { _ = tx.Rollback() }()
+	pub, err := h.outbox.Publisher(tx)
 	if err != nil {
 		return
 	}
-	if pub.Publish(h.ticks, message.NewMessage(watermill.NewUUID(), []byte(`{"tick":true}`))) == nil && tx.Commit(ctx) == nil {
+	if pub.Publish(h.ticks, message.NewMessage(watermill.NewUUID(), []byte(`{"tick":true}`))) == nil && tx.Commit() == nil {
 		h.ticksSent++
 	}
 }
@@ -528,6 +560,10 @@ func (h *harness) trickle(ctx context.Context) {
 // logSessions logs the database sessions of the test's database that hold
 // locks on the outbox or inbox, for a run that did not settle.
 func (h *harness) logSessions(ctx context.Context) {
+	if h.v.mysql() {
+		h.logSessionsMySQL(ctx)
+		return
+	}
 	rows, err := h.pool.Query(ctx, `SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
 coalesce(now() - a.xact_start, '0'::interval)::text, coalesce(left(a.query, 120), ''), count(l.*)
 FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
@@ -619,8 +655,9 @@ func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut
 		leftIn++
 		key, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
 		var done bool
-		require.NoError(t, h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+h.tables.Inbox()+
-			` WHERE consumer = $1 AND message_key = $2 AND status = 'done')`, consumerName, key).Scan(&done))
+		require.NoError(t, h.queryRow(ctx, h.q(`SELECT EXISTS (SELECT 1 FROM `+h.tables.Inbox()+
+			` WHERE consumer = $1 AND message_key = $2 AND status = 'done')`, `SELECT EXISTS (SELECT 1 FROM `+h.tables.Inbox()+
+			` WHERE consumer = ? AND message_key = ? AND status = 'done')`), consumerName, key).Scan(&done))
 		if !done {
 			badIn++
 		}
@@ -629,8 +666,8 @@ func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut
 		leftOut++
 		id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
 		var done bool
-		require.NoError(t, h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+h.table("down_effects")+
-			` WHERE uuid = $1)`, id).Scan(&done))
+		require.NoError(t, h.queryRow(ctx, h.q(`SELECT EXISTS (SELECT 1 FROM `+h.table("down_effects")+
+			` WHERE uuid = $1)`, `SELECT EXISTS (SELECT 1 FROM `+h.table("down_effects")+` WHERE uuid = ?)`), id).Scan(&done))
 		if !done {
 			badOut++
 		}
@@ -707,7 +744,7 @@ func (tb *table) failed() []string {
 func (h *harness) count(ctx context.Context, q string, args ...any) int64 {
 	h.t.Helper()
 	var n int64
-	require.NoError(h.t, h.pool.QueryRow(ctx, q, args...).Scan(&n), q)
+	require.NoError(h.t, h.queryRow(ctx, q, args...).Scan(&n), q)
 	return n
 }
 
@@ -717,6 +754,11 @@ func (h *harness) invariants(ctx context.Context, settled bool, leftIn, badIn, l
 	}
 	s, n := h.s, int64(h.s.Messages)
 	effects, down, inbox := h.table("effects"), h.table("down_effects"), h.tables.Inbox()
+	keys := h.keysArg()
+	// The statements of both dialects: MariaDB quotes the column key
+	// (a reserved word), takes ? for $n, JSON_TABLE for unnest, and
+	// JSON_CONTAINS_PATH for jsonb's ?.
+	q := h.q
 	tb := &table{title: fmt.Sprintf("chaos run: %s seed=%d messages=%d dup-ratio=%.2f faults>=%d consumers=%dx%d handlers (prefetch %d), lease %s, slow %s/%s (lease/tx)",
 		h.v, s.Seed, s.Messages, s.DupRatio, s.Faults, s.Consumers, s.Handlers, s.Prefetch, s.Lease, s.SlowLease, s.SlowTx)}
 
@@ -728,18 +770,25 @@ func (h *harness) invariants(ctx context.Context, settled bool, leftIn, badIn, l
 
 	tb.section("consumer (" + consumerName + ")")
 	tb.eq("effects applied (rows)", h.count(ctx, `SELECT count(*) FROM `+effects), n)
-	tb.eq("effects applied (distinct keys)", h.count(ctx, `SELECT count(DISTINCT key) FROM `+effects), n)
-	tb.eq("messages lost (keys without an effect)", h.count(ctx, `SELECT count(*) FROM unnest($1::text[]) AS k(key)
-WHERE NOT EXISTS (SELECT 1 FROM `+effects+` e WHERE e.key = k.key)`, h.keys), 0)
-	tb.eq("effects of unknown keys", h.count(ctx, `SELECT count(*) FROM `+effects+` WHERE NOT (key = ANY($1))`, h.keys), 0)
-	tb.eq("inbox rows done", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'done'`, consumerName), n)
-	tb.eq("inbox rows left processing", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'processing'`, consumerName), 0)
-	tb.eq("inbox rows failed or parked", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status IN ('failed', 'parked')`, consumerName), 0)
+	tb.eq("effects applied (distinct keys)", h.count(ctx, q(`SELECT count(DISTINCT key) FROM `+effects, "SELECT count(DISTINCT `key`) FROM "+effects)), n)
+	tb.eq("messages lost (keys without an effect)", h.count(ctx, q(`SELECT count(*) FROM unnest($1::text[]) AS k(key)
+WHERE NOT EXISTS (SELECT 1 FROM `+effects+` e WHERE e.key = k.key)`, `SELECT count(*) FROM `+myKeys+`
+WHERE NOT EXISTS (SELECT 1 FROM `+effects+" e WHERE e.`key` = jt.k)"), keys), 0)
+	tb.eq("effects of unknown keys", h.count(ctx, q(`SELECT count(*) FROM `+effects+` WHERE NOT (key = ANY($1))`,
+		`SELECT count(*) FROM `+effects+" WHERE `key` NOT IN (SELECT k FROM "+myKeys+")"), keys), 0)
+	tb.eq("inbox rows done", h.count(ctx, q(`SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'done'`,
+		`SELECT count(*) FROM `+inbox+` WHERE consumer = ? AND status = 'done'`), consumerName), n)
+	tb.eq("inbox rows left processing", h.count(ctx, q(`SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'processing'`,
+		`SELECT count(*) FROM `+inbox+` WHERE consumer = ? AND status = 'processing'`), consumerName), 0)
+	tb.eq("inbox rows failed or parked", h.count(ctx, q(`SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status IN ('failed', 'parked')`,
+		`SELECT count(*) FROM `+inbox+` WHERE consumer = ? AND status IN ('failed', 'parked')`), consumerName), 0)
 	if h.lease() {
-		tb.eq("effects whose attempt is not the inbox's done attempt (fencing)", h.count(ctx, `SELECT count(*) FROM `+effects+` e
-JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 'done' OR i.attempts <> e.attempt`, consumerName), 0)
+		tb.eq("effects whose attempt is not the inbox's done attempt (fencing)", h.count(ctx, q(`SELECT count(*) FROM `+effects+` e
+JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 'done' OR i.attempts <> e.attempt`, `SELECT count(*) FROM `+effects+` e
+JOIN `+inbox+" i ON i.consumer = ? AND i.message_key = e.`key` WHERE i.status <> 'done' OR i.attempts <> e.attempt"), consumerName), 0)
 	}
-	tb.info("duplicates recorded by the inbox", h.count(ctx, `SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = $1`, consumerName))
+	tb.info("duplicates recorded by the inbox", h.count(ctx, q(`SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = $1`,
+		`SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = ?`), consumerName))
 	if h.mode == "batch" {
 		perTx := `SELECT count(*) AS n FROM ` + effects + ` GROUP BY txid`
 		tb.info("group commit: transactions that committed effects", h.count(ctx, `SELECT count(*) FROM (`+perTx+`) x`))
@@ -757,16 +806,17 @@ JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 
 	require.NoError(h.t, err)
 	poison := int64(2 * h.poisonKeys())
 	ob := h.tables.Outbox()
+	hasPoison := q(`metadata ? $1`, `JSON_CONTAINS_PATH(metadata, 'one', CONCAT('$.', ?))`)
 	tb.eq("outbox rows pending (not quarantined)", p.Count-p.Quarantined, 0)
 	tb.info("poison keys (one output refused by the broker, fanned out to two topics)", h.poisonKeys())
 	tb.info("healthy events written during the settle (live traffic)", h.ticksSent)
-	tb.eq("poison rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND metadata ? $1`, poisonMetadata), poison)
+	tb.eq("poison rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND `+hasPoison, poisonMetadata), poison)
 	tb.eq("poison rows quarantined, by topic: "+h.out+" / "+h.out2+" (each)", h.count(ctx, `SELECT count(*) FROM `+ob+
-		` WHERE quarantined_at IS NOT NULL AND metadata ? $1 AND topic = $2`, poisonMetadata, h.out2), poison/2)
+		` WHERE quarantined_at IS NOT NULL AND `+hasPoison+q(` AND topic = $2`, ` AND topic = ?`), poisonMetadata, h.out2), poison/2)
 	tb.eq("quarantined rows reported by PendingStats", p.Quarantined, poison)
-	tb.eq("healthy rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND NOT metadata ? $1`, poisonMetadata), 0)
+	tb.eq("healthy rows quarantined", h.count(ctx, `SELECT count(*) FROM `+ob+` WHERE quarantined_at IS NOT NULL AND NOT `+hasPoison, poisonMetadata), 0)
 	var lastErr string
-	_ = h.pool.QueryRow(ctx, `SELECT coalesce(max(last_error), '') FROM `+ob+` WHERE quarantined_at IS NOT NULL`).Scan(&lastErr)
+	_ = h.queryRow(ctx, `SELECT coalesce(max(last_error), '') FROM `+ob+` WHERE quarantined_at IS NOT NULL`).Scan(&lastErr)
 	tb.info("  a quarantined row's last error", truncate(lastErr, 80))
 	h.sink.mu.Lock()
 	relayed := h.sink.relayed
@@ -774,14 +824,16 @@ JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 
 	tb.atLeast("output events relayed (broker-confirmed publishes)", relayed, n)
 	h.events(tb, "downstream")
 	tb.eq("downstream effects (rows)", h.count(ctx, `SELECT count(*) FROM `+down), n)
-	tb.eq("downstream effects (distinct keys)", h.count(ctx, `SELECT count(DISTINCT key) FROM `+down), n)
+	tb.eq("downstream effects (distinct keys)", h.count(ctx, q(`SELECT count(DISTINCT key) FROM `+down, "SELECT count(DISTINCT `key`) FROM "+down)), n)
 	tb.eq("downstream effects (distinct output UUIDs)", h.count(ctx, `SELECT count(DISTINCT uuid) FROM `+down), n)
 	tb.eq("downstream UUIDs <> committed outputs (symmetric difference)", h.count(ctx, `SELECT count(*) FROM (
 (SELECT out_uuid FROM `+effects+` EXCEPT SELECT uuid FROM `+down+`) UNION ALL
 (SELECT uuid FROM `+down+` EXCEPT SELECT out_uuid FROM `+effects+`)) x`), 0)
-	tb.eq("messages lost downstream (keys without a downstream effect)", h.count(ctx, `SELECT count(*) FROM unnest($1::text[]) AS k(key)
-WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, h.keys), 0)
-	tb.eq("downstream inbox rows done", h.count(ctx, `SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'done'`, downstreamName), n)
+	tb.eq("messages lost downstream (keys without a downstream effect)", h.count(ctx, q(`SELECT count(*) FROM unnest($1::text[]) AS k(key)
+WHERE NOT EXISTS (SELECT 1 FROM `+down+` d WHERE d.key = k.key)`, `SELECT count(*) FROM `+myKeys+`
+WHERE NOT EXISTS (SELECT 1 FROM `+down+" d WHERE d.`key` = jt.k)"), keys), 0)
+	tb.eq("downstream inbox rows done", h.count(ctx, q(`SELECT count(*) FROM `+inbox+` WHERE consumer = $1 AND status = 'done'`,
+		`SELECT count(*) FROM `+inbox+` WHERE consumer = ? AND status = 'done'`), downstreamName), n)
 	tb.info("input queue: copies left after the stop (requeued in-flight duplicates)", leftIn)
 	tb.eq("input queue: messages left that were not done", int64(badIn), 0)
 	tb.info("output queue: messages left after the stop", leftOut)
@@ -812,7 +864,11 @@ func (h *harness) faultRows(tb *table) {
 	if h.v.DB == dbRedis {
 		tb.info("AMQP / Redis connections cut", fmt.Sprintf("%d / %d", h.amqpCut, h.redisCut))
 	} else {
-		tb.info("backends terminated / AMQP connections cut", fmt.Sprintf("%d / %d", h.terminated, h.amqpCut))
+		name := "backends terminated / AMQP connections cut"
+		if h.v.mysql() {
+			name = "connections KILLed / AMQP connections cut"
+		}
+		tb.info(name, fmt.Sprintf("%d / %d", h.terminated, h.amqpCut))
 	}
 	h.exitMu.Lock()
 	exits := slices.Clone(h.exits)
@@ -972,14 +1028,16 @@ func (h *harness) doneAttempts(ctx context.Context) map[string]int {
 		}
 		return done
 	}
-	rows, err := h.pool.Query(ctx, `SELECT message_key, attempts FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`, consumerName)
-	require.NoError(h.t, err)
-	for rows.Next() {
-		var k string
-		var a int
-		require.NoError(h.t, rows.Scan(&k, &a))
-		done[k] = a
-	}
-	require.NoError(h.t, rows.Err())
+	require.NoError(h.t, h.each(ctx, h.q(`SELECT message_key, attempts FROM `+h.tables.Inbox()+` WHERE consumer = $1 AND status = 'done'`,
+		`SELECT message_key, attempts FROM `+h.tables.Inbox()+` WHERE consumer = ? AND status = 'done'`), []any{consumerName},
+		func(scan func(...any) error) error {
+			var k string
+			var a int
+			if err := scan(&k, &a); err != nil {
+				return err
+			}
+			done[k] = a
+			return nil
+		}))
 	return done
 }

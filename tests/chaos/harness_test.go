@@ -38,9 +38,12 @@ type settings struct {
 	Messages int     // unique messages (CHAOS_MESSAGES)
 	DupRatio float64 // extra copies per unique message (CHAOS_DUP_RATIO)
 	Faults   int     // at least this many faults of each kind (CHAOS_FAULTS)
-	Runs     []variant
-	Seed     uint64
-	Settle   time.Duration // bound of the wait for the system to settle
+	// messagesSet, faultsSet: CHAOS_MESSAGES, CHAOS_FAULTS were given
+	// (otherwise a MariaDB run is smaller: forRun).
+	messagesSet, faultsSet bool
+	Runs                   []variant
+	Seed                   uint64
+	Settle                 time.Duration // bound of the wait for the system to settle
 
 	Consumers int // consumer processes
 	Handlers  int // router handlers per consumer process
@@ -56,8 +59,8 @@ type settings struct {
 	RelayMaxAttempts int
 }
 
-// variant is one run of the suite: a mode, and how the workers reach
-// PostgreSQL.
+// variant is one run of the suite: a mode, and how the workers reach the
+// database (PostgreSQL, or MariaDB for @mariadb and @mariadb-rc).
 type variant struct {
 	Mode string // transactional | lease | batch (transactional with group commit)
 	// DB is direct (through the harness's TCP proxy), repeatable-read (the
@@ -65,7 +68,13 @@ type variant struct {
 	// READ) or pgbouncer (through a PgBouncer in transaction pooling, whose
 	// server connections go through the proxy), or redis (lease mode only:
 	// the consumers keep lease records in Redis, through a proxy of the
-	// harness, and use no database; no relay, no downstream).
+	// harness, and use no database; no relay, no downstream), or mariadb
+	// (MariaDB through the proxy, under its default REPEATABLE READ) or
+	// mariadb-rc (the same, the workers' sessions defaulting to READ
+	// COMMITTED: tx_isolation in their DSN). The MariaDB runs use the MySQL
+	// dialect end to end: a fresh database per run, the workers on
+	// go-sql-driver/mysql (CHAOS_DRIVER=mysql), and the "kill the backend"
+	// fault is KILL of their connections.
 	DB string
 	// Subscriber is how the consumers take deliveries: "" (watermill-amqp's
 	// subscriber, several subscriptions) or "rabbitmq" (written mode+rabbitmq:
@@ -90,13 +99,20 @@ const (
 	dbRepeatableRead = "repeatable-read"
 	dbPgBouncer      = "pgbouncer"
 	dbRedis          = "redis"
+	dbMariaDB        = "mariadb"
+	dbMariaDBRC      = "mariadb-rc"
 )
 
+// mysql reports whether the run's database is MariaDB (the MySQL dialect).
+func (v variant) mysql() bool { return v.DB == dbMariaDB || v.DB == dbMariaDBRC }
+
 // defaultRuns is the short form's set: both modes directly, group commit
-// directly, and one of each other database setup; and rabbitmq.Subscriber
+// directly, and one of each other database setup; rabbitmq.Subscriber
 // with group commit under REPEATABLE READ and per message through
-// PgBouncer.
-const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer,lease@redis,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer"
+// PgBouncer; and on MariaDB per message (REPEATABLE READ), group commit
+// under READ COMMITTED and lease mode.
+const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer,lease@redis,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer," +
+	"transactional@mariadb,batch@mariadb-rc,lease@mariadb"
 
 // parseRuns reads CHAOS_MODES: a comma-separated list of mode or mode@db.
 func parseRuns(v string) ([]variant, error) {
@@ -114,8 +130,9 @@ func parseRuns(v string) ([]variant, error) {
 		if mode != "transactional" && mode != "lease" && mode != "batch" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional, lease or batch", item)
 		}
-		if db != dbDirect && db != dbRepeatableRead && db != dbPgBouncer && db != dbRedis {
-			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s, %s or %s", item, dbDirect, dbRepeatableRead, dbPgBouncer, dbRedis)
+		if !slices.Contains([]string{dbDirect, dbRepeatableRead, dbPgBouncer, dbRedis, dbMariaDB, dbMariaDBRC}, db) {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s, %s, %s, %s or %s", item,
+				dbDirect, dbRepeatableRead, dbPgBouncer, dbRedis, dbMariaDB, dbMariaDBRC)
 		}
 		if db == dbRedis && mode != "lease" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the Redis store is for lease mode only (lease@redis)", item)
@@ -141,6 +158,7 @@ func readSettings(t *testing.T) settings {
 		s.Messages, err = strconv.Atoi(v)
 		require.NoError(t, err, "CHAOS_MESSAGES")
 		require.Positive(t, s.Messages, "CHAOS_MESSAGES")
+		s.messagesSet = true
 	}
 	if v := os.Getenv("CHAOS_DUP_RATIO"); v != "" {
 		s.DupRatio, err = strconv.ParseFloat(v, 64)
@@ -151,6 +169,7 @@ func readSettings(t *testing.T) settings {
 		s.Faults, err = strconv.Atoi(v)
 		require.NoError(t, err, "CHAOS_FAULTS")
 		require.Positive(t, s.Faults, "CHAOS_FAULTS")
+		s.faultsSet = true
 	}
 	require.LessOrEqual(t, 6*s.Faults, s.Messages, "CHAOS_MESSAGES must be at least 6 x CHAOS_FAULTS (panicking, slow and poison keys are spread over the messages)")
 	if v := os.Getenv("CHAOS_MODES"); v != "" {
@@ -164,6 +183,30 @@ func readSettings(t *testing.T) settings {
 	if v := os.Getenv("CHAOS_SETTLE"); v != "" {
 		s.Settle, err = time.ParseDuration(v)
 		require.NoError(t, err, "CHAOS_SETTLE")
+	}
+	return s
+}
+
+// The short form's size of a MariaDB run (CHAOS_MESSAGES and CHAOS_FAULTS
+// override it): the fault schedule sets a run's length, and three MariaDB
+// runs at the PostgreSQL runs' size would add a minute and a half to
+// `make test`.
+const (
+	mariaDBMessages = 500
+	mariaDBFaults   = 2
+)
+
+// forRun is s sized for the run v: a MariaDB run is smaller unless
+// CHAOS_MESSAGES or CHAOS_FAULTS set the size.
+func (s settings) forRun(v variant) settings {
+	if !v.mysql() {
+		return s
+	}
+	if !s.messagesSet {
+		s.Messages = mariaDBMessages
+	}
+	if !s.faultsSet {
+		s.Faults = mariaDBFaults
 	}
 	return s
 }
@@ -615,16 +658,31 @@ const (
 // proxy closes every live connection and refuses new ones for a while.
 const faultRedisRefuse = "Redis refusing (connections cut)"
 
+// The database faults of a MariaDB run: KILL of the workers' connections
+// (found in information_schema.PROCESSLIST: the run's database), and the
+// proxy refusing, as for PostgreSQL.
+const (
+	faultMyKill   = "KILL (MariaDB connections)"
+	faultMyRefuse = "MariaDB refusing"
+)
+
 var scheduledKinds = []string{faultConsumerKill, faultRelayKill, faultPGTerminate, faultPGRefuse, faultAMQPClose, faultRelayOutage}
 
 // redisKinds are the faults of a lease@redis run: no database, relay or
 // downstream to fault.
 var redisKinds = []string{faultConsumerKill, faultAMQPClose, faultRedisRefuse}
 
+// mysqlKinds are the faults of a MariaDB run: scheduledKinds with the
+// database's own.
+var mysqlKinds = []string{faultConsumerKill, faultRelayKill, faultMyKill, faultMyRefuse, faultAMQPClose, faultRelayOutage}
+
 // kinds are the fault kinds the run's scheduler injects.
 func (h *harness) kinds() []string {
-	if h.v.DB == dbRedis {
+	switch {
+	case h.v.DB == dbRedis:
 		return redisKinds
+	case h.v.mysql():
+		return mysqlKinds
 	}
 	return scheduledKinds
 }
@@ -655,7 +713,7 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 				st.Hold = time.Duration(200+h.rng.IntN(600)) * time.Millisecond
 			case faultRelayKill:
 				st.Hold = time.Duration(200+h.rng.IntN(600)) * time.Millisecond
-			case faultPGRefuse, faultRedisRefuse:
+			case faultPGRefuse, faultMyRefuse, faultRedisRefuse:
 				st.Hold = time.Duration(1000+h.rng.IntN(1000)) * time.Millisecond
 			case faultAMQPClose:
 				st.Hold = time.Duration(800+h.rng.IntN(400)) * time.Millisecond
@@ -714,10 +772,24 @@ FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid
 			}
 			pause(100 * time.Millisecond)
 		}
-	case faultPGRefuse:
-		h.pgProxy.Refuse()
+	case faultMyKill:
+		// As for pg_terminate_backend: retry shortly while no worker
+		// connection is open.
+		for try := 0; ; try++ {
+			if n := h.killMySQL(ctx); n > 0 {
+				h.terminated += n
+				break
+			}
+			if try == 50 {
+				t.Logf("KILL: no worker connection open after %d tries", try)
+				return
+			}
+			pause(100 * time.Millisecond)
+		}
+	case faultPGRefuse, faultMyRefuse:
+		h.dbProxy.Refuse()
 		pause(st.Hold)
-		h.pgProxy.Allow()
+		h.dbProxy.Allow()
 	case faultRedisRefuse:
 		h.redisCut += int64(h.redisProxy.Stats().Live)
 		h.redisProxy.Refuse()
@@ -748,6 +820,37 @@ FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid
 		h.relayAMQPProxy.Allow()
 	}
 	h.injected[st.Kind]++
+}
+
+// killMySQL KILLs every connection of the workers to MariaDB and returns
+// how many it killed. The workers' connections are those whose current
+// database is the run's: their DSN names it (mysqlWorkerURL), while the
+// harness's own sessions are on the server's default database and qualify
+// the run's tables. (Their client address is the proxy's outgoing side, a
+// port of its own per connection, which the proxy does not expose.)
+func (h *harness) killMySQL(ctx context.Context) int64 {
+	t := h.t
+	var ids []int64
+	rows, err := h.my.QueryContext(ctx, `SELECT id FROM information_schema.processlist
+WHERE db = ? AND id <> CONNECTION_ID() AND command NOT IN ('Killed', 'Daemon')`, h.tables.Schema)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	require.NoError(t, rows.Close())
+	var n int64
+	for _, id := range ids {
+		// KILL takes no placeholder; id is a number the server gave.
+		if _, err := h.my.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id, 10)); err == nil {
+			n++
+		} else if !strings.Contains(err.Error(), "1094") { // Unknown thread id: it closed meanwhile
+			t.Logf("KILL %d: %v", id, err)
+		}
+	}
+	return n
 }
 
 // appNames are the application_names of the workers' connections.

@@ -1,27 +1,29 @@
 // Package chaos is the chaos suite: several worker processes (consumers in
 // transactional or lease mode, the outbox relay, a downstream consumer; see
-// ./worker) run against real PostgreSQL and RabbitMQ behind TCP proxies,
-// while the harness publishes messages with duplicates and injects faults on
-// a bounded schedule: SIGKILL of consumers and of the relay, PostgreSQL
-// connections terminated, PostgreSQL and RabbitMQ refusing connections,
-// handler panics and handlers slower than their lease. Then it checks the
-// invariants (nothing lost, no duplicate effect, lease-mode repeats only
-// where an attempt was interrupted, ...) and prints them as one table.
+// ./worker) run against real PostgreSQL (or MariaDB: the runs @mariadb and
+// @mariadb-rc) and RabbitMQ behind TCP proxies, while the harness publishes
+// messages with duplicates and injects faults on a bounded schedule: SIGKILL
+// of consumers and of the relay, database connections terminated (MariaDB:
+// KILLed), the database and RabbitMQ refusing connections, handler panics
+// and handlers slower than their lease. Then it checks the invariants
+// (nothing lost, no duplicate effect, lease-mode repeats only where an
+// attempt was interrupted, ...) and prints them as one table.
 //
 // TestChaosOrdered runs per-key order end to end (writers, two relay
-// processes, two consumer processes on partitioned queues) under broker
-// connection cuts and SIGKILLs, with poison messages that block their key
-// until discarded, and shows the unordered setup failing the same check.
+// processes, two consumer processes on partitioned queues; on PostgreSQL
+// and on MariaDB) under broker connection cuts and SIGKILLs, with poison
+// messages that block their key until discarded, and shows the unordered
+// setup failing the same check.
 //
 // Two tests stress one part in process: TestChaosRelay (two relays under a
 // flapping broker, back-pressure and poison rows) and
 // TestPartitionedChaosPurgesDuringTraffic (the partitioned inbox purged
 // during traffic while partition maintenance is behind).
 //
-// `make test` runs the short form (800 messages, 3 faults of each kind;
-// per-key order with the transactional consumer); `make chaos` the full
-// one (5,000 messages, 10 faults of each kind; per-key order in every
-// consumer mode). See
+// `make test` runs the short form (800 messages, 3 faults of each kind; the
+// MariaDB runs 500 and 2; per-key order with the transactional consumer on
+// each engine); `make chaos` the full one (5,000 messages, 10 faults of
+// each kind; per-key order in every consumer mode, on both engines). See
 // TestChaos for the environment variables.
 package chaos
 

@@ -3,7 +3,9 @@
 // environment, running until SIGTERM (or SIGKILL, which is the point).
 //
 //	ORD_ROLE        relay or consumer
-//	ORD_DB_URL      PostgreSQL
+//	ORD_DB_URL      PostgreSQL, or with ORD_DRIVER=mysql a mysql:// URL
+//	ORD_DRIVER      pgxpool (the default) or mysql (MariaDB: go-sql-driver/mysql,
+//	                the MySQL dialect)
 //	ORD_AMQP_URL    RabbitMQ (through the harness's proxy)
 //	ORD_SCHEMA      the run's schema (inbox and outbox tables)
 //	ORD_TOPIC       the topic
@@ -17,6 +19,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -29,9 +32,11 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/mysqldsn"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
 	"github.com/exactlyonce/watermill-exactlyonce/rabbitmq"
@@ -52,17 +57,35 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	partitions, _ := strconv.Atoi(os.Getenv("ORD_PARTITIONS"))
-	pc, err := pgxpool.ParseConfig(os.Getenv("ORD_DB_URL"))
-	if err != nil {
-		return err
+	db := sqlschema.DB{Schema: os.Getenv("ORD_SCHEMA")}
+	switch driver := os.Getenv("ORD_DRIVER"); driver {
+	case "", "pgxpool":
+		pc, err := pgxpool.ParseConfig(os.Getenv("ORD_DB_URL"))
+		if err != nil {
+			return err
+		}
+		pc.MaxConns = 24
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		db.Conn = wsql.BeginnerFromPgx(pool)
+	case "mysql":
+		dsn, err := mysqldsn.FromURL(os.Getenv("ORD_DB_URL"))
+		if err != nil {
+			return err
+		}
+		std, err := sql.Open("mysql", dsn)
+		if err != nil {
+			return err
+		}
+		std.SetMaxOpenConns(24)
+		defer func() { _ = std.Close() }()
+		db.Conn, db.Dialect = wsql.BeginnerFromStdSQL(std), sqlschema.MySQL
+	default:
+		return fmt.Errorf("ORD_DRIVER: want pgxpool or mysql, got %q", driver)
 	}
-	pc.MaxConns = 24
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	db := sqlschema.DB{Conn: wsql.BeginnerFromPgx(pool), Schema: os.Getenv("ORD_SCHEMA")}
 	logger := watermill.NewSlogLogger(nil)
 	topic := os.Getenv("ORD_TOPIC")
 	amqpURL := os.Getenv("ORD_AMQP_URL")
@@ -124,6 +147,10 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 	if mode == "batch" {
 		write = exactlyonce.Exec // sent with the batch's other writes
 	}
+	insert := `INSERT INTO ` + effects + ` (key, seq, uuid, worker) VALUES ($1, $2, $3, $4)`
+	if db.Dialect == sqlschema.MySQL {
+		insert = "INSERT INTO " + effects + " (`key`, seq, uuid, worker) VALUES (?, ?, ?, ?)"
+	}
 	for ctx.Err() == nil {
 		sub, err := wamqp.NewSubscriber(amqpCfg, logger)
 		if err != nil {
@@ -144,8 +171,7 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 			if err != nil {
 				return fmt.Errorf("message %s: no seq: %w", msg.UUID, err)
 			}
-			return write(context.WithoutCancel(msg.Context()), `INSERT INTO `+effects+` (key, seq, uuid, worker) VALUES ($1, $2, $3, $4)`,
-				msg.Metadata.Get("key"), seq, msg.UUID, name)
+			return write(context.WithoutCancel(msg.Context()), insert, msg.Metadata.Get("key"), seq, msg.UUID, name)
 		})
 		err = router.Run(ctx)
 		_ = sub.Close()

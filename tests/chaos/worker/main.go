@@ -32,6 +32,12 @@
 // and tags its PostgreSQL connections with an application_name (set in
 // CHAOS_DB_URL) so that the harness can pg_terminate_backend them.
 //
+// With CHAOS_DRIVER=mysql (the chaos runs @mariadb and @mariadb-rc)
+// CHAOS_DB_URL is a mysql:// URL (through the proxy too, naming the run's
+// database, where the harness finds the connections to KILL), opened with
+// go-sql-driver/mysql, and the tables are the MySQL dialect's
+// (sqlschema.MySQL); the worker's own statements are MySQL's.
+//
 // Handler faults (panics, slow handlers) are planned by the harness from its
 // seed: the handler asks the harness's event sink (CHAOS_SINK_URL) which
 // fault, if any, to inject for this run of a key; the sink answers each
@@ -46,6 +52,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +61,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -61,6 +69,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -68,6 +77,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/mysqldsn"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/testenv"
 	"github.com/exactlyonce/watermill-exactlyonce/msgid"
 	"github.com/exactlyonce/watermill-exactlyonce/outbox"
@@ -98,7 +108,7 @@ type config struct {
 	Name    string // this process, e.g. consumer-1 (for logs and effect rows)
 	DBURL   string
 	AMQPURL string
-	Driver  string // pgxpool | database-sql
+	Driver  string // pgxpool | database-sql | mysql
 	Schema  string
 	In, Out string
 	OutB    string // outputs of odd keys go here, so that a relay batch holds several topics
@@ -211,8 +221,12 @@ func run() int {
 	w := &worker{cfg: cfg, logger: logger}
 	w.sink = &sink{base: cfg.SinkURL, name: cfg.Name, client: &http.Client{Timeout: 10 * time.Second}}
 	w.http = &http.Client{Timeout: 10 * time.Second}
-	w.effects = pgx.Identifier{cfg.Schema, "effects"}.Sanitize()
-	w.downEffects = pgx.Identifier{cfg.Schema, "down_effects"}.Sanitize()
+	w.dialect = sqlschema.Postgres
+	if cfg.Driver == "mysql" {
+		w.dialect = sqlschema.MySQL
+	}
+	w.effects = w.dialect.QuoteIdentifier(cfg.Schema, "effects")
+	w.downEffects = w.dialect.QuoteIdentifier(cfg.Schema, "down_effects")
 
 	if cfg.Store == "redis" {
 		closeRedis, err := w.openRedis()
@@ -228,7 +242,7 @@ func run() int {
 			return 2
 		}
 		defer closeDB()
-		w.tables = sqlschema.DB{Conn: w.db, Schema: cfg.Schema}
+		w.tables = sqlschema.DB{Conn: w.db, Schema: cfg.Schema, Dialect: w.dialect}
 	}
 
 	logger.Info("chaos worker starting", watermill.LogFields{"role": cfg.Role, "mode": cfg.Mode, "driver": cfg.Driver, "pid": os.Getpid()})
@@ -259,7 +273,13 @@ type worker struct {
 	http        *http.Client
 	effects     string
 	downEffects string
+	dialect     sqlschema.Dialect
 	redisStore  *redisstore.Store // CHAOS_STORE=redis
+
+	// txMu guards txIDs: on MySQL, the worker's name of each transaction
+	// that wrote an effect (see txID).
+	txMu  sync.Mutex
+	txIDs map[*sql.Tx]int
 }
 
 // openRedis makes the Redis store of CHAOS_STORE=redis, without
@@ -309,8 +329,26 @@ func (w *worker) openDB() (func(), error) {
 		db.SetMaxOpenConns(maxConns)
 		w.db = wsql.BeginnerFromStdSQL(db)
 		return func() { _ = db.Close() }, nil
+	case "mysql":
+		dsn, err := mysqldsn.FromURL(w.cfg.DBURL)
+		if err != nil {
+			return nil, fmt.Errorf("CHAOS_DB_URL: %w", err)
+		}
+		mc, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("CHAOS_DB_URL: %w", err)
+		}
+		mc.Timeout = 3 * time.Second // dial
+		conn, err := mysql.NewConnector(mc)
+		if err != nil {
+			return nil, err
+		}
+		db := sql.OpenDB(conn)
+		db.SetMaxOpenConns(maxConns)
+		w.db = wsql.BeginnerFromStdSQL(db)
+		return func() { _ = db.Close() }, nil
 	}
-	return nil, fmt.Errorf("CHAOS_DRIVER: want pgxpool or database-sql, got %q", w.cfg.Driver)
+	return nil, fmt.Errorf("CHAOS_DRIVER: want pgxpool, database-sql or mysql, got %q", w.cfg.Driver)
 }
 
 // amqpConfig is a durable-queue config through the proxy that reconnects
@@ -567,11 +605,48 @@ func (w *worker) complete(ctx context.Context, key string, attempt int, poison b
 	if w.cfg.Mode == "batch" {
 		write = exactlyonce.Exec // sent with the batch's other writes
 	}
-	if err := write(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
-		key, attempt, w.cfg.Name, out.UUID); err != nil {
+	var err error
+	if w.dialect == sqlschema.MySQL {
+		txid, terr := w.txID(ctx)
+		if terr != nil {
+			return nil, terr
+		}
+		err = write(context.WithoutCancel(ctx), "INSERT INTO "+w.effects+" (`key`, attempt, worker, out_uuid, txid) VALUES (?, ?, ?, ?, ?)",
+			key, attempt, w.cfg.Name, out.UUID, txid)
+	} else {
+		err = write(context.WithoutCancel(ctx), `INSERT INTO `+w.effects+` (key, attempt, worker, out_uuid) VALUES ($1, $2, $3, $4)`,
+			key, attempt, w.cfg.Name, out.UUID)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("chaos worker: inserting the effect of %q: %w", key, err)
 	}
 	return outputs, nil
+}
+
+// txID names the handler's transaction on MySQL, for the effects' txid
+// column (PostgreSQL's is txid_current()): this process and a number per
+// *sql.Tx, so that the harness counts the effects of each transaction (group
+// commit puts several in one). MariaDB offers no transaction id a statement
+// can read reliably (INFORMATION_SCHEMA.INNODB_TRX is a cache); the
+// transaction object the middleware hands every handler of one database
+// transaction is the same, and the map keeps it alive, so its number is
+// never reused.
+func (w *worker) txID(ctx context.Context) (string, error) {
+	tx, err := exactlyonce.StdTxFromContext(ctx)
+	if err != nil {
+		return "", err
+	}
+	w.txMu.Lock()
+	defer w.txMu.Unlock()
+	if w.txIDs == nil {
+		w.txIDs = map[*sql.Tx]int{}
+	}
+	n, ok := w.txIDs[tx]
+	if !ok {
+		n = len(w.txIDs) + 1
+		w.txIDs[tx] = n
+	}
+	return fmt.Sprintf("%s/%d/%d", w.cfg.Name, os.Getpid(), n), nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -608,9 +683,12 @@ func (w *worker) runDownstream(ctx context.Context) error {
 	}
 	for i := range w.cfg.Handlers * len(queues) {
 		queue := queues[i%len(queues)]
+		insert := `INSERT INTO ` + w.downEffects + ` (key, uuid, worker) VALUES ($1, $2, $3)`
+		if w.dialect == sqlschema.MySQL {
+			insert = "INSERT INTO " + w.downEffects + " (`key`, uuid, worker) VALUES (?, ?, ?)"
+		}
 		r.AddConsumerHandler(fmt.Sprintf("%s-h%d", DownstreamName, i), queue, sub, func(msg *message.Message) error {
-			return testenv.Exec(msg.Context(), `INSERT INTO `+w.downEffects+` (key, uuid, worker) VALUES ($1, $2, $3)`,
-				msg.Metadata.Get(KeyMetadata), msg.UUID, w.cfg.Name)
+			return testenv.Exec(msg.Context(), insert, msg.Metadata.Get(KeyMetadata), msg.UUID, w.cfg.Name)
 		})
 	}
 	return runRouter(ctx, r)
