@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -32,23 +33,38 @@ type harness struct {
 	schema []string // created schemas
 	queues []string // declared queues
 
+	myAdmin   *sql.DB  // MariaDB, when -engines has it
+	databases []string // created MariaDB databases
+
 	cpu     []*cpuAccount
 	cpuByID map[string]*cpuAccount
 	profile map[string]bool // variants already profiled
 	seq     int             // numbers schemas and queues made per round
+
+	stmts     []*stmtAccount // -stmts
+	stmtsByID map[string]*stmtAccount
 }
 
 func newHarness(ctx context.Context, cfg *config) (*harness, error) {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	h := &harness{cfg: cfg, id: hex.EncodeToString(b), cpuByID: map[string]*cpuAccount{}, profile: map[string]bool{}}
+	h := &harness{cfg: cfg, id: hex.EncodeToString(b), cpuByID: map[string]*cpuAccount{}, profile: map[string]bool{}, stmtsByID: map[string]*stmtAccount{}}
 	pool, err := newPool(ctx, cfg.dbURL, 4, "")
 	if err != nil {
 		return nil, err
 	}
 	h.admin = pool
+	if cfg.hasEngine(mariadb) && (cfg.only["router"] || cfg.only["relay"] || cfg.only["retention"]) {
+		if h.myAdmin, err = openMySQL(ctx, cfg.mysqlURL, 4, nil); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
 	if h.amqp, err = amqp.Dial(cfg.amqpURL); err != nil {
 		pool.Close()
+		if h.myAdmin != nil {
+			_ = h.myAdmin.Close()
+		}
 		return nil, fmt.Errorf("RabbitMQ at %s: %w", cfg.amqpURL, err)
 	}
 	if h.ch, err = h.amqp.Channel(); err != nil {
@@ -68,11 +84,20 @@ func newHarness(ctx context.Context, cfg *config) (*harness, error) {
 // the sessions' search_path (watermill-sql's default schema names its
 // tables without a schema).
 func newPool(ctx context.Context, dbURL string, maxConns int, searchPath string) (*pgxpool.Pool, error) {
+	return newPoolTraced(ctx, dbURL, maxConns, searchPath, nil)
+}
+
+// newPoolTraced is newPool whose statements trace counts (-stmts) when
+// not nil.
+func newPoolTraced(ctx context.Context, dbURL string, maxConns int, searchPath string, trace *stmtTrace) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}
 	pc.MaxConns = int32(maxConns)
+	if trace != nil {
+		pc.ConnConfig.Tracer = pgxTracer{t: trace}
+	}
 	if searchPath != "" {
 		pc.ConnConfig.RuntimeParams["search_path"] = searchPath
 	}
@@ -111,6 +136,15 @@ func (h *harness) cleanup() {
 			}
 		}
 		h.admin.Close()
+	}
+	if h.myAdmin != nil {
+		for _, d := range h.databases {
+			q := mustSQL(mariadb, "DropDatabase", sqlData{Database: sqlschema.MySQL.QuoteIdentifier(d)})
+			if _, err := h.myAdmin.ExecContext(ctx, q); err != nil {
+				logf("dropping database %s: %v", d, err)
+			}
+		}
+		_ = h.myAdmin.Close()
 	}
 }
 

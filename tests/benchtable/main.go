@@ -7,7 +7,12 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,ordered,rss,wake,retention):
+// Sections (-only router,relay,ordered,rss,wake,retention). The router,
+// relay and retention sections have an engine dimension (-engines
+// postgres,mariadb, both by default; engine.go): their engine-neutral
+// variants run on each engine in the same alternating rounds, and a line
+// carries its engine (" · postgres", " · mariadb"), or compares the engines
+// (A mariadb, B postgres). ordered, rss and wake are PostgreSQL's only.
 //
 //   - router: a Watermill router drains a pre-filled durable RabbitMQ queue;
 //     the handler does one INSERT into a business table. Modes: no
@@ -18,13 +23,16 @@
 //     watermill-amqp's subscriber (ConcurrentSubscriber, 64 subscriptions of
 //     prefetch 64: the setup before rabbitmq.Subscriber); and a bare
 //     amqp091 consumer (prefetch 256, an ack per message, no database).
+//     On MariaDB the four modes over rabbitmq.Subscriber (StdTxFromContext
+//     instead of PgxTxFromContext).
 //   - relay: an outbox backlog of 10k, 100k and 1M rows (all three tables
 //     exist at once, so that backlogs too are compared side by side) drained
 //     to a RabbitMQ queue by outbox.Relay through rabbitmq.Publisher (the
 //     confirm window), by outbox.Relay through watermill-amqp's publisher
 //     (ConfirmDelivery), and by Watermill's forwarder component (watermill-sql's
 //     default PostgreSQL schema as its storage, watermill-amqp as its
-//     out-publisher), each from a backlog of its own format.
+//     out-publisher), each from a backlog of its own format. On MariaDB
+//     the relay through rabbitmq.Publisher, at the same backlogs.
 //   - ordered: per-key order (see ordered.go): the relay alone with 1,000
 //     ordering keys, with one hot key, and without keys; end to end (relay
 //     and a consuming router together, per-message and group commit +
@@ -37,10 +45,14 @@
 //     without it). See wake.go.
 //   - retention: claim p99 on a large inbox (-retention-rows, 10M) and while
 //     retention removes a day of rows, for the plain table (row purge) and
-//     the daily-partitioned one (partition drop); bytes per row.
+//     the daily-partitioned one (partition drop); bytes per row. On
+//     MariaDB the plain table (-retention-rows-mariadb rows).
 //   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
 //     (a router with the middleware, group commit + Exec) at a 1k and a 1M
 //     backlog, each a subprocess (this binary re-executed with -child).
+//
+// -stmts adds where the time goes: each router and relay run's statements
+// per message or event, and their time, on each engine (stmts.go).
 //
 // It is a main package, not a test: it re-executes itself as the relay and
 // consumer processes whose RSS it reads, it must not run under `go test
@@ -68,8 +80,10 @@ import (
 type config struct {
 	quick   bool
 	only    map[string]bool
+	engines []engine // the router, relay and retention sections' engines
 	rounds  int
 	cpu     bool
+	stmts   bool // -stmts: statements per message or event
 	profDir string
 
 	// router
@@ -105,11 +119,13 @@ type config struct {
 
 	// retention
 	retentionRows    int
+	retentionRowsMy  int // MariaDB's inbox (-retention-rows-mariadb)
 	retentionClaims  int
 	retentionWorkers int
 
-	dbURL   string
-	amqpURL string
+	dbURL    string
+	mysqlURL string
+	amqpURL  string
 
 	child childConfig
 }
@@ -138,32 +154,35 @@ func parseConfig(args []string) (*config, error) {
 		s[name] = fs.String(name, env(envName, ""), fmt.Sprintf("%s (%s; default %s, quick %s)", usage, envName, sz.full, sz.quick))
 	}
 	table := map[string]sizes{
-		"only":              {"router,relay,ordered,rss,wake,retention", "router,relay,ordered,rss,wake,retention"},
-		"ordered-rows":      {"50000", "3000"},
-		"ordered-e2e":       {"20000", "2000"},
-		"wake-rate":         {"100", "100"},
-		"wake-time":         {"20s", "3s"},
-		"wake-writers":      {"8", "8"},
-		"wake-write-time":   {"5s", "2s"},
-		"rounds":            {"5", "5"},
-		"messages":          {"30000", "1000"},
-		"inflight":          {"64", "64"},
-		"prefetch":          {"64", "64"},
-		"batch-prefetch":    {"256", "256"},
-		"pool":              {"20", "20"},
-		"backlogs":          {"10000,100000,1000000", "1000,5000,20000"},
-		"relay-rows":        {"100000", "2000"},
-		"relay-time":        {"15s", "3s"},
-		"relay-batch":       {"500", "500"},
-		"relay-workers":     {"4", "4"},
-		"window":            {"256", "256"},
-		"rss-backlogs":      {"1000,10000,1000000", "1000,5000,20000"},
-		"rss-messages":      {"50000", "3000"},
-		"retention-rows":    {"10000000", "200000"},
-		"retention-claims":  {"20000", "3000"},
-		"retention-workers": {"1", "1"},
+		"only":                   {"router,relay,ordered,rss,wake,retention", "router,relay,ordered,rss,wake,retention"},
+		"engines":                {"postgres,mariadb", "postgres,mariadb"},
+		"ordered-rows":           {"50000", "3000"},
+		"ordered-e2e":            {"20000", "2000"},
+		"wake-rate":              {"100", "100"},
+		"wake-time":              {"20s", "3s"},
+		"wake-writers":           {"8", "8"},
+		"wake-write-time":        {"5s", "2s"},
+		"rounds":                 {"5", "5"},
+		"messages":               {"30000", "1000"},
+		"inflight":               {"64", "64"},
+		"prefetch":               {"64", "64"},
+		"batch-prefetch":         {"256", "256"},
+		"pool":                   {"20", "20"},
+		"backlogs":               {"10000,100000,1000000", "1000,5000,20000"},
+		"relay-rows":             {"100000", "2000"},
+		"relay-time":             {"15s", "3s"},
+		"relay-batch":            {"500", "500"},
+		"relay-workers":          {"4", "4"},
+		"window":                 {"256", "256"},
+		"rss-backlogs":           {"1000,10000,1000000", "1000,5000,20000"},
+		"rss-messages":           {"50000", "3000"},
+		"retention-rows":         {"10000000", "200000"},
+		"retention-rows-mariadb": {"-retention-rows", "50000"},
+		"retention-claims":       {"20000", "3000"},
+		"retention-workers":      {"1", "1"},
 	}
 	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, ordered, rss, wake, retention")
+	def("engines", "BENCH_ENGINES", table["engines"], "databases the router, relay and retention sections run on, comma-separated: postgres, mariadb (ordered, rss and wake: PostgreSQL only)")
 	def("ordered-rows", "BENCH_ORDERED_ROWS", table["ordered-rows"], "ordered: rows relayed per relay round (the hot key's also stop after -relay-time)")
 	def("ordered-e2e", "BENCH_ORDERED_E2E", table["ordered-e2e"], "ordered: messages relayed and consumed per end-to-end round")
 	def("wake-rate", "BENCH_WAKE_RATE", table["wake-rate"], "wake: events per second written during the latency rounds")
@@ -185,9 +204,11 @@ func parseConfig(args []string) (*config, error) {
 	def("rss-backlogs", "BENCH_RSS_BACKLOGS", table["rss-backlogs"], "rss: backlogs, comma-separated, ascending: the last is compared with each other")
 	def("rss-messages", "BENCH_RSS_MESSAGES", table["rss-messages"], "rss: messages each relay / consumer process handles")
 	def("retention-rows", "BENCH_RETENTION_ROWS", table["retention-rows"], "retention: rows in each layout's inbox (spread over 7 days + one per round)")
+	def("retention-rows-mariadb", "BENCH_RETENTION_ROWS_MARIADB", table["retention-rows-mariadb"], "retention: rows in MariaDB's inbox (filled from a SEQUENCE table)")
 	def("retention-claims", "BENCH_RETENTION_CLAIMS", table["retention-claims"], "retention: claims timed per measurement")
 	def("retention-workers", "BENCH_RETENTION_WORKERS", table["retention-workers"], "retention: concurrent claimers (1: the claim's own latency; more: with CPU contention on small machines)")
 	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
+	stmts := fs.Bool("stmts", env("BENCH_STMTS", "") != "" && env("BENCH_STMTS", "") != "0", "also print the statements per message or event of the router and relay runs, and their time, on each engine (BENCH_STMTS=1)")
 	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
 	child := fs.String("child", "", "internal: run as the relay or consumer process of the rss section")
 	childSchema := fs.String("child-schema", "", "internal")
@@ -229,6 +250,7 @@ func parseConfig(args []string) (*config, error) {
 		only:             map[string]bool{},
 		rounds:           num("rounds"),
 		cpu:              *cpu,
+		stmts:            *stmts,
 		profDir:          *prof,
 		messages:         num("messages"),
 		inflight:         num("inflight"),
@@ -250,10 +272,18 @@ func parseConfig(args []string) (*config, error) {
 		retentionClaims:  num("retention-claims"),
 		retentionWorkers: num("retention-workers"),
 		dbURL:            env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		mysqlURL:         env("MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 		amqpURL:          env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		child:            childConfig{kind: *child, schema: *childSchema, queue: *childQueue, count: *childCount},
 	}
+	c.retentionRowsMy = c.retentionRows
+	if get("retention-rows-mariadb") != "-retention-rows" {
+		c.retentionRowsMy = num("retention-rows-mariadb")
+	}
 	if err != nil {
+		return nil, err
+	}
+	if c.engines, err = parseEngines(get("engines")); err != nil {
 		return nil, err
 	}
 	if c.relayTime, err = time.ParseDuration(get("relay-time")); err != nil {
@@ -317,7 +347,7 @@ func run(ctx context.Context, cfg *config) error {
 
 	start := time.Now()
 	loadBefore := loadavg()
-	logf("benchtable: load average before: %s; %d rounds; sections %s", loadBefore, cfg.rounds, sectionList(cfg))
+	logf("benchtable: load average before: %s; %d rounds; sections %s; engines %s", loadBefore, cfg.rounds, sectionList(cfg), engineList(cfg))
 	var lines []*line
 	if cfg.only["router"] {
 		l, err := h.routerSection(ctx)
@@ -367,13 +397,22 @@ func run(ctx context.Context, cfg *config) error {
 	fmt.Printf("benchtable %s: %s, %s/%s, %d CPUs, host %s; %d alternating rounds per line; %s in all\n",
 		start.Format("2006-01-02 15:04"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, cfg.rounds, time.Since(start).Round(time.Second))
 	fmt.Printf("load average (1, 5, 15 min) before: %s, after: %s\n", loadBefore, loadAfter)
-	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d (group commit on rabbitmq.Subscriber and the bare consumer: %d), pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %d rows per layout, %d claims per measurement\n\n",
+	fmt.Printf("engines (router, relay, retention): %s\n", engineList(cfg))
+	retentionRows := strconv.Itoa(cfg.retentionRows)
+	if cfg.hasEngine(mariadb) && cfg.retentionRowsMy != cfg.retentionRows {
+		retentionRows += fmt.Sprintf(" (MariaDB's: %d)", cfg.retentionRowsMy)
+	}
+	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d (group commit on rabbitmq.Subscriber and the bare consumer: %d), pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %s rows per layout, %d claims per measurement\n\n",
 		cfg.messages, cfg.inflight, cfg.prefetch, cfg.batchPrefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
-		cfg.retentionRows, cfg.retentionClaims)
+		retentionRows, cfg.retentionClaims)
 	printTable(os.Stdout, lines)
 	if cfg.cpu {
 		fmt.Println()
 		h.printCPU(os.Stdout)
+	}
+	if cfg.stmts {
+		fmt.Println()
+		h.printStmts(os.Stdout)
 	}
 	return nil
 }
@@ -384,6 +423,14 @@ func sectionList(cfg *config) string {
 		if cfg.only[k] {
 			s = append(s, k)
 		}
+	}
+	return strings.Join(s, ",")
+}
+
+func engineList(cfg *config) string {
+	var s []string
+	for _, e := range cfg.engines {
+		s = append(s, string(e))
 	}
 	return strings.Join(s, ",")
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // Linux accounting from /proc: the CPU time of the machine and of the
-// processes that matter (this one, PostgreSQL's, RabbitMQ's) around each
+// processes that matter (this one, PostgreSQL's, MariaDB's, RabbitMQ's) around each
 // timed section, and a process's peak RSS.
 
 const clockTick = 100 // USER_HZ, 100 on every Linux this runs on
@@ -23,7 +23,7 @@ type cpuSnap struct {
 }
 
 type procTime struct {
-	kind  string // "harness", "postgres", "rabbitmq"
+	kind  string // "harness", "postgres", "mariadb", "rabbitmq"
 	ticks int64
 }
 
@@ -65,6 +65,8 @@ func readCPU() cpuSnap {
 			kind = "harness"
 		case comm == "postgres" || strings.HasPrefix(comm, "postgres"):
 			kind = "postgres"
+		case comm == "mariadbd" || comm == "mysqld":
+			kind = "mariadb"
 		case comm == "beam.smp" || strings.HasPrefix(comm, "erl_") || comm == "epmd":
 			kind = "rabbitmq"
 		default:
@@ -111,9 +113,9 @@ func (a *cpuAccount) add(before, after cpuSnap, items int, wall time.Duration) {
 // printCPU writes where the CPU went during each variant's timed sections,
 // as a share of the machine's capacity (all CPUs), and per item.
 func (h *harness) printCPU(w io.Writer) {
-	fmt.Fprintf(w, "CPU during the timed sections (%% of the machine's %d CPUs; /proc; PostgreSQL and RabbitMQ include any other client's work):\n\n", runtime.NumCPU())
-	fmt.Fprintln(w, "| variant | timed | items/s | machine busy | this process | PostgreSQL | RabbitMQ | other | CPU µs/item: this / PG / RabbitMQ |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintf(w, "CPU during the timed sections (%% of the machine's %d CPUs; /proc; PostgreSQL, MariaDB and RabbitMQ include any other client's work):\n\n", runtime.NumCPU())
+	fmt.Fprintln(w, "| variant | timed | items/s | machine busy | this process | PostgreSQL | MariaDB | RabbitMQ | other | CPU µs/item: this / PG / MariaDB / RabbitMQ |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, a := range h.cpu {
 		if a.total == 0 || a.items == 0 {
 			continue
@@ -122,11 +124,11 @@ func (h *harness) printCPU(w io.Writer) {
 		perItem := func(t int64) string {
 			return strconv.FormatFloat(float64(t)/clockTick*1e6/float64(a.items), 'f', 0, 64)
 		}
-		other := a.busy - a.byKind["harness"] - a.byKind["postgres"] - a.byKind["rabbitmq"]
-		fmt.Fprintf(w, "| %s | %d × %s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n",
+		other := a.busy - a.byKind["harness"] - a.byKind["postgres"] - a.byKind["mariadb"] - a.byKind["rabbitmq"]
+		fmt.Fprintf(w, "| %s | %d × %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s / %s |\n",
 			a.id, a.sections, (a.wall / time.Duration(a.sections)).Round(10*time.Millisecond), thousands(int64(float64(a.items)/a.wall.Seconds())),
-			pct(a.busy), pct(a.byKind["harness"]), pct(a.byKind["postgres"]), pct(a.byKind["rabbitmq"]), pct(max(other, 0)),
-			perItem(a.byKind["harness"]), perItem(a.byKind["postgres"]), perItem(a.byKind["rabbitmq"]))
+			pct(a.busy), pct(a.byKind["harness"]), pct(a.byKind["postgres"]), pct(a.byKind["mariadb"]), pct(a.byKind["rabbitmq"]), pct(max(other, 0)),
+			perItem(a.byKind["harness"]), perItem(a.byKind["postgres"]), perItem(a.byKind["mariadb"]), perItem(a.byKind["rabbitmq"]))
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -28,6 +29,11 @@ import (
 // into one durable queue; between rounds the table is topped up to the
 // backlog again and the queue purged, outside the timing. All levels exist
 // at once, so that every round visits every (level, variant) pair.
+//
+// With -engines mariadb, MariaDB has a level per backlog too (a database of
+// its own, its outbox filled from a SEQUENCE table) drained by the relay
+// through the confirm window, in the same rounds: the forwarder's storage
+// and the watermill-amqp publisher are compared on PostgreSQL only.
 
 type relayVariant string
 
@@ -40,6 +46,7 @@ const (
 var relayVariants = []relayVariant{relayWindow, relayWatermill, relayForwarder}
 
 type relayLevel struct {
+	engine   engine // zero: PostgreSQL
 	backlog  int
 	db       sqlschema.DB // Conn: the relay pool; Schema: the level's
 	fwdPool  *pgxpool.Pool
@@ -56,9 +63,22 @@ func (l *relayLevel) fwdOffsets() string {
 	return pgx.Identifier{l.db.Schema, "watermill_offsets_" + l.fwdTopic}.Sanitize()
 }
 
+// name is the level in logs and CPU accounts: its backlog, and engine.
+func (l *relayLevel) name() string { return short(l.backlog) + l.engine.suffix() }
+
+// variants are the relay variants run on l's engine.
+func (l *relayLevel) variants() []relayVariant {
+	if l.engine.mysql() {
+		return []relayVariant{relayWindow}
+	}
+	return relayVariants
+}
+
 type relayEnv struct {
 	queue     string
 	relayPool *pgxpool.Pool
+	relayStd  *sql.DB               // MariaDB's relay connections
+	traces    map[engine]*stmtTrace // -stmts
 	window    *rabbitmq.Publisher
 	wamqp     message.Publisher // the relay's watermill-amqp publisher
 	fwdOut    message.Publisher // the forwarder's (watermill-amqp, same config)
@@ -74,15 +94,26 @@ func watermillAMQPPublisher(amqpURL string) (message.Publisher, error) {
 
 func (h *harness) relaySection(ctx context.Context) ([]*line, error) {
 	cfg := h.cfg
-	env := &relayEnv{}
+	env := &relayEnv{traces: map[engine]*stmtTrace{}}
 	var err error
 	if env.queue, err = h.newQueue("relay"); err != nil {
 		return nil, err
 	}
-	if env.relayPool, err = newPool(ctx, cfg.dbURL, cfg.relayWorkers+4, ""); err != nil {
-		return nil, err
+	for _, e := range cfg.engines {
+		if cfg.stmts {
+			env.traces[e] = newStmtTrace()
+		}
+		c, err := h.openConn(ctx, e, cfg.relayWorkers+4, env.traces[e])
+		if err != nil {
+			return nil, err
+		}
+		defer c.close()
+		if e.mysql() {
+			env.relayStd = c.std
+		} else {
+			env.relayPool = c.pg
+		}
 	}
-	defer env.relayPool.Close()
 	if env.window, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: cfg.amqpURL, Window: cfg.window}); err != nil {
 		return nil, err
 	}
@@ -96,62 +127,99 @@ func (h *harness) relaySection(ctx context.Context) ([]*line, error) {
 	}
 	defer func() { _ = env.fwdOut.Close() }()
 
-	var levels []*relayLevel
+	// levels[e][i] is engine e's level of backlog cfg.backlogs[i].
+	levels := map[engine][]*relayLevel{}
+	var all []*relayLevel // in the order rounds visit them
 	for _, b := range cfg.backlogs {
-		l, err := h.newRelayLevel(ctx, env, b)
-		if err != nil {
-			return nil, fmt.Errorf("backlog %s: %w", short(b), err)
+		for _, e := range cfg.engines {
+			l, err := h.newRelayLevel(ctx, env, e, b)
+			if err != nil {
+				return nil, fmt.Errorf("backlog %s%s: %w", short(b), e.suffix(), err)
+			}
+			if l.fwdPool != nil {
+				defer l.fwdPool.Close()
+			}
+			levels[e] = append(levels[e], l)
+			all = append(all, l)
 		}
-		defer l.fwdPool.Close()
-		levels = append(levels, l)
 	}
 
-	rates := map[int]map[relayVariant][]float64{}
-	for _, l := range levels {
-		rates[l.backlog] = map[relayVariant][]float64{}
+	rates := map[*relayLevel]map[relayVariant][]float64{}
+	for _, l := range all {
+		rates[l] = map[relayVariant][]float64{}
 	}
 	for r := range cfg.rounds {
 		var parts []string
-		for i := range levels {
-			l := levels[(i+r)%len(levels)]
-			for j := range relayVariants {
-				v := relayVariants[(j+r)%len(relayVariants)]
+		for i := range all {
+			l := all[(i+r)%len(all)]
+			vs := l.variants()
+			for j := range vs {
+				v := vs[(j+r)%len(vs)]
 				rate, rows, err := h.relayRound(ctx, env, l, v)
 				if err != nil {
-					return nil, fmt.Errorf("round %d, %s pending, %s: %w", r+1, short(l.backlog), v, err)
+					return nil, fmt.Errorf("round %d, %s pending, %s: %w", r+1, l.name(), v, err)
 				}
-				rates[l.backlog][v] = append(rates[l.backlog][v], rate)
-				parts = append(parts, fmt.Sprintf("%s@%s %s (%s rows)", v, short(l.backlog), thousands(int64(rate)), thousands(int64(rows))))
+				rates[l][v] = append(rates[l][v], rate)
+				parts = append(parts, fmt.Sprintf("%s@%s %s (%s rows)", v, l.name(), thousands(int64(rate)), thousands(int64(rows))))
 			}
 		}
 		logf("relay round %d/%d (events/s): %s", r+1, cfg.rounds, strings.Join(parts, "; "))
 	}
-
-	var lines []*line
-	for _, l := range levels {
-		where := fmt.Sprintf("%s pending rows", short(l.backlog))
-		rr := rates[l.backlog]
-		lines = append(lines,
-			&line{name: where, aName: "relay, confirm window", bName: "relay, watermill-amqp publisher", a: rr[relayWindow], b: rr[relayWatermill], unit: "events/s", target: "—"},
-			&line{name: where, aName: "relay, confirm window", bName: "Watermill forwarder", a: rr[relayWindow], b: rr[relayForwarder], unit: "events/s",
-				target: "A ≥ 10,000 events/s, A/B ≥ 6", check: func(a, _, r float64) bool { return a >= 10_000 && r >= 6 }})
-	}
-	if len(levels) > 1 {
-		small, large := levels[0], levels[len(levels)-1]
-		lines = append(lines, &line{name: "relay, confirm window: backlog", aName: short(large.backlog) + " pending", bName: short(small.backlog) + " pending",
-			a: rates[large.backlog][relayWindow], b: rates[small.backlog][relayWindow], unit: "events/s",
-			target: "0.8 ≤ A/B ≤ 1.2", check: func(_, _, r float64) bool { return r >= 0.8 && r <= 1.2 }})
-	}
-	return lines, nil
+	return relayLines(cfg, levels, rates), nil
 }
 
-func (h *harness) newRelayLevel(ctx context.Context, env *relayEnv, backlog int) (*relayLevel, error) {
-	db, err := h.newSchema(ctx, "relay_"+short(backlog))
+// relayLines are the section's lines: per backlog, PostgreSQL's variants
+// and, with both engines, MariaDB's relay against PostgreSQL's; then the
+// backlog's effect on each engine.
+func relayLines(cfg *config, levels map[engine][]*relayLevel, rates map[*relayLevel]map[relayVariant][]float64) []*line {
+	var lines []*line
+	for i, b := range cfg.backlogs {
+		where := fmt.Sprintf("%s pending rows", short(b))
+		if pg := levels[postgres]; pg != nil {
+			rr := rates[pg[i]]
+			lines = append(lines,
+				&line{name: where + postgres.suffix(), aName: "relay, confirm window", bName: "relay, watermill-amqp publisher", a: rr[relayWindow], b: rr[relayWatermill], unit: "events/s", target: "—"},
+				&line{name: where + postgres.suffix(), aName: "relay, confirm window", bName: "Watermill forwarder", a: rr[relayWindow], b: rr[relayForwarder], unit: "events/s",
+					target: "A ≥ 10,000 events/s, A/B ≥ 6", check: func(a, _, r float64) bool { return a >= 10_000 && r >= 6 }})
+		}
+		if my, pg := levels[mariadb], levels[postgres]; my != nil && pg != nil {
+			lines = append(lines, &line{name: where + ", relay, confirm window: engine", aName: string(mariadb), bName: string(postgres),
+				a: rates[my[i]][relayWindow], b: rates[pg[i]][relayWindow], unit: "events/s", target: "—"})
+		}
+	}
+	if len(cfg.backlogs) > 1 {
+		for _, e := range cfg.engines {
+			ls := levels[e]
+			small, large := ls[0], ls[len(ls)-1]
+			lines = append(lines, &line{name: "relay, confirm window: backlog" + e.suffix(), aName: short(large.backlog) + " pending", bName: short(small.backlog) + " pending",
+				a: rates[large][relayWindow], b: rates[small][relayWindow], unit: "events/s",
+				target: "0.8 ≤ A/B ≤ 1.2", check: func(_, _, r float64) bool { return r >= 0.8 && r <= 1.2 }})
+		}
+	}
+	return lines
+}
+
+func (h *harness) newRelayLevel(ctx context.Context, env *relayEnv, e engine, backlog int) (*relayLevel, error) {
+	l := &relayLevel{engine: e, backlog: backlog}
+	db, err := h.newSchemaOn(ctx, e, "relay_"+short(backlog))
 	if err != nil {
 		return nil, err
 	}
+	if e.mysql() {
+		db.Conn = wsql.BeginnerFromStdSQL(env.relayStd)
+		l.db = db
+		start := time.Now()
+		if err := h.fillOutbox(ctx, l, env.queue, backlog); err != nil {
+			return nil, err
+		}
+		if err := h.adminConn(e).exec(ctx, mustSQL(e, "Analyze", sqlData{Table: db.Outbox()})); err != nil {
+			return nil, err
+		}
+		logf("relay: %s rows pre-filled in the outbox in %s", l.name(), time.Since(start).Round(100*time.Millisecond))
+		return l, nil
+	}
 	db.Conn = wsql.BeginnerFromPgx(env.relayPool)
-	l := &relayLevel{backlog: backlog, db: db, fwdTopic: "fwd_" + short(backlog)}
+	l.db, l.fwdTopic = db, "fwd_"+short(backlog)
 	if l.fwdPool, err = newPool(ctx, h.cfg.dbURL, 4, db.Schema); err != nil {
 		return nil, err
 	}
@@ -189,13 +257,24 @@ func newForwarderSubscriber(pool *pgxpool.Pool) (*wsql.Subscriber, error) {
 }
 
 // fillOutbox appends n rows for queue to the level's outbox, in the columns
-// outbox.Publisher writes (topic, uuid, payload, metadata; the rest default).
+// outbox.Publisher writes (topic, uuid, payload, metadata; the rest default):
+// one INSERT ... SELECT on PostgreSQL, one per 100,000 rows on MariaDB.
 func (h *harness) fillOutbox(ctx context.Context, l *relayLevel, queue string, n int) error {
-	err := h.exec(ctx, "INSERT INTO "+l.db.Outbox()+` (topic, uuid, payload, metadata)
-SELECT $1, 'ob-' || g, convert_to('{"n":' || g || '}', 'UTF8'), '{"source":"bench"}'
-FROM generate_series($2::bigint, $3::bigint) g`, queue, l.seq+1, l.seq+n)
-	l.seq += n
-	return err
+	if !l.engine.mysql() {
+		err := h.exec(ctx, mustSQL(postgres, "FillOutbox", sqlData{Outbox: l.db.Outbox()}), queue, l.seq+1, l.seq+n)
+		l.seq += n
+		return err
+	}
+	const chunk = 100_000
+	for done := 0; done < n; done += chunk {
+		k := min(chunk, n-done)
+		q := mustSQL(mariadb, "FillOutbox", sqlData{Outbox: l.db.Outbox(), From: l.seq + 1, To: l.seq + k})
+		if _, err := h.myAdmin.ExecContext(ctx, q, queue); err != nil {
+			return err
+		}
+		l.seq += k
+	}
+	return nil
 }
 
 // forwarderFillSQL appends rows from+1..to to a forwarder table, one row
@@ -238,7 +317,7 @@ func (h *harness) fillForwarder(ctx context.Context, l *relayLevel, queue string
 
 // pendingOutbox is the level's outbox backlog (relayed rows are deleted).
 func (h *harness) pendingOutbox(ctx context.Context, l *relayLevel) (int, error) {
-	n, err := h.count(ctx, "SELECT count(*) FROM "+l.db.Outbox())
+	n, err := h.adminConn(l.engine).count(ctx, mustSQL(l.engine, "Count", sqlData{Table: l.db.Outbox()}))
 	return int(n), err
 }
 
@@ -283,7 +362,7 @@ func (h *harness) relayRound(ctx context.Context, env *relayEnv, l *relayLevel, 
 
 	var rows int
 	var wall time.Duration
-	err := h.timed(fmt.Sprintf("%s @ %s", v, short(l.backlog)), func() (int, time.Duration, error) {
+	err := h.timedTraced(fmt.Sprintf("%s @ %s", v, l.name()), env.traces[l.engine], func() (int, time.Duration, error) {
 		var err error
 		switch v {
 		case relayForwarder:

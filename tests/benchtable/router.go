@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,7 +15,6 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/watermill-exactlyonce/exactlyonce"
@@ -33,6 +33,13 @@ import (
 // The bare broker consumer (amqp091-go, prefetch cfg.batchPrefetch, an ack
 // per message, no Watermill, no database) drains the same queue: the
 // broker's own speed at the window group commit runs with.
+//
+// Each engine of -engines has its own environment (a schema, or on MariaDB
+// a database, with the inbox and the business table, and a connection pool
+// of cfg.pool): the modes run on every engine, in the same rounds, through
+// the same handlers (the transaction from PgxTxFromContext on PostgreSQL,
+// StdTxFromContext on MariaDB); the watermill-amqp variants on PostgreSQL
+// only.
 
 type routerVariant string
 
@@ -70,82 +77,193 @@ func (v routerVariant) watermillAMQP() bool { return strings.HasSuffix(string(v)
 // consumerName is the inbox consumer of every middleware variant.
 const consumerName = "bench"
 
-// routerEnv is what the rounds of the router section share.
+// routerRun is a variant of the router section on one engine; the bare
+// consumer has none (no database).
+type routerRun struct {
+	v routerVariant
+	e engine
+}
+
+func (r routerRun) String() string {
+	if r.v == bareConsumer {
+		return string(r.v)
+	}
+	return string(r.v) + r.e.suffix()
+}
+
+// routerRuns are the runs of a round: the bare consumer; on PostgreSQL
+// every mode over both subscribers; on MariaDB the modes over
+// rabbitmq.Subscriber (the subscribers' comparison is the broker's, not
+// the engine's).
+func routerRuns(engines []engine) []routerRun {
+	runs := []routerRun{{v: bareConsumer}}
+	for _, e := range engines {
+		for _, m := range routerModes {
+			runs = append(runs, routerRun{m, e})
+			if !e.mysql() {
+				runs = append(runs, routerRun{m.overWatermillAMQP(), e})
+			}
+		}
+	}
+	return runs
+}
+
+// routerEnv is what the rounds of the router section share on one engine.
 type routerEnv struct {
-	pool     *pgxpool.Pool
-	db       sqlschema.DB // Conn is pool
-	business string       // quoted business table
-	insert   string       // the handler's INSERT
+	engine   engine
+	pool     *pgxpool.Pool // PostgreSQL's handlers' connections
+	std      *sql.DB       // MariaDB's
+	db       sqlschema.DB  // Conn is pool or std
+	business string        // quoted business table
+	insert   string        // the handler's INSERT
 	queue    string
+	trace    *stmtTrace // -stmts
+}
+
+func (e *routerEnv) close() {
+	if e.pool != nil {
+		e.pool.Close()
+	}
+	if e.std != nil {
+		_ = e.std.Close()
+	}
 }
 
 func (h *harness) routerSection(ctx context.Context) ([]*line, error) {
 	cfg := h.cfg
-	db, err := h.newSchema(ctx, "router")
+	queue, err := h.newQueue("router")
 	if err != nil {
 		return nil, err
 	}
-	env, err := newRouterEnv(ctx, cfg, db)
-	if err != nil {
-		return nil, err
-	}
-	defer env.pool.Close()
-	if env.queue, err = h.newQueue("router"); err != nil {
-		return nil, err
+	envs := map[engine]*routerEnv{}
+	for _, e := range cfg.engines {
+		db, err := h.newSchemaOn(ctx, e, "router")
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e, err)
+		}
+		var trace *stmtTrace
+		if cfg.stmts {
+			trace = newStmtTrace()
+		}
+		env, err := h.newRouterEnvOn(ctx, e, db, trace)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e, err)
+		}
+		defer env.close()
+		env.queue = queue
+		envs[e] = env
 	}
 
-	rates := map[routerVariant][]float64{}
+	runs := routerRuns(cfg.engines)
+	rates := map[routerRun][]float64{}
 	for r := range cfg.rounds {
 		var parts []string
-		for i := range routerVariants {
-			v := routerVariants[(i+r)%len(routerVariants)] // each variant in a new position each round
+		for i := range runs {
+			run := runs[(i+r)%len(runs)] // each run in a new position each round
 			var rate float64
-			if v == bareConsumer {
-				rate, err = h.bareRound(ctx, "router/bare consumer", []string{env.queue}, cfg.batchPrefetch, cfg.messages, r)
+			if run.v == bareConsumer {
+				rate, err = h.bareRound(ctx, "router/bare consumer", []string{queue}, cfg.batchPrefetch, cfg.messages, r)
 			} else {
-				rate, err = h.routerRound(ctx, env, v, r)
+				rate, err = h.routerRound(ctx, envs[run.e], run.v, r)
 			}
 			if err != nil {
-				return nil, fmt.Errorf("round %d, %s: %w", r+1, v, err)
+				return nil, fmt.Errorf("round %d, %s: %w", r+1, run, err)
 			}
-			rates[v] = append(rates[v], rate)
-			parts = append(parts, fmt.Sprintf("%s %s", v, thousands(int64(rate))))
+			rates[run] = append(rates[run], rate)
+			parts = append(parts, fmt.Sprintf("%s %s", run, thousands(int64(rate))))
 		}
 		logf("router round %d/%d (msg/s): %s", r+1, cfg.rounds, strings.Join(parts, ", "))
 	}
-	where := fmt.Sprintf("router, %d in flight", cfg.inflight)
-	deep := fmt.Sprintf("router, prefetch %d", cfg.batchPrefetch)
-	lines := []*line{
-		{name: deep, aName: "group commit + Queue", bName: "bare amqp091 consumer, ack each", a: rates[groupCommitExec], b: rates[bareConsumer], unit: "msg/s",
-			target: "A/B ≥ 0.7", check: func(_, _, r float64) bool { return r >= 0.7 }},
-		{name: where, aName: "per-message", bName: "no middleware", a: rates[perMessage], b: rates[noMiddleware], unit: "msg/s",
-			target: "A/B ≥ 0.9", check: func(_, _, r float64) bool { return r >= 0.9 }},
-		{name: where + " / group commit prefetch " + strconv.Itoa(cfg.batchPrefetch), aName: "group commit", bName: "per-message", a: rates[groupCommit], b: rates[perMessage], unit: "msg/s",
-			target: "A/B ≥ 2", check: func(_, _, r float64) bool { return r >= 2 }},
-		{name: where + " / group commit prefetch " + strconv.Itoa(cfg.batchPrefetch), aName: "group commit + Queue", bName: "per-message", a: rates[groupCommitExec], b: rates[perMessage], unit: "msg/s",
-			target: "A ≥ 10,000 msg/s, A/B ≥ 3", check: func(a, _, r float64) bool { return a >= 10_000 && r >= 3 }},
-	}
-	for _, m := range routerModes {
-		pf := cfg.prefetch
-		if m == groupCommit || m == groupCommitExec {
-			pf = cfg.batchPrefetch
-		}
-		lines = append(lines, &line{name: "router, " + string(m), aName: fmt.Sprintf("rabbitmq.Subscriber, prefetch %d", pf), bName: fmt.Sprintf("watermill-amqp, %d x prefetch %d (before)", cfg.inflight, cfg.prefetch),
-			a: rates[m], b: rates[m.overWatermillAMQP()], unit: "msg/s", target: "—"})
-	}
-	return lines, nil
+	return routerLines(cfg, rates), nil
 }
 
+// routerLines are the section's lines: each comparison of modes on every
+// engine (PostgreSQL's line, then MariaDB's), the subscribers on
+// PostgreSQL, and with both engines each mode on MariaDB against
+// PostgreSQL.
+func routerLines(cfg *config, rates map[routerRun][]float64) []*line {
+	where := fmt.Sprintf("router, %d in flight", cfg.inflight)
+	deep := fmt.Sprintf("router, prefetch %d", cfg.batchPrefetch)
+	gc := where + " / group commit prefetch " + strconv.Itoa(cfg.batchPrefetch)
+	bare := rates[routerRun{v: bareConsumer}]
+	perEngine := []func(e engine) *line{
+		func(e engine) *line {
+			return &line{name: deep + e.suffix(), aName: "group commit + Queue", bName: "bare amqp091 consumer, ack each", a: rates[routerRun{groupCommitExec, e}], b: bare, unit: "msg/s",
+				target: "A/B ≥ 0.7", check: func(_, _, r float64) bool { return r >= 0.7 }}
+		},
+		func(e engine) *line {
+			return &line{name: where + e.suffix(), aName: "per-message", bName: "no middleware", a: rates[routerRun{perMessage, e}], b: rates[routerRun{noMiddleware, e}], unit: "msg/s",
+				target: "A/B ≥ 0.9", check: func(_, _, r float64) bool { return r >= 0.9 }}
+		},
+		func(e engine) *line {
+			return &line{name: gc + e.suffix(), aName: "group commit", bName: "per-message", a: rates[routerRun{groupCommit, e}], b: rates[routerRun{perMessage, e}], unit: "msg/s",
+				target: "A/B ≥ 2", check: func(_, _, r float64) bool { return r >= 2 }}
+		},
+		func(e engine) *line {
+			return &line{name: gc + e.suffix(), aName: "group commit + Queue", bName: "per-message", a: rates[routerRun{groupCommitExec, e}], b: rates[routerRun{perMessage, e}], unit: "msg/s",
+				target: "A ≥ 10,000 msg/s, A/B ≥ 3", check: func(a, _, r float64) bool { return a >= 10_000 && r >= 3 }}
+		},
+	}
+	var lines []*line
+	for _, f := range perEngine {
+		for _, e := range cfg.engines {
+			lines = append(lines, f(e))
+		}
+	}
+	prefetch := func(m routerVariant) int {
+		if m == groupCommit || m == groupCommitExec {
+			return cfg.batchPrefetch
+		}
+		return cfg.prefetch
+	}
+	if cfg.hasEngine(postgres) {
+		for _, m := range routerModes {
+			lines = append(lines, &line{name: "router, " + string(m) + postgres.suffix(), aName: fmt.Sprintf("rabbitmq.Subscriber, prefetch %d", prefetch(m)), bName: fmt.Sprintf("watermill-amqp, %d x prefetch %d (before)", cfg.inflight, cfg.prefetch),
+				a: rates[routerRun{m, postgres}], b: rates[routerRun{m.overWatermillAMQP(), postgres}], unit: "msg/s", target: "—"})
+		}
+	}
+	if cfg.hasEngine(postgres) && cfg.hasEngine(mariadb) {
+		for _, m := range routerModes {
+			lines = append(lines, &line{name: fmt.Sprintf("router, %s, rabbitmq.Subscriber prefetch %d: engine", m, prefetch(m)), aName: string(mariadb), bName: string(postgres),
+				a: rates[routerRun{m, mariadb}], b: rates[routerRun{m, postgres}], unit: "msg/s", target: "—"})
+		}
+	}
+	return lines
+}
+
+// newRouterEnv is PostgreSQL's router environment (the ordered and rss
+// sections', and the rss child's) on db's schema: a pool of cfg.pool
+// connections and the business table.
 func newRouterEnv(ctx context.Context, cfg *config, db sqlschema.DB) (*routerEnv, error) {
 	pool, err := newPool(ctx, cfg.dbURL, cfg.pool, "")
 	if err != nil {
 		return nil, err
 	}
-	db.Conn = wsql.BeginnerFromPgx(pool)
-	env := &routerEnv{pool: pool, db: db, business: pgx.Identifier{db.Schema, "bench_orders"}.Sanitize()}
-	env.insert = "INSERT INTO " + env.business + " (id, payload) VALUES ($1, $2)"
-	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+env.business+" (id text PRIMARY KEY, payload bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"); err != nil {
-		pool.Close()
+	return finishRouterEnv(ctx, &routerEnv{engine: postgres, pool: pool}, db)
+}
+
+// newRouterEnvOn is newRouterEnv on engine e (MariaDB: a database/sql
+// handle of cfg.pool connections), traced when trace is not nil.
+func (h *harness) newRouterEnvOn(ctx context.Context, e engine, db sqlschema.DB, trace *stmtTrace) (*routerEnv, error) {
+	c, err := h.openConn(ctx, e, h.cfg.pool, trace)
+	if err != nil {
+		return nil, err
+	}
+	return finishRouterEnv(ctx, &routerEnv{engine: e, pool: c.pg, std: c.std, trace: trace}, db)
+}
+
+func finishRouterEnv(ctx context.Context, env *routerEnv, db sqlschema.DB) (*routerEnv, error) {
+	if env.std != nil {
+		db.Conn = wsql.BeginnerFromStdSQL(env.std)
+	} else {
+		db.Conn = wsql.BeginnerFromPgx(env.pool)
+	}
+	env.db = db
+	env.business = db.Dialect.QuoteIdentifier(db.Schema, "bench_orders")
+	env.insert = mustSQL(env.engine, "BusinessInsert", sqlData{Business: env.business})
+	c := dbConn{engine: env.engine, pg: env.pool, std: env.std}
+	if err := c.exec(ctx, mustSQL(env.engine, "CreateBusiness", sqlData{Business: env.business})); err != nil {
+		env.close()
 		return nil, err
 	}
 	return env, nil
@@ -155,6 +273,20 @@ func newRouterEnv(ctx context.Context, cfg *config, db sqlschema.DB) (*routerEnv
 // middleware variants include the middleware.
 func (e *routerEnv) handler(v routerVariant) (message.HandlerFunc, error) {
 	v = v.mode()
+	if v == noMiddleware && e.std != nil {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context()
+			tx, err := e.std.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			defer func() { _ = tx.Rollback() }()
+			if _, err := tx.ExecContext(ctx, e.insert, msg.UUID, []byte(msg.Payload)); err != nil {
+				return nil, err
+			}
+			return nil, tx.Commit()
+		}, nil
+	}
 	if v == noMiddleware {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
@@ -178,10 +310,19 @@ func (e *routerEnv) handler(v routerVariant) (message.HandlerFunc, error) {
 		return nil, err
 	}
 	queued := v == groupCommitExec
+	std := e.std != nil
 	return eo.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		if queued {
 			return nil, exactlyonce.Exec(ctx, e.insert, msg.UUID, []byte(msg.Payload))
+		}
+		if std {
+			tx, err := exactlyonce.StdTxFromContext(ctx)
+			if err != nil {
+				return nil, err
+			}
+			_, err = tx.ExecContext(ctx, e.insert, msg.UUID, []byte(msg.Payload))
+			return nil, err
 		}
 		tx, err := exactlyonce.PgxTxFromContext(ctx)
 		if err != nil {
@@ -285,12 +426,15 @@ func runRouterOn(ctx context.Context, s message.Subscriber, queue string, d *dra
 }
 
 // routerRound pre-fills the queue with n messages, then times their
-// draining through variant v, and checks the outcome: n business rows, and
-// n inbox rows under the middleware.
+// draining through variant v on e's engine, and checks the outcome: n
+// business rows, and n inbox rows under the middleware.
 func (h *harness) routerRound(ctx context.Context, e *routerEnv, v routerVariant, round int) (float64, error) {
 	n := h.cfg.messages
-	if err := h.exec(ctx, "TRUNCATE "+e.business+", "+e.db.Inbox()); err != nil {
-		return 0, err
+	admin := h.adminConn(e.engine)
+	for _, t := range []string{e.business, e.db.Inbox()} {
+		if err := admin.exec(ctx, mustSQL(e.engine, "Truncate", sqlData{Table: t})); err != nil {
+			return 0, err
+		}
 	}
 	if err := h.purge(e.queue); err != nil {
 		return 0, err
@@ -308,8 +452,9 @@ func (h *harness) routerRound(ctx context.Context, e *routerEnv, v routerVariant
 	if err != nil {
 		return 0, err
 	}
+	run := routerRun{v, e.engine}
 	d := newDrain(n)
-	err = h.timed("router/"+string(v), func() (int, time.Duration, error) {
+	err = h.timedTraced("router/"+run.String(), e.trace, func() (int, time.Duration, error) {
 		var err error
 		if v.watermillAMQP() {
 			err = runRouter(ctx, h.cfg.amqpURL, e.queue, h.cfg.inflight, h.cfg.prefetch, d, handler, 10*time.Minute)
@@ -326,13 +471,13 @@ func (h *harness) routerRound(ctx context.Context, e *routerEnv, v routerVariant
 		return 0, err
 	}
 	if bad := d.bad.Load(); bad > 0 {
-		logf("router %s: %d handler errors (redelivered), last: %v", v, bad, d.lastErr.Load())
+		logf("router %s: %d handler errors (redelivered), last: %v", run, bad, d.lastErr.Load())
 	}
-	rows, err := h.count(ctx, "SELECT count(*) FROM "+e.business)
+	rows, err := admin.count(ctx, mustSQL(e.engine, "Count", sqlData{Table: e.business}))
 	if err != nil {
 		return 0, err
 	}
-	inboxRows, err := h.count(ctx, "SELECT count(*) FROM "+e.db.Inbox())
+	inboxRows, err := admin.count(ctx, mustSQL(e.engine, "Count", sqlData{Table: e.db.Inbox()}))
 	if err != nil {
 		return 0, err
 	}
@@ -341,7 +486,7 @@ func (h *harness) routerRound(ctx context.Context, e *routerEnv, v routerVariant
 		wantInbox = 0
 	}
 	if rows != int64(n) || inboxRows != wantInbox {
-		return 0, fmt.Errorf("%s: %d business rows and %d inbox rows, want %d and %d", v, rows, inboxRows, n, wantInbox)
+		return 0, fmt.Errorf("%s: %d business rows and %d inbox rows, want %d and %d", run, rows, inboxRows, n, wantInbox)
 	}
 	return float64(n) / d.end.Sub(d.start).Seconds(), nil
 }
