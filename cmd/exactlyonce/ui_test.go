@@ -217,8 +217,13 @@ func TestUIOptions(t *testing.T) {
 	db := testenv.Schema(t)
 
 	p := startUI(t, dbEnv(db.Schema), "--prefix", "/eo", "--read-only")
-	m := regexp.MustCompile(`Sign in with this token \(made up for this run; set \$EXACTLYONCE_UI_TOKEN to choose one\): ([0-9a-f]{48})\n`).FindStringSubmatch(p.stdout.String())
-	require.NotNil(t, m, "%s", p.stdout)
+	// The token line follows the line startUI waited for: wait for it too.
+	tokenLine := regexp.MustCompile(`Sign in with this token \(made up for this run; set \$EXACTLYONCE_UI_TOKEN to choose one\): ([0-9a-f]{48})\n`)
+	var m []string
+	require.Eventually(t, func() bool {
+		m = tokenLine.FindStringSubmatch(p.stdout.String())
+		return m != nil
+	}, 10*time.Second, 10*time.Millisecond, "%s", p.stdout)
 	require.True(t, strings.HasSuffix(p.base, "/eo"), p.base)
 	require.Contains(t, p.stdout.String(), ", read-only.")
 	code, _ := p.do(t, "GET", "/api/v1/relays", "Bearer "+m[1])

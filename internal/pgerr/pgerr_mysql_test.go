@@ -19,15 +19,23 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/exactlyonce/watermill-exactlyonce/internal/mysqldsn"
+
 	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
 // mysqlURL is the MariaDB or MySQL the tests run against.
 func mysqlURL() string {
-	if u := os.Getenv("MYSQL_URL"); u != "" {
-		return u
+	u := os.Getenv("MYSQL_URL")
+	if u == "" {
+		return "root@tcp(127.0.0.1:3306)/test?parseTime=true"
 	}
-	return "root@tcp(127.0.0.1:3306)/test?parseTime=true"
+	if mysqldsn.IsURL(u) { // make test's form, mysql://user@host:port/db
+		if dsn, err := mysqldsn.FromURL(u); err == nil {
+			return dsn
+		}
+	}
+	return u
 }
 
 // mysqlDB returns a database/sql handle on a fresh database of its own,
