@@ -28,14 +28,8 @@ type migrateUpJSON struct {
 	Total       int      `json:"total"`
 }
 
-// migrationNames are the names of every migration of this version, in the
-// order Migrate applies them.
-func migrationNames(t *testing.T) []string {
-	t.Helper()
-	return migrationNamesOf(t, sqlschema.DB{Conn: wsql.BeginnerFromPgx(testenv.Pool(t))})
-}
-
-// migrationNamesOf is migrationNames for db's dialect, read through db.Conn.
+// migrationNamesOf are the names of every migration of this version for
+// db's dialect, in the order Migrate applies them, read through db.Conn.
 func migrationNamesOf(t *testing.T, db sqlschema.DB) []string {
 	t.Helper()
 	db.Schema = "no_such_schema_here"

@@ -42,13 +42,6 @@ var allEngines = []engine{postgres, mariadb}
 // engine is PostgreSQL (the sections that have no engine dimension).
 func (e engine) mysql() bool { return e == mariadb }
 
-func (e engine) dialect() sqlschema.Dialect {
-	if e.mysql() {
-		return sqlschema.MySQL
-	}
-	return sqlschema.Postgres
-}
-
 // suffix is what a line or a variant of e carries after its name.
 func (e engine) suffix() string {
 	if e == "" {

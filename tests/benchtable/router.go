@@ -56,15 +56,6 @@ const (
 
 var routerModes = []routerVariant{noMiddleware, perMessage, groupCommit, groupCommitExec}
 
-// routerVariants are the modes over both subscribers, and the bare consumer.
-var routerVariants = func() []routerVariant {
-	out := []routerVariant{bareConsumer}
-	for _, m := range routerModes {
-		out = append(out, m, m.overWatermillAMQP())
-	}
-	return out
-}()
-
 func (v routerVariant) overWatermillAMQP() routerVariant { return v + wamqpSuffix }
 
 // mode is v without its subscriber.
