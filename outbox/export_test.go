@@ -5,6 +5,7 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxdb"
 	"github.com/exactlyonce/watermill-exactlyonce/internal/outboxwrite"
@@ -68,4 +69,28 @@ func PlainSQL(r *Relay) string { return statement(r.store, "ClaimPlain") }
 // HasKeyedRows runs the relay's probe in tx.
 func HasKeyedRows(ctx context.Context, r *Relay, tx wsql.Tx) (bool, error) {
 	return r.store.Probe(ctx, tx)
+}
+
+// ListenConnReceives opens r's LISTEN connection as Run does, LISTENs on
+// channel, has notify send a NOTIFY on it, and reports whether that
+// connection's own WaitForNotification returned the notification.
+func ListenConnReceives(ctx context.Context, r *Relay, channel string, notify func() error) (bool, error) {
+	var got bool
+	err := r.withListenConn(ctx, func(conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			return err
+		}
+		if err := notify(); err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			return err
+		}
+		got = n != nil && n.Channel == channel
+		return nil
+	})
+	return got, err
 }

@@ -224,6 +224,12 @@ func (r *Relay) withListenConn(ctx context.Context, f func(*pgx.Conn) error) err
 		if rawErr != nil {
 			return rawErr
 		}
+		// The copy carries the pooled connection's own notification
+		// handler (pgx installs one only where there is none): left
+		// there, this connection's notifications would pile up in that
+		// pooled connection, unread for good and written by every relay
+		// of the pool at once (a data race).
+		cfg.OnNotification = nil
 		conn, err := pgx.ConnectConfig(connectCtx, cfg)
 		if err != nil {
 			return fmt.Errorf("connecting with the database/sql pool's configuration: %w", err)
