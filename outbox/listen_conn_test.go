@@ -20,7 +20,9 @@ import (
 // in CI), and its own WaitForNotification returned none.
 func TestListenConnOnDatabaseSQLGetsItsOwnNotifications(t *testing.T) {
 	t.Parallel()
-	std := testenv.StdDB(t)
+	// PostgreSQL itself: through PgBouncer (the suite's other run) a
+	// LISTEN does not hold, and the relay does not LISTEN there.
+	std := testenv.StdDBFor(t, testenv.DirectDatabaseURL())
 	tables := testenv.WithConn(testenv.Schema(t), wsql.BeginnerFromStdSQL(std))
 	r, err := outbox.NewRelay(outbox.RelayConfig{DB: tables, Publisher: nopPublisher{}, Logger: testenv.Logger(t)})
 	require.NoError(t, err)
