@@ -72,6 +72,15 @@ lint: ## gofmt check, go vet and golangci-lint (library, then examples)
 fmt: ## Format all Go files with gofmt
 	$(GOFMT) -w .
 
+.PHONY: cluster-up cluster-down
+cluster-up: services ## Start the local three-node RabbitMQ cluster (127.0.0.1:5691-5693) and a PostgreSQL primary+standby (127.0.0.1:5441/5442) of docs/clusters.md
+	@bash scripts/rabbit-cluster.sh up
+	@bash scripts/pg-pair.sh up
+
+cluster-down: ## Stop what cluster-up started and remove its data
+	@bash scripts/rabbit-cluster.sh down
+	@bash scripts/pg-pair.sh down
+
 .PHONY: chaos
 CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis,batch+rabbitmq,transactional+rabbitmq,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer,transactional@mariadb,lease@mariadb,batch@mariadb,transactional@mariadb-rc,lease@mariadb-rc,batch@mariadb-rc,batch+rabbitmq@mariadb-rc
 CHAOS_ALL_ORDERED := transactional,batch,lease,transactional@mariadb,batch@mariadb,lease@mariadb-rc
