@@ -6,7 +6,8 @@
 # /tmp/eo-pg-pair), trust auth for postgres, database test. Asynchronous
 # replication at first: a test sets synchronous_standby_names and
 # synchronous_commit with ALTER SYSTEM. Beside the server of `make services`,
-# which it leaves alone.
+# which it leaves alone. EO_PGPAIR_PORT_BASE (default 5440: a on base+1, b
+# on base+2) runs another pair beside.
 #
 #   scripts/pg-pair.sh up            create and start both (a fresh pair every time)
 #   scripts/pg-pair.sh down          stop both and remove the data
@@ -15,14 +16,15 @@
 #   scripts/pg-pair.sh url           print the multi-host URL that finds the primary (target_session_attrs=read-write)
 set -euo pipefail
 
-DIR=${EO_PGPAIR_DIR:-/tmp/eo-pg-pair}
+PBASE=${EO_PGPAIR_PORT_BASE:-5440}
+DIR=${EO_PGPAIR_DIR:-/tmp/eo-pg-pair-$PBASE}
 VERSION=${EO_PG_VERSION:-$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1)}
 BIN=/usr/lib/postgresql/$VERSION/bin
 
 say() { echo "pg-pair: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-port() { case $1 in a) echo 5441 ;; b) echo 5442 ;; *) die "node is a or b, not $1" ;; esac; }
+port() { case $1 in a) echo $((PBASE + 1)) ;; b) echo $((PBASE + 2)) ;; *) die "node is a or b, not $1" ;; esac; }
 
 as_pg() {
 	if [ "$(id -u)" = 0 ]; then

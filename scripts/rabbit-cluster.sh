@@ -4,6 +4,8 @@
 # 127.0.0.1:5691..5693, Erlang distribution on 25691..25693, data under
 # $EO_CLUSTER_DIR (default /tmp/eo-rabbit-cluster). Beside the single
 # rabbit@localhost node of `make services`, which it leaves alone.
+# EO_RMQ_PORT_BASE (default 5690: node n listens on base+n, distribution on
+# base+20000+n) and EO_RMQ_NAME (default eo-rmq) run another cluster beside.
 #
 #   scripts/rabbit-cluster.sh up          start the nodes that are down, wait for the cluster
 #   scripts/rabbit-cluster.sh down        stop every node and remove the data
@@ -13,7 +15,9 @@
 #   scripts/rabbit-cluster.sh status      cluster_status as node 1 (or the first that answers) sees it
 set -euo pipefail
 
-DIR=${EO_CLUSTER_DIR:-/tmp/eo-rabbit-cluster}
+BASE=${EO_RMQ_PORT_BASE:-5690}
+NAME=${EO_RMQ_NAME:-eo-rmq}
+DIR=${EO_CLUSTER_DIR:-/tmp/$NAME-cluster-$BASE}
 BIN=/usr/lib/rabbitmq/bin
 NODES=(1 2 3)
 WAIT=${EO_CLUSTER_WAIT:-90}
@@ -21,9 +25,9 @@ WAIT=${EO_CLUSTER_WAIT:-90}
 say() { echo "rabbit-cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-node() { echo "eo-rmq$1@localhost"; }
-amqp_port() { echo $((5690 + $1)); }
-dist_port() { echo $((25690 + $1)); }
+node() { echo "$NAME$1@localhost"; }
+amqp_port() { echo $((BASE + $1)); }
+dist_port() { echo $((BASE + 20000 + $1)); }
 
 # The nodes run as the rabbitmq user, with its Erlang cookie (that of the
 # rabbit@localhost node, so that rabbitmqctl as that user reaches them).
@@ -115,7 +119,7 @@ up() {
 	for n in "${NODES[@]}"; do await_node "$n"; done
 	# Every node sees three running nodes.
 	local deadline=$((SECONDS + WAIT))
-	until [ "$(ctl 1 cluster_status --formatter json 2>/dev/null | grep -o '"running_nodes":\[[^]]*\]' | grep -o 'eo-rmq' | wc -l)" = 3 ]; do
+	until [ "$(ctl 1 cluster_status --formatter json 2>/dev/null | grep -o '"running_nodes":\[[^]]*\]' | grep -o "$NAME" | wc -l)" = 3 ]; do
 		[ $SECONDS -lt $deadline ] || die "the three nodes did not form a cluster within ${WAIT}s: $(ctl 1 cluster_status 2>&1 | tail -5)"
 		sleep 1
 	done

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,8 +38,26 @@ func runScript(timeout time.Duration, name string, args ...string) (string, erro
 
 // RabbitCluster is the local three-node RabbitMQ cluster of
 // scripts/rabbit-cluster.sh: nodes 1, 2 and 3 (eo-rmq1..3@localhost) on
-// 127.0.0.1:5691..5693.
+// 127.0.0.1:5691..5693, or as EO_RMQ_PORT_BASE and EO_RMQ_NAME say (the
+// script's variables: another cluster beside).
 type RabbitCluster struct{}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func rmqBase() int { return envInt("EO_RMQ_PORT_BASE", 5690) }
+
+func rmqNode(n int) string {
+	name := os.Getenv("EO_RMQ_NAME")
+	if name == "" {
+		name = "eo-rmq"
+	}
+	return fmt.Sprintf("%s%d@localhost", name, n)
+}
 
 // StartRabbitCluster starts the three nodes (those not running) and waits
 // until they form a cluster (~30 s from nothing on the 2-core machine).
@@ -56,7 +76,7 @@ func (c *RabbitCluster) Stop() error {
 
 // URL is node n's AMQP URL (n is 1, 2 or 3).
 func (c *RabbitCluster) URL(n int) string {
-	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", 5690+n)
+	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", rmqBase()+n)
 }
 
 // URLs are the three nodes' AMQP URLs, starting with node first (1, 2 or
@@ -72,7 +92,7 @@ func (c *RabbitCluster) URLs(first int) []string {
 // Node is the node (1, 2 or 3) whose AMQP port is in url, or 0.
 func (c *RabbitCluster) Node(url string) int {
 	for n := 1; n <= 3; n++ {
-		if strings.Contains(url, fmt.Sprintf(":%d", 5690+n)) {
+		if strings.Contains(url, fmt.Sprintf(":%d/", rmqBase()+n)) {
 			return n
 		}
 	}
@@ -105,7 +125,7 @@ type QueueInfo struct {
 // LeaderNode is the node number (1..3) of the queue's leader, 0 if none.
 func (q QueueInfo) LeaderNode() int {
 	for n := 1; n <= 3; n++ {
-		if q.Leader == fmt.Sprintf("eo-rmq%d@localhost", n) {
+		if q.Leader == rmqNode(n) {
 			return n
 		}
 	}
@@ -120,7 +140,7 @@ func (c *RabbitCluster) Queues(prefix string, via ...int) ([]QueueInfo, error) {
 	}
 	var lastErr error
 	for _, n := range via {
-		node := fmt.Sprintf("eo-rmq%d@localhost", n)
+		node := rmqNode(n)
 		out, err := exec.Command("runuser", "-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq",
 			"/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", node, "-q", "-t", "20", "list_queues",
 			"name", "type", "leader", "members", "messages", "--formatter", "json").Output()
@@ -166,8 +186,16 @@ func (c *RabbitCluster) Queues(prefix string, via ...int) ([]QueueInfo, error) {
 
 // PGPair is the local PostgreSQL primary and streaming standby of
 // scripts/pg-pair.sh: node "a" on 127.0.0.1:5441 (the primary at first) and
-// node "b" on 127.0.0.1:5442 (its standby, application_name eo_standby).
+// node "b" on 127.0.0.1:5442 (its standby, application_name eo_standby), or
+// on EO_PGPAIR_PORT_BASE+1 and +2.
 type PGPair struct{}
+
+func pgPairPort(n string) int {
+	if n == "b" {
+		return envInt("EO_PGPAIR_PORT_BASE", 5440) + 2
+	}
+	return envInt("EO_PGPAIR_PORT_BASE", 5440) + 1
+}
 
 // StartPGPair creates a fresh pair (removing any earlier one) and waits
 // until the standby streams. Replication is asynchronous until
@@ -187,16 +215,12 @@ func (p *PGPair) Stop() error {
 
 // URL finds whichever node takes writes: both hosts, target_session_attrs=read-write.
 func (p *PGPair) URL() string {
-	return "postgres://postgres@127.0.0.1:5441,127.0.0.1:5442/test?sslmode=disable&target_session_attrs=read-write"
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/test?sslmode=disable&target_session_attrs=read-write", pgPairPort("a"), pgPairPort("b"))
 }
 
 // NodeURL is node n's own URL ("a" or "b"), whatever its role.
 func (p *PGPair) NodeURL(n string) string {
-	port := 5441
-	if n == "b" {
-		port = 5442
-	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port)
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", pgPairPort(n))
 }
 
 // Crash stops node n as a crash does (pg_ctl stop -m immediate: no
