@@ -20,6 +20,8 @@ const defaultConnectionTimeout = 30 * time.Second
 // Each queue is declared durable, not exclusive, not auto-delete and without
 // arguments: the properties watermill-amqp v3's NewDurableQueueConfig
 // declares, so a Watermill subscriber of the same queue accepts it later.
+// Queues.Declare declares quorum queues, or with other arguments, on the
+// first node of a cluster that answers.
 // Declaring an existing queue with those properties changes nothing.
 //
 // Call it before anything publishes to a queue through the default exchange
@@ -39,28 +41,10 @@ func DeclareQueues(ctx context.Context, amqpURL string, queues ...string) error 
 	if len(queues) == 0 {
 		return nil
 	}
-	conn, addr, stopWatch, err := dialContext(ctx, amqpURL, "watermill-exactlyonce rabbitmq.DeclareQueues")
-	if err != nil {
-		return fmt.Errorf("rabbitmq: DeclareQueues: %w", err)
-	}
-	// The watch stays: closing the socket when ctx ends fails a declaration
-	// in progress.
-	defer stopWatch()
-	defer func() { _ = conn.Close() }()
-
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("rabbitmq: DeclareQueues: open a channel on %s: %w", addr, wrapCtx(ctx, err))
-	}
-	for _, q := range queues {
-		// Same arguments as watermill-amqp's DefaultTopologyBuilder with
-		// NewDurableQueueConfig: durable, not auto-delete, not exclusive,
-		// wait for the reply, no arguments.
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("rabbitmq: DeclareQueues: declare queue %q on %s: %w%s", q, addr, wrapCtx(ctx, err), declareHint(err))
-		}
-	}
-	return nil
+	// Same arguments as watermill-amqp's DefaultTopologyBuilder with
+	// NewDurableQueueConfig: durable, not auto-delete, not exclusive, wait
+	// for the reply, no arguments.
+	return declareAll(ctx, "DeclareQueues", []string{amqpURL}, queues, nil)
 }
 
 // wrapCtx prefers the context's error when ctx ended, since closing the socket
@@ -178,8 +162,9 @@ func (p *Publisher) declare(c *amqpChannel, b *outcomes, idx []int) ([]int, erro
 	}
 	p.mu.Unlock()
 	for _, topic := range todo {
-		// As DeclareQueues and watermill-amqp's NewDurableQueueConfig:
-		// durable, not auto-delete, not exclusive, no arguments.
+		// As Queues.Declare (and, for the zero Queues, DeclareQueues and
+		// watermill-amqp's NewDurableQueueConfig): durable, not
+		// auto-delete, not exclusive.
 		_, err := c.ch.QueueDeclare(topic, true, false, false, false, p.queueArguments(topic))
 		if err == nil {
 			p.mu.Lock()

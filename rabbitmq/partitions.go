@@ -49,38 +49,29 @@ func Partition(key string, n int) int {
 	return int(h.Sum32() % uint32(n)) //nolint:gosec // n is at most MaxPartitions
 }
 
-// PartitionQueueArguments are the arguments a partition queue is declared
-// with: single active consumer. A subscriber that declares the queue must
-// pass the same (watermill-amqp: cfg.Queue.Arguments), or RabbitMQ refuses
-// its declaration (PRECONDITION_FAILED, inequivalent arg).
+// PartitionQueueArguments are the arguments a classic partition queue is
+// declared with: single active consumer (Queues{}.PartitionArguments();
+// Queues.PartitionArguments for quorum partitions). A subscriber that
+// declares the queue must pass the same (watermill-amqp:
+// cfg.Queue.Arguments), or RabbitMQ refuses its declaration
+// (PRECONDITION_FAILED, inequivalent arg).
 func PartitionQueueArguments() amqp091.Table {
-	return amqp091.Table{"x-single-active-consumer": true}
+	return Queues{}.PartitionArguments()
 }
 
 // DeclarePartitions declares the n partition queues of topic (durable,
 // single active consumer), as the Publisher does on its first message to
 // the topic; call it before consumers subscribe when they start first.
+// Queues.DeclarePartitions declares quorum partitions.
 func DeclarePartitions(ctx context.Context, amqpURL, topic string, n int) error {
 	if err := checkPartitions(topic, n); err != nil {
 		return fmt.Errorf("rabbitmq: DeclarePartitions: %w", err)
 	}
-	conn, addr, stopWatch, err := dialContext(ctx, amqpURL, "watermill-exactlyonce rabbitmq.DeclarePartitions")
-	if err != nil {
-		return fmt.Errorf("rabbitmq: DeclarePartitions: %w", err)
-	}
-	defer stopWatch()
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("rabbitmq: DeclarePartitions: open a channel on %s: %w", addr, wrapCtx(ctx, err))
-	}
+	queues := make([]string, n)
 	for i := range n {
-		q := PartitionQueue(topic, i)
-		if _, err := ch.QueueDeclare(q, true, false, false, false, PartitionQueueArguments()); err != nil {
-			return fmt.Errorf("rabbitmq: DeclarePartitions: declare queue %q on %s: %w%s", q, addr, wrapCtx(ctx, err), declareHint(err))
-		}
+		queues[i] = PartitionQueue(topic, i)
 	}
-	return nil
+	return declareAll(ctx, "DeclarePartitions", []string{amqpURL}, queues, PartitionQueueArguments())
 }
 
 func checkPartitions(topic string, n int) error {
@@ -115,9 +106,9 @@ func (p *Publisher) route(batch []msgid.TopicMessage) (queues []string, msgs []*
 // queueArguments are the arguments queue is declared with.
 func (p *Publisher) queueArguments(queue string) amqp091.Table {
 	if _, ok := p.partitionOf[queue]; ok {
-		return PartitionQueueArguments()
+		return p.cfg.Queues.PartitionArguments()
 	}
-	return nil
+	return p.cfg.Queues.Arguments()
 }
 
 // PartitionedSubscriber returns a message.Subscriber whose Subscribe(ctx,
@@ -144,7 +135,8 @@ func (p *Publisher) queueArguments(queue string) amqp091.Table {
 // of its queue, but messages the broker already sent to the subscriber
 // would be handled before it comes back. With this package's Subscriber
 // both are taken care of: each partition is consumed with a prefetch of 1
-// and declared with PartitionQueueArguments, whatever its config says:
+// and declared with its SubscriberConfig.Queues' PartitionArguments
+// (PartitionQueueArguments for classic queues), whatever QueueArguments says:
 //
 //	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: amqpURL})
 //	...
@@ -180,7 +172,7 @@ func (s *partitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 		if own != nil {
 			// One delivery in flight per partition, and the queue
 			// declared as Publisher declares partitions.
-			ch, err = own.subscribe(ctx, PartitionQueue(topic, i), 1, PartitionQueueArguments())
+			ch, err = own.subscribe(ctx, PartitionQueue(topic, i), 1, own.cfg.Queues.PartitionArguments())
 		} else {
 			ch, err = s.sub.Subscribe(ctx, PartitionQueue(topic, i))
 		}

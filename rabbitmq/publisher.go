@@ -28,8 +28,21 @@ const closeTimeout = 5 * time.Second
 // PublisherConfig configures a Publisher. URL is required.
 type PublisherConfig struct {
 	// URL is the broker's AMQP URL, amqp://user:password@host:5672/vhost.
-	// Required.
+	// Required (unless URLs has one).
 	URL string
+
+	// URLs are the AMQP URLs of the cluster's other nodes. The Publisher
+	// connects to the first of URL, URLs... that answers; after a lost
+	// connection it tries them in turn from the node after the one it was
+	// connected to, so a node that died is tried last. Any node of a
+	// cluster serves any queue (a quorum queue's leader may be on another).
+	URLs []string
+
+	// Queues says how the queues the Publisher declares are declared:
+	// classic (the default) or quorum, a delivery limit, dead-lettering.
+	// Subscribers of the queues must declare them the same way
+	// (SubscriberConfig.Queues). See docs/clusters.md.
+	Queues Queues
 
 	// Window is the most messages one call keeps awaiting their publisher
 	// confirm: the call publishes until Window messages are unconfirmed,
@@ -114,10 +127,12 @@ type PublisherConfig struct {
 // of the connection or opened. Close closes the connection.
 type Publisher struct {
 	cfg    PublisherConfig
+	urls   []string // URL, then URLs
 	prefix string        // of this Publisher's PublishingHeader values
 	stamps atomic.Uint64 // publishings stamped
 
 	dialMu sync.Mutex // one dial at a time
+	node   int        // index in urls of the last connection (-1: none yet); under dialMu
 
 	mu       sync.Mutex
 	closed   bool
@@ -135,11 +150,12 @@ var _ message.Publisher = (*Publisher)(nil)
 // NewPublisher validates cfg and returns a Publisher. It does not connect:
 // the first call does, so that a relay can start while RabbitMQ is down.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: PublisherConfig.URL is required: amqp://user:password@host:5672/vhost")
+	urls, err := brokerURLs("PublisherConfig", cfg.URL, cfg.URLs)
+	if err != nil {
+		return nil, err
 	}
-	if _, err := amqp091.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL: invalid AMQP URL: %w; expected amqp://user:password@host:5672/vhost", err)
+	if err := cfg.Queues.Validate(); err != nil {
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.Queues: %w", err)
 	}
 	if cfg.Window < 0 {
 		return nil, fmt.Errorf("rabbitmq: PublisherConfig.Window is %d, it must be >= 1 (0: the default, %d)", cfg.Window, defaultWindow)
@@ -167,7 +183,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	var r [6]byte
 	_, _ = rand.Read(r[:])
-	return &Publisher{cfg: cfg, prefix: hex.EncodeToString(r[:]) + "-", partitionOf: pq}, nil
+	return &Publisher{cfg: cfg, urls: urls, node: -1, prefix: hex.EncodeToString(r[:]) + "-", partitionOf: pq}, nil
 }
 
 var errPublisherClosed = errors.New("rabbitmq: Publisher is closed")

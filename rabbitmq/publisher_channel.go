@@ -61,10 +61,11 @@ func (p *Publisher) connect(ctx context.Context) (*amqp091.Connection, error) {
 	case conn != nil && !conn.IsClosed():
 		return conn, nil
 	}
-	conn, _, stopWatch, err := dialContext(ctx, p.cfg.URL, "watermill-exactlyonce rabbitmq.Publisher")
+	conn, _, node, stopWatch, err := dialAny(ctx, p.urls, p.node+1, "watermill-exactlyonce rabbitmq.Publisher")
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: Publisher: %w", err)
 	}
+	p.node = node
 	if !stopWatch() && ctx.Err() != nil {
 		// ctx ended as the dial returned: the watch closed the socket.
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))

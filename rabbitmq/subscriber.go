@@ -16,8 +16,20 @@ import (
 // SubscriberConfig configures a Subscriber. URL is required.
 type SubscriberConfig struct {
 	// URL is the broker's AMQP URL, amqp://user:password@host:5672/vhost.
-	// Required.
+	// Required (unless URLs has one).
 	URL string
+
+	// URLs are the AMQP URLs of the cluster's other nodes. The Subscriber
+	// connects to the first of URL, URLs... that answers; after a lost
+	// connection it consumes again through the next node that answers,
+	// from the one after the node it was connected to.
+	URLs []string
+
+	// Queues says how Subscribe declares its queue, and
+	// PartitionedSubscriber its partitions: classic (the default) or
+	// quorum, a delivery limit, dead-lettering. It must match the
+	// publisher's (PublisherConfig.Queues). See docs/clusters.md.
+	Queues Queues
 
 	// Prefetch is how many deliveries of one subscription are in flight at
 	// once: the consumer's basic.qos prefetch count, and so how many
@@ -28,12 +40,14 @@ type SubscriberConfig struct {
 	Prefetch int
 
 	// QueueArguments are the arguments of the durable queue Subscribe
-	// declares, named like the topic (not exclusive, not auto-delete). nil
-	// (the default) declares it without arguments, as Publisher,
-	// DeclareQueues and watermill-amqp's NewDurableQueueConfig do; a
-	// declaration whose arguments differ from the queue's fails Subscribe.
+	// declares, named like the topic (not exclusive, not auto-delete),
+	// for arguments Queues has no field for; set one of them, not both.
+	// nil (the default) declares it with Queues.Arguments(): for the zero
+	// Queues without arguments, as Publisher, DeclareQueues and
+	// watermill-amqp's NewDurableQueueConfig do. A declaration whose
+	// arguments differ from the queue's fails Subscribe.
 	// PartitionedSubscriber declares partition queues with
-	// PartitionQueueArguments, whatever this says.
+	// Queues.PartitionArguments(), whatever this says.
 	QueueArguments amqp091.Table
 
 	// NoQueueDeclare turns the declaration off: the queue must exist.
@@ -93,11 +107,14 @@ func (c *SubscriberConfig) setDefaults() {
 }
 
 func (c *SubscriberConfig) validate() error {
-	if c.URL == "" {
-		return errors.New("rabbitmq: SubscriberConfig.URL is empty; set it to amqp://user:password@host:5672/vhost")
+	if _, err := brokerURLs("SubscriberConfig", c.URL, c.URLs); err != nil {
+		return err
 	}
-	if _, err := amqp091.ParseURI(c.URL); err != nil {
-		return fmt.Errorf("rabbitmq: SubscriberConfig.URL: %w; expected amqp://user:password@host:5672/vhost", err)
+	if err := c.Queues.Validate(); err != nil {
+		return fmt.Errorf("rabbitmq: SubscriberConfig.Queues: %w", err)
+	}
+	if c.QueueArguments != nil && c.Queues != (Queues{}) {
+		return errors.New("rabbitmq: SubscriberConfig: both QueueArguments and Queues are set; set one of them")
 	}
 	if c.Prefetch < 1 || c.Prefetch > 65535 {
 		return fmt.Errorf("rabbitmq: SubscriberConfig.Prefetch is %d, it must be between 1 and 65535", c.Prefetch)
@@ -131,7 +148,9 @@ func (c *SubscriberConfig) validate() error {
 // safe for concurrent use. Close stops every subscription (see
 // CloseTimeout) and closes the connection.
 type Subscriber struct {
-	cfg SubscriberConfig
+	cfg  SubscriberConfig
+	urls []string // URL, then URLs
+	node int      // index in urls of the last connection (-1: none yet); while holding dialing
 
 	dialing chan struct{} // holds a value while one dials: one dial at a time
 
@@ -156,7 +175,8 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: cfg, closing: make(chan struct{}), dialing: make(chan struct{}, 1)}, nil
+	urls, _ := brokerURLs("SubscriberConfig", cfg.URL, cfg.URLs) // validated
+	return &Subscriber{cfg: cfg, urls: urls, node: -1, closing: make(chan struct{}), dialing: make(chan struct{}, 1)}, nil
 }
 
 var errSubscriberClosed = errors.New("rabbitmq: Subscriber is closed")
@@ -165,7 +185,11 @@ var errSubscriberClosed = errors.New("rabbitmq: Subscriber is closed")
 // returns is closed when ctx ends or the Subscriber is closed, once the
 // deliveries in flight were settled (or CloseTimeout passed).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	return s.subscribe(ctx, topic, s.cfg.Prefetch, s.cfg.QueueArguments)
+	args := s.cfg.QueueArguments
+	if args == nil {
+		args = s.cfg.Queues.Arguments()
+	}
+	return s.subscribe(ctx, topic, s.cfg.Prefetch, args)
 }
 
 // subscribe is Subscribe with the prefetch and queue arguments given.
@@ -260,9 +284,13 @@ func (s *Subscriber) connection(ctx context.Context) (*amqp091.Connection, error
 	case conn != nil && !conn.IsClosed():
 		return conn, nil
 	}
-	conn, _, stopWatch, err := dialContext(ctx, s.cfg.URL, "watermill-exactlyonce rabbitmq.Subscriber")
+	conn, _, node, stopWatch, err := dialAny(ctx, s.urls, s.node+1, "watermill-exactlyonce rabbitmq.Subscriber")
 	if err != nil {
 		return nil, err
+	}
+	s.node = node
+	if s.cfg.Queues.Type == Quorum && s.cfg.Queues.DeliveryLimit == 0 && brokerMajor(conn) >= 4 {
+		s.cfg.Logger.Error("rabbitmq: Subscriber: this broker gives quorum queues a delivery limit by default (20 on RabbitMQ 4.0) and Queues.DeliveryLimit leaves it: a message returned that often (nacks while the database is down, crashing consumers) is dropped unless the queue dead-letters; set Queues.DeliveryLimit with Queues.DeadLetterExchange, or a policy without a limit (docs/clusters.md)", nil, watermill.LogFields{"broker_version": conn.Properties["version"]})
 	}
 	if !stopWatch() && ctx.Err() != nil {
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
