@@ -127,7 +127,7 @@ type PublisherConfig struct {
 // of the connection or opened. Close closes the connection.
 type Publisher struct {
 	cfg    PublisherConfig
-	urls   []string // URL, then URLs
+	urls   []string      // URL, then URLs
 	prefix string        // of this Publisher's PublishingHeader values
 	stamps atomic.Uint64 // publishings stamped
 
