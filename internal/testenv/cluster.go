@@ -22,12 +22,14 @@ func scriptsDir() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "scripts")
 }
 
-// runScript runs scripts/<name> with args, bounded by timeout, and returns
-// its standard output; an error carries its standard error.
-func runScript(timeout time.Duration, name string, args ...string) (string, error) {
+// runScript runs scripts/<name> with args and env (added to the process's),
+// bounded by timeout, and returns its standard output; an error carries its
+// standard error.
+func runScript(timeout time.Duration, env []string, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(scriptsDir(), name)}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -36,11 +38,14 @@ func runScript(timeout time.Duration, name string, args ...string) (string, erro
 	return stdout.String(), nil
 }
 
-// RabbitCluster is the local three-node RabbitMQ cluster of
-// scripts/rabbit-cluster.sh: nodes 1, 2 and 3 (eo-rmq1..3@localhost) on
-// 127.0.0.1:5691..5693, or as EO_RMQ_PORT_BASE and EO_RMQ_NAME say (the
-// script's variables: another cluster beside).
-type RabbitCluster struct{}
+// RabbitCluster is a local three-node RabbitMQ cluster of
+// scripts/rabbit-cluster.sh: nodes 1, 2 and 3 (<name>1..3@localhost) on
+// 127.0.0.1:base+1..base+3. Test packages that run at the same time use
+// clusters of their own (other bases and names).
+type RabbitCluster struct {
+	base int
+	name string
+}
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
@@ -49,34 +54,36 @@ func envInt(name string, def int) int {
 	return def
 }
 
-func rmqBase() int { return envInt("EO_RMQ_PORT_BASE", 5690) }
-
-func rmqNode(n int) string {
-	name := os.Getenv("EO_RMQ_NAME")
-	if name == "" {
-		name = "eo-rmq"
-	}
-	return fmt.Sprintf("%s%d@localhost", name, n)
+func (c *RabbitCluster) env() []string {
+	return []string{fmt.Sprintf("EO_RMQ_PORT_BASE=%d", c.base), "EO_RMQ_NAME=" + c.name}
 }
 
-// StartRabbitCluster starts the three nodes (those not running) and waits
-// until they form a cluster (~30 s from nothing on the 2-core machine).
-func StartRabbitCluster() (*RabbitCluster, error) {
-	if _, err := runScript(3*time.Minute, "rabbit-cluster.sh", "up"); err != nil {
+func (c *RabbitCluster) node(n int) string { return fmt.Sprintf("%s%d@localhost", c.name, n) }
+
+// StartRabbitCluster starts the three nodes of the cluster at base (AMQP
+// ports base+1..3) named name (those not running) and waits until they form
+// a cluster (~30 s from nothing on the 2-core machine). EO_RMQ_PORT_BASE and
+// EO_RMQ_NAME, when set, override base and name.
+func StartRabbitCluster(base int, name string) (*RabbitCluster, error) {
+	c := &RabbitCluster{base: envInt("EO_RMQ_PORT_BASE", base), name: name}
+	if n := os.Getenv("EO_RMQ_NAME"); n != "" {
+		c.name = n
+	}
+	if _, err := runScript(3*time.Minute, c.env(), "rabbit-cluster.sh", "up"); err != nil {
 		return nil, err
 	}
-	return &RabbitCluster{}, nil
+	return c, nil
 }
 
 // Stop stops the nodes and removes their data.
 func (c *RabbitCluster) Stop() error {
-	_, err := runScript(time.Minute, "rabbit-cluster.sh", "down")
+	_, err := runScript(time.Minute, c.env(), "rabbit-cluster.sh", "down")
 	return err
 }
 
 // URL is node n's AMQP URL (n is 1, 2 or 3).
 func (c *RabbitCluster) URL(n int) string {
-	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", rmqBase()+n)
+	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", c.base+n)
 }
 
 // URLs are the three nodes' AMQP URLs, starting with node first (1, 2 or
@@ -92,7 +99,7 @@ func (c *RabbitCluster) URLs(first int) []string {
 // Node is the node (1, 2 or 3) whose AMQP port is in url, or 0.
 func (c *RabbitCluster) Node(url string) int {
 	for n := 1; n <= 3; n++ {
-		if strings.Contains(url, fmt.Sprintf(":%d/", rmqBase()+n)) {
+		if strings.Contains(url, fmt.Sprintf(":%d/", c.base+n)) {
 			return n
 		}
 	}
@@ -102,14 +109,14 @@ func (c *RabbitCluster) Node(url string) int {
 // Kill kills node n with SIGKILL: a crash, without a goodbye to its
 // clients or its peers.
 func (c *RabbitCluster) Kill(n int) error {
-	_, err := runScript(time.Minute, "rabbit-cluster.sh", "kill", fmt.Sprint(n))
+	_, err := runScript(time.Minute, c.env(), "rabbit-cluster.sh", "kill", fmt.Sprint(n))
 	return err
 }
 
 // Start starts node n again; it rejoins the cluster with its data. It
 // returns once the node listens for AMQP.
 func (c *RabbitCluster) Start(n int) error {
-	_, err := runScript(3*time.Minute, "rabbit-cluster.sh", "start", fmt.Sprint(n))
+	_, err := runScript(3*time.Minute, c.env(), "rabbit-cluster.sh", "start", fmt.Sprint(n))
 	return err
 }
 
@@ -122,10 +129,10 @@ type QueueInfo struct {
 	Messages int      `json:"messages"`
 }
 
-// LeaderNode is the node number (1..3) of the queue's leader, 0 if none.
-func (q QueueInfo) LeaderNode() int {
+// LeaderNode is the node number (1..3) of q's leader, 0 if none.
+func (c *RabbitCluster) LeaderNode(q QueueInfo) int {
 	for n := 1; n <= 3; n++ {
-		if q.Leader == rmqNode(n) {
+		if q.Leader == c.node(n) {
 			return n
 		}
 	}
@@ -140,7 +147,7 @@ func (c *RabbitCluster) Queues(prefix string, via ...int) ([]QueueInfo, error) {
 	}
 	var lastErr error
 	for _, n := range via {
-		node := rmqNode(n)
+		node := c.node(n)
 		out, err := exec.Command("runuser", "-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq",
 			"/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", node, "-q", "-t", "20", "list_queues",
 			"name", "type", "leader", "members", "messages", "--formatter", "json").Output()
@@ -201,7 +208,7 @@ func pgPairPort(n string) int {
 // until the standby streams. Replication is asynchronous until
 // SetReplication says otherwise.
 func StartPGPair() (*PGPair, error) {
-	if _, err := runScript(2*time.Minute, "pg-pair.sh", "up"); err != nil {
+	if _, err := runScript(2*time.Minute, nil, "pg-pair.sh", "up"); err != nil {
 		return nil, err
 	}
 	return &PGPair{}, nil
@@ -209,7 +216,7 @@ func StartPGPair() (*PGPair, error) {
 
 // Stop stops both nodes and removes their data.
 func (p *PGPair) Stop() error {
-	_, err := runScript(time.Minute, "pg-pair.sh", "down")
+	_, err := runScript(time.Minute, nil, "pg-pair.sh", "down")
 	return err
 }
 
@@ -226,13 +233,13 @@ func (p *PGPair) NodeURL(n string) string {
 // Crash stops node n as a crash does (pg_ctl stop -m immediate: no
 // shutdown checkpoint, and its WAL senders send nothing more).
 func (p *PGPair) Crash(n string) error {
-	_, err := runScript(time.Minute, "pg-pair.sh", "crash", n)
+	_, err := runScript(time.Minute, nil, "pg-pair.sh", "crash", n)
 	return err
 }
 
 // Promote promotes standby n and returns once it takes writes.
 func (p *PGPair) Promote(n string) error {
-	_, err := runScript(time.Minute, "pg-pair.sh", "promote", n)
+	_, err := runScript(time.Minute, nil, "pg-pair.sh", "promote", n)
 	return err
 }
 

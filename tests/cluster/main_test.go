@@ -19,7 +19,7 @@ import (
 var rabbit *testenv.RabbitCluster
 
 func TestMain(m *testing.M) {
-	c, err := testenv.StartRabbitCluster()
+	c, err := testenv.StartRabbitCluster(5690, "eo-rmq")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tests/cluster: cannot start the three-node RabbitMQ cluster (`make services` installs RabbitMQ; `make cluster-up` starts the cluster alone): %v\n", err)
 		os.Exit(1)
