@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 // relayOptions are the flags of `outbox relay`.
 type relayOptions struct {
 	amqpURL        string
+	queueType      string
 	publisher      string
 	window         int
 	noQueueDeclare bool
@@ -55,7 +57,9 @@ topic as routing key, i.e. to the queue named like the topic, which is declared 
 time a topic is seen (--no-queue-declare when your queues are declared elsewhere). A topic given
 with --topic-partitions topic=n is partitioned: each message goes to the queue <topic>.p<i> of its
 ordering key, declared with single active consumer (per-key order, docs/ordering.md). The broker is
---amqp-url or $AMQP_URL. A broker that is down is retried with backoff; the relay starts anyway.
+--amqp-url or $AMQP_URL: the nodes of a cluster separated by commas, tried in turn. --queue-type
+quorum declares quorum queues (docs/clusters.md). A broker that is down is retried with backoff; the
+relay starts anyway.
 
 It runs until SIGINT or SIGTERM, then lets the batches in flight finish (what the broker confirmed
 is deleted) and exits 0; a second signal exits at once. With --once it relays until no row is ready
@@ -67,7 +71,8 @@ succeeded, 1 when some failed. Logs go to standard error (slog; JSON with --json
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.amqpURL, "amqp-url", "", "RabbitMQ URL, amqp://user:password@host:5672/vhost (default $"+envAMQPURL+")")
+	f.StringVar(&o.amqpURL, "amqp-url", "", "RabbitMQ URL, amqp://user:password@host:5672/vhost, or the nodes of a cluster separated by commas (default $"+envAMQPURL+")")
+	f.StringVar(&o.queueType, "queue-type", "classic", "rabbitmq: the type of the queues declared: classic or quorum (docs/clusters.md)")
 	f.StringVar(&o.publisher, "publisher", "rabbitmq", "where rows go: rabbitmq")
 	f.IntVar(&o.window, "window", 256, "rabbitmq: most messages of a batch awaiting their publisher confirm at once")
 	f.BoolVar(&o.noQueueDeclare, "no-queue-declare", false, "rabbitmq: do not declare each topic's durable queue")
@@ -90,6 +95,8 @@ func (o relayOptions) validate() error {
 	switch {
 	case o.publisher != "rabbitmq":
 		return usageErr("--publisher %q: the publishers this command knows are: rabbitmq", o.publisher)
+	case o.queueType != string(rabbitmq.Classic) && o.queueType != string(rabbitmq.Quorum):
+		return usageErr("--queue-type %q: want classic or quorum", o.queueType)
 	case o.window < 1:
 		return usageErr("--window must be at least 1")
 	case o.batchSize < 1 || o.batchSize > 10000:
@@ -124,7 +131,14 @@ func (a *app) publisher(cmd *cobra.Command, o relayOptions) (message.Publisher, 
 	if url == "" {
 		return nil, usageErr("no broker: set %s or --amqp-url", envAMQPURL)
 	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, Window: o.window, NoQueueDeclare: o.noQueueDeclare, Partitions: o.partitions})
+	var urls []string
+	for _, u := range strings.Split(url, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URLs: urls, Window: o.window, NoQueueDeclare: o.noQueueDeclare,
+		Partitions: o.partitions, Queues: rabbitmq.Queues{Type: rabbitmq.QueueType(o.queueType)}})
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
