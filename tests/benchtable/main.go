@@ -7,7 +7,7 @@
 //	BENCH_QUICK=1 go run ./tests/benchtable   # tiny sizes, a minute or two
 //	go run ./tests/benchtable -h         # every flag; each has a BENCH_* variable
 //
-// Sections (-only router,relay,ordered,rss,wake,retention). The router,
+// Sections (-only router,relay,ordered,rss,wake,retention,broker). The router,
 // relay and retention sections have an engine dimension (-engines
 // postgres,mariadb, both by default; engine.go): their engine-neutral
 // variants run on each engine in the same alternating rounds, and a line
@@ -50,6 +50,12 @@
 //   - rss: the peak RSS (VmHWM) of a relay process and of a consuming service
 //     (a router with the middleware, group commit + Exec) at a 1k and a 1M
 //     backlog, each a subprocess (this binary re-executed with -child).
+//   - broker (not run unless -only names it; broker.go): the relay through
+//     rabbitmq.Publisher (1 and 4 workers) and a router with the middleware
+//     through rabbitmq.Subscriber (per-message, group commit + Exec) on the
+//     single node with classic queues, with quorum queues, and on a local
+//     three-node cluster with quorum queues (clients on the queues' leader,
+//     or on followers), which the section starts and stops.
 //
 // -stmts adds where the time goes: each router and relay run's statements
 // per message or event, and their time, on each engine (stmts.go).
@@ -123,6 +129,12 @@ type config struct {
 	retentionClaims  int
 	retentionWorkers int
 
+	// broker (broker.go)
+	brokerSetups   []string
+	brokerRows     int
+	brokerMessages int
+	brokerWorkers  []int
+
 	dbURL    string
 	mysqlURL string
 	amqpURL  string
@@ -180,8 +192,12 @@ func parseConfig(args []string) (*config, error) {
 		"retention-rows-mariadb": {"-retention-rows", "50000"},
 		"retention-claims":       {"20000", "3000"},
 		"retention-workers":      {"1", "1"},
+		"broker-setups":          {"classic,quorum,cluster,cluster-spread", "classic,quorum,cluster,cluster-spread"},
+		"broker-rows":            {"10000", "500"},
+		"broker-messages":        {"10000", "500"},
+		"broker-relay-workers":   {"1,4", "1,4"},
 	}
-	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, ordered, rss, wake, retention")
+	def("only", "BENCH_ONLY", table["only"], "sections to run, comma-separated: router, relay, ordered, rss, wake, retention, broker (not in the default: it starts a three-node RabbitMQ cluster)")
 	def("engines", "BENCH_ENGINES", table["engines"], "databases the router, relay and retention sections run on, comma-separated: postgres, mariadb (ordered, rss and wake: PostgreSQL only)")
 	def("ordered-rows", "BENCH_ORDERED_ROWS", table["ordered-rows"], "ordered: rows relayed per relay round (the hot key's also stop after -relay-time)")
 	def("ordered-e2e", "BENCH_ORDERED_E2E", table["ordered-e2e"], "ordered: messages relayed and consumed per end-to-end round")
@@ -207,6 +223,10 @@ func parseConfig(args []string) (*config, error) {
 	def("retention-rows-mariadb", "BENCH_RETENTION_ROWS_MARIADB", table["retention-rows-mariadb"], "retention: rows in MariaDB's inbox (filled from a SEQUENCE table)")
 	def("retention-claims", "BENCH_RETENTION_CLAIMS", table["retention-claims"], "retention: claims timed per measurement")
 	def("retention-workers", "BENCH_RETENTION_WORKERS", table["retention-workers"], "retention: concurrent claimers (1: the claim's own latency; more: with CPU contention on small machines)")
+	def("broker-setups", "BENCH_BROKER_SETUPS", table["broker-setups"], "broker: setups compared with classic (the single node's classic queues), comma-separated: classic, quorum, cluster, cluster-spread")
+	def("broker-rows", "BENCH_BROKER_ROWS", table["broker-rows"], "broker: outbox rows relayed per setup per round")
+	def("broker-messages", "BENCH_BROKER_MESSAGES", table["broker-messages"], "broker: messages consumed per setup per round and mode")
+	def("broker-relay-workers", "BENCH_BROKER_RELAY_WORKERS", table["broker-relay-workers"], "broker: RelayConfig.Workers of the relay lines, comma-separated (a line each)")
 	cpu := fs.Bool("cpu", env("BENCH_CPU", "") != "" && env("BENCH_CPU", "") != "0", "also print where the CPU went during the timed sections (BENCH_CPU=1)")
 	stmts := fs.Bool("stmts", env("BENCH_STMTS", "") != "" && env("BENCH_STMTS", "") != "0", "also print the statements per message or event of the router and relay runs, and their time, on each engine (BENCH_STMTS=1)")
 	prof := fs.String("cpuprofile", env("BENCH_CPUPROFILE", ""), "directory: write a CPU profile of this process per variant (first round) (BENCH_CPUPROFILE)")
@@ -271,6 +291,9 @@ func parseConfig(args []string) (*config, error) {
 		retentionRows:    num("retention-rows"),
 		retentionClaims:  num("retention-claims"),
 		retentionWorkers: num("retention-workers"),
+		brokerRows:       num("broker-rows"),
+		brokerMessages:   num("broker-messages"),
+		brokerWorkers:    list("broker-relay-workers"),
 		dbURL:            env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		mysqlURL:         env("MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 		amqpURL:          env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
@@ -281,6 +304,9 @@ func parseConfig(args []string) (*config, error) {
 		c.retentionRowsMy = num("retention-rows-mariadb")
 	}
 	if err != nil {
+		return nil, err
+	}
+	if c.brokerSetups, err = parseBrokerSetups(get("broker-setups")); err != nil {
 		return nil, err
 	}
 	if c.engines, err = parseEngines(get("engines")); err != nil {
@@ -298,11 +324,11 @@ func parseConfig(args []string) (*config, error) {
 	for _, sec := range strings.Split(get("only"), ",") {
 		sec = strings.TrimSpace(sec)
 		switch sec {
-		case "router", "relay", "ordered", "rss", "wake", "retention":
+		case "router", "relay", "ordered", "rss", "wake", "retention", "broker":
 			c.only[sec] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("-only: unknown section %q (router, relay, ordered, rss, wake, retention)", sec)
+			return nil, fmt.Errorf("-only: unknown section %q (router, relay, ordered, rss, wake, retention, broker)", sec)
 		}
 	}
 	if len(c.rssBacklogs) < 2 || !slices.IsSorted(c.rssBacklogs) {
@@ -391,6 +417,13 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		lines = append(lines, l...)
 	}
+	if cfg.only["broker"] {
+		l, err := h.brokerSection(ctx)
+		if err != nil {
+			return fmt.Errorf("broker section: %w", err)
+		}
+		lines = append(lines, l...)
+	}
 	loadAfter := loadavg()
 
 	host, _ := os.Hostname()
@@ -405,6 +438,10 @@ func run(ctx context.Context, cfg *config) error {
 	fmt.Printf("router: %d msgs per variant per round, %d in flight, prefetch %d (group commit on rabbitmq.Subscriber and the bare consumer: %d), pool %d; relay: BatchSize %d, Workers %d, window %d, up to %d rows or %s per round; rss: %d msgs per process; retention: %s rows per layout, %d claims per measurement\n\n",
 		cfg.messages, cfg.inflight, cfg.prefetch, cfg.batchPrefetch, cfg.pool, cfg.relayBatch, cfg.relayWorkers, cfg.window, cfg.relayRows, cfg.relayTime, cfg.rssMessages,
 		retentionRows, cfg.retentionClaims)
+	if cfg.only["broker"] {
+		fmt.Println(brokerSummary(cfg))
+		fmt.Println()
+	}
 	printTable(os.Stdout, lines)
 	if cfg.cpu {
 		fmt.Println()
@@ -419,7 +456,7 @@ func run(ctx context.Context, cfg *config) error {
 
 func sectionList(cfg *config) string {
 	var s []string
-	for _, k := range []string{"router", "relay", "ordered", "rss", "wake", "retention"} {
+	for _, k := range []string{"router", "relay", "ordered", "rss", "wake", "retention", "broker"} {
 		if cfg.only[k] {
 			s = append(s, k)
 		}
