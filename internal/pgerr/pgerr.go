@@ -43,6 +43,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -215,6 +216,22 @@ func UniqueViolation(err error) bool {
 		return mysqlUnique[me.Number]
 	}
 	return Code(err) == "23505"
+}
+
+// ErrDBReadOnly is exactlyonce.ErrDBReadOnly and outbox.ErrDBReadOnly
+// (defined here so that both packages wrap the same error): the server took
+// the connection but refuses writes.
+var ErrDBReadOnly = errors.New("the database refuses writes: a standby or a read-only transaction/server; " +
+	"connect to the primary, e.g. target_session_attrs=read-write in a multi-host URL")
+
+// IfReadOnly returns err wrapped with ErrDBReadOnly ("<ErrDBReadOnly>:
+// <err>") when ReadOnly(err), and err unchanged otherwise (also when it
+// already wraps ErrDBReadOnly).
+func IfReadOnly(err error) error {
+	if err == nil || errors.Is(err, ErrDBReadOnly) || !ReadOnly(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrDBReadOnly, err)
 }
 
 // ReadOnly reports whether err refuses a write because the transaction or
