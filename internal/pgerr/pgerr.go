@@ -236,19 +236,33 @@ func IfReadOnly(err error) error {
 
 // ReadOnly reports whether err refuses a write because the transaction or
 // the server is read-only: PostgreSQL's 25006 (read_only_sql_transaction: a
-// READ ONLY transaction, default_transaction_read_only, a hot standby);
+// READ ONLY transaction, default_transaction_read_only, a hot standby) and
+// a hot standby's refusal of BEGIN ... READ WRITE (0A000, "cannot set
+// transaction read-write mode during recovery");
 // MySQL's 1792 (a write in a START TRANSACTION READ ONLY transaction), 1290
 // with --read-only or --super-read-only in its message (a read_only server,
 // which a replica usually is; 1290 for --secure-file-priv does not count),
 // 1836 (ER_READ_ONLY_MODE) and 1874 (InnoDB in read-only mode). It implies
-// Deterministic: the same write fails again on the same server; another
-// server (after a failover) may take it. With the MySQL driver's
+// Deterministic (0A000 is of a Deterministic class too): the same write
+// fails again on the same server; another server (after a failover) may
+// take it. With the MySQL driver's
 // rejectReadOnly=true these become driver.ErrBadConn (see Unreachable).
 func ReadOnly(err error) bool {
 	if me, ok := mysqlError(err); ok {
 		return mysqlIsReadOnly(me)
 	}
-	return Code(err) == "25006"
+	switch Code(err) {
+	case "25006":
+		return true
+	case "0A000":
+		// A hot standby refuses BEGIN ... READ WRITE (what pgx sends for
+		// a database/sql transaction with options) with
+		// feature_not_supported: "cannot set transaction read-write mode
+		// during recovery".
+		var pe *pgconn.PgError
+		return errors.As(err, &pe) && strings.Contains(pe.Message, "read-write mode during recovery")
+	}
+	return false
 }
 
 // refusedAtCommit are the SQLSTATEs, besides the Deterministic classes,
