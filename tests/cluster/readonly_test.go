@@ -56,8 +56,8 @@ type roConsumer struct {
 	lastOther atomic.Value
 }
 
-// TestReadOnlyStandby: the middleware (one transaction per message, and
-// group commit) and the outbox relay pointed at the standby of a real pair
+// TestReadOnlyStandby: the middleware (one transaction per message, group
+// commit, lease mode) and the outbox relay pointed at the standby of a real pair
 // (node b before promotion, its own URL: a hot standby takes the
 // connection and refuses every write) fail clearly and do not loop: each
 // delivery is nacked with ErrDBReadOnly after NackDelay (a handful of
@@ -104,7 +104,7 @@ func TestReadOnlyStandby(t *testing.T) {
 	const nackDelay = 200 * time.Millisecond
 	const window = 2 * time.Second
 	const messages = 3
-	modes := []string{"transactional", "group-commit"}
+	modes := []string{"transactional", "group-commit", "lease"}
 	consumers := map[string]*roConsumer{}
 	for _, mode := range modes {
 		c := &roConsumer{}
@@ -121,8 +121,11 @@ func TestReadOnlyStandby(t *testing.T) {
 					c.lastOther.Store(fmt.Sprint(e.Outcome, e.Err))
 				}
 			}}
-		if mode == "group-commit" {
+		switch mode {
+		case "group-commit":
 			cfg.Batch = &exactlyonce.BatchConfig{MaxSize: 8}
+		case "lease":
+			cfg.Lease = &exactlyonce.LeaseConfig{Duration: time.Minute}
 		}
 		eo, err := exactlyonce.New(cfg)
 		require.NoError(t, err)
@@ -189,7 +192,7 @@ func TestReadOnlyStandby(t *testing.T) {
 	defer func() { _ = b.Close(ctx) }()
 	var effects, distinct int
 	require.NoError(t, b.QueryRow(ctx, "SELECT count(*), count(DISTINCT msg_id) FROM ro.effects").Scan(&effects, &distinct))
-	require.Equal(t, 2*messages, effects, "every message has one effect")
-	require.Equal(t, 2*messages, distinct)
+	require.Equal(t, len(modes)*messages, effects, "every message has one effect")
+	require.Equal(t, len(modes)*messages, distinct)
 	require.Zero(t, relay.Stats().Quarantined)
 }
