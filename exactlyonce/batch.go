@@ -280,6 +280,8 @@ func (b *batcher) fail(j *job, f fate, batch int) {
 		return
 	case f.conflict:
 		b.conflicted(j, f.err, batch, false)
+	case errors.Is(f.err, ErrDBReadOnly):
+		f.err = b.m.readOnlyFailed(j.d, f.err)
 	case isOutputError(f.err):
 		b.m.cfg.Logger.Error("exactlyonce: the handler's output messages cannot be written, message will be redelivered", f.err,
 			watermill.LogFields{"message_uuid": j.d.msg.UUID, "consumer": j.d.consumer, "key": j.d.key})
@@ -317,7 +319,7 @@ func (b *batcher) conflicted(j *job, err error, batch int, again bool) {
 // from it.
 type attempt struct {
 	// claimErr: the batch's claim failed (after its retries): no handler
-	// ran. claimSentinel is ErrDBUnavailable or ErrClaimFailed.
+	// ran. claimSentinel is ErrDBUnavailable, ErrDBReadOnly or ErrClaimFailed.
 	claimErr, claimSentinel error
 	claims                  []inboxdb.ClaimResult // per job, when claimErr is nil
 	cerrs                   []error               // per job: its own claim's error
@@ -434,7 +436,8 @@ func nextStep(a attempt, group []*job, reruns int) step {
 				err = fmt.Errorf("exactlyonce: commit of a batch of %d (with %q for %q) failed, its outcome is unknown: %w",
 					len(run), d.key, d.consumer, a.err)
 			}
-			fates[i] = fate{outcome: Nacked, err: err}
+			// A server that refuses writes refuses the next COMMIT too.
+			fates[i] = fate{outcome: Nacked, err: err, wait: pgerr.ReadOnly(a.err)}
 		}
 		return step{kind: stepSettled, fates: fates}
 	}
@@ -451,6 +454,9 @@ func nextStep(a attempt, group []*job, reruns int) step {
 //   - after NackDelay, for output messages the outbox refuses (logged) and
 //     for ErrNestedMiddleware (logged by the inner middleware; see
 //     handlerFailed);
+//   - after NackDelay, wrapping ErrDBReadOnly, for a write the server
+//     refused because it is read-only (logged as the middleware's read-only
+//     episode: see readOnlyFailed);
 //   - as a conflict for a deadlock or serialization failure: the batch
 //     runs again with it (nextStep) until maxBatchReruns.
 func failedFate(err error) fate {
@@ -460,6 +466,10 @@ func failedFate(err error) fate {
 		f.park = true
 	case isOutputError(err), errors.Is(err, ErrNestedMiddleware):
 		f.wait = true
+	case pgerr.ReadOnly(err):
+		// The server refuses writes (a standby): the same on every
+		// redelivery until the middleware reaches the primary.
+		f.err, f.wait = pgerr.IfReadOnly(err), true
 	case pgerr.SerializationFailure(err):
 		f.conflict = true
 	}
@@ -629,12 +639,15 @@ func (b *batcher) beginClaim(ctx context.Context, jobs []*job) (wsql.Tx, []inbox
 
 // claimFailed logs the failed claim of a batch (see claimFailure; group
 // commit never fails open) and returns what every job's error wraps:
-// ErrDBUnavailable or ErrClaimFailed, and the cause.
+// ErrDBUnavailable, ErrDBReadOnly or ErrClaimFailed, and the cause.
 func (b *batcher) claimFailed(jobs []*job, cause error) (sentinel, _ error) {
 	sentinel = ErrClaimFailed
-	if pgerr.Unreachable(cause) {
+	switch {
+	case pgerr.ReadOnly(cause):
+		sentinel = ErrDBReadOnly
+	case pgerr.Unreachable(cause):
 		sentinel = ErrDBUnavailable
-	} else {
+	default:
 		cause = pgerr.IfNotMigrated(b.m.names, cause)
 	}
 	b.m.claimFailed(claimError(jobs[0].d, sentinel, cause), watermill.LogFields{"batch": len(jobs), "consumer": jobs[0].d.consumer})

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/exactlyonce/watermill-exactlyonce/internal/inboxdb"
+	"github.com/exactlyonce/watermill-exactlyonce/internal/pgerr"
 )
 
 // Errors the middleware returns to the router, always wrapped in a message
@@ -25,6 +26,24 @@ var (
 	// NackDelay, or run fail-open with Config.FailOpen. docs/guarantees.md
 	// lists the errors that count.
 	ErrDBUnavailable = errors.New("database unavailable")
+
+	// ErrDBReadOnly: the database took the connection but refuses writes
+	// (PostgreSQL's 25006, MySQL's read-only refusals: see
+	// docs/clusters.md): the middleware is connected to a standby (a hot
+	// standby, a replica), or the server or the session is read-only
+	// (default_transaction_read_only, MySQL read_only). Its text says so
+	// and what to do: connect to the primary, e.g. a multi-host URL with
+	// target_session_attrs=read-write, or a proxy that follows the
+	// primary. Mostly at the claim (the inbox INSERT is the transaction's
+	// first write): nothing was processed. At a handler's write or at
+	// COMMIT, nothing of the transaction committed. Either way the message
+	// is nacked after NackDelay (never run fail-open: the database is
+	// there, and another copy may be running the key), logged once per
+	// episode (when it starts, while it goes on, when it ends), not per
+	// message; in lease mode a completion refused so is not parked (the
+	// primary would take it). The same running middleware goes on once
+	// its connections reach a primary again (a standby promoted in place).
+	ErrDBReadOnly = pgerr.ErrDBReadOnly
 
 	// ErrClaimFailed: any other database error before the handler ran (a
 	// serialization failure that kept recurring, a lock or statement

@@ -15,10 +15,18 @@ import (
 // claimFailure settles a delivery whose claim failed with a database error
 // before the handler ran (begin or claim). Only an unreachable database
 // (pgerr.Unreachable) is ErrDBUnavailable and may run the handler
-// fail-open; any other error is ErrClaimFailed and always a nack: the
-// database is there, and another copy may be running the key.
+// fail-open; a server that refuses writes (pgerr.ReadOnly: a standby) is
+// ErrDBReadOnly, any other error ErrClaimFailed, both always a nack after
+// NackDelay: the database is there, and another copy may be running the
+// key.
 func (m *Guard) claimFailure(d *delivery, h message.HandlerFunc, cause error) {
 	fields := watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key}
+	if pgerr.ReadOnly(cause) {
+		err := claimError(d, ErrDBReadOnly, cause)
+		m.claimFailed(err, fields)
+		d.nackLater(reported(err))
+		return
+	}
 	if !m.unreachable(cause) {
 		err := claimError(d, ErrClaimFailed, pgerr.IfNotMigrated(m.names, cause))
 		m.claimFailed(err, fields)
@@ -46,13 +54,20 @@ const (
 	episodeUnavailable = "unavailable"
 	episodeNotMigrated = "not-migrated"
 	episodeClaim       = "claim"
+	episodeReadOnly    = "read-only"
 	episodeFailOpen    = "fail-open"
 )
 
 // claimFailed logs a claim that failed before any handler ran (err wraps
-// ErrDBUnavailable or ErrClaimFailed) as part of its episode.
+// ErrDBUnavailable, ErrDBReadOnly or ErrClaimFailed) as part of its
+// episode; also a handler's write or a COMMIT refused because the server is
+// read-only (ErrDBReadOnly).
 func (m *Guard) claimFailed(err error, fields watermill.LogFields) {
 	switch {
+	case errors.Is(err, ErrDBReadOnly):
+		m.episodes.Fail(episodeReadOnly, "exactlyonce: the database refuses writes (a standby, or a read-only server or transaction): "+
+			"messages are nacked and redelivered until the middleware reaches the primary "+
+			"(connect to it, e.g. target_session_attrs=read-write in a multi-host URL, or through a proxy that follows it)", err, fields)
 	case errors.Is(err, ErrDBUnavailable):
 		what := "exactlyonce: database unavailable, messages are nacked and redelivered until it is back"
 		if m.lease != nil && !m.lease.Transactional() {
@@ -68,7 +83,7 @@ func (m *Guard) claimFailed(err error, fields watermill.LogFields) {
 
 // claimed ends the episodes a successful claim shows are over.
 func (m *Guard) claimed() {
-	m.episodes.End(episodeUnavailable, episodeNotMigrated, episodeClaim, episodeFailOpen)
+	m.episodes.End(episodeUnavailable, episodeNotMigrated, episodeClaim, episodeReadOnly, episodeFailOpen)
 	if m.check.pending.Load() {
 		m.check.due.Store(true)
 	}

@@ -349,8 +349,9 @@ const (
 	// marks the attempt interrupted), acked.
 	leasePark
 	// leaseAfterLease: the completion's outcome is unknown, or it cannot
-	// be recorded (the database unreachable, a COMMIT lost or refused for
-	// a reason not known to repeat): nothing is recorded, nacked. The key
+	// be recorded (the database unreachable or refusing writes, a standby;
+	// a COMMIT lost or refused for a reason not known to repeat): nothing
+	// is recorded, nacked. The key
 	// stays processing until its lease expires; then it runs again as an
 	// interrupted attempt, at most MaxInterruptedAttempts times. Never a
 	// blind immediate retry.
@@ -363,6 +364,11 @@ const (
 // classifyLease decides how a lease-mode attempt ends from the stage it
 // stopped at and that stage's error. It does no I/O: endLease acts on it.
 func classifyLease(stage leaseStage, err error) leaseEnd {
+	if stage >= stageWrite && stage <= stageCommit && pgerr.ReadOnly(err) {
+		// The server refuses writes (a standby, a read-only server): the
+		// primary would take the completion, so it is not parked.
+		return leaseAfterLease
+	}
 	switch stage {
 	case stageNone:
 		return leaseDone
@@ -425,7 +431,14 @@ func (m *Guard) endLease(ctx context.Context, d *delivery, l *leaseState, th *tx
 				d.nack(fmt.Errorf("exactlyonce: completing %q for %q: %w", d.key, d.consumer, f.err))
 			}
 		case leaseAfterLease:
-			d.nack(afterLeaseError(d, f))
+			err := afterLeaseError(d, f)
+			if errors.Is(err, ErrDBReadOnly) {
+				// The server refuses writes: so will it for the next
+				// delivery, until the middleware reaches the primary.
+				d.nackLater(m.readOnlyFailed(d, err))
+				break
+			}
+			d.nack(err)
 		case leasePark:
 			switch f.stage {
 			case stageHandler:
@@ -472,7 +485,7 @@ func parkReason(cause error) string {
 // afterLeaseError is the error of an attempt whose completion failed with
 // an unknown outcome (leaseAfterLease).
 func afterLeaseError(d *delivery, f leaseResult) error {
-	cause := f.err
+	cause := pgerr.IfReadOnly(f.err)
 	switch f.stage {
 	case stageCommit:
 		what := "failed, its outcome is unknown"
@@ -483,7 +496,7 @@ func afterLeaseError(d *delivery, f leaseResult) error {
 			// interrupted, never retried blindly.
 			what = "refused by the server, nothing committed (" + refusalCause(f.err) + ")"
 		}
-		return fmt.Errorf("exactlyonce: completion of %q for %q %s: %w", d.key, d.consumer, what, f.err)
+		return fmt.Errorf("exactlyonce: completion of %q for %q %s: %w", d.key, d.consumer, what, cause)
 	case stageBegin:
 		if f.handlerErr != nil {
 			cause = fmt.Errorf("%w: begin completion: %w (handler: %w)", ErrDBUnavailable, f.err, f.handlerErr)

@@ -94,6 +94,10 @@ func (m *Guard) handleTransactional(d *delivery, h message.HandlerFunc) {
 	ob.beforeCommit(context.WithoutCancel(d.ctx))
 	done = true
 	if err := tx.Commit(); err != nil {
+		if pgerr.ReadOnly(err) {
+			d.nackLater(m.readOnlyFailed(d, commitError(d, err)))
+			return
+		}
 		d.nack(commitError(d, err))
 		return
 	}
@@ -117,12 +121,12 @@ func claimError(d *delivery, sentinel, cause error) error {
 }
 
 // commitError is the error of a delivery whose transaction did not
-// commit: the server refused the COMMIT (nothing committed), or its
-// outcome is unknown.
+// commit: the server refused the COMMIT (nothing committed; wrapping
+// ErrDBReadOnly when it refuses writes), or its outcome is unknown.
 func commitError(d *delivery, err error) error {
 	if pgerr.CommitRefused(err) {
 		return fmt.Errorf("exactlyonce: commit of %q for %q refused by the server, nothing committed (%s): %w",
-			d.key, d.consumer, refusalCause(err), err)
+			d.key, d.consumer, refusalCause(err), pgerr.IfReadOnly(err))
 	}
 	return fmt.Errorf("exactlyonce: commit of %q for %q failed, its outcome is unknown: %w", d.key, d.consumer, err)
 }
@@ -239,6 +243,9 @@ func refusalCause(err error) string {
 //   - ErrNestedMiddleware (a second exactly-once middleware inside this
 //     one refused the delivery, and logged it): returned after NackDelay,
 //     for the same reason;
+//   - a write the server refused because it is read-only (a standby):
+//     wrapped with ErrDBReadOnly, logged as the read-only episode, and
+//     returned after NackDelay;
 //   - a conflict with another transaction on the handler's own rows
 //     (pgerr.SerializationFailure: a deadlock, 40P01, or a serialization
 //     failure, 40001): nothing of the message committed, and its
@@ -253,11 +260,23 @@ func (m *Guard) handlerFailed(d *delivery, err error) {
 		m.cfg.Logger.Info(conflictMessage+"; rolled back, the message will be redelivered", watermill.LogFields{
 			"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key, "sqlstate": pgerr.Code(err), "err": err.Error()})
 		f.err = reported(err)
+	case errors.Is(f.err, ErrDBReadOnly):
+		f.err = m.readOnlyFailed(d, f.err)
 	case isOutputError(err):
 		m.cfg.Logger.Error("exactlyonce: the handler's outbox publish was refused, message will be redelivered", err,
 			watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key})
 	}
 	settle(d, f)
+}
+
+// readOnlyFailed logs, as the middleware's read-only episode (see
+// claimFailed), a write of the handler's transaction or its COMMIT that
+// the server refused because it is read-only, and returns err (which wraps
+// ErrDBReadOnly) marked for RouterLogger: nothing committed, and the
+// message is nacked after NackDelay.
+func (m *Guard) readOnlyFailed(d *delivery, err error) error {
+	m.claimFailed(err, watermill.LogFields{"message_uuid": d.msg.UUID, "consumer": d.consumer, "key": d.key})
+	return reported(err)
 }
 
 // conflictMessage is the log line of a handler whose statement met a

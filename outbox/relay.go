@@ -24,6 +24,17 @@ import (
 	"github.com/exactlyonce/watermill-exactlyonce/sqlschema"
 )
 
+// ErrDBReadOnly is what the relay's errors (Stats().LastError, Flush's)
+// wrap when the database took the connection but refuses writes: the
+// relay reaches a standby (a hot standby, a replica) or a read-only server,
+// where its batch cannot lock rows (SELECT ... FOR UPDATE is a write).
+// Nothing is published, nothing is counted against the rows; Run logs it
+// as one episode ("outbox relay: the database is read-only") and tries
+// again every MaxErrorBackoff, and goes on by itself once its connections
+// reach a primary (a standby promoted in place, or a multi-host URL with
+// target_session_attrs=read-write). It is exactlyonce.ErrDBReadOnly.
+var ErrDBReadOnly = pgerr.ErrDBReadOnly
+
 // Relay moves outbox rows to a publisher. Several Relays (in one process or
 // many) may run against one table: each batch is locked with SKIP LOCKED.
 type Relay struct {
@@ -148,7 +159,8 @@ func (r *Relay) Stats() RelayStats {
 // published (its destination, or the broker, looks down), is paused for
 // ErrorBackoff, doubling to MaxErrorBackoff while it lasts, while the
 // other topics flow; a batch the database failed is followed by a wait of
-// the same length. Rows that failed wait out their own backoff (see
+// the same length (MaxErrorBackoff when the database refuses writes:
+// ErrDBReadOnly). Rows that failed wait out their own backoff (see
 // RelayConfig.ErrorBackoff) while the rows behind them are relayed.
 //
 // Run may be called once at a time per Relay (a second call while one
@@ -348,6 +360,14 @@ func (r *Relay) work(ctx context.Context) {
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return
+		case errors.Is(err, ErrDBReadOnly):
+			// Connected to a standby (or a read-only server): nothing
+			// was locked or published. Not an outage that a fast retry
+			// outlives: say what to do, and ask again slowly.
+			r.episodes.Fail(episodeReadOnly, "outbox relay: the database is read-only (a standby, or a read-only server: "+
+				"connect the relay to the primary, e.g. target_session_attrs=read-write in a multi-host URL); retrying every "+
+				r.cfg.MaxErrorBackoff.String(), err, nil)
+			wait = r.cfg.MaxErrorBackoff
 		case errors.Is(err, sqlschema.ErrNotMigrated):
 			// A configuration error, not an outage: say what to do, and
 			// poll slowly until someone does it.
@@ -361,7 +381,7 @@ func (r *Relay) work(ctx context.Context) {
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.MaxErrorBackoff)
 		default:
-			r.episodes.End(episodeNotMigrated, episodeBatch)
+			r.episodes.End(episodeNotMigrated, episodeBatch, episodeReadOnly)
 			if err != nil {
 				r.cfg.Logger.Error("outbox relay: rows failed, each is retried after its own backoff", err, r.failureFields(res, nil))
 			}
@@ -403,6 +423,7 @@ func (r *Relay) work(ctx context.Context) {
 const (
 	episodeNotMigrated = "not-migrated"
 	episodeBatch       = "batch"
+	episodeReadOnly    = "read-only"
 )
 
 // logSample is how many failed rows' UUIDs a failure's log line names.
@@ -623,8 +644,9 @@ func (e joinedError) Unwrap() []error { return e }
 
 // own marks an error of the relay's own SQL (not the publisher's, which may
 // be SQL-backed too): a missing outbox table or column is reported as
-// sqlschema.ErrNotMigrated, with the fix.
-func (r *Relay) own(err error) error { return ifNotMigrated(r.cfg.DB, err) }
+// sqlschema.ErrNotMigrated, with the fix; a write the server refuses
+// because it is read-only wraps ErrDBReadOnly.
+func (r *Relay) own(err error) error { return pgerr.IfReadOnly(ifNotMigrated(r.cfg.DB, err)) }
 
 // startPublishSpans starts an "exactlyonce.relay.publish" span per message
 // of b, each a child of the span that wrote its row, and puts it in the

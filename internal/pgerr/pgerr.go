@@ -43,6 +43,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -217,21 +218,51 @@ func UniqueViolation(err error) bool {
 	return Code(err) == "23505"
 }
 
+// ErrDBReadOnly is exactlyonce.ErrDBReadOnly and outbox.ErrDBReadOnly
+// (defined here so that both packages wrap the same error): the server took
+// the connection but refuses writes.
+var ErrDBReadOnly = errors.New("the database refuses writes: a standby or a read-only transaction/server; " +
+	"connect to the primary, e.g. target_session_attrs=read-write in a multi-host URL")
+
+// IfReadOnly returns err wrapped with ErrDBReadOnly ("<ErrDBReadOnly>:
+// <err>") when ReadOnly(err), and err unchanged otherwise (also when it
+// already wraps ErrDBReadOnly).
+func IfReadOnly(err error) error {
+	if err == nil || errors.Is(err, ErrDBReadOnly) || !ReadOnly(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrDBReadOnly, err)
+}
+
 // ReadOnly reports whether err refuses a write because the transaction or
 // the server is read-only: PostgreSQL's 25006 (read_only_sql_transaction: a
-// READ ONLY transaction, default_transaction_read_only, a hot standby);
+// READ ONLY transaction, default_transaction_read_only, a hot standby) and
+// a hot standby's refusal of BEGIN ... READ WRITE (0A000, "cannot set
+// transaction read-write mode during recovery");
 // MySQL's 1792 (a write in a START TRANSACTION READ ONLY transaction), 1290
 // with --read-only or --super-read-only in its message (a read_only server,
 // which a replica usually is; 1290 for --secure-file-priv does not count),
 // 1836 (ER_READ_ONLY_MODE) and 1874 (InnoDB in read-only mode). It implies
-// Deterministic: the same write fails again on the same server; another
-// server (after a failover) may take it. With the MySQL driver's
+// Deterministic (0A000 is of a Deterministic class too): the same write
+// fails again on the same server; another server (after a failover) may
+// take it. With the MySQL driver's
 // rejectReadOnly=true these become driver.ErrBadConn (see Unreachable).
 func ReadOnly(err error) bool {
 	if me, ok := mysqlError(err); ok {
 		return mysqlIsReadOnly(me)
 	}
-	return Code(err) == "25006"
+	switch Code(err) {
+	case "25006":
+		return true
+	case "0A000":
+		// A hot standby refuses BEGIN ... READ WRITE (what pgx sends for
+		// a database/sql transaction with options) with
+		// feature_not_supported: "cannot set transaction read-write mode
+		// during recovery".
+		var pe *pgconn.PgError
+		return errors.As(err, &pe) && strings.Contains(pe.Message, "read-write mode during recovery")
+	}
+	return false
 }
 
 // refusedAtCommit are the SQLSTATEs, besides the Deterministic classes,

@@ -248,3 +248,31 @@ func countRows(ctx context.Context, t *testing.T, db wsql.Beginner, table string
 	require.NoError(t, seam.QueryRow(ctx, db, "SELECT count(*) FROM "+table, nil, &n))
 	return n
 }
+
+// TestReadOnly: a hot standby's refusals, PostgreSQL's 25006 and its
+// refusal of BEGIN ... READ WRITE (0A000 with that message), are ReadOnly
+// and wrapped with ErrDBReadOnly by IfReadOnly; another 0A000 is not.
+func TestReadOnly(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "25006", Message: "cannot execute INSERT in a read-only transaction"}, true},
+		{fmt.Errorf("begin: %w", &pgconn.PgError{Code: "0A000", Message: "cannot set transaction read-write mode during recovery"}), true},
+		{&pgconn.PgError{Code: "0A000", Message: "cannot use RETURN NEXT in a non-SETOF function"}, false},
+		{&pgconn.PgError{Code: "25P02"}, false},
+		{errors.New("plain"), false},
+		{nil, false},
+	} {
+		if got := pgerr.ReadOnly(c.err); got != c.want {
+			t.Errorf("ReadOnly(%v) = %v, want %v", c.err, got, c.want)
+		}
+		wrapped := pgerr.IfReadOnly(c.err)
+		if got := errors.Is(wrapped, pgerr.ErrDBReadOnly); got != c.want {
+			t.Errorf("IfReadOnly(%v) wraps ErrDBReadOnly: %v, want %v", c.err, got, c.want)
+		}
+		if c.err != nil && !errors.Is(wrapped, c.err) {
+			t.Errorf("IfReadOnly(%v) lost the cause", c.err)
+		}
+	}
+}
