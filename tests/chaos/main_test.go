@@ -28,13 +28,30 @@
 package chaos
 
 import (
+	"flag"
+	"fmt"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the run if a goroutine of the harness (proxies, provider,
-// event sink, publisher, process waiters) outlives the test.
+// TestMain starts the three-node RabbitMQ cluster in the background when the
+// selected runs hold a cluster run (mode+cluster), stops it at the end, and
+// fails the run if a goroutine of the harness (proxies, provider, event
+// sink, publisher, process waiters) outlives the tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	flag.Parse()
+	if f := flag.Lookup("test.run"); f != nil && clusterSelected(f.Value.String()) {
+		startClusterAsync()
+	}
+	code := m.Run()
+	stopCluster()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: Errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
