@@ -430,7 +430,7 @@ func (h *harness) startWorkers() {
 		downEnv := env("downstream", downDriver, 2)
 		if h.v.cluster() {
 			h.relayLinks, h.downLinks = onCluster(relayEnv, 2), onCluster(downEnv, 3)
-			h.cc = &clusterChaos{t: t, c: h.rabbit, relays: []*nodeLinks{h.relayLinks}, consumers: h.consumerLinks,
+			h.cc = &clusterChaos{t: t, c: h.rabbit, compact: !h.s.clusterFaultsSet, relays: []*nodeLinks{h.relayLinks}, consumers: h.consumerLinks,
 				// The leader of the input queue (the busiest) opens a round.
 				leader: func() int { return leaderByQueues(t, h.rabbit, h.in) }}
 		}
@@ -925,6 +925,8 @@ func (h *harness) faultRows(tb *table) {
 				tb.info(faultNodeKill, counts[faultNodeKill])
 			}
 		}
+		per, all := h.cc.coverage()
+		tb.check("every node SIGKILLed ("+per+")", all, "true", all)
 		tb.info("input copies published again after a node fault (more duplicates)", h.republished.Load())
 	}
 	h.sink.mu.Lock()

@@ -41,7 +41,8 @@ type settings struct {
 	// ClusterFaults: at least this many of each cluster fault in a
 	// cluster run (CHAOS_CLUSTER_FAULTS, default 1): rounds of node kills,
 	// majorities lost. Each is ~10-25 s of node restarts.
-	ClusterFaults int
+	ClusterFaults    int
+	clusterFaultsSet bool // CHAOS_CLUSTER_FAULTS was given: full rounds (else compact, see clusterChaos)
 	// messagesSet, faultsSet: CHAOS_MESSAGES, CHAOS_FAULTS were given
 	// (otherwise a MariaDB run is smaller: forRun).
 	messagesSet, faultsSet bool
@@ -192,6 +193,7 @@ func readSettings(t *testing.T) settings {
 		s.ClusterFaults, err = strconv.Atoi(v)
 		require.NoError(t, err, "CHAOS_CLUSTER_FAULTS")
 		require.Positive(t, s.ClusterFaults, "CHAOS_CLUSTER_FAULTS")
+		s.clusterFaultsSet = true
 	}
 	require.LessOrEqual(t, 6*s.Faults, s.Messages, "CHAOS_MESSAGES must be at least 6 x CHAOS_FAULTS (panicking, slow and poison keys are spread over the messages)")
 	if v := os.Getenv("CHAOS_MODES"); v != "" {
@@ -850,7 +852,7 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 			case faultNodeRound:
 				// Each node down this long, then restarted (~10 s here).
 				st.Hold = time.Duration(500+h.rng.IntN(1000)) * time.Millisecond
-				total += 3 * (10*time.Second + time.Second)
+				total += 3 * (12*time.Second + time.Second)
 			case faultMajority:
 				st.Target = h.rng.IntN(3) // the node left alone is Target+1
 				total += clusterMajorityHold + 12*time.Second
@@ -860,6 +862,15 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 		}
 	}
 	h.rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
+	if h.v.cluster() && !h.s.clusterFaultsSet {
+		// The compact schedule: the round (two nodes) before the majority
+		// loss (the third node with one of them).
+		r := slices.IndexFunc(steps, func(st faultStep) bool { return st.Kind == faultNodeRound })
+		m := slices.IndexFunc(steps, func(st faultStep) bool { return st.Kind == faultMajority })
+		if m < r {
+			steps[r], steps[m] = steps[m], steps[r]
+		}
+	}
 	return steps, total
 }
 

@@ -57,6 +57,9 @@ type orderedSettings struct {
 	sized         bool // CHAOS_ORDERED_KEYS or CHAOS_ORDERED_PER_KEY set
 	runs          []orderedRun
 	clusterFaults int
+	// clusterFaultsSet: CHAOS_CLUSTER_FAULTS was given (full rounds; else
+	// the compact schedule, see clusterChaos).
+	clusterFaultsSet bool
 }
 
 // defaultOrderedRuns are the short form's ordered runs.
@@ -113,6 +116,7 @@ func readOrderedSettings(t *testing.T) orderedSettings {
 		s.clusterFaults, err = strconv.Atoi(v)
 		require.NoError(t, err, "CHAOS_CLUSTER_FAULTS")
 		require.Positive(t, s.clusterFaults, "CHAOS_CLUSTER_FAULTS")
+		s.clusterFaultsSet = true
 	}
 	if v := os.Getenv("CHAOS_ORDERED_KEYS"); v != "" {
 		s.keys, err = strconv.Atoi(v)
@@ -362,12 +366,16 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 	ob, err := outbox.NewWriter(db)
 	require.NoError(t, err)
 	// The writers pause 5 ms after each transaction; in a cluster run long
-	// enough that the writing spans the node faults (~65 s per
+	// enough that the writing spans most of the node faults (~65 s per
 	// CHAOS_CLUSTER_FAULTS: a round of restarts, a majority lost, the
-	// other faults), with 1 to 3 messages per transaction.
+	// other faults; ~45 s for the compact schedule), with 1 to 3 messages
+	// per transaction.
 	pause := 5 * time.Millisecond
 	if run.cluster {
 		planned := time.Duration(s.clusterFaults) * 65 * time.Second
+		if !s.clusterFaultsSet {
+			planned = 45 * time.Second
+		}
 		pause = max(pause, planned*orderedWriters*2/time.Duration(s.keys*s.perKey))
 	}
 	for w := range orderedWriters {
@@ -420,7 +428,7 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 		// The nodes' faults among the others: a round of node kills (the
 		// leader of the most partitions first, then relay0's node), a
 		// majority lost (the node left alone changes each time).
-		cc = &clusterChaos{t: t, c: rc, relays: relayLinks, consumers: consumerLinks,
+		cc = &clusterChaos{t: t, c: rc, compact: !s.clusterFaultsSet, relays: relayLinks, consumers: consumerLinks,
 			leader: func() int { return leaderByQueues(t, rc, topic) }}
 		majorities := 0
 		steps = append(steps[:2], append([]func(){func() { cc.round(ctx, 700*time.Millisecond) }}, steps[2:]...)...)
@@ -565,6 +573,8 @@ written:
 		for _, k := range clusterKinds {
 			require.GreaterOrEqual(t, counts[k], s.clusterFaults, "cluster fault %q", k)
 		}
+		per, all := cc.coverage()
+		require.True(t, all, "every node SIGKILLed (%s)", per)
 	}
 	t.Logf("figures: run %s, messages %d, lost %d, duplicate effects %d, out of order %d, healthy rows quarantined %d, redeliveries %d, duration %s",
 		run, total, len(missing), len(duplicates), len(outOfOrder), healthyQuarantined(), redeliveries, settledIn.Round(time.Second))
