@@ -61,12 +61,31 @@ import (
 //	                 name the consumers' subscriber after a +: batch+rabbitmq
 //	                 or transactional+rabbitmq run one handler on
 //	                 rabbitmq.Subscriber (one subscription, prefetch 16,
-//	                 acks batched) instead of watermill-amqp's.
+//	                 acks batched) instead of watermill-amqp's;
+//	                 batch+cluster or transactional+cluster the same on a
+//	                 three-node RabbitMQ cluster (cluster_test.go): quorum
+//	                 queues, the relay on rabbitmq.Publisher and the
+//	                 consumers and downstream on rabbitmq.Subscriber, each
+//	                 given the three nodes in an order of its own, and the
+//	                 nodes' faults on top of the others (a MariaDB setup may
+//	                 follow: batch+cluster@mariadb-rc).
 //	                 Default: transactional,lease,batch,lease@repeatable-read,
 //	                 transactional@pgbouncer,lease@redis,
 //	                 batch+rabbitmq@repeatable-read,
 //	                 transactional+rabbitmq@pgbouncer,transactional@mariadb,
-//	                 batch@mariadb-rc,lease@mariadb.
+//	                 batch@mariadb-rc,lease@mariadb,batch+cluster.
+//	CHAOS_CLUSTER_FAULTS  a cluster run's rounds of node SIGKILLs (each node
+//	                 in turn, restarted before the next: the leader of the
+//	                 queues first, then the relay's node) and majorities
+//	                 lost (two nodes down for 10 s), each; unset: one of
+//	                 each in the compact schedule (see clusterChaos), and a
+//	                 cluster run is 400 messages with 1 fault of each other
+//	                 kind unless CHAOS_MESSAGES and CHAOS_FAULTS say
+//	                 otherwise. The cluster (nodes eo-chaos1..3 on
+//	                 127.0.0.1:5701..5703; EO_RMQ_PORT_BASE and EO_RMQ_NAME
+//	                 move it) is started by the package when a cluster run
+//	                 is selected and stopped at the end (EO_CLUSTER_KEEP=1
+//	                 keeps it).
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
 //	                 reproducible; the plan is.

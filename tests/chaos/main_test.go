@@ -15,16 +15,24 @@
 // messages that block their key until discarded, and shows the unordered
 // setup failing the same check.
 //
+// The cluster runs (mode+cluster, in both tests) put RabbitMQ on a
+// three-node cluster with quorum queues (partitions: quorum queues with a
+// single active consumer), every worker knowing the three nodes, and SIGKILL
+// the nodes: each in turn (the leader of the queues, the relay's node), and
+// two at once for 10 s (a majority lost). See cluster_test.go.
+//
 // Two tests stress one part in process: TestChaosRelay (two relays under a
 // flapping broker, back-pressure and poison rows) and
 // TestPartitionedChaosPurgesDuringTraffic (the partitioned inbox purged
 // during traffic while partition maintenance is behind).
 //
 // `make test` runs the short form (800 messages, 3 faults of each kind; the
-// MariaDB runs 500 and 2; per-key order with the transactional consumer on
-// each engine); `make chaos` the full one (5,000 messages, 10 faults of
-// each kind; per-key order in every consumer mode, on both engines). See
-// TestChaos for the environment variables.
+// MariaDB runs 500 and 2; group commit on the cluster, 400 messages, 1 fault
+// of each kind; per-key order with the transactional consumer on each
+// engine and on the cluster); `make chaos` the full one (5,000 messages, 10
+// faults of each kind, 3 of each cluster fault; per-key order in every
+// consumer mode, on both engines, and both transactional modes on the
+// cluster). See TestChaos for the environment variables.
 package chaos
 
 import (
