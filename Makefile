@@ -82,11 +82,11 @@ cluster-down: ## Stop what cluster-up started and remove its data
 	@bash scripts/pg-pair.sh down
 
 .PHONY: chaos
-CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis,batch+rabbitmq,transactional+rabbitmq,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer,transactional@mariadb,lease@mariadb,batch@mariadb,transactional@mariadb-rc,lease@mariadb-rc,batch@mariadb-rc,batch+rabbitmq@mariadb-rc
-CHAOS_ALL_ORDERED := transactional,batch,lease,transactional@mariadb,batch@mariadb,lease@mariadb-rc
+CHAOS_ALL_RUNS := transactional,lease,batch,transactional@repeatable-read,lease@repeatable-read,batch@repeatable-read,transactional@pgbouncer,lease@pgbouncer,lease@redis,batch+rabbitmq,transactional+rabbitmq,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer,transactional@mariadb,lease@mariadb,batch@mariadb,transactional@mariadb-rc,lease@mariadb-rc,batch@mariadb-rc,batch+rabbitmq@mariadb-rc,transactional+cluster,batch+cluster
+CHAOS_ALL_ORDERED := transactional,batch,lease,transactional@mariadb,batch@mariadb,lease@mariadb-rc,transactional+cluster,batch+cluster
 
-chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, both transactional modes on rabbitmq.Subscriber, every mode on MariaDB (REPEATABLE READ and READ COMMITTED), per-key order in the three consumer modes on both engines (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
-	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) \
+chaos: services ## Chaos suite at full size: 5,000 messages, 10 faults of each kind, both modes and group commit directly, under REPEATABLE READ, through PgBouncer, and lease mode with the Redis store, both transactional modes on rabbitmq.Subscriber, every mode on MariaDB (REPEATABLE READ and READ COMMITTED), both transactional modes on a three-node RabbitMQ cluster with node kills (3 rounds, 3 majorities lost), per-key order in the three consumer modes on both engines and both transactional ones on the cluster (CHAOS_MESSAGES, CHAOS_ORDERED_MODES, CHAOS_FAULTS, CHAOS_CLUSTER_FAULTS, CHAOS_MODES, CHAOS_SEED, CHAOS_DUP_RATIO)
+	CHAOS_MESSAGES=$(or $(CHAOS_MESSAGES),5000) CHAOS_FAULTS=$(or $(CHAOS_FAULTS),10) CHAOS_CLUSTER_FAULTS=$(or $(CHAOS_CLUSTER_FAULTS),3) \
 	CHAOS_MODES=$(or $(CHAOS_MODES),$(CHAOS_ALL_RUNS)) CHAOS_SEED=$(CHAOS_SEED) CHAOS_DUP_RATIO=$(CHAOS_DUP_RATIO) \
 	CHAOS_ORDERED_MODES=$(or $(CHAOS_ORDERED_MODES),$(CHAOS_ALL_ORDERED)) \
 	CHAOS_ORDERED_KEYS=$(or $(CHAOS_ORDERED_KEYS),200) CHAOS_ORDERED_PER_KEY=$(or $(CHAOS_ORDERED_PER_KEY),50) \

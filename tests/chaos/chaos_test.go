@@ -61,12 +61,31 @@ import (
 //	                 name the consumers' subscriber after a +: batch+rabbitmq
 //	                 or transactional+rabbitmq run one handler on
 //	                 rabbitmq.Subscriber (one subscription, prefetch 16,
-//	                 acks batched) instead of watermill-amqp's.
+//	                 acks batched) instead of watermill-amqp's;
+//	                 batch+cluster or transactional+cluster the same on a
+//	                 three-node RabbitMQ cluster (cluster_test.go): quorum
+//	                 queues, the relay on rabbitmq.Publisher and the
+//	                 consumers and downstream on rabbitmq.Subscriber, each
+//	                 given the three nodes in an order of its own, and the
+//	                 nodes' faults on top of the others (a MariaDB setup may
+//	                 follow: batch+cluster@mariadb-rc).
 //	                 Default: transactional,lease,batch,lease@repeatable-read,
 //	                 transactional@pgbouncer,lease@redis,
 //	                 batch+rabbitmq@repeatable-read,
 //	                 transactional+rabbitmq@pgbouncer,transactional@mariadb,
-//	                 batch@mariadb-rc,lease@mariadb.
+//	                 batch@mariadb-rc,lease@mariadb,batch+cluster.
+//	CHAOS_CLUSTER_FAULTS  a cluster run's rounds of node SIGKILLs (each node
+//	                 in turn, restarted before the next: the leader of the
+//	                 queues first, then the relay's node) and majorities
+//	                 lost (two nodes down for 10 s), each; unset: one of
+//	                 each in the compact schedule (see clusterChaos), and a
+//	                 cluster run is 400 messages with 1 fault of each other
+//	                 kind unless CHAOS_MESSAGES and CHAOS_FAULTS say
+//	                 otherwise. The cluster (nodes eo-chaos1..3 on
+//	                 127.0.0.1:5701..5703; EO_RMQ_PORT_BASE and EO_RMQ_NAME
+//	                 move it) is started by the package when a cluster run
+//	                 is selected and stopped at the end (EO_CLUSTER_KEEP=1
+//	                 keeps it).
 //	CHAOS_SEED       seed of the plan (faulty keys, copies, fault schedule);
 //	                 default from the clock, logged. Process timing is not
 //	                 reproducible; the plan is.
@@ -132,6 +151,15 @@ type harness struct {
 	provider           *testenv.Provider
 	sink               *sink
 
+	// A cluster run's: the cluster, the node faults, each process's ways
+	// to the nodes, and the input copies published again after a node
+	// fault.
+	rabbit                *testenv.RabbitCluster
+	cc                    *clusterChaos
+	consumerLinks         []*nodeLinks
+	relayLinks, downLinks *nodeLinks
+	republished           atomic.Int64
+
 	consumers          []*proc
 	relay, downstream  *proc
 	keys               []string
@@ -191,12 +219,23 @@ worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	}
 	h.outbox, err = outbox.NewWriter(h.tables)
 	require.NoError(t, err)
-	h.in = testenv.Queue(t, "chaos_in_")
-	h.out = testenv.Queue(t, "chaos_out_")
-	h.outB = testenv.Queue(t, "chaos_outb_")
-	h.out2 = testenv.Queue(t, "chaos_out2_")
-	h.ticks = testenv.Queue(t, "chaos_ticks_")
-	h.conn = testenv.AMQPConn(t)
+	if v.cluster() {
+		// Quorum queues, their leaders spread over the nodes.
+		h.rabbit = rabbitCluster(t)
+		h.in, h.out, h.outB = testenv.Unique(t, "chaos_in_"), testenv.Unique(t, "chaos_out_"), testenv.Unique(t, "chaos_outb_")
+		h.out2, h.ticks = testenv.Unique(t, "chaos_out2_"), testenv.Unique(t, "chaos_ticks_")
+		clusterQueues(t, h.rabbit, []string{h.in, h.out, h.outB, h.out2, h.ticks}, false)
+		h.conn, err = dialCluster(ctx, h.rabbit, 1)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = h.conn.Close() })
+	} else {
+		h.in = testenv.Queue(t, "chaos_in_")
+		h.out = testenv.Queue(t, "chaos_out_")
+		h.outB = testenv.Queue(t, "chaos_outb_")
+		h.out2 = testenv.Queue(t, "chaos_out2_")
+		h.ticks = testenv.Queue(t, "chaos_ticks_")
+		h.conn = testenv.AMQPConn(t)
+	}
 	if v.mysql() {
 		h.dbProxy = testenv.NewProxy(t, hostPort(t, testenv.MySQLURL(), "3306"))
 	} else {
@@ -258,9 +297,13 @@ WHERE r.rolname = $1`, roleOf(t, h.workerDBURL)).Scan(&iso))
 	pubCtx, pubCancel := context.WithCancel(ctx)
 	pubDone := make(chan struct{})
 	var pubErr error
+	pubConn := h.conn
+	if v.cluster() {
+		pubConn = nil // publish connects to the nodes itself
+	}
 	go func() {
 		defer close(pubDone)
-		pubErr = h.publish(pubCtx, h.conn, window)
+		pubErr = h.publish(pubCtx, pubConn, window)
 	}()
 	defer func() {
 		pubCancel()
@@ -284,7 +327,7 @@ WHERE r.rolname = $1`, roleOf(t, h.workerDBURL)).Scan(&iso))
 	settleTime := time.Since(settleStart)
 	h.stopWorkers()
 	leftIn, badIn, leftOut, badOut := h.leftovers(ctx)
-	left2, _, err := queueState(h.conn, h.out2)
+	left2, _, err := queueState(h.amqpConn(), h.out2)
 	require.NoError(t, err)
 
 	tb := h.invariants(ctx, settled, leftIn, badIn, leftOut, badOut, left2)
@@ -374,6 +417,14 @@ func (h *harness) startWorkers() {
 		}
 		return e
 	}
+	// onCluster points a process of a cluster run at the three nodes,
+	// through proxies of its own, from node first on.
+	onCluster := func(e map[string]string, first int) *nodeLinks {
+		l := newNodeLinks(t, h.rabbit)
+		urls := l.urls(first)
+		e["CHAOS_AMQP_URL"], e["CHAOS_AMQP_URLS"] = urls[0], strings.Join(urls[1:], ",")
+		return l
+	}
 	for i := range h.s.Consumers {
 		driver := "pgxpool"
 		if i%2 == 1 {
@@ -382,7 +433,11 @@ func (h *harness) startWorkers() {
 		if h.v.mysql() {
 			driver = "mysql"
 		}
-		h.consumers = append(h.consumers, h.newProc(fmt.Sprintf("consumer-%d", i), env("consumer", driver, h.s.Handlers)))
+		e := env("consumer", driver, h.s.Handlers)
+		if h.v.cluster() {
+			h.consumerLinks = append(h.consumerLinks, onCluster(e, i%3+1))
+		}
+		h.consumers = append(h.consumers, h.newProc(fmt.Sprintf("consumer-%d", i), e))
 	}
 	if h.v.DB != dbRedis { // lease@redis: no outbox, so no relay and no downstream
 		relayDriver, downDriver := "database-sql", "pgxpool"
@@ -391,8 +446,15 @@ func (h *harness) startWorkers() {
 		}
 		relayEnv := env("relay", relayDriver, 1)
 		relayEnv["CHAOS_AMQP_URL"] = h.relayAMQPProxy.RewriteURL(testenv.AMQPURL())
+		downEnv := env("downstream", downDriver, 2)
+		if h.v.cluster() {
+			h.relayLinks, h.downLinks = onCluster(relayEnv, 2), onCluster(downEnv, 3)
+			h.cc = &clusterChaos{t: t, c: h.rabbit, compact: !h.s.clusterFaultsSet, relays: []*nodeLinks{h.relayLinks}, consumers: h.consumerLinks,
+				// The leader of the input queue (the busiest) opens a round.
+				leader: func() int { return leaderByQueues(t, h.rabbit, h.in) }}
+		}
 		h.relay = h.newProc("relay", relayEnv)
-		h.downstream = h.newProc("downstream", env("downstream", downDriver, 2))
+		h.downstream = h.newProc("downstream", downEnv)
 	}
 	t.Cleanup(func() {
 		for _, p := range h.procs() {
@@ -475,11 +537,11 @@ func (h *harness) state(ctx context.Context) (state, error) {
 	}
 	st.outbox = p.Count - p.Quarantined
 	st.quarantined = p.Quarantined
-	if st.inReady, _, err = queueState(h.conn, h.in); err != nil {
+	if st.inReady, _, err = queueState(h.amqpConn(), h.in); err != nil {
 		return st, err
 	}
 	for _, q := range []string{h.out, h.outB} {
-		n, _, err := queueState(h.conn, q)
+		n, _, err := queueState(h.amqpConn(), q)
 		if err != nil {
 			return st, err
 		}
@@ -608,6 +670,19 @@ coalesce((next_attempt_at - now())::text, ''), coalesce(left(last_error, 80), ''
 	}
 }
 
+// amqpConn is the harness's connection to RabbitMQ; in a cluster run
+// connected again, to a node that answers, when a node fault closed it.
+func (h *harness) amqpConn() *amqp.Connection {
+	if h.v.cluster() && h.conn.IsClosed() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := dialCluster(ctx, h.rabbit, 1)
+		require.NoError(h.t, err)
+		h.conn = conn
+	}
+	return h.conn
+}
+
 // queueState returns the ready messages and the consumers of a queue.
 func queueState(conn *amqp.Connection, queue string) (int, int, error) {
 	ch, err := conn.Channel()
@@ -633,12 +708,12 @@ func (h *harness) leftovers(ctx context.Context) (leftIn, badIn, leftOut, badOut
 	}
 	for _, q := range []string{h.in, h.out, h.outB} {
 		testenv.Eventually(t, 30*time.Second, func() bool {
-			_, consumers, err := queueState(h.conn, q)
+			_, consumers, err := queueState(h.amqpConn(), q)
 			return err == nil && consumers == 0
 		}, "queue %s keeps a consumer after the workers stopped", q)
 	}
 	drain := func(queue string) []amqp.Delivery {
-		ch, err := h.conn.Channel()
+		ch, err := h.amqpConn().Channel()
 		require.NoError(t, err)
 		defer func() { _ = ch.Close() }()
 		var out []amqp.Delivery
@@ -787,6 +862,13 @@ WHERE NOT EXISTS (SELECT 1 FROM `+effects+" e WHERE e.`key` = jt.k)"), keys), 0)
 JOIN `+inbox+` i ON i.consumer = $1 AND i.message_key = e.key WHERE i.status <> 'done' OR i.attempts <> e.attempt`, `SELECT count(*) FROM `+effects+` e
 JOIN `+inbox+" i ON i.consumer = ? AND i.message_key = e.`key` WHERE i.status <> 'done' OR i.attempts <> e.attempt"), consumerName), 0)
 	}
+	h.sink.mu.Lock()
+	var handled int64
+	for _, c := range h.sink.events["consumer"] {
+		handled += int64(c)
+	}
+	h.sink.mu.Unlock()
+	tb.info("redeliveries (deliveries the middleware reported beyond the copies published)", handled-h.published.Load()-h.republished.Load())
 	tb.info("duplicates recorded by the inbox", h.count(ctx, q(`SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = $1`,
 		`SELECT coalesce(sum(duplicates), 0) FROM `+inbox+` WHERE consumer = ?`), consumerName))
 	if h.mode == "batch" {
@@ -850,7 +932,21 @@ func (h *harness) faultRows(tb *table) {
 	tb.section("faults injected (each >= " + strconv.Itoa(s.Faults) + ")")
 	f := int64(s.Faults)
 	for _, k := range h.kinds() {
-		tb.atLeast(k, int64(h.injected[k]), f)
+		if !clusterKind(k) {
+			tb.atLeast(k, int64(h.injected[k]), f)
+		}
+	}
+	if h.cc != nil {
+		counts := h.cc.counted()
+		for _, k := range clusterKinds {
+			tb.atLeast(k, int64(counts[k]), int64(s.ClusterFaults))
+			if k == faultNodeRound {
+				tb.info(faultNodeKill, counts[faultNodeKill])
+			}
+		}
+		per, all := h.cc.coverage()
+		tb.check("every node SIGKILLed ("+per+")", all, "true", all)
+		tb.info("input copies published again after a node fault (more duplicates)", h.republished.Load())
 	}
 	h.sink.mu.Lock()
 	panics, slows := int64(h.sink.faults["panic"]), int64(h.sink.faults["slow"])

@@ -38,6 +38,11 @@ type settings struct {
 	Messages int     // unique messages (CHAOS_MESSAGES)
 	DupRatio float64 // extra copies per unique message (CHAOS_DUP_RATIO)
 	Faults   int     // at least this many faults of each kind (CHAOS_FAULTS)
+	// ClusterFaults: at least this many of each cluster fault in a
+	// cluster run (CHAOS_CLUSTER_FAULTS, default 1): rounds of node kills,
+	// majorities lost. Each is ~10-25 s of node restarts.
+	ClusterFaults    int
+	clusterFaultsSet bool // CHAOS_CLUSTER_FAULTS was given: full rounds (else compact, see clusterChaos)
 	// messagesSet, faultsSet: CHAOS_MESSAGES, CHAOS_FAULTS were given
 	// (otherwise a MariaDB run is smaller: forRun).
 	messagesSet, faultsSet bool
@@ -79,9 +84,18 @@ type variant struct {
 	// Subscriber is how the consumers take deliveries: "" (watermill-amqp's
 	// subscriber, several subscriptions) or "rabbitmq" (written mode+rabbitmq:
 	// rabbitmq.Subscriber, one subscription with a prefetch window and
-	// batched acks).
+	// batched acks), or "cluster" (mode+cluster: rabbitmq.Subscriber on the
+	// three-node cluster, see cluster_test.go).
 	Subscriber string
 }
+
+// subCluster is the subscriber of the cluster runs: every worker on the
+// package's own publisher and subscriber, knowing the cluster's three
+// nodes, every queue a quorum queue, and the nodes SIGKILLed.
+const subCluster = "cluster"
+
+// cluster reports whether the run is on the three-node cluster.
+func (v variant) cluster() bool { return v.Subscriber == subCluster }
 
 func (v variant) String() string {
 	s := v.Mode
@@ -109,10 +123,11 @@ func (v variant) mysql() bool { return v.DB == dbMariaDB || v.DB == dbMariaDBRC 
 // defaultRuns is the short form's set: both modes directly, group commit
 // directly, and one of each other database setup; rabbitmq.Subscriber
 // with group commit under REPEATABLE READ and per message through
-// PgBouncer; and on MariaDB per message (REPEATABLE READ), group commit
-// under READ COMMITTED and lease mode.
+// PgBouncer; on MariaDB per message (REPEATABLE READ), group commit
+// under READ COMMITTED and lease mode; and group commit on the three-node
+// cluster (last: the cluster starts in the background meanwhile).
 const defaultRuns = "transactional,lease,batch,lease@repeatable-read,transactional@pgbouncer,lease@redis,batch+rabbitmq@repeatable-read,transactional+rabbitmq@pgbouncer," +
-	"transactional@mariadb,batch@mariadb-rc,lease@mariadb"
+	"transactional@mariadb,batch@mariadb-rc,lease@mariadb,batch+cluster"
 
 // parseRuns reads CHAOS_MODES: a comma-separated list of mode or mode@db.
 func parseRuns(v string) ([]variant, error) {
@@ -124,8 +139,8 @@ func parseRuns(v string) ([]variant, error) {
 			db = dbDirect
 		}
 		mode, sub, _ := strings.Cut(mode, "+")
-		if sub != "" && (sub != "rabbitmq" || mode == "lease") {
-			return nil, fmt.Errorf("CHAOS_MODES: %q: the subscriber after + can only be rabbitmq, in transactional or batch mode", item)
+		if sub != "" && ((sub != "rabbitmq" && sub != subCluster) || mode == "lease") {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: the subscriber after + can only be rabbitmq or cluster, in transactional or batch mode", item)
 		}
 		if mode != "transactional" && mode != "lease" && mode != "batch" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the mode must be transactional, lease or batch", item)
@@ -133,6 +148,9 @@ func parseRuns(v string) ([]variant, error) {
 		if !slices.Contains([]string{dbDirect, dbRepeatableRead, dbPgBouncer, dbRedis, dbMariaDB, dbMariaDBRC}, db) {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the database setup must be %s, %s, %s, %s, %s or %s", item,
 				dbDirect, dbRepeatableRead, dbPgBouncer, dbRedis, dbMariaDB, dbMariaDBRC)
+		}
+		if sub == subCluster && db == dbRedis {
+			return nil, fmt.Errorf("CHAOS_MODES: %q: a cluster run needs the outbox (no @redis)", item)
 		}
 		if db == dbRedis && mode != "lease" {
 			return nil, fmt.Errorf("CHAOS_MODES: %q: the Redis store is for lease mode only (lease@redis)", item)
@@ -145,7 +163,7 @@ func parseRuns(v string) ([]variant, error) {
 func readSettings(t *testing.T) settings {
 	t.Helper()
 	s := settings{
-		Messages: 800, DupRatio: 0.2, Faults: 3,
+		Messages: 800, DupRatio: 0.2, Faults: 3, ClusterFaults: 1,
 		Seed: uint64(time.Now().UnixNano()), Settle: 2 * time.Minute,
 		Consumers: 3, Handlers: 4, Prefetch: 10, PanicRate: 0.02, SlowRate: 0.01,
 		Lease: 2 * time.Second, SlowLease: 3 * time.Second, SlowTx: 1500 * time.Millisecond,
@@ -170,6 +188,12 @@ func readSettings(t *testing.T) settings {
 		require.NoError(t, err, "CHAOS_FAULTS")
 		require.Positive(t, s.Faults, "CHAOS_FAULTS")
 		s.faultsSet = true
+	}
+	if v := os.Getenv("CHAOS_CLUSTER_FAULTS"); v != "" {
+		s.ClusterFaults, err = strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_CLUSTER_FAULTS")
+		require.Positive(t, s.ClusterFaults, "CHAOS_CLUSTER_FAULTS")
+		s.clusterFaultsSet = true
 	}
 	require.LessOrEqual(t, 6*s.Faults, s.Messages, "CHAOS_MESSAGES must be at least 6 x CHAOS_FAULTS (panicking, slow and poison keys are spread over the messages)")
 	if v := os.Getenv("CHAOS_MODES"); v != "" {
@@ -196,17 +220,28 @@ const (
 	mariaDBFaults   = 2
 )
 
-// forRun is s sized for the run v: a MariaDB run is smaller unless
-// CHAOS_MESSAGES or CHAOS_FAULTS set the size.
+// The short form's size of a cluster run: its node faults (a round of
+// three restarts, a majority lost for 10 s) set its length, ~45 s.
+const (
+	clusterMessages = 400
+	clusterFaults   = 1
+)
+
+// forRun is s sized for the run v: a MariaDB or cluster run is smaller
+// unless CHAOS_MESSAGES or CHAOS_FAULTS set the size.
 func (s settings) forRun(v variant) settings {
-	if !v.mysql() {
+	messages, faults := mariaDBMessages, mariaDBFaults
+	switch {
+	case v.cluster():
+		messages, faults = clusterMessages, clusterFaults
+	case !v.mysql():
 		return s
 	}
 	if !s.messagesSet {
-		s.Messages = mariaDBMessages
+		s.Messages = messages
 	}
 	if !s.faultsSet {
-		s.Faults = mariaDBFaults
+		s.Faults = faults
 	}
 	return s
 }
@@ -585,14 +620,39 @@ func (h *harness) planInput() {
 
 // publish publishes the copies directly to RabbitMQ (not through the proxy)
 // with publisher confirms, in chunks spread over window. It returns when
-// all are confirmed, or the first error.
+// all are confirmed, or the first error. In a cluster run (conn nil) it
+// connects to the nodes itself, and publishes a chunk again, on another
+// node, when its connection was lost or a confirm did not come (node
+// faults): more duplicate copies, which the inbox drops.
 func (h *harness) publish(ctx context.Context, conn *amqp.Connection, window time.Duration) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
+	var ch *amqp.Channel
+	node := 0
+	open := func() error {
+		if h.v.cluster() {
+			if conn != nil {
+				_ = conn.Close()
+			}
+			var err error
+			if conn, err = dialCluster(ctx, h.rabbit, node%3+1); err != nil {
+				return err
+			}
+			node++
+		}
+		var err error
+		if ch, err = conn.Channel(); err != nil {
+			return err
+		}
+		return ch.Confirm(false)
 	}
-	defer func() { _ = ch.Close() }()
-	if err := ch.Confirm(false); err != nil {
+	defer func() {
+		if ch != nil {
+			_ = ch.Close()
+		}
+		if h.v.cluster() && conn != nil {
+			_ = conn.Close()
+		}
+	}()
+	if err := open(); err != nil {
 		return err
 	}
 	const chunks = 50
@@ -605,29 +665,58 @@ func (h *harness) publish(ctx context.Context, conn *amqp.Connection, window tim
 			return ctx.Err()
 		case <-time.After(time.Until(at)):
 		}
-		var confirms []*amqp.DeferredConfirmation
-		for _, cp := range h.copies[c*per : min(len(h.copies), (c+1)*per)] {
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", h.in, false, false, amqp.Publishing{
-				Headers:      amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: cp.Key},
-				DeliveryMode: amqp.Persistent,
-				ContentType:  "application/json",
-				Body:         []byte(`{"key":"` + cp.Key + `"}`),
-			})
-			if err != nil {
+		chunk := h.copies[c*per : min(len(h.copies), (c+1)*per)]
+		for {
+			err := h.publishChunk(ctx, ch, chunk)
+			if err == nil {
+				break
+			}
+			if !h.v.cluster() || ctx.Err() != nil {
 				return err
 			}
-			confirms = append(confirms, dc)
-		}
-		for _, dc := range confirms {
-			ok, err := dc.WaitContext(ctx)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return errors.New("RabbitMQ nacked a published message")
+			h.republished.Add(int64(len(chunk)))
+			h.t.Logf("publishing the input: %v; publishing the chunk again through another node", err)
+			for {
+				if err := open(); err == nil || ctx.Err() != nil {
+					break
+				}
+				sleepCtx(ctx, 200*time.Millisecond)
 			}
 		}
-		h.published.Add(int64(len(confirms)))
+		h.published.Add(int64(len(chunk)))
+	}
+	return nil
+}
+
+// publishChunk publishes copies on ch and waits for their confirms (in a
+// cluster run at most 20 s: a node without a majority confirms nothing).
+func (h *harness) publishChunk(ctx context.Context, ch *amqp.Channel, copies []copyRec) error {
+	if h.v.cluster() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+	}
+	var confirms []*amqp.DeferredConfirmation
+	for _, cp := range copies {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", h.in, false, false, amqp.Publishing{
+			Headers:      amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: cp.Key},
+			DeliveryMode: amqp.Persistent,
+			ContentType:  "application/json",
+			Body:         []byte(`{"key":"` + cp.Key + `"}`),
+		})
+		if err != nil {
+			return err
+		}
+		confirms = append(confirms, dc)
+	}
+	for _, dc := range confirms {
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("RabbitMQ nacked a published message")
+		}
 	}
 	return nil
 }
@@ -676,15 +765,47 @@ var redisKinds = []string{faultConsumerKill, faultAMQPClose, faultRedisRefuse}
 // database's own.
 var mysqlKinds = []string{faultConsumerKill, faultRelayKill, faultMyKill, faultMyRefuse, faultAMQPClose, faultRelayOutage}
 
-// kinds are the fault kinds the run's scheduler injects.
+// kinds are the fault kinds the run's scheduler injects: a cluster run's
+// are those of its database, and the nodes' (rounds of node kills, a
+// majority lost).
 func (h *harness) kinds() []string {
 	switch {
 	case h.v.DB == dbRedis:
 		return redisKinds
+	case h.v.mysql() && h.v.cluster():
+		return append(slices.Clone(mysqlKinds), faultNodeRound, faultMajority)
 	case h.v.mysql():
 		return mysqlKinds
+	case h.v.cluster():
+		return append(slices.Clone(scheduledKinds), faultNodeRound, faultMajority)
 	}
 	return scheduledKinds
+}
+
+// clusterKind reports whether kind is one of the cluster's node faults
+// (scheduled ClusterFaults times, not Faults).
+func clusterKind(kind string) bool { return kind == faultNodeRound || kind == faultMajority }
+
+// amqpCutters are the ways to the broker the harness cuts for
+// faultAMQPClose: the consumers' and downstream's proxy and the relay's, or
+// in a cluster run every process's proxies to the three nodes.
+func (h *harness) amqpCutters() []cutter {
+	if h.v.cluster() {
+		out := []cutter{h.relayLinks, h.downLinks}
+		for _, l := range h.consumerLinks {
+			out = append(out, l)
+		}
+		return out
+	}
+	return []cutter{h.amqpProxy, h.relayAMQPProxy}
+}
+
+// relayCutter is the relay's way to the broker.
+func (h *harness) relayCutter() cutter {
+	if h.v.cluster() {
+		return h.relayLinks
+	}
+	return h.relayAMQPProxy
 }
 
 type faultStep struct {
@@ -705,7 +826,11 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 	var steps []faultStep
 	var total time.Duration
 	for _, kind := range h.kinds() {
-		for range h.s.Faults {
+		n := h.s.Faults
+		if clusterKind(kind) {
+			n = h.s.ClusterFaults
+		}
+		for range n {
 			st := faultStep{Kind: kind, Gap: time.Duration(200+h.rng.IntN(500)) * time.Millisecond}
 			switch kind {
 			case faultConsumerKill:
@@ -724,12 +849,28 @@ func (h *harness) planFaults() ([]faultStep, time.Duration) {
 				st.Up = time.Duration(300+h.rng.IntN(300)) * time.Millisecond
 				st.Hold2 = time.Duration(700+h.rng.IntN(500)) * time.Millisecond
 				total += st.Stop + st.Lag + st.Up + st.Hold2
+			case faultNodeRound:
+				// Each node down this long, then restarted (~10 s here).
+				st.Hold = time.Duration(500+h.rng.IntN(1000)) * time.Millisecond
+				total += 3 * (12*time.Second + time.Second)
+			case faultMajority:
+				st.Target = h.rng.IntN(3) // the node left alone is Target+1
+				total += clusterMajorityHold + 12*time.Second
 			}
 			steps = append(steps, st)
 			total += st.Gap + st.Hold
 		}
 	}
 	h.rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
+	if h.v.cluster() && !h.s.clusterFaultsSet {
+		// The compact schedule: the round (two nodes) before the majority
+		// loss (the third node with one of them).
+		r := slices.IndexFunc(steps, func(st faultStep) bool { return st.Kind == faultNodeRound })
+		m := slices.IndexFunc(steps, func(st faultStep) bool { return st.Kind == faultMajority })
+		if m < r {
+			steps[r], steps[m] = steps[m], steps[r]
+		}
+	}
 	return steps, total
 }
 
@@ -796,28 +937,35 @@ FROM pg_stat_activity WHERE application_name = ANY($1) AND pid <> pg_backend_pid
 		pause(st.Hold)
 		h.redisProxy.Allow()
 	case faultAMQPClose:
-		h.amqpCut += int64(h.amqpProxy.Stats().Live + h.relayAMQPProxy.Stats().Live)
-		h.amqpProxy.Refuse()
-		h.relayAMQPProxy.Refuse()
+		for _, c := range h.amqpCutters() {
+			h.amqpCut += int64(c.Stats().Live)
+			c.Refuse()
+		}
 		pause(st.Hold)
-		h.amqpProxy.Allow()
-		h.relayAMQPProxy.Allow()
+		for _, c := range h.amqpCutters() {
+			c.Allow()
+		}
 	case faultRelayOutage:
 		if !h.relay.signalOnly(syscall.SIGSTOP) {
 			return // the relay is not running (being restarted)
 		}
+		relay := h.relayCutter()
 		pause(st.Stop)
 		h.relay.signalOnly(syscall.SIGCONT)
 		pause(st.Lag)
-		h.amqpCut += int64(h.relayAMQPProxy.Stats().Live)
-		h.relayAMQPProxy.Refuse()
+		h.amqpCut += int64(relay.Stats().Live)
+		relay.Refuse()
 		pause(st.Hold)
-		h.relayAMQPProxy.Allow()
+		relay.Allow()
 		pause(st.Up)
-		h.amqpCut += int64(h.relayAMQPProxy.Stats().Live)
-		h.relayAMQPProxy.Refuse()
+		h.amqpCut += int64(relay.Stats().Live)
+		relay.Refuse()
 		pause(st.Hold2)
-		h.relayAMQPProxy.Allow()
+		relay.Allow()
+	case faultNodeRound:
+		h.cc.round(ctx, st.Hold)
+	case faultMajority:
+		h.cc.majority(ctx, st.Target+1)
 	}
 	h.injected[st.Kind]++
 }

@@ -35,30 +35,53 @@ import (
 //	CHAOS_ORDERED_MODES    the ordered runs, comma-separated: a consumer mode
 //	                       among transactional, batch, lease, optionally on
 //	                       MariaDB: mode@mariadb (its default REPEATABLE
-//	                       READ) or mode@mariadb-rc (READ COMMITTED)
-//	                       (default transactional,transactional@mariadb;
-//	                       `make chaos`: the three modes on each engine)
+//	                       READ) or mode@mariadb-rc (READ COMMITTED); and
+//	                       transactional or batch on the three-node cluster:
+//	                       mode+cluster (quorum partitions, the relays and
+//	                       consumers on the package's Publisher and
+//	                       Subscriber knowing the three nodes, the nodes
+//	                       SIGKILLed: see cluster_test.go)
+//	                       (default transactional,transactional@mariadb,
+//	                       transactional+cluster; `make chaos`: the three
+//	                       modes on each engine, both transactional ones on
+//	                       the cluster)
+//	CHAOS_CLUSTER_FAULTS   a cluster run's rounds of node kills and majorities
+//	                       lost, each (default 1)
 //
-// A MariaDB run without CHAOS_ORDERED_KEYS and CHAOS_ORDERED_PER_KEY is
-// smaller (orderedMariaDBKeys x orderedMariaDBPerKey), for the short form's
-// time.
+// A MariaDB or cluster run without CHAOS_ORDERED_KEYS and
+// CHAOS_ORDERED_PER_KEY is smaller (orderedMariaDBKeys x
+// orderedMariaDBPerKey, orderedClusterKeys x orderedClusterPerKey), for
+// the short form's time.
 type orderedSettings struct {
-	keys, perKey int
-	sized        bool // CHAOS_ORDERED_KEYS or CHAOS_ORDERED_PER_KEY set
-	runs         []orderedRun
+	keys, perKey  int
+	sized         bool // CHAOS_ORDERED_KEYS or CHAOS_ORDERED_PER_KEY set
+	runs          []orderedRun
+	clusterFaults int
+	// clusterFaultsSet: CHAOS_CLUSTER_FAULTS was given (full rounds; else
+	// the compact schedule, see clusterChaos).
+	clusterFaultsSet bool
 }
 
-// orderedRun is one ordered run: the consumers' mode and the database
-// ("" for PostgreSQL, or dbMariaDB, dbMariaDBRC).
+// defaultOrderedRuns are the short form's ordered runs.
+const defaultOrderedRuns = "transactional,transactional@mariadb,transactional+cluster"
+
+// orderedRun is one ordered run: the consumers' mode, the database ("" for
+// PostgreSQL, or dbMariaDB, dbMariaDBRC), and whether RabbitMQ is the
+// three-node cluster.
 type orderedRun struct {
 	mode, db string
+	cluster  bool
 }
 
 func (r orderedRun) String() string {
-	if r.db == "" {
-		return r.mode
+	s := r.mode
+	if r.cluster {
+		s += "+" + subCluster
 	}
-	return r.mode + "@" + r.db
+	if r.db == "" {
+		return s
+	}
+	return s + "@" + r.db
 }
 
 func (r orderedRun) mysql() bool { return r.db != "" }
@@ -69,6 +92,16 @@ const (
 	orderedMariaDBPerKey = 30
 )
 
+// The short form's size of a cluster ordered run: the node faults set its
+// length.
+const (
+	orderedClusterKeys   = 60
+	orderedClusterPerKey = 25
+)
+
+// orderedworkerConsumer is ./orderedworker's consumer name in the inbox.
+const orderedworkerConsumer = "ordered-consumer"
+
 const (
 	orderedPartitions = 8
 	orderedPoisonKeys = 5  // keys k000..k004 carry a message the broker refuses for good
@@ -77,8 +110,14 @@ const (
 )
 
 func readOrderedSettings(t *testing.T) orderedSettings {
-	s := orderedSettings{keys: 200, perKey: 50}
+	s := orderedSettings{keys: 200, perKey: 50, clusterFaults: 1}
 	var err error
+	if v := os.Getenv("CHAOS_CLUSTER_FAULTS"); v != "" {
+		s.clusterFaults, err = strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_CLUSTER_FAULTS")
+		require.Positive(t, s.clusterFaults, "CHAOS_CLUSTER_FAULTS")
+		s.clusterFaultsSet = true
+	}
 	if v := os.Getenv("CHAOS_ORDERED_KEYS"); v != "" {
 		s.keys, err = strconv.Atoi(v)
 		require.NoError(t, err, "CHAOS_ORDERED_KEYS")
@@ -91,23 +130,30 @@ func readOrderedSettings(t *testing.T) orderedSettings {
 	}
 	require.Greater(t, s.keys, orderedPoisonKeys, "CHAOS_ORDERED_KEYS")
 	require.GreaterOrEqual(t, s.perKey, 2, "CHAOS_ORDERED_PER_KEY")
-	modes := "transactional,transactional@mariadb"
+	modes := defaultOrderedRuns
 	if v := os.Getenv("CHAOS_ORDERED_MODES"); v != "" {
 		modes = v
 	}
 	for item := range strings.SplitSeq(modes, ",") {
 		mode, db, _ := strings.Cut(strings.TrimSpace(item), "@")
+		mode, sub, _ := strings.Cut(mode, "+")
 		require.Contains(t, []string{"transactional", "batch", "lease"}, mode, "CHAOS_ORDERED_MODES: %q", item)
 		require.Contains(t, []string{"", dbMariaDB, dbMariaDBRC}, db, "CHAOS_ORDERED_MODES: %q: the database is PostgreSQL, @mariadb or @mariadb-rc", item)
-		s.runs = append(s.runs, orderedRun{mode: mode, db: db})
+		require.Contains(t, []string{"", subCluster}, sub, "CHAOS_ORDERED_MODES: %q: only +cluster may follow the mode", item)
+		require.False(t, sub != "" && mode == "lease", "CHAOS_ORDERED_MODES: %q: the cluster runs are transactional or batch", item)
+		s.runs = append(s.runs, orderedRun{mode: mode, db: db, cluster: sub == subCluster})
 	}
 	return s
 }
 
-// forRun is s sized for run: a MariaDB run is smaller unless the size was
-// set.
+// forRun is s sized for run: a MariaDB or cluster run is smaller unless the
+// size was set.
 func (s orderedSettings) forRun(run orderedRun) orderedSettings {
-	if run.mysql() && !s.sized {
+	switch {
+	case s.sized:
+	case run.cluster:
+		s.keys, s.perKey = orderedClusterKeys, orderedClusterPerKey
+	case run.mysql():
 		s.keys, s.perKey = orderedMariaDBKeys, orderedMariaDBPerKey
 	}
 	return s
@@ -199,27 +245,70 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 	queues := []string{topic}
 	if ordered {
 		partitions = orderedPartitions
-		require.NoError(t, rabbitmq.DeclarePartitions(ctx, amqpURL, topic, partitions))
 		queues = queues[:0]
 		for i := range partitions {
 			queues = append(queues, rabbitmq.PartitionQueue(topic, i))
 		}
-	} else {
+	}
+	var rc *testenv.RabbitCluster
+	var admin *amqp.Connection
+	switch {
+	case run.cluster:
+		// Quorum partitions, their leaders spread over the nodes.
+		require.True(t, ordered, "the cluster runs are ordered")
+		rc = rabbitCluster(t)
+		clusterQueues(t, rc, queues, true)
+		var err error
+		admin, err = dialCluster(ctx, rc, 1)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = admin.Close() })
+	case ordered:
+		require.NoError(t, rabbitmq.DeclarePartitions(ctx, amqpURL, topic, partitions))
+	default:
 		require.NoError(t, rabbitmq.DeclareQueues(ctx, amqpURL, topic))
 	}
-	admin := testenv.AMQPConn(t)
-	t.Cleanup(func() {
-		ch, err := admin.Channel()
-		if err != nil {
-			return
+	// adminConn is the harness's connection, again to a node that answers
+	// when a node fault closed it.
+	adminConn := func() *amqp.Connection {
+		if run.cluster && admin.IsClosed() {
+			conn, err := dialCluster(ctx, rc, 1)
+			require.NoError(t, err)
+			admin = conn
 		}
-		for _, q := range queues {
-			_, _ = ch.QueueDelete(q, false, false, false)
-		}
-	})
+		return admin
+	}
+	if !run.cluster {
+		admin = testenv.AMQPConn(t)
+		t.Cleanup(func() {
+			ch, err := admin.Channel()
+			if err != nil {
+				return
+			}
+			for _, q := range queues {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
+		})
+	}
 
 	target := hostPort(t, amqpURL, "5672")
 	relayProxy, consumerProxy := testenv.NewProxy(t, target), testenv.NewProxy(t, target)
+	// The ways to the broker the "broker connections cut" fault cuts: the
+	// two proxies, or on the cluster each process's proxies to the nodes
+	// (links).
+	cutters := []cutter{relayProxy, consumerProxy}
+	links := func(env map[string]string, first int) *nodeLinks {
+		l := newNodeLinks(t, rc)
+		urls := l.urls(first)
+		env["ORD_AMQP_URL"], env["ORD_AMQP_URLS"] = urls[0], strings.Join(urls[1:], ",")
+		if run.cluster {
+			cutters = append(cutters, l)
+		}
+		return l
+	}
+	if run.cluster {
+		cutters = cutters[:0]
+	}
+	var relayLinks, consumerLinks []*nodeLinks
 	logDir := t.TempDir()
 	if os.Getenv("CHAOS_KEEP_LOGS") != "" {
 		var err error
@@ -245,11 +334,19 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 	}
 	var relays, consumers []*proc
 	for i := range 2 {
-		relays = append(relays, h.newProc(fmt.Sprintf("relay%d", i), with(map[string]string{
-			"ORD_ROLE": "relay", "ORD_WORKERS": "4", "ORD_AMQP_URL": relayProxy.RewriteURL(amqpURL)})))
-		consumers = append(consumers, h.newProc(fmt.Sprintf("consumer%d", i), with(map[string]string{
+		relayEnv := with(map[string]string{"ORD_ROLE": "relay", "ORD_WORKERS": "4", "ORD_AMQP_URL": relayProxy.RewriteURL(amqpURL)})
+		consumerEnv := with(map[string]string{
 			"ORD_ROLE": "consumer", "ORD_MODE": mode, "ORD_EFFECTS": tbl("effects"),
-			"ORD_NAME": fmt.Sprintf("consumer%d", i), "ORD_AMQP_URL": consumerProxy.RewriteURL(amqpURL)})))
+			"ORD_NAME": fmt.Sprintf("consumer%d", i), "ORD_AMQP_URL": consumerProxy.RewriteURL(amqpURL)})
+		if run.cluster {
+			// Relay i from node i+1 on, consumer i from node (i+2)%3+1:
+			// the four processes start on different nodes.
+			relayEnv["ORD_QUEUES"], consumerEnv["ORD_QUEUES"] = "quorum", "quorum"
+			relayLinks = append(relayLinks, links(relayEnv, i+1))
+			consumerLinks = append(consumerLinks, links(consumerEnv, (i+2)%3+1))
+		}
+		relays = append(relays, h.newProc(fmt.Sprintf("relay%d", i), relayEnv))
+		consumers = append(consumers, h.newProc(fmt.Sprintf("consumer%d", i), consumerEnv))
 	}
 	all := append(append([]*proc{}, relays...), consumers...)
 	for _, p := range all {
@@ -268,8 +365,21 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 	writing := make(chan struct{})
 	ob, err := outbox.NewWriter(db)
 	require.NoError(t, err)
+	// The writers pause 5 ms after each transaction; in a cluster run long
+	// enough that the writing spans most of the node faults (~65 s per
+	// CHAOS_CLUSTER_FAULTS: a round of restarts, a majority lost, the
+	// other faults; ~45 s for the compact schedule), with 1 to 3 messages
+	// per transaction.
+	pause := 5 * time.Millisecond
+	if run.cluster {
+		planned := time.Duration(s.clusterFaults) * 65 * time.Second
+		if !s.clusterFaultsSet {
+			planned = 45 * time.Second
+		}
+		pause = max(pause, planned*orderedWriters*2/time.Duration(s.keys*s.perKey))
+	}
 	for w := range orderedWriters {
-		writers.Go(func() { deadlocks.Add(orderedWriter(ctx, t, db, tbl("counters"), ob, s, topic, w, ordered)) })
+		writers.Go(func() { deadlocks.Add(orderedWriter(ctx, t, db, tbl("counters"), ob, s, topic, w, ordered, pause)) })
 	}
 	go func() { writers.Wait(); close(writing) }()
 
@@ -278,11 +388,13 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 	faults := map[string]int{}
 	steps := []func(){
 		func() { // the broker connections cut, for everyone
-			relayProxy.Refuse()
-			consumerProxy.Refuse()
+			for _, c := range cutters {
+				c.Refuse()
+			}
 			time.Sleep(400 * time.Millisecond)
-			relayProxy.Allow()
-			consumerProxy.Allow()
+			for _, c := range cutters {
+				c.Allow()
+			}
 			faults["broker connections cut"]++
 		},
 		func() {
@@ -310,10 +422,26 @@ SELECT CONCAT('k', LPAD(i, 3, '0')), 0 FROM s`, s.keys)
 			faults["consumer SIGKILLed"]++
 		},
 	}
+	rounds := 1
+	var cc *clusterChaos
+	if run.cluster {
+		// The nodes' faults among the others: a round of node kills (the
+		// leader of the most partitions first, then relay0's node), a
+		// majority lost (the node left alone changes each time).
+		cc = &clusterChaos{t: t, c: rc, compact: !s.clusterFaultsSet, relays: relayLinks, consumers: consumerLinks,
+			leader: func() int { return leaderByQueues(t, rc, topic) }}
+		majorities := 0
+		steps = append(steps[:2], append([]func(){func() { cc.round(ctx, 700*time.Millisecond) }}, steps[2:]...)...)
+		steps = append(steps, func() {
+			majorities++
+			cc.majority(ctx, majorities%3+1)
+		})
+		rounds = s.clusterFaults
+	}
 	for i := 0; ; i++ {
 		select {
 		case <-writing:
-			if i >= len(steps) {
+			if i >= rounds*len(steps) {
 				goto written
 			}
 		case <-time.After(700 * time.Millisecond):
@@ -343,9 +471,21 @@ written:
 		require.NoError(t, err)
 		return c
 	}
+	// healthyQuarantined: quarantined rows that are not poison (the
+	// relays' MaxAttempts is 1: a failure of a healthy row taken for the
+	// row's own would show here).
+	// (One statement: the difference of two counts would see a poison row
+	// quarantined between them as healthy.)
+	healthyQuarantined := func() int64 {
+		return count(q(`SELECT count(*) FROM `+db.Outbox()+` WHERE quarantined_at IS NOT NULL AND NOT (metadata ? 'poison')`,
+			`SELECT count(*) FROM `+db.Outbox()+` WHERE quarantined_at IS NOT NULL AND NOT JSON_CONTAINS_PATH(metadata, 'one', '$.poison')`))
+	}
 
 	// Every poison row quarantined, every other key complete.
-	settle("poison rows quarantined", func() bool { return quarantined() == orderedPoisonKeys })
+	settle("poison rows quarantined", func() bool {
+		require.Zero(t, healthyQuarantined(), "healthy rows quarantined")
+		return quarantined() == orderedPoisonKeys
+	})
 	if ordered {
 		settle("the keys without poison complete", func() bool {
 			return count(q(`SELECT count(*) FROM `+tbl("effects")+` WHERE key >= $1`, "SELECT count(*) FROM "+tbl("effects")+" WHERE `key` >= ?"),
@@ -372,7 +512,7 @@ written:
 	settle("every message but the discarded ones has its effect", func() bool { return effects() >= want })
 	settle("the outbox is empty", func() bool { return count(`SELECT count(*) FROM `+db.Outbox()) == 0 })
 	settle("the queues are empty", func() bool {
-		ch, err := admin.Channel()
+		ch, err := adminConn().Channel()
 		require.NoError(t, err)
 		defer func() { _ = ch.Close() }()
 		for _, q := range queues {
@@ -423,9 +563,23 @@ written:
 			}
 		}
 	}
-	t.Logf("%s (%s): %d effects of %d keys settled in %s; faults %v; out of order: %d shown %v",
+	redeliveries := count(q(`SELECT coalesce(sum(duplicates), 0) FROM `+db.Inbox()+` WHERE consumer = $1`,
+		`SELECT coalesce(sum(duplicates), 0) FROM `+db.Inbox()+` WHERE consumer = ?`), orderedworkerConsumer)
+	t.Logf("%s (%s): %d effects of %d keys settled in %s; faults %v; out of order: %d shown %v; redeliveries of done messages (inbox duplicates) %d",
 		map[bool]string{true: "ordered", false: "unordered"}[ordered], run, effects(), s.keys,
-		settledIn.Round(time.Millisecond), faults, len(outOfOrder), outOfOrder)
+		settledIn.Round(time.Millisecond), faults, len(outOfOrder), outOfOrder, redeliveries)
+	if cc != nil {
+		counts := cc.counted()
+		t.Logf("cluster faults: %v", counts)
+		for _, k := range clusterKinds {
+			require.GreaterOrEqual(t, counts[k], s.clusterFaults, "cluster fault %q", k)
+		}
+		per, all := cc.coverage()
+		require.True(t, all, "every node SIGKILLed (%s)", per)
+	}
+	t.Logf("figures: run %s, messages %d, lost %d, duplicate effects %d, out of order %d, healthy rows quarantined %d, redeliveries %d, duration %s",
+		run, total, len(missing), len(duplicates), len(outOfOrder), healthyQuarantined(), redeliveries, settledIn.Round(time.Second))
+	require.Zero(t, healthyQuarantined(), "healthy rows quarantined")
 	require.Empty(t, h.exits, "worker processes that exited on their own")
 	require.Empty(t, missing, "messages without an effect (lost)")
 	require.Empty(t, duplicates, "messages with more than one effect")
@@ -467,7 +621,7 @@ func queueArgs(ordered bool) amqp.Table {
 var errKeyFull = errors.New("the key has all its messages (test)")
 
 // It returns the number of its transactions a deadlock rolled back.
-func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters string, ob *outbox.Writer, s orderedSettings, topic string, w int, ordered bool) int64 {
+func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters string, ob *outbox.Writer, s orderedSettings, topic string, w int, ordered bool, pause time.Duration) int64 {
 	var deadlocks int64
 	rng := mrand.New(mrand.NewPCG(uint64(w), 11))
 	my := db.Dialect == sqlschema.MySQL
@@ -569,8 +723,9 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters 
 		}
 		return wrote, tx.Commit()
 	}
-	// Paced (a pause of 5 ms after each transaction), so that 10,000
-	// messages take ten seconds or more and the faults fall among them.
+	// Paced (a pause after each transaction: 5 ms, so that 10,000 messages
+	// take ten seconds or more, or longer in a cluster run), so that the
+	// faults fall among them.
 	for ctx.Err() == nil {
 		wrote, err := writeTx()
 		// A deadlock: PostgreSQL's "deadlock detected", MySQL's "Deadlock
@@ -586,7 +741,14 @@ func orderedWriter(ctx context.Context, t *testing.T, db sqlschema.DB, counters 
 		if wrote == 0 && testenv.Count(t, db.Conn, q(`SELECT count(*) FROM `+counters+` WHERE n < $1`, `SELECT count(*) FROM `+counters+` WHERE n < ?`), s.perKey) == 0 {
 			return deadlocks
 		}
-		time.Sleep(5 * time.Millisecond)
+		if wrote == 0 {
+			// Only full keys drawn: the pause is for messages written (the
+			// last keys are drawn rarely; a long pause here would stretch
+			// the end of the writing).
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		time.Sleep(pause)
 	}
 	return deadlocks
 }

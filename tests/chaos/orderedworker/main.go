@@ -7,6 +7,10 @@
 //	ORD_DRIVER      pgxpool (the default) or mysql (MariaDB: go-sql-driver/mysql,
 //	                the MySQL dialect)
 //	ORD_AMQP_URL    RabbitMQ (through the harness's proxy)
+//	ORD_AMQP_URLS   the cluster's other nodes, comma-separated (cluster runs)
+//	ORD_QUEUES      quorum: the queues are quorum queues, and the consumer
+//	                is rabbitmq.Subscriber (cluster runs); otherwise
+//	                classic, the consumer watermill-amqp's subscriber
 //	ORD_SCHEMA      the run's schema (inbox and outbox tables)
 //	ORD_TOPIC       the topic
 //	ORD_PARTITIONS  partition queues of the topic; 0: the unordered setup
@@ -25,6 +29,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -89,10 +94,22 @@ func run() error {
 	logger := watermill.NewSlogLogger(nil)
 	topic := os.Getenv("ORD_TOPIC")
 	amqpURL := os.Getenv("ORD_AMQP_URL")
+	var urls []string
+	if v := os.Getenv("ORD_AMQP_URLS"); v != "" {
+		urls = strings.Split(v, ",")
+	}
+	var queues rabbitmq.Queues
+	switch q := os.Getenv("ORD_QUEUES"); q {
+	case "", "classic":
+	case "quorum":
+		queues.Type = rabbitmq.Quorum
+	default:
+		return fmt.Errorf("ORD_QUEUES: want classic or quorum, got %q", q)
+	}
 	switch os.Getenv("ORD_ROLE") {
 	case "relay":
 		workers, _ := strconv.Atoi(os.Getenv("ORD_WORKERS"))
-		cfg := rabbitmq.PublisherConfig{URL: amqpURL}
+		cfg := rabbitmq.PublisherConfig{URL: amqpURL, URLs: urls, Queues: queues}
 		if partitions > 0 {
 			cfg.Partitions = map[string]int{topic: partitions}
 		}
@@ -108,12 +125,18 @@ func run() error {
 		}
 		return relay.Run(ctx)
 	case "consumer":
+		if queues.Type == rabbitmq.Quorum {
+			return consumeOwn(ctx, db, logger, rabbitmq.SubscriberConfig{URL: amqpURL, URLs: urls, Queues: queues,
+				Logger: logger, ReconnectDelay: time.Second}, topic, partitions)
+		}
 		return consume(ctx, db, logger, amqpURL, topic, partitions)
 	}
 	return errors.New("ORD_ROLE: want relay or consumer")
 }
 
-func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapter, amqpURL, topic string, partitions int) error {
+// middleware is the consumer's exactly-once middleware in ORD_MODE, and
+// its handler, which records each message's effect.
+func middleware(db sqlschema.DB, logger watermill.LoggerAdapter) (*exactlyonce.Guard, message.NoPublishHandlerFunc, error) {
 	mode := os.Getenv("ORD_MODE")
 	effects, name := os.Getenv("ORD_EFFECTS"), os.Getenv("ORD_NAME")
 	cfg := exactlyonce.Config{DB: db, Consumer: Consumer, NackDelay: 100 * time.Millisecond, Logger: logger}
@@ -124,9 +147,63 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 		cfg.Batch = &exactlyonce.BatchConfig{}
 	case "transactional":
 	default:
-		return fmt.Errorf("ORD_MODE: want transactional, batch or lease, got %q", mode)
+		return nil, nil, fmt.Errorf("ORD_MODE: want transactional, batch or lease, got %q", mode)
 	}
 	eo, err := exactlyonce.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	write := testenv.Exec
+	if mode == "batch" {
+		write = exactlyonce.Exec // sent with the batch's other writes
+	}
+	insert := `INSERT INTO ` + effects + ` (key, seq, uuid, worker) VALUES ($1, $2, $3, $4)`
+	if db.Dialect == sqlschema.MySQL {
+		insert = "INSERT INTO " + effects + " (`key`, seq, uuid, worker) VALUES (?, ?, ?, ?)"
+	}
+	return eo, func(msg *message.Message) error {
+		seq, err := strconv.Atoi(msg.Metadata.Get("seq"))
+		if err != nil {
+			return fmt.Errorf("message %s: no seq: %w", msg.UUID, err)
+		}
+		return write(context.WithoutCancel(msg.Context()), insert, msg.Metadata.Get("key"), seq, msg.UUID, name)
+	}, nil
+}
+
+// consumeOwn consumes the partitions with rabbitmq.Subscriber (cfg: the
+// cluster's nodes, quorum queues): it reconnects on its own, through the
+// next node that answers; the router runs again if it stops.
+func consumeOwn(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapter, cfg rabbitmq.SubscriberConfig, topic string, partitions int) error {
+	eo, handle, err := middleware(db, logger)
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		sub, err := rabbitmq.NewSubscriber(cfg)
+		if err != nil {
+			return err
+		}
+		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, exactlyonce.RouterLogger(logger))
+		if err != nil {
+			return err
+		}
+		router.AddMiddleware(eo.Middleware)
+		router.AddConsumerHandler(Consumer, topic, rabbitmq.PartitionedSubscriber(sub, partitions), handle)
+		err = router.Run(ctx)
+		_ = sub.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		// The first subscriptions failed (no node answered): run the
+		// router again, as a supervisor would.
+		logger.Error("router stopped, running it again", err, nil)
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil
+}
+
+func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapter, amqpURL, topic string, partitions int) error {
+	eo, handle, err := middleware(db, logger)
 	if err != nil {
 		return err
 	}
@@ -143,14 +220,6 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 		BackoffInitialInterval: 100 * time.Millisecond, BackoffRandomizationFactor: 0.3,
 		BackoffMultiplier: 1.5, BackoffMaxInterval: time.Second,
 	}
-	write := testenv.Exec
-	if mode == "batch" {
-		write = exactlyonce.Exec // sent with the batch's other writes
-	}
-	insert := `INSERT INTO ` + effects + ` (key, seq, uuid, worker) VALUES ($1, $2, $3, $4)`
-	if db.Dialect == sqlschema.MySQL {
-		insert = "INSERT INTO " + effects + " (`key`, seq, uuid, worker) VALUES (?, ?, ?, ?)"
-	}
 	for ctx.Err() == nil {
 		sub, err := wamqp.NewSubscriber(amqpCfg, logger)
 		if err != nil {
@@ -166,13 +235,7 @@ func consume(ctx context.Context, db sqlschema.DB, logger watermill.LoggerAdapte
 			return err
 		}
 		router.AddMiddleware(eo.Middleware)
-		router.AddConsumerHandler(Consumer, topic, subscriber, func(msg *message.Message) error {
-			seq, err := strconv.Atoi(msg.Metadata.Get("seq"))
-			if err != nil {
-				return fmt.Errorf("message %s: no seq: %w", msg.UUID, err)
-			}
-			return write(context.WithoutCancel(msg.Context()), insert, msg.Metadata.Get("key"), seq, msg.UUID, name)
-		})
+		router.AddConsumerHandler(Consumer, topic, subscriber, handle)
 		err = router.Run(ctx)
 		_ = sub.Close()
 		if ctx.Err() != nil {

@@ -14,6 +14,10 @@
 //     with exactlyonce.Exec (pipelined with pgx). With
 //     CHAOS_SUBSCRIBER=rabbitmq (either mode) the consumer has one handler
 //     on rabbitmq.Subscriber with a prefetch of 4 x CHAOS_HANDLERS.
+//     CHAOS_SUBSCRIBER=cluster is the same on a three-node cluster: the
+//     nodes CHAOS_AMQP_URL then CHAOS_AMQP_URLS (comma-separated), every
+//     queue a quorum queue; the relay and the downstream consumer use the
+//     package's Publisher and Subscriber there too.
 //   - relay: outbox.Relay from the outbox to the output queue, with publisher
 //     confirms. A "poison" key's handler also returns one message the broker
 //     refuses, fanned out to the output queue and a second queue (two outbox
@@ -61,6 +65,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -129,9 +134,15 @@ type config struct {
 	RedisPrefix string
 	// Subscriber is "watermill-amqp" (the default) or "rabbitmq": the
 	// consumer's one handler on rabbitmq.Subscriber with 4 x Handlers
-	// deliveries in flight.
+	// deliveries in flight; or "cluster": the same with the nodes
+	// AMQPURL, AMQPURLs and quorum queues, for every role.
 	Subscriber string
+	// AMQPURLs are the cluster's other nodes (CHAOS_AMQP_URLS).
+	AMQPURLs []string
 }
+
+// cluster reports whether the worker runs against the three-node cluster.
+func (c config) cluster() bool { return c.Subscriber == "cluster" }
 
 func env(key, def string) string {
 	if v := os.Getenv(key); v != "" {
@@ -160,6 +171,9 @@ func readConfig() (config, error) {
 
 		RedisPrefix: os.Getenv("CHAOS_REDIS_PREFIX"),
 		Subscriber:  env("CHAOS_SUBSCRIBER", "watermill-amqp"),
+	}
+	if v := os.Getenv("CHAOS_AMQP_URLS"); v != "" {
+		c.AMQPURLs = strings.Split(v, ",")
 	}
 	var err error
 	ints := map[string]*int{"CHAOS_HANDLERS": &c.Handlers, "CHAOS_PREFETCH": &c.Prefetch, "CHAOS_RELAY_MAX_ATTEMPTS": &c.RelayMaxAttempts}
@@ -472,12 +486,10 @@ func (w *worker) runConsumerOnce(ctx context.Context) error {
 		return err
 	}
 	r.AddMiddleware(eo.Middleware)
-	if w.cfg.Subscriber == "rabbitmq" {
+	if w.cfg.Subscriber == "rabbitmq" || w.cfg.cluster() {
 		// One subscription with a prefetch window: the deliveries in flight
 		// of one handler (group commit batches them), acks batched.
-		own, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{
-			URL: w.cfg.AMQPURL, Prefetch: 4 * w.cfg.Handlers, Logger: w.logger, ReconnectDelay: time.Second,
-		})
+		own, err := w.ownSubscriber(4 * w.cfg.Handlers)
 		if err != nil {
 			return err
 		}
@@ -512,6 +524,16 @@ func (w *worker) runConsumerOnce(ctx context.Context) error {
 		r.AddHandler(name, w.cfg.In, sub, w.cfg.Out, exactlyonce.OutboxOnly(), w.handle)
 	}
 	return runRouter(ctx, r)
+}
+
+// ownSubscriber is a rabbitmq.Subscriber with prefetch: on the cluster's
+// nodes and quorum queues in a cluster run.
+func (w *worker) ownSubscriber(prefetch int) (*rabbitmq.Subscriber, error) {
+	cfg := rabbitmq.SubscriberConfig{URL: w.cfg.AMQPURL, Prefetch: prefetch, Logger: w.logger, ReconnectDelay: time.Second}
+	if w.cfg.cluster() {
+		cfg.URLs, cfg.Queues = w.cfg.AMQPURLs, rabbitmq.Queues{Type: rabbitmq.Quorum}
+	}
+	return rabbitmq.NewSubscriber(cfg)
 }
 
 // handle is the consumer's handler.
@@ -668,7 +690,12 @@ func (w *worker) runDownstream(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sub, err := w.subscriber(ctx)
+	var sub message.Subscriber
+	if w.cfg.cluster() {
+		sub, err = w.ownSubscriber(w.cfg.Prefetch)
+	} else {
+		sub, err = w.subscriber(ctx)
+	}
 	if err != nil {
 		return err
 	}
@@ -695,7 +722,7 @@ func (w *worker) runDownstream(ctx context.Context) error {
 }
 
 func (w *worker) runRelay(ctx context.Context) error {
-	if w.cfg.Mode == "batch" {
+	if w.cfg.Mode == "batch" || w.cfg.cluster() {
 		return w.runWindowedRelay(ctx)
 	}
 	c := w.amqpConfig()
@@ -765,9 +792,14 @@ func (w *worker) relay(ctx context.Context, pub message.Publisher) error {
 
 // runWindowedRelay is the relay of the group-commit run: throughput
 // settings end to end, so it publishes through rabbitmq.Publisher, with a
-// window of outstanding confirms (outbox.BatchPublisher).
+// window of outstanding confirms (outbox.BatchPublisher). The relay of a
+// cluster run (either mode) too: on the cluster's nodes, to quorum queues.
 func (w *worker) runWindowedRelay(ctx context.Context) error {
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: w.cfg.AMQPURL, Window: 64, Marshaler: poisonMarshaler{}})
+	cfg := rabbitmq.PublisherConfig{URL: w.cfg.AMQPURL, Window: 64, Marshaler: poisonMarshaler{}}
+	if w.cfg.cluster() {
+		cfg.URLs, cfg.Queues = w.cfg.AMQPURLs, rabbitmq.Queues{Type: rabbitmq.Quorum}
+	}
+	pub, err := rabbitmq.NewPublisher(cfg)
 	if err != nil {
 		return err
 	}
