@@ -63,7 +63,10 @@ type PublisherConfig struct {
 	// publish: a broker that keeps the connection alive but confirms
 	// nothing (a quorum queue without a majority, say) fails the messages
 	// still unconfirmed then ("no confirm", their outcome unknown: not
-	// permanent), and their channel is closed. Defaults to 30s.
+	// permanent), and their channel is closed. It bounds a queue
+	// declaration's answer too (a new quorum queue is not declared without
+	// a majority): the messages of that queue fail, not permanently.
+	// Defaults to 30s.
 	ConfirmTimeout time.Duration
 
 	// NoQueueDeclare turns off the declaration of each topic's queue. By
@@ -334,7 +337,7 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 			return err
 		}
 		n := len(idx)
-		if idx, err = p.declare(c, b, idx); err != nil {
+		if idx, err = p.declare(ctx, c, b, idx); err != nil {
 			p.discard(c)
 			return err
 		}
