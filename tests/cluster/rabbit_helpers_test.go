@@ -3,6 +3,8 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"sync"
@@ -53,6 +55,11 @@ func clusterQueue(t *testing.T, role string) string {
 }
 
 func deleteQueues(t *testing.T, names ...string) {
+	// A quorum queue is deleted only with a majority: the nodes a failed
+	// test left down first.
+	if err := startDown(); err != nil {
+		t.Errorf("starting nodes again: %v", err)
+	}
 	conn, err := dialNode(rabbit.URLs(1)...)
 	if err != nil {
 		t.Logf("deleting queues %v: %v", names, err)
@@ -71,35 +78,50 @@ func deleteQueues(t *testing.T, names ...string) {
 }
 
 // nodes kills nodes of the cluster and starts them again; whatever is down
-// when the test ends is started then, so that the next test finds three
-// running nodes.
-type nodes struct {
-	t    *testing.T
-	down map[int]bool
-}
+// when the test ends is started then (or before its queues are deleted),
+// so that the next test finds three running nodes.
+type nodes struct{ t *testing.T }
+
+var (
+	downMu sync.Mutex
+	down   = map[int]bool{} // nodes killed and not started again
+)
 
 func clusterNodes(t *testing.T) *nodes {
-	n := &nodes{t: t, down: map[int]bool{}}
 	t.Cleanup(func() {
-		var down []int
-		for k := range n.down {
-			down = append(down, k)
-		}
-		if len(down) > 0 {
-			if err := startNodes(down...); err != nil {
-				t.Errorf("starting nodes %v again: %v", down, err)
-			}
+		if err := startDown(); err != nil {
+			t.Errorf("starting nodes again: %v", err)
 		}
 	})
-	return n
+	return &nodes{t: t}
+}
+
+// startDown starts the nodes killed and not started again.
+func startDown() error {
+	downMu.Lock()
+	defer downMu.Unlock()
+	var ks []int
+	for k := range down {
+		ks = append(ks, k)
+	}
+	if len(ks) == 0 {
+		return nil
+	}
+	if err := startNodes(ks...); err != nil {
+		return err
+	}
+	clear(down)
+	return nil
 }
 
 // kill kills the nodes, one after the other (a crash: SIGKILL).
 func (n *nodes) kill(ks ...int) {
 	n.t.Helper()
+	downMu.Lock()
+	defer downMu.Unlock()
 	for _, k := range ks {
 		require.NoError(n.t, rabbit.Kill(k))
-		n.down[k] = true
+		down[k] = true
 	}
 }
 
@@ -107,10 +129,12 @@ func (n *nodes) kill(ks ...int) {
 // listens for AMQP; it returns how long that took.
 func (n *nodes) start(ks ...int) time.Duration {
 	n.t.Helper()
+	downMu.Lock()
+	defer downMu.Unlock()
 	t0 := time.Now()
 	require.NoError(n.t, startNodes(ks...))
 	for _, k := range ks {
-		delete(n.down, k)
+		delete(down, k)
 	}
 	return time.Since(t0)
 }
@@ -380,4 +404,60 @@ func errorKinds(errs []error) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n\t")
+}
+
+// setPartitionHandling sets node n's cluster_partition_handling while it
+// runs (scripts/rabbit-cluster.sh configures pause_minority; RabbitMQ's
+// default is ignore). A node started again reads its configuration file.
+func setPartitionHandling(t *testing.T, n int, mode string) {
+	t.Helper()
+	name := os.Getenv("EO_RMQ_NAME")
+	if name == "" {
+		name = "eo-rmq"
+	}
+	out, err := exec.Command("runuser", "-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq",
+		"/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", fmt.Sprintf("%s%d@localhost", name, n), "eval",
+		fmt.Sprintf("application:set_env(rabbit, cluster_partition_handling, %s).", mode)).CombinedOutput()
+	require.NoError(t, err, "rabbitmqctl eval: %s", out)
+}
+
+// recorder is a Publisher whose failures are recorded from a moment on.
+type recorder struct {
+	*rabbitmq.Publisher
+	mu    sync.Mutex
+	on    bool
+	errs  []error
+	calls int
+}
+
+func (r *recorder) PublishBatch(ctx context.Context, batch []msgid.TopicMessage) []error {
+	errs := r.Publisher.PublishBatch(ctx, batch)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.on {
+		r.calls++
+		for _, err := range errs {
+			if err != nil {
+				r.errs = append(r.errs, err)
+			}
+		}
+	}
+	return errs
+}
+
+// record starts recording and returns what was recorded since the last
+// call.
+func (r *recorder) record() (calls int, errs []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	calls, errs = r.calls, r.errs
+	r.on, r.calls, r.errs = true, 0, nil
+	return calls, errs
+}
+
+func requireAll(t *testing.T, errs []error, msg string) {
+	t.Helper()
+	for i, err := range errs {
+		require.NoError(t, err, "%s: message %d", msg, i)
+	}
 }

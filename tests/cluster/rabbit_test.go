@@ -5,6 +5,7 @@ package cluster_test
 // test leaves the three nodes running.
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -194,31 +195,33 @@ func TestQuorumSubscriberWhenTheLeaderAndItsNodeDie(t *testing.T) {
 	require.LessOrEqual(t, c.repeats(), 2*prefetch, "only the deliveries in flight at a kill (at most the prefetch) come again")
 }
 
-// The lost majority: two of the three nodes killed for 10 s (the
-// relay's node survives, or is one of them) while rows are written: the
-// outbox relay (rabbitmq.Publisher, quorum queue, a short ConfirmTimeout,
-// MaxAttempts 3) quarantines nothing, resumes by itself when the nodes
-// return and relays every row; a Subscriber consuming the queue all along
-// resumes by itself and gets every row.
+// The lost majority: two of the three nodes killed for 10 s while rows
+// are written, an outbox relay (rabbitmq.Publisher, quorum queue, a short
+// ConfirmTimeout, MaxAttempts 3) and a Subscriber connected to node 1:
+//   - pause_minority (scripts/rabbit-cluster.sh), node 1 among the dead:
+//     the survivor pauses (closes every connection, refuses new ones);
+//   - ignore (RabbitMQ's default) on node 1, which survives: it keeps its
+//     connections and takes publishes without confirming them, and does
+//     not answer the declaration of a new quorum queue (a Publisher's
+//     first message to it fails after ConfirmTimeout instead of hanging).
+//
+// Either way nothing is quarantined, the relay and the Subscriber resume
+// by themselves when the nodes return, and every row is consumed.
 func TestQuorumMajorityLost(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		kill []int
-	}{
-		{"the client's node survives", []int{2, 3}},
-		{"the client's node dies", []int{1, 2}},
-	} {
-		t.Run(c.name, func(t *testing.T) { majorityLost(t, 1, c.kill) })
-	}
+	t.Run("pause_minority, the client's node dies", func(t *testing.T) { majorityLost(t, "pause_minority", []int{1, 2}) })
+	t.Run("ignore, the client's node survives", func(t *testing.T) { majorityLost(t, "ignore", []int{2, 3}) })
 }
 
-func majorityLost(t *testing.T, client int, kill []int) {
+func majorityLost(t *testing.T, handling string, kill []int) {
+	const client = 1
 	ctx := testCtx(t, 3*time.Minute)
 	nodes := clusterNodes(t)
 	db := testenv.Schema(t)
 	q := clusterQueue(t, "outage")
+	fresh := []string{clusterQueue(t, "fresh_a"), clusterQueue(t, "fresh_b")}
 	require.NoError(t, quorum.Declare(ctx, rabbit.URLs(client), q))
-	pub := newPublisher(t, rabbitmq.PublisherConfig{URLs: rabbit.URLs(client), Queues: quorum, ConfirmTimeout: 3 * time.Second})
+	cfg := rabbitmq.PublisherConfig{URLs: rabbit.URLs(client), Queues: quorum, ConfirmTimeout: 3 * time.Second}
+	pub := &recorder{Publisher: newPublisher(t, cfg)}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		DB: db, Publisher: pub, Logger: testenv.Logger(t), BatchSize: 50, MaxAttempts: 3,
 		PollInterval: 50 * time.Millisecond, ErrorBackoff: 100 * time.Millisecond, MaxErrorBackoff: time.Second,
@@ -233,13 +236,55 @@ func majorityLost(t *testing.T, client int, kill []int) {
 
 	before := writeRows(t, ctx, db, "before", 100, q)
 	testenv.Eventually(t, time.Minute, func() bool { return c.has(before) }, "relayed and consumed before the outage")
+	if handling != "pause_minority" {
+		setPartitionHandling(t, client, handling)
+		t.Cleanup(func() { setPartitionHandling(t, client, "pause_minority") })
+	}
+	pub.record()
 	killedAt := time.Now()
 	nodes.kill(kill...)
 	during := writeRows(t, ctx, db, "during", 100, q)
-	time.Sleep(10 * time.Second) // the outage
+
+	// A first message to a new quorum queue: no node answers
+	// (pause_minority), or its declaration has no answer (ignore: the
+	// broker fails it, closing the connection, only when its own timeout
+	// ends). Either way the call returns when its context ends (a) or
+	// after ConfirmTimeout (b), the failure not permanent.
+	for i, c := range []struct {
+		name    string
+		timeout time.Duration
+		want    error
+		text    string
+	}{{"(a) a call whose context ends", time.Second, context.DeadlineExceeded, ""}, {"(b) a call", time.Minute, nil, "no answer within 3s"}} {
+		res := make(chan []error, 1)
+		t0 := time.Now()
+		go func() {
+			cctx, cancel := context.WithTimeout(ctx, c.timeout)
+			defer cancel()
+			res <- newPublisher(t, cfg).PublishBatch(cctx, toTopic(fresh[i], newMessages("fresh", 0, 1)))
+		}()
+		select {
+		case errs := <-res:
+			require.Error(t, errs[0])
+			require.False(t, exactlyonce.IsPermanent(errs[0]))
+			if handling == "ignore" {
+				if c.want != nil {
+					require.ErrorIs(t, errs[0], c.want, c.name)
+				} else {
+					require.ErrorContains(t, errs[0], c.text, c.name)
+				}
+			}
+			t.Logf("%s to a new quorum queue during the outage returned after %s: %v", c.name, time.Since(t0).Round(time.Millisecond), errs[0])
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%s: PublishBatch to a new quorum queue did not return during the outage", c.name)
+		}
+	}
+
+	time.Sleep(time.Until(killedAt.Add(10 * time.Second))) // the outage
 	p, st := pending(t, db), relay.Stats()
-	t.Logf("after 10 s without a majority: %d rows pending (%d failing, %d quarantined), relay: %d relayed, %d failed batches; %d of the rows written during the outage consumed",
-		p.Count, p.Failing, p.Quarantined, st.Relayed, st.Failures, c.distinct()-len(before))
+	calls, errs := pub.record()
+	t.Logf("after 10 s without a majority: %d rows pending (%d failing, %d quarantined), relay: %d relayed, %d failed batches; %d of the rows written during the outage consumed; %d calls, errors:\n\t%s",
+		p.Count, p.Failing, p.Quarantined, st.Relayed, st.Failures, c.distinct()-len(before), calls, errorKinds(errs))
 	require.Zero(t, p.Quarantined, "nothing quarantined during the outage")
 	restart := nodes.start(kill...)
 	back := time.Now()
@@ -247,10 +292,14 @@ func majorityLost(t *testing.T, client int, kill []int) {
 	resumed := time.Since(back)
 	testenv.Eventually(t, 30*time.Second, func() bool { return pending(t, db).Count == 0 }, "the outbox is emptied")
 	p, st = pending(t, db), relay.Stats()
+	calls, errs = pub.record()
 	require.Zero(t, p.Quarantined)
 	require.Zero(t, st.Quarantined)
-	t.Logf("nodes %v killed for %s, restarted in %s; every row consumed %s after the restart; relay: %d relayed, %d failed batches; %d repeated deliveries",
-		kill, back.Sub(killedAt).Round(time.Millisecond), restart.Round(time.Millisecond), resumed.Round(time.Millisecond), st.Relayed, st.Failures, c.repeats())
+	for _, q := range fresh {
+		requireAll(t, newPublisher(t, cfg).PublishBatch(ctx, toTopic(q, newMessages("fresh", 0, 1))), "a new quorum queue once the majority is back")
+	}
+	t.Logf("nodes %v killed for %s, restarted in %s; every row consumed %s after the restart; relay: %d relayed, %d failed batches; %d repeated deliveries; since the restart began, %d calls, errors:\n\t%s",
+		kill, back.Sub(killedAt).Round(time.Millisecond), restart.Round(time.Millisecond), resumed.Round(time.Millisecond), st.Relayed, st.Failures, c.repeats(), calls, errorKinds(errs))
 }
 
 // A partitioned topic on quorum queues with single active consumer, two
