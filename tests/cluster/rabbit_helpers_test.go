@@ -325,6 +325,19 @@ func (c *counter) gapAfter(t0 time.Time) time.Duration {
 	return gap
 }
 
+// since is the number of deliveries after t0.
+func (c *counter) since(t0 time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, at := range c.at {
+		if at.After(t0) {
+			n++
+		}
+	}
+	return n
+}
+
 // consume acks every message of msgs after hold, counting it in c.
 func consume(msgs <-chan *message.Message, c *counter, hold time.Duration) {
 	go func() {

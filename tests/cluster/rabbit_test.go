@@ -413,3 +413,62 @@ func TestQuorumPartitionsKeepEachKeysOrder(t *testing.T) {
 	}
 	t.Logf("%d keys x %d messages in order; %d handovers between instances (over the keys); %d redelivered", keys, 2*perPhase, switches, c.repeats())
 }
+
+// The broker's delivery limit and at-least-once dead-lettering on the
+// cluster: messages nacked by the consumer over Queues.DeliveryLimit go to
+// the dead-letter queue, even with the queue's leader killed while they
+// go round; none is dropped, none stays behind.
+func TestQuorumDeliveryLimitDeadLettersWhenTheLeaderDies(t *testing.T) {
+	ctx := testCtx(t, 2*time.Minute)
+	nodes := clusterNodes(t)
+	q, dlq := clusterQueue(t, "limited"), clusterQueue(t, "dlq")
+	require.NoError(t, quorum.Declare(ctx, rabbit.URLs(1), dlq))
+	const limit = 2
+	queues := rabbitmq.Queues{Type: rabbitmq.Quorum, DeliveryLimit: limit, DeadLetterRoutingKey: dlq}
+	require.NoError(t, queues.Declare(ctx, rabbit.URLs(1), q))
+	leader := leaderOf(t, q)
+	x := otherThan(leader)
+	const n = 200
+	all := newMessages("limited", 0, n)
+	publishAll(t, ctx, newPublisher(t, rabbitmq.PublisherConfig{URLs: rabbit.URLs(x), Queues: queues}), toTopic(q, all))
+
+	sub := newSubscriber(t, rabbitmq.SubscriberConfig{URLs: rabbit.URLs(x), Queues: queues, Prefetch: 4})
+	msgs, err := sub.Subscribe(ctx, q)
+	require.NoError(t, err)
+	c := newCounter()
+	go func() {
+		for m := range msgs {
+			c.add(m.UUID)
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				m.Nack()
+			}()
+		}
+	}()
+	testenv.Eventually(t, time.Minute, func() bool { return c.distinct() >= n/3 }, "consuming")
+	killedAt := time.Now()
+	nodes.kill(leader)
+	var dead map[string]int
+	testenv.Eventually(t, time.Minute, func() bool {
+		qs, err := rabbit.Queues(q, x)
+		return err == nil && len(qs) == 1 && qs[0].Messages == 0 && c.distinct() == n
+	}, "every message dead-lettered: none left in the queue")
+	after := c.since(killedAt)
+	require.Positive(t, after, "deliveries after the kill")
+	nodes.start(leader)
+	dead = drain(t, dlq, x)
+	most, twice := 0, 0
+	c.mu.Lock()
+	for _, k := range c.count {
+		most = max(most, k)
+	}
+	c.mu.Unlock()
+	for _, m := range all {
+		require.Positive(t, dead[m.UUID], "message %s was not dead-lettered", m.UUID)
+		if dead[m.UUID] > 1 {
+			twice++
+		}
+	}
+	t.Logf("leader node %d killed mid-way (%d deliveries after the kill); %d messages dead-lettered (%d twice), each delivered at most %d times (limit %d: %d deliveries expected)",
+		leader, after, len(dead), twice, most, limit, limit+1)
+}
