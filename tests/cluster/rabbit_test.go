@@ -455,6 +455,13 @@ func TestQuorumDeliveryLimitDeadLettersWhenTheLeaderDies(t *testing.T) {
 	}, "every message dead-lettered: none left in the queue")
 	after := c.since(killedAt)
 	require.Positive(t, after, "deliveries after the kill")
+	// Dead-lettering at least once: the leader hands a message over to the
+	// DLQ, and keeps it until the DLQ confirmed it (a new leader takes
+	// over what was pending): the DLQ may fill after the queue emptied.
+	testenv.Eventually(t, time.Minute, func() bool {
+		qs, err := rabbit.Queues(dlq, x)
+		return err == nil && len(qs) == 1 && qs[0].Messages >= n
+	}, "every message in the dead-letter queue")
 	nodes.start(leader)
 	dead = drain(t, dlq, x)
 	most, twice := 0, 0
