@@ -233,9 +233,19 @@ func majorityLost(t *testing.T, handling string, kill []int) {
 	require.NoError(t, err)
 	c := newCounter()
 	consume(msgs, c, 0)
+	// A second Subscriber, on its own queue, connected first to a node
+	// that dies: it consumes again through the survivor (ignore: a node
+	// without a majority) or waits for a node (pause_minority).
+	q2 := clusterQueue(t, "outage2")
+	sub2 := newSubscriber(t, rabbitmq.SubscriberConfig{URLs: rabbit.URLs(kill[0]), Queues: quorum, Prefetch: 32, ReconnectDelay: time.Second})
+	msgs2, err := sub2.Subscribe(ctx, q2)
+	require.NoError(t, err)
+	c2 := newCounter()
+	consume(msgs2, c2, 0)
 
 	before := writeRows(t, ctx, db, "before", 100, q)
-	testenv.Eventually(t, time.Minute, func() bool { return c.has(before) }, "relayed and consumed before the outage")
+	before2 := writeRows(t, ctx, db, "before2", 20, q2)
+	testenv.Eventually(t, time.Minute, func() bool { return c.has(before) && c2.has(before2) }, "relayed and consumed before the outage")
 	if handling != "pause_minority" {
 		setPartitionHandling(t, client, handling)
 		t.Cleanup(func() { setPartitionHandling(t, client, "pause_minority") })
@@ -244,6 +254,7 @@ func majorityLost(t *testing.T, handling string, kill []int) {
 	killedAt := time.Now()
 	nodes.kill(kill...)
 	during := writeRows(t, ctx, db, "during", 100, q)
+	during2 := writeRows(t, ctx, db, "during2", 20, q2)
 
 	// A first message to a new quorum queue: no node answers
 	// (pause_minority), or its declaration has no answer (ignore: the
@@ -289,6 +300,7 @@ func majorityLost(t *testing.T, handling string, kill []int) {
 	restart := nodes.start(kill...)
 	back := time.Now()
 	testenv.Eventually(t, 2*time.Minute, func() bool { return c.has(during) }, "every row written during the outage consumed")
+	testenv.Eventually(t, time.Minute, func() bool { return c2.has(during2) }, "the second Subscriber consumes again")
 	resumed := time.Since(back)
 	testenv.Eventually(t, 30*time.Second, func() bool { return pending(t, db).Count == 0 }, "the outbox is emptied")
 	p, st = pending(t, db), relay.Stats()
@@ -298,6 +310,7 @@ func majorityLost(t *testing.T, handling string, kill []int) {
 	for _, q := range fresh {
 		requireAll(t, newPublisher(t, cfg).PublishBatch(ctx, toTopic(q, newMessages("fresh", 0, 1))), "a new quorum queue once the majority is back")
 	}
+	t.Logf("second Subscriber (first URL: node %d) consumed every row by %s after the restart, %d repeated deliveries", kill[0], time.Since(back).Round(time.Millisecond), c2.repeats())
 	t.Logf("nodes %v killed for %s, restarted in %s; every row consumed %s after the restart; relay: %d relayed, %d failed batches; %d repeated deliveries; since the restart began, %d calls, errors:\n\t%s",
 		kill, back.Sub(killedAt).Round(time.Millisecond), restart.Round(time.Millisecond), resumed.Round(time.Millisecond), st.Relayed, st.Failures, c.repeats(), calls, errorKinds(errs))
 }
