@@ -75,6 +75,7 @@ type runResult struct {
 	ctxErr  error    // ctx ended: every message without an outcome failed with it
 	timeout error    // no confirm within ConfirmTimeout: the channel must go
 	blocked bool     // stopped publishing: the broker blocked the connection
+	nacked  bool     // the broker nacked a message: the channel is not to be used again
 	noRoute []string // topics of messages returned as unroutable
 }
 
@@ -147,7 +148,8 @@ func (w *window) run(ctx context.Context, idx []int) runResult {
 // await waits for the oldest message in flight; false if ctx ended or its
 // confirm did not come within w.timeout (w.r.timeout is set then). An ack
 // is settled later (settle: it may have been returned); a nack fails the
-// message (not permanent: the queue's state); a confirm done because the
+// message (not permanent: the queue's state) and marks the channel as one
+// not to use again (see Publisher.publish); a confirm done because the
 // channel closed leaves it lost.
 func (w *window) await(ctx context.Context) bool {
 	f := w.queue[0]
@@ -169,6 +171,7 @@ func (w *window) await(ctx context.Context) bool {
 		w.r.lost = append(w.r.lost, f.i)
 	default:
 		w.b.set(f.i, fmt.Errorf("rabbitmq: the broker nacked %s (basic.nack)", w.b.name(f.i)))
+		w.r.nacked = true
 	}
 	return true
 }

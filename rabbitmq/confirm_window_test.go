@@ -238,6 +238,7 @@ func TestConfirmWindow(t *testing.T) {
 			}
 		},
 		want: []string{"ok", "nacked", "ok"}, wantPubs: 3,
+		check: func(t *testing.T, r runResult) { require.True(t, r.nacked, "the channel is not to be reused") },
 	}, {
 		name: "one returned unroutable: only it fails, not permanent", size: 3, n: 3, topics: []string{"a", "b", "a"},
 		afterEach: func(f *fakeChannel, n int) {

@@ -132,7 +132,7 @@ func dialContext(ctx context.Context, amqpURL, connName string) (conn *amqp091.C
 // connection (unless NoQueueDeclare), and returns the messages left to
 // publish: a failed declaration fails its topic's messages (and closes c's
 // channel). An error means the connection was lost.
-func (p *Publisher) declare(c *amqpChannel, b *outcomes, idx []int) ([]int, error) {
+func (p *Publisher) declare(ctx context.Context, c *amqpChannel, b *outcomes, idx []int) ([]int, error) {
 	if p.cfg.NoQueueDeclare {
 		return idx, nil
 	}
@@ -162,10 +162,7 @@ func (p *Publisher) declare(c *amqpChannel, b *outcomes, idx []int) ([]int, erro
 	}
 	p.mu.Unlock()
 	for _, topic := range todo {
-		// As Queues.Declare (and, for the zero Queues, DeclareQueues and
-		// watermill-amqp's NewDurableQueueConfig): durable, not
-		// auto-delete, not exclusive.
-		_, err := c.ch.QueueDeclare(topic, true, false, false, false, p.queueArguments(topic))
+		err := p.declareQueue(ctx, c, topic)
 		if err == nil {
 			p.mu.Lock()
 			if c.conn == p.conn {
@@ -188,6 +185,41 @@ func (p *Publisher) declare(c *amqpChannel, b *outcomes, idx []int) ([]int, erro
 		return rest, nil // the channel is closed: declare the others on the next
 	}
 	return idx, nil
+}
+
+// declareQueue declares queue on c's channel as Queues.Declare does (and,
+// for the zero Queues, DeclareQueues and watermill-amqp's
+// NewDurableQueueConfig): durable, not auto-delete, not exclusive. It gives
+// up when ctx ends or after ConfirmTimeout: a broker may leave a
+// declaration unanswered (RabbitMQ 3.10 does not answer the declaration of
+// a new quorum queue on a node cut off from the cluster's majority, with
+// cluster_partition_handling ignore, until the majority is back: see
+// docs/clusters.md). The channel is closed then (it is still waiting for
+// the answer), as after a failed declaration.
+func (p *Publisher) declareQueue(ctx context.Context, c *amqpChannel, queue string) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errPublisherClosed
+	}
+	p.bg.Add(1) // until the broker answers or the connection closes
+	p.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		defer p.bg.Done()
+		_, err := c.ch.QueueDeclare(queue, true, false, false, false, p.queueArguments(queue))
+		done <- err
+	}()
+	t := time.NewTimer(p.cfg.ConfirmTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no answer before the context ended: %w", ctx.Err())
+	case <-t.C:
+		return fmt.Errorf("no answer within %s (PublisherConfig.ConfirmTimeout; a quorum queue is declared only while a majority of the cluster's nodes is reachable)", p.cfg.ConfirmTimeout)
+	}
 }
 
 // forget makes the next call declare topic's queue again: a message to it

@@ -63,7 +63,10 @@ type PublisherConfig struct {
 	// publish: a broker that keeps the connection alive but confirms
 	// nothing (a quorum queue without a majority, say) fails the messages
 	// still unconfirmed then ("no confirm", their outcome unknown: not
-	// permanent), and their channel is closed. Defaults to 30s.
+	// permanent), and their channel is closed. It bounds a queue
+	// declaration's answer too (a new quorum queue is not declared without
+	// a majority): the messages of that queue fail, not permanently.
+	// Defaults to 30s.
 	ConfirmTimeout time.Duration
 
 	// NoQueueDeclare turns off the declaration of each topic's queue. By
@@ -124,7 +127,8 @@ type PublisherConfig struct {
 // Publisher connects at the first call (NewPublisher does not), and a call
 // after the connection was lost dials again. It is safe for concurrent use:
 // each call publishes on a channel of its own, taken from the idle channels
-// of the connection or opened. Close closes the connection.
+// of the connection or opened; a channel on which the broker nacked a
+// message is closed, not reused. Close closes the connection.
 type Publisher struct {
 	cfg    PublisherConfig
 	urls   []string      // URL, then URLs
@@ -333,7 +337,7 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 			return err
 		}
 		n := len(idx)
-		if idx, err = p.declare(c, b, idx); err != nil {
+		if idx, err = p.declare(ctx, c, b, idx); err != nil {
 			p.discard(c)
 			return err
 		}
@@ -356,8 +360,22 @@ func (p *Publisher) publish(ctx context.Context, b *outcomes, idx []int, window 
 			}
 			return r.timeout
 		case r.blocked && len(r.lost) == 0 && !c.ch.IsClosed():
-			p.release(c)
+			if r.nacked {
+				p.discard(c) // see below
+			} else {
+				p.release(c)
+			}
 			return errors.New("rabbitmq: not published: the broker blocked the connection (a memory or disk alarm)")
+		case len(r.lost) == 0 && len(r.unsent) == 0 && r.nacked:
+			// Every message has its outcome, but the broker nacked some:
+			// the channel is closed, not reused. A quorum queue nacks
+			// every publish of a channel whose first publish to it came
+			// as the queue's leader died, for as long as that node is
+			// down, while a new channel's publishes are confirmed
+			// (RabbitMQ 3.10, tests/cluster); the next call opens a
+			// channel of its own.
+			p.discard(c)
+			return nil
 		case len(r.lost) == 0 && len(r.unsent) == 0:
 			p.release(c) // every message has its outcome
 			return nil

@@ -215,7 +215,7 @@ func TestSubscriberConsumesAgainAfterConnectionLoss(t *testing.T) {
 func TestSubscriberSubscribeFailsClearly(t *testing.T) {
 	url := amqpURL(t)
 	_, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{})
-	require.ErrorContains(t, err, "URL is empty")
+	require.ErrorContains(t, err, "SubscriberConfig.URL is required")
 	_, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url, Prefetch: -1})
 	require.ErrorContains(t, err, "Prefetch is -1")
 
