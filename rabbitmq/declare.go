@@ -63,7 +63,7 @@ func declareHint(err error) string {
 	}
 	switch amqpErr.Code {
 	case amqp091.PreconditionFailed:
-		return ": the queue exists with other properties than watermill-amqp's NewDurableQueueConfig declares"
+		return ": the queue exists with other properties than this declaration's (its type, x- arguments): every client of a queue must declare it alike (rabbitmq.Queues; watermill-amqp's NewDurableQueueConfig declares a classic queue without arguments)"
 	case amqp091.AccessRefused:
 		return ": the user may not configure this queue name in the vhost"
 	case amqp091.ResourceLocked:
