@@ -242,7 +242,13 @@ func (b *batcher) runJobs(jobs []*job, reruns int) {
 		switch st.kind {
 		case stepSettled:
 			for i, j := range group {
-				settle(j.d, st.fates[i])
+				f := st.fates[i]
+				if errors.Is(f.err, ErrDBReadOnly) {
+					// A COMMIT refused by a read-only server: the
+					// read-only episode logs it, not each delivery.
+					f.err = b.m.readOnlyFailed(j.d, f.err)
+				}
+				settle(j.d, f)
 			}
 			jobs = jobs[len(group):]
 		case stepSplit:

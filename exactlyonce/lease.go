@@ -498,10 +498,16 @@ func afterLeaseError(d *delivery, f leaseResult) error {
 		}
 		return fmt.Errorf("exactlyonce: completion of %q for %q %s: %w", d.key, d.consumer, what, cause)
 	case stageBegin:
+		// A hot standby refuses BEGIN READ WRITE (0A000): read-only, not
+		// unreachable.
+		sentinel := ErrDBUnavailable
+		if pgerr.ReadOnly(f.err) {
+			sentinel = ErrDBReadOnly
+		}
 		if f.handlerErr != nil {
-			cause = fmt.Errorf("%w: begin completion: %w (handler: %w)", ErrDBUnavailable, f.err, f.handlerErr)
+			cause = fmt.Errorf("%w: begin completion: %w (handler: %w)", sentinel, f.err, f.handlerErr)
 		} else {
-			cause = fmt.Errorf("%w: begin completion: %w", ErrDBUnavailable, f.err)
+			cause = fmt.Errorf("%w: begin completion: %w", sentinel, f.err)
 		}
 	case stagePark:
 		cause = fmt.Errorf("%w (and parking failed: %w)", f.cause, f.err)

@@ -273,6 +273,12 @@ func TestAfterLeaseError(t *testing.T) {
 	require.ErrorContains(t, err, `completion of "k" for "c" refused by the server, nothing committed (the server answered ROLLBACK`)
 	err = afterLeaseError(d, leaseResult{stage: stageCommit, err: io.EOF})
 	require.ErrorContains(t, err, `completion of "k" for "c" failed, its outcome is unknown`)
+	// A hot standby refuses the completion's BEGIN READ WRITE with 0A000:
+	// read-only, not unreachable.
+	standby := &pgconn.PgError{Code: "0A000", Message: "cannot set transaction read-write mode during recovery"}
+	err = afterLeaseError(d, leaseResult{stage: stageBegin, err: standby})
+	require.ErrorIs(t, err, ErrDBReadOnly)
+	require.NotErrorIs(t, err, ErrDBUnavailable)
 	err = afterLeaseError(d, leaseResult{stage: stagePark, err: io.EOF, cause: boom})
 	require.ErrorIs(t, err, boom)
 	require.ErrorContains(t, err, "boom (and parking failed: EOF)")

@@ -182,7 +182,10 @@ func (p *Publisher) declare(ctx context.Context, c *amqpChannel, b *outcomes, id
 				rest = append(rest, i)
 			}
 		}
-		return rest, nil // the channel is closed: declare the others on the next
+		// The broker closed the channel (a refused declaration), or the
+		// caller discards it (a declaration given up on): declare the
+		// others on the next.
+		return rest, nil
 	}
 	return idx, nil
 }

@@ -3,7 +3,7 @@
 # failover tests (tests/cluster) and `make cluster-up`: node a on
 # 127.0.0.1:5441 (the primary at first), node b on 127.0.0.1:5442 (its
 # standby, application_name eo_standby), data under $EO_PGPAIR_DIR (default
-# /tmp/eo-pg-pair), trust auth for postgres, database test. Asynchronous
+# /tmp/eo-pg-pair-<port base>), trust auth for postgres, database test. Asynchronous
 # replication at first: a test sets synchronous_standby_names and
 # synchronous_commit with ALTER SYSTEM. Beside the server of `make services`,
 # which it leaves alone. EO_PGPAIR_PORT_BASE (default 5440: a on base+1, b
@@ -18,7 +18,9 @@ set -euo pipefail
 
 PBASE=${EO_PGPAIR_PORT_BASE:-5440}
 DIR=${EO_PGPAIR_DIR:-/tmp/eo-pg-pair-$PBASE}
-VERSION=${EO_PG_VERSION:-$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1)}
+# The newest version whose server binaries are installed (a client-only
+# version has no initdb).
+VERSION=${EO_PG_VERSION:-$(ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1 | cut -d/ -f5 || true)}
 BIN=/usr/lib/postgresql/$VERSION/bin
 
 say() { echo "pg-pair: $*" >&2; }

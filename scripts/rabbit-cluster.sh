@@ -2,7 +2,7 @@
 # A local three-node RabbitMQ cluster on loopback, for the cluster tests
 # (tests/cluster) and `make cluster-up`: nodes eo-rmq1..3@localhost, AMQP on
 # 127.0.0.1:5691..5693, Erlang distribution on 25691..25693, data under
-# $EO_CLUSTER_DIR (default /tmp/eo-rabbit-cluster). Beside the single
+# $EO_CLUSTER_DIR (default /tmp/<name>-cluster-<port base>). Beside the single
 # rabbit@localhost node of `make services`, which it leaves alone.
 # EO_RMQ_PORT_BASE (default 5690: node n listens on base+n, distribution on
 # base+20000+n) and EO_RMQ_NAME (default eo-rmq) run another cluster beside.
@@ -75,15 +75,16 @@ CONF
 
 pidfile() { echo "$DIR/n$1/pid"; }
 
-running() { # the node's VM is alive
+running() { # the node's VM is alive (a pid file left by a crashed run may name another process)
 	local p
 	p=$(cat "$(pidfile "$1")" 2>/dev/null) || return 1
-	[ -n "$p" ] && kill -0 "$p" 2>/dev/null
+	[ -n "$p" ] && kill -0 "$p" 2>/dev/null && tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$(node "$1")"
 }
 
 start_node() {
 	local n=$1
 	if running "$n"; then return 0; fi
+	rm -f "$(pidfile "$n")"
 	as_rabbit env \
 		RABBITMQ_NODENAME="$(node "$n")" \
 		RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \

@@ -91,6 +91,7 @@ type parkedOptions struct {
 	redisPrefix string
 	doneTTL     time.Duration
 	amqpURL     string
+	queueType   string
 	partitions  map[string]int
 }
 
@@ -124,7 +125,8 @@ consumers, so there an unknown consumer finds no messages.`,
 	pf.StringVar(&o.redisURL, "redis-url", "", "the Redis lease store: redis://host:6379/0 (default: the PostgreSQL inbox)")
 	pf.StringVar(&o.redisPrefix, "redis-prefix", os.Getenv(envRedisPrefix), "the Redis store's key prefix, as the service's redisstore.Config.Prefix (default $"+envRedisPrefix+", else exactlyonce:)")
 	pf.DurationVar(&o.doneTTL, "redis-done-ttl", 7*24*time.Hour, "the Redis store's DoneTTL, as the service's (a released key expires after it)")
-	pf.StringVar(&o.amqpURL, "amqp-url", "", "with --redis-url: RabbitMQ, to replay through (default $"+envAMQPURL+")")
+	pf.StringVar(&o.amqpURL, "amqp-url", "", "with --redis-url: RabbitMQ, to replay through, or a cluster's nodes separated by commas (default $"+envAMQPURL+")")
+	pf.StringVar(&o.queueType, "queue-type", "classic", "with --redis-url: the type of the queues a replay declares, classic or quorum, as the relay's --queue-type")
 	pf.StringToIntVar(&o.partitions, "topic-partitions", nil, "with --redis-url: partitioned topics, topic=n (repeatable), as the relay's --topic-partitions: a replayed message goes to the partition queue of its ordering key")
 
 	var list parkedFlags
@@ -271,7 +273,10 @@ func (a *app) withParked(cmd *cobra.Command, o parkedOptions, f func(context.Con
 		if amqpURL == "" {
 			return nil, usageErr("a replay from the Redis store publishes through RabbitMQ: give --amqp-url (or $%s)", envAMQPURL)
 		}
-		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL, Partitions: o.partitions})
+		if err := checkQueueType(o.queueType); err != nil {
+			return nil, err
+		}
+		p, err := rabbitmq.NewPublisher(brokerConfig(amqpURL, o.queueType, o.partitions))
 		if err != nil {
 			return nil, usageErr("--amqp-url, --topic-partitions: %v", err)
 		}

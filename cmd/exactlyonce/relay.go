@@ -95,8 +95,8 @@ func (o relayOptions) validate() error {
 	switch {
 	case o.publisher != "rabbitmq":
 		return usageErr("--publisher %q: the publishers this command knows are: rabbitmq", o.publisher)
-	case o.queueType != string(rabbitmq.Classic) && o.queueType != string(rabbitmq.Quorum):
-		return usageErr("--queue-type %q: want classic or quorum", o.queueType)
+	case checkQueueType(o.queueType) != nil:
+		return checkQueueType(o.queueType)
 	case o.window < 1:
 		return usageErr("--window must be at least 1")
 	case o.batchSize < 1 || o.batchSize > 10000:
@@ -131,18 +131,34 @@ func (a *app) publisher(cmd *cobra.Command, o relayOptions) (message.Publisher, 
 	if url == "" {
 		return nil, usageErr("no broker: set %s or --amqp-url", envAMQPURL)
 	}
-	var urls []string
-	for _, u := range strings.Split(url, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
-	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URLs: urls, Window: o.window, NoQueueDeclare: o.noQueueDeclare,
-		Partitions: o.partitions, Queues: rabbitmq.Queues{Type: rabbitmq.QueueType(o.queueType)}})
+	cfg := brokerConfig(url, o.queueType, o.partitions)
+	cfg.Window, cfg.NoQueueDeclare = o.window, o.noQueueDeclare
+	pub, err := rabbitmq.NewPublisher(cfg)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
 	return pub, nil
+}
+
+// brokerConfig is the PublisherConfig of --amqp-url (one URL, or a
+// cluster's nodes separated by commas), --queue-type and
+// --topic-partitions, shared by the commands that publish.
+func brokerConfig(urlList, queueType string, partitions map[string]int) rabbitmq.PublisherConfig {
+	var urls []string
+	for _, u := range strings.Split(urlList, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return rabbitmq.PublisherConfig{URLs: urls, Partitions: partitions, Queues: rabbitmq.Queues{Type: rabbitmq.QueueType(queueType)}}
+}
+
+// checkQueueType refuses a --queue-type this command does not know.
+func checkQueueType(t string) error {
+	if t != string(rabbitmq.Classic) && t != string(rabbitmq.Quorum) {
+		return usageErr("--queue-type %q: want classic or quorum", t)
+	}
+	return nil
 }
 
 // relayConfig is the RelayConfig of the flags. (Options added to

@@ -59,3 +59,17 @@ func TestRelayQuorumSeveralNodes(t *testing.T) {
 	require.Equal(t, exitUsage, r.code, "%s", r)
 	require.Contains(t, r.stderr, `--queue-type "stream": want classic or quorum`)
 }
+
+// TestBrokerConfig: the commands that publish (relay, parked replay, ui)
+// read --amqp-url as one URL or a cluster's nodes separated by commas, and
+// --queue-type into Queues.
+func TestBrokerConfig(t *testing.T) {
+	cfg := brokerConfig(" amqp://a:5672/ , amqp://b:5672/,,", "quorum", map[string]int{"t": 2})
+	require.Equal(t, []string{"amqp://a:5672/", "amqp://b:5672/"}, cfg.URLs)
+	require.Equal(t, rabbitmq.Quorum, cfg.Queues.Type)
+	require.Equal(t, 2, cfg.Partitions["t"])
+	require.NoError(t, checkQueueType("classic"))
+	require.ErrorContains(t, checkQueueType(""), `--queue-type "": want classic or quorum`)
+	_, err := rabbitmq.NewPublisher(brokerConfig("", "classic", nil))
+	require.ErrorContains(t, err, "URL is required")
+}

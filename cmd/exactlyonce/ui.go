@@ -41,6 +41,7 @@ type uiOptions struct {
 	doneTTL        time.Duration
 	redisConsumers []string
 	amqpURL        string
+	queueType      string
 	partitions     map[string]int
 	statsInterval  time.Duration
 	trustedOrigins []string
@@ -93,7 +94,8 @@ consumers the overview shows with --redis-consumer, and whose replays publish th
 	f.StringVar(&o.redisPrefix, "redis-prefix", os.Getenv(envRedisPrefix), "the Redis store's key prefix, as the service's redisstore.Config.Prefix (default $"+envRedisPrefix+", else exactlyonce:)")
 	f.DurationVar(&o.doneTTL, "redis-done-ttl", 7*24*time.Hour, "the Redis store's DoneTTL, as the service's")
 	f.StringArrayVar(&o.redisConsumers, "redis-consumer", nil, "a consumer of the Redis store the overview shows (repeatable: the store keeps no list)")
-	f.StringVar(&o.amqpURL, "amqp-url", "", "RabbitMQ, through which the Redis store's replays publish (default $"+envAMQPURL+"; without it they are refused)")
+	f.StringVar(&o.amqpURL, "amqp-url", "", "RabbitMQ, through which the Redis store's replays publish, or a cluster's nodes separated by commas (default $"+envAMQPURL+"; without it they are refused)")
+	f.StringVar(&o.queueType, "queue-type", "classic", "the type of the queues a Redis store's replay declares, classic or quorum, as the relay's --queue-type")
 	f.StringToIntVar(&o.partitions, "topic-partitions", nil, "partitioned topics, topic=n (repeatable), as the relay's --topic-partitions: a Redis store's replay goes to the partition queue of its ordering key")
 	f.DurationVar(&o.statsInterval, "stats-interval", 30*time.Second, "compute the overview's figures at most this often (they scan the inbox)")
 	f.StringArrayVar(&o.trustedOrigins, "trusted-origin", nil, "an origin whose pages may post actions, e.g. https://ops.example.com behind a proxy (repeatable)")
@@ -246,7 +248,10 @@ func (a *app) ui(cmd *cobra.Command, o uiOptions) error {
 		defer client.Close()
 		cfg.Redis = store
 		if url := flagOrEnv(cmd.Flags(), "amqp-url", o.amqpURL, envAMQPURL); url != "" {
-			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, Partitions: o.partitions})
+			if err := checkQueueType(o.queueType); err != nil {
+				return err
+			}
+			pub, err := rabbitmq.NewPublisher(brokerConfig(url, o.queueType, o.partitions))
 			if err != nil {
 				return usageErr("--amqp-url, --topic-partitions: %v", err)
 			}

@@ -126,7 +126,7 @@ type QueueInfo struct {
 	Type     string   `json:"type"`
 	Leader   string   `json:"leader"`
 	Members  []string `json:"members"`
-	Messages int      `json:"messages"`
+	Messages int      `json:"messages"` // -1: unknown (no leader)
 }
 
 // LeaderNode is the node number (1..3) of q's leader, 0 if none.
@@ -174,6 +174,7 @@ func (c *RabbitCluster) Queues(prefix string, via ...int) ([]QueueInfo, error) {
 						q.Members = append(q.Members, s)
 					}
 				}
+				q.Messages = -1 // unknown: a queue without a leader
 				if f, ok := m["messages"].(float64); ok {
 					q.Messages = int(f)
 				}

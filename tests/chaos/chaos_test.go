@@ -73,7 +73,7 @@ import (
 //	                 transactional@pgbouncer,lease@redis,
 //	                 batch+rabbitmq@repeatable-read,
 //	                 transactional+rabbitmq@pgbouncer,transactional@mariadb,
-//	                 batch@mariadb-rc,lease@mariadb,batch+cluster.
+//	                 batch@mariadb-rc,lease@mariadb.
 //	CHAOS_CLUSTER_FAULTS  a cluster run's rounds of node SIGKILLs (each node
 //	                 in turn, restarted before the next: the leader of the
 //	                 queues first, then the relay's node) and majorities
