@@ -467,10 +467,3 @@ func (r *recorder) record() (calls int, errs []error) {
 	r.on, r.calls, r.errs = true, 0, nil
 	return calls, errs
 }
-
-func requireAll(t *testing.T, errs []error, msg string) {
-	t.Helper()
-	for i, err := range errs {
-		require.NoError(t, err, "%s: message %d", msg, i)
-	}
-}
